@@ -1,0 +1,566 @@
+"""LLVM IR for a :class:`~looprl.nest.LoopNest`, emitted as text, LoopNest-style.
+
+The loop order is taken as given. In the compute nest:
+
+* the innermost loop is vectorised when it walks the output's last (unit-stride) dimension:
+  its elements become vectors of the host width, the last one masked;
+* a *register scope* is the largest suffix of the nest whose output tile (in vectors, or
+  scalars when nothing vectorises) fits in the register file; the tile is loaded once before
+  the scope, kept in SSA values (phis across runtime loops) and stored once after it;
+* inside the scope, loops over output dimensions are unrolled (register indices must be
+  static) and reduction loops are unrolled while the unrolled body stays under a bound;
+* outside the scope every loop is a runtime loop; tail iterations call small internal
+  functions specialised on the remaining sizes (memoised, so tails never multiply the code);
+* when even the innermost vectorised loop does not fit, it streams vector by vector through
+  memory.
+
+No LLVM IR passes run: the IR is already vectorised and in SSA form, so only the backend's
+code generation is needed (fast, and it avoids the O3 pipeline's memory leak).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .nest import Loop, LoopNest
+from .problem import Problem
+
+KERNEL_NAME = "looprl_kernel"
+# Bump whenever generated code may change speed: it is part of the measurement cache key.
+CODEGEN_VERSION = 1
+# Unroll a reduction loop inside the register scope while the unrolled body has at most this
+# many multiply-adds (the reference backend used ~320).
+UNROLL_LIMIT = 64
+# Write-back: unroll the copy of the innermost loop up to this many vectors.
+COPY_UNROLL = 8
+TENSORS = ("in0", "in1", "out", "acc")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the code generator needs to know about the CPU."""
+
+    vector_width: int  # float32 lanes per vector register
+    registers: int  # vector registers
+
+    @staticmethod
+    def from_features(features: str) -> "Target":
+        """Pick the widest vector ISA from an LLVM feature string (``+avx512f,...``)."""
+        enabled = {f[1:] for f in features.split(",") if f.startswith("+")}
+        if "avx512f" in enabled:
+            return Target(16, 32)
+        if "avx" in enabled:
+            return Target(8, 16)
+        return Target(4, 16)
+
+
+def strides(problem: Problem, term: str) -> dict[str, int]:
+    """Element stride of each dimension of a row-major tensor indexed by ``term``."""
+    result, stride = {}, 1
+    for dim in reversed(term):
+        result[dim] = stride
+        stride *= problem.size(dim)
+    return result
+
+
+def _lanes_for(budget: int, width: int) -> int:
+    """Vector length for an innermost loop of ``budget`` elements: full width, or the next
+    power of two for short loops."""
+    lanes = 1
+    while lanes < budget and lanes < width:
+        lanes *= 2
+    return lanes
+
+
+def _vtype(lanes: int) -> str:
+    return "float" if lanes == 1 else f"<{lanes} x float>"
+
+
+def _mask(lanes: int, active: int) -> str:
+    bits = ", ".join("i1 true" if i < active else "i1 false" for i in range(lanes))
+    return f"<{lanes} x i1> <{bits}>"
+
+
+class _Function:
+    """Text of one LLVM function under construction: SSA names, blocks, lines."""
+
+    def __init__(self, header: str):
+        self.lines: list[str] = [header, "entry:"]
+        self.block = "entry"
+        self._counter = 0
+        self.loads: dict[tuple, str] = {}  # CSE of loads of read-only inputs within a block
+
+    def tmp(self, hint: str = "t") -> str:
+        self._counter += 1
+        return f"%{hint}{self._counter}"
+
+    def label(self, hint: str) -> str:
+        self._counter += 1
+        return f"{hint}{self._counter}"
+
+    def emit(self, text: str) -> None:
+        self.lines.append("  " + text)
+
+    def start_block(self, name: str) -> None:
+        self.lines.append(f"{name}:")
+        self.block = name
+        self.loads = {}
+
+    def value(self, text: str, hint: str = "t") -> str:
+        name = self.tmp(hint)
+        self.emit(f"{name} = {text}")
+        return name
+
+    def advance(self, ptr: str, iv: str, stride: int) -> str:
+        if stride == 0:
+            return ptr
+        off = iv if stride == 1 else self.value(f"mul i64 {iv}, {stride}", "o")
+        return self.value(f"getelementptr inbounds float, ptr {ptr}, i64 {off}", "p")
+
+    def offset(self, ptr: str, elements: int) -> str:
+        if elements == 0:
+            return ptr
+        return self.value(f"getelementptr inbounds float, ptr {ptr}, i64 {elements}", "p")
+
+    def loop(self, trips: "int | str", carried: dict | None = None):
+        """Context manager for a runtime loop of ``trips`` >= 1 iterations (a constant or an
+        i64 SSA value); see _Loop."""
+        return _Loop(self, trips, carried or {})
+
+
+class _Loop:
+    """``for iv in range(trips)`` as a bottom-tested loop. ``carried`` maps keys to
+    (type, SSA value); inside the body the phi values are in ``loop.values``; assign the
+    updated values there before leaving, and read the results there afterwards."""
+
+    def __init__(self, fn: _Function, trips: "int | str", carried: dict):
+        self.fn, self.trips, self.carried = fn, trips, carried
+        self.values: dict = {}
+
+    def __enter__(self) -> "_Loop":
+        fn = self.fn
+        self.pre = fn.block
+        self.head = fn.label("loop")
+        self.exit = fn.label("after")
+        fn.emit(f"br label %{self.head}")
+        fn.start_block(self.head)
+        self.iv = fn.tmp("i")
+        self.ivnext = fn.tmp("inext")
+        self.iv_line = len(fn.lines)
+        fn.emit("")  # placeholder: the latch is known only after the body
+        self.phi_lines = {}
+        for key, (typ, init) in self.carried.items():
+            name = fn.tmp("c")
+            self.phi_lines[key] = (len(fn.lines), name, typ, init)
+            fn.emit("")
+            self.values[key] = name
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            return
+        fn = self.fn
+        latch = fn.block
+        fn.lines[self.iv_line] = f"  {self.iv} = phi i64 [0, %{self.pre}], [{self.ivnext}, %{latch}]"
+        for key, (line, name, typ, init) in self.phi_lines.items():
+            fn.lines[line] = f"  {name} = phi {typ} [{init}, %{self.pre}], [{self.values[key]}, %{latch}]"
+        fn.emit(f"{self.ivnext} = add nuw nsw i64 {self.iv}, 1")
+        more = fn.value(f"icmp ult i64 {self.ivnext}, {self.trips}", "more")
+        fn.emit(f"br i1 {more}, label %{self.head}, label %{self.exit}")
+        fn.start_block(self.exit)
+        # After the loop the carried values are the phis' last updates.
+
+
+@dataclass(frozen=True)
+class ComputePlan:
+    """Decisions the generator made for the compute nest (exposed for tests and tooling)."""
+
+    vector_var: str | None  # dimension vectorised along the innermost loop, if any
+    scope_start: int  # first loop index of the register scope (== len(loops): leaf only)
+    streaming: bool  # the innermost vectorised loop alone does not fit in registers
+    zero_init: bool  # every reduction loop is inside the scope: tiles start at zero
+    tile_registers: int  # registers the output tile takes in the full context
+
+
+class _NestEmitter:
+    """Shared machinery of both nests: budgets, runtime loops, memoised tail functions."""
+
+    def __init__(self, module: "_Module", loops: tuple[Loop, ...], coefs: dict[str, dict[str, int]], name: str):
+        self.module, self.loops, self.coefs, self.name = module, loops, coefs, name
+        self.depth = len(loops)
+        self.width = module.target.vector_width
+
+    def entry_budgets(self, level: int) -> tuple[tuple[str, int], ...]:
+        """Budgets (full context) of the vars that still have loops at ``level`` or below."""
+        seen: dict[str, int] = {}
+        for loop in self.loops[level:]:
+            seen.setdefault(loop.var, loop.budget)
+        return tuple(sorted(seen.items()))
+
+    def coef(self, tensor: str, var: str) -> int:
+        return self.coefs.get(tensor, {}).get(var, 0)
+
+    def emit_outer(self, fn: _Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
+        if level >= self.inner_start:
+            self.emit_inner_part(fn, level, budgets, ptrs)
+            return
+        loop = self.loops[level]
+        full, rem = divmod(budgets[loop.var], loop.step)
+        child = dict(budgets, **{loop.var: loop.step})
+        if full == 1:
+            self.emit_outer(fn, level + 1, child, ptrs)
+        elif full > 1:
+            with fn.loop(full) as lp:
+                moved = {t: fn.advance(p, lp.iv, self.coef(t, loop.var) * loop.step) for t, p in ptrs.items()}
+                self.emit_outer(fn, level + 1, child, moved)
+        if rem:
+            tail_ptrs = {t: fn.offset(p, self.coef(t, loop.var) * loop.step * full) for t, p in ptrs.items()}
+            tail_budgets = dict(budgets, **{loop.var: rem})
+            callee = self.module.tail_function(self, level + 1, tail_budgets)
+            args = ", ".join(f"ptr {tail_ptrs.get(t, 'null')}" for t in TENSORS)
+            fn.emit(f"call void @{callee}({args})")
+
+    # Subclasses define inner_start and emit_inner_part.
+    inner_start: int
+
+    def emit_inner_part(self, fn: _Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
+        raise NotImplementedError
+
+
+class _ComputeEmitter(_NestEmitter):
+    def __init__(self, module: "_Module", nest: LoopNest):
+        problem = nest.problem
+        in0, in1 = problem.operands
+        coefs = {"in0": strides(problem, in0), "in1": strides(problem, in1), "acc": strides(problem, problem.output)}
+        super().__init__(module, nest.compute, coefs, "compute")
+        self.output_dims = set(problem.output)
+        self.plan = self._plan(problem)
+        self.inner_start = self.plan.scope_start
+
+    # -- planning --------------------------------------------------------------
+    def _plan(self, problem: Problem) -> ComputePlan:
+        n = self.depth
+        innermost = self.loops[-1]
+        vector_var = innermost.var if problem.output[-1] == innermost.var else None
+        registers = self.module.target.registers
+        if vector_var is None:
+            start, tile = n, 1
+            for level in range(n - 1, -1, -1):
+                size = self.tile_size(level, self.entry_budgets(level), vector_var)
+                if size + 2 > registers:
+                    break
+                start, tile = level, size
+            streaming = False
+        else:
+            start, tile, streaming = n - 1, 1, True
+            inner_chunks = -(-innermost.budget // _lanes_for(innermost.budget, self.width))
+            for level in range(n - 1, -1, -1):
+                size = self.tile_size(level, self.entry_budgets(level), vector_var)
+                live_inputs = 1 + (inner_chunks if size > inner_chunks else 1)
+                if size + live_inputs > registers:
+                    break
+                start, tile, streaming = level, size, False
+        reduction_outside = any(lp.var not in self.output_dims for lp in self.loops[:start])
+        return ComputePlan(vector_var, start, streaming, not reduction_outside, tile)
+
+    def tile_size(self, level: int, budgets: tuple[tuple[str, int], ...], vector_var: str | None) -> int:
+        return _tile_size(self.loops, frozenset(self.output_dims), self.width, vector_var, level, budgets)
+
+    # -- the register scope ------------------------------------------------------
+    def emit_inner_part(self, fn: _Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
+        plan = self.plan
+        if plan.streaming:
+            # One vector at a time through memory: runtime loop over full vectors + a masked tail.
+            loop = self.loops[level]
+            full, rem = divmod(budgets[loop.var], self.width)
+            strides_ = {t: self.coef(t, loop.var) for t in ptrs}
+            if full == 1:
+                self.emit_scope(fn, level, dict(budgets, **{loop.var: self.width}), ptrs)
+            elif full > 1:
+                with fn.loop(full) as lp:
+                    moved = {t: fn.advance(p, lp.iv, strides_[t] * self.width) for t, p in ptrs.items()}
+                    self.emit_scope(fn, level, dict(budgets, **{loop.var: self.width}), moved)
+            if rem:
+                tail_ptrs = {t: fn.offset(p, strides_[t] * self.width * full) for t, p in ptrs.items()}
+                self.emit_scope(fn, level, dict(budgets, **{loop.var: rem}), tail_ptrs)
+            return
+        self.emit_scope(fn, level, budgets, ptrs)
+
+    def emit_scope(self, fn: _Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
+        slots = self.slots(level, budgets, 0)
+        tile: dict[int, str] = {}
+        types: dict[int, tuple[int, int]] = {}
+        for offset, lanes, active in slots:
+            types[offset] = (lanes, active)
+            if self.plan.zero_init:
+                tile[offset] = "0.0" if lanes == 1 else "zeroinitializer"
+            else:
+                tile[offset] = _load(self.module, fn, ptrs["acc"], offset, lanes, active, 1, cache=False)
+        self.emit_in_scope(fn, level, budgets, ptrs, {t: 0 for t in ptrs}, tile, types, 1)
+        for offset, (lanes, active) in types.items():
+            _store(self.module, fn, ptrs["acc"], offset, lanes, active, tile[offset])
+
+    def slots(self, level: int, budgets: dict[str, int], acc_offset: int) -> list[tuple[int, int, int]]:
+        """(acc offset, lanes, active lanes) of every register of the tile, in order."""
+        if level == self.depth:
+            return [(acc_offset, 1, 1)]
+        loop = self.loops[level]
+        budget = budgets[loop.var]
+        if level == self.depth - 1 and self.plan.vector_var is not None:
+            lanes = _lanes_for(budget, self.width)
+            stride = self.coef("acc", loop.var)
+            return [(acc_offset + c * stride, lanes, min(lanes, budget - c)) for c in range(0, budget, lanes)]
+        full, rem = divmod(budget, loop.step)
+        stride = self.coef("acc", loop.var) * loop.step
+        if loop.var not in self.output_dims:
+            return self.slots(level + 1, dict(budgets, **{loop.var: loop.step if full else rem}), acc_offset)
+        result = []
+        for i in range(full):
+            result += self.slots(level + 1, dict(budgets, **{loop.var: loop.step}), acc_offset + i * stride)
+        if rem:
+            result += self.slots(level + 1, dict(budgets, **{loop.var: rem}), acc_offset + full * stride)
+        return result
+
+    def emit_in_scope(self, fn, level, budgets, ptrs, consts, tile, types, copies) -> None:
+        """Emit the scope body from ``level``; ``copies`` counts how many times the enclosing
+        unrolled loops replicate this code (bounds unrolling of reduction loops)."""
+        if level == self.depth:
+            self.leaf(fn, ptrs, consts, tile, 1, 1)
+            return
+        loop = self.loops[level]
+        budget = budgets[loop.var]
+        if level == self.depth - 1 and self.plan.vector_var is not None:
+            lanes = _lanes_for(budget, self.width)
+            for c in range(0, budget, lanes):
+                moved = {t: consts[t] + c * self.coef(t, loop.var) for t in consts}
+                self.leaf(fn, ptrs, moved, tile, lanes, min(lanes, budget - c))
+            return
+        full, rem = divmod(budget, loop.step)
+        child = dict(budgets, **{loop.var: loop.step})
+        unroll = loop.var in self.output_dims or copies * _unrolled_ops(
+            self.loops, self.plan.vector_var, self.width, level, tuple(sorted(budgets.items()))
+        ) <= UNROLL_LIMIT
+        if unroll or full == 1:
+            for i in range(full):
+                moved = {t: consts[t] + i * loop.step * self.coef(t, loop.var) for t in consts}
+                self.emit_in_scope(fn, level + 1, child, ptrs, moved, tile, types, copies * (full + (rem > 0)))
+        elif full > 1:
+            carried = {key: (_vtype(types[key][0]), value) for key, value in tile.items()}
+            with fn.loop(full, carried) as lp:
+                moved_ptrs = {t: fn.advance(p, lp.iv, self.coef(t, loop.var) * loop.step) for t, p in ptrs.items()}
+                inner_tile = dict(lp.values)
+                self.emit_in_scope(fn, level + 1, child, moved_ptrs, consts, inner_tile, types, copies * (1 + (rem > 0)))
+                lp.values.update(inner_tile)
+            tile.update({key: lp.values[key] for key in carried})
+            # After the loop, the carried registers hold the phis' last updates: reading a phi's
+            # update outside the loop is valid SSA because the latch dominates the exit.
+        if rem:
+            moved = {t: consts[t] + full * loop.step * self.coef(t, loop.var) for t in consts}
+            self.emit_in_scope(fn, level + 1, dict(budgets, **{loop.var: rem}), ptrs, moved, tile, types, copies * (full + 1 if unroll else 2))
+
+    def leaf(self, fn, ptrs, consts, tile, lanes, active) -> None:
+        var = self.plan.vector_var
+        a = self.operand(fn, "in0", ptrs, consts, lanes, active, var)
+        b = self.operand(fn, "in1", ptrs, consts, lanes, active, var)
+        key = consts["acc"]
+        typ = _vtype(lanes)
+        intrinsic = self.module.fma(lanes)
+        tile[key] = fn.value(f"call {typ} @{intrinsic}({typ} {a}, {typ} {b}, {typ} {tile[key]})", "f")
+
+    def operand(self, fn, tensor, ptrs, consts, lanes, active, var) -> str:
+        stride = self.coef(tensor, var) if lanes > 1 else 0
+        return _load(self.module, fn, ptrs[tensor], consts[tensor], lanes, active, stride)
+
+def _load(module: "_Module", fn: _Function, ptr: str, offset: int, lanes: int, active: int, stride: int, cache: bool = True) -> str:
+    key = (ptr, offset, lanes, active, stride)
+    if cache and key in fn.loads:
+        return fn.loads[key]
+    if lanes == 1 or stride == 0:
+        addr = fn.offset(ptr, offset)
+        scalar = fn.value(f"load float, ptr {addr}, align 4", "s")
+        value = scalar if lanes == 1 else _splat(fn, scalar, lanes)
+    elif stride == 1:
+        addr = fn.offset(ptr, offset)
+        if active == lanes:
+            value = fn.value(f"load {_vtype(lanes)}, ptr {addr}, align 4", "v")
+        else:
+            name = module.masked("load", lanes)
+            value = fn.value(
+                f"call {_vtype(lanes)} @{name}(ptr align 4 {addr}, {_mask(lanes, active)}, {_vtype(lanes)} zeroinitializer)",
+                "v",
+            )
+    else:  # gather: one scalar load per active lane
+        value = "zeroinitializer"
+        for lane in range(active):
+            addr = fn.offset(ptr, offset + lane * stride)
+            scalar = fn.value(f"load float, ptr {addr}, align 4", "s")
+            value = fn.value(f"insertelement {_vtype(lanes)} {value}, float {scalar}, i64 {lane}", "g")
+    if cache:
+        fn.loads[key] = value
+    return value
+
+def _splat(fn: _Function, scalar: str, lanes: int) -> str:
+    one = fn.value(f"insertelement <{lanes} x float> poison, float {scalar}, i64 0", "b")
+    return fn.value(f"shufflevector <{lanes} x float> {one}, <{lanes} x float> poison, <{lanes} x i32> zeroinitializer", "b")
+
+def _store(module: "_Module", fn: _Function, ptr: str, offset: int, lanes: int, active: int, value: str) -> None:
+    addr = fn.offset(ptr, offset)
+    if active == lanes:
+        fn.emit(f"store {_vtype(lanes)} {value}, ptr {addr}, align 4")
+    else:
+        name = module.masked("store", lanes)
+        fn.emit(f"call void @{name}({_vtype(lanes)} {value}, ptr align 4 {addr}, {_mask(lanes, active)})")
+
+
+class _WriteBackEmitter(_NestEmitter):
+    """``out = acc`` over the write-back loops; the innermost loop is vectorised when it walks
+    the output's last dimension (unit stride in both buffers)."""
+
+    def __init__(self, module: "_Module", nest: LoopNest):
+        problem = nest.problem
+        out_strides = strides(problem, problem.output)
+        super().__init__(module, nest.write_back, {"acc": out_strides, "out": out_strides}, "write_back")
+        self.vectorised = self.loops[-1].var == problem.output[-1]
+        self.inner_start = self.depth - 1 if self.vectorised else self.depth
+
+    def emit_inner_part(self, fn: _Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
+        if not self.vectorised:
+            self.copy(fn, ptrs, 0, 1, 1)
+            return
+        budget = budgets[self.loops[-1].var]
+        width = self.width
+        group = width * 4
+        if budget > COPY_UNROLL * width:
+            groups = budget // group
+            with fn.loop(groups) as lp:
+                moved = {t: fn.advance(p, lp.iv, group) for t, p in ptrs.items()}
+                for c in range(0, group, width):
+                    self.copy(fn, moved, c, width, width)
+            done = groups * group
+        else:
+            done = 0
+        lanes = _lanes_for(budget - done, width)
+        for c in range(done, budget, lanes):
+            self.copy(fn, ptrs, c, lanes, min(lanes, budget - c))
+
+    def copy(self, fn: _Function, ptrs: dict[str, str], offset: int, lanes: int, active: int) -> None:
+        value = _load(self.module, fn, ptrs["acc"], offset, lanes, active, 1, cache=False)
+        _store(self.module, fn, ptrs["out"], offset, lanes, active, value)
+
+
+@lru_cache(maxsize=4096)
+def _tile_size(loops, output_dims, width, vector_var, level, budgets) -> int:
+    """Registers of the output tile of the scope starting at ``level``."""
+    b = dict(budgets)
+    if level == len(loops):
+        return 1
+    loop = loops[level]
+    budget = b[loop.var]
+    if level == len(loops) - 1 and vector_var is not None:
+        lanes = _lanes_for(budget, width)
+        return -(-budget // lanes)
+    full, rem = divmod(budget, loop.step)
+    child = tuple(sorted({**b, loop.var: loop.step}.items()))
+    tail = tuple(sorted({**b, loop.var: rem}.items()))
+    if loop.var not in output_dims:
+        return _tile_size(loops, output_dims, width, vector_var, level + 1, child if full else tail)
+    size = full * _tile_size(loops, output_dims, width, vector_var, level + 1, child) if full else 0
+    if rem:
+        size += _tile_size(loops, output_dims, width, vector_var, level + 1, tail)
+    return size
+
+
+@lru_cache(maxsize=4096)
+def _unrolled_ops(loops, vector_var, width, level, budgets) -> int:
+    """Multiply-adds in the body from ``level`` down if every loop were unrolled."""
+    b = dict(budgets)
+    if level == len(loops):
+        return 1
+    loop = loops[level]
+    budget = b[loop.var]
+    if level == len(loops) - 1 and vector_var is not None:
+        return -(-budget // _lanes_for(budget, width))
+    full, rem = divmod(budget, loop.step)
+    ops = 0
+    if full:
+        ops += full * _unrolled_ops(loops, vector_var, width, level + 1, tuple(sorted({**b, loop.var: loop.step}.items())))
+    if rem:
+        ops += _unrolled_ops(loops, vector_var, width, level + 1, tuple(sorted({**b, loop.var: rem}.items())))
+    return ops
+
+
+class _Module:
+    """Collects the kernel, its tail functions and the intrinsic declarations."""
+
+    def __init__(self, target: Target):
+        self.target = target
+        self.functions: list[_Function] = []
+        self.declarations: dict[str, str] = {}
+        self.tails: dict[tuple, str] = {}
+
+    def fma(self, lanes: int) -> str:
+        suffix = "f32" if lanes == 1 else f"v{lanes}f32"
+        name = f"llvm.fma.{suffix}"
+        typ = _vtype(lanes)
+        self.declarations[name] = f"declare {typ} @{name}({typ}, {typ}, {typ})"
+        return name
+
+    def masked(self, kind: str, lanes: int) -> str:
+        name = f"llvm.masked.{kind}.v{lanes}f32.p0"
+        typ = _vtype(lanes)
+        if kind == "load":
+            self.declarations[name] = f"declare {typ} @{name}(ptr, <{lanes} x i1>, {typ})"
+        else:
+            self.declarations[name] = f"declare void @{name}({typ}, ptr, <{lanes} x i1>)"
+        return name
+
+    def tail_function(self, emitter: _NestEmitter, level: int, budgets: dict[str, int]) -> str:
+        relevant = {v for v in (lp.var for lp in emitter.loops[level:])}
+        key = (emitter.name, level, tuple(sorted((v, b) for v, b in budgets.items() if v in relevant)))
+        if key not in self.tails:
+            name = f"tail{len(self.tails)}_{emitter.name}_l{level}"
+            self.tails[key] = name
+            params = ", ".join(f"ptr noalias %{t}" for t in TENSORS)
+            fn = _Function(f"define internal void @{name}({params}) nounwind {{")
+            emitter.emit_outer(fn, level, budgets, {t: f"%{t}" for t in emitter.coefs})
+            fn.emit("ret void")
+            fn.lines.append("}")
+            self.functions.append(fn)
+        return self.tails[key]
+
+    def text(self) -> str:
+        parts = list(self.declarations.values())
+        for fn in self.functions:
+            parts.append("\n".join(fn.lines))
+        return "\n\n".join(parts) + "\n"
+
+
+def plan(nest: LoopNest, target: Target) -> ComputePlan:
+    """The code generator's decisions for ``nest`` (without emitting code)."""
+    return _ComputeEmitter(_Module(target), nest).plan
+
+
+def generate_ir(nest: LoopNest, target: Target) -> str:
+    """LLVM IR text of ``void looprl_kernel(in0, in1, out, acc, i64 reps)``.
+
+    ``acc`` is scratch space shaped like the output; ``reps`` >= 1 repeats the whole
+    computation (for timing)."""
+    module = _Module(target)
+    compute = _ComputeEmitter(module, nest)
+    write_back = _WriteBackEmitter(module, nest)
+    params = ", ".join(f"ptr noalias %{t}" for t in TENSORS)
+    fn = _Function(f"define void @{KERNEL_NAME}({params}, i64 %reps) nounwind {{")
+    module.functions.append(fn)
+    output_bytes = 4
+    for dim in nest.problem.output:
+        output_bytes *= nest.problem.size(dim)
+    with fn.loop("%reps"):
+        if not compute.plan.zero_init:
+            module.declarations["llvm.memset"] = "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)"
+            fn.emit(f"call void @llvm.memset.p0.i64(ptr align 4 %acc, i8 0, i64 {output_bytes}, i1 false)")
+        compute.emit_outer(fn, 0, dict(compute.entry_budgets(0)), {t: f"%{t}" for t in compute.coefs})
+        write_back.emit_outer(fn, 0, dict(write_back.entry_budgets(0)), {t: f"%{t}" for t in write_back.coefs})
+    fn.emit("ret void")
+    fn.lines.append("}")
+    return module.text()

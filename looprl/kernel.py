@@ -1,0 +1,92 @@
+"""Compiled kernels: ``looprl.compile(nest)`` and the callable it returns."""
+
+from __future__ import annotations
+
+import ctypes
+import time
+
+import numpy as np
+
+from . import codegen
+from .buffers import aligned_empty
+from .jit import CompiledModule, host_cpu
+from .nest import LoopNest
+
+_SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+
+
+def host_target() -> codegen.Target:
+    return codegen.Target.from_features(host_cpu()[1])
+
+
+class Kernel:
+    """Native code for one schedule. ``kernel(a, b)`` returns a new output array;
+    :meth:`run` writes into a given one (and can repeat the computation, for timing).
+
+    Inputs must be C-contiguous float32 arrays of the problem's shapes.
+    """
+
+    def __init__(self, nest: LoopNest, ir: str, module: CompiledModule, compile_seconds: float):
+        self.nest = nest
+        self.problem = nest.problem
+        self.ir = ir
+        self.compile_seconds = compile_seconds
+        self._module = module  # keeps the machine code alive
+        self._function = _SIGNATURE(module.address)
+
+    def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        out = aligned_empty(self.problem.output_shape)
+        self.run(a, b, out)
+        return out
+
+    def run(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, reps: int = 1, workspace: np.ndarray | None = None) -> None:
+        """Compute into ``out`` ``reps`` times. ``workspace`` (float32, output-sized) is the
+        accumulator; pass one to avoid an allocation per call."""
+        self._check(a, "first input", self.problem.input_shapes[0])
+        self._check(b, "second input", self.problem.input_shapes[1])
+        self._check(out, "output", self.problem.output_shape)
+        if not out.flags.writeable:
+            raise ValueError("output array is read-only")
+        if np.shares_memory(out, a) or np.shares_memory(out, b):
+            raise ValueError("output array overlaps an input")
+        if workspace is None:
+            workspace = aligned_empty(self.problem.output_shape)
+        else:
+            self._check(workspace, "workspace", None)
+            if workspace.size < out.size:
+                raise ValueError(f"workspace has {workspace.size} elements; the output needs {out.size}")
+        if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
+            raise ValueError(f"reps must be a positive integer, got {reps!r}")
+        self._function(a.ctypes.data, b.ctypes.data, out.ctypes.data, workspace.ctypes.data, reps)
+
+    def raw_call(self, pointers: tuple[int, int, int, int], reps: int) -> None:
+        """Call with pre-validated buffer addresses (in0, in1, out, acc): for timing loops."""
+        self._function(*pointers, reps)
+
+    @staticmethod
+    def _check(array, what: str, shape) -> None:
+        if not isinstance(array, np.ndarray):
+            raise ValueError(f"{what} must be a numpy array, got {type(array).__name__}")
+        if array.dtype != np.float32:
+            raise ValueError(f"{what} must have dtype float32, got {array.dtype}")
+        if shape is not None and array.shape != tuple(shape):
+            raise ValueError(f"{what} has shape {array.shape}; expected {tuple(shape)}")
+        if not array.flags.c_contiguous:
+            raise ValueError(f"{what} must be C-contiguous (use np.ascontiguousarray)")
+
+    def assembly(self) -> str:
+        """The native assembly of this kernel (for inspection)."""
+        return self._module.assembly(self.ir)
+
+    def __repr__(self) -> str:
+        return f"<Kernel {self.problem.name} [{self.nest.key}] compiled in {self.compile_seconds * 1e3:.2f} ms>"
+
+
+def compile(nest: LoopNest, target: codegen.Target | None = None) -> Kernel:  # noqa: A001 - public API name
+    """Generate LLVM IR for ``nest`` and JIT-compile it for this host."""
+    if not isinstance(nest, LoopNest):
+        raise ValueError(f"compile() expects a LoopNest, got {type(nest).__name__}")
+    start = time.perf_counter()
+    ir = codegen.generate_ir(nest, target or host_target())
+    module = CompiledModule(ir, codegen.KERNEL_NAME)
+    return Kernel(nest, ir, module, time.perf_counter() - start)

@@ -1,0 +1,170 @@
+"""The loop-nest IR: immutable values and pure transforms (``split``, ``swap``).
+
+A schedule of a :class:`~looprl.problem.Problem` is two nests, run one after the other:
+
+* the *compute* nest runs over every dimension and accumulates ``in0 * in1`` into an
+  accumulator buffer shaped like the output;
+* the *write-back* nest runs over the output dimensions and copies the accumulator to the
+  output tensor.
+
+Each loop walks one dimension (its ``var``). A loop with ``size`` n and ``step`` s covers a
+*budget* of elements of its dimension: it runs ``budget // s`` full iterations of s elements,
+then one tail iteration over the remaining ``budget % s`` elements (if any). The outermost
+loop of a dimension has the whole extent as budget; every other loop gets the step of the
+loop of the same dimension around it (or, inside a tail iteration, the smaller remainder).
+``tail`` is the remainder in the full (non-tail) context, in elements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import cached_property
+
+from .problem import Problem
+
+COMPUTE = "compute"
+WRITE_BACK = "write_back"
+
+
+@dataclass(frozen=True)
+class Loop:
+    """One loop: ``for var in range(size) (step step)`` plus a tail of ``tail`` elements."""
+
+    var: str
+    size: int
+    step: int
+    tail: int
+    nest: str  # COMPUTE or WRITE_BACK
+
+    @property
+    def budget(self) -> int:
+        """Elements of ``var`` this loop covers in its full context."""
+        return self.size * self.step + self.tail
+
+    @property
+    def is_write_back(self) -> bool:
+        return self.nest == WRITE_BACK
+
+    def describe(self) -> str:
+        text = f"for {self.var} in {self.size}"
+        if self.step != 1:
+            text += f" step {self.step}"
+        if self.tail:
+            text += f" tail {self.tail}"
+        return text
+
+
+@dataclass(frozen=True)
+class LoopNest:
+    """A schedule: the problem plus the compute and write-back loops, outermost first.
+
+    Indices used by :meth:`split` and :meth:`swap` run over :attr:`loops`, which lists the
+    compute loops then the write-back loops (depth-first order).
+    """
+
+    problem: Problem
+    compute: tuple[Loop, ...]
+    write_back: tuple[Loop, ...]
+
+    @staticmethod
+    def initial(problem: Problem) -> "LoopNest":
+        compute = tuple(Loop(d, problem.size(d), 1, 0, COMPUTE) for d in problem.dims)
+        write_back = tuple(Loop(d, problem.size(d), 1, 0, WRITE_BACK) for d in problem.output)
+        return LoopNest(problem, compute, write_back)
+
+    # -- views -----------------------------------------------------------------
+    @property
+    def loops(self) -> tuple[Loop, ...]:
+        return self.compute + self.write_back
+
+    def __len__(self) -> int:
+        return len(self.compute) + len(self.write_back)
+
+    @cached_property
+    def key(self) -> str:
+        """Canonical text of the schedule (the problem excluded): a cache key."""
+
+        def part(loops: tuple[Loop, ...]) -> str:
+            return ",".join(f"{lp.var}{lp.size}s{lp.step}" + (f"t{lp.tail}" if lp.tail else "") for lp in loops)
+
+        return part(self.compute) + "|" + part(self.write_back)
+
+    def to_text(self, cursor: int | None = None) -> str:
+        """Readable pseudo-code; ``cursor`` marks one loop index with ``<-``."""
+        lines = [f"# {self.problem.name}"]
+        acc, (in0, in1), out = "acc", self.problem.operands, self.problem.output
+        for depth, (index, loop) in enumerate(self._indexed(COMPUTE)):
+            lines.append(self._line(depth, index, loop, cursor))
+        depth = len(self.compute)
+        lines.append("  " * depth + f"acc[{out}] += in0[{in0}] * in1[{in1}]")
+        for depth, (index, loop) in enumerate(self._indexed(WRITE_BACK)):
+            lines.append(self._line(depth, index, loop, cursor))
+        lines.append("  " * len(self.write_back) + f"out[{out}] = {acc}[{out}]")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    def _indexed(self, which: str):
+        offset = 0 if which == COMPUTE else len(self.compute)
+        loops = self.compute if which == COMPUTE else self.write_back
+        return [(offset + i, lp) for i, lp in enumerate(loops)]
+
+    @staticmethod
+    def _line(depth: int, index: int, loop: Loop, cursor: int | None) -> str:
+        mark = "  <-" if index == cursor else ""
+        return "  " * depth + loop.describe() + ":" + mark
+
+    # -- transforms ------------------------------------------------------------
+    def split(self, index: int, factor: int) -> "LoopNest":
+        """Split loop ``index`` (size s) into an outer loop of ``s // factor`` iterations
+        (plus the tail) and an inner loop of ``factor`` iterations."""
+        loop = self._loop(index)
+        if isinstance(factor, bool) or not isinstance(factor, int):
+            raise ValueError(f"split factor must be an integer, got {factor!r}")
+        if factor < 2:
+            raise ValueError(f"split factor must be >= 2, got {factor}")
+        if factor > loop.size:
+            raise ValueError(f"cannot split loop {index} ({loop.describe()}) by {factor}: factor exceeds its size")
+        outer = Loop(loop.var, loop.size // factor, loop.step * factor, (loop.size % factor) * loop.step + loop.tail, loop.nest)
+        inner = Loop(loop.var, factor, loop.step, 0, loop.nest)
+        return self._replace_range(index, index + 1, (outer, inner))
+
+    def swap(self, index: int) -> "LoopNest":
+        """Exchange loop ``index`` with loop ``index + 1`` of the same nest."""
+        first = self._loop(index)
+        if index + 1 >= len(self) or self.loops[index + 1].nest != first.nest:
+            raise ValueError(f"cannot swap loop {index}: it is the innermost loop of the {first.nest} nest")
+        second = self.loops[index + 1]
+        if first.var == second.var:
+            raise ValueError(
+                f"cannot swap loops {index} and {index + 1}: both walk {first.var!r}, and the inner one "
+                "covers the outer one's step"
+            )
+        return self._replace_range(index, index + 2, (second, first))
+
+    def _loop(self, index: int) -> Loop:
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise ValueError(f"loop index must be an integer, got {index!r}")
+        if not 0 <= index < len(self):
+            raise ValueError(f"loop index {index} out of range: the nest has {len(self)} loops")
+        return self.loops[index]
+
+    def _replace_range(self, start: int, stop: int, new: tuple[Loop, ...]) -> "LoopNest":
+        loops = self.loops[:start] + new + self.loops[stop:]
+        compute = tuple(lp for lp in loops if lp.nest == COMPUTE)
+        write_back = tuple(lp for lp in loops if lp.nest == WRITE_BACK)
+        return replace(self, compute=compute, write_back=write_back)
+
+    def apply(self, steps: "list[tuple]") -> "LoopNest":
+        """Apply ``[("split", i, f), ("swap", i), ...]`` in order."""
+        nest = self
+        for step in steps:
+            name, *args = step
+            if name == "split":
+                nest = nest.split(*args)
+            elif name == "swap":
+                nest = nest.swap(*args)
+            else:
+                raise ValueError(f"unknown transform {name!r}; expected 'split' or 'swap'")
+        return nest

@@ -1,0 +1,140 @@
+"""Every reachable schedule computes what numpy computes, without touching memory it must not."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import looprl
+from looprl import codegen
+from looprl.codegen import Target
+
+from .guarded import GuardedArray
+
+PROBLEMS = [
+    looprl.matmul(67, 100, 250),  # no split divides these
+    looprl.matmul(64, 48, 32),
+    looprl.matmul(100, 72, 200),
+    looprl.matmul(1, 33, 7),
+    looprl.contraction("bmk,bkn->bmn", b=3, m=17, k=9, n=35),
+    looprl.contraction("mk,k->m", m=37, k=50),  # matrix-vector
+    looprl.contraction("k,kn->n", k=19, n=70),  # vector-matrix
+    looprl.contraction("mk,nk->mn", m=20, n=30, k=19),  # A @ B.T
+    looprl.contraction("m,n->mn", m=21, n=35),  # outer product: no reduction
+    looprl.contraction("abc,cd->abd", a=5, b=6, c=7, d=19),
+    looprl.contraction("abcd,cde->abe", a=3, b=4, c=5, d=6, e=17),  # two reduction indices
+    looprl.contraction("kn,mk->nm", k=13, m=17, n=40),
+]
+FACTORS = [2, 3, 4, 5, 7, 8, 16, 32, 64]
+
+
+def reference(problem, a, b):
+    return np.einsum(problem.spec, a.astype(np.float64), b.astype(np.float64))
+
+
+def random_inputs(problem, seed):
+    rng = np.random.default_rng(seed)
+    return [rng.uniform(-1, 1, size=shape).astype(np.float32) for shape in problem.input_shapes]
+
+
+def apply_actions(nest, actions):
+    """Apply (kind, index, factor) triples; transforms that do not apply are skipped."""
+    for kind, index, factor in actions:
+        index %= len(nest)
+        try:
+            nest = nest.split(index, factor) if kind == "split" else nest.swap(index)
+        except ValueError:
+            pass
+        if len(nest) > 12:
+            break
+    return nest
+
+
+def assert_matches(problem, kernel, a, b):
+    out = kernel(a, b)
+    expected = reference(problem, a, b)
+    scale = np.abs(a).max() * np.abs(b).max() * max(problem.size(d) for d in problem.reduction_dims or problem.dims)
+    np.testing.assert_allclose(out, expected, rtol=0, atol=1e-5 * max(scale, 1.0))
+
+
+actions = st.lists(
+    st.tuples(st.sampled_from(["split", "swap", "swap"]), st.integers(0, 20), st.sampled_from(FACTORS)),
+    max_size=14,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=st.sampled_from(PROBLEMS), steps=actions, seed=st.integers(0, 2**16))
+def test_random_schedules_match_numpy(problem, steps, seed):
+    nest = apply_actions(problem.initial_nest(), steps)
+    a, b = random_inputs(problem, seed)
+    assert_matches(problem, looprl.compile(nest), a, b)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=st.sampled_from(PROBLEMS), steps=actions, target=st.sampled_from([Target(8, 16), Target(4, 16)]))
+def test_narrower_vector_targets_match_numpy(problem, steps, target):
+    """AVX2- and SSE-width code (runs on any x86-64 with FMA) is correct too."""
+    nest = apply_actions(problem.initial_nest(), steps)
+    a, b = random_inputs(problem, 0)
+    assert_matches(problem, looprl.compile(nest, target=target), a, b)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=st.sampled_from(PROBLEMS), steps=actions, side=st.sampled_from(["start", "end"]))
+def test_kernels_stay_in_bounds(problem, steps, side):
+    """Inputs and output sit flush against inaccessible pages: a stray access would crash."""
+    nest = apply_actions(problem.initial_nest(), steps)
+    kernel = looprl.compile(nest)
+    guards = [GuardedArray(shape, side) for shape in (*problem.input_shapes, problem.output_shape)]
+    try:
+        a, b, out = (g.array for g in guards)
+        a[...], b[...] = random_inputs(problem, 1)
+        kernel.run(a, b, out, reps=2)
+        np.testing.assert_allclose(out, reference(problem, a, b), atol=1e-3)
+    finally:
+        for g in guards:
+            g.release()
+
+
+def test_write_back_nest_transforms():
+    problem = looprl.matmul(37, 45, 11)
+    nest = problem.initial_nest()
+    wb = len(nest.compute)
+    for variant in (nest.swap(wb), nest.split(wb + 1, 8), nest.split(wb, 4).swap(wb + 1).split(wb + 1, 16)):
+        a, b = random_inputs(problem, 3)
+        assert_matches(problem, looprl.compile(variant), a, b)
+
+
+def test_expert_schedule_with_tails():
+    problem = looprl.matmul(250, 100, 67)
+    nest = problem.initial_nest().split(2, 64).split(0, 4).swap(2).swap(1).swap(0).swap(2)
+    assert [lp.var for lp in nest.compute] == ["n", "m", "k", "m", "n"]
+    a, b = random_inputs(problem, 4)
+    assert_matches(problem, looprl.compile(nest), a, b)
+
+
+def test_repetitions_give_the_same_result():
+    problem = looprl.matmul(20, 40, 30)
+    nest = problem.initial_nest().swap(0)  # k outermost: the reduction is outside the register tile
+    assert not codegen.plan(nest, Target(16, 32)).zero_init
+    kernel = looprl.compile(nest)
+    a, b = random_inputs(problem, 5)
+    out = np.empty(problem.output_shape, np.float32)
+    kernel.run(a, b, out, reps=3)
+    np.testing.assert_allclose(out, reference(problem, a, b), atol=1e-4)
+
+
+def test_guard_pages_catch_out_of_bounds_reads():
+    """The harness above is only useful if a stray read really faults."""
+    import subprocess
+    import sys
+
+    code = (
+        "import ctypes, sys; sys.path.insert(0, '.');"
+        "from tests.guarded import GuardedArray;"
+        "g = GuardedArray((4, 4), 'end');"
+        "print(ctypes.c_float.from_address(g.array.ctypes.data + 64).value)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True)
+    assert result.returncode < 0  # killed by SIGSEGV

@@ -1,0 +1,81 @@
+import pytest
+
+import looprl
+from looprl.nest import COMPUTE, WRITE_BACK
+
+
+def test_initial_nest_is_first_appearance_order_plus_write_back():
+    nest = looprl.matmul(64, 48, 32).initial_nest()
+    assert [(lp.var, lp.size, lp.step, lp.tail, lp.nest) for lp in nest.loops] == [
+        ("m", 64, 1, 0, COMPUTE),
+        ("k", 32, 1, 0, COMPUTE),
+        ("n", 48, 1, 0, COMPUTE),
+        ("m", 64, 1, 0, WRITE_BACK),
+        ("n", 48, 1, 0, WRITE_BACK),
+    ]
+
+
+def test_split_outer_floor_plus_tail_inner_factor():
+    nest = looprl.matmul(67, 16, 16).initial_nest().split(0, 16)
+    outer, inner = nest.loops[0], nest.loops[1]
+    assert (outer.size, outer.step, outer.tail) == (4, 16, 3)
+    assert (inner.size, inner.step, inner.tail) == (16, 1, 0)
+    # splitting the inner loop again keeps the coverage of its parent's step
+    again = nest.split(1, 5)
+    assert [(lp.size, lp.step, lp.tail) for lp in again.loops[:3]] == [(4, 16, 3), (3, 5, 1), (5, 1, 0)]
+    # splitting the outer loop: tails accumulate in elements
+    outer_split = nest.split(0, 3)
+    assert [(lp.size, lp.step, lp.tail) for lp in outer_split.loops[:3]] == [(1, 48, 19), (3, 16, 0), (16, 1, 0)]
+    assert outer_split.loops[0].budget == 67
+
+
+def test_transforms_return_new_values():
+    nest = looprl.matmul(8, 8, 8).initial_nest()
+    split = nest.split(0, 2)
+    assert len(nest) == 5 and len(split) == 6
+    assert split == nest.split(0, 2) and hash(split) == hash(nest.split(0, 2))
+    assert split != nest
+    swapped = nest.swap(0)
+    assert [lp.var for lp in swapped.compute] == ["k", "m", "n"]
+    assert swapped.swap(0) == nest
+
+
+def test_swap_refusals():
+    nest = looprl.matmul(8, 8, 8).initial_nest()
+    with pytest.raises(ValueError, match="innermost loop of the compute nest"):
+        nest.swap(2)  # would cross into the write-back nest
+    with pytest.raises(ValueError, match="innermost loop of the write_back nest"):
+        nest.swap(4)
+    with pytest.raises(ValueError, match="both walk 'm'"):
+        nest.split(0, 2).swap(0)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda n: n.split(0, 1), ">= 2"),
+        (lambda n: n.split(0, 9), "exceeds its size"),
+        (lambda n: n.split(7, 2), "out of range"),
+        (lambda n: n.split(-1, 2), "out of range"),
+        (lambda n: n.split(0, 2.0), "must be an integer"),
+        (lambda n: n.swap("0"), "must be an integer"),
+        (lambda n: n.apply([("fuse", 0)]), "unknown transform"),
+    ],
+)
+def test_invalid_arguments_raise_value_error(call, message):
+    with pytest.raises(ValueError, match=message):
+        call(looprl.matmul(8, 8, 8).initial_nest())
+
+
+def test_text_is_readable_pseudo_code():
+    text = looprl.matmul(67, 16, 8).initial_nest().split(0, 16).to_text(cursor=1)
+    assert "for m in 4 step 16 tail 3:" in text
+    assert "for m in 16:  <-" in text
+    assert "acc[mn] += in0[mk] * in1[kn]" in text
+    assert "out[mn] = acc[mn]" in text
+
+
+def test_key_distinguishes_schedules():
+    base = looprl.matmul(16, 16, 16).initial_nest()
+    keys = {base.key, base.swap(0).key, base.split(0, 4).key, base.split(0, 8).key, base.split(3, 4).key}
+    assert len(keys) == 5
