@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m looprl.bench codegen`` (more subcommands as the project grows)."""

@@ -1,0 +1,101 @@
+import multiprocessing
+import os
+import sqlite3
+import sys
+
+import pytest
+
+import looprl
+from looprl.cache import MeasurementCache, measurement_host
+from looprl.measure import time_kernel
+
+
+def test_measure_kernel_and_nest():
+    nest = looprl.matmul(32, 32, 32).initial_nest()
+    gflops = looprl.measure(nest, budget_s=0.005)
+    assert 0.01 < gflops < 10_000
+    timing = time_kernel(looprl.compile(nest), budget_s=0.005, min_runs=3)
+    assert timing.runs >= 3 and timing.reps >= 1
+    assert timing.gflops == pytest.approx(nest.problem.flops / timing.seconds / 1e9)
+
+
+def test_measure_rejects_other_things():
+    with pytest.raises(ValueError, match="expects a Kernel or a LoopNest"):
+        looprl.measure(looprl.matmul(4, 4, 4))
+    kernel = looprl.compile(looprl.matmul(4, 4, 4).initial_nest())
+    with pytest.raises(ValueError, match="budget_s must be positive"):
+        time_kernel(kernel, budget_s=0)
+
+
+def test_cache_round_trip_and_hits(cache_path):
+    nest = looprl.matmul(16, 16, 16).initial_nest()
+    cache = MeasurementCache(cache_path)
+    first = looprl.measure(nest, budget_s=0.002, cache=cache)
+    assert (cache.hits, cache.misses, len(cache)) == (0, 1, 1)
+    assert looprl.measure(nest, budget_s=0.002, cache=cache) == first
+    assert cache.hits == 1
+    cache.close()
+    reopened = MeasurementCache(cache_path)
+    assert reopened.get(nest) == first
+    assert reopened.get(nest.swap(0)) is None
+
+
+def test_cache_keys_include_host_and_codegen_version():
+    assert "codegen-" in measurement_host()
+
+
+def test_corrupt_cache_is_rebuilt_with_a_warning(cache_path):
+    nest = looprl.matmul(16, 16, 16).initial_nest()
+    with MeasurementCache(cache_path) as cache:
+        cache.put(nest, 1.0)
+    for suffix in ("-wal", "-shm"):
+        if os.path.exists(cache_path + suffix):
+            os.remove(cache_path + suffix)
+    with open(cache_path, "wb") as handle:
+        handle.write(b"this is not a database" * 100)
+    with pytest.warns(RuntimeWarning, match="unreadable"):
+        cache = MeasurementCache(cache_path)
+    assert cache.get(nest) is None
+    cache.put(nest, 2.0)
+    assert cache.get(nest) == 2.0
+    assert any(".corrupt-" in name for name in os.listdir(os.path.dirname(cache_path)))
+
+
+def _writer(path, worker, count):
+    import random
+
+    from looprl.schedules import random_schedule
+
+    cache = MeasurementCache(path)
+    problem = looprl.matmul(64, 64, 64)
+    for i in range(count):
+        nest = random_schedule(problem, random.Random(i * 10 + worker % 2))  # workers overlap
+        cache.put(nest, float(worker * 1000 + i))
+        assert cache.get(nest) is not None
+
+
+def test_concurrent_processes_share_the_cache(cache_path):
+    context = multiprocessing.get_context("spawn")
+    procs = [context.Process(target=_writer, args=(cache_path, w, 40)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    connection = sqlite3.connect(cache_path)
+    assert connection.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert connection.execute("SELECT count(*) FROM measurements").fetchone()[0] > 0
+
+
+def test_peak_is_measured_once_per_host(cache_path):
+    cache = MeasurementCache(cache_path)
+    cache.put_peak(123.0)
+    assert looprl.peak_gflops(cache) == 123.0  # from the cache, not re-measured
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="uses the host's FMA units")
+def test_measured_peak_is_plausible(cache_path):
+    peak = looprl.peak_gflops(MeasurementCache(cache_path), refresh=True)
+    assert 1.0 < peak < 10_000
+    kernel_gflops = looprl.measure(looprl.matmul(64, 64, 64).initial_nest(), budget_s=0.01)
+    assert kernel_gflops < 1.5 * peak
