@@ -42,17 +42,24 @@ class Workspace:
 
 def time_kernel(kernel: Kernel, budget_s: float = DEFAULT_BUDGET_S, min_runs: int = 3, workspace: Workspace | None = None) -> Timing:
     """Warm up, then time runs of ``reps`` in-kernel repetitions (each run ~1/8 of the budget)
-    until the budget is spent; report the fastest run."""
+    until the budget is spent; report the fastest run. A kernel whose first two executions
+    already take the budget is reported from those two (slow schedules stay cheap to rank)."""
     if budget_s <= 0:
         raise ValueError(f"budget_s must be positive, got {budget_s}")
     if min_runs < 1:
         raise ValueError(f"min_runs must be >= 1, got {min_runs}")
     ws = workspace if workspace is not None and workspace.problem == kernel.problem else Workspace(kernel.problem)
     call, pointers = kernel.raw_call, ws.pointers
+    start = time.perf_counter()
     call(pointers, 1)  # warm-up: page faults, caches
+    first = time.perf_counter() - start
     start = time.perf_counter()
     call(pointers, 1)
     single = max(time.perf_counter() - start, 1e-7)
+    if first + single >= budget_s:
+        # A slow schedule: one execution already spends the budget; keep the faster call.
+        best = min(first, single)
+        return Timing(kernel.problem.flops / best / 1e9, best, 2, 1)
     reps = max(1, int(budget_s / 8 / single))
     best, runs = float("inf"), 0
     deadline = time.perf_counter() + budget_s
