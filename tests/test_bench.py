@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 
@@ -24,3 +25,25 @@ def test_benchmark_rejects_bad_shapes():
         [sys.executable, "-m", "looprl.bench", "codegen", "--shapes", "32x48"], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 2 and "bad shape" in result.stderr
+
+
+def test_env_benchmark_reports_cold_and_warm_rates(tmp_path):
+    path = tmp_path / "env.json"
+    env = dict(os.environ, LOOPRL_CACHE_DIR=str(tmp_path / "cache"))
+    result = subprocess.run(
+        [sys.executable, "-m", "looprl.bench", "env", "--steps", "6", "--budget-ms", "1", "--json", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(path.read_text())
+    assert [row["workload"] for row in report["rows"]] == ["mm64-256 train", "256x256x256"]
+    for row in report["rows"]:
+        assert row["structural_steps"] == 6 and row["new_states"] >= 1 and row["failures"] == 0
+        assert row["cold_steps_per_s"] > 0 and row["warm_steps_per_s"] > 0 and row["mean_compile_ms"] > 0
+    bad = subprocess.run(
+        [sys.executable, "-m", "looprl.bench", "env", "--steps", "0"], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert bad.returncode == 2 and "--steps" in bad.stderr

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import codegen
+from . import codegen, env
 
-BENCHMARKS = {"codegen": codegen}
+BENCHMARKS = {"codegen": codegen, "env": env}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,114 @@
+"""LoopTune's actions on a (nest, cursor) state, shared by the environment and the searches.
+
+The cursor is an index into :attr:`LoopNest.loops` (depth-first: compute loops, then
+write-back loops). The actions, in this order:
+
+* ``up`` / ``down``: move the cursor to the previous / next loop;
+* ``swap_up`` / ``swap_down``: exchange the cursor loop with the loop above / below it in the
+  same nest; the cursor follows the loop it was on;
+* ``split_<f>``: split the cursor loop (size s) into an outer loop of ``s // f`` iterations
+  plus a tail and an inner loop of ``f``; the cursor stays on the outer loop.
+
+An action that cannot apply (moving past either end, a swap :meth:`LoopNest.swap` refuses, a
+factor larger than the loop, or a split that would exceed ``max_loops``) is invalid:
+:meth:`ActionSet.apply` returns None and the caller keeps the state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .nest import LoopNest
+
+MOVES = ("up", "down")
+SWAPS = ("swap_up", "swap_down")
+DEFAULT_SPLIT_FACTORS = (4, 8, 16)  # the paper's set
+MIN_FACTOR, MAX_FACTOR = 2, 64
+
+
+@dataclass(frozen=True)
+class State:
+    """A schedule and the loop the cursor is on."""
+
+    nest: LoopNest
+    cursor: int = 0
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.nest.key, self.cursor)
+
+
+class ActionSet:
+    """The discrete actions for a given set of split factors and loop bound."""
+
+    def __init__(self, split_factors=DEFAULT_SPLIT_FACTORS, max_loops: int = 10):
+        factors = tuple(split_factors)
+        if not factors:
+            raise ValueError("split_factors must not be empty")
+        for factor in factors:
+            if isinstance(factor, bool) or not isinstance(factor, (int, np.integer)):
+                raise ValueError(f"split factors must be integers, got {factor!r}")
+            if not MIN_FACTOR <= factor <= MAX_FACTOR:
+                raise ValueError(f"split factor {factor} outside {MIN_FACTOR}..{MAX_FACTOR}")
+        if len(set(factors)) != len(factors):
+            raise ValueError(f"split factors must be distinct, got {factors}")
+        if isinstance(max_loops, bool) or not isinstance(max_loops, (int, np.integer)) or max_loops < 1:
+            raise ValueError(f"max_loops must be a positive integer, got {max_loops!r}")
+        self.split_factors = tuple(int(f) for f in factors)
+        self.max_loops = int(max_loops)
+        self.names = MOVES + SWAPS + tuple(f"split_{f}" for f in self.split_factors)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def index(self, name: str) -> int:
+        try:
+            return self.names.index(name)
+        except ValueError:
+            raise ValueError(f"unknown action {name!r}; actions are {', '.join(self.names)}") from None
+
+    def is_structural(self, action: int) -> bool:
+        """Whether the action changes the schedule (and so needs a measurement)."""
+        return self.validate(action) >= len(MOVES)
+
+    def apply(self, state: State, action: int) -> State | None:
+        """The state after ``action``, or None when the action cannot apply."""
+        action = self.validate(action)
+        nest, cursor = state.nest, state.cursor
+        count = len(nest)
+        if action == 0:  # up
+            return State(nest, cursor - 1) if cursor > 0 else None
+        if action == 1:  # down
+            return State(nest, cursor + 1) if cursor + 1 < count else None
+        if action in (2, 3):  # swap_up, swap_down
+            upper = cursor - 1 if action == 2 else cursor
+            if not _can_swap(nest, upper):
+                return None
+            return State(nest.swap(upper), cursor - 1 if action == 2 else cursor + 1)
+        factor = self.split_factors[action - 4]
+        if count + 1 > self.max_loops or factor > nest.loops[cursor].size:
+            return None
+        return State(nest.split(cursor, factor), cursor)
+
+    def mask(self, state: State) -> np.ndarray:
+        """int8 array: 1 for each action that applies in ``state``."""
+        return np.array([self.apply(state, a) is not None for a in range(len(self))], dtype=np.int8)
+
+    def validate(self, action) -> int:
+        if isinstance(action, (bool, np.bool_)) or not isinstance(action, (int, np.integer)):
+            raise ValueError(f"action must be an integer in 0..{len(self) - 1}, got {action!r}")
+        if not 0 <= action < len(self):
+            raise ValueError(f"action {action} out of range 0..{len(self) - 1}")
+        return int(action)
+
+
+def _can_swap(nest: LoopNest, upper: int) -> bool:
+    """Whether ``nest.swap(upper)`` is allowed (same rules, no exception)."""
+    loops = nest.loops
+    if upper < 0 or upper + 1 >= len(loops):
+        return False
+    first, second = loops[upper], loops[upper + 1]
+    return first.nest == second.nest and first.var != second.var
+

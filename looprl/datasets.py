@@ -1,0 +1,105 @@
+"""Benchmark sets of problems with a fixed, seeded train/test split.
+
+``mm64-256`` is LoopTune's set: matmuls with M, N and K each in 64..256 step 16 (13^3 = 2197
+problems), 80% for training and 20% (440) for testing. The split is stored in
+``envs/mm64-256.json`` with explicit dimension names; :func:`build_dataset` regenerates the
+same content from the seed (a test checks that the file and the generator agree), and is
+used when the package is installed without the repository's ``envs/`` folder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from .problem import Problem, matmul
+
+ENVS_DIR = Path(__file__).resolve().parent.parent / "envs"
+SPLITS = ("train", "test", "all")
+
+_DEFINITIONS = {
+    "mm64-256": {
+        "description": "matmuls C[m,n] = A[m,k] @ B[k,n] with m, n, k each in 64..256 step 16",
+        "spec": "mk,kn->mn",
+        "values": list(range(64, 257, 16)),
+        "seed": 20230905,
+        "test_fraction": 0.2,
+    },
+}
+
+
+def dataset_names() -> list[str]:
+    return sorted(_DEFINITIONS)
+
+
+def build_dataset(name: str) -> dict:
+    """The dataset's JSON content, generated from its definition and seed."""
+    definition = _definition(name)
+    values = definition["values"]
+    everything = [{"m": m, "n": n, "k": k} for m in values for n in values for k in values]
+    order = np.random.default_rng(definition["seed"]).permutation(len(everything))
+    test_count = math.ceil(len(everything) * definition["test_fraction"])
+    test = sorted((everything[i] for i in order[:test_count]), key=lambda p: (p["m"], p["n"], p["k"]))
+    train = sorted((everything[i] for i in order[test_count:]), key=lambda p: (p["m"], p["n"], p["k"]))
+    return {
+        "name": name,
+        "description": definition["description"],
+        "spec": definition["spec"],
+        "seed": definition["seed"],
+        "train": train,
+        "test": test,
+    }
+
+
+def dataset_path(name: str) -> Path:
+    _definition(name)
+    return ENVS_DIR / f"{name}.json"
+
+
+def write_dataset(name: str, path: Path | None = None) -> Path:
+    path = Path(path) if path is not None else dataset_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    content = build_dataset(name)
+    text = json.dumps({k: v for k, v in content.items() if k not in ("train", "test")}, indent=2)[:-2]
+    # One problem per line keeps the file readable and diffs small.
+    for split in ("train", "test"):
+        rows = ",\n".join("    " + json.dumps(p) for p in content[split])
+        text += f',\n  "{split}": [\n{rows}\n  ]'
+    path.write_text(text + "\n}\n", encoding="utf-8")
+    return path
+
+
+def load_dataset(name: str) -> dict:
+    """The stored dataset file (or the generated content when the file is not available)."""
+    path = dataset_path(name)
+    if path.exists():
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as error:
+            raise ValueError(f"dataset file {path} is unreadable: {error}") from error
+    return build_dataset(name)
+
+
+def dataset_problems(name: str, split: str = "train") -> tuple[Problem, ...]:
+    """The problems of ``split`` ("train", "test" or "all") of dataset ``name``."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
+    content = load_dataset(name)
+    rows = content["train"] + content["test"] if split == "all" else content[split]
+    if content["spec"] != "mk,kn->mn":
+        raise ValueError(f"dataset {name}: unsupported spec {content['spec']!r}")
+    return tuple(matmul(m=row["m"], n=row["n"], k=row["k"]) for row in rows)
+
+
+def _definition(name: str) -> dict:
+    if name not in _DEFINITIONS:
+        raise ValueError(f"unknown dataset {name!r}; known datasets: {', '.join(dataset_names())}")
+    return _DEFINITIONS[name]
+
+
+if __name__ == "__main__":  # python -m looprl.datasets: rewrite the stored files
+    for dataset in dataset_names():
+        print(write_dataset(dataset))

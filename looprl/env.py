@@ -1,0 +1,273 @@
+"""``LoopNest-v0``: LoopTune's loop-nest tuning environment (DESIGN.md section 1).
+
+An episode starts from a problem's untiled nest with the cursor on the outermost loop. Each
+step applies one discrete action (see :mod:`looprl.actions`): ``up``, ``down``, ``swap_up``,
+``swap_down`` and ``split_<f>`` for each split factor (4, 8 and 16 by default, as in the paper).
+
+* **Observation**: ``Box(max_loops, 20)`` float32, one row per loop in depth-first order
+  (compute nest then write-back nest), zero rows after the last loop: cursor flag, trip count,
+  tail (elements), 1 for a compute loop and 0 for a write-back loop, and the 16-bin stride
+  histogram (:mod:`looprl.features`). ``observation="normalized"`` replaces trip count and
+  tail by ``log2(1 + x) / 8`` for learning.
+* **Reward**: ``(GFLOPS_t - GFLOPS_{t-1}) / peak``. Cursor moves and invalid actions give 0
+  and measure nothing; new schedules are compiled and timed once per host (persistent cache).
+* **Episode**: ``episode_length`` actions (10), then ``truncated``; never ``terminated``.
+* **Invalid action**: a no-op with reward 0 and ``info["valid"] = False``.
+* **Failure**: a schedule that fails to compile or run leaves the state unchanged, gives
+  reward 0, logs a warning and reports ``info["error"]``; ``step`` does not raise.
+
+``info`` holds ``gflops`` (current state), ``peak``, ``problem``, ``nest`` (pseudo-code),
+``schedule`` (cache key), ``cursor``, ``action`` (name), ``valid``, ``from_cache`` (whether
+the measurement came from the cache; None when nothing was measured), ``error`` and
+``action_mask``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Sequence
+
+import gymnasium as gym
+import networkx as nx
+import numpy as np
+from gymnasium import spaces
+
+from .actions import DEFAULT_SPLIT_FACTORS, ActionSet, State
+from .datasets import dataset_problems
+from .evaluator import DEFAULT_STATE_BUDGET_S, Evaluator, Measurement
+from .features import FEATURES_PER_LOOP, HISTOGRAM_BINS, LOG_SCALE, nest_graph, observation
+from .nest import LoopNest
+from .peak import peak_gflops
+from .problem import Problem, parse_problem
+
+logger = logging.getLogger(__name__)
+
+OBSERVATION_KINDS = ("raw", "normalized")
+ORDERS = ("cycle", "random")
+
+
+def as_problem(item: Problem | str) -> Problem:
+    """A :class:`Problem` from itself, ``"MxNxK"`` or a :attr:`Problem.name` string."""
+    if isinstance(item, Problem):
+        return item
+    if isinstance(item, str):
+        return parse_problem(item)
+    raise ValueError(f"expected a Problem or a problem string like '128x64x256', got {type(item).__name__}")
+
+
+class LoopNestEnv(gym.Env):
+    """Tune the loop nest of a tensor contraction by moving a cursor, swapping and splitting loops.
+
+    Args:
+        dataset: benchmark set to draw problems from (``"mm64-256"``), unless ``problems`` is given.
+        split: ``"train"``, ``"test"`` or ``"all"`` of the dataset.
+        problems: explicit problems (``Problem`` objects or strings such as ``"128x64x256"``).
+        order: ``"cycle"`` through the problems in order (a seeded reset starts at position
+            ``seed % len(problems)``) or ``"random"`` (sampled with the env's seeded generator).
+        split_factors: the ``split_<f>`` actions, integers in 2..64.
+        max_loops: bound on the number of loops (compute + write-back); observation rows.
+        episode_length: actions per episode before truncation.
+        observation: ``"raw"`` or ``"normalized"``.
+        measure_budget_s: timing budget per new schedule (compile time excluded).
+        cache: a :class:`~looprl.MeasurementCache`, a path (``":memory:"`` for a private one) or
+            None for the per-user persistent cache.
+        peak: GFLOPS used to normalise rewards; None measures the host (cached per host).
+        render_mode: None or ``"ansi"``.
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}  # fps: for video recorders only
+
+    def __init__(
+        self,
+        dataset: str = "mm64-256",
+        split: str = "train",
+        problems: Sequence[Problem | str] | None = None,
+        order: str = "cycle",
+        split_factors: Sequence[int] = DEFAULT_SPLIT_FACTORS,
+        max_loops: int = 10,
+        episode_length: int = 10,
+        observation: str = "raw",
+        measure_budget_s: float = DEFAULT_STATE_BUDGET_S,
+        cache=None,
+        peak: float | None = None,
+        render_mode: str | None = None,
+    ):
+        if problems is not None:
+            if isinstance(problems, (str, Problem)):
+                problems = [problems]
+            self.problems = tuple(as_problem(p) for p in problems)
+            if not self.problems:
+                raise ValueError("problems must not be empty")
+        else:
+            self.problems = dataset_problems(dataset, split)
+        if order not in ORDERS:
+            raise ValueError(f"unknown order {order!r}; expected one of {', '.join(ORDERS)}")
+        if observation not in OBSERVATION_KINDS:
+            raise ValueError(f"unknown observation {observation!r}; expected one of {', '.join(OBSERVATION_KINDS)}")
+        if isinstance(episode_length, bool) or not isinstance(episode_length, (int, np.integer)) or episode_length < 1:
+            raise ValueError(f"episode_length must be a positive integer, got {episode_length!r}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"unknown render_mode {render_mode!r}; supported: ansi")
+        self.actions = ActionSet(split_factors, max_loops)
+        self.max_loops = self.actions.max_loops
+        for problem in self.problems:
+            self._check_fits(problem)
+        self.order = order
+        self.episode_length = int(episode_length)
+        self.normalized = observation == "normalized"
+        self.render_mode = render_mode
+        self.evaluator = Evaluator(cache, measure_budget_s)
+        if peak is not None and not (isinstance(peak, (int, float)) and math.isfinite(peak) and peak > 0):
+            raise ValueError(f"peak must be a positive number of GFLOPS, got {peak!r}")
+        self.peak = float(peak) if peak is not None else peak_gflops(self.evaluator.cache)
+
+        self.max_extent = max(max(p.size(d) for d in p.dims) for p in self.problems)
+        self.action_space = spaces.Discrete(len(self.actions))
+        self.observation_space = self._observation_space()
+
+        self._position = 0  # next problem in "cycle" order
+        self._state: State | None = None
+        self._gflops = 0.0
+        self._steps = 0
+
+    # -- spaces ----------------------------------------------------------------
+    def _observation_space(self) -> spaces.Box:
+        low = np.zeros((self.max_loops, FEATURES_PER_LOOP), dtype=np.float32)
+        high = np.ones((self.max_loops, FEATURES_PER_LOOP), dtype=np.float32)
+        extent = float(self.max_extent)
+        if self.normalized:
+            extent = math.log2(1.0 + extent) / LOG_SCALE
+        high[:, 1:3] = extent
+        assert high.shape[1] == 4 + HISTOGRAM_BINS
+        return spaces.Box(low, high, dtype=np.float32)
+
+    def _check_fits(self, problem: Problem) -> None:
+        loops = len(problem.dims) + len(problem.output)
+        if loops > self.max_loops:
+            raise ValueError(
+                f"problem {problem.name} starts with {loops} loops, more than max_loops={self.max_loops}"
+            )
+
+    # -- properties --------------------------------------------------------------
+    @property
+    def action_names(self) -> tuple[str, ...]:
+        return self.actions.names
+
+    @property
+    def state(self) -> State:
+        self._require_reset()
+        return self._state
+
+    @property
+    def nest(self) -> LoopNest:
+        return self.state.nest
+
+    @property
+    def cursor(self) -> int:
+        return self.state.cursor
+
+    @property
+    def problem(self) -> Problem:
+        return self.state.nest.problem
+
+    @property
+    def gflops(self) -> float:
+        """Measured GFLOPS of the current schedule."""
+        self._require_reset()
+        return self._gflops
+
+    def action_mask(self) -> np.ndarray:
+        """int8 array over the actions: 1 where the action applies in the current state."""
+        return self.actions.mask(self.state)
+
+    def graph(self) -> nx.DiGraph:
+        """The LoopTune state graph of the current state (see :mod:`looprl.features`)."""
+        return nest_graph(self.nest, self.cursor)
+
+    # -- gymnasium API -------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        options = dict(options or {})
+        unknown = set(options) - {"problem"}
+        if unknown:
+            raise ValueError(f"unknown reset options {sorted(unknown)}; supported: 'problem'")
+        if seed is not None:
+            self._position = seed % len(self.problems)
+        if options.get("problem") is not None:
+            problem = as_problem(options["problem"])
+            self._check_fits(problem)
+            if max(problem.size(d) for d in problem.dims) > self.max_extent:
+                raise ValueError(
+                    f"problem {problem.name} has a dimension larger than {self.max_extent}, "
+                    "the largest extent the observation space was declared for"
+                )
+        elif self.order == "random":
+            problem = self.problems[int(self.np_random.integers(len(self.problems)))]
+        else:
+            problem = self.problems[self._position]
+            self._position = (self._position + 1) % len(self.problems)
+        self._state = State(problem.initial_nest(), 0)
+        self._steps = 0
+        measurement = self._measure(self._state.nest)
+        self._gflops = measurement.gflops
+        return self._observe(), self._info(None, True, measurement)
+
+    def step(self, action):
+        self._require_reset()
+        if self._steps >= self.episode_length:
+            logger.warning("step() called after the episode was truncated; call reset()")
+        action = self.actions.validate(action)
+        self._steps += 1
+        reward, measurement = 0.0, None
+        following = self.actions.apply(self._state, action)
+        valid = following is not None
+        if valid and not self.actions.is_structural(action):
+            self._state = following  # a cursor move: nothing to measure
+        elif valid:
+            measurement = self._measure(following.nest)
+            if measurement.ok:
+                reward = (measurement.gflops - self._gflops) / self.peak
+                self._state, self._gflops = following, measurement.gflops
+        truncated = self._steps >= self.episode_length
+        return self._observe(), float(reward), False, truncated, self._info(action, valid, measurement)
+
+    def render(self):
+        if self.render_mode != "ansi":
+            return None
+        self._require_reset()
+        return (
+            self.nest.to_text(self.cursor)
+            + f"\n# {self._gflops:.1f} GFLOPS ({self._gflops / self.peak:.0%} of peak {self.peak:.1f})"
+            + f", step {self._steps}/{self.episode_length}\n"
+        )
+
+    # -- helpers ---------------------------------------------------------------------
+    def _measure(self, nest: LoopNest) -> Measurement:
+        measurement = self.evaluator(nest)
+        if not measurement.ok:
+            logger.warning("schedule %s of %s failed: %s", nest.key, nest.problem.name, measurement.error)
+        return measurement
+
+    def _observe(self) -> np.ndarray:
+        return observation(self._state.nest, self._state.cursor, self.max_loops, self.normalized)
+
+    def _info(self, action: int | None, valid: bool, measurement: Measurement | None) -> dict[str, Any]:
+        nest = self._state.nest
+        return {
+            "gflops": self._gflops,
+            "peak": self.peak,
+            "problem": nest.problem.name,
+            "nest": nest.to_text(self._state.cursor),
+            "schedule": nest.key,
+            "cursor": self._state.cursor,
+            "action": None if action is None else self.actions.names[action],
+            "valid": valid,
+            "from_cache": None if measurement is None else measurement.from_cache,
+            "error": None if measurement is None else measurement.error,
+            "action_mask": self.actions.mask(self._state),
+        }
+
+    def _require_reset(self) -> None:
+        if self._state is None:
+            raise gym.error.ResetNeeded("call reset() before using the environment")
