@@ -1,0 +1,15 @@
+"""Search baselines over LoopNest-v0's actions: greedy (lookahead L), beam search (width W,
+depth- or breadth-first) and random walks, as compared against in the LoopTune paper.
+
+>>> from looprl import search
+>>> result = search.run("128x256x64", algo="beam4dfs", budget_s=60)
+>>> result.best_gflops, result.actions
+
+``python -m looprl.search --help`` runs them from the command line.
+"""
+
+from .algorithms import PAPER_ALGORITHMS, parse_algorithm
+from .context import SearchContext
+from .runner import DEFAULT_BUDGET_S, DEFAULT_DEPTH, SearchResult, run
+
+__all__ = ["DEFAULT_BUDGET_S", "DEFAULT_DEPTH", "PAPER_ALGORITHMS", "SearchContext", "SearchResult", "parse_algorithm", "run"]

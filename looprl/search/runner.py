@@ -1,0 +1,159 @@
+"""``run(problem, algo, ...)`` -> :class:`SearchResult`."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import networkx as nx
+import numpy as np
+
+from ..actions import DEFAULT_SPLIT_FACTORS, ActionSet
+from ..env import as_problem
+from ..evaluator import DEFAULT_STATE_BUDGET_S, Evaluator
+from ..nest import LoopNest
+from ..problem import Problem
+from .algorithms import parse_algorithm
+from .context import BudgetExhausted, SearchContext
+
+DEFAULT_BUDGET_S = 60.0
+DEFAULT_DEPTH = 10
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """What one search found and what it cost."""
+
+    problem: Problem
+    algorithm: str
+    best_nest: LoopNest
+    best_gflops: float
+    initial_gflops: float
+    actions: tuple[str, ...]  # action names from the initial nest (cursor on loop 0)
+    evaluations: int  # distinct schedules evaluated (cached or measured)
+    new_measurements: int  # of which compiled and timed by this search
+    failures: int
+    elapsed_s: float
+    stopped: str  # "done", "time budget", "evaluation budget" or "interrupted"
+    curve: tuple[tuple[float, int, float], ...]  # (seconds, evaluations, best GFLOPS so far)
+    settings: dict[str, Any]
+    graph: nx.DiGraph = field(repr=False, compare=False)
+
+    @property
+    def speedup(self) -> float:
+        """Best over initial GFLOPS."""
+        return self.best_gflops / self.initial_gflops if self.initial_gflops > 0 else math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "problem": self.problem.name,
+            "sizes": dict(self.problem.sizes),
+            "algorithm": self.algorithm,
+            "best_gflops": self.best_gflops,
+            "initial_gflops": self.initial_gflops,
+            "speedup": self.speedup,
+            "best_schedule": self.best_nest.key,
+            "best_nest": self.best_nest.to_text(),
+            "actions": list(self.actions),
+            "evaluations": self.evaluations,
+            "new_measurements": self.new_measurements,
+            "failures": self.failures,
+            "elapsed_s": self.elapsed_s,
+            "stopped": self.stopped,
+            "curve": [list(point) for point in self.curve],
+            "settings": self.settings,
+            "graph_nodes": self.graph.number_of_nodes(),
+            "graph_edges": self.graph.number_of_edges(),
+        }
+
+    def save_json(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n", encoding="utf-8")
+        return path
+
+    def save_graph(self, path: str | Path) -> Path:
+        """Write the search graph: GraphML for ``.graphml``, else node-link JSON."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".graphml":
+            nx.write_graphml(self.graph, path)
+        else:
+            data = nx.node_link_data(self.graph, edges="edges")
+            path.write_text(json.dumps(data) + "\n", encoding="utf-8")
+        return path
+
+
+def run(
+    problem: Problem | str,
+    algo: str = "greedy1",
+    *,
+    budget_s: float | None = DEFAULT_BUDGET_S,
+    max_evaluations: int | None = None,
+    depth: int = DEFAULT_DEPTH,
+    split_factors=DEFAULT_SPLIT_FACTORS,
+    max_loops: int = 10,
+    cache=None,
+    evaluator: Evaluator | None = None,
+    measure_budget_s: float = DEFAULT_STATE_BUDGET_S,
+    seed: int = 0,
+    progress: Callable[[SearchContext], None] | None = None,
+) -> SearchResult:
+    """Search ``problem``'s schedules with ``algo`` (``greedy1``, ``greedy2``, ``beam2dfs``,
+    ``beam4bfs``, ``random``, ...) over the environment's actions, at most ``depth`` actions
+    from the untiled nest, until the algorithm finishes or ``budget_s`` seconds or
+    ``max_evaluations`` distinct schedules are spent (None: no such limit). Measurements go
+    through ``evaluator`` (or a new one on ``cache``). Ctrl-C ends the search early and
+    returns what was found, with ``stopped="interrupted"``."""
+    problem = as_problem(problem)
+    function, options = parse_algorithm(algo)
+    if budget_s is not None and not (isinstance(budget_s, (int, float)) and budget_s > 0):
+        raise ValueError(f"budget_s must be a positive number of seconds or None, got {budget_s!r}")
+    if max_evaluations is not None and (isinstance(max_evaluations, bool) or not isinstance(max_evaluations, int) or max_evaluations < 1):
+        raise ValueError(f"max_evaluations must be a positive integer or None, got {max_evaluations!r}")
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise ValueError(f"depth must be a positive integer, got {depth!r}")
+    actions = ActionSet(split_factors, max_loops)
+    if len(problem.dims) + len(problem.output) > actions.max_loops:
+        raise ValueError(f"problem {problem.name} has more loops than max_loops={actions.max_loops}")
+    evaluator = evaluator if evaluator is not None else Evaluator(cache, measure_budget_s)
+    context = SearchContext(problem, actions, evaluator, budget_s, max_evaluations, progress)
+    context.root()
+    stopped = "done"
+    try:
+        function(context, depth, np.random.default_rng(seed), **options)
+    except BudgetExhausted as reason:
+        stopped = str(reason)
+    except KeyboardInterrupt:
+        stopped = "interrupted"
+    best = context.best
+    elapsed = context.elapsed_s
+    context.curve.append((elapsed, context.evaluations, best.gflops))
+    root_value = context.values[problem.initial_nest().key]
+    return SearchResult(
+        problem=problem,
+        algorithm=algo.strip().lower(),
+        best_nest=best.state.nest,
+        best_gflops=best.gflops,
+        initial_gflops=root_value,
+        actions=tuple(actions.names[a] for a in best.path),
+        evaluations=context.evaluations,
+        new_measurements=context.new_measurements,
+        failures=context.failures,
+        elapsed_s=elapsed,
+        stopped=stopped,
+        curve=tuple(context.curve),
+        settings={
+            "budget_s": budget_s,
+            "max_evaluations": max_evaluations,
+            "depth": depth,
+            "split_factors": list(actions.split_factors),
+            "max_loops": actions.max_loops,
+            "measure_budget_s": evaluator.budget_s,
+            "seed": seed,
+        },
+        graph=context.graph,
+    )

@@ -1,0 +1,243 @@
+import csv
+import hashlib
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import networkx as nx
+import pytest
+
+import looprl
+from looprl import search
+from looprl.actions import ActionSet, State
+from looprl.env import LoopNestEnv
+from looprl.evaluator import Evaluator, Measurement
+
+SMALL = looprl.matmul(m=48, n=40, k=36)
+
+
+class FakeEvaluator:
+    """Deterministic pseudo-random GFLOPS per schedule; counts how often each is asked for."""
+
+    budget_s = 0.001
+
+    def __init__(self, boost: dict[str, float] | None = None):
+        self.calls = Counter()
+        self.boost = boost or {}
+
+    def value(self, nest) -> float:
+        if nest.key in self.boost:
+            return self.boost[nest.key]
+        digest = hashlib.sha256(nest.key.encode()).hexdigest()
+        return 10.0 + int(digest[:6], 16) % 9000 / 100.0
+
+    def __call__(self, nest):
+        self.calls[nest.key] += 1
+        return Measurement(self.value(nest), from_cache=False)
+
+
+def reachable(actions: ActionSet, depth: int) -> set[str]:
+    """Every schedule reachable from SMALL's initial nest in at most ``depth`` actions."""
+    layer = {State(SMALL.initial_nest(), 0)}
+    seen = {s.nest.key for s in layer}
+    for _ in range(depth):
+        layer = {child for state in layer for a in range(len(actions)) if (child := actions.apply(state, a)) is not None}
+        seen |= {s.nest.key for s in layer}
+    return seen
+
+
+def replay(result, cache=":memory:"):
+    env = LoopNestEnv(problems=[result.problem], cache=cache, peak=100.0)
+    env.reset(options={"problem": result.problem})
+    for name in result.actions:
+        _, _, _, _, info = env.step(env.action_names.index(name))
+        assert info["valid"]
+    return env.nest
+
+
+@pytest.mark.parametrize("algo", search.PAPER_ALGORITHMS)
+def test_each_algorithm_improves_replays_and_measures_nothing_twice(algo):
+    evaluator = FakeEvaluator()
+    result = search.run(SMALL, algo, budget_s=None, max_evaluations=150, evaluator=evaluator, depth=6)
+    assert result.best_gflops >= result.initial_gflops
+    assert result.best_gflops == evaluator.value(result.best_nest)
+    assert replay(result) == result.best_nest
+    assert max(evaluator.calls.values()) == 1
+    assert result.evaluations == len(evaluator.calls) <= 150
+    assert result.curve[-1][2] == result.best_gflops
+    assert [point[2] for point in result.curve] == sorted(point[2] for point in result.curve)
+    assert result.graph.number_of_nodes() >= result.evaluations
+
+
+@pytest.mark.parametrize("algo", ["greedy1", "beam2dfs", "random"])
+def test_real_measurements_through_the_cache(algo):
+    cache = looprl.MeasurementCache(":memory:")
+    evaluator = Evaluator(cache, budget_s=0.001)
+    result = search.run(looprl.matmul(24, 40, 20), algo, budget_s=20, max_evaluations=25, evaluator=evaluator, depth=4)
+    assert cache.get(result.best_nest) == result.best_gflops
+    assert cache.get(result.problem.initial_nest()) == result.initial_gflops
+    assert result.best_gflops >= result.initial_gflops
+    assert evaluator.compiled == result.new_measurements == result.evaluations
+    assert replay(result, cache) == result.best_nest
+    again = search.run(result.problem, algo, budget_s=20, max_evaluations=25, evaluator=evaluator, depth=4)
+    assert again.new_measurements == 0 and again.best_gflops == result.best_gflops
+
+
+def test_beam_bfs_with_full_width_is_exhaustive():
+    actions = ActionSet()
+    evaluator = FakeEvaluator()
+    result = search.run(SMALL, f"beam{len(actions)}bfs", budget_s=None, evaluator=evaluator, depth=3)
+    everything = reachable(actions, 3)
+    assert set(evaluator.calls) == everything
+    assert result.best_gflops == max(evaluator.value(_Keyed(key)) for key in everything)
+    assert result.stopped == "done"
+
+
+class _Keyed:
+    def __init__(self, key):
+        self.key = key
+
+
+def test_candidates_are_ranked_by_gflops_not_by_name():
+    start = SMALL.initial_nest()
+    # split_4 wins although "split_16" sorts first by name and comes first in no order here.
+    boost = {start.split(0, 4).key: 500.0, start.split(0, 16).key: 1.0, start.split(0, 8).key: 2.0}
+    for algo in ("beam1dfs", "beam1bfs", "greedy1"):
+        result = search.run(SMALL, algo, budget_s=None, evaluator=FakeEvaluator(boost), depth=1)
+        assert result.actions == ("split_4",) and result.best_gflops == 500.0
+
+
+def test_greedy1_stops_at_a_local_optimum():
+    actions = ActionSet()
+    evaluator = FakeEvaluator()
+    result = search.run(SMALL, "greedy1", budget_s=None, evaluator=evaluator, depth=10)
+    state = State(SMALL.initial_nest(), 0)
+    values = [evaluator.value(state.nest)]
+    for name in result.actions:
+        state = actions.apply(state, actions.index(name))
+        values.append(evaluator.value(state.nest))
+    assert all(b > a for a, b in zip(values, values[1:]))  # every greedy1 step improves
+    if len(result.actions) < 10:
+        children = [actions.apply(state, a) for a in range(len(actions))]
+        assert all(evaluator.value(c.nest) <= result.best_gflops for c in children if c is not None)
+
+
+def test_greedy2_can_cross_a_step_that_is_no_better():
+    actions = ActionSet()
+    root = State(SMALL.initial_nest(), 0)
+    # Every first step is worse than the start; one two-step state is much better.
+    boost = {child.nest.key: 1.0 for a in range(len(actions)) if (child := actions.apply(root, a)) is not None}
+    boost[root.nest.key] = 50.0
+    split = actions.index("split_4")
+    two = actions.apply(actions.apply(root, split), split).nest
+    boost[two.key] = 400.0
+    assert search.run(SMALL, "greedy1", budget_s=None, evaluator=FakeEvaluator(boost), depth=10).best_gflops == 50.0
+    result = search.run(SMALL, "greedy2", budget_s=None, evaluator=FakeEvaluator(boost), depth=10)
+    assert result.best_gflops >= 400.0 and result.actions[:2] == ("split_4", "split_4")
+
+
+def test_random_search_is_seeded():
+    first = search.run(SMALL, "random", budget_s=None, max_evaluations=60, evaluator=FakeEvaluator(), seed=3)
+    second = search.run(SMALL, "random", budget_s=None, max_evaluations=60, evaluator=FakeEvaluator(), seed=3)
+    other = search.run(SMALL, "random", budget_s=None, max_evaluations=60, evaluator=FakeEvaluator(), seed=4)
+    assert (first.actions, first.best_gflops) == (second.actions, second.best_gflops)
+    assert first.stopped == "evaluation budget" and first.evaluations == 60
+    assert set(first.graph.nodes) != set(other.graph.nodes)
+
+
+def test_time_budget_is_respected():
+    class SlowEvaluator(FakeEvaluator):
+        def __call__(self, nest):
+            time.sleep(0.02)
+            return super().__call__(nest)
+
+    started = time.perf_counter()
+    result = search.run(SMALL, "beam4dfs", budget_s=0.5, evaluator=SlowEvaluator())
+    assert result.stopped == "time budget"
+    # The deadline is checked before every new evaluation: at most one evaluation past it.
+    assert result.elapsed_s < 0.5 + 1.0 and time.perf_counter() - started < 0.5 + 2.0
+
+
+def test_bad_arguments_are_rejected():
+    for algo in ("greedy", "beam0dfs", "beam2", "greedy9", "annealing", 3):
+        with pytest.raises(ValueError, match="algorithm|lookahead|width"):
+            search.run(SMALL, algo, evaluator=FakeEvaluator())
+    with pytest.raises(ValueError, match="budget_s"):
+        search.run(SMALL, "random", budget_s=-1, evaluator=FakeEvaluator())
+    with pytest.raises(ValueError, match="max_evaluations"):
+        search.run(SMALL, "random", max_evaluations=0, evaluator=FakeEvaluator())
+    with pytest.raises(ValueError, match="depth"):
+        search.run(SMALL, "random", depth=0, evaluator=FakeEvaluator())
+    with pytest.raises(ValueError, match="cannot parse problem"):
+        search.run("12x12", "random", evaluator=FakeEvaluator())
+
+
+def test_results_and_graph_are_saved(tmp_path):
+    result = search.run(SMALL, "beam2bfs", budget_s=None, evaluator=FakeEvaluator(), depth=3)
+    data = json.loads(result.save_json(tmp_path / "r.json").read_text())
+    assert data["best_schedule"] == result.best_nest.key and data["actions"] == list(result.actions)
+    assert data["evaluations"] == result.evaluations and data["stopped"] == "done"
+    loaded = nx.node_link_graph(json.loads(result.save_graph(tmp_path / "g.json").read_text()), edges="edges")
+    assert loaded.number_of_nodes() == result.graph.number_of_nodes()
+    assert nx.read_graphml(result.save_graph(tmp_path / "g.graphml")).number_of_edges() == result.graph.number_of_edges()
+    edge_actions = {d["action"] for _, _, d in result.graph.edges(data=True)}
+    assert edge_actions <= set(ActionSet().names)
+
+
+# -- command line -----------------------------------------------------------------------------
+
+CLI = [sys.executable, "-m", "looprl.search"]
+
+
+def test_cli_single_problem_writes_json(tmp_path):
+    out = tmp_path / "one.json"
+    result = subprocess.run(
+        CLI + ["--algo", "greedy1", "--problem", "32x24x16", "--budget", "20", "--cache", ":memory:", "--measure-budget-ms", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "greedy1" in result.stdout and "GFLOPS" in result.stdout
+    data = json.loads(out.read_text())
+    assert data["sizes"] == {"m": 32, "k": 16, "n": 24} and data["best_gflops"] >= data["initial_gflops"]
+
+
+def test_cli_dataset_csv_resumes_and_survives_ctrl_c(tmp_path):
+    path = tmp_path / "runs.csv"
+    base = CLI + ["--split", "test", "--budget", "30", "--evaluations", "8", "--cache", str(tmp_path / "c.sqlite"), "--measure-budget-ms", "1", "--csv", str(path), "--quiet"]
+    done = subprocess.run(base + ["--algo", "greedy1,random", "--limit", "2"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(path.open()))
+    assert [(r["m"], r["n"], r["k"], r["algorithm"]) for r in rows] == [("64", "64", "112", "greedy1"), ("64", "64", "112", "random"), ("64", "64", "128", "greedy1"), ("64", "64", "128", "random")]
+    assert all(float(r["best_gflops"]) >= float(r["initial_gflops"]) for r in rows)
+    again = subprocess.run(base + ["--algo", "greedy1,random", "--limit", "2"], capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and len(list(csv.DictReader(path.open()))) == 4  # nothing redone
+
+    # A long random search, interrupted: its partial result is still written.
+    code = (
+        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler);"
+        "from looprl.search.__main__ import main; sys.exit(main(sys.argv[1:]))"
+    )
+    slow = [sys.executable, "-c", code, "--split", "test", "--offset", "2", "--limit", "1", "--algo", "random", "--budget", "600",
+            "--cache", ":memory:", "--measure-budget-ms", "1", "--csv", str(path), "--quiet"]
+    process = subprocess.Popen(slow, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(8)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    rows = list(csv.DictReader(path.open()))
+    assert len(rows) == 5 and rows[-1]["stopped"] == "interrupted" and int(rows[-1]["evaluations"]) >= 1
+
+
+def test_cli_rejects_bad_input(tmp_path):
+    for extra, message in [
+        (["--problem", "8x8x8", "--algo", "beam"], "unknown search algorithm"),
+        (["--problem", "8x8"], "cannot parse problem"),
+        (["--split", "test", "--limit", "0"], "--limit"),
+        (["--problem", "8x8x8", "--split-factors", "4,x"], "split factors"),
+        (["--problem", "8x8x8", "--split-factors", "1"], "split factor"),
+    ]:
+        result = subprocess.run(CLI + extra + ["--cache", ":memory:"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert result.returncode == 2 and message in result.stderr, (extra, result.stderr)
