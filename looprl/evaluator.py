@@ -3,10 +3,13 @@
 The environment and the search baselines both rank states by :class:`Evaluator`; a failed
 compile or run becomes a :class:`Measurement` carrying its error message rather than an
 exception (so a long training run is never killed by one bad state) and is never cached.
+Timing (not compiling) holds the machine-wide :class:`~looprl.timing_lock.TimingLock` so
+that concurrent measuring processes do not disturb each other.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -14,6 +17,7 @@ from .cache import MeasurementCache
 from .kernel import compile
 from .measure import Workspace, time_kernel
 from .nest import LoopNest
+from .timing_lock import TimingLock
 
 DEFAULT_STATE_BUDGET_S = 0.008  # timing budget per new state (compile excluded)
 
@@ -46,10 +50,18 @@ def open_cache(cache: "MeasurementCache | str | None") -> MeasurementCache:
 class Evaluator:
     """``evaluator(nest)`` -> :class:`Measurement`, measured once per host and schedule."""
 
-    def __init__(self, cache: "MeasurementCache | str | None" = None, budget_s: float = DEFAULT_STATE_BUDGET_S):
+    def __init__(
+        self,
+        cache: "MeasurementCache | str | None" = None,
+        budget_s: float = DEFAULT_STATE_BUDGET_S,
+        timing_lock: "TimingLock | bool" = True,
+    ):
         if not budget_s > 0:
             raise ValueError(f"budget_s must be positive, got {budget_s}")
         self.cache = open_cache(cache)
+        if timing_lock is True:
+            timing_lock = TimingLock()
+        self.timing_lock = timing_lock or contextlib.nullcontext()
         self.budget_s = float(budget_s)
         self._workspaces: dict[str, Workspace] = {}
         self.compiled = 0  # states compiled and timed by this evaluator
@@ -77,7 +89,9 @@ class Evaluator:
         try:
             kernel = compile(nest)
             compiled = time.perf_counter()
-            timing = time_kernel(kernel, self.budget_s, workspace=self._workspace(nest.problem))
+            workspace = self._workspace(nest.problem)
+            with self.timing_lock:
+                timing = time_kernel(kernel, self.budget_s, workspace=workspace)
         except Exception as error:  # noqa: BLE001 - reported in the Measurement, never cached
             self.failures += 1
             return Measurement(0.0, False, time.perf_counter() - started, 0.0, f"{type(error).__name__}: {error}")

@@ -1,0 +1,61 @@
+"""A machine-wide lock around kernel timing.
+
+Several processes measure at once during training (env runners) and searches run side by
+side; two kernels timed together on a 2-core machine slow each other down and make rewards
+noisy. Holding an exclusive ``flock`` on one file while timing (not while compiling)
+serialises the timings of every looprl process of this user on this machine. Where the lock
+file cannot be created, timing goes on unlocked (with one warning).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import warnings
+from pathlib import Path
+
+from .cache import default_cache_dir
+
+LOCK_NAME = "timing.lock"
+
+
+class TimingLock:
+    """``with lock:`` holds the machine-wide timing lock (re-entrant within one object)."""
+
+    def __init__(self, path: str | os.PathLike | None = None):
+        self.path = Path(path) if path is not None else default_cache_dir() / LOCK_NAME
+        self._fd: int | None = None
+        self._depth = 0
+        self._broken = False
+
+    def __enter__(self) -> "TimingLock":
+        if self._depth == 0 and not self._broken:
+            try:
+                if self._fd is None:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+            except OSError as error:
+                self._broken = True
+                warnings.warn(f"timing without the machine-wide lock ({self.path}: {error})", RuntimeWarning, stacklevel=2)
+        self._depth += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._depth -= 1
+        if self._depth == 0 and self._fd is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+    def __getstate__(self):  # a lock travels to other processes as its path only
+        return {"path": self.path}
+
+    def __setstate__(self, state) -> None:
+        self.__init__(state["path"])
