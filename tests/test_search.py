@@ -61,7 +61,7 @@ def replay(result, cache=":memory:"):
 @pytest.mark.parametrize("algo", search.PAPER_ALGORITHMS)
 def test_each_algorithm_improves_replays_and_measures_nothing_twice(algo):
     evaluator = FakeEvaluator()
-    result = search.run(SMALL, algo, budget_s=None, max_evaluations=150, evaluator=evaluator, depth=6)
+    result = search.run(SMALL, algo, verify_s=None, budget_s=None, max_evaluations=150, evaluator=evaluator, depth=6)
     assert result.best_gflops >= result.initial_gflops
     assert result.best_gflops == evaluator.value(result.best_nest)
     assert replay(result) == result.best_nest
@@ -81,6 +81,7 @@ def test_real_measurements_through_the_cache(algo):
     assert cache.get(result.problem.initial_nest()) == result.initial_gflops
     assert result.best_gflops >= result.initial_gflops
     assert evaluator.compiled == result.new_measurements == result.evaluations
+    assert result.verified_gflops > 0 and result.to_dict()["verified_gflops"] == result.verified_gflops
     assert replay(result, cache) == result.best_nest
     again = search.run(result.problem, algo, budget_s=20, max_evaluations=25, evaluator=evaluator, depth=4)
     assert again.new_measurements == 0 and again.best_gflops == result.best_gflops
@@ -89,7 +90,7 @@ def test_real_measurements_through_the_cache(algo):
 def test_beam_bfs_with_full_width_is_exhaustive():
     actions = ActionSet()
     evaluator = FakeEvaluator()
-    result = search.run(SMALL, f"beam{len(actions)}bfs", budget_s=None, evaluator=evaluator, depth=3)
+    result = search.run(SMALL, f"beam{len(actions)}bfs", verify_s=None, budget_s=None, evaluator=evaluator, depth=3)
     everything = reachable(actions, 3)
     assert set(evaluator.calls) == everything
     assert result.best_gflops == max(evaluator.value(_Keyed(key)) for key in everything)
@@ -106,14 +107,14 @@ def test_candidates_are_ranked_by_gflops_not_by_name():
     # split_4 wins although "split_16" sorts first by name and comes first in no order here.
     boost = {start.split(0, 4).key: 500.0, start.split(0, 16).key: 1.0, start.split(0, 8).key: 2.0}
     for algo in ("beam1dfs", "beam1bfs", "greedy1"):
-        result = search.run(SMALL, algo, budget_s=None, evaluator=FakeEvaluator(boost), depth=1)
+        result = search.run(SMALL, algo, verify_s=None, budget_s=None, evaluator=FakeEvaluator(boost), depth=1)
         assert result.actions == ("split_4",) and result.best_gflops == 500.0
 
 
 def test_greedy1_stops_at_a_local_optimum():
     actions = ActionSet()
     evaluator = FakeEvaluator()
-    result = search.run(SMALL, "greedy1", budget_s=None, evaluator=evaluator, depth=10)
+    result = search.run(SMALL, "greedy1", verify_s=None, budget_s=None, evaluator=evaluator, depth=10)
     state = State(SMALL.initial_nest(), 0)
     values = [evaluator.value(state.nest)]
     for name in result.actions:
@@ -134,15 +135,15 @@ def test_greedy2_can_cross_a_step_that_is_no_better():
     split = actions.index("split_4")
     two = actions.apply(actions.apply(root, split), split).nest
     boost[two.key] = 400.0
-    assert search.run(SMALL, "greedy1", budget_s=None, evaluator=FakeEvaluator(boost), depth=10).best_gflops == 50.0
-    result = search.run(SMALL, "greedy2", budget_s=None, evaluator=FakeEvaluator(boost), depth=10)
+    assert search.run(SMALL, "greedy1", verify_s=None, budget_s=None, evaluator=FakeEvaluator(boost), depth=10).best_gflops == 50.0
+    result = search.run(SMALL, "greedy2", verify_s=None, budget_s=None, evaluator=FakeEvaluator(boost), depth=10)
     assert result.best_gflops >= 400.0 and result.actions[:2] == ("split_4", "split_4")
 
 
 def test_random_search_is_seeded():
-    first = search.run(SMALL, "random", budget_s=None, max_evaluations=60, evaluator=FakeEvaluator(), seed=3)
-    second = search.run(SMALL, "random", budget_s=None, max_evaluations=60, evaluator=FakeEvaluator(), seed=3)
-    other = search.run(SMALL, "random", budget_s=None, max_evaluations=60, evaluator=FakeEvaluator(), seed=4)
+    first = search.run(SMALL, "random", verify_s=None, budget_s=None, max_evaluations=60, evaluator=FakeEvaluator(), seed=3)
+    second = search.run(SMALL, "random", verify_s=None, budget_s=None, max_evaluations=60, evaluator=FakeEvaluator(), seed=3)
+    other = search.run(SMALL, "random", verify_s=None, budget_s=None, max_evaluations=60, evaluator=FakeEvaluator(), seed=4)
     assert (first.actions, first.best_gflops) == (second.actions, second.best_gflops)
     assert first.stopped == "evaluation budget" and first.evaluations == 60
     assert set(first.graph.nodes) != set(other.graph.nodes)
@@ -155,7 +156,7 @@ def test_time_budget_is_respected():
             return super().__call__(nest)
 
     started = time.perf_counter()
-    result = search.run(SMALL, "beam4dfs", budget_s=0.5, evaluator=SlowEvaluator())
+    result = search.run(SMALL, "beam4dfs", verify_s=None, budget_s=0.5, evaluator=SlowEvaluator())
     assert result.stopped == "time budget"
     # The deadline is checked before every new evaluation: at most one evaluation past it.
     assert result.elapsed_s < 0.5 + 1.0 and time.perf_counter() - started < 0.5 + 2.0
@@ -164,19 +165,19 @@ def test_time_budget_is_respected():
 def test_bad_arguments_are_rejected():
     for algo in ("greedy", "beam0dfs", "beam2", "greedy9", "annealing", 3):
         with pytest.raises(ValueError, match="algorithm|lookahead|width"):
-            search.run(SMALL, algo, evaluator=FakeEvaluator())
+            search.run(SMALL, algo, verify_s=None, evaluator=FakeEvaluator())
     with pytest.raises(ValueError, match="budget_s"):
-        search.run(SMALL, "random", budget_s=-1, evaluator=FakeEvaluator())
+        search.run(SMALL, "random", verify_s=None, budget_s=-1, evaluator=FakeEvaluator())
     with pytest.raises(ValueError, match="max_evaluations"):
-        search.run(SMALL, "random", max_evaluations=0, evaluator=FakeEvaluator())
+        search.run(SMALL, "random", verify_s=None, max_evaluations=0, evaluator=FakeEvaluator())
     with pytest.raises(ValueError, match="depth"):
-        search.run(SMALL, "random", depth=0, evaluator=FakeEvaluator())
+        search.run(SMALL, "random", verify_s=None, depth=0, evaluator=FakeEvaluator())
     with pytest.raises(ValueError, match="cannot parse problem"):
         search.run("12x12", "random", evaluator=FakeEvaluator())
 
 
 def test_results_and_graph_are_saved(tmp_path):
-    result = search.run(SMALL, "beam2bfs", budget_s=None, evaluator=FakeEvaluator(), depth=3)
+    result = search.run(SMALL, "beam2bfs", verify_s=None, budget_s=None, evaluator=FakeEvaluator(), depth=3)
     data = json.loads(result.save_json(tmp_path / "r.json").read_text())
     assert data["best_schedule"] == result.best_nest.key and data["actions"] == list(result.actions)
     assert data["evaluations"] == result.evaluations and data["stopped"] == "done"
@@ -211,7 +212,7 @@ def test_cli_dataset_csv_resumes_and_survives_ctrl_c(tmp_path):
     assert done.returncode == 0, done.stderr
     rows = list(csv.DictReader(path.open()))
     assert [(r["m"], r["n"], r["k"], r["algorithm"]) for r in rows] == [("64", "64", "112", "greedy1"), ("64", "64", "112", "random"), ("64", "64", "128", "greedy1"), ("64", "64", "128", "random")]
-    assert all(float(r["best_gflops"]) >= float(r["initial_gflops"]) for r in rows)
+    assert all(float(r["best_gflops"]) >= float(r["initial_gflops"]) and float(r["verified_gflops"]) > 0 for r in rows)
     again = subprocess.run(base + ["--algo", "greedy1,random", "--limit", "2"], capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and len(list(csv.DictReader(path.open()))) == 4  # nothing redone
 

@@ -31,7 +31,7 @@ from .runner import DEFAULT_BUDGET_S, DEFAULT_DEPTH, SearchResult, run
 
 CSV_FIELDS = [
     "problem", "m", "n", "k", "algorithm", "initial_gflops", "best_gflops", "speedup", "evaluations",
-    "new_measurements", "elapsed_s", "stopped", "best_schedule", "actions",
+    "new_measurements", "elapsed_s", "stopped", "verified_gflops", "best_schedule", "actions",
 ]
 
 
@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--measure-budget-ms", type=float, default=DEFAULT_STATE_BUDGET_S * 1000)
     parser.add_argument("--cache", default=None, help="measurement cache path (':memory:' for a private one; default: the per-user cache)")
     parser.add_argument("--cold", action="store_true", help="give every search its own empty in-memory cache (comparable search times)")
+    parser.add_argument("--verify-ms", type=float, default=100.0, help="re-measure the best schedule this long (0: skip)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="single problem: result JSON (default search_<problem>_<algo>.json)")
     parser.add_argument("--csv", type=Path, default=None, help="dataset: results CSV (default search_<dataset>_<split>.csv)")
@@ -86,6 +87,7 @@ def _summary(result: SearchResult) -> str:
         f"{result.algorithm:>9} {result.problem.name}: {result.initial_gflops:.1f} -> {result.best_gflops:.1f} GFLOPS "
         f"({result.speedup:.2f}x) in {result.elapsed_s:.1f} s, {result.evaluations} states "
         f"({result.new_measurements} measured), {result.stopped}"
+        + ("" if result.verified_gflops is None else f"; best re-measured: {result.verified_gflops:.1f} GFLOPS")
     )
 
 
@@ -116,6 +118,7 @@ def _csv_row(result: SearchResult) -> dict:
         "new_measurements": result.new_measurements,
         "elapsed_s": f"{result.elapsed_s:.3f}",
         "stopped": result.stopped,
+        "verified_gflops": "" if result.verified_gflops is None else f"{result.verified_gflops:.3f}",
         "best_schedule": row["best_schedule"],
         "actions": " ".join(result.actions),
     }
@@ -162,6 +165,7 @@ def _main(args) -> int:
         split_factors=args.split_factors,
         max_loops=args.max_loops,
         seed=args.seed,
+        verify_s=args.verify_ms / 1000 if args.verify_ms > 0 else None,
     )
     if args.cold and args.cache is not None:
         raise ValueError("--cold and --cache exclude each other")

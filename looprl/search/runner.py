@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -14,6 +15,8 @@ import numpy as np
 from ..actions import DEFAULT_SPLIT_FACTORS, ActionSet
 from ..env import as_problem
 from ..evaluator import DEFAULT_STATE_BUDGET_S, Evaluator
+from ..kernel import compile
+from ..measure import time_kernel
 from ..nest import LoopNest
 from ..problem import Problem
 from .algorithms import parse_algorithm
@@ -38,6 +41,7 @@ class SearchResult:
     failures: int
     elapsed_s: float
     stopped: str  # "done", "time budget", "evaluation budget" or "interrupted"
+    verified_gflops: float | None  # the best schedule re-measured with a longer budget
     curve: tuple[tuple[float, int, float], ...]  # (seconds, evaluations, best GFLOPS so far)
     settings: dict[str, Any]
     graph: nx.DiGraph = field(repr=False, compare=False)
@@ -63,6 +67,7 @@ class SearchResult:
             "failures": self.failures,
             "elapsed_s": self.elapsed_s,
             "stopped": self.stopped,
+            "verified_gflops": self.verified_gflops,
             "curve": [list(point) for point in self.curve],
             "settings": self.settings,
             "graph_nodes": self.graph.number_of_nodes(),
@@ -101,19 +106,26 @@ def run(
     measure_budget_s: float = DEFAULT_STATE_BUDGET_S,
     seed: int = 0,
     progress: Callable[[SearchContext], None] | None = None,
+    verify_s: float | None = 0.1,
 ) -> SearchResult:
     """Search ``problem``'s schedules with ``algo`` (``greedy1``, ``greedy2``, ``beam2dfs``,
     ``beam4bfs``, ``random``, ...) over the environment's actions, at most ``depth`` actions
     from the untiled nest, until the algorithm finishes or ``budget_s`` seconds or
     ``max_evaluations`` distinct schedules are spent (None: no such limit). Measurements go
     through ``evaluator`` (or a new one on ``cache``). Ctrl-C ends the search early and
-    returns what was found, with ``stopped="interrupted"``."""
+    returns what was found, with ``stopped="interrupted"``.
+
+    The best of many short, noisy measurements is biased upwards, so the winner is measured
+    again for ``verify_s`` seconds (outside the search budget; None skips it) and reported
+    as ``verified_gflops``."""
     problem = as_problem(problem)
     function, options = parse_algorithm(algo)
     if budget_s is not None and not (isinstance(budget_s, (int, float)) and budget_s > 0):
         raise ValueError(f"budget_s must be a positive number of seconds or None, got {budget_s!r}")
     if max_evaluations is not None and (isinstance(max_evaluations, bool) or not isinstance(max_evaluations, int) or max_evaluations < 1):
         raise ValueError(f"max_evaluations must be a positive integer or None, got {max_evaluations!r}")
+    if verify_s is not None and not (isinstance(verify_s, (int, float)) and verify_s > 0):
+        raise ValueError(f"verify_s must be a positive number of seconds or None, got {verify_s!r}")
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise ValueError(f"depth must be a positive integer, got {depth!r}")
     actions = ActionSet(split_factors, max_loops)
@@ -133,6 +145,9 @@ def run(
     elapsed = context.elapsed_s
     context.curve.append((elapsed, context.evaluations, best.gflops))
     root_value = context.values[problem.initial_nest().key]
+    verified = None
+    if verify_s is not None and stopped != "interrupted":
+        verified = _verify(best.state.nest, verify_s, evaluator)
     return SearchResult(
         problem=problem,
         algorithm=algo.strip().lower(),
@@ -145,6 +160,7 @@ def run(
         failures=context.failures,
         elapsed_s=elapsed,
         stopped=stopped,
+        verified_gflops=verified,
         curve=tuple(context.curve),
         settings={
             "budget_s": budget_s,
@@ -154,6 +170,19 @@ def run(
             "max_loops": actions.max_loops,
             "measure_budget_s": evaluator.budget_s,
             "seed": seed,
+            "verify_s": verify_s,
         },
         graph=context.graph,
     )
+
+
+def _verify(nest: LoopNest, seconds: float, evaluator) -> float | None:
+    """GFLOPS of ``nest`` timed afresh for ``seconds`` (best of three rounds), or None if the
+    schedule cannot be compiled (a failed state is never the best unless everything failed)."""
+    try:
+        kernel = compile(nest)
+        lock = getattr(evaluator, "timing_lock", None) or contextlib.nullcontext()
+        with lock:
+            return max(time_kernel(kernel, seconds / 3).gflops for _ in range(3))
+    except Exception:  # noqa: BLE001 - reported as "not verified"
+        return None
