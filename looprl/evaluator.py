@@ -3,8 +3,10 @@
 The environment and the search baselines both rank states by :class:`Evaluator`; a failed
 compile or run becomes a :class:`Measurement` carrying its error message rather than an
 exception (so a long training run is never killed by one bad state) and is never cached.
-Timing (not compiling) holds the machine-wide :class:`~looprl.timing_lock.TimingLock` so
-that concurrent measuring processes do not disturb each other.
+Compiling and timing a new state hold the machine-wide :class:`~looprl.timing_lock.TimingLock`:
+on a 2-vCPU machine whose vCPUs share a physical core, a kernel runs ~1.5x faster while the
+other vCPU idles than while another process compiles or times there, so concurrent
+evaluations would make rewards depend on what the other process happened to be doing.
 """
 
 from __future__ import annotations
@@ -85,16 +87,16 @@ class Evaluator:
         if known is not None:
             self.cache_hits += 1
             return Measurement(known, from_cache=True)
-        started = time.perf_counter()
+        workspace = self._workspace(nest.problem)
         try:
-            kernel = compile(nest)
-            compiled = time.perf_counter()
-            workspace = self._workspace(nest.problem)
             with self.timing_lock:
+                started = time.perf_counter()
+                kernel = compile(nest)
+                compiled = time.perf_counter()
                 timing = time_kernel(kernel, self.budget_s, workspace=workspace)
         except Exception as error:  # noqa: BLE001 - reported in the Measurement, never cached
             self.failures += 1
-            return Measurement(0.0, False, time.perf_counter() - started, 0.0, f"{type(error).__name__}: {error}")
+            return Measurement(0.0, False, 0.0, 0.0, f"{type(error).__name__}: {error}")
         finished = time.perf_counter()
         self.compiled += 1
         self.compile_s += compiled - started

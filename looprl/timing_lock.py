@@ -1,9 +1,10 @@
-"""A machine-wide lock around kernel timing.
+"""A machine-wide lock around the evaluation of new schedules.
 
-Several processes measure at once during training (env runners) and searches run side by
-side; two kernels timed together on a 2-core machine slow each other down and make rewards
-noisy. Holding an exclusive ``flock`` on one file while timing (not while compiling)
-serialises the timings of every looprl process of this user on this machine. Where the lock
+Several processes evaluate at once during training (env runners) and when searches run side
+by side; a kernel timed while another process compiles or times on the other vCPU runs
+measurably slower (on this 2-vCPU machine per-run GFLOPS split into two modes, ~1.5x apart).
+Holding an exclusive ``flock`` on one file while compiling and timing serialises the
+evaluations of every looprl process of this user on this machine. Where the lock
 file cannot be created, timing goes on unlocked (with one warning).
 """
 
