@@ -13,19 +13,21 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import tempfile
 import warnings
 from pathlib import Path
 
-from .cache import default_cache_dir
 
-LOCK_NAME = "timing.lock"
+def default_lock_path() -> Path:
+    """One lock per user and machine, whatever measurement cache a process uses."""
+    return Path(tempfile.gettempdir()) / f"looprl-timing-{os.getuid()}.lock"
 
 
 class TimingLock:
     """``with lock:`` holds the machine-wide timing lock (re-entrant within one object)."""
 
     def __init__(self, path: str | os.PathLike | None = None):
-        self.path = Path(path) if path is not None else default_cache_dir() / LOCK_NAME
+        self.path = Path(path) if path is not None else default_lock_path()
         self._fd: int | None = None
         self._depth = 0
         self._broken = False

@@ -1,0 +1,125 @@
+"""Agent configurations: YAML files under ``agents/`` -> RLlib ``AlgorithmConfig``.
+
+A file has the sections ``algorithm`` (dqn, ppo, impala or appo), ``apex`` (DQN only: one
+fixed epsilon per env runner), ``env`` (``LoopNestEnv`` arguments), ``model``
+(``DefaultModelConfig`` fields), ``env_runners``, ``learners``, ``training`` and
+``reporting`` (passed to the config methods of the same name) and ``run`` (``iterations``,
+``checkpoint_every``). Everything here is plain data until :func:`build_config`, which is
+the only function that imports Ray.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+AGENTS_DIR = Path(__file__).resolve().parents[2] / "agents"
+ALGORITHMS = ("apex-dqn", "dqn", "ppo", "impala", "appo")
+_RLLIB_ALGORITHMS = ("dqn", "ppo", "impala", "appo")
+_SECTIONS = {"algorithm", "apex", "env", "model", "env_runners", "learners", "training", "reporting", "run"}
+
+
+def load_agent(algo: str, path: str | Path | None = None) -> dict[str, Any]:
+    """The agent configuration for ``algo`` from ``path`` or ``agents/<algo>.yaml``."""
+    if algo not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algo!r}; expected one of {', '.join(ALGORITHMS)}")
+    path = Path(path) if path is not None else AGENTS_DIR / f"{algo}.yaml"
+    if not path.exists():
+        raise ValueError(f"agent configuration {path} not found (pass --config PATH)")
+    try:
+        agent = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as error:
+        raise ValueError(f"cannot read agent configuration {path}: {error}") from error
+    return validate_agent(agent, str(path))
+
+
+def validate_agent(agent: Any, where: str = "agent configuration") -> dict[str, Any]:
+    if not isinstance(agent, dict):
+        raise ValueError(f"{where}: expected a mapping of sections")
+    unknown = set(agent) - _SECTIONS
+    if unknown:
+        raise ValueError(f"{where}: unknown sections {sorted(unknown)}; expected {sorted(_SECTIONS)}")
+    if agent.get("algorithm") not in _RLLIB_ALGORITHMS:
+        raise ValueError(f"{where}: 'algorithm' must be one of {', '.join(_RLLIB_ALGORITHMS)}")
+    if agent.get("apex") and agent["algorithm"] != "dqn":
+        raise ValueError(f"{where}: 'apex: true' needs algorithm dqn")
+    for section in _SECTIONS - {"algorithm", "apex"}:
+        if not isinstance(agent.get(section, {}), dict):
+            raise ValueError(f"{where}: section {section!r} must be a mapping")
+    return copy.deepcopy(agent)
+
+
+def apex_epsilon(index: int, count: int) -> float:
+    """Ape-X's per-actor exploration: 0.4 ** (1 + 7 i / (N - 1)) for actor i of N."""
+    if not 0 <= index < count:
+        raise ValueError(f"actor index {index} outside 0..{count - 1}")
+    if count == 1:
+        return 0.4
+    return 0.4 ** (1 + 7 * index / (count - 1))
+
+
+RLLIB_ENV_NAME = "looprl-LoopNest"
+
+
+def make_env(env_context):
+    """RLlib's env creator: it passes the env config as one mapping."""
+    from ..env import LoopNestEnv
+
+    return LoopNestEnv(**dict(env_context))
+
+
+def build_config(agent: dict[str, Any], *, seed: int, num_env_runners: int | None = None):
+    """The RLlib ``AlgorithmConfig`` for an agent configuration (new API stack, torch)."""
+    from ray.rllib.connectors.env_to_module import FlattenObservations
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+    from ray.tune.registry import register_env
+    from .callbacks import ApexCallbacks, LoopNestCallbacks
+
+    register_env(RLLIB_ENV_NAME, make_env)  # stored in the cluster, found by every env runner
+    classes = _config_classes()
+    algorithm = agent["algorithm"]
+    config = classes[algorithm]()
+    env_runners = dict(agent.get("env_runners", {}))
+    if num_env_runners is not None:
+        env_runners["num_env_runners"] = num_env_runners
+    env_runners.setdefault("num_env_runners", 1)
+    env_runners.setdefault("rollout_fragment_length", 20)  # "auto" means n_step for DQN: tiny rounds
+    env_config = dict(agent.get("env", {}))
+    env_config.setdefault("observation", "normalized")
+    config = (
+        config.framework("torch")
+        .environment(RLLIB_ENV_NAME, env_config=env_config)
+        .env_runners(
+            # The observation is (max_loops, 20); the default MLP encoder wants a flat vector.
+            env_to_module_connector=lambda env, spaces=None, device=None: FlattenObservations(),
+            **env_runners,
+        )
+        .learners(**agent.get("learners", {}))
+        .rl_module(model_config=DefaultModelConfig(**agent.get("model", {})))
+        .training(**_training_kwargs(agent))
+        .reporting(**agent.get("reporting", {}))
+        .callbacks(ApexCallbacks if agent.get("apex") else LoopNestCallbacks)
+        .debugging(seed=seed)
+    )
+    if agent.get("apex"):
+        config = config.training(epsilon=[[0, 0.4], [1, 0.4]])  # each runner replaces it (callbacks)
+    return config
+
+
+def _training_kwargs(agent: dict[str, Any]) -> dict[str, Any]:
+    training = dict(agent.get("training", {}))
+    if "epsilon" in training:
+        training["epsilon"] = [list(point) for point in training["epsilon"]]
+    return training
+
+
+def _config_classes() -> dict[str, type]:
+    from ray.rllib.algorithms.appo import APPOConfig
+    from ray.rllib.algorithms.dqn import DQNConfig
+    from ray.rllib.algorithms.impala import IMPALAConfig
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    return {"dqn": DQNConfig, "ppo": PPOConfig, "impala": IMPALAConfig, "appo": APPOConfig}

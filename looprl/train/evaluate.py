@@ -1,0 +1,86 @@
+"""Evaluate a policy: one greedy episode per problem, speed-up over the untuned nest, and
+(optionally) numpy's single-thread GFLOPS for the same problems."""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+import sys
+from pathlib import Path
+
+from ..evaluator import Evaluator
+from ..policy import JSON_NAME, Policy
+from ..rollout import greedy_episode
+
+FIELDS = ["problem", "m", "n", "k", "initial_gflops", "final_gflops", "best_gflops", "speedup", "numpy_gflops", "final_vs_numpy", "actions"]
+
+
+def resolve_policy(path: str | Path) -> Policy:
+    """A policy from a policy folder, a training run folder (its ``policy/``) or an RLlib
+    checkpoint inside a run folder (exported on the fly)."""
+    path = Path(path)
+    if (path / JSON_NAME).exists():
+        return Policy.load(path)
+    if (path / "policy" / JSON_NAME).exists():
+        return Policy.load(path / "policy")
+    if (path / "rllib_checkpoint.json").exists() and (path.parent.parent / "agent.yaml").exists():
+        import tempfile
+
+        import yaml
+
+        from .export import export_policy
+
+        agent = yaml.safe_load((path.parent.parent / "agent.yaml").read_text(encoding="utf-8"))
+        with tempfile.TemporaryDirectory() as folder:
+            return Policy.load(export_policy(path, folder, agent))
+    raise ValueError(f"no policy at {path}: expected a policy folder, a run folder or a checkpoint inside a run folder")
+
+
+def evaluate(policy: Policy, problems, evaluator: Evaluator, *, use_mask: bool = False, numpy: bool = False,
+             csv_path: Path | None = None, out=sys.stdout) -> dict:
+    """Run one greedy episode per problem; print a table and a summary; write a CSV."""
+    numpy_values = [math.nan] * len(problems)
+    if numpy:
+        from ..bench.numpy_baseline import numpy_gflops
+
+        numpy_values = numpy_gflops(list(problems), 0.1)
+    rows = []
+    print(f"{'problem':>14} {'untuned':>8} {'final':>8} {'speedup':>8} {'numpy':>8}  actions", file=out)
+    for problem, numpy_value in zip(problems, numpy_values):
+        episode = greedy_episode(policy, problem, evaluator, use_mask=use_mask)
+        sizes = dict(problem.sizes)
+        row = {
+            "problem": problem.name, "m": sizes.get("m", ""), "n": sizes.get("n", ""), "k": sizes.get("k", ""),
+            "initial_gflops": episode.initial_gflops, "final_gflops": episode.final_gflops, "best_gflops": episode.best_gflops,
+            "speedup": episode.speedup, "numpy_gflops": numpy_value,
+            "final_vs_numpy": episode.final_gflops / numpy_value if numpy_value and not math.isnan(numpy_value) else math.nan,
+            "actions": " ".join(episode.actions),
+        }
+        rows.append(row)
+        label = "x".join(str(sizes.get(d, "?")) for d in ("m", "n", "k"))
+        print(f"{label:>14} {episode.initial_gflops:8.1f} {episode.final_gflops:8.1f} {episode.speedup:8.2f} {numpy_value:8.1f}  {row['actions']}", file=out, flush=True)
+    summary = {
+        "problems": len(rows),
+        "speedup_geomean": statistics.geometric_mean([r["speedup"] for r in rows if r["speedup"] > 0]),
+        "initial_gflops_mean": statistics.fmean(r["initial_gflops"] for r in rows),
+        "final_gflops_mean": statistics.fmean(r["final_gflops"] for r in rows),
+    }
+    if numpy:
+        ratios = [r["final_vs_numpy"] for r in rows if r["final_vs_numpy"] > 0]
+        summary["numpy_gflops_mean"] = statistics.fmean(numpy_values)
+        summary["final_vs_numpy_geomean"] = statistics.geometric_mean(ratios) if ratios else math.nan
+    print(
+        f"{summary['problems']} problems: speed-up over untuned (geomean) {summary['speedup_geomean']:.2f}x, "
+        f"mean GFLOPS {summary['initial_gflops_mean']:.1f} -> {summary['final_gflops_mean']:.1f}"
+        + (f", numpy {summary['numpy_gflops_mean']:.1f}, final/numpy (geomean) {summary['final_vs_numpy_geomean']:.2f}" if numpy else ""),
+        file=out,
+    )
+    if csv_path is not None:
+        csv_path.parent.mkdir(parents=True, exist_ok=True)
+        with csv_path.open("w", newline="", encoding="utf-8") as handle:
+            writer = csv.DictWriter(handle, fieldnames=FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
+        print(f"wrote {csv_path}", file=out)
+    return summary

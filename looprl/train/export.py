@@ -1,0 +1,116 @@
+"""RLlib checkpoint -> numpy :class:`~looprl.policy.Policy` (``policy.json`` + ``policy.npz``).
+
+Reads the RLModule of a checkpoint (``learner_group/learner/rl_module/default_policy``) and
+walks its default torch layout: an MLP encoder (``encoder.net.mlp`` for DQN,
+``encoder.encoder.net.mlp`` or ``encoder.actor_encoder.net.mlp`` for the actor-critics) and
+the greedy head (DQN: ``af``, the advantages with a dueling head and the Q-values without;
+PPO/IMPALA/APPO: ``pi``, the action logits). The value head is not needed to act greedily.
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..features import FEATURES_PER_LOOP, OBSERVATION_LAYOUT_VERSION
+from ..policy import POLICY_FORMAT, POLICY_FORMAT_VERSION, Policy
+
+MODULE_SUBPATH = Path("learner_group") / "learner" / "rl_module" / "default_policy"
+_ACTIVATION_NAMES = {"ReLU": "relu", "Tanh": "tanh", "SiLU": "silu", "ELU": "elu", "Identity": "linear"}
+
+
+def load_module(checkpoint: str | Path):
+    """The trained RLModule of an RLlib checkpoint folder (no ``ray.init`` needed)."""
+    from ray.rllib.core.rl_module.rl_module import RLModule
+
+    path = (Path(checkpoint) / MODULE_SUBPATH).resolve()
+    if not path.exists():
+        raise ValueError(f"{checkpoint} is not an RLlib algorithm checkpoint (no {MODULE_SUBPATH})")
+    return RLModule.from_checkpoint(str(path))
+
+
+def _sequential_layers(sequential, prefix: str) -> tuple[list[dict], dict[str, np.ndarray]]:
+    """Dense layer specs and arrays of a torch ``Sequential`` of Linear/activation modules."""
+    import torch
+
+    specs, arrays = [], {}
+    children = list(sequential.children())
+    for position, child in enumerate(children):
+        if isinstance(child, torch.nn.Linear):
+            activation = "linear"
+            if position + 1 < len(children) and not isinstance(children[position + 1], torch.nn.Linear):
+                kind = type(children[position + 1]).__name__
+                if kind not in _ACTIVATION_NAMES:
+                    raise ValueError(f"cannot export layer {prefix}.{position}: unsupported activation {kind}")
+                activation = _ACTIVATION_NAMES[kind]
+            name = f"{prefix}.{len(specs)}"
+            arrays[f"{name}.weight"] = child.weight.detach().cpu().numpy().astype(np.float32)
+            arrays[f"{name}.bias"] = child.bias.detach().cpu().numpy().astype(np.float32)
+            specs.append({"weight": f"{name}.weight", "bias": f"{name}.bias", "activation": activation})
+        elif type(child).__name__ not in _ACTIVATION_NAMES:
+            raise ValueError(f"cannot export {prefix}: unsupported layer {type(child).__name__}")
+    return specs, arrays
+
+
+def module_network(module) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The ``network`` description and arrays of a default DQN or actor-critic RLModule."""
+    encoder = module.encoder
+    if hasattr(encoder, "net"):  # DQN
+        trunk = encoder.net.mlp
+    elif hasattr(encoder, "encoder"):  # actor-critic, shared layers
+        trunk = encoder.encoder.net.mlp
+    elif hasattr(encoder, "actor_encoder"):  # actor-critic, separate value layers
+        trunk = encoder.actor_encoder.net.mlp
+    else:
+        raise ValueError(f"cannot export {type(module).__name__}: unknown encoder {type(encoder).__name__}")
+    if hasattr(module, "af"):
+        if getattr(module, "num_atoms", 1) > 1:
+            raise ValueError("cannot export distributional DQN (num_atoms > 1)")
+        head_name, head = ("advantages" if getattr(module, "uses_dueling", False) else "q_values"), module.af
+    elif hasattr(module, "pi"):
+        head_name, head = "logits", module.pi
+    else:
+        raise ValueError(f"cannot export {type(module).__name__}: no 'af' or 'pi' head")
+    trunk_specs, arrays = _sequential_layers(trunk, "trunk")
+    head_specs, head_arrays = _sequential_layers(head.net.mlp, head_name)
+    arrays.update(head_arrays)
+    return {"trunk": trunk_specs, "heads": {head_name: head_specs}, "greedy": head_name}, arrays
+
+
+def export_policy(checkpoint: str | Path, out: str | Path, agent: dict[str, Any], extra: dict[str, Any] | None = None) -> Path:
+    """Write the numpy policy of ``checkpoint`` into folder ``out``; ``agent`` is the run's
+    agent configuration (its env section defines the observation and the actions)."""
+    from ..actions import ActionSet
+
+    module = load_module(checkpoint)
+    network, arrays = module_network(module)
+    env = agent.get("env", {})
+    actions = ActionSet(env.get("split_factors", (4, 8, 16)), env.get("max_loops", 10))
+    metadata = {
+        "format": POLICY_FORMAT,
+        "format_version": POLICY_FORMAT_VERSION,
+        "observation_layout_version": OBSERVATION_LAYOUT_VERSION,
+        "observation": env.get("observation", "normalized"),
+        "observation_shape": [actions.max_loops, FEATURES_PER_LOOP],
+        "action_names": list(actions.names),
+        "split_factors": list(actions.split_factors),
+        "episode_length": env.get("episode_length", 10),
+        "algorithm": agent.get("algorithm"),
+        "apex": bool(agent.get("apex", False)),
+        "training_problems": _training_problems(env),
+        "network": network,
+        "checkpoint": str(Path(checkpoint).name),
+        "exported": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    metadata.update(extra or {})
+    policy = Policy.from_arrays(metadata, arrays)
+    return policy.save(out)
+
+
+def _training_problems(env: dict[str, Any]) -> dict[str, Any] | list[str]:
+    if env.get("problems"):
+        return [str(p) for p in env["problems"]]
+    return {"dataset": env.get("dataset", "mm64-256"), "split": env.get("split", "train")}

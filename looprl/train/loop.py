@@ -1,0 +1,230 @@
+"""The training loop: iterations, progress line, CSV and TensorBoard records, atomic
+checkpoints, exact resume and a final checkpoint on Ctrl-C.
+
+A run directory holds::
+
+    agent.yaml        the effective agent configuration (overrides applied)
+    run.json          the run's arguments and, after each checkpoint, where it stands
+    metrics.csv       one row per iteration
+    tb/               TensorBoard event files
+    checkpoints/iter_000010/   RLlib checkpoints (the two newest are kept)
+    policy/           the newest checkpoint exported as a numpy policy (policy.json + .npz)
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .metric_names import CACHE_HIT_RATE, EPSILON, FINAL_GFLOPS, INVALID_RATE, SPEEDUP
+
+METRICS = [
+    "iteration", "env_steps", "episodes", "episode_reward_mean", "speedup_mean", "final_gflops_mean",
+    "cache_hit_rate", "invalid_rate", "epsilon_mean", "env_steps_per_s", "iteration_s", "elapsed_s",
+]
+KEEP_CHECKPOINTS = 2
+
+
+@dataclass
+class RunState:
+    """Where a run stands; saved in ``run.json`` with every checkpoint."""
+
+    iteration: int = 0
+    env_steps: int = 0
+    elapsed_s: float = 0.0
+    checkpoint: str | None = None  # folder name under checkpoints/
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text, encoding="utf-8")
+    os.replace(temporary, path)
+
+
+class RunDirectory:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.checkpoints = self.path / "checkpoints"
+
+    @property
+    def agent_path(self) -> Path:
+        return self.path / "agent.yaml"
+
+    def exists(self) -> bool:
+        return (self.path / "run.json").exists()
+
+    def create(self, agent: dict, arguments: dict) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.checkpoints.mkdir(exist_ok=True)
+        _atomic_write(self.agent_path, yaml.safe_dump(agent, sort_keys=False))
+        self.save_state(RunState(), arguments)
+
+    def load(self) -> tuple[dict, RunState, dict]:
+        try:
+            record = json.loads((self.path / "run.json").read_text(encoding="utf-8"))
+            agent = yaml.safe_load(self.agent_path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError, yaml.YAMLError) as error:
+            raise ValueError(f"cannot resume from {self.path}: {error}") from error
+        return agent, RunState(**record["state"]), record["arguments"]
+
+    def save_state(self, state: RunState, arguments: dict) -> None:
+        record = {"arguments": arguments, "state": vars(state)}
+        _atomic_write(self.path / "run.json", json.dumps(record, indent=1) + "\n")
+
+    def save_checkpoint(self, algo, state: RunState, arguments: dict) -> Path:
+        """Write the checkpoint to a temporary folder, rename it into place, then record it;
+        a crash at any point leaves the previous checkpoint intact and referenced."""
+        name = f"iter_{state.iteration:06d}"
+        final = self.checkpoints / name
+        temporary = self.checkpoints / f".{name}.tmp"
+        shutil.rmtree(temporary, ignore_errors=True)
+        algo.save_to_path(str(temporary.resolve()))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(temporary, final)
+        state.checkpoint = name
+        self.save_state(state, arguments)
+        for old in sorted(p for p in self.checkpoints.iterdir() if p.name.startswith("iter_"))[:-KEEP_CHECKPOINTS]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def trim_metrics(self, iteration: int) -> None:
+        """Drop metric rows past ``iteration`` (written after the checkpoint we resume from)."""
+        path = self.path / "metrics.csv"
+        if not path.exists():
+            return
+        with path.open(newline="", encoding="utf-8") as handle:
+            rows = [row for row in csv.DictReader(handle) if int(row["iteration"]) <= iteration]
+        with path.open("w", newline="", encoding="utf-8") as handle:
+            writer = csv.DictWriter(handle, fieldnames=METRICS)
+            writer.writeheader()
+            writer.writerows(rows)
+
+
+def metrics_row(result: dict[str, Any], state: RunState, iteration_s: float) -> dict[str, Any]:
+    runners = result.get("env_runners", {})
+    sampled = runners.get("num_env_steps_sampled", 0) or 0
+    return {
+        "iteration": state.iteration,
+        "env_steps": state.env_steps,
+        "episodes": runners.get("num_episodes", 0),
+        "episode_reward_mean": runners.get("episode_return_mean", math.nan),
+        "speedup_mean": runners.get(SPEEDUP, math.nan),
+        "final_gflops_mean": runners.get(FINAL_GFLOPS, math.nan),
+        "cache_hit_rate": runners.get(CACHE_HIT_RATE, math.nan),
+        "invalid_rate": runners.get(INVALID_RATE, math.nan),
+        "epsilon_mean": runners.get(EPSILON, math.nan),
+        "env_steps_per_s": sampled / iteration_s if iteration_s > 0 else math.nan,
+        "iteration_s": iteration_s,
+        "elapsed_s": state.elapsed_s,
+    }
+
+
+def progress_line(row: dict[str, Any], iterations: int | None, time_budget_s: float | None) -> str:
+    def number(value, spec):
+        return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+    left = []
+    if iterations:
+        per = row["elapsed_s"] / max(row["iteration"], 1)
+        left.append(per * (iterations - row["iteration"]))
+    if time_budget_s:
+        left.append(time_budget_s - row["elapsed_s"])
+    remaining = f"{_duration(max(min(left), 0))} left" if left else ""
+    total = f"/{iterations}" if iterations else ""
+    return (
+        f"[iter {row['iteration']}{total}] reward {number(row['episode_reward_mean'], '.3f')}  "
+        f"speedup {number(row['speedup_mean'], '.2f')}x  final {number(row['final_gflops_mean'], '.1f')} GFLOPS  "
+        f"{number(row['env_steps_per_s'], '.0f')} steps/s  cache hits {number(row['cache_hit_rate'] * 100 if isinstance(row['cache_hit_rate'], float) else None, '.0f')}%  "
+        f"steps {row['env_steps']}  elapsed {_duration(row['elapsed_s'])}  {remaining}"
+    ).rstrip()
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+def parse_duration(text: str) -> float:
+    """``"90"``, ``"90s"``, ``"30m"``, ``"1.5h"`` -> seconds."""
+    text = str(text).strip().lower()
+    units = {"s": 1, "m": 60, "h": 3600}
+    try:
+        if text and text[-1] in units:
+            value = float(text[:-1]) * units[text[-1]]
+        else:
+            value = float(text)
+    except ValueError:
+        raise ValueError(f"bad duration {text!r}; expected e.g. 90s, 30m or 1.5h") from None
+    if not value > 0:
+        raise ValueError(f"duration must be positive, got {text!r}")
+    return value
+
+
+def train(algo, run: RunDirectory, state: RunState, arguments: dict, *, iterations: int | None,
+          time_budget_s: float | None, checkpoint_every: int, export, out=sys.stdout) -> RunState:
+    """Iterate until ``iterations`` (total, across resumes) or ``time_budget_s`` (total
+    training time) is reached; checkpoint every ``checkpoint_every`` iterations, at the end and
+    on Ctrl-C. ``export(checkpoint_path)`` writes the numpy policy of a checkpoint."""
+    from tensorboardX import SummaryWriter
+
+    metrics_path = run.path / "metrics.csv"
+    fresh = not metrics_path.exists()
+    writer = SummaryWriter(str(run.path / "tb"), purge_step=state.iteration + 1)
+    last_saved = state.iteration
+
+    def checkpoint() -> None:
+        nonlocal last_saved
+        path = run.save_checkpoint(algo, state, arguments)
+        export(path)
+        last_saved = state.iteration
+        print(f"  checkpoint {path}", file=out, flush=True)
+
+    try:
+        with metrics_path.open("a", newline="", encoding="utf-8") as handle:
+            table = csv.DictWriter(handle, fieldnames=METRICS)
+            if fresh:
+                table.writeheader()
+            while not _done(state, iterations, time_budget_s):
+                started = time.perf_counter()
+                result = algo.train()
+                took = time.perf_counter() - started
+                state.iteration += 1
+                state.env_steps = int(result.get("num_env_steps_sampled_lifetime", state.env_steps) or state.env_steps)
+                state.elapsed_s += took
+                row = metrics_row(result, state, took)
+                table.writerow(row)
+                handle.flush()
+                for key, value in row.items():
+                    if key != "iteration" and isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value)):
+                        writer.add_scalar(f"looprl/{key}", value, state.iteration)
+                writer.flush()
+                print(progress_line(row, iterations, time_budget_s), file=out, flush=True)
+                if state.iteration % checkpoint_every == 0:
+                    checkpoint()
+    except KeyboardInterrupt:
+        print("interrupted: saving a final checkpoint", file=out, flush=True)
+    finally:
+        writer.close()
+    if state.iteration > last_saved or state.checkpoint is None:
+        checkpoint()
+    return state
+
+
+def _done(state: RunState, iterations: int | None, time_budget_s: float | None) -> bool:
+    if iterations is not None and state.iteration >= iterations:
+        return True
+    return time_budget_s is not None and state.elapsed_s >= time_budget_s
