@@ -12,7 +12,9 @@ from .kernel import Kernel, compile
 from .measure import measure
 from .nest import Loop, LoopNest
 from .peak import peak_gflops
+from .policy import Policy
 from .problem import Problem, contraction, matmul, parse_problem
+from .tuning import TuneResult, tune
 
 ENV_ID = "LoopNest-v0"
 
@@ -31,8 +33,10 @@ __all__ = [
     "LoopNest",
     "Measurement",
     "MeasurementCache",
+    "Policy",
     "Problem",
     "State",
+    "TuneResult",
     "aligned_empty",
     "aligned_zeros",
     "compile",
@@ -45,4 +49,5 @@ __all__ = [
     "observation",
     "parse_problem",
     "peak_gflops",
+    "tune",
 ]

@@ -6,30 +6,13 @@ import pytest
 import looprl
 from looprl.env import LoopNestEnv
 from looprl.evaluator import Evaluator
-from looprl.policy import POLICY_FORMAT, POLICY_FORMAT_VERSION, Policy
+from looprl.policy import Policy
 from looprl.rollout import greedy_episode
 
-NAMES = ["up", "down", "swap_up", "swap_down", "split_4", "split_8", "split_16"]
-
+from .policies import random_policy
 
 def make_policy(seed=0, hidden=8) -> Policy:
-    rng = np.random.default_rng(seed)
-    arrays = {
-        "trunk.0.weight": rng.normal(size=(hidden, 200)).astype(np.float32),
-        "trunk.0.bias": rng.normal(size=hidden).astype(np.float32),
-        "logits.0.weight": rng.normal(size=(7, hidden)).astype(np.float32),
-        "logits.0.bias": rng.normal(size=7).astype(np.float32),
-    }
-    metadata = {
-        "format": POLICY_FORMAT, "format_version": POLICY_FORMAT_VERSION, "observation": "normalized",
-        "observation_shape": [10, 20], "action_names": NAMES, "split_factors": [4, 8, 16], "episode_length": 10,
-        "network": {
-            "trunk": [{"weight": "trunk.0.weight", "bias": "trunk.0.bias", "activation": "relu"}],
-            "heads": {"logits": [{"weight": "logits.0.weight", "bias": "logits.0.bias", "activation": "linear"}]},
-            "greedy": "logits",
-        },
-    }
-    return Policy.from_arrays(metadata, arrays)
+    return random_policy(seed, hidden)
 
 
 def test_forward_pass_is_the_documented_mlp():

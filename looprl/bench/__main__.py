@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import codegen, env
+from . import codegen, env, tune
 
-BENCHMARKS = {"codegen": codegen, "env": env}
+BENCHMARKS = {"codegen": codegen, "env": env, "tune": tune}
 
 
 def main(argv: list[str] | None = None) -> int:

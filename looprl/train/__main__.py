@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", type=Path, default=None, help="agent YAML (default agents/<algo>.yaml)")
     parser.add_argument("--iterations", type=int, default=None, help="total training iterations (default: the YAML's run.iterations)")
     parser.add_argument("--time-budget", default=None, help="total training time, e.g. 45m or 2h")
+    parser.add_argument("--env-steps", type=int, default=None, help="total env steps to sample")
     parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/<algo>__s<seed>__<time>)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
     parser.add_argument("--address", default=None, help="attach to an existing Ray cluster (e.g. auto or host:6379)")
@@ -78,6 +79,8 @@ def _train(args) -> int:
     if args.iterations is not None and args.iterations < 1:
         raise ValueError(f"--iterations must be positive, got {args.iterations}")
     time_budget_s = parse_duration(args.time_budget) if args.time_budget is not None else None
+    if args.env_steps is not None and args.env_steps < 1:
+        raise ValueError(f"--env-steps must be positive, got {args.env_steps}")
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
         raise ValueError(f"--checkpoint-every must be positive, got {args.checkpoint_every}")
     if args.num_env_runners is not None and args.num_env_runners < 0:
@@ -109,7 +112,8 @@ def _train(args) -> int:
         arguments = {"algo": args.algo, "seed": args.seed, "num_env_runners": args.num_env_runners}
         run.create(agent, arguments)
         state = RunState()
-    iterations = args.iterations if args.iterations is not None else (None if time_budget_s else agent.get("run", {}).get("iterations", 100))
+    limited = time_budget_s is not None or args.env_steps is not None
+    iterations = args.iterations if args.iterations is not None else (None if limited else agent.get("run", {}).get("iterations", 100))
     checkpoint_every = args.checkpoint_every or agent.get("run", {}).get("checkpoint_every", 5)
     num_env_runners = args.num_env_runners if args.num_env_runners is not None else arguments.get("num_env_runners")
 
@@ -127,7 +131,7 @@ def _train(args) -> int:
         export_policy(checkpoint, run.path / "policy", agent, extra)
 
     try:
-        train(algo, run, state, arguments, iterations=iterations, time_budget_s=time_budget_s, checkpoint_every=checkpoint_every, export=export)
+        train(algo, run, state, arguments, iterations=iterations, time_budget_s=time_budget_s, checkpoint_every=checkpoint_every, export=export, env_steps=args.env_steps)
     finally:
         algo.stop()
     print(f"done: {state.iteration} iterations, {state.env_steps} env steps; policy in {run.path / 'policy'}")

@@ -8,7 +8,7 @@ from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.utils.schedules.scheduler import Scheduler
 
 from .config import apex_epsilon
-from .metric_names import CACHE_HIT_RATE, EPSILON, FINAL_GFLOPS, INVALID_RATE, SPEEDUP
+from .metric_names import CACHE_HIT_RATE, EPSILON, FINAL_GFLOPS, INVALID_RATE, LOG_SPEEDUP, SPEEDUP
 
 
 class LoopNestCallbacks(RLlibCallback):
@@ -29,7 +29,10 @@ class LoopNestCallbacks(RLlibCallback):
             return
         first, last = infos[0], infos[-1]
         if first.get("gflops", 0) > 0 and "gflops" in last:
-            metrics_logger.log_value(SPEEDUP, last["gflops"] / first["gflops"], reduce="mean", window=100)
+            ratio = last["gflops"] / first["gflops"]
+            metrics_logger.log_value(SPEEDUP, ratio, reduce="mean", window=100)
+            if ratio > 0:
+                metrics_logger.log_value(LOG_SPEEDUP, math.log(ratio), reduce="mean", window=100)
             metrics_logger.log_value(FINAL_GFLOPS, last["gflops"], reduce="mean", window=100)
         measured = [info["from_cache"] for info in infos[1:] if info.get("from_cache") is not None]
         if measured:

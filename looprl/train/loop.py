@@ -18,6 +18,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -26,10 +27,10 @@ from typing import Any
 
 import yaml
 
-from .metric_names import CACHE_HIT_RATE, EPSILON, FINAL_GFLOPS, INVALID_RATE, SPEEDUP
+from .metric_names import CACHE_HIT_RATE, EPSILON, FINAL_GFLOPS, INVALID_RATE, LOG_SPEEDUP, SPEEDUP
 
 METRICS = [
-    "iteration", "env_steps", "episodes", "episode_reward_mean", "speedup_mean", "final_gflops_mean",
+    "iteration", "env_steps", "episodes", "episode_reward_mean", "speedup_mean", "speedup_geomean", "final_gflops_mean",
     "cache_hit_rate", "invalid_rate", "epsilon_mean", "env_steps_per_s", "iteration_s", "elapsed_s",
 ]
 KEEP_CHECKPOINTS = 2
@@ -119,6 +120,7 @@ def metrics_row(result: dict[str, Any], state: RunState, iteration_s: float) -> 
         "episodes": runners.get("num_episodes", 0),
         "episode_reward_mean": runners.get("episode_return_mean", math.nan),
         "speedup_mean": runners.get(SPEEDUP, math.nan),
+        "speedup_geomean": math.exp(runners[LOG_SPEEDUP]) if LOG_SPEEDUP in runners else math.nan,
         "final_gflops_mean": runners.get(FINAL_GFLOPS, math.nan),
         "cache_hit_rate": runners.get(CACHE_HIT_RATE, math.nan),
         "invalid_rate": runners.get(INVALID_RATE, math.nan),
@@ -143,7 +145,7 @@ def progress_line(row: dict[str, Any], iterations: int | None, time_budget_s: fl
     total = f"/{iterations}" if iterations else ""
     return (
         f"[iter {row['iteration']}{total}] reward {number(row['episode_reward_mean'], '.3f')}  "
-        f"speedup {number(row['speedup_mean'], '.2f')}x  final {number(row['final_gflops_mean'], '.1f')} GFLOPS  "
+        f"speedup {number(row['speedup_geomean'], '.2f')}x (geomean)  final {number(row['final_gflops_mean'], '.1f')} GFLOPS  "
         f"{number(row['env_steps_per_s'], '.0f')} steps/s  cache hits {number(row['cache_hit_rate'] * 100 if isinstance(row['cache_hit_rate'], float) else None, '.0f')}%  "
         f"steps {row['env_steps']}  elapsed {_duration(row['elapsed_s'])}  {remaining}"
     ).rstrip()
@@ -175,10 +177,12 @@ def parse_duration(text: str) -> float:
 
 
 def train(algo, run: RunDirectory, state: RunState, arguments: dict, *, iterations: int | None,
-          time_budget_s: float | None, checkpoint_every: int, export, out=sys.stdout) -> RunState:
-    """Iterate until ``iterations`` (total, across resumes) or ``time_budget_s`` (total
-    training time) is reached; checkpoint every ``checkpoint_every`` iterations, at the end and
-    on Ctrl-C. ``export(checkpoint_path)`` writes the numpy policy of a checkpoint."""
+          time_budget_s: float | None, checkpoint_every: int, export, env_steps: int | None = None,
+          out=sys.stdout) -> RunState:
+    """Iterate until ``iterations``, ``time_budget_s`` (total training time) or ``env_steps``
+    is reached (all totals across resumes); checkpoint every ``checkpoint_every`` iterations,
+    at the end and on Ctrl-C or SIGTERM. ``export(checkpoint_path)`` writes the numpy policy of
+    a checkpoint."""
     from tensorboardX import SummaryWriter
 
     metrics_path = run.path / "metrics.csv"
@@ -193,12 +197,13 @@ def train(algo, run: RunDirectory, state: RunState, arguments: dict, *, iteratio
         last_saved = state.iteration
         print(f"  checkpoint {path}", file=out, flush=True)
 
+    previous_sigterm = signal.signal(signal.SIGTERM, _interrupt)  # e.g. a scheduler's preemption
     try:
         with metrics_path.open("a", newline="", encoding="utf-8") as handle:
             table = csv.DictWriter(handle, fieldnames=METRICS)
             if fresh:
                 table.writeheader()
-            while not _done(state, iterations, time_budget_s):
+            while not _done(state, iterations, time_budget_s, env_steps):
                 started = time.perf_counter()
                 result = algo.train()
                 took = time.perf_counter() - started
@@ -218,13 +223,20 @@ def train(algo, run: RunDirectory, state: RunState, arguments: dict, *, iteratio
     except KeyboardInterrupt:
         print("interrupted: saving a final checkpoint", file=out, flush=True)
     finally:
+        signal.signal(signal.SIGTERM, previous_sigterm)
         writer.close()
     if state.iteration > last_saved or state.checkpoint is None:
         checkpoint()
     return state
 
 
-def _done(state: RunState, iterations: int | None, time_budget_s: float | None) -> bool:
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _done(state: RunState, iterations: int | None, time_budget_s: float | None, env_steps: int | None) -> bool:
     if iterations is not None and state.iteration >= iterations:
+        return True
+    if env_steps is not None and state.env_steps >= env_steps:
         return True
     return time_budget_s is not None and state.elapsed_s >= time_budget_s

@@ -1,0 +1,85 @@
+"""``python -m looprl.bench tune``: how fast and how good ``looprl.tune`` is on a dataset split.
+
+For each problem: the wall-clock time of ``looprl.tune`` from a cold cache (compile of the
+returned kernel included), then the returned kernel and the untuned nest re-timed with the
+same budget, and numpy single-thread (``OPENBLAS_CORETYPE`` unset, one BLAS thread, in a child
+process). Reports median and p95 tune time and the geometric means of GFLOPS against numpy,
+the untuned nest and the measured peak.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+from ..datasets import SPLITS, dataset_problems
+from ..kernel import compile
+from ..measure import time_kernel
+from ..peak import measure_peak_gflops
+from ..tuning import load_policy, tune
+from .numpy_baseline import numpy_gflops
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--split", choices=SPLITS, default="test")
+    parser.add_argument("--dataset", default="mm64-256")
+    parser.add_argument("--limit", type=int, default=None, help="first N problems of the split")
+    parser.add_argument("--policy", default="default")
+    parser.add_argument("--mode", choices=("measured", "policy"), default="measured")
+    parser.add_argument("--budget", type=float, default=0.05, help="seconds to re-time each kernel (default 0.05)")
+    parser.add_argument("--json", type=Path, default=None)
+
+
+def _geomean(values) -> float:
+    values = [v for v in values if v > 0]
+    return statistics.geometric_mean(values) if values else math.nan
+
+
+def main(args, out=sys.stdout) -> dict:
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be positive, got {args.limit}")
+    if not args.budget > 0:
+        raise ValueError(f"--budget must be positive, got {args.budget}")
+    policy = load_policy(args.policy if args.policy == "default" else Path(args.policy))
+    problems = list(dataset_problems(args.dataset, args.split))[: args.limit]
+    peak = measure_peak_gflops()
+    numpy = numpy_gflops(problems, args.budget)
+    print(f"peak {peak:.1f} GFLOPS; {len(problems)} problems of {args.dataset}/{args.split}; {args.mode} mode", file=out)
+    print(f"{'problem':>14} {'tune ms':>8} {'untuned':>8} {'tuned':>8} {'numpy':>8} {'tuned/numpy':>11}", file=out)
+    rows = []
+    for problem, numpy_value in zip(problems, numpy):
+        result = tune(problem, policy, measure=args.mode == "measured", cache=":memory:")
+        tuned = time_kernel(result.kernel, args.budget).gflops
+        untuned = time_kernel(compile(problem.initial_nest()), args.budget).gflops
+        row = {"problem": problem.name, "tune_s": result.seconds, "untuned_gflops": untuned, "tuned_gflops": tuned,
+               "numpy_gflops": numpy_value, "actions": list(result.actions), "schedule": result.nest.key}
+        rows.append(row)
+        label = "x".join(str(problem.size(d)) for d in ("m", "n", "k"))
+        print(f"{label:>14} {1000 * result.seconds:8.0f} {untuned:8.1f} {tuned:8.1f} {numpy_value:8.1f} {tuned / numpy_value:11.2f}", file=out, flush=True)
+    times = sorted(r["tune_s"] for r in rows)
+    summary = {
+        "problems": len(rows),
+        "peak_gflops": peak,
+        "tune_s_median": statistics.median(times),
+        "tune_s_p95": times[min(len(times) - 1, math.ceil(0.95 * len(times)) - 1)],
+        "tuned_vs_numpy_geomean": _geomean(r["tuned_gflops"] / r["numpy_gflops"] for r in rows),
+        "tuned_vs_untuned_geomean": _geomean(r["tuned_gflops"] / r["untuned_gflops"] for r in rows),
+        "tuned_vs_peak_geomean": _geomean(r["tuned_gflops"] / peak for r in rows),
+        "tuned_gflops_mean": statistics.fmean(r["tuned_gflops"] for r in rows),
+        "numpy_gflops_mean": statistics.fmean(r["numpy_gflops"] for r in rows),
+        "untuned_gflops_mean": statistics.fmean(r["untuned_gflops"] for r in rows),
+    }
+    print(
+        f"tune time: median {1000 * summary['tune_s_median']:.0f} ms, p95 {1000 * summary['tune_s_p95']:.0f} ms; "
+        f"geomean tuned/numpy {summary['tuned_vs_numpy_geomean']:.2f}, tuned/untuned {summary['tuned_vs_untuned_geomean']:.2f}, "
+        f"tuned/peak {summary['tuned_vs_peak_geomean']:.2f}",
+        file=out,
+    )
+    result = {"mode": args.mode, "split": args.split, "summary": summary, "rows": rows}
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return result

@@ -1,0 +1,74 @@
+"""``python -m looprl.tune``: tune one contraction with the shipped policy and report it.
+
+(The library function is :func:`looprl.tune`, defined in :mod:`looprl.tuning`; this module is
+its command line.)
+
+    python -m looprl.tune 256 256 256                    # a matmul, m n k
+    python -m looprl.tune --spec "bmk,bkn->bmn" --sizes b=4,m=128,k=64,n=96
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .problem import contraction, matmul
+from .tuning import tune
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m looprl.tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mnk", nargs="*", type=int, help="matmul sizes: m n k")
+    parser.add_argument("--spec", default=None, help="einsum-style contraction, e.g. bmk,bkn->bmn")
+    parser.add_argument("--sizes", default=None, help="dimension sizes for --spec, e.g. b=4,m=128,k=64,n=96")
+    parser.add_argument("--policy", default="default", help="policy folder (default: the shipped APEX-DQN policy)")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--no-measure", action="store_true", help="follow the policy without measuring (pure policy mode)")
+    parser.add_argument("--no-numpy", action="store_true", help="skip timing numpy")
+    parser.add_argument("--cache", default=None, help="measurement cache path (default: the per-user cache)")
+    return parser
+
+
+def _problem(args):
+    if args.spec is not None:
+        if args.mnk:
+            raise ValueError("give either m n k or --spec/--sizes, not both")
+        if not args.sizes:
+            raise ValueError("--spec needs --sizes, e.g. --sizes b=4,m=128,k=64,n=96")
+        sizes = {}
+        for item in args.sizes.split(","):
+            name, eq, value = item.partition("=")
+            if not eq or not value.strip().isdigit():
+                raise ValueError(f"bad size {item!r}; expected letter=integer")
+            sizes[name.strip()] = int(value)
+        return contraction(args.spec, sizes)
+    if len(args.mnk) != 3:
+        raise ValueError("give the matmul sizes m n k (three integers) or --spec with --sizes")
+    m, n, k = args.mnk
+    return matmul(m=m, n=n, k=k)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        problem = _problem(args)
+        policy = args.policy if args.policy == "default" else Path(args.policy)
+        result = tune(problem, policy, steps=args.steps, measure=not args.no_measure, cache=args.cache)
+    except ValueError as error:
+        parser.error(str(error))
+    print(result.nest.to_text())
+    print("actions:", " ".join(result.actions) or "(none)")
+    print(f"{result.gflops:.1f} GFLOPS, {result.speedup:.2f}x over the untuned nest ({result.initial_gflops:.1f} GFLOPS); "
+          f"tuned in {result.seconds * 1000:.0f} ms ({result.mode} mode)")
+    if not args.no_numpy:
+        from .bench.numpy_baseline import numpy_gflops
+
+        reference = numpy_gflops([problem], 0.1)[0]
+        print(f"numpy (one thread): {reference:.1f} GFLOPS; looprl / numpy = {result.gflops / reference:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""Small hand-made policies for tests (no training needed)."""
+
+import numpy as np
+
+from looprl.features import OBSERVATION_LAYOUT_VERSION
+from looprl.policy import POLICY_FORMAT, POLICY_FORMAT_VERSION, Policy
+
+NAMES = ["up", "down", "swap_up", "swap_down", "split_4", "split_8", "split_16"]
+
+
+def random_policy(seed=0, hidden=8, bias=None) -> Policy:
+    """A random 200 -> hidden -> 7 MLP; ``bias`` (7 values) with zero weights makes a fixed
+    preference order instead."""
+    rng = np.random.default_rng(seed)
+    arrays = {
+        "trunk.0.weight": rng.normal(size=(hidden, 200)).astype(np.float32),
+        "trunk.0.bias": rng.normal(size=hidden).astype(np.float32),
+        "logits.0.weight": rng.normal(size=(7, hidden)).astype(np.float32),
+        "logits.0.bias": rng.normal(size=7).astype(np.float32),
+    }
+    if bias is not None:
+        arrays["logits.0.weight"][:] = 0
+        arrays["logits.0.bias"] = np.asarray(bias, dtype=np.float32)
+    metadata = {
+        "format": POLICY_FORMAT, "format_version": POLICY_FORMAT_VERSION, "observation": "normalized",
+        "observation_layout_version": OBSERVATION_LAYOUT_VERSION,
+        "observation_shape": [10, 20], "action_names": NAMES, "split_factors": [4, 8, 16], "episode_length": 10,
+        "network": {
+            "trunk": [{"weight": "trunk.0.weight", "bias": "trunk.0.bias", "activation": "relu"}],
+            "heads": {"logits": [{"weight": "logits.0.weight", "bias": "logits.0.bias", "activation": "linear"}]},
+            "greedy": "logits",
+        },
+    }
+    return Policy.from_arrays(metadata, arrays)

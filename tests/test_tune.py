@@ -1,0 +1,110 @@
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import looprl
+from looprl.actions import ActionSet, State
+
+from .policies import random_policy
+
+
+@pytest.fixture
+def policy_dir(tmp_path):
+    return random_policy(seed=3).save(tmp_path / "policy")
+
+
+def check_kernel(result, rng):
+    a = rng.uniform(-1, 1, result.problem.input_shapes[0]).astype(np.float32)
+    b = rng.uniform(-1, 1, result.problem.input_shapes[1]).astype(np.float32)
+    expected = np.einsum(result.problem.spec, a, b)
+    np.testing.assert_allclose(result.kernel(a, b), expected, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("measure", [True, False])
+@pytest.mark.parametrize("problem", ["100x72x200", looprl.contraction("bmk,bkn->bmn", b=3, m=20, k=36, n=52), (64, 48, 80)])
+def test_tuned_kernels_match_numpy(problem, measure, policy_dir):
+    result = looprl.tune(problem, policy_dir, measure=measure, cache=":memory:")
+    check_kernel(result, np.random.default_rng(0))
+    assert result.gflops > 0 and result.initial_gflops > 0 and result.seconds > 0
+    assert result.mode == ("measured" if measure else "policy")
+    # The reported actions lead from the untuned nest to the returned one.
+    actions = ActionSet()
+    state = State(result.problem.initial_nest(), 0)
+    for name in result.actions:
+        state = actions.apply(state, actions.index(name))
+    assert state.nest == result.nest
+    if measure:
+        assert result.gflops >= result.initial_gflops  # the best state seen, the start included
+
+
+def test_problem_from_arrays_and_tuple(policy_dir):
+    a = np.ones((48, 20), np.float32)
+    b = np.ones((20, 36), np.float32)
+    result = looprl.tune((a, b), policy_dir, cache=":memory:")
+    assert result.problem == looprl.matmul(m=48, n=36, k=20)
+    np.testing.assert_allclose(result(a, b), a @ b)
+    for bad in [(a, a), (1, 2), "12x", None, (a,)]:
+        with pytest.raises(ValueError):
+            looprl.tune(bad, policy_dir, cache=":memory:")
+    with pytest.raises(ValueError, match="steps"):
+        looprl.tune((8, 8, 8), policy_dir, steps=-1, cache=":memory:")
+
+
+def test_pure_policy_mode_stops_when_the_policy_oscillates(tmp_path):
+    # Prefers "down", then "up": walks to the last loop, then steps back up into a state it
+    # has already visited.
+    folder = random_policy(bias=[5, 9, 0, 0, 0, 0, 0]).save(tmp_path / "p")
+    result = looprl.tune((32, 32, 32), folder, measure=False, cache=":memory:")
+    assert result.actions == ("down", "down", "down", "down", "up")
+    assert result.nest == looprl.matmul(32, 32, 32).initial_nest()
+
+
+def test_broken_and_incompatible_policies_are_rejected(tmp_path, policy_dir):
+    with pytest.raises(ValueError, match="no policy at"):
+        looprl.tune((16, 16, 16), tmp_path / "nothing")
+    (policy_dir / "policy.npz").write_bytes(b"not a zip file")
+    with pytest.raises(ValueError, match="unreadable policy weights"):
+        looprl.tune((16, 16, 16), policy_dir)
+
+    other = random_policy(seed=1).save(tmp_path / "other")
+    meta = json.loads((other / "policy.json").read_text())
+    meta["observation_layout_version"] = 0
+    (other / "policy.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"other.*observation layout version 0"):
+        looprl.tune((16, 16, 16), other)
+
+    meta["observation_layout_version"] = random_policy().metadata["observation_layout_version"]
+    meta["split_factors"] = [2, 8, 16]
+    (other / "policy.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="incompatible action set"):
+        looprl.tune((16, 16, 16), other)
+
+
+def test_tune_imports_neither_ray_nor_torch(policy_dir):
+    code = (
+        "import sys, looprl; r = looprl.tune((64, 64, 64), sys.argv[1], cache=':memory:');"
+        "print(r.gflops > 0, 'ray' in sys.modules, 'torch' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code, str(policy_dir)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "False", "False"]
+
+
+def test_cli(policy_dir):
+    result = subprocess.run(
+        [sys.executable, "-m", "looprl.tune", "96", "64", "80", "--policy", str(policy_dir), "--cache", ":memory:"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "GFLOPS" in result.stdout and "looprl / numpy" in result.stdout and "actions:" in result.stdout
+    batched = subprocess.run(
+        [sys.executable, "-m", "looprl.tune", "--spec", "bmk,bkn->bmn", "--sizes", "b=2,m=24,k=16,n=40", "--policy", str(policy_dir),
+         "--no-measure", "--no-numpy", "--cache", ":memory:"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert batched.returncode == 0 and "policy mode" in batched.stdout, batched.stderr
+    bad = subprocess.run([sys.executable, "-m", "looprl.tune", "96", "64"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "three integers" in bad.stderr
