@@ -159,6 +159,9 @@ def test_cli_trains_checkpoints_resumes_and_evaluates(tmp_path):
     assert [int(r["iteration"]) for r in rows] == [1, 2, 3]
     assert [int(r["env_steps"]) for r in rows] == sorted(int(r["env_steps"]) for r in rows)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["iter_000002", "iter_000003"]
+    assert (run / "checkpoints" / "iter_000003" / "replay_buffer.pkl").exists()  # exact DQN resume
+    held = int(out.split("replay buffer: ")[1].split()[0])
+    assert held >= first["env_steps"] // 2  # restored, not empty
     assert any((run / "tb").iterdir())
 
     table = tmp_path / "eval.csv"

@@ -119,8 +119,10 @@ def _train(args) -> int:
 
     algo = _start(agent, arguments["seed"], num_env_runners, args.address)
     if args.resume:
-        algo.restore_from_path(str((run.checkpoints / state.checkpoint).resolve()))
-        print(f"resumed {run.path} at iteration {state.iteration} ({state.env_steps} env steps)", flush=True)
+        run.restore(algo, state)
+        buffer = getattr(algo, "local_replay_buffer", None)
+        held = f"; replay buffer: {buffer.get_num_timesteps()} timesteps" if buffer is not None else ""
+        print(f"resumed {run.path} at iteration {state.iteration} ({state.env_steps} env steps{held})", flush=True)
     else:
         print(f"training {args.algo} into {run.path}", flush=True)
 

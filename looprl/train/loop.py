@@ -7,7 +7,8 @@ A run directory holds::
     run.json          the run's arguments and, after each checkpoint, where it stands
     metrics.csv       one row per iteration
     tb/               TensorBoard event files
-    checkpoints/iter_000010/   RLlib checkpoints (the two newest are kept)
+    checkpoints/iter_000010/   RLlib checkpoints (the two newest are kept), with the DQN
+                      replay buffer when ``store_buffer_in_checkpoints`` is set
     policy/           the newest checkpoint exported as a numpy policy (policy.json + .npz)
 """
 
@@ -17,6 +18,7 @@ import csv
 import json
 import math
 import os
+import pickle
 import shutil
 import signal
 import sys
@@ -34,6 +36,7 @@ METRICS = [
     "cache_hit_rate", "invalid_rate", "epsilon_mean", "env_steps_per_s", "iteration_s", "elapsed_s",
 ]
 KEEP_CHECKPOINTS = 2
+REPLAY_BUFFER_FILE = "replay_buffer.pkl"
 
 
 @dataclass
@@ -90,6 +93,11 @@ class RunDirectory:
         temporary = self.checkpoints / f".{name}.tmp"
         shutil.rmtree(temporary, ignore_errors=True)
         algo.save_to_path(str(temporary.resolve()))
+        buffer = getattr(algo, "local_replay_buffer", None)
+        if buffer is not None and getattr(algo.config, "store_buffer_in_checkpoints", False):
+            # RLlib's new API stack leaves the replay buffer out of its checkpoints.
+            with (temporary / REPLAY_BUFFER_FILE).open("wb") as handle:
+                pickle.dump(buffer.get_state(), handle, protocol=pickle.HIGHEST_PROTOCOL)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(temporary, final)
         state.checkpoint = name
@@ -97,6 +105,16 @@ class RunDirectory:
         for old in sorted(p for p in self.checkpoints.iterdir() if p.name.startswith("iter_"))[:-KEEP_CHECKPOINTS]:
             shutil.rmtree(old, ignore_errors=True)
         return final
+
+    def restore(self, algo, state: RunState) -> None:
+        """Load the checkpoint ``state`` points to, replay buffer included when it was saved."""
+        path = (self.checkpoints / state.checkpoint).resolve()
+        algo.restore_from_path(str(path))
+        saved_buffer = path / REPLAY_BUFFER_FILE
+        buffer = getattr(algo, "local_replay_buffer", None)
+        if buffer is not None and saved_buffer.exists():
+            with saved_buffer.open("rb") as handle:
+                buffer.set_state(pickle.load(handle))  # our own file, written by save_checkpoint
 
     def trim_metrics(self, iteration: int) -> None:
         """Drop metric rows past ``iteration`` (written after the checkpoint we resume from)."""
