@@ -1,0 +1,159 @@
+"""The shipped policy against every search baseline on the same test problems (LoopTune,
+Figs. 8-10).
+
+    python experiments/policy_vs_search.py --problems 25 --budget 60
+
+Problems: ``--problems`` matmuls spread evenly over the test split of mm64-256. Every method
+starts from an empty cache; the policy runs ``looprl.tune`` (measured mode, 10 actions); each
+search gets ``--budget`` seconds. Every returned schedule is then re-timed for 100 ms, and
+those re-measured GFLOPS are what the methods are compared on. Writes (appending, so an
+interrupted run resumes) ``experiments/results/policy_vs_search.csv`` with one row per problem
+and method, ``..._steps.csv`` with the GFLOPS after each action of the returned sequence, and
+two plots: GFLOPS against time spent, and best GFLOPS per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from looprl.actions import ActionSet, State
+from looprl.datasets import dataset_problems
+from looprl.evaluator import Evaluator
+from looprl.kernel import compile
+from looprl.measure import time_kernel
+from looprl.search import PAPER_ALGORITHMS, run
+from looprl.tuning import load_policy, tune
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FIELDS = ["problem", "m", "n", "k", "method", "seconds", "initial_gflops", "found_gflops", "gflops", "actions"]
+
+
+def spread(count: int):
+    test = dataset_problems("mm64-256", "test")
+    step = len(test) / count
+    return [test[int(i * step)] for i in range(count)]
+
+
+def retime(nest) -> float:
+    kernel = compile(nest)
+    return max(time_kernel(kernel, 0.033).gflops for _ in range(3))
+
+
+def per_step(problem, names, evaluator) -> list[float]:
+    """GFLOPS after each action of a sequence (measured through ``evaluator``)."""
+    actions = ActionSet()
+    state = State(problem.initial_nest(), 0)
+    values = [evaluator(state.nest).gflops]
+    for name in names:
+        state = actions.apply(state, actions.index(name))
+        values.append(evaluator(state.nest).gflops)
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--problems", type=int, default=25)
+    parser.add_argument("--budget", type=float, default=60.0, help="seconds per search (the paper: 60)")
+    parser.add_argument("--policy", default="default")
+    parser.add_argument("--algos", default=",".join(PAPER_ALGORITHMS))
+    args = parser.parse_args(argv)
+    policy = load_policy(args.policy if args.policy == "default" else Path(args.policy))
+    methods = ["policy"] + [a.strip() for a in args.algos.split(",") if a.strip()]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    table = RESULTS / "policy_vs_search.csv"
+    steps_table = RESULTS / "policy_vs_search_steps.csv"
+    done = set()
+    if table.exists():
+        done = {(r["problem"], r["method"]) for r in csv.DictReader(table.open(encoding="utf-8"))}
+    fresh = not table.exists()
+    with table.open("a", newline="", encoding="utf-8") as handle, steps_table.open("a", newline="", encoding="utf-8") as steps_handle:
+        writer = csv.DictWriter(handle, fieldnames=FIELDS)
+        steps_writer = csv.writer(steps_handle)
+        if fresh:
+            writer.writeheader()
+            steps_writer.writerow(["problem", "method", "step", "gflops"])
+        for index, problem in enumerate(spread(args.problems)):
+            for method in methods:
+                if (problem.name, method) in done:
+                    continue
+                evaluator = Evaluator(":memory:")
+                if method == "policy":
+                    result = tune(problem, policy, measure=True, cache=evaluator.cache)
+                    seconds, initial, found, nest, names = result.seconds, result.initial_gflops, result.gflops, result.nest, result.actions
+                else:
+                    result = run(problem, method, budget_s=args.budget, evaluator=evaluator, verify_s=None)
+                    if result.stopped == "interrupted":
+                        print("interrupted; finished rows are kept in", table)
+                        return 130
+                    seconds, initial, found, nest, names = result.elapsed_s, result.initial_gflops, result.best_gflops, result.best_nest, result.actions
+                gflops = retime(nest)
+                sizes = dict(problem.sizes)
+                writer.writerow({"problem": problem.name, "m": sizes["m"], "n": sizes["n"], "k": sizes["k"], "method": method,
+                                 "seconds": f"{seconds:.3f}", "initial_gflops": f"{initial:.2f}", "found_gflops": f"{found:.2f}",
+                                 "gflops": f"{gflops:.2f}", "actions": " ".join(names)})
+                for step, value in enumerate(per_step(problem, names, evaluator)):
+                    steps_writer.writerow([problem.name, method, step, f"{value:.2f}"])
+                handle.flush()
+                steps_handle.flush()
+                print(f"[{index + 1}/{args.problems}] {method:>9} {problem.name}: {gflops:.1f} GFLOPS (re-timed) in {seconds:.2f} s", flush=True)
+    summarise(table, steps_table)
+    return 0
+
+
+def summarise(table: Path, steps_table: Path) -> None:
+    rows = list(csv.DictReader(table.open(encoding="utf-8")))
+    by_problem = defaultdict(dict)
+    for row in rows:
+        by_problem[row["problem"]][row["method"]] = row
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    print(f"{'method':>9} {'GFLOPS':>8} {'speedup':>8} {'seconds':>8}")
+    for method in methods:
+        group = [r for r in rows if r["method"] == method]
+        print(f"{method:>9} {statistics.fmean(float(r['gflops']) for r in group):8.1f} "
+              f"{statistics.geometric_mean(float(r['gflops']) / float(r['initial_gflops']) for r in group):8.2f} "
+              f"{statistics.fmean(float(r['seconds']) for r in group):8.2f}")
+    complete = [p for p, m in by_problem.items() if len(m) == len(methods) and "policy" in m]
+    wins = sum(1 for p in complete if float(by_problem[p]["policy"]["gflops"]) >= max(float(r["gflops"]) for k, r in by_problem[p].items() if k != "policy"))
+    print(f"the policy matches or beats the best search on {wins} of {len(complete)} problems (re-timed GFLOPS)")
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 4))
+    for i, method in enumerate(methods):
+        group = [r for r in rows if r["method"] == method]
+        axes.scatter([float(r["seconds"]) for r in group], [float(r["gflops"]) for r in group], s=8, alpha=0.4, color=f"C{i}")
+        axes.scatter([statistics.fmean(float(r["seconds"]) for r in group)], [statistics.fmean(float(r["gflops"]) for r in group)],
+                     s=80, marker="*", color=f"C{i}", label=method, edgecolors="black")
+    axes.set_xscale("log")
+    axes.set_xlabel("seconds spent (log)")
+    axes.set_ylabel("GFLOPS of the returned schedule (re-timed)")
+    axes.legend(fontsize=7, ncols=2)
+    figure.tight_layout()
+    figure.savefig(table.with_name("policy_vs_search_time.png"), dpi=120)
+
+    steps = defaultdict(lambda: defaultdict(list))
+    for row in csv.DictReader(steps_table.open(encoding="utf-8")):
+        steps[row["method"]][int(row["step"])].append(float(row["gflops"]))
+    figure, axes = plt.subplots(figsize=(6, 4))
+    for i, method in enumerate(methods):
+        points = sorted(steps[method].items())
+        curve = [statistics.fmean(values) for _, values in points]
+        axes.plot([s for s, _ in points], curve, marker="o", markersize=3, label=method, color=f"C{i}")
+    axes.set_xlabel("action (step) of the returned sequence")
+    axes.set_ylabel("mean GFLOPS after the step")
+    axes.legend(fontsize=7, ncols=2)
+    figure.tight_layout()
+    figure.savefig(table.with_name("policy_vs_search_steps.png"), dpi=120)
+    print("wrote", table, steps_table, "and two plots")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
