@@ -108,3 +108,15 @@ def test_cli(policy_dir):
     assert batched.returncode == 0 and "policy mode" in batched.stdout, batched.stderr
     bad = subprocess.run([sys.executable, "-m", "looprl.tune", "96", "64"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "three integers" in bad.stderr
+
+
+def test_default_policy_is_shipped_and_compatible():
+    from looprl.tuning import DEFAULT_POLICY_DIR, load_policy
+
+    policy = load_policy("default")
+    assert (DEFAULT_POLICY_DIR / "policy.npz").exists()
+    assert policy.metadata["algorithm"] == "dqn" and policy.metadata["apex"] is True
+    assert policy.metadata["training_problems"] == {"dataset": "mm64-256", "split": "train"}
+    for problem in [(128, 96, 160), looprl.contraction("bmk,bkn->bmn", b=2, m=40, k=24, n=56)]:
+        result = looprl.tune(problem, cache=":memory:")
+        check_kernel(result, np.random.default_rng(1))
