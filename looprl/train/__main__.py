@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--env-steps", type=int, default=None, help="total env steps to sample")
     parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/<algo>__s<seed>__<time>)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
-    parser.add_argument("--address", default=None, help="attach to an existing Ray cluster (e.g. auto or host:6379)")
+    parser.add_argument("--address", default=None, help="attach to an existing Ray cluster: its head node, HOST:PORT (GCS port, usually 6379)")
     parser.add_argument("--num-env-runners", type=int, default=None)
     parser.add_argument("--checkpoint-every", type=int, default=None, help="iterations between checkpoints")
     parser.add_argument("--seed", type=int, default=0)
