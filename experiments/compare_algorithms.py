@@ -4,7 +4,9 @@ against env steps (LoopTune, Fig. 7).
     python experiments/compare_algorithms.py --env-steps 8000
 
 Each algorithm trains with its YAML's hyperparameters into ``experiments/runs/compare/<algo>``
-(an interrupted comparison resumes: finished runs are kept, a partial run continues); the
+(an interrupted comparison resumes: finished runs are kept, a partial run continues), all
+measuring through one private cache (so the runs see the same measured value for a
+schedule, and later runs reuse earlier measurements: compare per env step, not per second); the
 combined curves go to ``experiments/results/compare_algorithms.csv`` and ``.png``.
 """
 
@@ -24,7 +26,7 @@ RUNS = HERE / "runs" / "compare"
 RESULTS = HERE / "results"
 
 
-def train(algo: str, env_steps: int, seed: int) -> Path:
+def train(algo: str, env_steps: int, seed: int, cache: str) -> Path:
     run = RUNS / algo
     command = [sys.executable, "-m", "looprl.train", "--env-steps", str(env_steps), "--out", str(run), "--checkpoint-every", "10"]
     if (run / "run.json").exists():
@@ -35,7 +37,7 @@ def train(algo: str, env_steps: int, seed: int) -> Path:
         if not state["checkpoint"]:
             raise SystemExit(f"{run} has no checkpoint; delete it and run again")
     else:
-        command += ["--algo", algo, "--seed", str(seed)]
+        command += ["--algo", algo, "--seed", str(seed), "--cache", cache]
     subprocess.run(command, check=True)
     return run
 
@@ -45,11 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env-steps", type=int, default=8000)
     parser.add_argument("--algos", default=",".join(ALGORITHMS))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cache", default=str(RUNS / "measurements.sqlite"),
+                        help="measurement cache shared by the compared runs (default: a private one under experiments/runs)")
     args = parser.parse_args(argv)
     algos = [a.strip() for a in args.algos.split(",") if a.strip()]
     rows = []
     for algo in algos:
-        run = train(algo, args.env_steps, args.seed)
+        run = train(algo, args.env_steps, args.seed, args.cache)
         for row in csv.DictReader((run / "metrics.csv").open(encoding="utf-8")):
             rows.append({"algorithm": algo, "iteration": row["iteration"], "env_steps": row["env_steps"],
                          "episode_reward_mean": row["episode_reward_mean"], "final_gflops_mean": row["final_gflops_mean"],
