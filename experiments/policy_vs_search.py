@@ -60,10 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--problems", type=int, default=25)
     parser.add_argument("--budget", type=float, default=60.0, help="seconds per search (the paper: 60)")
     parser.add_argument("--policy", default="default")
-    parser.add_argument("--algos", default=",".join(PAPER_ALGORITHMS))
+    parser.add_argument("--methods", default=",".join(("policy",) + PAPER_ALGORITHMS), help="policy and/or search algorithms")
     args = parser.parse_args(argv)
     policy = load_policy(args.policy if args.policy == "default" else Path(args.policy))
-    methods = ["policy"] + [a.strip() for a in args.algos.split(",") if a.strip()]
+    methods = [a.strip() for a in args.methods.split(",") if a.strip()]
     RESULTS.mkdir(parents=True, exist_ok=True)
     table = RESULTS / "policy_vs_search.csv"
     steps_table = RESULTS / "policy_vs_search_steps.csv"
