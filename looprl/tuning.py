@@ -9,8 +9,9 @@ Two modes:
   stopping early once it cycles back to a state it has already been in (it oscillates, e.g.
   moving the cursor up and down); the final schedule is compiled and timed once for the report.
 
-The policy chooses among valid actions only (its action mask), so no step is wasted on an
-action that cannot apply.
+The environment has no stop action: a trained policy that is content with a schedule picks an
+action that cannot apply (a no-op there) and, being greedy, would pick it again and again.
+``tune`` stops at that point.
 """
 
 from __future__ import annotations
@@ -130,8 +131,11 @@ def tune(
     taken = []
     for _ in range(int(steps)):
         obs = observation(state.nest, state.cursor, actions.max_loops, normalized)
-        action = loaded.act(obs, actions.mask(state))
-        state = actions.apply(state, action)
+        action = loaded.act(obs)
+        following = actions.apply(state, action)
+        if following is None:
+            break  # the policy's way of stopping: in the env an invalid action changes nothing
+        state = following
         taken.append(actions.names[action])
         if measure:
             value = evaluator(state.nest).gflops

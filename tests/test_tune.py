@@ -53,13 +53,31 @@ def test_problem_from_arrays_and_tuple(policy_dir):
         looprl.tune((8, 8, 8), policy_dir, steps=-1, cache=":memory:")
 
 
-def test_pure_policy_mode_stops_when_the_policy_oscillates(tmp_path):
-    # Prefers "down", then "up": walks to the last loop, then steps back up into a state it
-    # has already visited.
+def test_tune_stops_when_the_policy_picks_an_action_that_cannot_apply(tmp_path):
+    # Always prefers "down": walks to the last loop, where "down" cannot apply.
     folder = random_policy(bias=[5, 9, 0, 0, 0, 0, 0]).save(tmp_path / "p")
     result = looprl.tune((32, 32, 32), folder, measure=False, cache=":memory:")
-    assert result.actions == ("down", "down", "down", "down", "up")
+    assert result.actions == ("down",) * 4
     assert result.nest == looprl.matmul(32, 32, 32).initial_nest()
+    measured = looprl.tune((32, 32, 32), folder, measure=True, cache=":memory:")
+    assert measured.actions == () and measured.nest == result.nest  # cursor moves change no schedule
+
+
+def test_pure_policy_mode_stops_when_the_policy_oscillates(tmp_path):
+    # "down" while the cursor is on loop 0, "up" elsewhere: 0 -> 1 -> 0, a state seen before.
+    policy = random_policy(hidden=2)
+    trunk, head = policy.trunk[0], policy.heads["logits"][0]
+    trunk.weight[:] = 0
+    trunk.weight[0, 0], trunk.bias[0] = 1.0, 0.0  # h0 = cursor flag of loop 0
+    trunk.weight[1, 0], trunk.bias[1] = -1.0, 1.0  # h1 = 1 - that flag
+    head.weight[:] = 0
+    head.bias[:] = 0
+    head.weight[1, 0] = 5.0  # down
+    head.weight[0, 1] = 5.0  # up
+    folder = policy.save(tmp_path / "p")
+    result = looprl.tune((32, 32, 32), folder, measure=False, cache=":memory:")
+    assert result.actions == ("down", "up")
+    assert len(looprl.tune((32, 32, 32), folder, measure=True, cache=":memory:").actions) <= 10
 
 
 def test_broken_and_incompatible_policies_are_rejected(tmp_path, policy_dir):
