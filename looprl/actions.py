@@ -73,28 +73,42 @@ class ActionSet:
         """Whether the action changes the schedule (and so needs a measurement)."""
         return self.validate(action) >= len(MOVES)
 
-    def apply(self, state: State, action: int) -> State | None:
-        """The state after ``action``, or None when the action cannot apply."""
+    def can_apply(self, state: State, action: int) -> bool:
+        """Whether ``action`` applies in ``state`` (checked without building the new nest)."""
         action = self.validate(action)
         nest, cursor = state.nest, state.cursor
-        count = len(nest)
         if action == 0:  # up
-            return State(nest, cursor - 1) if cursor > 0 else None
+            return cursor > 0
         if action == 1:  # down
-            return State(nest, cursor + 1) if cursor + 1 < count else None
+            return cursor + 1 < len(nest)
         if action in (2, 3):  # swap_up, swap_down
-            upper = cursor - 1 if action == 2 else cursor
-            if not _can_swap(nest, upper):
-                return None
-            return State(nest.swap(upper), cursor - 1 if action == 2 else cursor + 1)
-        factor = self.split_factors[action - 4]
-        if count + 1 > self.max_loops or factor > nest.loops[cursor].size:
+            return _can_swap(nest, cursor - 1 if action == 2 else cursor)
+        return len(nest) + 1 <= self.max_loops and self.split_factors[action - 4] <= nest.loops[cursor].size
+
+    def apply(self, state: State, action: int) -> State | None:
+        """The state after ``action``, or None when the action cannot apply."""
+        if not self.can_apply(state, action):
             return None
-        return State(nest.split(cursor, factor), cursor)
+        nest, cursor = state.nest, state.cursor
+        if action == 0:
+            return State(nest, cursor - 1)
+        if action == 1:
+            return State(nest, cursor + 1)
+        if action == 2:  # the cursor follows its loop
+            return State(nest.swap(cursor - 1), cursor - 1)
+        if action == 3:
+            return State(nest.swap(cursor), cursor + 1)
+        return State(nest.split(cursor, self.split_factors[action - 4]), cursor)
 
     def mask(self, state: State) -> np.ndarray:
         """int8 array: 1 for each action that applies in ``state``."""
-        return np.array([self.apply(state, a) is not None for a in range(len(self))], dtype=np.int8)
+        return np.array([self.can_apply(state, a) for a in range(len(self))], dtype=np.int8)
+
+    def check_fits(self, problem) -> None:
+        """Refuse a problem whose untiled nest already has more than ``max_loops`` loops."""
+        loops = len(problem.dims) + len(problem.output)
+        if loops > self.max_loops:
+            raise ValueError(f"problem {problem.name} starts with {loops} loops, more than max_loops={self.max_loops}")
 
     def validate(self, action) -> int:
         if isinstance(action, (bool, np.bool_)) or not isinstance(action, (int, np.integer)):

@@ -39,21 +39,12 @@ from .evaluator import DEFAULT_STATE_BUDGET_S, Evaluator, Measurement
 from .features import FEATURES_PER_LOOP, HISTOGRAM_BINS, LOG_SCALE, nest_graph, observation
 from .nest import LoopNest
 from .peak import peak_gflops
-from .problem import Problem, parse_problem
+from .problem import Problem, as_problem
 
 logger = logging.getLogger(__name__)
 
 OBSERVATION_KINDS = ("raw", "normalized")
 ORDERS = ("cycle", "random")
-
-
-def as_problem(item: Problem | str) -> Problem:
-    """A :class:`Problem` from itself, ``"MxNxK"`` or a :attr:`Problem.name` string."""
-    if isinstance(item, Problem):
-        return item
-    if isinstance(item, str):
-        return parse_problem(item)
-    raise ValueError(f"expected a Problem or a problem string like '128x64x256', got {type(item).__name__}")
 
 
 class LoopNestEnv(gym.Env):
@@ -112,7 +103,7 @@ class LoopNestEnv(gym.Env):
         self.actions = ActionSet(split_factors, max_loops)
         self.max_loops = self.actions.max_loops
         for problem in self.problems:
-            self._check_fits(problem)
+            self.actions.check_fits(problem)
         self.order = order
         self.episode_length = int(episode_length)
         self.normalized = observation == "normalized"
@@ -141,13 +132,6 @@ class LoopNestEnv(gym.Env):
         high[:, 1:3] = extent
         assert high.shape[1] == 4 + HISTOGRAM_BINS
         return spaces.Box(low, high, dtype=np.float32)
-
-    def _check_fits(self, problem: Problem) -> None:
-        loops = len(problem.dims) + len(problem.output)
-        if loops > self.max_loops:
-            raise ValueError(
-                f"problem {problem.name} starts with {loops} loops, more than max_loops={self.max_loops}"
-            )
 
     # -- properties --------------------------------------------------------------
     @property
@@ -196,7 +180,7 @@ class LoopNestEnv(gym.Env):
             self._position = seed % len(self.problems)
         if options.get("problem") is not None:
             problem = as_problem(options["problem"])
-            self._check_fits(problem)
+            self.actions.check_fits(problem)
             if max(problem.size(d) for d in problem.dims) > self.max_extent:
                 raise ValueError(
                     f"problem {problem.name} has a dimension larger than {self.max_extent}, "

@@ -67,7 +67,6 @@ class Evaluator:
         self.budget_s = float(budget_s)
         self._workspaces: dict[str, Workspace] = {}
         self.compiled = 0  # states compiled and timed by this evaluator
-        self.cache_hits = 0
         self.failures = 0
         self.compile_s = 0.0  # total seconds spent compiling / timing new states
         self.measure_s = 0.0
@@ -85,7 +84,6 @@ class Evaluator:
             raise ValueError(f"expected a LoopNest, got {type(nest).__name__}")
         known = self.cache.get(nest)
         if known is not None:
-            self.cache_hits += 1
             return Measurement(known, from_cache=True)
         workspace = self._workspace(nest.problem)
         try:

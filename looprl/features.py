@@ -24,6 +24,7 @@ as the paper counts only strides larger than zero.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import networkx as nx
@@ -135,6 +136,15 @@ def stride_histograms(graph: nx.DiGraph) -> np.ndarray:
     return histograms
 
 
+@functools.lru_cache(maxsize=4096)
+def _nest_histograms(nest: LoopNest) -> np.ndarray:
+    """Histograms depend on the schedule only, not on the cursor: cursor moves (most steps)
+    reuse them instead of rebuilding the graph. Read-only, since it is shared."""
+    histograms = stride_histograms(nest_graph(nest))
+    histograms.setflags(write=False)
+    return histograms
+
+
 def observation(nest: LoopNest, cursor: int, max_loops: int, normalized: bool = False) -> np.ndarray:
     """The ``(max_loops, 20)`` float32 feature matrix of ``nest`` (rows past the last loop are 0).
 
@@ -144,7 +154,7 @@ def observation(nest: LoopNest, cursor: int, max_loops: int, normalized: bool = 
     if len(nest) > max_loops:
         raise ValueError(f"the nest has {len(nest)} loops, more than max_loops={max_loops}")
     features = np.zeros((max_loops, FEATURES_PER_LOOP), dtype=np.float32)
-    histograms = stride_histograms(nest_graph(nest))
+    histograms = _nest_histograms(nest)
     for row, loop in enumerate(nest.loops):
         size, tail = float(loop.size), float(loop.tail)
         if normalized:

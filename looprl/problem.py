@@ -119,6 +119,15 @@ def parse_problem(text: str) -> Problem:
     return matmul(m, n, k)
 
 
+def as_problem(item: Problem | str) -> Problem:
+    """A :class:`Problem` from itself, ``"MxNxK"`` or a :attr:`Problem.name` string."""
+    if isinstance(item, Problem):
+        return item
+    if isinstance(item, str):
+        return parse_problem(item)
+    raise ValueError(f"expected a Problem or a problem string like '128x64x256', got {type(item).__name__}")
+
+
 def _first_appearance(spec: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(spec.replace(",", "").replace("->", "")))
 

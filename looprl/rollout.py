@@ -51,13 +51,11 @@ def greedy_episode(
     evaluator: Evaluator,
     episode_length: int | None = None,
     use_mask: bool = True,
-    measure_all: bool = True,
 ) -> Episode:
     """Run ``policy`` greedily for ``episode_length`` actions (the policy's training length by
-    default) from ``problem``'s untiled nest. ``use_mask`` restricts choices to valid actions
-    (without it an invalid choice is a no-op, as in the env). ``measure_all`` measures every
-    new schedule on the way, so the best one can be returned; otherwise only the start and the
-    end are measured."""
+    default) from ``problem``'s untiled nest, measuring every new schedule on the way.
+    ``use_mask`` restricts choices to valid actions (without it an invalid choice is a no-op,
+    as in the env)."""
     actions = policy_actions(policy)
     length = int(episode_length if episode_length is not None else policy.metadata["episode_length"])
     normalized = policy.metadata["observation"] == "normalized"
@@ -72,8 +70,11 @@ def greedy_episode(
         taken.append(actions.names[action])
         following = actions.apply(state, action)
         if following is None:
-            continue
-        if measure_all and following.nest is not state.nest:
+            # A no-op leaves the observation as it was, so the greedy policy would repeat it
+            # for the rest of the episode.
+            taken.extend([taken[-1]] * (length - len(taken)))
+            break
+        if following.nest is not state.nest:
             value = _gflops(evaluator, following.nest)
             if value > best:
                 best_nest, best = following.nest, value

@@ -29,7 +29,7 @@ from .features import FEATURES_PER_LOOP, OBSERVATION_LAYOUT_VERSION, observation
 from .kernel import Kernel, compile
 from .nest import LoopNest
 from .policy import Policy
-from .problem import Problem, matmul, parse_problem
+from .problem import Problem, as_problem, matmul
 from .rollout import policy_actions
 
 DEFAULT_POLICY_DIR = Path(__file__).resolve().parent.parent / "checkpoints" / "apex-dqn" / "policy"
@@ -58,10 +58,8 @@ class TuneResult:
 
 def as_tunable_problem(problem: Any) -> Problem:
     """A Problem from a Problem, a string, an (m, n, k) tuple or a pair of 2-D arrays (A, B)."""
-    if isinstance(problem, Problem):
-        return problem
-    if isinstance(problem, str):
-        return parse_problem(problem)
+    if isinstance(problem, (Problem, str)):
+        return as_problem(problem)
     if isinstance(problem, (tuple, list)) and len(problem) == 2 and all(isinstance(x, np.ndarray) for x in problem):
         a, b = problem
         if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
@@ -119,14 +117,13 @@ def tune(
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
         raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
     actions = policy_actions(loaded)
-    if len(problem.dims) + len(problem.output) > actions.max_loops:
-        raise ValueError(f"problem {problem.name} has more loops than the policy's {actions.max_loops}")
+    actions.check_fits(problem)
     normalized = loaded.metadata["observation"] == "normalized"
     evaluator = Evaluator(cache, budget_s)
 
     state = State(problem.initial_nest(), 0)
     initial = evaluator(state.nest).gflops
-    best_nest, best = state.nest, initial
+    best_nest, best, best_length = state.nest, initial, 0
     seen = {state.key}
     taken = []
     for _ in range(int(steps)):
@@ -135,33 +132,22 @@ def tune(
         following = actions.apply(state, action)
         if following is None:
             break  # the policy's way of stopping: in the env an invalid action changes nothing
+        moved_cursor_only = following.nest is state.nest
         state = following
         taken.append(actions.names[action])
         if measure:
-            value = evaluator(state.nest).gflops
+            value = best if moved_cursor_only else evaluator(state.nest).gflops
             if value > best:
-                best_nest, best = state.nest, value
+                best_nest, best, best_length = state.nest, value, len(taken)
         elif state.key in seen:
             break  # back in a state already visited: the policy oscillates
         seen.add(state.key)
     if measure:
         nest, gflops = best_nest, best
-        # Actions up to the best state only.
-        taken = _actions_to(problem, actions, taken, best_nest)
+        del taken[best_length:]  # the actions up to the best state only
     else:
         nest = state.nest
         gflops = evaluator(nest).gflops
     kernel = compile(nest)
     return TuneResult(problem, nest, kernel, tuple(taken), gflops, initial, time.perf_counter() - started, "measured" if measure else "policy")
 
-
-def _actions_to(problem: Problem, actions, taken: list[str], target: LoopNest) -> list[str]:
-    """The prefix of ``taken`` that first reaches ``target``."""
-    state = State(problem.initial_nest(), 0)
-    if state.nest == target:
-        return []
-    for position, name in enumerate(taken):
-        state = actions.apply(state, actions.index(name))
-        if state.nest == target:
-            return taken[: position + 1]
-    return taken

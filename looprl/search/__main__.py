@@ -24,8 +24,8 @@ from pathlib import Path
 
 from ..actions import DEFAULT_SPLIT_FACTORS
 from ..datasets import SPLITS, dataset_problems
-from ..env import as_problem
 from ..evaluator import DEFAULT_STATE_BUDGET_S, Evaluator
+from ..problem import as_problem
 from .algorithms import PAPER_ALGORITHMS, parse_algorithm
 from .runner import DEFAULT_BUDGET_S, DEFAULT_DEPTH, SearchResult, run
 
@@ -103,7 +103,6 @@ def _progress_printer(quiet: bool, label: str):
 
 
 def _csv_row(result: SearchResult) -> dict:
-    row = result.to_dict()
     sizes = dict(result.problem.sizes)
     return {
         "problem": result.problem.name,
@@ -119,7 +118,7 @@ def _csv_row(result: SearchResult) -> dict:
         "elapsed_s": f"{result.elapsed_s:.3f}",
         "stopped": result.stopped,
         "verified_gflops": "" if result.verified_gflops is None else f"{result.verified_gflops:.3f}",
-        "best_schedule": row["best_schedule"],
+        "best_schedule": result.best_nest.key,
         "actions": " ".join(result.actions),
     }
 

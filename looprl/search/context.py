@@ -65,6 +65,7 @@ class SearchContext:
         self.graph = nx.DiGraph(problem=problem.name)
         self.curve: list[tuple[float, int, float]] = []  # (seconds, evaluations, best GFLOPS)
         self.best: Node | None = None
+        self._root: Node | None = None
         self._progress = progress
         self._progress_every_s = progress_every_s
         self._last_progress = self.started
@@ -89,10 +90,14 @@ class SearchContext:
 
     # -- evaluation ------------------------------------------------------------------
     def root(self) -> Node:
+        """The initial state, evaluated whatever the budget (once: later calls return it)."""
+        if self._root is not None:
+            return self._root
         state = State(self.problem.initial_nest(), 0)
         node = Node(state, (), self._value(state, force=True))
         self.graph.add_node(node_id(state), gflops=node.gflops, schedule=state.nest.key, cursor=0, depth=0)
         self._offer(node)
+        self._root = node
         return node
 
     def child(self, parent: Node, action: int) -> Node | None:

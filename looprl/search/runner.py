@@ -13,12 +13,11 @@ import networkx as nx
 import numpy as np
 
 from ..actions import DEFAULT_SPLIT_FACTORS, ActionSet
-from ..env import as_problem
 from ..evaluator import DEFAULT_STATE_BUDGET_S, Evaluator
 from ..kernel import compile
 from ..measure import time_kernel
 from ..nest import LoopNest
-from ..problem import Problem
+from ..problem import Problem, as_problem
 from .algorithms import parse_algorithm
 from .context import BudgetExhausted, SearchContext
 
@@ -129,8 +128,7 @@ def run(
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise ValueError(f"depth must be a positive integer, got {depth!r}")
     actions = ActionSet(split_factors, max_loops)
-    if len(problem.dims) + len(problem.output) > actions.max_loops:
-        raise ValueError(f"problem {problem.name} has more loops than max_loops={actions.max_loops}")
+    actions.check_fits(problem)
     evaluator = evaluator if evaluator is not None else Evaluator(cache, measure_budget_s)
     context = SearchContext(problem, actions, evaluator, budget_s, max_evaluations, progress)
     context.root()
