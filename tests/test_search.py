@@ -224,9 +224,12 @@ def test_cli_dataset_csv_resumes_and_survives_ctrl_c(tmp_path):
     slow = [sys.executable, "-c", code, "--split", "test", "--offset", "2", "--limit", "1", "--algo", "random", "--budget", "600",
             "--cache", ":memory:", "--measure-budget-ms", "1", "--csv", str(path), "--quiet"]
     process = subprocess.Popen(slow, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(8)
-    process.send_signal(signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=120)
+    try:
+        time.sleep(8)
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()  # never leave a 600 s search running if the test fails
     assert process.returncode == 130, stderr
     rows = list(csv.DictReader(path.open()))
     assert len(rows) == 5 and rows[-1]["stopped"] == "interrupted" and int(rows[-1]["evaluations"]) >= 1

@@ -195,8 +195,11 @@ def test_ctrl_c_saves_a_final_checkpoint(tmp_path):
         lines.append(line)
         if not line or line.startswith("[iter 2/"):
             break
-    process.send_signal(signal.SIGINT)
-    rest, _ = process.communicate(timeout=300)
+    try:
+        process.send_signal(signal.SIGINT)
+        rest, _ = process.communicate(timeout=300)
+    finally:
+        process.kill()  # never leave a 100000-iteration run behind if the test fails
     output = "".join(lines) + rest
     assert process.returncode == 0, output[-3000:]
     assert "saving a final checkpoint" in output
