@@ -42,7 +42,8 @@ class Workspace:
 
 def time_kernel(kernel: Kernel, budget_s: float = DEFAULT_BUDGET_S, min_runs: int = 3, workspace: Workspace | None = None) -> Timing:
     """Warm up, then time runs of ``reps`` in-kernel repetitions (each run ~1/8 of the budget)
-    until the budget is spent; report the fastest run. A kernel whose first one or two
+    until the budget, warm-up included, is spent (at least ``min_runs`` runs); report the
+    fastest run. A kernel whose first one or two
     executions already take the budget is reported from those (slow schedules stay cheap
     to rank; they are far from the best ones anyway)."""
     if budget_s <= 0:
@@ -51,7 +52,7 @@ def time_kernel(kernel: Kernel, budget_s: float = DEFAULT_BUDGET_S, min_runs: in
         raise ValueError(f"min_runs must be >= 1, got {min_runs}")
     ws = workspace if workspace is not None and workspace.problem == kernel.problem else Workspace(kernel.problem)
     call, pointers = kernel.raw_call, ws.pointers
-    start = time.perf_counter()
+    began = start = time.perf_counter()
     call(pointers, 1)  # warm-up: page faults, caches
     first = max(time.perf_counter() - start, 1e-7)
     if first >= budget_s:
@@ -66,7 +67,7 @@ def time_kernel(kernel: Kernel, budget_s: float = DEFAULT_BUDGET_S, min_runs: in
         return Timing(kernel.problem.flops / best / 1e9, best, 2, 1)
     reps = max(1, int(budget_s / 8 / single))
     best, runs = float("inf"), 0
-    deadline = time.perf_counter() + budget_s
+    deadline = began + budget_s
     while runs < min_runs or time.perf_counter() < deadline:
         start = time.perf_counter()
         call(pointers, reps)

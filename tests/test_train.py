@@ -10,6 +10,9 @@ import numpy as np
 import pytest
 
 from looprl.policy import Policy
+from looprl.train.warm_start import check_compatible, seeded_weights
+
+from .policies import random_policy
 from looprl.train.config import ALGORITHMS, apex_epsilon, load_agent, validate_agent
 from looprl.train.loop import parse_duration
 
@@ -209,12 +212,86 @@ def test_ctrl_c_saves_a_final_checkpoint(tmp_path):
 
 
 def test_cli_rejects_bad_input(tmp_path):
+    small_policy = random_policy(hidden=8).save(tmp_path / "small-policy")
     for arguments, message in [
         (["--time-budget", "soon"], "bad duration"),
         (["--resume"], "--resume needs --out"),
         (["--resume", "--out", str(tmp_path / "none")], "nothing to resume"),
         (["--evaluate", str(tmp_path)], "no policy at"),
         (["--iterations", "0"], "--iterations"),
+        (["--resume", "--out", str(tmp_path), "--init-from", "checkpoints/apex-dqn"], "cannot be combined with --resume"),
+        (["--init-from", str(small_policy), "--out", str(tmp_path / "new")], "trunk layers [8]"),
     ]:
         result = subprocess.run([sys.executable, "-m", "looprl.train", *arguments], capture_output=True, text=True, timeout=120)
         assert result.returncode == 2 and message in result.stderr, (arguments, result.stderr[-500:])
+
+
+# -- warm start from an exported policy ----------------------------------------------------------
+
+
+def wide_policy(seed=0) -> Policy:
+    """A random policy with the shipped agents' network (200 -> 256 -> 256 -> 7 advantages)."""
+    rng = np.random.default_rng(seed)
+    base = random_policy(seed)
+    shapes = {"trunk.0": (256, 200), "trunk.1": (256, 256), "advantages.0": (7, 256)}
+    arrays = {}
+    for name, shape in shapes.items():
+        arrays[f"{name}.weight"] = rng.normal(scale=0.1, size=shape).astype(np.float32)
+        arrays[f"{name}.bias"] = rng.normal(scale=0.1, size=shape[0]).astype(np.float32)
+    layer = lambda name, activation: {"weight": f"{name}.weight", "bias": f"{name}.bias", "activation": activation}  # noqa: E731
+    network = {"trunk": [layer("trunk.0", "relu"), layer("trunk.1", "relu")],
+               "heads": {"advantages": [layer("advantages.0", "linear")]}, "greedy": "advantages"}
+    return Policy.from_arrays({**base.metadata, "network": network}, arrays)
+
+
+def test_seeded_weights_fill_online_and_target_networks_only():
+    policy = wide_policy()
+    names = ["encoder.net.mlp.0", "encoder.net.mlp.2", "af.net.mlp.0", "vf.net.mlp.0",
+             "_target_encoder.net.mlp.0", "_target_encoder.net.mlp.2", "_target_af.net.mlp.0", "_target_vf.net.mlp.0"]
+    shapes = {"encoder.net.mlp.0": (256, 200), "encoder.net.mlp.2": (256, 256), "af.net.mlp.0": (7, 256), "vf.net.mlp.0": (1, 256)}
+    weights = {}
+    for name in names:
+        shape = shapes[name.replace("_target_", "")]
+        weights[f"{name}.weight"], weights[f"{name}.bias"] = np.zeros(shape, np.float32), np.zeros(shape[0], np.float32)
+    seeded, count = seeded_weights(weights, policy)
+    assert count == 12
+    for prefix in ("", "_target_"):
+        np.testing.assert_array_equal(seeded[f"{prefix}encoder.net.mlp.2.weight"], policy.trunk[1].weight)
+        np.testing.assert_array_equal(seeded[f"{prefix}af.net.mlp.0.bias"], policy.heads["advantages"][0].bias)
+        assert not seeded[f"{prefix}vf.net.mlp.0.weight"].any()  # not in the policy file: untouched
+    weights["encoder.net.mlp.2.weight"] = np.zeros((128, 256), np.float32)
+    with pytest.raises(ValueError, match="encoder.net.mlp.2.weight"):
+        seeded_weights(weights, policy)
+
+
+def test_incompatible_policies_are_named(tmp_path):
+    agent = load_agent("apex-dqn")
+    check_compatible(wide_policy(), agent, "p")
+    with pytest.raises(ValueError, match="trunk layers"):
+        check_compatible(random_policy(hidden=8), agent, "p")
+    agent["env"]["split_factors"] = [2, 4]
+    with pytest.raises(ValueError, match="actions"):
+        check_compatible(wide_policy(), agent, "p")
+
+
+def test_warm_start_makes_the_module_act_like_the_policy(ray_session, tmp_path):
+    import torch
+
+    from looprl.train.config import build_config
+    from looprl.train.warm_start import warm_start
+
+    policy = wide_policy(seed=3)
+    agent = tiny_agent("apex-dqn", str(tmp_path / "cache.sqlite"))
+    built = build_config(agent, seed=1, num_env_runners=0).build_algo()
+    try:
+        assert warm_start(built, policy) == 12
+        module = built.env_runner.module  # the module that samples
+        observations = np.random.default_rng(0).random((200, 10, 20), dtype=np.float32)
+        with torch.no_grad():
+            q = module.forward_inference({"obs": torch.from_numpy(observations.reshape(200, -1))})
+        ours = np.array([policy.act(o) for o in observations])
+        np.testing.assert_array_equal(q["actions"].numpy(), ours)
+        learner = built.learner_group.get_weights()["default_policy"]
+        np.testing.assert_array_equal(learner["_target_af.net.mlp.0.weight"], policy.heads["advantages"][0].weight)
+    finally:
+        built.stop()

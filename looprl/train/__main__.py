@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--env-steps", type=int, default=None, help="total env steps to sample")
     parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/<algo>__s<seed>__<time>)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
+    parser.add_argument("--init-from", type=Path, default=None, metavar="POLICY",
+                        help="start a new run from an exported policy's weights (policy folder or run folder)")
     parser.add_argument("--address", default=None, help="attach to an existing Ray cluster: its head node, HOST:PORT (GCS port, usually 6379)")
     parser.add_argument("--num-env-runners", type=int, default=None)
     parser.add_argument("--checkpoint-every", type=int, default=None, help="iterations between checkpoints")
@@ -86,6 +88,8 @@ def _train(args) -> int:
     if args.num_env_runners is not None and args.num_env_runners < 0:
         raise ValueError(f"--num-env-runners must be >= 0, got {args.num_env_runners}")
 
+    if args.resume and args.init_from is not None:
+        raise ValueError("--init-from starts a new run; it cannot be combined with --resume")
     if args.resume:
         if args.out is None:
             raise ValueError("--resume needs --out RUN_FOLDER")
@@ -110,6 +114,13 @@ def _train(args) -> int:
         if run.exists():
             raise ValueError(f"{run.path} already holds a run; pass --resume to continue it or choose another --out")
         arguments = {"algo": args.algo, "seed": args.seed, "num_env_runners": args.num_env_runners}
+        if args.init_from is not None:
+            from .evaluate import resolve_policy
+            from .warm_start import check_compatible
+
+            initial_policy = resolve_policy(args.init_from)
+            check_compatible(initial_policy, agent, str(args.init_from))
+            arguments["init_from"] = str(args.init_from)
         run.create(agent, arguments)
         state = RunState()
     limited = time_budget_s is not None or args.env_steps is not None
@@ -123,6 +134,11 @@ def _train(args) -> int:
         buffer = getattr(algo, "local_replay_buffer", None)
         held = f"; replay buffer: {buffer.get_num_timesteps()} timesteps" if buffer is not None else ""
         print(f"resumed {run.path} at iteration {state.iteration} ({state.env_steps} env steps{held})", flush=True)
+    elif args.init_from is not None:
+        from .warm_start import warm_start
+
+        copied = warm_start(algo, initial_policy)
+        print(f"training {args.algo} into {run.path}, starting from {args.init_from} ({copied} weight arrays)", flush=True)
     else:
         print(f"training {args.algo} into {run.path}", flush=True)
 

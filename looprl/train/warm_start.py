@@ -1,0 +1,84 @@
+"""Start training from an exported numpy policy instead of random weights (``--init-from``).
+
+An exported policy holds the MLP trunk and the greedy head (DQN: advantages or Q-values;
+actor-critics: logits). Those are copied into the learner's RLModule (and, for DQN, into its
+target network); layers the policy file does not hold (e.g. DQN's dueling value head) keep
+their fresh initialisation. Used to continue a shipped policy's training on another machine,
+whose kernels run at other speeds, without its RLlib checkpoint.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from ..actions import ActionSet
+from ..features import OBSERVATION_LAYOUT_VERSION
+from ..policy import Policy
+
+# RLModule parameter prefixes of the trunk and the greedy head, per module layout.
+_TRUNK_PREFIXES = ("encoder.net.mlp", "encoder.encoder.net.mlp", "encoder.actor_encoder.net.mlp")
+_HEAD_PREFIXES = ("af.net.mlp", "pi.net.mlp")
+_TARGET = "_target_"
+
+
+def check_compatible(policy: Policy, agent: dict, where: str) -> None:
+    """Raise ValueError naming the mismatch when ``policy`` cannot seed ``agent``'s network."""
+    env = agent.get("env", {})
+    actions = ActionSet(env.get("split_factors", (4, 8, 16)), env.get("max_loops", 10))
+    if policy.metadata.get("observation_layout_version") != OBSERVATION_LAYOUT_VERSION:
+        raise ValueError(f"{where}: observation layout v{policy.metadata.get('observation_layout_version')}, "
+                         f"training uses v{OBSERVATION_LAYOUT_VERSION}")
+    if policy.action_names != actions.names:
+        raise ValueError(f"{where}: actions {list(policy.action_names)} differ from the agent's {list(actions.names)}")
+    observation = env.get("observation", "normalized")
+    if policy.metadata.get("observation") != observation:
+        raise ValueError(f"{where}: observation {policy.metadata.get('observation')!r}, the agent uses {observation!r}")
+    hidden = list(agent.get("model", {}).get("fcnet_hiddens", [256, 256]))
+    trunk = [layer.weight.shape[0] for layer in policy.trunk]
+    if trunk != hidden:
+        raise ValueError(f"{where}: trunk layers {trunk}, the agent's model has fcnet_hiddens {hidden}")
+
+
+def _linear_layers(weights: dict[str, np.ndarray], prefix: str) -> list[str]:
+    """Names (without .weight/.bias) of the Linear layers under ``prefix``, in order."""
+    pattern = re.compile(rf"^{re.escape(prefix)}\.(\d+)\.weight$")
+    found = sorted((int(m.group(1)), name[: -len(".weight")]) for name in weights if (m := pattern.match(name)))
+    return [name for _, name in found]
+
+
+def seeded_weights(weights: dict[str, np.ndarray], policy: Policy) -> tuple[dict[str, np.ndarray], int]:
+    """A copy of an RLModule's ``weights`` with the trunk and greedy head taken from ``policy``
+    (also in the target network when there is one); returns it and the number of arrays set."""
+    trunk_prefix = next((p for p in _TRUNK_PREFIXES if _linear_layers(weights, p)), None)
+    head_prefix = next((p for p in _HEAD_PREFIXES if _linear_layers(weights, p)), None)
+    if trunk_prefix is None or head_prefix is None:
+        raise ValueError("the agent's module has no MLP trunk and greedy head to seed")
+    head = policy.heads[policy.metadata["network"]["greedy"]]
+    seeded, count = dict(weights), 0
+    for prefix, layers in ((trunk_prefix, policy.trunk), (head_prefix, head)):
+        for copy in (prefix, _TARGET + prefix):
+            names = _linear_layers(weights, copy)
+            if not names and copy.startswith(_TARGET):
+                continue  # no target network (actor-critics)
+            if len(names) != len(layers):
+                raise ValueError(f"the module has {len(names)} layers under {copy}, the policy {len(layers)}")
+            for name, layer in zip(names, layers):
+                for part, array in (("weight", layer.weight), ("bias", layer.bias)):
+                    key = f"{name}.{part}"
+                    if np.shape(weights[key]) != array.shape:
+                        raise ValueError(f"{key}: module shape {np.shape(weights[key])}, policy shape {array.shape}")
+                    seeded[key] = np.array(array, dtype=np.float32)
+                    count += 1
+    return seeded, count
+
+
+def warm_start(algo, policy: Policy) -> int:
+    """Copy ``policy``'s weights into ``algo``'s learner and env runners; returns the number of
+    arrays copied."""
+    weights = algo.learner_group.get_weights()
+    seeded, count = seeded_weights(weights["default_policy"], policy)
+    algo.learner_group.set_weights({"default_policy": seeded})
+    algo.env_runner_group.sync_weights(from_worker_or_learner_group=algo.learner_group, inference_only=True)
+    return count

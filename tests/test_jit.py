@@ -1,0 +1,50 @@
+"""Kernels share JIT engines: many compiles, several engines, kernels outliving their peers."""
+
+import gc
+
+import numpy as np
+import pytest
+
+import looprl
+from looprl import jit
+
+
+def _check(kernel, m, n, k, seed):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_kernels_spanning_several_engines_stay_correct():
+    count = 2 * jit._Engine.capacity + 5
+    problems = [looprl.matmul(8 + i % 7, 16 + i % 5, 4 + i % 3) for i in range(count)]
+    kept = []
+    engines = set()
+    for i, problem in enumerate(problems):
+        nest = problem.initial_nest()
+        if i % 2:
+            nest = nest.split(2, 2)  # other code under the same entry-point name
+        kernel = looprl.compile(nest)
+        engines.add(id(kernel._module._engine))
+        if i % 3 == 0:
+            kept.append((kernel, problem))  # the others are dropped at once
+        gc.collect()
+    assert len(engines) >= 3
+    for index, (kernel, problem) in enumerate(kept):
+        _check(kernel, problem.size("m"), problem.size("n"), problem.size("k"), index)
+
+
+def test_same_ir_twice_in_one_engine_gives_two_working_kernels():
+    nest = looprl.matmul(9, 24, 5).initial_nest()
+    first, second = looprl.compile(nest), looprl.compile(nest)
+    assert first._module.address != second._module.address
+    _check(first, 9, 24, 5, 0)
+    del first
+    gc.collect()
+    _check(second, 9, 24, 5, 1)
+
+
+def test_module_without_the_entry_point_is_an_error():
+    with pytest.raises(RuntimeError, match="no function"):
+        jit.CompiledModule("define void @other() {\n ret void\n}\n", "looprl_kernel")
