@@ -114,6 +114,8 @@ def test_one_iteration_checkpoint_and_exported_policy_match(algo, ray_session, t
     assert policy.action_names == ("up", "down", "swap_up", "swap_down", "split_4", "split_8", "split_16")
     assert policy.metadata["algorithm"] == agent["algorithm"] and policy.metadata["observation"] == "normalized"
     assert policy.metadata["training_problems"] == TINY
+    dueling = agent["algorithm"] == "dqn" and agent["training"].get("dueling", True)
+    assert ("value" in policy.heads) == dueling  # the dueling value head, kept for --init-from
 
     module = load_module(checkpoint)
     observations = np.random.default_rng(0).random((300, 10, 20), dtype=np.float32)
@@ -229,11 +231,14 @@ def test_cli_rejects_bad_input(tmp_path):
 # -- warm start from an exported policy ----------------------------------------------------------
 
 
-def wide_policy(seed=0) -> Policy:
-    """A random policy with the shipped agents' network (200 -> 256 -> 256 -> 7 advantages)."""
+def wide_policy(seed=0, value=False) -> Policy:
+    """A random policy with the shipped agents' network (200 -> 256 -> 256 -> 7 advantages,
+    and a dueling value head when ``value``)."""
     rng = np.random.default_rng(seed)
     base = random_policy(seed)
     shapes = {"trunk.0": (256, 200), "trunk.1": (256, 256), "advantages.0": (7, 256)}
+    if value:
+        shapes["value.0"] = (1, 256)
     arrays = {}
     for name, shape in shapes.items():
         arrays[f"{name}.weight"] = rng.normal(scale=0.1, size=shape).astype(np.float32)
@@ -241,6 +246,8 @@ def wide_policy(seed=0) -> Policy:
     layer = lambda name, activation: {"weight": f"{name}.weight", "bias": f"{name}.bias", "activation": activation}  # noqa: E731
     network = {"trunk": [layer("trunk.0", "relu"), layer("trunk.1", "relu")],
                "heads": {"advantages": [layer("advantages.0", "linear")]}, "greedy": "advantages"}
+    if value:
+        network["heads"]["value"] = [layer("value.0", "linear")]
     return Policy.from_arrays({**base.metadata, "network": network}, arrays)
 
 
@@ -259,6 +266,10 @@ def test_seeded_weights_fill_online_and_target_networks_only():
         np.testing.assert_array_equal(seeded[f"{prefix}encoder.net.mlp.2.weight"], policy.trunk[1].weight)
         np.testing.assert_array_equal(seeded[f"{prefix}af.net.mlp.0.bias"], policy.heads["advantages"][0].bias)
         assert not seeded[f"{prefix}vf.net.mlp.0.weight"].any()  # not in the policy file: untouched
+    with_value = wide_policy(value=True)
+    seeded, count = seeded_weights(weights, with_value)
+    assert count == 16
+    np.testing.assert_array_equal(seeded["vf.net.mlp.0.weight"], with_value.heads["value"][0].weight)
     weights["encoder.net.mlp.2.weight"] = np.zeros((128, 256), np.float32)
     with pytest.raises(ValueError, match="encoder.net.mlp.2.weight"):
         seeded_weights(weights, policy)

@@ -4,7 +4,8 @@ Reads the RLModule of a checkpoint (``learner_group/learner/rl_module/default_po
 walks its default torch layout: an MLP encoder (``encoder.net.mlp`` for DQN,
 ``encoder.encoder.net.mlp`` or ``encoder.actor_encoder.net.mlp`` for the actor-critics) and
 the greedy head (DQN: ``af``, the advantages with a dueling head and the Q-values without;
-PPO/IMPALA/APPO: ``pi``, the action logits). The value head is not needed to act greedily.
+PPO/IMPALA/APPO: ``pi``, the action logits). DQN's dueling value head ``vf`` is exported too
+(as head ``value``): acting does not need it, but a run started from the policy does.
 """
 
 from __future__ import annotations
@@ -75,9 +76,14 @@ def module_network(module) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     else:
         raise ValueError(f"cannot export {type(module).__name__}: no 'af' or 'pi' head")
     trunk_specs, arrays = _sequential_layers(trunk, "trunk")
-    head_specs, head_arrays = _sequential_layers(head.net.mlp, head_name)
-    arrays.update(head_arrays)
-    return {"trunk": trunk_specs, "heads": {head_name: head_specs}, "greedy": head_name}, arrays
+    heads = {head_name: head}
+    if head_name == "advantages" and hasattr(module, "vf"):
+        heads["value"] = module.vf  # not needed to act; kept so that --init-from restores all of Q
+    network = {"trunk": trunk_specs, "heads": {}, "greedy": head_name}
+    for name, layers in heads.items():
+        network["heads"][name], head_arrays = _sequential_layers(layers.net.mlp, name)
+        arrays.update(head_arrays)
+    return network, arrays
 
 
 def export_policy(checkpoint: str | Path, out: str | Path, agent: dict[str, Any], extra: dict[str, Any] | None = None) -> Path:

@@ -1,8 +1,9 @@
 """Start training from an exported numpy policy instead of random weights (``--init-from``).
 
-An exported policy holds the MLP trunk and the greedy head (DQN: advantages or Q-values;
-actor-critics: logits). Those are copied into the learner's RLModule (and, for DQN, into its
-target network); layers the policy file does not hold (e.g. DQN's dueling value head) keep
+An exported policy holds the MLP trunk, the greedy head (DQN: advantages or Q-values;
+actor-critics: logits) and, for a dueling DQN, the value head. Those are copied into the
+learner's RLModule (and, for DQN, into its target network); layers the policy file does not
+hold (policies exported before the value head was, or an actor-critic's value layers) keep
 their fresh initialisation. Used to continue a shipped policy's training on another machine,
 whose kernels run at other speeds, without its RLlib checkpoint.
 """
@@ -56,8 +57,11 @@ def seeded_weights(weights: dict[str, np.ndarray], policy: Policy) -> tuple[dict
     if trunk_prefix is None or head_prefix is None:
         raise ValueError("the agent's module has no MLP trunk and greedy head to seed")
     head = policy.heads[policy.metadata["network"]["greedy"]]
+    parts = [(trunk_prefix, policy.trunk), (head_prefix, head)]
+    if "value" in policy.heads and _linear_layers(weights, "vf.net.mlp"):
+        parts.append(("vf.net.mlp", policy.heads["value"]))  # DQN's dueling value head
     seeded, count = dict(weights), 0
-    for prefix, layers in ((trunk_prefix, policy.trunk), (head_prefix, head)):
+    for prefix, layers in parts:
         for copy in (prefix, _TARGET + prefix):
             names = _linear_layers(weights, copy)
             if not names and copy.startswith(_TARGET):
