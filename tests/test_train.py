@@ -150,9 +150,12 @@ def write_tiny_config(tmp_path, algo="dqn"):
 def test_cli_trains_checkpoints_resumes_and_evaluates(tmp_path):
     run = tmp_path / "run"
     config = write_tiny_config(tmp_path)
-    common = ["--num-env-runners", "0", "--checkpoint-every", "1"]
+    common = ["--num-env-runners", "0", "--checkpoint-every", "1", "--validate-every", "1", "--validation-problems", "2"]
     out = run_cli("--algo", "dqn", "--config", str(config), "--iterations", "2", "--out", str(run), *common)
     assert "[iter 2/2]" in out and (run / "policy" / "policy.json").exists()
+    assert out.count("validation: greedy speed-up") == 2
+    best = Policy.load(run / "policy-best").metadata["validation"]
+    assert best["iteration"] in (1, 2) and best["speedup_geomean"] > 0
     first = json.loads((run / "run.json").read_text())["state"]
     assert first["iteration"] == 2 and first["checkpoint"] == "iter_000002"
 
@@ -162,6 +165,9 @@ def test_cli_trains_checkpoints_resumes_and_evaluates(tmp_path):
     assert state["iteration"] == 3 and state["env_steps"] > first["env_steps"]
     rows = list(csv.DictReader((run / "metrics.csv").open()))
     assert [int(r["iteration"]) for r in rows] == [1, 2, 3]
+    scores = [float(r["validation_speedup"]) for r in rows]
+    assert all(score > 0 for score in scores)
+    assert Policy.load(run / "policy-best").metadata["validation"]["speedup_geomean"] == pytest.approx(max(scores))
     assert [int(r["env_steps"]) for r in rows] == sorted(int(r["env_steps"]) for r in rows)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["iter_000002", "iter_000003"]
     assert (run / "checkpoints" / "iter_000003" / "replay_buffer.pkl").exists()  # exact DQN resume
@@ -221,6 +227,8 @@ def test_cli_rejects_bad_input(tmp_path):
         (["--resume", "--out", str(tmp_path / "none")], "nothing to resume"),
         (["--evaluate", str(tmp_path)], "no policy at"),
         (["--iterations", "0"], "--iterations"),
+        (["--validate-every", "-1"], "--validate-every"),
+        (["--validation-problems", "0"], "--validation-problems"),
         (["--resume", "--out", str(tmp_path), "--init-from", "checkpoints/apex-dqn"], "cannot be combined with --resume"),
         (["--init-from", str(small_policy), "--out", str(tmp_path / "new")], "trunk layers [8]"),
     ]:
@@ -306,3 +314,18 @@ def test_warm_start_makes_the_module_act_like_the_policy(ray_session, tmp_path):
         np.testing.assert_array_equal(learner["_target_af.net.mlp.0.weight"], policy.heads["advantages"][0].weight)
     finally:
         built.stop()
+
+
+def test_validation_set_and_score():
+    from looprl.evaluator import Evaluator
+    from looprl.problem import as_problem
+    from looprl.train.validation import Validator, spread
+
+    problems = [as_problem(f"{16 * i}x16x16") for i in range(1, 11)]
+    assert spread(problems, 5) == problems[::2]
+    assert spread(problems, 50) == problems
+    with pytest.raises(ValueError, match="positive"):
+        spread(problems, 0)
+    # A policy that always asks for swap_up at the top (its "stop") keeps the untuned nest.
+    stays = random_policy(bias=[0, 0, 9, 0, 0, 0, 0])
+    assert Validator(problems[:2], Evaluator(":memory:", 0.001))(stays) == pytest.approx(1.0)

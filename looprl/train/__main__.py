@@ -36,6 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-env-runners", type=int, default=None)
     parser.add_argument("--checkpoint-every", type=int, default=None, help="iterations between checkpoints")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--validate-every", type=int, default=None,
+                        help="iterations between greedy validations that keep the best policy (default: the YAML's run.validate_every or 25; 0: never)")
+    parser.add_argument("--validation-problems", type=int, default=None,
+                        help="training problems (evenly spread) in the validation set (default: run.validation_problems or 64)")
     parser.add_argument("--problems", default=None, help="train on these problems instead of the dataset (comma-separated MxNxK)")
     parser.add_argument("--evaluate", type=Path, default=None, metavar="POLICY", help="evaluate a policy folder, run folder or checkpoint")
     parser.add_argument("--split", choices=SPLITS, default="test", help="--evaluate: dataset split (default test)")
@@ -85,6 +89,10 @@ def _train(args) -> int:
         raise ValueError(f"--env-steps must be positive, got {args.env_steps}")
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
         raise ValueError(f"--checkpoint-every must be positive, got {args.checkpoint_every}")
+    if args.validate_every is not None and args.validate_every < 0:
+        raise ValueError(f"--validate-every must be >= 0, got {args.validate_every}")
+    if args.validation_problems is not None and args.validation_problems < 1:
+        raise ValueError(f"--validation-problems must be positive, got {args.validation_problems}")
     if args.num_env_runners is not None and args.num_env_runners < 0:
         raise ValueError(f"--num-env-runners must be >= 0, got {args.num_env_runners}")
 
@@ -126,6 +134,11 @@ def _train(args) -> int:
     limited = time_budget_s is not None or args.env_steps is not None
     iterations = args.iterations if args.iterations is not None else (None if limited else agent.get("run", {}).get("iterations", 100))
     checkpoint_every = args.checkpoint_every or agent.get("run", {}).get("checkpoint_every", 5)
+    validate_every = args.validate_every if args.validate_every is not None else agent.get("run", {}).get("validate_every", 25)
+    validation_count = args.validation_problems if args.validation_problems is not None else agent.get("run", {}).get("validation_problems", 64)
+    if not isinstance(validate_every, int) or validate_every < 0:
+        raise ValueError(f"run.validate_every must be an integer >= 0, got {validate_every!r}")
+    validator = _validator(agent, validation_count) if validate_every else None
     num_env_runners = args.num_env_runners if args.num_env_runners is not None else arguments.get("num_env_runners")
 
     algo = _start(agent, arguments["seed"], num_env_runners, args.address)
@@ -142,18 +155,43 @@ def _train(args) -> int:
     else:
         print(f"training {args.algo} into {run.path}", flush=True)
 
-    from .export import export_policy
+    from .export import export_policy, policy_from_module
+
+    def metrics() -> dict:
+        return {"metrics": {"iteration": state.iteration, "env_steps": state.env_steps, "elapsed_s": round(state.elapsed_s, 1)}}
 
     def export(checkpoint: Path) -> None:
-        extra = {"metrics": {"iteration": state.iteration, "env_steps": state.env_steps, "elapsed_s": round(state.elapsed_s, 1)}}
-        export_policy(checkpoint, run.path / "policy", agent, extra)
+        export_policy(checkpoint, run.path / "policy", agent, metrics())
+
+    def validate():
+        # The local env runner's module, brought up to the learner's weights.
+        algo.env_runner_group.sync_weights(from_worker_or_learner_group=algo.learner_group, inference_only=True)
+        policy = policy_from_module(algo.get_module(), agent, metrics())
+        return validator(policy), policy
 
     try:
-        train(algo, run, state, arguments, iterations=iterations, time_budget_s=time_budget_s, checkpoint_every=checkpoint_every, export=export, env_steps=args.env_steps)
+        train(algo, run, state, arguments, iterations=iterations, time_budget_s=time_budget_s, checkpoint_every=checkpoint_every,
+              export=export, env_steps=args.env_steps, validate=validate if validator else None, validate_every=validate_every)
     finally:
         algo.stop()
-    print(f"done: {state.iteration} iterations, {state.env_steps} env steps; policy in {run.path / 'policy'}")
+    best = run.best_validation()
+    kept = f"; best validated policy ({best:.3f}x) in {run.path / 'policy-best'}" if best > 0 else ""
+    print(f"done: {state.iteration} iterations, {state.env_steps} env steps; newest policy in {run.path / 'policy'}{kept}")
     return 0
+
+
+def _validator(agent: dict, count: int):
+    """Greedy validation on ``count`` of the agent's training problems, measured like the env."""
+    from ..evaluator import DEFAULT_STATE_BUDGET_S
+    from ..problem import as_problem
+    from .validation import Validator, spread
+
+    env = agent.get("env", {})
+    if env.get("problems"):
+        problems = [as_problem(p) for p in env["problems"]]
+    else:
+        problems = list(dataset_problems(env.get("dataset", "mm64-256"), env.get("split", "train")))
+    return Validator(spread(problems, count), Evaluator(env.get("cache"), env.get("measure_budget_s", DEFAULT_STATE_BUDGET_S)))
 
 
 def _start(agent: dict, seed: int, num_env_runners: int | None, address: str | None):

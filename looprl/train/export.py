@@ -86,12 +86,11 @@ def module_network(module) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     return network, arrays
 
 
-def export_policy(checkpoint: str | Path, out: str | Path, agent: dict[str, Any], extra: dict[str, Any] | None = None) -> Path:
-    """Write the numpy policy of ``checkpoint`` into folder ``out``; ``agent`` is the run's
-    agent configuration (its env section defines the observation and the actions)."""
+def policy_from_module(module, agent: dict[str, Any], extra: dict[str, Any] | None = None) -> Policy:
+    """The numpy policy of an RLModule; ``agent`` is the run's agent configuration (its env
+    section defines the observation and the actions)."""
     from ..actions import ActionSet
 
-    module = load_module(checkpoint)
     network, arrays = module_network(module)
     env = agent.get("env", {})
     actions = ActionSet(env.get("split_factors", (4, 8, 16)), env.get("max_loops", 10))
@@ -108,12 +107,16 @@ def export_policy(checkpoint: str | Path, out: str | Path, agent: dict[str, Any]
         "apex": bool(agent.get("apex", False)),
         "training_problems": _training_problems(env),
         "network": network,
-        "checkpoint": str(Path(checkpoint).name),
         "exported": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     metadata.update(extra or {})
-    policy = Policy.from_arrays(metadata, arrays)
-    return policy.save(out)
+    return Policy.from_arrays(metadata, arrays)
+
+
+def export_policy(checkpoint: str | Path, out: str | Path, agent: dict[str, Any], extra: dict[str, Any] | None = None) -> Path:
+    """Write the numpy policy of ``checkpoint`` into folder ``out``."""
+    extra = {"checkpoint": str(Path(checkpoint).name), **(extra or {})}
+    return policy_from_module(load_module(checkpoint), agent, extra).save(out)
 
 
 def _training_problems(env: dict[str, Any]) -> dict[str, Any] | list[str]:

@@ -10,11 +10,13 @@ A run directory holds::
     checkpoints/iter_000010/   RLlib checkpoints (the two newest are kept), with the DQN
                       replay buffer when ``store_buffer_in_checkpoints`` is set
     policy/           the newest checkpoint exported as a numpy policy (policy.json + .npz)
+    policy-best/      the policy that scored best in validation (see ``validation.py``)
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -33,10 +35,11 @@ from .metric_names import CACHE_HIT_RATE, EPSILON, FINAL_GFLOPS, INVALID_RATE, L
 
 METRICS = [
     "iteration", "env_steps", "episodes", "episode_reward_mean", "speedup_mean", "speedup_geomean", "final_gflops_mean",
-    "cache_hit_rate", "invalid_rate", "epsilon_mean", "env_steps_per_s", "iteration_s", "elapsed_s",
+    "cache_hit_rate", "invalid_rate", "epsilon_mean", "env_steps_per_s", "iteration_s", "elapsed_s", "validation_speedup",
 ]
 KEEP_CHECKPOINTS = 2
 REPLAY_BUFFER_FILE = "replay_buffer.pkl"
+BEST_POLICY = "policy-best"
 
 
 @dataclass
@@ -116,6 +119,16 @@ class RunDirectory:
             with saved_buffer.open("rb") as handle:
                 buffer.set_state(pickle.load(handle))  # our own file, written by save_checkpoint
 
+    def best_validation(self) -> float:
+        """The validation score of the run's best policy so far (-inf before the first)."""
+        from ..policy import Policy
+
+        try:
+            score = Policy.load(self.path / BEST_POLICY).metadata.get("validation", {}).get("speedup_geomean")
+        except ValueError:
+            return -math.inf
+        return float(score) if isinstance(score, (int, float)) else -math.inf
+
     def trim_metrics(self, iteration: int) -> None:
         """Drop metric rows past ``iteration`` (written after the checkpoint we resume from)."""
         path = self.path / "metrics.csv"
@@ -146,6 +159,7 @@ def metrics_row(result: dict[str, Any], state: RunState, iteration_s: float) -> 
         "env_steps_per_s": sampled / iteration_s if iteration_s > 0 else math.nan,
         "iteration_s": iteration_s,
         "elapsed_s": state.elapsed_s,
+        "validation_speedup": math.nan,
     }
 
 
@@ -166,6 +180,7 @@ def progress_line(row: dict[str, Any], iterations: int | None, time_budget_s: fl
         f"speedup {number(row['speedup_geomean'], '.2f')}x (geomean)  final {number(row['final_gflops_mean'], '.1f')} GFLOPS  "
         f"{number(row['env_steps_per_s'], '.0f')} steps/s  cache hits {number(row['cache_hit_rate'] * 100 if isinstance(row['cache_hit_rate'], float) else None, '.0f')}%  "
         f"steps {row['env_steps']}  elapsed {_duration(row['elapsed_s'])}  {remaining}"
+        + (f"\n  validation: greedy speed-up {row['validation_speedup']:.3f}x (geomean)" if not math.isnan(row["validation_speedup"]) else "")
     ).rstrip()
 
 
@@ -196,11 +211,13 @@ def parse_duration(text: str) -> float:
 
 def train(algo, run: RunDirectory, state: RunState, arguments: dict, *, iterations: int | None,
           time_budget_s: float | None, checkpoint_every: int, export, env_steps: int | None = None,
-          out=sys.stdout) -> RunState:
-    """Iterate until ``iterations``, ``time_budget_s`` (total training time) or ``env_steps``
-    is reached (all totals across resumes); checkpoint every ``checkpoint_every`` iterations,
-    at the end and on Ctrl-C or SIGTERM. ``export(checkpoint_path)`` writes the numpy policy of
-    a checkpoint."""
+          validate=None, validate_every: int = 0, out=sys.stdout) -> RunState:
+    """Iterate until ``iterations``, ``time_budget_s`` (total training time, validation
+    included) or ``env_steps`` is reached (all totals across resumes); checkpoint every
+    ``checkpoint_every`` iterations, at the end and on Ctrl-C or SIGTERM.
+    ``export(checkpoint_path)`` writes the numpy policy of a checkpoint. Every
+    ``validate_every`` iterations ``validate()`` returns (score, numpy policy of the current
+    weights); a policy that beats the run's best so far is saved in ``policy-best/``."""
     from tensorboardX import SummaryWriter
 
     metrics_path = run.path / "metrics.csv"
@@ -229,6 +246,11 @@ def train(algo, run: RunDirectory, state: RunState, arguments: dict, *, iteratio
                 state.env_steps = int(result.get("num_env_steps_sampled_lifetime", state.env_steps) or state.env_steps)
                 state.elapsed_s += took
                 row = metrics_row(result, state, took)
+                if validate is not None and validate_every and state.iteration % validate_every == 0:
+                    started = time.perf_counter()
+                    row["validation_speedup"] = _validate(validate, run, state)
+                    state.elapsed_s += time.perf_counter() - started
+                    row["elapsed_s"] = state.elapsed_s
                 table.writerow(row)
                 handle.flush()
                 for key, value in row.items():
@@ -246,6 +268,15 @@ def train(algo, run: RunDirectory, state: RunState, arguments: dict, *, iteratio
     if state.iteration > last_saved or state.checkpoint is None:
         checkpoint()
     return state
+
+
+def _validate(validate, run: RunDirectory, state: RunState) -> float:
+    score, policy = validate()
+    if score > run.best_validation():
+        validation = {"speedup_geomean": score, "iteration": state.iteration, "env_steps": state.env_steps}
+        best = dataclasses.replace(policy, metadata={**policy.metadata, "validation": validation})
+        best.save(run.path / BEST_POLICY)
+    return score
 
 
 def _interrupt(signum, frame) -> None:

@@ -1,0 +1,46 @@
+"""Validation during training: the greedy policy's speed-up on a fixed set of problems.
+
+DQN's greedy policy swings from one snapshot to the next (the final schedule of a greedy
+episode depends on a few close Q-values), so the newest checkpoint is not always the best
+one. Every few iterations the training loop runs one greedy episode (the evaluation protocol:
+final state, invalid actions are no-ops) on each validation problem and keeps the policy with
+the best geometric-mean speed-up over the untuned nest in the run's ``policy-best/``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+from ..evaluator import Evaluator
+from ..policy import Policy
+from ..problem import Problem
+from ..rollout import greedy_episode
+
+
+def spread(problems: Sequence[Problem], count: int) -> list[Problem]:
+    """``count`` problems evenly spaced over ``problems`` (all of them if fewer)."""
+    if count < 1:
+        raise ValueError(f"validation problem count must be positive, got {count}")
+    if count >= len(problems):
+        return list(problems)
+    return [problems[int(i * len(problems) / count)] for i in range(count)]
+
+
+class Validator:
+    """``validator(policy)`` -> geometric-mean speed-up of its greedy episodes' final states."""
+
+    def __init__(self, problems: Sequence[Problem], evaluator: Evaluator):
+        if not problems:
+            raise ValueError("no validation problems")
+        self.problems = list(problems)
+        self.evaluator = evaluator
+
+    def __call__(self, policy: Policy) -> float:
+        speedups = []
+        for problem in self.problems:
+            episode = greedy_episode(policy, problem, self.evaluator, use_mask=False)
+            speedups.append(episode.speedup if episode.speedup > 0 else math.nan)
+        valid = [s for s in speedups if not math.isnan(s)]
+        return statistics.geometric_mean(valid) if valid else math.nan
