@@ -4,7 +4,7 @@ A file has the sections ``algorithm`` (dqn, ppo, impala or appo), ``apex`` (DQN 
 fixed epsilon per env runner), ``env`` (``LoopNestEnv`` arguments), ``model``
 (``DefaultModelConfig`` fields), ``env_runners``, ``learners``, ``training`` and
 ``reporting`` (passed to the config methods of the same name) and ``run`` (``iterations``,
-``checkpoint_every``). Everything here is plain data until :func:`build_config`, which is
+``checkpoint_every``, ``validate_every``, ``validation_problems``). Everything here is plain data until :func:`build_config`, which is
 the only function that imports Ray.
 """
 
