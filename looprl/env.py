@@ -47,6 +47,19 @@ OBSERVATION_KINDS = ("raw", "normalized")
 ORDERS = ("cycle", "random")
 
 
+def env_problems(dataset: str = "mm64-256", split: str = "train", problems=None) -> tuple[Problem, ...]:
+    """The problems an env with these arguments draws from: ``problems`` when given, else the
+    dataset's split."""
+    if problems is None:
+        return dataset_problems(dataset, split)
+    if isinstance(problems, (str, Problem)):
+        problems = [problems]
+    resolved = tuple(as_problem(p) for p in problems)
+    if not resolved:
+        raise ValueError("problems must not be empty")
+    return resolved
+
+
 class LoopNestEnv(gym.Env):
     """Tune the loop nest of a tensor contraction by moving a cursor, swapping and splitting loops.
 
@@ -84,14 +97,7 @@ class LoopNestEnv(gym.Env):
         peak: float | None = None,
         render_mode: str | None = None,
     ):
-        if problems is not None:
-            if isinstance(problems, (str, Problem)):
-                problems = [problems]
-            self.problems = tuple(as_problem(p) for p in problems)
-            if not self.problems:
-                raise ValueError("problems must not be empty")
-        else:
-            self.problems = dataset_problems(dataset, split)
+        self.problems = env_problems(dataset, split, problems)
         if order not in ORDERS:
             raise ValueError(f"unknown order {order!r}; expected one of {', '.join(ORDERS)}")
         if observation not in OBSERVATION_KINDS:

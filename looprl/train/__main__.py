@@ -182,15 +182,12 @@ def _train(args) -> int:
 
 def _validator(agent: dict, count: int):
     """Greedy validation on ``count`` of the agent's training problems, measured like the env."""
+    from ..env import env_problems
     from ..evaluator import DEFAULT_STATE_BUDGET_S
-    from ..problem import as_problem
     from .validation import Validator, spread
 
     env = agent.get("env", {})
-    if env.get("problems"):
-        problems = [as_problem(p) for p in env["problems"]]
-    else:
-        problems = list(dataset_problems(env.get("dataset", "mm64-256"), env.get("split", "train")))
+    problems = env_problems(env.get("dataset", "mm64-256"), env.get("split", "train"), env.get("problems"))
     return Validator(spread(problems, count), Evaluator(env.get("cache"), env.get("measure_budget_s", DEFAULT_STATE_BUDGET_S)))
 
 
