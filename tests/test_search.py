@@ -235,6 +235,23 @@ def test_cli_dataset_csv_resumes_and_survives_ctrl_c(tmp_path):
     assert len(rows) == 5 and rows[-1]["stopped"] == "interrupted" and int(rows[-1]["evaluations"]) >= 1
 
 
+def test_cli_sigterm_keeps_the_partial_result(tmp_path):
+    # SIGTERM is how a scheduler, `kill` or a background job (which ignores SIGINT) stops it.
+    path = tmp_path / "runs.csv"
+    slow = CLI + ["--split", "test", "--limit", "1", "--algo", "random", "--budget", "600", "--cache", ":memory:",
+                  "--measure-budget-ms", "1", "--csv", str(path), "--quiet"]
+    process = subprocess.Popen(slow, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(8)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()  # never leave a 600 s search running if the test fails
+    assert process.returncode == 130, stderr
+    rows = list(csv.DictReader(path.open()))
+    assert len(rows) == 1 and rows[0]["stopped"] == "interrupted" and int(rows[0]["evaluations"]) >= 1
+
+
 def test_cli_rejects_bad_input(tmp_path):
     for extra, message in [
         (["--problem", "8x8x8", "--algo", "beam"], "unknown search algorithm"),

@@ -25,6 +25,7 @@ from pathlib import Path
 from ..actions import DEFAULT_SPLIT_FACTORS
 from ..datasets import SPLITS, dataset_problems
 from ..evaluator import DEFAULT_STATE_BUDGET_S, Evaluator
+from ..interrupts import terminate_as_interrupt
 from ..problem import as_problem
 from .algorithms import PAPER_ALGORITHMS, parse_algorithm
 from .runner import DEFAULT_BUDGET_S, DEFAULT_DEPTH, SearchResult, run
@@ -138,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return _main(args)
+        with terminate_as_interrupt():  # SIGTERM keeps the partial result too
+            return _main(args)
     except ValueError as error:
         parser.error(str(error))
     except KeyboardInterrupt:  # outside a search (which handles it itself): nothing is lost

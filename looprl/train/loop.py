@@ -22,7 +22,6 @@ import math
 import os
 import pickle
 import shutil
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from ..interrupts import terminate_as_interrupt
 from .metric_names import CACHE_HIT_RATE, EPSILON, FINAL_GFLOPS, INVALID_RATE, LOG_SPEEDUP, SPEEDUP
 
 METRICS = [
@@ -232,9 +232,8 @@ def train(algo, run: RunDirectory, state: RunState, arguments: dict, *, iteratio
         last_saved = state.iteration
         print(f"  checkpoint {path}", file=out, flush=True)
 
-    previous_sigterm = signal.signal(signal.SIGTERM, _interrupt)  # e.g. a scheduler's preemption
     try:
-        with metrics_path.open("a", newline="", encoding="utf-8") as handle:
+        with terminate_as_interrupt(), metrics_path.open("a", newline="", encoding="utf-8") as handle:
             table = csv.DictWriter(handle, fieldnames=METRICS)
             if fresh:
                 table.writeheader()
@@ -263,7 +262,6 @@ def train(algo, run: RunDirectory, state: RunState, arguments: dict, *, iteratio
     except KeyboardInterrupt:
         print("interrupted: saving a final checkpoint", file=out, flush=True)
     finally:
-        signal.signal(signal.SIGTERM, previous_sigterm)
         writer.close()
     if state.iteration > last_saved or state.checkpoint is None:
         checkpoint()
@@ -277,10 +275,6 @@ def _validate(validate, run: RunDirectory, state: RunState) -> float:
         best = dataclasses.replace(policy, metadata={**policy.metadata, "validation": validation})
         best.save(run.path / BEST_POLICY)
     return score
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
 
 
 def _done(state: RunState, iterations: int | None, time_budget_s: float | None, env_steps: int | None) -> bool:
