@@ -158,7 +158,10 @@ def _train(args) -> int:
     from .export import export_policy, policy_from_module
 
     def metrics() -> dict:
-        return {"metrics": {"iteration": state.iteration, "env_steps": state.env_steps, "elapsed_s": round(state.elapsed_s, 1)}}
+        extra = {"metrics": {"iteration": state.iteration, "env_steps": state.env_steps, "elapsed_s": round(state.elapsed_s, 1)}}
+        if arguments.get("init_from"):
+            extra["init_from"] = arguments["init_from"]  # where the weights started
+        return extra
 
     def export(checkpoint: Path) -> None:
         export_policy(checkpoint, run.path / "policy", agent, metrics())
