@@ -193,6 +193,18 @@ def test_results_and_graph_are_saved(tmp_path):
 CLI = [sys.executable, "-m", "looprl.search"]
 
 
+def interrupt_after(command, seconds, signum):
+    """Start ``command``, send it ``signum`` after ``seconds``; its return code and stderr."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(seconds)
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()  # never leave a long search running if the test fails
+    return process.returncode, stderr
+
+
 def test_cli_single_problem_writes_json(tmp_path):
     out = tmp_path / "one.json"
     result = subprocess.run(
@@ -223,14 +235,8 @@ def test_cli_dataset_csv_resumes_and_survives_ctrl_c(tmp_path):
     )
     slow = [sys.executable, "-c", code, "--split", "test", "--offset", "2", "--limit", "1", "--algo", "random", "--budget", "600",
             "--cache", ":memory:", "--measure-budget-ms", "1", "--csv", str(path), "--quiet"]
-    process = subprocess.Popen(slow, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        time.sleep(8)
-        process.send_signal(signal.SIGINT)
-        stdout, stderr = process.communicate(timeout=120)
-    finally:
-        process.kill()  # never leave a 600 s search running if the test fails
-    assert process.returncode == 130, stderr
+    returncode, stderr = interrupt_after(slow, 8, signal.SIGINT)
+    assert returncode == 130, stderr
     rows = list(csv.DictReader(path.open()))
     assert len(rows) == 5 and rows[-1]["stopped"] == "interrupted" and int(rows[-1]["evaluations"]) >= 1
 
@@ -240,14 +246,8 @@ def test_cli_sigterm_keeps_the_partial_result(tmp_path):
     path = tmp_path / "runs.csv"
     slow = CLI + ["--split", "test", "--limit", "1", "--algo", "random", "--budget", "600", "--cache", ":memory:",
                   "--measure-budget-ms", "1", "--csv", str(path), "--quiet"]
-    process = subprocess.Popen(slow, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        time.sleep(8)
-        process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=120)
-    finally:
-        process.kill()  # never leave a 600 s search running if the test fails
-    assert process.returncode == 130, stderr
+    returncode, stderr = interrupt_after(slow, 8, signal.SIGTERM)
+    assert returncode == 130, stderr
     rows = list(csv.DictReader(path.open()))
     assert len(rows) == 1 and rows[0]["stopped"] == "interrupted" and int(rows[0]["evaluations"]) >= 1
 
