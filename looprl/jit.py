@@ -71,15 +71,22 @@ class _Engine:
         self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), machine)
         self.modules = 0
 
-    def add(self, module, function: str) -> int:
-        """Compile ``module`` into this engine; the address of its ``function``."""
+    def add(self, module, function: str) -> tuple[str, int]:
+        """Compile ``module`` into this engine; the unique name and address of its ``function``."""
+        try:
+            entry = module.get_function(function)
+        except NameError:
+            raise RuntimeError(f"the module defines no function {function!r}") from None
         self.modules += 1
         # Every module of an engine shares one symbol table: give the entry point a unique name.
         unique = f"{function}.{self.modules}"
-        module.get_function(function).name = unique
+        entry.name = unique
         self._engine.add_module(module)
         self._engine.finalize_object()
-        return self._engine.get_function_address(unique)
+        return unique, self._engine.get_function_address(unique)
+
+    def address_of(self, name: str) -> int:
+        return self._engine.get_function_address(name)
 
 
 _engine_lock = threading.Lock()
@@ -93,15 +100,11 @@ class CompiledModule:
         _initialise()
         module = llvm.parse_assembly(ir_text)
         module.verify()
-        try:
-            module.get_function(function)
-        except NameError:
-            raise RuntimeError(f"the module defines no function {function!r}") from None
         with _engine_lock:  # llvmlite serialises its calls anyway; this guards our counter
             if not _current_engine or _current_engine[0].modules >= _Engine.capacity:
                 _current_engine[:] = [_Engine()]
             self._engine = _current_engine[0]
-            self.address = self._engine.add(module, function)
+            self.entry, self.address = self._engine.add(module, function)
         if not self.address:
             raise RuntimeError(f"JIT produced no code for {function!r}")
 

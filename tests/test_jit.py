@@ -31,6 +31,8 @@ def test_kernels_spanning_several_engines_stay_correct():
             kept.append((kernel, problem))  # the others are dropped at once
         gc.collect()
     assert len(engines) >= 3
+    for kernel, _ in kept:  # each entry point keeps its own name in its shared engine
+        assert kernel._module._engine.address_of(kernel._module.entry) == kernel._module.address
     for index, (kernel, problem) in enumerate(kept):
         _check(kernel, problem.size("m"), problem.size("n"), problem.size("k"), index)
 

@@ -52,6 +52,14 @@ def validate_agent(agent: Any, where: str = "agent configuration") -> dict[str, 
     return copy.deepcopy(agent)
 
 
+def agent_actions(agent: dict[str, Any]):
+    """The env's action set an agent configuration trains with (env defaults filled in)."""
+    from ..actions import DEFAULT_SPLIT_FACTORS, ActionSet
+
+    env = agent.get("env", {})
+    return ActionSet(env.get("split_factors", DEFAULT_SPLIT_FACTORS), env.get("max_loops", 10))
+
+
 def apex_epsilon(index: int, count: int) -> float:
     """Ape-X's per-actor exploration: 0.4 ** (1 + 7 i / (N - 1)) for actor i of N."""
     if not 0 <= index < count:

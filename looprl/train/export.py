@@ -89,11 +89,11 @@ def module_network(module) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
 def policy_from_module(module, agent: dict[str, Any], extra: dict[str, Any] | None = None) -> Policy:
     """The numpy policy of an RLModule; ``agent`` is the run's agent configuration (its env
     section defines the observation and the actions)."""
-    from ..actions import ActionSet
+    from .config import agent_actions
 
     network, arrays = module_network(module)
     env = agent.get("env", {})
-    actions = ActionSet(env.get("split_factors", (4, 8, 16)), env.get("max_loops", 10))
+    actions = agent_actions(agent)
     metadata = {
         "format": POLICY_FORMAT,
         "format_version": POLICY_FORMAT_VERSION,

@@ -121,11 +121,12 @@ class RunDirectory:
 
     def best_validation(self) -> float:
         """The validation score of the run's best policy so far (-inf before the first)."""
-        from ..policy import Policy
+        from ..policy import JSON_NAME
 
-        try:
-            score = Policy.load(self.path / BEST_POLICY).metadata.get("validation", {}).get("speedup_geomean")
-        except ValueError:
+        try:  # the metadata is enough: no need to read the weights
+            metadata = json.loads((self.path / BEST_POLICY / JSON_NAME).read_text(encoding="utf-8"))
+            score = metadata.get("validation", {}).get("speedup_geomean")
+        except (OSError, ValueError, AttributeError):
             return -math.inf
         return float(score) if isinstance(score, (int, float)) else -math.inf
 

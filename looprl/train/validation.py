@@ -38,9 +38,6 @@ class Validator:
         self.evaluator = evaluator
 
     def __call__(self, policy: Policy) -> float:
-        speedups = []
-        for problem in self.problems:
-            episode = greedy_episode(policy, problem, self.evaluator, use_mask=False)
-            speedups.append(episode.speedup if episode.speedup > 0 else math.nan)
-        valid = [s for s in speedups if not math.isnan(s)]
-        return statistics.geometric_mean(valid) if valid else math.nan
+        episodes = (greedy_episode(policy, problem, self.evaluator, use_mask=False) for problem in self.problems)
+        speedups = [e.speedup for e in episodes if e.speedup > 0]  # a failed measurement has none
+        return statistics.geometric_mean(speedups) if speedups else math.nan

@@ -14,9 +14,9 @@ import re
 
 import numpy as np
 
-from ..actions import ActionSet
 from ..features import OBSERVATION_LAYOUT_VERSION
 from ..policy import Policy
+from .config import agent_actions
 
 # RLModule parameter prefixes of the trunk and the greedy head, per module layout.
 _TRUNK_PREFIXES = ("encoder.net.mlp", "encoder.encoder.net.mlp", "encoder.actor_encoder.net.mlp")
@@ -27,7 +27,7 @@ _TARGET = "_target_"
 def check_compatible(policy: Policy, agent: dict, where: str) -> None:
     """Raise ValueError naming the mismatch when ``policy`` cannot seed ``agent``'s network."""
     env = agent.get("env", {})
-    actions = ActionSet(env.get("split_factors", (4, 8, 16)), env.get("max_loops", 10))
+    actions = agent_actions(agent)
     if policy.metadata.get("observation_layout_version") != OBSERVATION_LAYOUT_VERSION:
         raise ValueError(f"{where}: observation layout v{policy.metadata.get('observation_layout_version')}, "
                          f"training uses v{OBSERVATION_LAYOUT_VERSION}")
