@@ -21,20 +21,23 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from looprl.actions import ActionSet, State
-from looprl.datasets import dataset_problems
-from looprl.evaluator import Evaluator
-from looprl.kernel import compile
-from looprl.measure import time_kernel
+from looprl import defaults
+from looprl.backend.kernel import compile
+from looprl.env.actions import ActionSet, State
+from looprl.env.datasets import dataset_problems
+from looprl.ir.nest import initial_nest
+from looprl.measurement.evaluator import Evaluator
+from looprl.measurement.timing import time_kernel
+from looprl.policy.loading import load_policy
+from looprl.policy.tune import tune
 from looprl.search import PAPER_ALGORITHMS, run
-from looprl.tuning import load_policy, tune
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FIELDS = ["problem", "m", "n", "k", "method", "seconds", "initial_gflops", "found_gflops", "gflops", "actions"]
 
 
 def spread(count: int):
-    test = dataset_problems("mm64-256", "test")
+    test = dataset_problems(defaults.DATASET, "test")
     step = len(test) / count
     return [test[int(i * step)] for i in range(count)]
 
@@ -47,7 +50,7 @@ def retime(nest) -> float:
 def per_step(problem, names, evaluator) -> list[float]:
     """GFLOPS after each action of a sequence (measured through ``evaluator``)."""
     actions = ActionSet()
-    state = State(problem.initial_nest(), 0)
+    state = State(initial_nest(problem), 0)
     values = [evaluator(state.nest).gflops]
     for name in names:
         state = actions.apply(state, actions.index(name))

@@ -17,8 +17,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from looprl.cli.search import main as search_main
 from looprl.search import PAPER_ALGORITHMS
-from looprl.search.__main__ import main as search_main
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

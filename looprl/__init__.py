@@ -1,20 +1,49 @@
-"""looprl: tune tensor-contraction loop nests for the CPU with reinforcement learning."""
+"""looprl: tune tensor-contraction loop nests for the CPU with reinforcement learning.
+
+The package is layered, each layer importing only those below it (checked by the import
+contract in ``pyproject.toml``)::
+
+    cli          command lines
+    bench        benchmarks
+    train        RLlib agents (the only layer that imports Ray or torch)
+    policy       numpy policies, their greedy rollout, looprl.tune
+    search       greedy, beam and random search
+    env          actions, observations, datasets, LoopNest-v0 (gymnasium)
+    measurement  timing, peak, numpy baseline, cache, evaluator
+    backend      target, code generator, JIT, kernels
+    ir           problems, loop nests, hand-written schedules
+
+This module re-exports the public API and registers ``LoopNest-v0`` with gymnasium.
+"""
 
 import gymnasium as _gymnasium
 
-from .actions import ActionSet, State
-from .buffers import aligned_empty, aligned_zeros
-from .cache import MeasurementCache
-from .datasets import dataset_names, dataset_problems
-from .evaluator import Evaluator, Measurement
-from .features import nest_graph, observation
-from .kernel import Kernel, compile
-from .measure import measure
-from .nest import Loop, LoopNest
-from .peak import peak_gflops
-from .policy import Policy
-from .problem import Problem, contraction, matmul, parse_problem
-from .tuning import TuneResult, tune
+from looprl.backend import Kernel, Target, aligned_empty, aligned_zeros, compile
+from looprl.env import (
+    ActionSet,
+    State,
+    dataset_names,
+    dataset_problems,
+    nest_graph,
+    observation,
+)
+from looprl.ir import (
+    Loop,
+    LoopNest,
+    Problem,
+    contraction,
+    initial_nest,
+    matmul,
+    parse_problem,
+)
+from looprl.measurement import (
+    Evaluator,
+    Measurement,
+    MeasurementCache,
+    measure,
+    peak_gflops,
+)
+from looprl.policy import Policy, TuneResult, tune
 
 ENV_ID = "LoopNest-v0"
 
@@ -36,6 +65,7 @@ __all__ = [
     "Policy",
     "Problem",
     "State",
+    "Target",
     "TuneResult",
     "aligned_empty",
     "aligned_zeros",
@@ -43,6 +73,7 @@ __all__ = [
     "contraction",
     "dataset_names",
     "dataset_problems",
+    "initial_nest",
     "matmul",
     "measure",
     "nest_graph",

@@ -1,15 +1,13 @@
 """Every reachable schedule computes what numpy computes, without touching memory it must not."""
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import looprl
-from looprl import codegen
-from looprl.codegen import Target
-
-from .guarded import GuardedArray
+from looprl.backend import codegen
+from looprl.backend.target import Target
+from tests.guarded import GuardedArray
 
 PROBLEMS = [
     looprl.matmul(67, 100, 250),  # no split divides these
@@ -66,7 +64,7 @@ actions = st.lists(
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=st.sampled_from(PROBLEMS), steps=actions, seed=st.integers(0, 2**16))
 def test_random_schedules_match_numpy(problem, steps, seed):
-    nest = apply_actions(problem.initial_nest(), steps)
+    nest = apply_actions(looprl.initial_nest(problem), steps)
     a, b = random_inputs(problem, seed)
     assert_matches(problem, looprl.compile(nest), a, b)
 
@@ -75,7 +73,7 @@ def test_random_schedules_match_numpy(problem, steps, seed):
 @given(problem=st.sampled_from(PROBLEMS), steps=actions, target=st.sampled_from([Target(8, 16), Target(4, 16)]))
 def test_narrower_vector_targets_match_numpy(problem, steps, target):
     """AVX2- and SSE-width code (runs on any x86-64 with FMA) is correct too."""
-    nest = apply_actions(problem.initial_nest(), steps)
+    nest = apply_actions(looprl.initial_nest(problem), steps)
     a, b = random_inputs(problem, 0)
     assert_matches(problem, looprl.compile(nest, target=target), a, b)
 
@@ -84,7 +82,7 @@ def test_narrower_vector_targets_match_numpy(problem, steps, target):
 @given(problem=st.sampled_from(PROBLEMS), steps=actions, side=st.sampled_from(["start", "end"]))
 def test_kernels_stay_in_bounds(problem, steps, side):
     """Inputs and output sit flush against inaccessible pages: a stray access would crash."""
-    nest = apply_actions(problem.initial_nest(), steps)
+    nest = apply_actions(looprl.initial_nest(problem), steps)
     kernel = looprl.compile(nest)
     guards = [GuardedArray(shape, side) for shape in (*problem.input_shapes, problem.output_shape)]
     try:
@@ -99,7 +97,7 @@ def test_kernels_stay_in_bounds(problem, steps, side):
 
 def test_write_back_nest_transforms():
     problem = looprl.matmul(37, 45, 11)
-    nest = problem.initial_nest()
+    nest = looprl.initial_nest(problem)
     wb = len(nest.compute)
     for variant in (nest.swap(wb), nest.split(wb + 1, 8), nest.split(wb, 4).swap(wb + 1).split(wb + 1, 16)):
         a, b = random_inputs(problem, 3)
@@ -108,7 +106,7 @@ def test_write_back_nest_transforms():
 
 def test_expert_schedule_with_tails():
     problem = looprl.matmul(250, 100, 67)
-    nest = problem.initial_nest().split(2, 64).split(0, 4).swap(2).swap(1).swap(0).swap(2)
+    nest = looprl.initial_nest(problem).split(2, 64).split(0, 4).swap(2).swap(1).swap(0).swap(2)
     assert [lp.var for lp in nest.compute] == ["n", "m", "k", "m", "n"]
     a, b = random_inputs(problem, 4)
     assert_matches(problem, looprl.compile(nest), a, b)
@@ -116,7 +114,7 @@ def test_expert_schedule_with_tails():
 
 def test_repetitions_give_the_same_result():
     problem = looprl.matmul(20, 40, 30)
-    nest = problem.initial_nest().swap(0)  # k outermost: the reduction is outside the register tile
+    nest = looprl.initial_nest(problem).swap(0)  # k outermost: the reduction is outside the register tile
     assert not codegen.plan(nest, Target(16, 32)).zero_init
     kernel = looprl.compile(nest)
     a, b = random_inputs(problem, 5)

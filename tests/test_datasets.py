@@ -3,7 +3,13 @@ import json
 import pytest
 
 import looprl
-from looprl.datasets import build_dataset, dataset_path, dataset_problems, load_dataset, write_dataset
+from looprl.env.datasets import (
+    build_dataset,
+    dataset_path,
+    dataset_problems,
+    load_dataset,
+    write_dataset,
+)
 
 
 def test_stored_file_matches_the_generator():

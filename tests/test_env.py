@@ -10,11 +10,12 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import looprl
-from looprl import evaluator as evaluator_module
-from looprl.actions import ActionSet, State
-from looprl.cache import MeasurementCache
-from looprl.env import LoopNestEnv
-from looprl.features import nest_graph, observation, stride_bin
+from looprl.env.actions import ActionSet, State
+from looprl.env.features import nest_graph, observation, stride_bin
+from looprl.env.loopnest import LoopNestEnv
+from looprl.errors import CompileError
+from looprl.measurement import evaluator as evaluator_module
+from looprl.measurement.cache import MeasurementCache
 
 PEAK = 100.0
 SMALL = "mk,kn->mn:m=64,k=20,n=32"  # loops m64, k20, n32 | m64, n32
@@ -143,7 +144,7 @@ def test_action_set_rejects_bad_configuration():
     with pytest.raises(ValueError, match="max_loops"):
         ActionSet((4,), max_loops=0)
     actions = ActionSet()
-    state = State(looprl.matmul(8, 8, 8).initial_nest())
+    state = State(looprl.initial_nest(looprl.matmul(8, 8, 8)))
     for bad in (-1, 7, 1.5, True):
         with pytest.raises(ValueError, match="action"):
             actions.apply(state, bad)
@@ -256,7 +257,7 @@ def test_state_graph_has_nesting_data_and_stride_edges():
 def test_reward_is_the_gflops_change_over_peak():
     cache = MeasurementCache(":memory:")
     problem = looprl.parse_problem(SMALL)
-    start = problem.initial_nest()
+    start = looprl.initial_nest(problem)
     better = start.split(0, 4)
     cache.put(start, 20.0)
     cache.put(better, 45.0)
@@ -288,12 +289,13 @@ def test_new_states_are_measured_once():
 
 
 def test_failing_compile_is_a_logged_zero_reward_step(monkeypatch, caplog):
+    monkeypatch.setenv("LOOPRL_STRICT", "0")
     env = make_env()
     env.reset(seed=0)
     before = (env.nest, env.gflops)
 
     def broken(nest):
-        raise RuntimeError("backend exploded")
+        raise CompileError("backend exploded")
 
     monkeypatch.setattr(evaluator_module, "compile", broken)
     with caplog.at_level(logging.WARNING, logger="looprl.env"):
@@ -302,6 +304,31 @@ def test_failing_compile_is_a_logged_zero_reward_step(monkeypatch, caplog):
     assert "backend exploded" in info["error"] and "backend exploded" in caplog.text
     assert (env.nest, env.gflops) == before
     assert len(env.evaluator.cache) == 1  # the failure was not cached
+
+
+def test_an_unexpected_error_while_measuring_is_a_bug_and_propagates(monkeypatch):
+    monkeypatch.setenv("LOOPRL_STRICT", "0")
+    env = make_env()
+    env.reset(seed=0)
+
+    def broken(nest):
+        raise TypeError("a bug in the code generator")
+
+    monkeypatch.setattr(evaluator_module, "compile", broken)
+    with pytest.raises(TypeError, match="a bug"):
+        env.step(action(env, "split_4"))
+
+
+def test_strict_evaluation_raises_compile_failures(monkeypatch):
+    env = make_env()  # the test suite runs with LOOPRL_STRICT=1
+    env.reset(seed=0)
+
+    def broken(nest):
+        raise CompileError("backend exploded")
+
+    monkeypatch.setattr(evaluator_module, "compile", broken)
+    with pytest.raises(CompileError):
+        env.step(action(env, "split_4"))
 
 
 def test_episodes_truncate_and_never_terminate():

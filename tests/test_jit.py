@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import looprl
-from looprl import jit
+from looprl.backend import jit
+from looprl.errors import CompileError
 
 
 def _check(kernel, m, n, k, seed):
@@ -22,7 +23,7 @@ def test_kernels_spanning_several_engines_stay_correct():
     kept = []
     engines = set()
     for i, problem in enumerate(problems):
-        nest = problem.initial_nest()
+        nest = looprl.initial_nest(problem)
         if i % 2:
             nest = nest.split(2, 2)  # other code under the same entry-point name
         kernel = looprl.compile(nest)
@@ -38,7 +39,7 @@ def test_kernels_spanning_several_engines_stay_correct():
 
 
 def test_same_ir_twice_in_one_engine_gives_two_working_kernels():
-    nest = looprl.matmul(9, 24, 5).initial_nest()
+    nest = looprl.initial_nest(looprl.matmul(9, 24, 5))
     first, second = looprl.compile(nest), looprl.compile(nest)
     assert first._module.address != second._module.address
     _check(first, 9, 24, 5, 0)
@@ -48,5 +49,5 @@ def test_same_ir_twice_in_one_engine_gives_two_working_kernels():
 
 
 def test_module_without_the_entry_point_is_an_error():
-    with pytest.raises(RuntimeError, match="no function"):
+    with pytest.raises(CompileError, match="no function"):
         jit.CompiledModule("define void @other() {\n ret void\n}\n", "looprl_kernel")

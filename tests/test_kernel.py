@@ -2,12 +2,12 @@ import numpy as np
 import pytest
 
 import looprl
-from looprl.buffers import aligned_copy, is_aligned
+from looprl.backend.buffers import aligned_copy, is_aligned
 
 
 @pytest.fixture(scope="module")
 def kernel():
-    return looprl.compile(looprl.matmul(12, 20, 8).initial_nest())
+    return looprl.compile(looprl.initial_nest(looprl.matmul(12, 20, 8)))
 
 
 def inputs():
@@ -62,7 +62,7 @@ def test_bad_output_and_reps(kernel):
 
 def test_output_must_not_overlap_inputs():
     problem = looprl.matmul(8, 8, 8)
-    kernel = looprl.compile(problem.initial_nest())
+    kernel = looprl.compile(looprl.initial_nest(problem))
     a = np.ones((8, 8), np.float32)
     with pytest.raises(ValueError, match="overlaps"):
         kernel.run(a, a, a)
@@ -84,6 +84,6 @@ def test_aligned_buffers():
 
 
 def test_kernel_exposes_ir_and_assembly():
-    kernel = looprl.compile(looprl.matmul(16, 32, 8).initial_nest())
+    kernel = looprl.compile(looprl.initial_nest(looprl.matmul(16, 32, 8)))
     assert "define void @looprl_kernel" in kernel.ir
     assert "fma" in kernel.assembly()

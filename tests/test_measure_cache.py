@@ -6,12 +6,12 @@ import sys
 import pytest
 
 import looprl
-from looprl.cache import MeasurementCache, measurement_host
-from looprl.measure import time_kernel
+from looprl.measurement.cache import MeasurementCache, measurement_host
+from looprl.measurement.timing import time_kernel
 
 
 def test_measure_kernel_and_nest():
-    nest = looprl.matmul(32, 32, 32).initial_nest()
+    nest = looprl.initial_nest(looprl.matmul(32, 32, 32))
     gflops = looprl.measure(nest, budget_s=0.005)
     assert 0.01 < gflops < 10_000
     timing = time_kernel(looprl.compile(nest), budget_s=0.005, min_runs=3)
@@ -22,13 +22,13 @@ def test_measure_kernel_and_nest():
 def test_measure_rejects_other_things():
     with pytest.raises(ValueError, match="expects a Kernel or a LoopNest"):
         looprl.measure(looprl.matmul(4, 4, 4))
-    kernel = looprl.compile(looprl.matmul(4, 4, 4).initial_nest())
-    with pytest.raises(ValueError, match="budget_s must be positive"):
+    kernel = looprl.compile(looprl.initial_nest(looprl.matmul(4, 4, 4)))
+    with pytest.raises(ValueError, match="budget_s must be a positive"):
         time_kernel(kernel, budget_s=0)
 
 
 def test_cache_round_trip_and_hits(cache_path):
-    nest = looprl.matmul(16, 16, 16).initial_nest()
+    nest = looprl.initial_nest(looprl.matmul(16, 16, 16))
     cache = MeasurementCache(cache_path)
     first = looprl.measure(nest, budget_s=0.002, cache=cache)
     assert (cache.hits, cache.misses, len(cache)) == (0, 1, 1)
@@ -45,7 +45,7 @@ def test_cache_keys_include_host_and_codegen_version():
 
 
 def test_corrupt_cache_is_rebuilt_with_a_warning(cache_path):
-    nest = looprl.matmul(16, 16, 16).initial_nest()
+    nest = looprl.initial_nest(looprl.matmul(16, 16, 16))
     with MeasurementCache(cache_path) as cache:
         cache.put(nest, 1.0)
     for suffix in ("-wal", "-shm"):
@@ -64,7 +64,7 @@ def test_corrupt_cache_is_rebuilt_with_a_warning(cache_path):
 def _writer(path, worker, count):
     import random
 
-    from looprl.schedules import random_schedule
+    from looprl.ir.schedules import random_schedule
 
     cache = MeasurementCache(path)
     problem = looprl.matmul(64, 64, 64)
@@ -97,5 +97,5 @@ def test_peak_is_measured_once_per_host(cache_path):
 def test_measured_peak_is_plausible(cache_path):
     peak = looprl.peak_gflops(MeasurementCache(cache_path), refresh=True)
     assert 1.0 < peak < 10_000
-    kernel_gflops = looprl.measure(looprl.matmul(64, 64, 64).initial_nest(), budget_s=0.01)
+    kernel_gflops = looprl.measure(looprl.initial_nest(looprl.matmul(64, 64, 64)), budget_s=0.01)
     assert kernel_gflops < 1.5 * peak

@@ -1,11 +1,11 @@
 import pytest
 
 import looprl
-from looprl.nest import COMPUTE, WRITE_BACK
+from looprl.ir.nest import COMPUTE, WRITE_BACK
 
 
 def test_initial_nest_is_first_appearance_order_plus_write_back():
-    nest = looprl.matmul(64, 48, 32).initial_nest()
+    nest = looprl.initial_nest(looprl.matmul(64, 48, 32))
     assert [(lp.var, lp.size, lp.step, lp.tail, lp.nest) for lp in nest.loops] == [
         ("m", 64, 1, 0, COMPUTE),
         ("k", 32, 1, 0, COMPUTE),
@@ -16,7 +16,7 @@ def test_initial_nest_is_first_appearance_order_plus_write_back():
 
 
 def test_split_outer_floor_plus_tail_inner_factor():
-    nest = looprl.matmul(67, 16, 16).initial_nest().split(0, 16)
+    nest = looprl.initial_nest(looprl.matmul(67, 16, 16)).split(0, 16)
     outer, inner = nest.loops[0], nest.loops[1]
     assert (outer.size, outer.step, outer.tail) == (4, 16, 3)
     assert (inner.size, inner.step, inner.tail) == (16, 1, 0)
@@ -30,7 +30,7 @@ def test_split_outer_floor_plus_tail_inner_factor():
 
 
 def test_transforms_return_new_values():
-    nest = looprl.matmul(8, 8, 8).initial_nest()
+    nest = looprl.initial_nest(looprl.matmul(8, 8, 8))
     split = nest.split(0, 2)
     assert len(nest) == 5 and len(split) == 6
     assert split == nest.split(0, 2) and hash(split) == hash(nest.split(0, 2))
@@ -41,7 +41,7 @@ def test_transforms_return_new_values():
 
 
 def test_swap_refusals():
-    nest = looprl.matmul(8, 8, 8).initial_nest()
+    nest = looprl.initial_nest(looprl.matmul(8, 8, 8))
     with pytest.raises(ValueError, match="innermost loop of the compute nest"):
         nest.swap(2)  # would cross into the write-back nest
     with pytest.raises(ValueError, match="innermost loop of the write_back nest"):
@@ -64,11 +64,11 @@ def test_swap_refusals():
 )
 def test_invalid_arguments_raise_value_error(call, message):
     with pytest.raises(ValueError, match=message):
-        call(looprl.matmul(8, 8, 8).initial_nest())
+        call(looprl.initial_nest(looprl.matmul(8, 8, 8)))
 
 
 def test_text_is_readable_pseudo_code():
-    text = looprl.matmul(67, 16, 8).initial_nest().split(0, 16).to_text(cursor=1)
+    text = looprl.initial_nest(looprl.matmul(67, 16, 8)).split(0, 16).to_text(cursor=1)
     assert "for m in 4 step 16 tail 3:" in text
     assert "for m in 16:  <-" in text
     assert "acc[mn] += in0[mk] * in1[kn]" in text
@@ -76,6 +76,6 @@ def test_text_is_readable_pseudo_code():
 
 
 def test_key_distinguishes_schedules():
-    base = looprl.matmul(16, 16, 16).initial_nest()
+    base = looprl.initial_nest(looprl.matmul(16, 16, 16))
     keys = {base.key, base.swap(0).key, base.split(0, 4).key, base.split(0, 8).key, base.split(3, 4).key}
     assert len(keys) == 5

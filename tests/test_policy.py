@@ -4,12 +4,13 @@ import numpy as np
 import pytest
 
 import looprl
-from looprl.env import LoopNestEnv
-from looprl.evaluator import Evaluator
-from looprl.policy import Policy
-from looprl.rollout import greedy_episode
+from looprl.env.loopnest import LoopNestEnv
+from looprl.errors import CompileError
+from looprl.measurement.evaluator import Evaluator
+from looprl.policy.numpy_policy import Policy
+from looprl.policy.rollout import greedy_rollout
+from tests.policies import random_policy
 
-from .policies import random_policy
 
 def make_policy(seed=0, hidden=8) -> Policy:
     return random_policy(seed, hidden)
@@ -71,17 +72,57 @@ def test_corrupt_or_mismatched_policies_are_rejected(tmp_path):
         Policy.from_arrays(good.metadata, arrays)
 
 
-def test_greedy_episode_follows_the_policy_and_measures_states():
-    policy = make_policy(seed=5)
+def _env_episode(policy, problem, evaluator, length, use_mask):
+    """The same greedy episode, played through LoopNest-v0 itself."""
+    env = LoopNestEnv(problems=[problem], cache=evaluator.cache, peak=100.0, observation=policy.metadata["observation"],
+                      episode_length=length)
+    obs, info = env.reset(options={"problem": problem})
+    for _ in range(length):
+        action = policy.act(obs, env.action_mask() if use_mask else None)
+        obs, _, _, _, info = env.step(action)
+    return env.nest, info["gflops"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("use_mask", [True, False])
+def test_greedy_rollout_ends_where_the_env_episode_ends(seed, use_mask):
+    policy = make_policy(seed=seed)
     evaluator = Evaluator(":memory:", budget_s=0.001)
     problem = looprl.matmul(24, 16, 20)
-    episode = greedy_episode(policy, problem, evaluator, use_mask=True)
-    assert len(episode.actions) == 10
-    env = LoopNestEnv(problems=[problem], cache=evaluator.cache, peak=100.0, observation="normalized")
-    env.reset(options={"problem": problem})
-    for name in episode.actions:
-        assert env.action_mask()[env.action_names.index(name)] == 1  # masked: always valid
-        env.step(env.action_names.index(name))
-    assert env.nest == episode.final_nest
-    assert episode.best_gflops >= max(episode.initial_gflops, episode.final_gflops)
-    assert evaluator.cache.get(episode.best_nest) == episode.best_gflops
+    for length in (3, 10, 17):
+        rollout = greedy_rollout(policy, problem, evaluator, length=length, use_mask=use_mask)
+        nest, gflops = _env_episode(policy, problem, evaluator, length, use_mask)
+        assert rollout.final_nest == nest
+        assert rollout.final_gflops == gflops
+        assert len(rollout.actions) <= length
+        assert rollout.best_gflops >= max(rollout.initial_gflops, rollout.final_gflops)
+        assert evaluator.cache.get(rollout.best_nest) == rollout.best_gflops
+
+
+def test_greedy_rollout_stops_at_its_first_cycle():
+    policy = make_policy(seed=1)
+    evaluator = Evaluator(":memory:", budget_s=0.001)
+    rollout = greedy_rollout(policy, looprl.matmul(24, 16, 20), evaluator, length=10**9)
+    assert rollout.stopped == "cycle" and len(rollout.actions) < 100
+
+
+def test_greedy_rollout_keeps_the_state_when_a_schedule_fails(monkeypatch):
+    from looprl.measurement import evaluator as evaluator_module
+
+    monkeypatch.setenv("LOOPRL_STRICT", "0")
+    policy = random_policy(bias=[0, 0, 0, 0, 9, 0, 0])  # always split_4
+    problem = looprl.matmul(24, 16, 20)
+    reference = greedy_rollout(policy, problem, Evaluator(":memory:", budget_s=0.001), length=10)
+    assert reference.final_nest != looprl.initial_nest(problem)
+    real_compile = evaluator_module.compile
+
+    def failing(nest, *args, **kwargs):
+        if nest != looprl.initial_nest(problem):
+            raise CompileError("simulated compile failure")
+        return real_compile(nest, *args, **kwargs)
+
+    monkeypatch.setattr(evaluator_module, "compile", failing)
+    rollout = greedy_rollout(policy, problem, Evaluator(":memory:", budget_s=0.001), length=10)
+    assert rollout.final_nest == looprl.initial_nest(problem)  # never moved to a failed state
+    assert rollout.failures == 1 and rollout.stopped == "cycle" and rollout.final_actions == ()
+    assert rollout.final_gflops == rollout.initial_gflops > 0

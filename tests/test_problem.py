@@ -1,7 +1,7 @@
 import pytest
 
 import looprl
-from looprl.problem import parse_problem
+from looprl.ir.problem import parse_problem
 
 
 def test_matmul_names_dimensions_explicitly():

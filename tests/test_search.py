@@ -12,9 +12,9 @@ import pytest
 
 import looprl
 from looprl import search
-from looprl.actions import ActionSet, State
-from looprl.env import LoopNestEnv
-from looprl.evaluator import Evaluator, Measurement
+from looprl.env.actions import ActionSet, State
+from looprl.env.loopnest import LoopNestEnv
+from looprl.measurement.evaluator import Evaluator, Measurement
 
 SMALL = looprl.matmul(m=48, n=40, k=36)
 
@@ -41,7 +41,7 @@ class FakeEvaluator:
 
 def reachable(actions: ActionSet, depth: int) -> set[str]:
     """Every schedule reachable from SMALL's initial nest in at most ``depth`` actions."""
-    layer = {State(SMALL.initial_nest(), 0)}
+    layer = {State(looprl.initial_nest(SMALL), 0)}
     seen = {s.nest.key for s in layer}
     for _ in range(depth):
         layer = {child for state in layer for a in range(len(actions)) if (child := actions.apply(state, a)) is not None}
@@ -78,7 +78,7 @@ def test_real_measurements_through_the_cache(algo):
     evaluator = Evaluator(cache, budget_s=0.001)
     result = search.run(looprl.matmul(24, 40, 20), algo, budget_s=20, max_evaluations=25, evaluator=evaluator, depth=4)
     assert cache.get(result.best_nest) == result.best_gflops
-    assert cache.get(result.problem.initial_nest()) == result.initial_gflops
+    assert cache.get(looprl.initial_nest(result.problem)) == result.initial_gflops
     assert result.best_gflops >= result.initial_gflops
     assert evaluator.compiled == result.new_measurements == result.evaluations
     assert result.verified_gflops > 0 and result.to_dict()["verified_gflops"] == result.verified_gflops
@@ -103,7 +103,7 @@ class _Keyed:
 
 
 def test_candidates_are_ranked_by_gflops_not_by_name():
-    start = SMALL.initial_nest()
+    start = looprl.initial_nest(SMALL)
     # split_4 wins although "split_16" sorts first by name and comes first in no order here.
     boost = {start.split(0, 4).key: 500.0, start.split(0, 16).key: 1.0, start.split(0, 8).key: 2.0}
     for algo in ("beam1dfs", "beam1bfs", "greedy1"):
@@ -115,7 +115,7 @@ def test_greedy1_stops_at_a_local_optimum():
     actions = ActionSet()
     evaluator = FakeEvaluator()
     result = search.run(SMALL, "greedy1", verify_s=None, budget_s=None, evaluator=evaluator, depth=10)
-    state = State(SMALL.initial_nest(), 0)
+    state = State(looprl.initial_nest(SMALL), 0)
     values = [evaluator.value(state.nest)]
     for name in result.actions:
         state = actions.apply(state, actions.index(name))
@@ -128,7 +128,7 @@ def test_greedy1_stops_at_a_local_optimum():
 
 def test_greedy2_can_cross_a_step_that_is_no_better():
     actions = ActionSet()
-    root = State(SMALL.initial_nest(), 0)
+    root = State(looprl.initial_nest(SMALL), 0)
     # Every first step is worse than the start; one two-step state is much better.
     boost = {child.nest.key: 1.0 for a in range(len(actions)) if (child := actions.apply(root, a)) is not None}
     boost[root.nest.key] = 50.0
@@ -231,7 +231,7 @@ def test_cli_dataset_csv_resumes_and_survives_ctrl_c(tmp_path):
     # A long random search, interrupted: its partial result is still written.
     code = (
         "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler);"
-        "from looprl.search.__main__ import main; sys.exit(main(sys.argv[1:]))"
+        "from looprl.cli.search import main; sys.exit(main(sys.argv[1:]))"
     )
     slow = [sys.executable, "-c", code, "--split", "test", "--offset", "2", "--limit", "1", "--algo", "random", "--budget", "600",
             "--cache", ":memory:", "--measure-budget-ms", "1", "--csv", str(path), "--quiet"]

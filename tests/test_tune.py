@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 
 import looprl
-from looprl.actions import ActionSet, State
-
-from .policies import random_policy
+from looprl.env.actions import ActionSet, State
+from tests.policies import random_policy
 
 
 @pytest.fixture
@@ -32,7 +31,7 @@ def test_tuned_kernels_match_numpy(problem, measure, policy_dir):
     assert result.mode == ("measured" if measure else "policy")
     # The reported actions lead from the untuned nest to the returned one.
     actions = ActionSet()
-    state = State(result.problem.initial_nest(), 0)
+    state = State(looprl.initial_nest(result.problem), 0)
     for name in result.actions:
         state = actions.apply(state, actions.index(name))
     assert state.nest == result.nest
@@ -58,7 +57,7 @@ def test_tune_stops_when_the_policy_picks_an_action_that_cannot_apply(tmp_path):
     folder = random_policy(bias=[5, 9, 0, 0, 0, 0, 0]).save(tmp_path / "p")
     result = looprl.tune((32, 32, 32), folder, measure=False, cache=":memory:")
     assert result.actions == ("down",) * 4
-    assert result.nest == looprl.matmul(32, 32, 32).initial_nest()
+    assert result.nest == looprl.initial_nest(looprl.matmul(32, 32, 32))
     measured = looprl.tune((32, 32, 32), folder, measure=True, cache=":memory:")
     assert measured.actions == () and measured.nest == result.nest  # cursor moves change no schedule
 
@@ -75,8 +74,12 @@ def test_pure_policy_mode_stops_when_the_policy_oscillates(tmp_path):
     head.weight[1, 0] = 5.0  # down
     head.weight[0, 1] = 5.0  # up
     folder = policy.save(tmp_path / "p")
+    # 0 -> 1 -> 0 -> ...: after an even number of steps the episode is back on loop 0, after
+    # an odd number on loop 1 (the same schedule either way), and a million steps cost nothing.
     result = looprl.tune((32, 32, 32), folder, measure=False, cache=":memory:")
-    assert result.actions == ("down", "up")
+    assert result.actions == () and result.nest == looprl.initial_nest(result.problem)
+    assert looprl.tune((32, 32, 32), folder, steps=9, measure=False, cache=":memory:").actions == ("down",)
+    assert looprl.tune((32, 32, 32), folder, steps=10**6 + 1, measure=False, cache=":memory:").actions == ("down",)
     assert len(looprl.tune((32, 32, 32), folder, measure=True, cache=":memory:").actions) <= 10
 
 
@@ -113,23 +116,23 @@ def test_tune_imports_neither_ray_nor_torch(policy_dir):
 
 def test_cli(policy_dir):
     result = subprocess.run(
-        [sys.executable, "-m", "looprl.tune", "96", "64", "80", "--policy", str(policy_dir), "--cache", ":memory:"],
+        [sys.executable, "-m", "looprl", "tune", "96", "64", "80", "--policy", str(policy_dir), "--cache", ":memory:"],
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert "GFLOPS" in result.stdout and "looprl / numpy" in result.stdout and "actions:" in result.stdout
     batched = subprocess.run(
-        [sys.executable, "-m", "looprl.tune", "--spec", "bmk,bkn->bmn", "--sizes", "b=2,m=24,k=16,n=40", "--policy", str(policy_dir),
+        [sys.executable, "-m", "looprl", "tune", "--spec", "bmk,bkn->bmn", "--sizes", "b=2,m=24,k=16,n=40", "--policy", str(policy_dir),
          "--no-measure", "--no-numpy", "--cache", ":memory:"],
         capture_output=True, text=True, timeout=120,
     )
     assert batched.returncode == 0 and "policy mode" in batched.stdout, batched.stderr
-    bad = subprocess.run([sys.executable, "-m", "looprl.tune", "96", "64"], capture_output=True, text=True, timeout=60)
+    bad = subprocess.run([sys.executable, "-m", "looprl", "tune", "96", "64"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "three integers" in bad.stderr
 
 
 def test_default_policy_is_shipped_and_compatible():
-    from looprl.tuning import DEFAULT_POLICY_DIR, load_policy
+    from looprl.policy.loading import DEFAULT_POLICY_DIR, load_policy
 
     policy = load_policy("default")
     assert (DEFAULT_POLICY_DIR / "policy.npz").exists()
@@ -138,3 +141,21 @@ def test_default_policy_is_shipped_and_compatible():
     for problem in [(128, 96, 160), looprl.contraction("bmk,bkn->bmn", b=2, m=40, k=24, n=56)]:
         result = looprl.tune(problem, cache=":memory:")
         check_kernel(result, np.random.default_rng(1))
+
+
+def test_measured_tune_stops_at_a_cycle_however_many_steps(tmp_path):
+    # Always "split_4": the first split applies, then the nest is full or the loop too short
+    # and the policy repeats a no-op forever; a million steps must not mean a million calls.
+    folder = random_policy(bias=[0, 0, 0, 0, 9, 0, 0]).save(tmp_path / "p")
+    result = looprl.tune((64, 64, 64), folder, steps=10**6, measure=True, cache=":memory:")
+    assert len(result.actions) <= 10 and result.gflops >= result.initial_gflops
+
+
+def test_the_tune_function_is_not_shadowed_by_a_module():
+    import importlib
+    import pkgutil
+
+    for module in pkgutil.walk_packages(looprl.__path__, "looprl."):
+        if not module.name.startswith(("looprl.train", "looprl.cli", "looprl.bench")) and not module.name.endswith("__main__"):
+            importlib.import_module(module.name)
+    assert callable(looprl.tune) and callable(looprl.measure) and looprl.tune.__module__ == "looprl.policy.tune"

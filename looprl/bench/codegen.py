@@ -13,13 +13,15 @@ import statistics
 import sys
 import time
 
-from ..kernel import compile, host_target
-from ..measure import time_kernel
-from ..peak import measure_peak_gflops
-from ..problem import Problem, matmul
-from ..schedules import expert_candidates
-from .compile_stats import compile_stats
-from .numpy_baseline import numpy_gflops
+from looprl.backend.kernel import compile
+from looprl.backend.target import host_target
+from looprl.bench.compile_stats import compile_stats
+from looprl.ir.nest import initial_nest
+from looprl.ir.problem import Problem, matmul
+from looprl.ir.schedules import expert_candidates
+from looprl.measurement.numpy_baseline import numpy_gflops
+from looprl.measurement.peak import measure_peak_gflops
+from looprl.measurement.timing import time_kernel
 
 DEFAULT_SHAPES = [(64, 64, 64), (128, 128, 128), (192, 192, 192), (256, 256, 256), (128, 256, 64), (256, 64, 192), (100, 72, 200)]
 
@@ -36,7 +38,7 @@ def run(shapes: list[tuple[int, int, int]], budget_s: float, compiles: int, out=
     numpy = numpy_gflops(problems, budget_s)
     rows = []
     for problem, numpy_gf in zip(problems, numpy):
-        untuned = _best_gflops(problem.initial_nest(), budget_s, 3)
+        untuned = _best_gflops(initial_nest(problem), budget_s, 3)
         candidates = expert_candidates(problem, host_target().vector_width)
         # Screen every candidate briefly, then time the best three properly.
         screened = sorted(candidates, key=lambda n: -_best_gflops(n, budget_s / 5, 3))

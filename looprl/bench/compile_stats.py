@@ -36,11 +36,12 @@ def _run(count: int, seed: int) -> dict:
     import numpy as np
 
     import looprl
-    from looprl.schedules import random_schedule
+    from looprl.ir.nest import initial_nest
+    from looprl.ir.schedules import random_schedule
 
     rng = random.Random(seed)
     sizes = range(64, 257, 16)
-    looprl.compile(looprl.matmul(64, 64, 64).initial_nest())  # LLVM initialisation
+    looprl.compile(initial_nest(looprl.matmul(64, 64, 64)))  # LLVM initialisation
     rss_start = _rss_mb()
     seconds = []
     for _ in range(count):

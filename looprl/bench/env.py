@@ -17,17 +17,17 @@ from pathlib import Path
 
 import numpy as np
 
-from ..actions import MOVES
-from ..cache import MeasurementCache
-from ..datasets import dataset_problems
-from ..env import LoopNestEnv
-from ..evaluator import DEFAULT_STATE_BUDGET_S
-from ..peak import peak_gflops
+from looprl import defaults
+from looprl.env.actions import MOVES
+from looprl.env.datasets import dataset_problems
+from looprl.env.loopnest import LoopNestEnv
+from looprl.measurement.cache import MeasurementCache
+from looprl.measurement.peak import peak_gflops
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--steps", type=int, default=300, help="structural steps per workload (default 300)")
-    parser.add_argument("--budget-ms", type=float, default=DEFAULT_STATE_BUDGET_S * 1000, help="timing budget per new state")
+    parser.add_argument("--budget-ms", type=float, default=defaults.STATE_BUDGET_S * 1000, help="timing budget per new state")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON")
 
@@ -106,7 +106,7 @@ def main(args, out=sys.stdout) -> dict:
     print(f"peak {peak:.1f} GFLOPS; timing budget {args.budget_ms:g} ms per new state", file=out)
     print("      workload  steps  cold/s    warm/s    new  compile  measure (ms/state)", file=out)
     rows = [
-        _workload("mm64-256 train", dataset_problems("mm64-256", "train"), args, peak, out),
+        _workload(f"{defaults.DATASET} train", dataset_problems(defaults.DATASET, "train"), args, peak, out),
         _workload("256x256x256", ["256x256x256"], args, peak, out),
     ]
     result = {"peak_gflops": peak, "budget_ms": args.budget_ms, "rows": rows}

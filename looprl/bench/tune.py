@@ -15,17 +15,20 @@ import statistics
 import sys
 from pathlib import Path
 
-from ..datasets import SPLITS, dataset_problems
-from ..kernel import compile
-from ..measure import time_kernel
-from ..peak import measure_peak_gflops
-from ..tuning import load_policy, tune
-from .numpy_baseline import numpy_gflops
+from looprl import defaults
+from looprl.backend.kernel import compile
+from looprl.env.datasets import SPLITS, dataset_problems
+from looprl.ir.nest import initial_nest
+from looprl.measurement.numpy_baseline import numpy_gflops
+from looprl.measurement.peak import measure_peak_gflops
+from looprl.measurement.timing import time_kernel
+from looprl.policy.loading import load_policy
+from looprl.policy.tune import tune
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--split", choices=SPLITS, default="test")
-    parser.add_argument("--dataset", default="mm64-256")
+    parser.add_argument("--dataset", default=defaults.DATASET)
     parser.add_argument("--limit", type=int, default=None, help="first N problems of the split")
     parser.add_argument("--policy", default="default")
     parser.add_argument("--mode", choices=("measured", "policy"), default="measured")
@@ -53,7 +56,7 @@ def main(args, out=sys.stdout) -> dict:
     for problem, numpy_value in zip(problems, numpy):
         result = tune(problem, policy, measure=args.mode == "measured", cache=":memory:")
         tuned = time_kernel(result.kernel, args.budget).gflops
-        untuned = time_kernel(compile(problem.initial_nest()), args.budget).gflops
+        untuned = time_kernel(compile(initial_nest(problem)), args.budget).gflops
         row = {"problem": problem.name, "tune_s": result.seconds, "untuned_gflops": untuned, "tuned_gflops": tuned,
                "numpy_gflops": numpy_value, "actions": list(result.actions), "schedule": result.nest.key}
         rows.append(row)

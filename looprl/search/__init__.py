@@ -8,8 +8,8 @@ depth- or breadth-first) and random walks, as compared against in the LoopTune p
 ``python -m looprl.search --help`` runs them from the command line.
 """
 
-from .algorithms import PAPER_ALGORITHMS, parse_algorithm
-from .context import SearchContext
-from .runner import DEFAULT_BUDGET_S, DEFAULT_DEPTH, SearchResult, run
+from looprl.search.algorithms import PAPER_ALGORITHMS, parse_algorithm
+from looprl.search.context import SearchContext
+from looprl.search.runner import DEFAULT_BUDGET_S, DEFAULT_DEPTH, SearchResult, run
 
 __all__ = ["DEFAULT_BUDGET_S", "DEFAULT_DEPTH", "PAPER_ALGORITHMS", "SearchContext", "SearchResult", "parse_algorithm", "run"]

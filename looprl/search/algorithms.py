@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 
-from .context import BudgetExhausted, Node, SearchContext, node_id
+from looprl.search.context import BudgetExhausted, Node, SearchContext, node_id
 
 
 def _ranked(nodes: list[Node]) -> list[Node]:

@@ -10,9 +10,10 @@ from typing import Callable
 
 import networkx as nx
 
-from ..actions import ActionSet, State
-from ..evaluator import Evaluator
-from ..problem import Problem
+from looprl.env.actions import ActionSet, State
+from looprl.ir.nest import initial_nest
+from looprl.ir.problem import Problem
+from looprl.measurement.evaluator import Evaluator
 
 logger = logging.getLogger("looprl.search")
 
@@ -93,7 +94,7 @@ class SearchContext:
         """The initial state, evaluated whatever the budget (once: later calls return it)."""
         if self._root is not None:
             return self._root
-        state = State(self.problem.initial_nest(), 0)
+        state = State(initial_nest(self.problem), 0)
         node = Node(state, (), self._value(state, force=True))
         self.graph.add_node(node_id(state), gflops=node.gflops, schedule=state.nest.key, cursor=0, depth=0)
         self._offer(node)

@@ -12,14 +12,15 @@ from typing import Any, Callable
 import networkx as nx
 import numpy as np
 
-from ..actions import DEFAULT_SPLIT_FACTORS, ActionSet
-from ..evaluator import DEFAULT_STATE_BUDGET_S, Evaluator
-from ..kernel import compile
-from ..measure import time_kernel
-from ..nest import LoopNest
-from ..problem import Problem, as_problem
-from .algorithms import parse_algorithm
-from .context import BudgetExhausted, SearchContext
+from looprl import defaults
+from looprl.backend.kernel import compile
+from looprl.env.actions import ActionSet
+from looprl.ir.nest import LoopNest, initial_nest
+from looprl.ir.problem import Problem, as_problem
+from looprl.measurement.evaluator import Evaluator
+from looprl.measurement.timing import time_kernel
+from looprl.search.algorithms import parse_algorithm
+from looprl.search.context import BudgetExhausted, SearchContext
 
 DEFAULT_BUDGET_S = 60.0
 DEFAULT_DEPTH = 10
@@ -98,11 +99,11 @@ def run(
     budget_s: float | None = DEFAULT_BUDGET_S,
     max_evaluations: int | None = None,
     depth: int = DEFAULT_DEPTH,
-    split_factors=DEFAULT_SPLIT_FACTORS,
-    max_loops: int = 10,
+    split_factors=defaults.SPLIT_FACTORS,
+    max_loops: int = defaults.MAX_LOOPS,
     cache=None,
     evaluator: Evaluator | None = None,
-    measure_budget_s: float = DEFAULT_STATE_BUDGET_S,
+    measure_budget_s: float = defaults.STATE_BUDGET_S,
     seed: int = 0,
     progress: Callable[[SearchContext], None] | None = None,
     verify_s: float | None = 0.1,
@@ -142,7 +143,7 @@ def run(
     best = context.best
     elapsed = context.elapsed_s
     context.curve.append((elapsed, context.evaluations, best.gflops))
-    root_value = context.values[problem.initial_nest().key]
+    root_value = context.values[initial_nest(problem).key]
     verified = None
     if verify_s is not None and stopped != "interrupted":
         verified = _verify(best.state.nest, verify_s, evaluator)

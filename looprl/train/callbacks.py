@@ -7,8 +7,15 @@ import math
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.utils.schedules.scheduler import Scheduler
 
-from .config import apex_epsilon
-from .metric_names import CACHE_HIT_RATE, EPSILON, FINAL_GFLOPS, INVALID_RATE, LOG_SPEEDUP, SPEEDUP
+from looprl.train.exploration import apex_epsilon
+from looprl.train.metric_names import (
+    CACHE_HIT_RATE,
+    EPSILON,
+    FINAL_GFLOPS,
+    INVALID_RATE,
+    LOG_SPEEDUP,
+    SPEEDUP,
+)
 
 
 class LoopNestCallbacks(RLlibCallback):

@@ -16,7 +16,9 @@ from typing import Any
 
 import yaml
 
-AGENTS_DIR = Path(__file__).resolve().parents[2] / "agents"
+from looprl import defaults
+from looprl.resources import shipped_path
+
 ALGORITHMS = ("apex-dqn", "dqn", "ppo", "impala", "appo")
 _RLLIB_ALGORITHMS = ("dqn", "ppo", "impala", "appo")
 _SECTIONS = {"algorithm", "apex", "env", "model", "env_runners", "learners", "training", "reporting", "run"}
@@ -26,7 +28,7 @@ def load_agent(algo: str, path: str | Path | None = None) -> dict[str, Any]:
     """The agent configuration for ``algo`` from ``path`` or ``agents/<algo>.yaml``."""
     if algo not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algo!r}; expected one of {', '.join(ALGORITHMS)}")
-    path = Path(path) if path is not None else AGENTS_DIR / f"{algo}.yaml"
+    path = Path(path) if path is not None else shipped_path("agents", f"{algo}.yaml")
     if not path.exists():
         raise ValueError(f"agent configuration {path} not found (pass --config PATH)")
     try:
@@ -54,19 +56,10 @@ def validate_agent(agent: Any, where: str = "agent configuration") -> dict[str, 
 
 def agent_actions(agent: dict[str, Any]):
     """The env's action set an agent configuration trains with (env defaults filled in)."""
-    from ..actions import DEFAULT_SPLIT_FACTORS, ActionSet
+    from looprl.env.actions import ActionSet
 
     env = agent.get("env", {})
-    return ActionSet(env.get("split_factors", DEFAULT_SPLIT_FACTORS), env.get("max_loops", 10))
-
-
-def apex_epsilon(index: int, count: int) -> float:
-    """Ape-X's per-actor exploration: 0.4 ** (1 + 7 i / (N - 1)) for actor i of N."""
-    if not 0 <= index < count:
-        raise ValueError(f"actor index {index} outside 0..{count - 1}")
-    if count == 1:
-        return 0.4
-    return 0.4 ** (1 + 7 * index / (count - 1))
+    return ActionSet(env.get("split_factors", defaults.SPLIT_FACTORS), env.get("max_loops", defaults.MAX_LOOPS))
 
 
 RLLIB_ENV_NAME = "looprl-LoopNest"
@@ -74,7 +67,7 @@ RLLIB_ENV_NAME = "looprl-LoopNest"
 
 def make_env(env_context):
     """RLlib's env creator: it passes the env config as one mapping."""
-    from ..env import LoopNestEnv
+    from looprl.env.loopnest import LoopNestEnv
 
     return LoopNestEnv(**dict(env_context))
 
@@ -84,7 +77,8 @@ def build_config(agent: dict[str, Any], *, seed: int, num_env_runners: int | Non
     from ray.rllib.connectors.env_to_module import FlattenObservations
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
     from ray.tune.registry import register_env
-    from .callbacks import ApexCallbacks, LoopNestCallbacks
+
+    from looprl.train.callbacks import ApexCallbacks, LoopNestCallbacks
 
     register_env(RLLIB_ENV_NAME, make_env)  # stored in the cluster, found by every env runner
     classes = _config_classes()
@@ -96,7 +90,7 @@ def build_config(agent: dict[str, Any], *, seed: int, num_env_runners: int | Non
     env_runners.setdefault("num_env_runners", 1)
     env_runners.setdefault("rollout_fragment_length", 20)  # "auto" means n_step for DQN: tiny rounds
     env_config = dict(agent.get("env", {}))
-    env_config.setdefault("observation", "normalized")
+    env_config.setdefault("observation", defaults.TRAINING_OBSERVATION)
     config = (
         config.framework("torch")
         .environment(RLLIB_ENV_NAME, env_config=env_config)

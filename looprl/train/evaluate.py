@@ -9,11 +9,11 @@ import statistics
 import sys
 from pathlib import Path
 
-from ..evaluator import Evaluator
-from ..policy import JSON_NAME, Policy
-from ..rollout import greedy_episode
+from looprl.measurement.evaluator import Evaluator
+from looprl.policy.numpy_policy import JSON_NAME, Policy
+from looprl.policy.rollout import greedy_rollout
 
-FIELDS = ["problem", "m", "n", "k", "initial_gflops", "final_gflops", "best_gflops", "speedup", "numpy_gflops", "final_vs_numpy", "actions"]
+FIELDS = ["problem", "m", "n", "k", "initial_gflops", "final_gflops", "best_gflops", "speedup", "numpy_gflops", "final_vs_numpy", "failures", "stopped", "actions"]
 
 
 def resolve_policy(path: str | Path) -> Policy:
@@ -29,7 +29,7 @@ def resolve_policy(path: str | Path) -> Policy:
 
         import yaml
 
-        from .export import export_policy
+        from looprl.train.export import export_policy
 
         agent = yaml.safe_load((path.parent.parent / "agent.yaml").read_text(encoding="utf-8"))
         with tempfile.TemporaryDirectory() as folder:
@@ -42,27 +42,31 @@ def evaluate(policy: Policy, problems, evaluator: Evaluator, *, use_mask: bool =
     """Run one greedy episode per problem; print a table and a summary; write a CSV."""
     numpy_values = [math.nan] * len(problems)
     if numpy:
-        from ..bench.numpy_baseline import numpy_gflops
+        from looprl.measurement.numpy_baseline import numpy_gflops
 
         numpy_values = numpy_gflops(list(problems), 0.1)
     rows = []
     print(f"{'problem':>14} {'untuned':>8} {'final':>8} {'speedup':>8} {'numpy':>8}  actions", file=out)
     for problem, numpy_value in zip(problems, numpy_values):
-        episode = greedy_episode(policy, problem, evaluator, use_mask=use_mask)
+        episode = greedy_rollout(policy, problem, evaluator, use_mask=use_mask)
         sizes = dict(problem.sizes)
         row = {
             "problem": problem.name, "m": sizes.get("m", ""), "n": sizes.get("n", ""), "k": sizes.get("k", ""),
             "initial_gflops": episode.initial_gflops, "final_gflops": episode.final_gflops, "best_gflops": episode.best_gflops,
             "speedup": episode.speedup, "numpy_gflops": numpy_value,
             "final_vs_numpy": episode.final_gflops / numpy_value if numpy_value and not math.isnan(numpy_value) else math.nan,
-            "actions": " ".join(episode.actions),
+            "failures": episode.failures, "stopped": episode.stopped, "actions": " ".join(episode.actions),
         }
         rows.append(row)
         label = "x".join(str(sizes.get(d, "?")) for d in ("m", "n", "k"))
         print(f"{label:>14} {episode.initial_gflops:8.1f} {episode.final_gflops:8.1f} {episode.speedup:8.2f} {numpy_value:8.1f}  {row['actions']}", file=out, flush=True)
     summary = {
         "problems": len(rows),
-        "speedup_geomean": statistics.geometric_mean([r["speedup"] for r in rows if r["speedup"] > 0]),
+        # Every episode counts: a failed schedule leaves its state as it was (the env's rule),
+        # and an episode whose untuned nest failed scores as no speed-up.
+        "speedup_geomean": statistics.geometric_mean([r["speedup"] if r["speedup"] > 0 else 1.0 for r in rows]),
+        "failed_transitions": sum(r["failures"] for r in rows),
+        "failed_episodes": sum(not r["speedup"] > 0 for r in rows),
         "initial_gflops_mean": statistics.fmean(r["initial_gflops"] for r in rows),
         "final_gflops_mean": statistics.fmean(r["final_gflops"] for r in rows),
     }
@@ -72,7 +76,8 @@ def evaluate(policy: Policy, problems, evaluator: Evaluator, *, use_mask: bool =
         summary["final_vs_numpy_geomean"] = statistics.geometric_mean(ratios) if ratios else math.nan
     print(
         f"{summary['problems']} problems: speed-up over untuned (geomean) {summary['speedup_geomean']:.2f}x, "
-        f"mean GFLOPS {summary['initial_gflops_mean']:.1f} -> {summary['final_gflops_mean']:.1f}"
+        f"mean GFLOPS {summary['initial_gflops_mean']:.1f} -> {summary['final_gflops_mean']:.1f}, "
+        f"{summary['failed_transitions']} failed schedules, {summary['failed_episodes']} failed episodes"
         + (f", numpy {summary['numpy_gflops_mean']:.1f}, final/numpy (geomean) {summary['final_vs_numpy_geomean']:.2f}" if numpy else ""),
         file=out,
     )

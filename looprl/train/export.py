@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from ..features import FEATURES_PER_LOOP, OBSERVATION_LAYOUT_VERSION
-from ..policy import POLICY_FORMAT, POLICY_FORMAT_VERSION, Policy
+from looprl import defaults
+from looprl.env.features import FEATURES_PER_LOOP, OBSERVATION_LAYOUT_VERSION
+from looprl.policy.numpy_policy import POLICY_FORMAT, POLICY_FORMAT_VERSION, Policy
 
 MODULE_SUBPATH = Path("learner_group") / "learner" / "rl_module" / "default_policy"
 _ACTIVATION_NAMES = {"ReLU": "relu", "Tanh": "tanh", "SiLU": "silu", "ELU": "elu", "Identity": "linear"}
@@ -89,7 +90,7 @@ def module_network(module) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
 def policy_from_module(module, agent: dict[str, Any], extra: dict[str, Any] | None = None) -> Policy:
     """The numpy policy of an RLModule; ``agent`` is the run's agent configuration (its env
     section defines the observation and the actions)."""
-    from .config import agent_actions
+    from looprl.train.config import agent_actions
 
     network, arrays = module_network(module)
     env = agent.get("env", {})
@@ -98,11 +99,11 @@ def policy_from_module(module, agent: dict[str, Any], extra: dict[str, Any] | No
         "format": POLICY_FORMAT,
         "format_version": POLICY_FORMAT_VERSION,
         "observation_layout_version": OBSERVATION_LAYOUT_VERSION,
-        "observation": env.get("observation", "normalized"),
+        "observation": env.get("observation", defaults.TRAINING_OBSERVATION),
         "observation_shape": [actions.max_loops, FEATURES_PER_LOOP],
         "action_names": list(actions.names),
         "split_factors": list(actions.split_factors),
-        "episode_length": env.get("episode_length", 10),
+        "episode_length": env.get("episode_length", defaults.EPISODE_LENGTH),
         "algorithm": agent.get("algorithm"),
         "apex": bool(agent.get("apex", False)),
         "training_problems": _training_problems(env),
@@ -122,4 +123,4 @@ def export_policy(checkpoint: str | Path, out: str | Path, agent: dict[str, Any]
 def _training_problems(env: dict[str, Any]) -> dict[str, Any] | list[str]:
     if env.get("problems"):
         return [str(p) for p in env["problems"]]
-    return {"dataset": env.get("dataset", "mm64-256"), "split": env.get("split", "train")}
+    return {"dataset": env.get("dataset", defaults.DATASET), "split": env.get("split", "train")}

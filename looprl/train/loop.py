@@ -30,8 +30,15 @@ from typing import Any
 
 import yaml
 
-from ..interrupts import terminate_as_interrupt
-from .metric_names import CACHE_HIT_RATE, EPSILON, FINAL_GFLOPS, INVALID_RATE, LOG_SPEEDUP, SPEEDUP
+from looprl.interrupts import terminate_as_interrupt
+from looprl.train.metric_names import (
+    CACHE_HIT_RATE,
+    EPSILON,
+    FINAL_GFLOPS,
+    INVALID_RATE,
+    LOG_SPEEDUP,
+    SPEEDUP,
+)
 
 METRICS = [
     "iteration", "env_steps", "episodes", "episode_reward_mean", "speedup_mean", "speedup_geomean", "final_gflops_mean",
@@ -121,7 +128,7 @@ class RunDirectory:
 
     def best_validation(self) -> float:
         """The validation score of the run's best policy so far (-inf before the first)."""
-        from ..policy import JSON_NAME
+        from looprl.policy.numpy_policy import JSON_NAME
 
         try:  # the metadata is enough: no need to read the weights
             metadata = json.loads((self.path / BEST_POLICY / JSON_NAME).read_text(encoding="utf-8"))

@@ -9,14 +9,13 @@ the best geometric-mean speed-up over the untuned nest in the run's ``policy-bes
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 
-from ..evaluator import Evaluator
-from ..policy import Policy
-from ..problem import Problem
-from ..rollout import greedy_episode
+from looprl.ir.problem import Problem
+from looprl.measurement.evaluator import Evaluator
+from looprl.policy.numpy_policy import Policy
+from looprl.policy.rollout import greedy_rollout
 
 
 def spread(problems: Sequence[Problem], count: int) -> list[Problem]:
@@ -36,8 +35,11 @@ class Validator:
             raise ValueError("no validation problems")
         self.problems = list(problems)
         self.evaluator = evaluator
+        self.last_failures = 0  # failed schedules in the last validation
 
     def __call__(self, policy: Policy) -> float:
-        episodes = (greedy_episode(policy, problem, self.evaluator, use_mask=False) for problem in self.problems)
-        speedups = [e.speedup for e in episodes if e.speedup > 0]  # a failed measurement has none
-        return statistics.geometric_mean(speedups) if speedups else math.nan
+        episodes = [greedy_rollout(policy, problem, self.evaluator) for problem in self.problems]
+        self.last_failures = sum(e.failures for e in episodes)
+        # Every episode counts (no survivors' bias): a failed schedule leaves the state as it
+        # was, and an episode whose untuned nest failed counts as no speed-up.
+        return statistics.geometric_mean([e.speedup if e.speedup > 0 else 1.0 for e in episodes])

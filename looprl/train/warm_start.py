@@ -14,9 +14,10 @@ import re
 
 import numpy as np
 
-from ..features import OBSERVATION_LAYOUT_VERSION
-from ..policy import Policy
-from .config import agent_actions
+from looprl import defaults
+from looprl.env.features import OBSERVATION_LAYOUT_VERSION
+from looprl.policy.numpy_policy import Policy
+from looprl.train.config import agent_actions
 
 # RLModule parameter prefixes of the trunk and the greedy head, per module layout.
 _TRUNK_PREFIXES = ("encoder.net.mlp", "encoder.encoder.net.mlp", "encoder.actor_encoder.net.mlp")
@@ -33,7 +34,7 @@ def check_compatible(policy: Policy, agent: dict, where: str) -> None:
                          f"training uses v{OBSERVATION_LAYOUT_VERSION}")
     if policy.action_names != actions.names:
         raise ValueError(f"{where}: actions {list(policy.action_names)} differ from the agent's {list(actions.names)}")
-    observation = env.get("observation", "normalized")
+    observation = env.get("observation", defaults.TRAINING_OBSERVATION)
     if policy.metadata.get("observation") != observation:
         raise ValueError(f"{where}: observation {policy.metadata.get('observation')!r}, the agent uses {observation!r}")
     hidden = list(agent.get("model", {}).get("fcnet_hiddens", [256, 256]))

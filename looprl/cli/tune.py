@@ -13,8 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .problem import contraction, matmul
-from .tuning import tune
+from looprl.ir.problem import contraction, matmul
+from looprl.policy.tune import tune
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{result.gflops:.1f} GFLOPS, {result.speedup:.2f}x over the untuned nest ({result.initial_gflops:.1f} GFLOPS); "
           f"tuned in {result.seconds * 1000:.0f} ms ({result.mode} mode)")
     if not args.no_numpy:
-        from .bench.numpy_baseline import numpy_gflops
+        from looprl.measurement.numpy_baseline import numpy_gflops
 
         reference = numpy_gflops([problem], 0.1)[0]
         print(f"numpy (one thread): {reference:.1f} GFLOPS; looprl / numpy = {result.gflops / reference:.2f}")

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import ctypes
-import time
 
-from .jit import CompiledModule
-from .kernel import host_target
+from looprl.backend.jit import CompiledModule
+from looprl.backend.target import host_target
+from looprl.measurement.lock import machine_lock
+from looprl.measurement.timing import best_time, check_budget
 
 _ITERATIONS = 4096  # loop trips per call; each does ``chains`` vector FMAs
 
@@ -16,7 +17,7 @@ def _peak_ir(lanes: int, chains: int) -> str:
     lines = [
         f"declare {vec} @llvm.fma.v{lanes}f32({vec}, {vec}, {vec})",
         "",
-        f"define void @peak(ptr noalias %io, i64 %reps) nounwind {{",
+        "define void @peak(ptr noalias %io, i64 %reps) nounwind {",
         "entry:",
         f"  %x = load {vec}, ptr %io, align 4",
         f"  %yp = getelementptr inbounds {vec}, ptr %io, i64 1",
@@ -44,34 +45,32 @@ def _peak_ir(lanes: int, chains: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def measure_peak_gflops(budget_s: float = 0.5, rounds: int = 5) -> float:
-    """Best GFLOPS over 8..16 independent chains of full-width vector FMAs, each timed in
-    several rounds spread over the budget (the best round wins: noise only slows runs down)."""
+def measure_peak_gflops(budget_s: float = 0.5) -> float:
+    """Best GFLOPS over 8..16 independent chains of full-width vector FMAs, each timed by
+    the common rule (:func:`~looprl.measurement.timing.best_time`) on a share of the budget,
+    in two interleaved rounds (the best wins: noise only slows runs down)."""
+    budget_s = check_budget(budget_s)
     lanes = host_target().vector_width
     buffer = (ctypes.c_float * (2 * lanes))(*([1.0] * lanes + [0.999] * lanes))
+    address = ctypes.addressof(buffer)
     kernels = []
     for chains in (8, 10, 12, 14, 16):
         module = CompiledModule(_peak_ir(lanes, chains), "peak")
         function = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(module.address)
-        function(ctypes.addressof(buffer), 1)
-        start = time.perf_counter()
-        function(ctypes.addressof(buffer), 1)
-        reps = max(1, int(budget_s / rounds / 5 / max(time.perf_counter() - start, 1e-7)))
-        kernels.append((chains, function, reps, module))
+        kernels.append((2 * lanes * chains * _ITERATIONS, function, module))
     best = 0.0
-    for _ in range(rounds):
-        for chains, function, reps, _module in kernels:
-            start = time.perf_counter()
-            function(ctypes.addressof(buffer), reps)
-            elapsed = time.perf_counter() - start
-            best = max(best, 2.0 * lanes * chains * _ITERATIONS * reps / elapsed / 1e9)
+    with machine_lock():
+        for _ in range(2):
+            for flops, function, _module in kernels:
+                timing = best_time(lambda reps, f=function: f(address, reps), budget_s / 2 / len(kernels), flops=flops)
+                best = max(best, timing.gflops)
     return best
 
 
 def peak_gflops(cache=None, *, refresh: bool = False) -> float:
     """The host's measured fp32 peak (GFLOPS, one core), cached per host fingerprint in the
     measurement cache (the default persistent one unless ``cache`` is given)."""
-    from .cache import MeasurementCache
+    from looprl.measurement.cache import MeasurementCache
 
     store = cache if cache is not None else MeasurementCache()
     if not refresh:

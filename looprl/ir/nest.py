@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from .problem import Problem
+from looprl.ir.problem import Problem
 
 COMPUTE = "compute"
 WRITE_BACK = "write_back"
@@ -168,3 +168,10 @@ class LoopNest:
             else:
                 raise ValueError(f"unknown transform {name!r}; expected 'split' or 'swap'")
         return nest
+
+
+def initial_nest(problem: Problem) -> LoopNest:
+    """The untiled nest of ``problem`` in first-appearance order, plus the write-back nest."""
+    if not isinstance(problem, Problem):
+        raise ValueError(f"expected a Problem, got {type(problem).__name__}")
+    return LoopNest.initial(problem)

@@ -2,7 +2,7 @@
 
 ``mm64-256`` is LoopTune's set: matmuls with M, N and K each in 64..256 step 16 (13^3 = 2197
 problems), 80% for training and 20% (440) for testing. The split is stored in
-``envs/mm64-256.json`` with explicit dimension names; :func:`build_dataset` regenerates the
+``envs/mm64-256.json`` (shipped as package data) with explicit dimension names; :func:`build_dataset` regenerates the
 same content from the seed (a test checks that the file and the generator agree), and is
 used when the package is installed without the repository's ``envs/`` folder.
 """
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .problem import Problem, matmul
+from looprl.ir.problem import Problem, matmul
+from looprl.resources import shipped_path
 
-ENVS_DIR = Path(__file__).resolve().parent.parent / "envs"
 SPLITS = ("train", "test", "all")
 
 _DEFINITIONS = {
@@ -56,7 +56,7 @@ def build_dataset(name: str) -> dict:
 
 def dataset_path(name: str) -> Path:
     _definition(name)
-    return ENVS_DIR / f"{name}.json"
+    return shipped_path("envs", f"{name}.json")
 
 
 def write_dataset(name: str, path: Path | None = None) -> Path:
@@ -100,6 +100,6 @@ def _definition(name: str) -> dict:
     return _DEFINITIONS[name]
 
 
-if __name__ == "__main__":  # python -m looprl.datasets: rewrite the stored files
+if __name__ == "__main__":  # python -m looprl.env.datasets: rewrite the stored files
     for dataset in dataset_names():
         print(write_dataset(dataset))

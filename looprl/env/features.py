@@ -30,7 +30,7 @@ import math
 import networkx as nx
 import numpy as np
 
-from .nest import COMPUTE, WRITE_BACK, LoopNest
+from looprl.ir.nest import COMPUTE, WRITE_BACK, LoopNest
 
 HISTOGRAM_BINS = 16
 MAX_STRIDE = 1 << 16  # strides at or above this are dropped

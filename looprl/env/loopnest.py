@@ -33,21 +33,28 @@ import networkx as nx
 import numpy as np
 from gymnasium import spaces
 
-from .actions import DEFAULT_SPLIT_FACTORS, ActionSet, State
-from .datasets import dataset_problems
-from .evaluator import DEFAULT_STATE_BUDGET_S, Evaluator, Measurement
-from .features import FEATURES_PER_LOOP, HISTOGRAM_BINS, LOG_SCALE, nest_graph, observation
-from .nest import LoopNest
-from .peak import peak_gflops
-from .problem import Problem, as_problem
+from looprl import defaults
+from looprl.env.actions import ActionSet, State
+from looprl.env.datasets import dataset_problems
+from looprl.env.features import (
+    FEATURES_PER_LOOP,
+    HISTOGRAM_BINS,
+    LOG_SCALE,
+    nest_graph,
+    observation,
+)
+from looprl.ir.nest import LoopNest, initial_nest
+from looprl.ir.problem import Problem, as_problem
+from looprl.measurement.evaluator import Evaluator, Measurement
+from looprl.measurement.peak import peak_gflops
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("looprl.env")
 
 OBSERVATION_KINDS = ("raw", "normalized")
 ORDERS = ("cycle", "random")
 
 
-def env_problems(dataset: str = "mm64-256", split: str = "train", problems=None) -> tuple[Problem, ...]:
+def env_problems(dataset: str = defaults.DATASET, split: str = "train", problems=None) -> tuple[Problem, ...]:
     """The problems an env with these arguments draws from: ``problems`` when given, else the
     dataset's split."""
     if problems is None:
@@ -84,15 +91,15 @@ class LoopNestEnv(gym.Env):
 
     def __init__(
         self,
-        dataset: str = "mm64-256",
+        dataset: str = defaults.DATASET,
         split: str = "train",
         problems: Sequence[Problem | str] | None = None,
         order: str = "cycle",
-        split_factors: Sequence[int] = DEFAULT_SPLIT_FACTORS,
-        max_loops: int = 10,
-        episode_length: int = 10,
-        observation: str = "raw",
-        measure_budget_s: float = DEFAULT_STATE_BUDGET_S,
+        split_factors: Sequence[int] = defaults.SPLIT_FACTORS,
+        max_loops: int = defaults.MAX_LOOPS,
+        episode_length: int = defaults.EPISODE_LENGTH,
+        observation: str = defaults.ENV_OBSERVATION,
+        measure_budget_s: float = defaults.STATE_BUDGET_S,
         cache=None,
         peak: float | None = None,
         render_mode: str | None = None,
@@ -197,7 +204,7 @@ class LoopNestEnv(gym.Env):
         else:
             problem = self.problems[self._position]
             self._position = (self._position + 1) % len(self.problems)
-        self._state = State(problem.initial_nest(), 0)
+        self._state = State(initial_nest(problem), 0)
         self._steps = 0
         measurement = self._measure(self._state.nest)
         self._gflops = measurement.gflops

@@ -23,8 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .nest import Loop, LoopNest
-from .problem import Problem
+from looprl.backend.target import Target
+from looprl.ir.nest import Loop, LoopNest
+from looprl.ir.problem import Problem
 
 KERNEL_NAME = "looprl_kernel"
 # Bump whenever generated code may change speed: it is part of the measurement cache key.
@@ -35,24 +36,6 @@ UNROLL_LIMIT = 64
 # Write-back: unroll the copy of the innermost loop up to this many vectors.
 COPY_UNROLL = 8
 TENSORS = ("in0", "in1", "out", "acc")
-
-
-@dataclass(frozen=True)
-class Target:
-    """What the code generator needs to know about the CPU."""
-
-    vector_width: int  # float32 lanes per vector register
-    registers: int  # vector registers
-
-    @staticmethod
-    def from_features(features: str) -> "Target":
-        """Pick the widest vector ISA from an LLVM feature string (``+avx512f,...``)."""
-        enabled = {f[1:] for f in features.split(",") if f.startswith("+")}
-        if "avx512f" in enabled:
-            return Target(16, 32)
-        if "avx" in enabled:
-            return Target(8, 16)
-        return Target(4, 16)
 
 
 def strides(problem: Problem, term: str) -> dict[str, int]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .nest import LoopNest
-from .problem import Problem
+from looprl.ir.nest import LoopNest, initial_nest
+from looprl.ir.problem import Problem
 
 
 def reorder_compute(nest: LoopNest, order: list[int]) -> LoopNest:
@@ -30,7 +30,7 @@ def expert_matmul(problem: Problem, m_tile: int, n_tile: int, k_unroll: int | No
     loop split by ``k_unroll`` when given) for ``mk,kn->mn``."""
     if problem.spec != "mk,kn->mn":
         raise ValueError(f"expert_matmul needs a 'mk,kn->mn' problem, got {problem.spec!r}")
-    nest = problem.initial_nest()  # m, k, n
+    nest = initial_nest(problem)  # m, k, n
     m, n, k = problem.size("m"), problem.size("n"), problem.size("k")
     if not (1 <= m_tile <= m and 1 <= n_tile <= n):
         raise ValueError(f"tiles {m_tile}x{n_tile} do not fit the problem {problem.name}")
@@ -76,7 +76,7 @@ def expert_candidates(problem: Problem, vector_width: int = 16) -> list[LoopNest
 def random_schedule(problem: Problem, rng, steps: int = 10, factors=(4, 8, 16), max_loops: int = 10) -> LoopNest:
     """A random walk of ``steps`` split/swap transforms (those that do not apply are
     skipped): a stand-in for states an agent visits. ``rng`` is a ``random.Random``."""
-    nest = problem.initial_nest()
+    nest = initial_nest(problem)
     for _ in range(steps):
         index = rng.randrange(len(nest))
         try:

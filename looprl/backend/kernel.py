@@ -7,16 +7,13 @@ import time
 
 import numpy as np
 
-from . import codegen
-from .buffers import aligned_empty
-from .jit import CompiledModule, host_cpu
-from .nest import LoopNest
+from looprl.backend import codegen
+from looprl.backend.buffers import aligned_empty
+from looprl.backend.jit import CompiledModule
+from looprl.backend.target import Target, host_target
+from looprl.ir.nest import LoopNest
 
 _SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
-
-
-def host_target() -> codegen.Target:
-    return codegen.Target.from_features(host_cpu()[1])
 
 
 class Kernel:
@@ -82,7 +79,7 @@ class Kernel:
         return f"<Kernel {self.problem.name} [{self.nest.key}] compiled in {self.compile_seconds * 1e3:.2f} ms>"
 
 
-def compile(nest: LoopNest, target: codegen.Target | None = None) -> Kernel:  # noqa: A001 - public API name
+def compile(nest: LoopNest, target: Target | None = None) -> Kernel:  # noqa: A001 - public API name
     """Generate LLVM IR for ``nest`` and JIT-compile it for this host."""
     if not isinstance(nest, LoopNest):
         raise ValueError(f"compile() expects a LoopNest, got {type(nest).__name__}")

@@ -14,9 +14,9 @@ import time
 import warnings
 from pathlib import Path
 
-from .codegen import CODEGEN_VERSION
-from .jit import host_fingerprint
-from .nest import LoopNest
+from looprl.backend.codegen import CODEGEN_VERSION
+from looprl.backend.jit import host_fingerprint
+from looprl.ir.nest import LoopNest
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS measurements (

@@ -7,10 +7,14 @@ environment. ``numpy_gflops`` starts one; run this module directly to time in-pr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+
+from looprl.measurement.lock import machine_lock
+from looprl.measurement.timing import best_time, check_budget
 
 _THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
 
@@ -23,28 +27,29 @@ def baseline_environment() -> dict[str, str]:
 
 def numpy_gflops(problems: list, budget_s: float = 0.3) -> list[float]:
     """GFLOPS of numpy (``matmul`` for matmuls, else ``einsum``) for each problem, measured in
-    a child process with ``OPENBLAS_CORETYPE`` unset and one BLAS thread."""
+    a child process with ``OPENBLAS_CORETYPE`` unset and one BLAS thread, by the common timing
+    rule; this process holds the machine-wide lock meanwhile."""
+    budget_s = check_budget(budget_s)
     request = json.dumps({"problems": [p.name for p in problems], "budget_s": budget_s})
-    result = subprocess.run(
-        [sys.executable, "-m", "looprl.bench.numpy_baseline"],
-        input=request,
-        capture_output=True,
-        text=True,
-        env=baseline_environment(),
-        check=False,
-    )
+    with machine_lock():
+        result = subprocess.run(
+            [sys.executable, "-m", "looprl.measurement.numpy_baseline"],
+            input=request,
+            capture_output=True,
+            text=True,
+            env=baseline_environment(),
+            check=False,
+        )
     if result.returncode != 0:
         raise RuntimeError(f"numpy baseline process failed:\n{result.stderr}")
     return json.loads(result.stdout)["gflops"]
 
 
 def _time_in_process(names: list[str], budget_s: float) -> list[float]:
-    import time
-
     import numpy as np
 
-    from looprl.buffers import aligned_empty
-    from looprl.problem import parse_problem
+    from looprl.backend.buffers import aligned_empty
+    from looprl.ir.problem import parse_problem
 
     results = []
     rng = np.random.default_rng(0)
@@ -62,18 +67,13 @@ def _time_in_process(names: list[str], budget_s: float) -> list[float]:
 
             def run():
                 np.einsum(problem.spec, a, b, out=out, optimize=path)
-        run()
-        start = time.perf_counter()
-        run()
-        reps = max(1, int(budget_s / 20 / max(time.perf_counter() - start, 1e-7)))
-        best = float("inf")
-        deadline = time.perf_counter() + budget_s
-        while time.perf_counter() < deadline or best == float("inf"):
-            start = time.perf_counter()
+
+        def repeat(reps: int) -> None:
             for _ in range(reps):
                 run()
-            best = min(best, (time.perf_counter() - start) / reps)
-        results.append(problem.flops / best / 1e9)
+
+        # The parent holds the machine-wide lock while this process runs.
+        results.append(best_time(repeat, budget_s, flops=problem.flops, lock=contextlib.nullcontext()).gflops)
     return results
 
 

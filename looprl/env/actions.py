@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .nest import LoopNest
+from looprl import defaults
+from looprl.ir.nest import LoopNest
 
 MOVES = ("up", "down")
 SWAPS = ("swap_up", "swap_down")
-DEFAULT_SPLIT_FACTORS = (4, 8, 16)  # the paper's set
 MIN_FACTOR, MAX_FACTOR = 2, 64
 
 
@@ -43,7 +43,7 @@ class State:
 class ActionSet:
     """The discrete actions for a given set of split factors and loop bound."""
 
-    def __init__(self, split_factors=DEFAULT_SPLIT_FACTORS, max_loops: int = 10):
+    def __init__(self, split_factors=defaults.SPLIT_FACTORS, max_loops: int = defaults.MAX_LOOPS):
         factors = tuple(split_factors)
         if not factors:
             raise ValueError("split_factors must not be empty")

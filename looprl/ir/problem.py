@@ -78,7 +78,7 @@ class Problem:
 
     def initial_nest(self):
         """The untiled nest in first-appearance order plus the write-back nest."""
-        from .nest import LoopNest
+        from looprl.ir.nest import LoopNest
 
         return LoopNest.initial(self)
 

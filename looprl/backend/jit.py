@@ -15,6 +15,8 @@ import threading
 import llvmlite
 import llvmlite.binding as llvm
 
+from looprl.errors import CompileError
+
 
 @functools.cache
 def _initialise() -> None:
@@ -76,7 +78,7 @@ class _Engine:
         try:
             entry = module.get_function(function)
         except NameError:
-            raise RuntimeError(f"the module defines no function {function!r}") from None
+            raise CompileError(f"the module defines no function {function!r}") from None
         self.modules += 1
         # Every module of an engine shares one symbol table: give the entry point a unique name.
         unique = f"{function}.{self.modules}"
@@ -98,15 +100,18 @@ class CompiledModule:
 
     def __init__(self, ir_text: str, function: str):
         _initialise()
-        module = llvm.parse_assembly(ir_text)
-        module.verify()
+        try:
+            module = llvm.parse_assembly(ir_text)
+            module.verify()
+        except RuntimeError as error:
+            raise CompileError(f"LLVM rejected the generated IR: {error}") from error
         with _engine_lock:  # llvmlite serialises its calls anyway; this guards our counter
             if not _current_engine or _current_engine[0].modules >= _Engine.capacity:
                 _current_engine[:] = [_Engine()]
             self._engine = _current_engine[0]
             self.entry, self.address = self._engine.add(module, function)
         if not self.address:
-            raise RuntimeError(f"JIT produced no code for {function!r}")
+            raise CompileError(f"JIT produced no code for {function!r}")
 
     @staticmethod
     def assembly(ir_text: str) -> str:

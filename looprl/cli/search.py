@@ -1,0 +1,229 @@
+"""``python -m looprl.search``: run search baselines on one problem or on part of a dataset.
+
+One problem (prints a summary, writes JSON)::
+
+    python -m looprl.search --algo greedy2 --problem 128x256x64 --budget 60
+
+Part of a dataset (one CSV row per problem and algorithm, appended as each search ends; an
+existing CSV is resumed: pairs already in it are skipped)::
+
+    python -m looprl.search --algo greedy1,beam4dfs,random --split test --limit 25 --csv out.csv
+
+``--cold`` starts every search from an empty cache, as the paper's timed searches did; by
+default all searches share the persistent measurement cache (fast, but later searches then
+reuse earlier measurements). Ctrl-C stops the running search; what it found so far is still written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+from pathlib import Path
+
+from looprl import defaults
+from looprl.env.datasets import SPLITS, dataset_problems
+from looprl.interrupts import terminate_as_interrupt
+from looprl.ir.problem import as_problem
+from looprl.measurement.evaluator import Evaluator
+from looprl.search.algorithms import PAPER_ALGORITHMS, parse_algorithm
+from looprl.search.runner import DEFAULT_BUDGET_S, DEFAULT_DEPTH, SearchResult, run
+
+CSV_FIELDS = [
+    "problem", "m", "n", "k", "algorithm", "initial_gflops", "best_gflops", "speedup", "evaluations",
+    "new_measurements", "elapsed_s", "stopped", "verified_gflops", "best_schedule", "actions",
+]
+
+
+def _factors(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"split factors must be integers separated by commas, got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m looprl.search", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--algo", default="greedy1", help=f"comma-separated algorithms, or 'paper' for {','.join(PAPER_ALGORITHMS)}")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--problem", help="one problem: MxNxK (a matmul) or 'spec:m=..,k=..,n=..'")
+    target.add_argument("--split", choices=SPLITS, help="a split of --dataset")
+    parser.add_argument("--dataset", default=defaults.DATASET)
+    parser.add_argument("--limit", type=int, default=None, help="first N problems of the split (after --offset)")
+    parser.add_argument("--offset", type=int, default=0)
+    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help="seconds per search (default 60; 0 = no limit)")
+    parser.add_argument("--evaluations", type=int, default=None, help="distinct schedules per search (default: no limit)")
+    parser.add_argument("--depth", type=int, default=DEFAULT_DEPTH, help="actions from the initial nest (default 10)")
+    parser.add_argument("--split-factors", type=_factors, default=defaults.SPLIT_FACTORS, help="default 4,8,16")
+    parser.add_argument("--max-loops", type=int, default=defaults.MAX_LOOPS)
+    parser.add_argument("--measure-budget-ms", type=float, default=defaults.STATE_BUDGET_S * 1000)
+    parser.add_argument("--cache", default=None, help="measurement cache path (':memory:' for a private one; default: the per-user cache)")
+    parser.add_argument("--cold", action="store_true", help="give every search its own empty in-memory cache (comparable search times)")
+    parser.add_argument("--verify-ms", type=float, default=100.0, help="re-measure the best schedule this long (0: skip)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None, help="single problem: result JSON (default search_<problem>_<algo>.json)")
+    parser.add_argument("--csv", type=Path, default=None, help="dataset: results CSV (default search_<dataset>_<split>.csv)")
+    parser.add_argument("--graph-dir", type=Path, default=None, help="also save each search graph here (node-link JSON)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    return parser
+
+
+def _algorithms(text: str) -> list[str]:
+    names = list(PAPER_ALGORITHMS) if text.strip() == "paper" else [a.strip().lower() for a in text.split(",") if a.strip()]
+    if not names:
+        raise ValueError("--algo is empty")
+    for name in names:
+        parse_algorithm(name)
+    return names
+
+
+def _slug(result: SearchResult) -> str:
+    sizes = "x".join(str(result.problem.size(d)) for d in ("m", "n", "k")) if result.problem.spec == "mk,kn->mn" else "_".join(f"{d}{s}" for d, s in result.problem.sizes)
+    return f"{sizes}_{result.algorithm}"
+
+
+def _summary(result: SearchResult) -> str:
+    return (
+        f"{result.algorithm:>9} {result.problem.name}: {result.initial_gflops:.1f} -> {result.best_gflops:.1f} GFLOPS "
+        f"({result.speedup:.2f}x) in {result.elapsed_s:.1f} s, {result.evaluations} states "
+        f"({result.new_measurements} measured), {result.stopped}"
+        + ("" if result.verified_gflops is None else f"; best re-measured: {result.verified_gflops:.1f} GFLOPS")
+    )
+
+
+def _progress_printer(quiet: bool, label: str):
+    if quiet:
+        return None
+
+    def show(context) -> None:
+        best = context.best.gflops if context.best else 0.0
+        print(f"  [{label}] {context.elapsed_s:6.1f} s  {context.evaluations:5d} states  best {best:.1f} GFLOPS", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _csv_row(result: SearchResult) -> dict:
+    sizes = dict(result.problem.sizes)
+    return {
+        "problem": result.problem.name,
+        "m": sizes.get("m", ""),
+        "n": sizes.get("n", ""),
+        "k": sizes.get("k", ""),
+        "algorithm": result.algorithm,
+        "initial_gflops": f"{result.initial_gflops:.3f}",
+        "best_gflops": f"{result.best_gflops:.3f}",
+        "speedup": f"{result.speedup:.4f}",
+        "evaluations": result.evaluations,
+        "new_measurements": result.new_measurements,
+        "elapsed_s": f"{result.elapsed_s:.3f}",
+        "stopped": result.stopped,
+        "verified_gflops": "" if result.verified_gflops is None else f"{result.verified_gflops:.3f}",
+        "best_schedule": result.best_nest.key,
+        "actions": " ".join(result.actions),
+    }
+
+
+def _done_pairs(path: Path) -> set[tuple[str, str]]:
+    """(problem, algorithm) pairs already in an existing CSV; interrupted rows are redone."""
+    if not path.exists():
+        return set()
+    with path.open(newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        if reader.fieldnames != CSV_FIELDS:
+            raise ValueError(f"{path} exists but is not a looprl.search CSV (columns differ); choose another --csv")
+        return {(row["problem"], row["algorithm"]) for row in reader if row["stopped"] != "interrupted"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        with terminate_as_interrupt():  # SIGTERM keeps the partial result too
+            return _main(args)
+    except ValueError as error:
+        parser.error(str(error))
+    except KeyboardInterrupt:  # outside a search (which handles it itself): nothing is lost
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 2
+
+
+def _main(args) -> int:
+    algorithms = _algorithms(args.algo)
+    if args.budget < 0:
+        raise ValueError(f"--budget must be >= 0, got {args.budget}")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be positive, got {args.limit}")
+    if args.offset < 0:
+        raise ValueError(f"--offset must be >= 0, got {args.offset}")
+    if not args.measure_budget_ms > 0:
+        raise ValueError(f"--measure-budget-ms must be positive, got {args.measure_budget_ms}")
+    settings = dict(
+        budget_s=args.budget or None,
+        max_evaluations=args.evaluations,
+        depth=args.depth,
+        split_factors=args.split_factors,
+        max_loops=args.max_loops,
+        seed=args.seed,
+        verify_s=args.verify_ms / 1000 if args.verify_ms > 0 else None,
+    )
+    if args.cold and args.cache is not None:
+        raise ValueError("--cold and --cache exclude each other")
+    shared = None if args.cold else Evaluator(args.cache, args.measure_budget_ms / 1000)
+
+    def evaluator() -> Evaluator:
+        return shared if shared is not None else Evaluator(":memory:", args.measure_budget_ms / 1000)
+
+    if args.problem is not None:
+        problem = as_problem(args.problem)
+        interrupted = False
+        for algo in algorithms:
+            result = run(problem, algo, evaluator=evaluator(), progress=_progress_printer(args.quiet, algo), **settings)
+            print(_summary(result))
+            print("  actions:", " ".join(result.actions) or "(none)")
+            print("  " + result.best_nest.to_text().replace("\n", "\n  "))
+            path = args.json if args.json is not None and len(algorithms) == 1 else Path(f"search_{_slug(result)}.json")
+            print("  wrote", result.save_json(path))
+            if args.graph_dir is not None:
+                print("  wrote", result.save_graph(args.graph_dir / f"{_slug(result)}.json"))
+            if result.stopped == "interrupted":
+                interrupted = True
+                break
+        return 130 if interrupted else 0
+
+    problems = dataset_problems(args.dataset, args.split)[args.offset:]
+    if args.limit is not None:
+        problems = problems[: args.limit]
+    path = args.csv if args.csv is not None else Path(f"search_{args.dataset}_{args.split}.csv")
+    done = _done_pairs(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fresh = not path.exists()
+    total = len(problems) * len(algorithms)
+    started = time.perf_counter()
+    finished = 0
+    with path.open("a", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
+        if fresh:
+            writer.writeheader()
+        for index, problem in enumerate(problems):
+            for algo in algorithms:
+                finished += 1
+                if (problem.name, algo) in done:
+                    continue
+                label = f"{finished}/{total} {algo} {problem.name}"
+                result = run(problem, algo, evaluator=evaluator(), progress=_progress_printer(args.quiet, label), **settings)
+                writer.writerow(_csv_row(result))
+                handle.flush()
+                if args.graph_dir is not None:
+                    result.save_graph(args.graph_dir / f"{_slug(result)}.json")
+                print(f"[{finished}/{total}, {time.perf_counter() - started:.0f} s] {_summary(result)}", flush=True)
+                if result.stopped == "interrupted":
+                    print(f"interrupted; results so far are in {path} (run again to resume)", file=sys.stderr)
+                    return 130
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

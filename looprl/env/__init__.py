@@ -1,0 +1,9 @@
+"""LoopNest-v0: LoopTune's actions, observations (state graph and features), benchmark sets
+and the Gymnasium environment."""
+
+from looprl.env.actions import ActionSet, State
+from looprl.env.datasets import dataset_names, dataset_problems
+from looprl.env.features import nest_graph, observation
+from looprl.env.loopnest import LoopNestEnv
+
+__all__ = ["ActionSet", "LoopNestEnv", "State", "dataset_names", "dataset_problems", "nest_graph", "observation"]

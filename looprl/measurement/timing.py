@@ -1,0 +1,106 @@
+"""The one timing rule, used for kernels, the peak, numpy's baseline and the benchmarks.
+
+:func:`best_time` warms up, then times runs of ``reps`` repetitions (each run about 1/8 of
+the budget) until the budget, warm-up included, is spent and at least ``min_runs`` runs
+are done, and keeps the fastest run: noise on a shared machine only ever slows a run down.
+A computation whose first one or two executions already take the budget is reported from
+those (slow schedules stay cheap to rank; they are far from the best ones anyway).
+
+Timing holds the machine-wide :func:`~looprl.measurement.lock.machine_lock` unless told
+otherwise, so no two looprl processes of this user time at once.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from looprl.backend.buffers import aligned_empty
+from looprl.backend.kernel import Kernel
+from looprl.measurement.lock import machine_lock
+
+# Part of the measurement cache key: bump when the rule below changes what it reports.
+TIMING_PROTOCOL_VERSION = 2
+DEFAULT_BUDGET_S = 0.015
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Result of timing one computation."""
+
+    seconds: float  # best time of one execution of the whole computation
+    runs: int  # timed runs (each repeats the computation ``reps`` times)
+    reps: int
+    flops: int = 0
+
+    @property
+    def gflops(self) -> float:
+        return self.flops / self.seconds / 1e9
+
+
+def check_budget(budget_s, what: str = "budget_s") -> float:
+    """A finite, positive number of seconds, or a ValueError naming ``what``."""
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{what} must be a positive number of seconds, got {budget_s!r}")
+    if not (math.isfinite(budget_s) and budget_s > 0):
+        raise ValueError(f"{what} must be a positive, finite number of seconds, got {budget_s!r}")
+    return float(budget_s)
+
+
+def best_time(call: Callable[[int], None], budget_s: float, *, flops: int = 0, min_runs: int = 3, lock=None) -> Timing:
+    """Time ``call(reps)`` (which runs the computation ``reps`` times) by the rule above.
+
+    ``lock``: a context manager held while timing; None means the machine-wide lock (pass
+    ``contextlib.nullcontext()`` where a parent process already holds it)."""
+    budget_s = check_budget(budget_s)
+    if isinstance(min_runs, bool) or not isinstance(min_runs, int) or min_runs < 1:
+        raise ValueError(f"min_runs must be a positive integer, got {min_runs!r}")
+    with lock if lock is not None else machine_lock():
+        began = start = time.perf_counter()
+        call(1)  # warm-up: page faults, caches
+        first = max(time.perf_counter() - start, 1e-9)
+        if first >= budget_s:
+            return Timing(first, 1, 1, flops)
+        start = time.perf_counter()
+        call(1)
+        single = max(time.perf_counter() - start, 1e-9)
+        if first + single >= budget_s:
+            return Timing(min(first, single), 2, 1, flops)
+        reps = max(1, int(budget_s / 8 / single))
+        best, runs = math.inf, 0
+        deadline = began + budget_s
+        while runs < min_runs or time.perf_counter() < deadline:
+            start = time.perf_counter()
+            call(reps)
+            best = min(best, (time.perf_counter() - start) / reps)
+            runs += 1
+        return Timing(max(best, 1e-9), runs, reps, flops)
+
+
+class Workspace:
+    """Aligned, randomly initialised buffers for one problem, reusable across kernels."""
+
+    def __init__(self, problem, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        self.problem = problem
+        self.inputs = []
+        for shape in problem.input_shapes:
+            array = aligned_empty(shape)
+            array[...] = rng.uniform(-1.0, 1.0, size=shape)
+            self.inputs.append(array)
+        self.out = aligned_empty(problem.output_shape)
+        self.acc = aligned_empty(problem.output_shape)
+        self.pointers = (self.inputs[0].ctypes.data, self.inputs[1].ctypes.data, self.out.ctypes.data, self.acc.ctypes.data)
+
+
+def time_kernel(kernel: Kernel, budget_s: float = DEFAULT_BUDGET_S, min_runs: int = 3, workspace: Workspace | None = None, lock=None) -> Timing:
+    """Time ``kernel`` on aligned buffers (``workspace``, or new ones) by :func:`best_time`."""
+    if not isinstance(kernel, Kernel):
+        raise ValueError(f"time_kernel() expects a Kernel, got {type(kernel).__name__}")
+    ws = workspace if workspace is not None and workspace.problem == kernel.problem else Workspace(kernel.problem)
+    call, pointers = kernel.raw_call, ws.pointers
+    return best_time(lambda reps: call(pointers, reps), budget_s, flops=kernel.problem.flops, min_runs=min_runs, lock=lock)

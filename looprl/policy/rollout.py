@@ -1,0 +1,167 @@
+"""The one greedy rollout of a numpy :class:`~looprl.policy.Policy`, without Gymnasium or Ray.
+
+Evaluation, validation during training, :func:`looprl.tune` and the experiments all run
+:func:`greedy_rollout`. It follows ``LoopNest-v0``'s transition rules exactly: the actions
+and observations are the env's own (:class:`~looprl.env.actions.ActionSet`,
+:func:`~looprl.env.features.observation`); an action that cannot apply is a no-op; a cursor
+move measures nothing; a schedule that fails to compile or run leaves the state as it was.
+
+A greedy policy is deterministic and its observation depends only on the state, so once a
+state comes back the rest of the episode repeats: the rollout stops there and works out the
+state the episode would end in (an invalid action, which changes nothing, is the shortest
+such cycle). A rollout of a million steps therefore costs what its first cycle costs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from looprl.env.actions import ActionSet, State
+from looprl.env.features import observation
+from looprl.ir.nest import LoopNest, initial_nest
+from looprl.ir.problem import Problem
+from looprl.measurement.evaluator import Evaluator
+from looprl.policy.numpy_policy import Policy
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One greedy episode: where it started, where it ended and the best state on the way.
+
+    GFLOPS are NaN when the rollout ran without an evaluator (nothing measured)."""
+
+    problem: Problem
+    actions: tuple[str, ...]  # actions taken until the episode ended or its first cycle closed
+    length: int  # the episode length asked for
+    initial_gflops: float
+    final_nest: LoopNest  # the state after ``length`` actions
+    final_gflops: float
+    final_actions: tuple[str, ...]  # the shortest prefix of ``actions`` that reaches it
+    best_nest: LoopNest  # the fastest state measured on the way (the initial one included)
+    best_gflops: float
+    best_actions: tuple[str, ...]  # the actions that reach ``best_nest``
+    measured: int  # schedules compiled and timed (not found in the cache)
+    failures: int  # structural actions refused because their schedule failed to compile or run
+    stopped: str  # "length" (all actions taken) or "cycle" (the rest repeats a cycle)
+
+    @property
+    def speedup(self) -> float:
+        """Final over initial GFLOPS (the paper's protocol: the state the episode ends in)."""
+        if not self.initial_gflops > 0:
+            return math.nan
+        return self.final_gflops / self.initial_gflops
+
+
+def policy_actions(policy: Policy) -> ActionSet:
+    """The action set a policy was trained with (names checked against the metadata)."""
+    meta = policy.metadata
+    actions = ActionSet(meta["split_factors"], meta["observation_shape"][0])
+    if actions.names != policy.action_names:
+        raise ValueError(f"policy actions {policy.action_names} do not match split factors {meta['split_factors']}")
+    return actions
+
+
+def greedy_rollout(
+    policy: Policy,
+    problem: Problem,
+    evaluator: Evaluator | None,
+    *,
+    length: int | None = None,
+    use_mask: bool = False,
+) -> Rollout:
+    """Run ``policy`` greedily for ``length`` actions (its training episode length by default)
+    from ``problem``'s untiled nest, measuring every new schedule through ``evaluator``.
+
+    ``evaluator=None`` follows the policy without measuring anything (every transition then
+    succeeds, as nothing is compiled). ``use_mask`` restricts choices to valid actions;
+    without it an invalid choice is a no-op, as in the env."""
+    if length is None:
+        length = policy.metadata["episode_length"]
+    if isinstance(length, bool) or not isinstance(length, int) and not hasattr(length, "__index__") or int(length) < 0:
+        raise ValueError(f"length must be a non-negative integer, got {length!r}")
+    length = int(length)
+    actions = policy_actions(policy)
+    actions.check_fits(problem)
+    normalized = policy.metadata["observation"] == "normalized"
+    before = evaluator.compiled if evaluator is not None else 0
+
+    def value(nest: LoopNest) -> tuple[float, bool]:
+        if evaluator is None:
+            return math.nan, True
+        measurement = evaluator(nest)
+        return measurement.gflops, measurement.ok
+
+    state = State(initial_nest(problem), 0)
+    gflops, _ = value(state.nest)
+    initial = gflops
+    best_nest, best, best_length = state.nest, initial, 0
+    history: list[tuple[State, float]] = [(state, gflops)]  # the state before each action
+    seen = {state.key: 0}
+    taken: list[str] = []
+    failures = 0
+    stopped = "length"
+    for _ in range(length):
+        obs = observation(state.nest, state.cursor, actions.max_loops, normalized)
+        action = policy.act(obs, actions.mask(state) if use_mask else None)
+        taken.append(actions.names[action])
+        following = actions.apply(state, action)
+        if following is not None and following.nest is not state.nest:
+            new_gflops, ok = value(following.nest)
+            if ok:
+                state, gflops = following, new_gflops
+                if new_gflops > best:
+                    best_nest, best, best_length = state.nest, new_gflops, len(taken)
+            else:
+                failures += 1
+        elif following is not None:
+            state = following  # a cursor move: same schedule, same GFLOPS
+        if len(taken) == length:
+            break
+        if state.key in seen:
+            stopped = "cycle"
+            break
+        seen[state.key] = len(history)
+        history.append((state, gflops))
+    final_index = len(taken)
+    if stopped == "cycle":
+        # history[start:] repeats from here on: the state after ``length`` actions is the one
+        # the cycle reaches after the remaining steps.
+        start = seen[state.key]
+        period = len(history) - start
+        final_index = start + (length - start) % period
+        state, gflops = history[final_index]
+    return Rollout(
+        problem=problem,
+        actions=tuple(taken),
+        length=length,
+        initial_gflops=initial,
+        final_nest=state.nest,
+        final_gflops=gflops,
+        final_actions=tuple(taken[:final_index]),
+        best_nest=best_nest,
+        best_gflops=best,
+        best_actions=tuple(taken[:best_length]),
+        measured=(evaluator.compiled - before) if evaluator is not None else 0,
+        failures=failures,
+        stopped=stopped,
+    )
+
+
+def replay(problem: Problem, names, evaluator: Evaluator, actions: ActionSet | None = None) -> list[float]:
+    """GFLOPS of the initial state and after each action of ``names``, under the env's rules
+    (a failed schedule leaves the state as it was)."""
+    actions = actions or ActionSet()
+    state = State(initial_nest(problem), 0)
+    gflops = evaluator(state.nest).gflops
+    values = [gflops]
+    for name in names:
+        following = actions.apply(state, actions.index(name))
+        if following is not None and following.nest is not state.nest:
+            measurement = evaluator(following.nest)
+            if measurement.ok:
+                state, gflops = following, measurement.gflops
+        elif following is not None:
+            state = following
+        values.append(gflops)
+    return values
