@@ -23,12 +23,11 @@ from pathlib import Path
 
 from looprl import defaults
 from looprl.backend.kernel import compile
-from looprl.env.actions import ActionSet, State
 from looprl.env.datasets import dataset_problems
-from looprl.ir.nest import initial_nest
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.timing import time_kernel
 from looprl.policy.loading import load_policy
+from looprl.policy.rollout import replay
 from looprl.policy.tune import tune
 from looprl.search import PAPER_ALGORITHMS, run
 
@@ -45,17 +44,6 @@ def spread(count: int):
 def retime(nest) -> float:
     kernel = compile(nest)
     return max(time_kernel(kernel, 0.033).gflops for _ in range(3))
-
-
-def per_step(problem, names, evaluator) -> list[float]:
-    """GFLOPS after each action of a sequence (measured through ``evaluator``)."""
-    actions = ActionSet()
-    state = State(initial_nest(problem), 0)
-    values = [evaluator(state.nest).gflops]
-    for name in names:
-        state = actions.apply(state, actions.index(name))
-        values.append(evaluator(state.nest).gflops)
-    return values
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                 writer.writerow({"problem": problem.name, "m": sizes["m"], "n": sizes["n"], "k": sizes["k"], "method": method,
                                  "seconds": f"{seconds:.3f}", "initial_gflops": f"{initial:.2f}", "found_gflops": f"{found:.2f}",
                                  "gflops": f"{gflops:.2f}", "actions": " ".join(names)})
-                for step, value in enumerate(per_step(problem, names, evaluator)):
+                for step, value in enumerate(replay(problem, names, evaluator)):
                     steps_writer.writerow([problem.name, method, step, f"{value:.2f}"])
                 handle.flush()
                 steps_handle.flush()

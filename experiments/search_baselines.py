@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
+import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-from looprl.cli.search import main as search_main
 from looprl.search import PAPER_ALGORITHMS
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -74,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algo", default=",".join(PAPER_ALGORITHMS))
     args = parser.parse_args(argv)
     path = RESULTS / f"search_{args.limit}x{args.budget:g}s.csv"
-    code = search_main(["--split", "test", "--limit", str(args.limit), "--budget", str(args.budget), "--algo", args.algo, "--cold", "--quiet", "--csv", str(path)])
+    command = [sys.executable, "-m", "looprl.search", "--split", "test", "--limit", str(args.limit), "--budget", str(args.budget),
+               "--algo", args.algo, "--cold", "--quiet", "--csv", str(path)]
+    code = subprocess.run(command, check=False).returncode
     if code != 0:
         return code
     print(f"{'algorithm':>10} {'n':>3} {'untuned':>8} {'best':>8} {'verified':>8} {'speedup':>8} {'seconds':>8} {'states':>7}")
