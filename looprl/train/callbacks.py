@@ -8,14 +8,7 @@ from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.utils.schedules.scheduler import Scheduler
 
 from looprl.train.exploration import apex_epsilon
-from looprl.train.metric_names import (
-    CACHE_HIT_RATE,
-    EPSILON,
-    FINAL_GFLOPS,
-    INVALID_RATE,
-    LOG_SPEEDUP,
-    SPEEDUP,
-)
+from looprl.train import metric_names as metrics
 
 
 class LoopNestCallbacks(RLlibCallback):
@@ -37,21 +30,21 @@ class LoopNestCallbacks(RLlibCallback):
         first, last = infos[0], infos[-1]
         if first.get("gflops", 0) > 0 and "gflops" in last:
             ratio = last["gflops"] / first["gflops"]
-            metrics_logger.log_value(SPEEDUP, ratio, reduce="mean", window=100)
+            metrics_logger.log_value(metrics.SPEEDUP, ratio, reduce="mean", window=100)
             if ratio > 0:
-                metrics_logger.log_value(LOG_SPEEDUP, math.log(ratio), reduce="mean", window=100)
-            metrics_logger.log_value(FINAL_GFLOPS, last["gflops"], reduce="mean", window=100)
+                metrics_logger.log_value(metrics.LOG_SPEEDUP, math.log(ratio), reduce="mean", window=100)
+            metrics_logger.log_value(metrics.FINAL_GFLOPS, last["gflops"], reduce="mean", window=100)
         measured = [info["from_cache"] for info in infos[1:] if info.get("from_cache") is not None]
         if measured:
-            metrics_logger.log_value(CACHE_HIT_RATE, sum(measured) / len(measured), reduce="mean", window=100)
+            metrics_logger.log_value(metrics.CACHE_HIT_RATE, sum(measured) / len(measured), reduce="mean", window=100)
         steps = infos[1:]
         if steps:
-            metrics_logger.log_value(INVALID_RATE, sum(not i.get("valid", True) for i in steps) / len(steps), reduce="mean", window=100)
+            metrics_logger.log_value(metrics.INVALID_RATE, sum(not i.get("valid", True) for i in steps) / len(steps), reduce="mean", window=100)
         epsilon = getattr(getattr(env_runner, "module", None), "epsilon_schedule", None)
         if epsilon is not None:
             value = epsilon.get_current_value()
             if isinstance(value, float) and math.isfinite(value):
-                metrics_logger.log_value(EPSILON, value, reduce="mean", window=100)
+                metrics_logger.log_value(metrics.EPSILON, value, reduce="mean", window=100)
 
 
 class ApexCallbacks(LoopNestCallbacks):

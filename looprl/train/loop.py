@@ -31,14 +31,7 @@ from typing import Any
 import yaml
 
 from looprl.interrupts import terminate_as_interrupt
-from looprl.train.metric_names import (
-    CACHE_HIT_RATE,
-    EPSILON,
-    FINAL_GFLOPS,
-    INVALID_RATE,
-    LOG_SPEEDUP,
-    SPEEDUP,
-)
+from looprl.train import metric_names as metrics
 
 METRICS = [
     "iteration", "env_steps", "episodes", "episode_reward_mean", "speedup_mean", "speedup_geomean", "final_gflops_mean",
@@ -158,12 +151,12 @@ def metrics_row(result: dict[str, Any], state: RunState, iteration_s: float) -> 
         "env_steps": state.env_steps,
         "episodes": runners.get("num_episodes", 0),
         "episode_reward_mean": runners.get("episode_return_mean", math.nan),
-        "speedup_mean": runners.get(SPEEDUP, math.nan),
-        "speedup_geomean": math.exp(runners[LOG_SPEEDUP]) if LOG_SPEEDUP in runners else math.nan,
-        "final_gflops_mean": runners.get(FINAL_GFLOPS, math.nan),
-        "cache_hit_rate": runners.get(CACHE_HIT_RATE, math.nan),
-        "invalid_rate": runners.get(INVALID_RATE, math.nan),
-        "epsilon_mean": runners.get(EPSILON, math.nan),
+        "speedup_mean": runners.get(metrics.SPEEDUP, math.nan),
+        "speedup_geomean": math.exp(runners[metrics.LOG_SPEEDUP]) if metrics.LOG_SPEEDUP in runners else math.nan,
+        "final_gflops_mean": runners.get(metrics.FINAL_GFLOPS, math.nan),
+        "cache_hit_rate": runners.get(metrics.CACHE_HIT_RATE, math.nan),
+        "invalid_rate": runners.get(metrics.INVALID_RATE, math.nan),
+        "epsilon_mean": runners.get(metrics.EPSILON, math.nan),
         "env_steps_per_s": sampled / iteration_s if iteration_s > 0 else math.nan,
         "iteration_s": iteration_s,
         "elapsed_s": state.elapsed_s,
