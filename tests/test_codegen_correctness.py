@@ -1,11 +1,13 @@
 """Every reachable schedule computes what numpy computes, without touching memory it must not."""
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import looprl
 from looprl.backend import codegen
+from looprl.backend.jit import host_cpu
 from looprl.backend.target import Target
 from tests.guarded import GuardedArray
 
@@ -112,15 +114,28 @@ def test_expert_schedule_with_tails():
     assert_matches(problem, looprl.compile(nest), a, b)
 
 
-def test_repetitions_give_the_same_result():
+HOST_HAS_AVX512 = "+avx512f" in host_cpu()[1].split(",")
+
+
+@pytest.mark.parametrize("target", [Target(16, 32), Target(8, 16), Target(4, 16)], ids=["avx512", "avx2", "sse"])
+def test_repetitions_give_the_same_result(target):
+    """With the reduction outside the register tile the accumulator is zeroed by a separate
+    pass: every repetition must start again from zero. The kernel is compiled for the very
+    target whose plan is asserted (AVX-512 code runs only where the host has AVX-512)."""
     problem = looprl.matmul(20, 40, 30)
     nest = looprl.initial_nest(problem).swap(0)  # k outermost: the reduction is outside the register tile
-    assert not codegen.plan(nest, Target(16, 32)).zero_init
-    kernel = looprl.compile(nest)
+    assert not codegen.plan(nest, target).zero_init
+    if target.vector_width == 16 and not HOST_HAS_AVX512:
+        pytest.skip("the host has no AVX-512: the plan is checked, the kernel cannot run")
+    kernel = looprl.compile(nest, target=target)
+    assert "llvm.memset" in kernel.ir  # the zeroing pass ...
+    assert f"<{target.vector_width} x float>" in kernel.ir  # ... in code of this target's width
     a, b = random_inputs(problem, 5)
     out = np.empty(problem.output_shape, np.float32)
-    kernel.run(a, b, out, reps=3)
-    np.testing.assert_allclose(out, reference(problem, a, b), atol=1e-4)
+    for reps in (1, 3):
+        out[...] = np.nan
+        kernel.run(a, b, out, reps=reps)
+        np.testing.assert_allclose(out, reference(problem, a, b), atol=1e-4)
 
 
 def test_guard_pages_catch_out_of_bounds_reads():

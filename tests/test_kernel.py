@@ -1,8 +1,12 @@
+import re
+
 import numpy as np
 import pytest
 
 import looprl
 from looprl.backend.buffers import aligned_copy, is_aligned
+from looprl.backend.jit import host_cpu
+from looprl.backend.target import Target
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +87,92 @@ def test_aligned_buffers():
         looprl.aligned_empty(4, alignment=48)
 
 
+# A packed single-precision FMA on a vector register, e.g. "vfmadd231ps 64(%rsi), %zmm3, %zmm2"
+# (AT&T syntax). A bare "fma" substring would also match "call fmaf", the scalar libcall that
+# LLVM emits when it cannot select the instruction.
+VECTOR_FMA = re.compile(r"^\s*vfmadd(132|213|231)ps\s+[^\n]*%(ymm|zmm)\d+", re.MULTILINE)
+FMA_CALL = re.compile(r"\bcall[a-z]*\s+[^\n]*\bfmaf?\b")
+
+
+def test_fma_patterns_tell_instructions_from_libcalls():
+    instructions = "\tvfmadd231ps\t64(%rsi), %zmm3, %zmm2\n\tvfmadd213ps\t%ymm0, %ymm1, %ymm2\n"
+    libcalls = "\tcallq\tfmaf@PLT\n\tcall\tfmaf\n\tvfmadd231ss\t%xmm0, %xmm1, %xmm2\n"
+    assert len(VECTOR_FMA.findall(instructions)) == 2 and not FMA_CALL.search(instructions)
+    assert not VECTOR_FMA.search(libcalls) and len(FMA_CALL.findall(libcalls)) == 2
+
+
+@pytest.mark.skipif("+fma" not in host_cpu()[1].split(","), reason="the host has no FMA instructions")
 def test_kernel_exposes_ir_and_assembly():
     kernel = looprl.compile(looprl.initial_nest(looprl.matmul(16, 32, 8)))
     assert "define void @looprl_kernel" in kernel.ir
-    assert "fma" in kernel.assembly()
+    assembly = kernel.assembly()
+    assert VECTOR_FMA.search(assembly), "no vector FMA instruction in the kernel's assembly"
+    assert not FMA_CALL.search(assembly), "the kernel calls fmaf instead of using FMA instructions"
+
+
+def test_workspace_must_not_overlap_inputs_or_output(kernel):
+    a, b = inputs()
+    out = looprl.aligned_zeros((12, 20))
+    storage = looprl.aligned_zeros(12 * 8 + 12 * 20)
+    shared_a = storage[: 12 * 8].reshape(12, 8)
+    shared_a[...] = a
+    with pytest.raises(ValueError, match="workspace overlaps the first input"):
+        kernel.run(shared_a, b, out, workspace=storage[50 : 50 + 12 * 20])
+    np.testing.assert_array_equal(shared_a, a)  # the input is intact
+    storage = looprl.aligned_zeros(8 * 20 + 12 * 20)
+    shared_b = storage[12 * 20 :].reshape(8, 20)
+    shared_b[...] = b
+    with pytest.raises(ValueError, match="workspace overlaps the second input"):
+        kernel.run(a, shared_b, out, workspace=storage[1:])
+    np.testing.assert_array_equal(shared_b, b)
+    with pytest.raises(ValueError, match="workspace overlaps the output"):
+        kernel.run(a, b, out, workspace=out)
+    readonly = np.zeros((12, 20), np.float32)
+    readonly.flags.writeable = False
+    with pytest.raises(ValueError, match="workspace array is read-only"):
+        kernel.run(a, b, out, workspace=readonly)
+    kernel.run(a, b, out, workspace=storage[: 12 * 20])  # adjacent but disjoint: fine
+    np.testing.assert_allclose(out, a @ b, atol=1e-5)
+
+
+def test_reps_must_fit_the_kernel_loop_count(kernel):
+    a, b = inputs()
+    out = np.empty((12, 20), np.float32)
+    # 2**64 wrapped to 0 repetitions (nothing computed); larger than 2**31 - 1 is refused outright
+    for reps in (2**64, 2**64 + 1, 2**63, 2**31, -1, 0):
+        with pytest.raises(ValueError, match="reps must be a positive integer"):
+            kernel.run(a, b, out, reps=reps)
+    for reps in (True, np.True_, 2.0, "2", None, np.array([2])):
+        with pytest.raises(ValueError, match="reps must be a positive integer"):
+            kernel.run(a, b, out, reps=reps)
+    for reps in (np.int64(2), np.int32(3), np.uint8(1), np.array(2)):
+        out[...] = 0
+        kernel.run(a, b, out, reps=reps)
+        np.testing.assert_allclose(out, a @ b, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", ["avx2", "avx512", 16, (16, 32), {"vector_width": 8}])
+def test_compile_rejects_targets_that_are_not_targets(target):
+    with pytest.raises(ValueError, match=f"expects target to be a looprl Target or None, got {type(target).__name__}"):
+        looprl.compile(looprl.initial_nest(looprl.matmul(4, 4, 4)), target=target)
+
+
+def test_compile_accepts_a_target():
+    kernel = looprl.compile(looprl.initial_nest(looprl.matmul(4, 8, 4)), target=Target(4, 16))
+    assert "<4 x float>" in kernel.ir and "<8 x float>" not in kernel.ir
+
+
+def test_aligned_buffers_take_numpy_integers_and_refuse_bad_shapes():
+    assert looprl.aligned_empty(np.int64(5)).shape == (5,)
+    assert looprl.aligned_empty((np.int32(2), np.uint8(3))).shape == (2, 3)
+    assert looprl.aligned_empty(np.array(4)).shape == (4,)
+    assert looprl.aligned_zeros(0).shape == (0,)
+    for bad, message in (
+        (-1, "negative extent"),
+        ((2, -3), "negative extent"),
+        (2.0, "must be an integer"),
+        ((2, True), "must be an integer"),
+        (None, "shape must be"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            looprl.aligned_empty(bad)

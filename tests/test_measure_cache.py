@@ -48,17 +48,27 @@ def test_corrupt_cache_is_rebuilt_with_a_warning(cache_path):
     nest = looprl.initial_nest(looprl.matmul(16, 16, 16))
     with MeasurementCache(cache_path) as cache:
         cache.put(nest, 1.0)
-    for suffix in ("-wal", "-shm"):
-        if os.path.exists(cache_path + suffix):
-            os.remove(cache_path + suffix)
+    assert not os.path.exists(cache_path + "-wal")  # the last close checkpointed it
+    with open(cache_path, "rb") as handle:
+        damaged = bytearray(handle.read())
+    damaged[100:4096] = bytes(range(256)) * 15 + bytes(range(156))  # page 1 past the header: the schema
     with open(cache_path, "wb") as handle:
-        handle.write(b"this is not a database" * 100)
-    with pytest.warns(RuntimeWarning, match="unreadable"):
+        handle.write(damaged)
+    with pytest.warns(RuntimeWarning, match="is corrupt") as caught:
         cache = MeasurementCache(cache_path)
+    folder = os.path.dirname(cache_path)
+    aside = [os.path.join(folder, name) for name in os.listdir(folder) if ".corrupt-" in name]
+    assert len(aside) == 1 and aside[0].startswith(cache_path + ".corrupt-")
+    with open(aside[0], "rb") as handle:
+        assert handle.read() == bytes(damaged)  # moved aside untouched
+    message = str(caught[0].message)
+    assert f"measurement cache {cache_path} is corrupt" in message and message.endswith(f"moved it to {aside[0]} and started a new one")
     assert cache.get(nest) is None
     cache.put(nest, 2.0)
     assert cache.get(nest) == 2.0
-    assert any(".corrupt-" in name for name in os.listdir(os.path.dirname(cache_path)))
+    cache.close()
+    with MeasurementCache(cache_path) as reopened:  # the new cache is a working file in place
+        assert reopened.get(nest) == 2.0
 
 
 def _writer(path, worker, count):

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 import looprl
@@ -79,3 +80,29 @@ def test_key_distinguishes_schedules():
     base = looprl.initial_nest(looprl.matmul(16, 16, 16))
     keys = {base.key, base.swap(0).key, base.split(0, 4).key, base.split(0, 8).key, base.split(3, 4).key}
     assert len(keys) == 5
+
+
+def test_numpy_integers_are_accepted_as_indices_and_factors():
+
+    nest = looprl.initial_nest(looprl.matmul(8, 8, 8))
+    split = nest.split(np.int64(1), np.int32(4))
+    assert split == nest.split(1, 4) and split.key == nest.split(1, 4).key
+    assert all(type(value) is int for lp in split.loops for value in (lp.size, lp.step, lp.tail))
+    assert nest.split(np.array(1), np.array(4)) == split  # 0-d integer arrays too
+    assert nest.split(np.uint8(1), np.uint64(4)) == split
+    assert nest.swap(np.int64(0)) == nest.swap(0)
+    assert nest.swap(np.array(0)) == nest.swap(0)
+    assert nest.apply([("split", np.int64(1), np.int16(4)), ("swap", np.int8(0))]) == nest.apply([("split", 1, 4), ("swap", 0)])
+    with pytest.raises(ValueError, match="out of range"):
+        nest.swap(np.int64(-1))
+
+
+@pytest.mark.parametrize("bad", [True, False, np.True_, 4.0, np.float32(4), np.array([4]), np.array(4.0), None, "4"])
+def test_bools_floats_and_arrays_are_refused(bad):
+    nest = looprl.initial_nest(looprl.matmul(8, 8, 8))
+    with pytest.raises(ValueError, match="split factor must be an integer"):
+        nest.split(0, bad)
+    with pytest.raises(ValueError, match="loop index must be an integer"):
+        nest.split(bad, 4)
+    with pytest.raises(ValueError, match="loop index must be an integer"):
+        nest.swap(bad)

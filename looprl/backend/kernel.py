@@ -11,7 +11,10 @@ from looprl.backend import codegen
 from looprl.backend.buffers import aligned_empty
 from looprl.backend.jit import CompiledModule
 from looprl.backend.target import Target, host_target
+from looprl.ir.integers import as_int
 from looprl.ir.nest import LoopNest
+
+MAX_REPS = 2**31 - 1  # reps reach the kernel as an i64 loop count; keep far from any wrap-around
 
 _SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
 
@@ -37,8 +40,10 @@ class Kernel:
         return out
 
     def run(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, reps: int = 1, workspace: np.ndarray | None = None) -> None:
-        """Compute into ``out`` ``reps`` times. ``workspace`` (float32, output-sized) is the
-        accumulator; pass one to avoid an allocation per call."""
+        """Compute into ``out`` ``reps`` times (1 to ``2**31 - 1``, a Python or numpy integer).
+        ``workspace`` (float32, C-contiguous, at least output-sized, overlapping neither input
+        nor the output) is the accumulator; pass one to avoid an allocation per call."""
+        reps = _check_reps(reps)
         self._check(a, "first input", self.problem.input_shapes[0])
         self._check(b, "second input", self.problem.input_shapes[1])
         self._check(out, "output", self.problem.output_shape)
@@ -52,8 +57,11 @@ class Kernel:
             self._check(workspace, "workspace", None)
             if workspace.size < out.size:
                 raise ValueError(f"workspace has {workspace.size} elements; the output needs {out.size}")
-        if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
-            raise ValueError(f"reps must be a positive integer, got {reps!r}")
+            if not workspace.flags.writeable:
+                raise ValueError("workspace array is read-only")
+            for what, array in (("the first input", a), ("the second input", b), ("the output", out)):
+                if np.shares_memory(workspace, array):
+                    raise ValueError(f"workspace overlaps {what}; the kernel overwrites its workspace")
         self._function(a.ctypes.data, b.ctypes.data, out.ctypes.data, workspace.ctypes.data, reps)
 
     def raw_call(self, pointers: tuple[int, int, int, int], reps: int) -> None:
@@ -79,11 +87,27 @@ class Kernel:
         return f"<Kernel {self.problem.name} [{self.nest.key}] compiled in {self.compile_seconds * 1e3:.2f} ms>"
 
 
+def _check_reps(reps) -> int:
+    """``reps`` as a Python int in 1..MAX_REPS (numpy integers accepted, bools refused)."""
+    try:
+        count = as_int(reps, "reps")
+    except ValueError:
+        raise ValueError(f"reps must be a positive integer, got {reps!r}") from None
+    if not 1 <= count <= MAX_REPS:
+        raise ValueError(f"reps must be a positive integer of at most 2**31 - 1 = {MAX_REPS}, got {count}")
+    return count
+
+
 def compile(nest: LoopNest, target: Target | None = None) -> Kernel:  # noqa: A001 - public API name
-    """Generate LLVM IR for ``nest`` and JIT-compile it for this host."""
+    """Generate LLVM IR for ``nest`` (for ``target``, default the host's) and JIT-compile it
+    for this host."""
     if not isinstance(nest, LoopNest):
         raise ValueError(f"compile() expects a LoopNest, got {type(nest).__name__}")
+    if target is None:
+        target = host_target()
+    elif not isinstance(target, Target):
+        raise ValueError(f"compile() expects target to be a looprl Target or None, got {type(target).__name__} {target!r}")
     start = time.perf_counter()
-    ir = codegen.generate_ir(nest, target or host_target())
+    ir = codegen.generate_ir(nest, target)
     module = CompiledModule(ir, codegen.KERNEL_NAME)
     return Kernel(nest, ir, module, time.perf_counter() - start)

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from looprl import defaults
+from looprl.cli.common import cache_path, run_command, writable_file, writable_folder
 from looprl.env.datasets import SPLITS, dataset_problems
 from looprl.interrupts import terminate_as_interrupt
 from looprl.ir.problem import as_problem
@@ -128,25 +129,28 @@ def _done_pairs(path: Path) -> set[tuple[str, str]]:
     """(problem, algorithm) pairs already in an existing CSV; interrupted rows are redone."""
     if not path.exists():
         return set()
-    with path.open(newline="", encoding="utf-8") as handle:
-        reader = csv.DictReader(handle)
-        if reader.fieldnames != CSV_FIELDS:
-            raise ValueError(f"{path} exists but is not a looprl.search CSV (columns differ); choose another --csv")
-        return {(row["problem"], row["algorithm"]) for row in reader if row["stopped"] != "interrupted"}
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            if reader.fieldnames != CSV_FIELDS:
+                raise ValueError(f"{path} exists but is not a looprl.search CSV (columns differ); choose another --csv")
+            return {(row["problem"], row["algorithm"]) for row in reader if row["stopped"] != "interrupted"}
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise ValueError(f"--csv {path} exists but cannot be read as a looprl.search CSV: {error}") from error
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    return run_command("looprl-search", lambda: _interruptible(args))
+
+
+def _interruptible(args) -> int:
     try:
         with terminate_as_interrupt():  # SIGTERM keeps the partial result too
             return _main(args)
-    except ValueError as error:
-        parser.error(str(error))
     except KeyboardInterrupt:  # outside a search (which handles it itself): nothing is lost
         print("interrupted", file=sys.stderr)
         return 130
-    return 2
 
 
 def _main(args) -> int:
@@ -170,13 +174,23 @@ def _main(args) -> int:
     )
     if args.cold and args.cache is not None:
         raise ValueError("--cold and --cache exclude each other")
-    shared = None if args.cold else Evaluator(args.cache, args.measure_budget_ms / 1000)
+    cache = cache_path(args.cache)
+    writable_folder(args.graph_dir, "--graph-dir")
+    if args.problem is not None:
+        problem = as_problem(args.problem)
+        if args.json is not None and len(algorithms) == 1:
+            writable_file(args.json, "--json")
+        else:
+            writable_folder(Path.cwd(), "the current folder (for the result JSON)")
+    else:
+        path = writable_file(args.csv if args.csv is not None else Path(f"search_{args.dataset}_{args.split}.csv"), "--csv")
+        done = _done_pairs(path)
+    shared = None if args.cold else Evaluator(cache, args.measure_budget_ms / 1000)
 
     def evaluator() -> Evaluator:
         return shared if shared is not None else Evaluator(":memory:", args.measure_budget_ms / 1000)
 
     if args.problem is not None:
-        problem = as_problem(args.problem)
         interrupted = False
         for algo in algorithms:
             result = run(problem, algo, evaluator=evaluator(), progress=_progress_printer(args.quiet, algo), **settings)
@@ -195,8 +209,6 @@ def _main(args) -> int:
     problems = dataset_problems(args.dataset, args.split)[args.offset:]
     if args.limit is not None:
         problems = problems[: args.limit]
-    path = args.csv if args.csv is not None else Path(f"search_{args.dataset}_{args.split}.csv")
-    done = _done_pairs(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fresh = not path.exists()
     total = len(problems) * len(algorithms)

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from looprl import defaults
+from looprl.cli.common import cache_path, run_command, writable_file, writable_folder
 from looprl.env.datasets import SPLITS, dataset_problems
 from looprl.measurement.evaluator import Evaluator
 from looprl.train.config import ALGORITHMS, load_agent, validate_agent
@@ -54,28 +55,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        if args.evaluate is not None:
-            return _evaluate(args)
-        return _train(args)
-    except ValueError as error:
-        parser.error(str(error))
-    return 2
+    args = build_parser().parse_args(argv)
+    return run_command("looprl-train", lambda: _evaluate(args) if args.evaluate is not None else _train(args))
 
 
 def _evaluate(args) -> int:
     from looprl.train.evaluate import evaluate, resolve_policy
 
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be positive, got {args.limit}")
+    writable_file(args.csv, "--csv")
+    cache = cache_path(args.cache)
     policy = resolve_policy(args.evaluate)
     problems = dataset_problems(args.dataset, args.split)
     if args.limit is not None:
-        if args.limit < 1:
-            raise ValueError(f"--limit must be positive, got {args.limit}")
         problems = problems[: args.limit]
     try:
-        evaluate(policy, problems, Evaluator(args.cache), use_mask=args.mask, numpy=args.numpy, csv_path=args.csv)
+        evaluate(policy, problems, Evaluator(cache), use_mask=args.mask, numpy=args.numpy, csv_path=args.csv)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -99,6 +95,8 @@ def _train(args) -> int:
 
     if args.resume and args.init_from is not None:
         raise ValueError("--init-from starts a new run; it cannot be combined with --resume")
+    cache_path(args.cache)
+    writable_folder(args.out, "--out")
     if args.resume:
         if args.out is None:
             raise ValueError("--resume needs --out RUN_FOLDER")

@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from looprl.cli.common import cache_path, run_command
 from looprl.ir.problem import contraction, matmul
 from looprl.policy.tune import tune
 
@@ -50,14 +51,15 @@ def _problem(args):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        problem = _problem(args)
-        policy = args.policy if args.policy == "default" else Path(args.policy)
-        result = tune(problem, policy, steps=args.steps, measure=not args.no_measure, cache=args.cache)
-    except ValueError as error:
-        parser.error(str(error))
+    args = build_parser().parse_args(argv)
+    return run_command("looprl-tune", lambda: _main(args))
+
+
+def _main(args) -> int:
+    problem = _problem(args)
+    cache = cache_path(args.cache)
+    policy = args.policy if args.policy == "default" else Path(args.policy)
+    result = tune(problem, policy, steps=args.steps, measure=not args.no_measure, cache=cache)
     print(result.nest.to_text())
     print("actions:", " ".join(result.actions) or "(none)")
     print(f"{result.gflops:.1f} GFLOPS, {result.speedup:.2f}x over the untuned nest ({result.initial_gflops:.1f} GFLOPS); "

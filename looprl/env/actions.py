@@ -22,6 +22,7 @@ import numpy as np
 
 from looprl import defaults
 from looprl.ir.nest import LoopNest
+from looprl.ir.problem import Problem
 
 MOVES = ("up", "down")
 SWAPS = ("swap_up", "swap_down")
@@ -44,6 +45,8 @@ class ActionSet:
     """The discrete actions for a given set of split factors and loop bound."""
 
     def __init__(self, split_factors=defaults.SPLIT_FACTORS, max_loops: int = defaults.MAX_LOOPS):
+        if isinstance(split_factors, (str, bytes)) or not hasattr(split_factors, "__iter__"):
+            raise ValueError(f"split_factors must be a sequence of integers, got {split_factors!r}")
         factors = tuple(split_factors)
         if not factors:
             raise ValueError("split_factors must not be empty")
@@ -106,11 +109,16 @@ class ActionSet:
 
     def check_fits(self, problem) -> None:
         """Refuse a problem whose untiled nest already has more than ``max_loops`` loops."""
+        if not isinstance(problem, Problem):
+            raise ValueError(f"expected a Problem, got {type(problem).__name__}")
         loops = len(problem.dims) + len(problem.output)
         if loops > self.max_loops:
             raise ValueError(f"problem {problem.name} starts with {loops} loops, more than max_loops={self.max_loops}")
 
     def validate(self, action) -> int:
+        """``action`` as an int: a Python or numpy integer (a 0-d array included), not a bool."""
+        if isinstance(action, np.ndarray) and action.ndim == 0:
+            action = action[()]  # the numpy scalar it holds
         if isinstance(action, (bool, np.bool_)) or not isinstance(action, (int, np.integer)):
             raise ValueError(f"action must be an integer in 0..{len(self) - 1}, got {action!r}")
         if not 0 <= action < len(self):

@@ -85,7 +85,7 @@ def load_dataset(name: str) -> dict:
 
 def dataset_problems(name: str, split: str = "train") -> tuple[Problem, ...]:
     """The problems of ``split`` ("train", "test" or "all") of dataset ``name``."""
-    if split not in SPLITS:
+    if not isinstance(split, str) or split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
     content = load_dataset(name)
     rows = content["train"] + content["test"] if split == "all" else content[split]
@@ -95,7 +95,7 @@ def dataset_problems(name: str, split: str = "train") -> tuple[Problem, ...]:
 
 
 def _definition(name: str) -> dict:
-    if name not in _DEFINITIONS:
+    if not isinstance(name, str) or name not in _DEFINITIONS:
         raise ValueError(f"unknown dataset {name!r}; known datasets: {', '.join(dataset_names())}")
     return _DEFINITIONS[name]
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import gymnasium as gym
 import networkx as nx
@@ -47,6 +47,7 @@ from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, as_problem
 from looprl.measurement.evaluator import Evaluator, Measurement
 from looprl.measurement.peak import peak_gflops
+from looprl.measurement.timing import check_budget
 
 logger = logging.getLogger("looprl.env")
 
@@ -61,10 +62,17 @@ def env_problems(dataset: str = defaults.DATASET, split: str = "train", problems
         return dataset_problems(dataset, split)
     if isinstance(problems, (str, Problem)):
         problems = [problems]
-    resolved = tuple(as_problem(p) for p in problems)
+    if not hasattr(problems, "__iter__"):
+        raise ValueError(f"problems must be a list of Problems or problem strings, got {type(problems).__name__}")
+    resolved = []
+    for index, item in enumerate(problems):
+        try:
+            resolved.append(as_problem(item))
+        except ValueError as error:
+            raise ValueError(f"problems[{index}]: {error}") from None
     if not resolved:
         raise ValueError("problems must not be empty")
-    return resolved
+    return tuple(resolved)
 
 
 class LoopNestEnv(gym.Env):
@@ -105,13 +113,13 @@ class LoopNestEnv(gym.Env):
         render_mode: str | None = None,
     ):
         self.problems = env_problems(dataset, split, problems)
-        if order not in ORDERS:
+        if not isinstance(order, str) or order not in ORDERS:
             raise ValueError(f"unknown order {order!r}; expected one of {', '.join(ORDERS)}")
-        if observation not in OBSERVATION_KINDS:
+        if not isinstance(observation, str) or observation not in OBSERVATION_KINDS:
             raise ValueError(f"unknown observation {observation!r}; expected one of {', '.join(OBSERVATION_KINDS)}")
         if isinstance(episode_length, bool) or not isinstance(episode_length, (int, np.integer)) or episode_length < 1:
             raise ValueError(f"episode_length must be a positive integer, got {episode_length!r}")
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+        if render_mode is not None and (not isinstance(render_mode, str) or render_mode not in self.metadata["render_modes"]):
             raise ValueError(f"unknown render_mode {render_mode!r}; supported: ansi")
         self.actions = ActionSet(split_factors, max_loops)
         self.max_loops = self.actions.max_loops
@@ -121,10 +129,11 @@ class LoopNestEnv(gym.Env):
         self.episode_length = int(episode_length)
         self.normalized = observation == "normalized"
         self.render_mode = render_mode
+        measure_budget_s = check_budget(measure_budget_s, "measure_budget_s")
+        if peak is not None:
+            peak = check_budget(peak, "peak", unit="GFLOPS")
         self.evaluator = Evaluator(cache, measure_budget_s)
-        if peak is not None and not (isinstance(peak, (int, float)) and math.isfinite(peak) and peak > 0):
-            raise ValueError(f"peak must be a positive number of GFLOPS, got {peak!r}")
-        self.peak = float(peak) if peak is not None else peak_gflops(self.evaluator.cache)
+        self.peak = peak if peak is not None else peak_gflops(self.evaluator.cache)
 
         self.max_extent = max(max(p.size(d) for d in p.dims) for p in self.problems)
         self.action_space = spaces.Discrete(len(self.actions))
@@ -184,24 +193,36 @@ class LoopNestEnv(gym.Env):
 
     # -- gymnasium API -------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        super().reset(seed=seed)
+        if seed is not None:
+            if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
+                raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
+            seed = int(seed)
+        if options is not None and not isinstance(options, Mapping):
+            raise ValueError(f"options must be a dict or None, got {type(options).__name__}")
         options = dict(options or {})
         unknown = set(options) - {"problem"}
         if unknown:
-            raise ValueError(f"unknown reset options {sorted(unknown)}; supported: 'problem'")
+            raise ValueError(f"unknown reset options {sorted(unknown, key=repr)}; supported: 'problem'")
+        problem = None
+        if options.get("problem") is not None:  # None: the next problem, as without the option
+            try:
+                problem = as_problem(options["problem"])
+            except ValueError as error:
+                raise ValueError(f"options['problem']: {error}") from None
+            self.actions.check_fits(problem)
+            dim = max(problem.dims, key=problem.size)
+            if problem.size(dim) > self.max_extent:
+                raise ValueError(
+                    f"problem {problem.name}: dimension {dim}={problem.size(dim)} is larger than {self.max_extent}, "
+                    "the largest extent this env's observation space was declared for; "
+                    "create the env with this problem among its problems"
+                )
+        super().reset(seed=seed)
         if seed is not None:
             self._position = seed % len(self.problems)
-        if options.get("problem") is not None:
-            problem = as_problem(options["problem"])
-            self.actions.check_fits(problem)
-            if max(problem.size(d) for d in problem.dims) > self.max_extent:
-                raise ValueError(
-                    f"problem {problem.name} has a dimension larger than {self.max_extent}, "
-                    "the largest extent the observation space was declared for"
-                )
-        elif self.order == "random":
+        if problem is None and self.order == "random":
             problem = self.problems[int(self.np_random.integers(len(self.problems)))]
-        else:
+        elif problem is None:
             problem = self.problems[self._position]
             self._position = (self._position + 1) % len(self.problems)
         self._state = State(initial_nest(problem), 0)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+from looprl.ir.integers import as_int
 from looprl.ir.problem import Problem
 
 COMPUTE = "compute"
@@ -118,10 +119,11 @@ class LoopNest:
     # -- transforms ------------------------------------------------------------
     def split(self, index: int, factor: int) -> "LoopNest":
         """Split loop ``index`` (size s) into an outer loop of ``s // factor`` iterations
-        (plus the tail) and an inner loop of ``factor`` iterations."""
+        (plus the tail) and an inner loop of ``factor`` iterations. ``index`` and ``factor``
+        may be Python or numpy integers."""
+        index = as_int(index, "loop index")
         loop = self._loop(index)
-        if isinstance(factor, bool) or not isinstance(factor, int):
-            raise ValueError(f"split factor must be an integer, got {factor!r}")
+        factor = as_int(factor, "split factor")
         if factor < 2:
             raise ValueError(f"split factor must be >= 2, got {factor}")
         if factor > loop.size:
@@ -132,20 +134,19 @@ class LoopNest:
 
     def swap(self, index: int) -> "LoopNest":
         """Exchange loop ``index`` with loop ``index + 1`` of the same nest."""
+        index = as_int(index, "loop index")
         first = self._loop(index)
         if index + 1 >= len(self) or self.loops[index + 1].nest != first.nest:
             raise ValueError(f"cannot swap loop {index}: it is the innermost loop of the {first.nest} nest")
         second = self.loops[index + 1]
         if first.var == second.var:
             raise ValueError(
-                f"cannot swap loops {index} and {index + 1}: both walk {first.var!r}, and the inner one "
-                "covers the outer one's step"
+                f"cannot swap loops {index} and {index + 1}: both walk {first.var!r}, and the inner one covers the outer one's step"
             )
         return self._replace_range(index, index + 2, (second, first))
 
     def _loop(self, index: int) -> Loop:
-        if isinstance(index, bool) or not isinstance(index, int):
-            raise ValueError(f"loop index must be an integer, got {index!r}")
+        """Loop ``index``, a Python int (callers convert with :func:`as_int`)."""
         if not 0 <= index < len(self):
             raise ValueError(f"loop index {index} out of range: the nest has {len(self)} loops")
         return self.loops[index]

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Mapping
 
-_SPEC_RE = re.compile(r"^([a-z]*),([a-z]*)->([a-z]*)$")
+from looprl import defaults
+from looprl.ir.integers import INT64_MAX, as_int
+
+_SPEC_RE = re.compile(r"([a-z]*),([a-z]*)->([a-z]*)")  # used with fullmatch: no trailing "\n"
+_MATMUL_RE = re.compile(r"\s*([0-9]+)\s*x\s*([0-9]+)\s*x\s*([0-9]+)\s*", re.ASCII | re.IGNORECASE)
+_SIZE_RE = re.compile(r"\s*([^=\s]*)\s*=\s*(-?[0-9]+)\s*", re.ASCII)
+FLOAT32_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -17,14 +24,17 @@ class Problem:
     ``spec`` is einsum notation with one lower-case letter per dimension
     (e.g. ``"mk,kn->mn"``); ``sizes`` maps every letter to its extent. All
     tensors are dense and row-major. Build one with :func:`matmul` or
-    :func:`contraction`, which validate their arguments.
+    :func:`contraction`. Construction validates the spec and the sizes, stores the sizes as
+    Python ints in first-appearance order, and refuses problems whose buffers would not fit
+    in :data:`looprl.defaults.MAX_BUFFER_BYTES` or whose indices would overflow ``i64``.
     """
 
     spec: str
     sizes: tuple[tuple[str, int], ...]
 
     def __post_init__(self) -> None:
-        _validate(self.spec, dict(self.sizes))
+        sizes = _validate(self.spec, _size_pairs(self.sizes))
+        object.__setattr__(self, "sizes", tuple((d, sizes[d]) for d in _first_appearance(self.spec)))
 
     # -- structure -----------------------------------------------------------------
     @cached_property
@@ -85,14 +95,20 @@ class Problem:
 
 def contraction(spec: str, /, sizes: Mapping[str, int] | None = None, **dims: int) -> Problem:
     """A contraction of two inputs in einsum notation, e.g.
-    ``contraction("bmk,bkn->bmn", b=4, m=64, k=32, n=16)``."""
+    ``contraction("bmk,bkn->bmn", b=4, m=64, k=32, n=16)``.
+
+    Spaces in ``spec`` are ignored; any other character outside ``a-z , ->`` (a newline or a
+    tab included) is an error. Sizes may be Python or numpy integers."""
     if not isinstance(spec, str):
         raise ValueError(f"spec must be a string like 'mk,kn->mn', got {spec!r}")
+    if sizes is not None and not isinstance(sizes, Mapping):
+        raise ValueError(f"sizes must be a mapping of dimension letter to size, got {type(sizes).__name__}")
     merged = dict(sizes or {})
+    twice = sorted(set(merged) & set(dims), key=repr)
+    if twice:
+        raise ValueError(f"size(s) of {twice} given both in the sizes mapping and as keywords")
     merged.update(dims)
-    spec = spec.replace(" ", "")
-    _validate(spec, merged)
-    return Problem(spec, tuple((d, int(merged[d])) for d in _first_appearance(spec)))
+    return Problem(spec.replace(" ", ""), tuple(merged.items()))
 
 
 def matmul(m: int, n: int, k: int) -> Problem:
@@ -101,21 +117,29 @@ def matmul(m: int, n: int, k: int) -> Problem:
 
 
 def parse_problem(text: str) -> Problem:
-    """Parse ``"MxNxK"`` (a matmul, m x n x k) or a :attr:`Problem.name` string."""
+    """Parse ``"MxNxK"`` (a matmul, m x n x k) or a :attr:`Problem.name` string.
+
+    Surrounding whitespace is ignored; anything else that is not part of the syntax is a
+    :class:`ValueError`."""
+    if not isinstance(text, str):
+        raise ValueError(f"expected a problem string like '128x64x256' or 'mk,kn->mn:m=..,k=..,n=..', got {type(text).__name__}")
     text = text.strip()
     if ":" in text:
         spec, _, rest = text.partition(":")
-        sizes = {}
-        for item in filter(None, rest.split(",")):
-            key, eq, value = item.partition("=")
-            if not eq or not value.strip().lstrip("-").isdigit():
-                raise ValueError(f"bad size {item!r} in problem {text!r}; expected letter=integer")
-            sizes[key.strip()] = int(value)
+        sizes: dict[str, int] = {}
+        for item in rest.split(","):
+            match = _SIZE_RE.fullmatch(item)
+            if not match:
+                raise ValueError(f"bad size {item!r} in problem {text!r}; expected letter=integer, comma-separated")
+            key, value = match.groups()
+            if key in sizes:
+                raise ValueError(f"size of {key!r} given twice in problem {text!r}")
+            sizes[key] = int(value)
         return contraction(spec, sizes)
-    parts = text.lower().split("x")
-    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+    match = _MATMUL_RE.fullmatch(text)
+    if not match:
         raise ValueError(f"cannot parse problem {text!r}; expected MxNxK or 'spec:m=..,n=..'")
-    m, n, k = (int(p) for p in parts)
+    m, n, k = (int(p) for p in match.groups())
     return matmul(m, n, k)
 
 
@@ -132,12 +156,33 @@ def _first_appearance(spec: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(spec.replace(",", "").replace("->", "")))
 
 
-def _validate(spec: str, sizes: Mapping[str, int]) -> None:
-    match = _SPEC_RE.match(spec)
+def _size_pairs(sizes) -> dict:
+    """``sizes`` (pairs of dimension and size, or a mapping) as a dict; repeats are errors."""
+    if isinstance(sizes, Mapping):
+        return dict(sizes)
+    try:
+        pairs = [tuple(pair) for pair in sizes]
+    except TypeError:
+        raise ValueError(f"sizes must be (dimension, size) pairs, got {sizes!r}") from None
+    if not all(len(pair) == 2 for pair in pairs):
+        raise ValueError(f"sizes must be (dimension, size) pairs, got {sizes!r}")
+    try:
+        result = dict(pairs)
+    except TypeError:
+        raise ValueError(f"sizes {sizes!r}: dimension names must be letters") from None
+    if len(result) != len(pairs):
+        raise ValueError(f"sizes {sizes!r} give a dimension twice")
+    return result
+
+
+def _validate(spec: str, sizes: Mapping[str, int]) -> dict[str, int]:
+    """Check ``spec`` and ``sizes``; the sizes as Python ints."""
+    if not isinstance(spec, str):
+        raise ValueError(f"spec must be a string like 'mk,kn->mn', got {spec!r}")
+    match = _SPEC_RE.fullmatch(spec)
     if not match:
         raise ValueError(
-            f"unsupported contraction spec {spec!r}: expected two inputs and one output of "
-            "lower-case letters, like 'mk,kn->mn'"
+            f"unsupported contraction spec {spec!r}: expected two inputs and one output of lower-case letters, like 'mk,kn->mn'"
         )
     left, right, out = match.groups()
     for name, term in (("first input", left), ("second input", right), ("output", out)):
@@ -149,14 +194,53 @@ def _validate(spec: str, sizes: Mapping[str, int]) -> None:
     if missing_out:
         raise ValueError(f"spec {spec!r}: output dimension(s) {missing_out} appear in no input")
     letters = set(left) | set(right)
-    unknown = sorted(set(sizes) - letters)
+    unknown = sorted(set(sizes) - letters, key=repr)
     if unknown:
         raise ValueError(f"spec {spec!r}: sizes given for unknown dimension(s) {unknown}")
     absent = sorted(letters - set(sizes))
     if absent:
         raise ValueError(f"spec {spec!r}: no size given for dimension(s) {absent}")
+    result = {}
     for dim, value in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, int) and not hasattr(value, "__index__"):
-            raise ValueError(f"size of {dim!r} must be an integer, got {value!r}")
-        if int(value) < 1:
+        result[dim] = as_int(value, f"size of {dim!r}")
+        if result[dim] < 1:
             raise ValueError(f"size of {dim!r} must be >= 1, got {value}")
+    _check_limits(spec, (left, right, out), result)
+    return result
+
+
+def _check_limits(spec: str, terms: tuple[str, str, str], sizes: dict[str, int]) -> None:
+    """Refuse sizes whose tensors or flop count overflow ``i64``, or whose float32 buffers
+    (two inputs, the output and the accumulator) exceed ``defaults.MAX_BUFFER_BYTES``.
+    Exact: Python ints do not overflow."""
+    described = f"{spec} with " + ", ".join(f"{d}={sizes[d]}" for d in _first_appearance(spec))
+    elements = [math.prod(sizes[d] for d in term) for term in terms]
+    for name, term, count in zip(("first input", "second input", "output"), terms, elements):
+        if count > INT64_MAX:
+            raise ValueError(
+                f"problem {described}: the {name} {term!r} has {count} elements, more than a signed "
+                "64-bit integer holds: its flat index overflows (the generated code indexes and counts with i64)"
+            )
+    flops = 2 * math.prod(sizes.values())
+    if flops > INT64_MAX:
+        raise ValueError(f"problem {described}: its flop count 2 x {flops // 2} = {flops} overflows a signed 64-bit integer")
+    needed = FLOAT32_BYTES * (elements[0] + elements[1] + 2 * elements[2])  # + the accumulator
+    limit = defaults.MAX_BUFFER_BYTES
+    if needed > limit:
+        raise ValueError(
+            f"problem {described} is too large: its float32 buffers (two inputs, output and "
+            f"accumulator) need {needed} bytes ({_in_units(needed)}), more than "
+            f"looprl.defaults.MAX_BUFFER_BYTES = {limit} ({_in_units(limit)})"
+        )
+
+
+def _in_units(count: int) -> str:
+    """``count`` bytes in the largest binary unit that keeps the number >= 1."""
+    if count < 1024:
+        return f"{count} bytes"
+    value, unit = count / 1024, "KiB"
+    for larger in ("MiB", "GiB", "TiB", "PiB", "EiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, larger
+    return f"{value:.4g} {unit}"

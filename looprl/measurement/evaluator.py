@@ -77,6 +77,8 @@ class Evaluator:
         strict: bool | None = None,
     ):
         self.budget_s = check_budget(budget_s)
+        if not (isinstance(timing_lock, bool) or timing_lock is None or hasattr(timing_lock, "__enter__")):
+            raise ValueError(f"timing_lock must be True, False or a context manager, got {type(timing_lock).__name__}")
         self.cache = open_cache(cache)
         if timing_lock is True:
             timing_lock = machine_lock()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import math
 
 from looprl.backend.jit import CompiledModule
 from looprl.backend.target import host_target
@@ -69,13 +70,15 @@ def measure_peak_gflops(budget_s: float = 0.5) -> float:
 
 def peak_gflops(cache=None, *, refresh: bool = False) -> float:
     """The host's measured fp32 peak (GFLOPS, one core), cached per host fingerprint in the
-    measurement cache (the default persistent one unless ``cache`` is given)."""
-    from looprl.measurement.cache import MeasurementCache
+    measurement cache (the default persistent one unless ``cache`` is given: a
+    :class:`~looprl.measurement.cache.MeasurementCache` or a path). A stored value that is not
+    a positive, finite number is measured again and replaced."""
+    from looprl.measurement.evaluator import open_cache
 
-    store = cache if cache is not None else MeasurementCache()
+    store = open_cache(cache)
     if not refresh:
         known = store.get_peak()
-        if known is not None:
+        if known is not None and math.isfinite(known) and known > 0:
             return known
     value = measure_peak_gflops()
     store.put_peak(value)

@@ -18,6 +18,8 @@ def load_policy(policy: Policy | str | Path) -> Policy:
     observation layout and action set this version of looprl produces."""
     if isinstance(policy, Policy):
         loaded, where = policy, "the given policy"
+    elif not isinstance(policy, (str, Path)):
+        raise ValueError(f"policy must be 'default', a policy folder or a Policy, got {type(policy).__name__}")
     else:
         path = DEFAULT_POLICY_DIR if policy == "default" else Path(policy)
         if policy == "default" and not path.exists():

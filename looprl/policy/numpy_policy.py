@@ -21,7 +21,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -60,7 +60,9 @@ class Policy:
     # -- loading -------------------------------------------------------------------------
     @staticmethod
     def load(path: str | Path) -> "Policy":
-        """Read a policy folder (``policy.json`` + ``policy.npz``) or either file of it."""
+        """Read a policy folder (``policy.json`` + ``policy.npz``) or either file of it.
+
+        A missing, corrupt or inconsistent file is a ValueError naming that file."""
         path = Path(path)
         folder = path if path.is_dir() else path.parent
         json_path, weights_path = folder / JSON_NAME, folder / WEIGHTS_NAME
@@ -68,36 +70,37 @@ class Policy:
             raise ValueError(f"no policy at {path}: expected {JSON_NAME} and {WEIGHTS_NAME} in {folder}")
         try:
             metadata = json.loads(json_path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as error:
+        except (OSError, ValueError, RecursionError) as error:  # ValueError: bad JSON or bad UTF-8
             raise ValueError(f"unreadable policy metadata {json_path}: {error}") from error
-        if metadata.get("format") != POLICY_FORMAT or metadata.get("format_version") != POLICY_FORMAT_VERSION:
-            raise ValueError(f"{json_path} is not a {POLICY_FORMAT} v{POLICY_FORMAT_VERSION} file")
-        try:
-            with np.load(weights_path, allow_pickle=False) as archive:
-                arrays = {name: archive[name].astype(np.float32) for name in archive.files}
-        except (OSError, ValueError) as error:
-            raise ValueError(f"unreadable policy weights {weights_path}: {error}") from error
-        return Policy.from_arrays(metadata, arrays)
+        arrays = read_weights(weights_path)
+        return Policy.from_arrays(metadata, arrays, metadata_source=str(json_path), weights_source=str(weights_path))
 
     @staticmethod
-    def from_arrays(metadata: dict[str, Any], arrays: dict[str, np.ndarray]) -> "Policy":
-        network = metadata.get("network")
-        if not isinstance(network, dict) or "trunk" not in network or "heads" not in network:
-            raise ValueError("policy metadata has no 'network' with 'trunk' and 'heads'")
+    def from_arrays(
+        metadata: dict[str, Any],
+        arrays: dict[str, np.ndarray],
+        *,
+        metadata_source: str = "policy metadata",
+        weights_source: str = "policy weights",
+    ) -> "Policy":
+        """A policy from its metadata and named arrays, both checked; errors name
+        ``metadata_source`` or ``weights_source`` (the files, when loading)."""
+        check_metadata(metadata, metadata_source)
+        network = metadata["network"]
 
-        def layers(specs) -> tuple[Dense, ...]:
+        def layers(specs: list[dict[str, str]], where: str) -> tuple[Dense, ...]:
             built = []
-            for spec in specs:
-                for key in ("weight", "bias"):
-                    if spec[key] not in arrays:
-                        raise ValueError(f"policy weights lack array {spec[key]!r}")
-                if spec["activation"] not in _ACTIVATIONS:
-                    raise ValueError(f"unknown activation {spec['activation']!r}")
-                built.append(Dense(arrays[spec["weight"]], arrays[spec["bias"]], spec["activation"]))
+            for position, spec in enumerate(specs):
+                layer = f"{where}[{position}]"
+                weight = _layer_array(arrays, spec["weight"], 2, f"{layer}.weight", weights_source)
+                bias = _layer_array(arrays, spec["bias"], 1, f"{layer}.bias", weights_source)
+                built.append(Dense(weight, bias, spec["activation"]))
             return tuple(built)
 
-        policy = Policy(metadata, layers(network["trunk"]), {name: layers(specs) for name, specs in network["heads"].items()})
-        policy._check_shapes()
+        trunk = layers(network["trunk"], "network.trunk")
+        heads = {name: layers(specs, f"network.heads.{name}") for name, specs in network["heads"].items()}
+        policy = Policy(metadata, trunk, heads)
+        policy._check_shapes(weights_source)
         return policy
 
     def save(self, folder: str | Path) -> Path:
@@ -156,20 +159,152 @@ class Policy:
             scores = np.where(mask.astype(bool), scores, -np.inf)
         return int(np.argmax(scores))
 
-    def _check_shapes(self) -> None:
+    def _check_shapes(self, where: str = "policy weights") -> None:
         width = int(math.prod(self.observation_shape))
-        for layer in self.trunk:
-            if layer.weight.ndim != 2 or layer.weight.shape[1] != width or layer.bias.shape != (layer.weight.shape[0],):
-                raise ValueError(f"policy trunk layer shapes do not chain: {layer.weight.shape} after width {width}")
-            width = layer.weight.shape[0]
-        greedy = self.metadata["network"].get("greedy")
-        if greedy not in self.heads:
-            raise ValueError(f"greedy head {greedy!r} is not among the heads {sorted(self.heads)}")
+        for position, layer in enumerate(self.trunk):
+            width = _chain(layer, width, f"network.trunk[{position}]", where)
+        greedy = self.metadata["network"]["greedy"]
         for name, head in self.heads.items():
             inner = width
-            for layer in head:
-                if layer.weight.ndim != 2 or layer.weight.shape[1] != inner or layer.bias.shape != (layer.weight.shape[0],):
-                    raise ValueError(f"policy head {name!r} layer shapes do not chain")
-                inner = layer.weight.shape[0]
-        if self.heads[greedy][-1].weight.shape[0] != len(self.action_names):
-            raise ValueError(f"the greedy head has {self.heads[greedy][-1].weight.shape[0]} outputs for {len(self.action_names)} actions")
+            for position, layer in enumerate(head):
+                inner = _chain(layer, inner, f"network.heads.{name}[{position}]", where)
+        outputs = self.heads[greedy][-1].weight.shape[0]
+        if outputs != len(self.action_names):
+            raise ValueError(f"{where}: the greedy head {greedy!r} has {outputs} outputs for {len(self.action_names)} actions")
+
+
+def _chain(layer: Dense, width: int, name: str, where: str) -> int:
+    """The output width of ``layer`` after an input of ``width``; a ValueError if it does not fit."""
+    rows, columns = layer.weight.shape
+    if columns != width or layer.bias.shape != (rows,):
+        raise ValueError(
+            f"{where}: layer shapes do not chain at {name}: weight {layer.weight.shape} and bias {layer.bias.shape} "
+            f"after width {width}"
+        )
+    return rows
+
+
+# -- checking files ----------------------------------------------------------------------------
+_REQUIRED_KEYS = ("observation_shape", "action_names", "split_factors", "episode_length", "observation", "network")
+_OBSERVATIONS = ("raw", "normalized")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_positive_int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(_is_int(item) and item > 0 for item in value)
+
+
+def _kind(value: Any) -> str:
+    """The JSON name of a value's type, for messages."""
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+def check_metadata(metadata: Any, where: str = "policy metadata") -> None:
+    """Check the structure and types of a policy's metadata (not its arrays); a ValueError
+    starting with ``where`` names the first problem."""
+
+    def fail(problem: str) -> NoReturn:
+        raise ValueError(f"{where}: {problem}")
+
+    if not isinstance(metadata, dict):
+        fail(f"expected a JSON object, got {_kind(metadata)}")
+    version = metadata.get("format_version")
+    if metadata.get("format") != POLICY_FORMAT or not _is_int(version) or version != POLICY_FORMAT_VERSION:
+        fail(f"not a {POLICY_FORMAT} v{POLICY_FORMAT_VERSION} file (format {metadata.get('format')!r}, format_version {version!r})")
+    for key in _REQUIRED_KEYS:
+        if key not in metadata:
+            fail(f"missing key {key!r}")
+    shape = metadata["observation_shape"]
+    if not _is_positive_int_list(shape) or len(shape) != 2:
+        fail(f"observation_shape must be two positive integers, got {shape!r}")
+    names = metadata["action_names"]
+    if not isinstance(names, list) or not names or not all(isinstance(name, str) and name for name in names):
+        fail(f"action_names must be a non-empty list of names, got {names!r}")
+    if len(set(names)) != len(names):
+        fail(f"action_names repeat a name: {names!r}")
+    factors = metadata["split_factors"]
+    if not _is_positive_int_list(factors) or not factors:
+        fail(f"split_factors must be a non-empty list of positive integers, got {factors!r}")
+    length = metadata["episode_length"]
+    if not _is_int(length) or length < 1:
+        fail(f"episode_length must be a positive integer, got {length!r}")
+    if metadata["observation"] not in _OBSERVATIONS:
+        fail(f"observation must be one of {', '.join(_OBSERVATIONS)}, got {metadata['observation']!r}")
+    network = metadata["network"]
+    if not isinstance(network, dict):
+        fail(f"network must be an object, got {_kind(network)}")
+    for key in ("trunk", "heads", "greedy"):
+        if key not in network:
+            fail(f"missing key 'network.{key}'")
+    _check_layers(network["trunk"], "network.trunk", fail, allow_empty=True)
+    heads = network["heads"]
+    if not isinstance(heads, dict) or not heads:
+        fail(f"network.heads must be a non-empty object, got {heads!r}")
+    for name, specs in heads.items():
+        if not isinstance(name, str):
+            fail(f"network.heads: head names must be strings, got {name!r}")
+        _check_layers(specs, f"network.heads.{name}", fail, allow_empty=False)
+    greedy = network["greedy"]
+    if not isinstance(greedy, str) or greedy not in heads:
+        fail(f"network.greedy must name one of the heads {sorted(heads)}, got {greedy!r}")
+
+
+def _check_layers(specs: Any, where: str, fail, allow_empty: bool) -> None:
+    if not isinstance(specs, list) or not (specs or allow_empty):
+        fail(f"{where} must be a {'' if allow_empty else 'non-empty '}list of layers, got {specs!r}")
+    for position, spec in enumerate(specs):
+        layer = f"{where}[{position}]"
+        if not isinstance(spec, dict):
+            fail(f"{layer} must be an object with weight, bias and activation, got {_kind(spec)}")
+        for key in ("weight", "bias", "activation"):
+            if key not in spec:
+                fail(f"{layer} has no {key!r}")
+            if not isinstance(spec[key], str):
+                fail(f"{layer}.{key} must be a string, got {_kind(spec[key])}")
+        if spec["activation"] not in _ACTIVATIONS:
+            fail(f"{layer}: unknown activation {spec['activation']!r} (known: {', '.join(_ACTIVATIONS)})")
+
+
+def _layer_array(arrays: dict[str, Any], name: str, ndim: int, role: str, where: str) -> np.ndarray:
+    """The array ``name`` for ``role`` (e.g. ``network.trunk[0].weight``), checked to be finite,
+    numeric and ``ndim``-dimensional, as float32."""
+    if name not in arrays:
+        raise ValueError(f"{where}: policy weights lack array {name!r} (for {role})")
+    array = np.asarray(arrays[name])
+    if array.dtype.kind not in "iuf":
+        raise ValueError(f"{where}: array {name!r} (for {role}) is not numeric (dtype {array.dtype})")
+    if array.ndim != ndim:
+        raise ValueError(f"{where}: array {name!r} (for {role}) has shape {array.shape}; expected {ndim} dimensions")
+    with np.errstate(all="ignore"):  # values beyond float32 become inf, refused just below
+        array = array.astype(np.float32)
+    if not np.isfinite(array).all():
+        raise ValueError(f"{where}: array {name!r} (for {role}) holds NaN or infinite values")
+    return array
+
+
+def read_weights(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of a policy's ``.npz``, never unpickling; any corruption is a ValueError
+    naming ``path``."""
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except Exception as error:  # any exception: see below
+        # A damaged file makes numpy and zipfile raise almost anything (BadZipFile, zlib.error,
+        # EOFError, OSError, ValueError, SyntaxError from the .npy header, ...): all mean the same.
+        raise ValueError(f"unreadable policy weights {path}: {type(error).__name__}: {error}") from error
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise ValueError(f"unreadable policy weights {path}: not an .npz archive")
+    arrays = {}
+    with archive:
+        for name in archive.files:
+            try:
+                array = archive[name]
+            except Exception as error:  # as above; a bad CRC surfaces here
+                raise ValueError(f"unreadable policy weights {path}: array {name!r}: {type(error).__name__}: {error}") from error
+            if not isinstance(array, np.ndarray):
+                raise ValueError(f"unreadable policy weights {path}: member {name!r} is not a .npy array")
+            arrays[name] = array
+    return arrays

@@ -15,6 +15,7 @@ The rollout sees that cycle (as any other) and stops.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +28,10 @@ from looprl.backend.kernel import Kernel, compile
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, as_problem, matmul
 from looprl.measurement.evaluator import Evaluator
+from looprl.measurement.timing import check_budget
 from looprl.policy.loading import load_policy
 from looprl.policy.numpy_policy import Policy
-from looprl.policy.rollout import greedy_rollout
+from looprl.policy.rollout import greedy_rollout, policy_actions
 
 
 @dataclass(frozen=True)
@@ -83,9 +85,13 @@ def tune(
     ``cache``: the measurement cache (a path, ``":memory:"`` or None for the per-user one)."""
     started = time.perf_counter()
     problem = as_tunable_problem(problem)
-    loaded = load_policy(policy)
-    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
+    if isinstance(steps, (bool, np.bool_)) or not isinstance(steps, (int, np.integer)) or steps < 0:
         raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
+    budget_s = check_budget(budget_s, "budget_s")
+    if not isinstance(policy, (Policy, str, os.PathLike)):
+        raise ValueError(f"policy must be a Policy, 'default' or a path to a policy folder, got {type(policy).__name__}")
+    loaded = load_policy(policy)
+    policy_actions(loaded).check_fits(problem)  # before anything is measured
     evaluator = Evaluator(cache, budget_s)
     if measure:
         rollout = greedy_rollout(loaded, problem, evaluator, length=int(steps))

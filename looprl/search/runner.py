@@ -15,10 +15,11 @@ import numpy as np
 from looprl import defaults
 from looprl.backend.kernel import compile
 from looprl.env.actions import ActionSet
+from looprl.errors import CompileError, KernelError
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, as_problem
 from looprl.measurement.evaluator import Evaluator
-from looprl.measurement.timing import time_kernel
+from looprl.measurement.timing import check_budget, time_kernel
 from looprl.search.algorithms import parse_algorithm
 from looprl.search.context import BudgetExhausted, SearchContext
 
@@ -118,16 +119,20 @@ def run(
     The best of many short, noisy measurements is biased upwards, so the winner is measured
     again for ``verify_s`` seconds (outside the search budget; None skips it) and reported
     as ``verified_gflops``."""
+    if problem is None:
+        raise ValueError("problem is None; expected a Problem or a problem string like '128x64x256'")
     problem = as_problem(problem)
     function, options = parse_algorithm(algo)
-    if budget_s is not None and not (isinstance(budget_s, (int, float)) and budget_s > 0):
-        raise ValueError(f"budget_s must be a positive number of seconds or None, got {budget_s!r}")
-    if max_evaluations is not None and (isinstance(max_evaluations, bool) or not isinstance(max_evaluations, int) or max_evaluations < 1):
-        raise ValueError(f"max_evaluations must be a positive integer or None, got {max_evaluations!r}")
-    if verify_s is not None and not (isinstance(verify_s, (int, float)) and verify_s > 0):
-        raise ValueError(f"verify_s must be a positive number of seconds or None, got {verify_s!r}")
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-        raise ValueError(f"depth must be a positive integer, got {depth!r}")
+    budget_s = None if budget_s is None else check_budget(budget_s, "budget_s")
+    verify_s = None if verify_s is None else check_budget(verify_s, "verify_s")
+    measure_budget_s = check_budget(measure_budget_s, "measure_budget_s")
+    max_evaluations = None if max_evaluations is None else _integer(max_evaluations, "max_evaluations", 1)
+    depth = _integer(depth, "depth", 1)
+    seed = None if seed is None else _integer(seed, "seed", 0)
+    if evaluator is not None and not callable(evaluator):
+        raise ValueError(f"evaluator must be an Evaluator (callable on a LoopNest) or None, got {type(evaluator).__name__}")
+    if progress is not None and not callable(progress):
+        raise ValueError(f"progress must be a callable or None, got {type(progress).__name__}")
     actions = ActionSet(split_factors, max_loops)
     actions.check_fits(problem)
     evaluator = evaluator if evaluator is not None else Evaluator(cache, measure_budget_s)
@@ -167,12 +172,20 @@ def run(
             "depth": depth,
             "split_factors": list(actions.split_factors),
             "max_loops": actions.max_loops,
-            "measure_budget_s": evaluator.budget_s,
+            "measure_budget_s": getattr(evaluator, "budget_s", None),
             "seed": seed,
             "verify_s": verify_s,
         },
         graph=context.graph,
     )
+
+
+def _integer(value, what: str, minimum: int) -> int:
+    """``value`` as an int (a Python or numpy integer, not a bool) of at least ``minimum``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < minimum:
+        kind = "a positive" if minimum == 1 else "a non-negative"
+        raise ValueError(f"{what} must be {kind} integer, got {value!r}")
+    return int(value)
 
 
 def _verify(nest: LoopNest, seconds: float, evaluator) -> float | None:
@@ -183,5 +196,7 @@ def _verify(nest: LoopNest, seconds: float, evaluator) -> float | None:
         lock = getattr(evaluator, "timing_lock", None) or contextlib.nullcontext()
         with lock:
             return max(time_kernel(kernel, seconds / 3).gflops for _ in range(3))
-    except Exception:  # noqa: BLE001 - reported as "not verified"
+    except (CompileError, KernelError, MemoryError):
+        if getattr(evaluator, "strict", False):
+            raise
         return None

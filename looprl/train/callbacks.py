@@ -7,8 +7,8 @@ import math
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.utils.schedules.scheduler import Scheduler
 
-from looprl.train.exploration import apex_epsilon
 from looprl.train import metric_names as metrics
+from looprl.train.exploration import apex_epsilon
 
 
 class LoopNestCallbacks(RLlibCallback):
