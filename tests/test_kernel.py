@@ -151,14 +151,21 @@ def test_reps_must_fit_the_kernel_loop_count(kernel):
         np.testing.assert_allclose(out, a @ b, atol=1e-5)
 
 
-@pytest.mark.parametrize("target", ["avx2", "avx512", 16, (16, 32), {"vector_width": 8}])
+@pytest.mark.parametrize("target", [16, (16, 32), {"vector_width": 8}, 3.5])
 def test_compile_rejects_targets_that_are_not_targets(target):
-    with pytest.raises(ValueError, match=f"expects target to be a looprl Target or None, got {type(target).__name__}"):
+    with pytest.raises(ValueError, match=f"expects target to be a looprl Target, a target name or None, got {type(target).__name__}"):
         looprl.compile(looprl.initial_nest(looprl.matmul(4, 4, 4)), target=target)
 
 
+@pytest.mark.parametrize("name", ["avx1024", "neon", ""])
+def test_compile_rejects_unknown_target_names(name):
+    with pytest.raises(ValueError, match="unknown target"):
+        looprl.compile(looprl.initial_nest(looprl.matmul(4, 4, 4)), target=name)
+
+
 def test_compile_accepts_a_target():
-    kernel = looprl.compile(looprl.initial_nest(looprl.matmul(4, 8, 4)), target=Target(4, 16))
+    kernel = looprl.compile(looprl.initial_nest(looprl.matmul(4, 8, 4)), target=Target.named("sse4"))
+    assert kernel.target == Target.named("sse4")
     assert "<4 x float>" in kernel.ir and "<8 x float>" not in kernel.ir
 
 

@@ -3,16 +3,27 @@
 The loop order is taken as given. In the compute nest:
 
 * the innermost loop is vectorised when it walks the output's last (unit-stride) dimension:
-  its elements become vectors of the host width, the last one masked;
+  its elements become vectors of the target's width, the last one masked;
 * a *register scope* is the largest suffix of the nest whose output tile (in vectors, or
-  scalars when nothing vectorises) fits in the register file; the tile is loaded once before
-  the scope, kept in SSA values (phis across runtime loops) and stored once after it;
+  scalars when nothing vectorises) fits in the target's register file; the tile is loaded
+  once before the scope, kept in SSA values (phis across runtime loops) and stored once
+  after it;
+* when the tile that would keep a reduction loop in registers just misses the register
+  file, the scope still reaches out to that reduction loop and the tile is *register-blocked*:
+  split into rows x vectors blocks that each fit (with their live inputs) and give enough
+  independent accumulators to hide the multiply-add latency; each block runs the scope's
+  reduction loops with its accumulators in registers (the other output elements' order of
+  accumulation is unchanged, so the results are the same);
 * inside the scope, loops over output dimensions are unrolled (register indices must be
   static) and reduction loops are unrolled while the unrolled body stays under a bound;
 * outside the scope every loop is a runtime loop; tail iterations call small internal
   functions specialised on the remaining sizes (memoised, so tails never multiply the code);
-* when even the innermost vectorised loop does not fit, it streams vector by vector through
-  memory.
+* when even the innermost vectorised loop does not fit and no reduction loop can be brought
+  into a blocked scope, it streams vector by vector through memory;
+* targets without FMA instructions multiply, then add (``llvm.fma`` would become a libcall).
+
+Every number that depends on the CPU (lanes, registers, FMA) comes from the
+:class:`~looprl.backend.target.Target`.
 
 No LLVM IR passes run: the IR is already vectorised and in SSA form, so only the backend's
 code generation is needed (fast, and it avoids the O3 pipeline's memory leak).
@@ -29,12 +40,18 @@ from looprl.ir.problem import Problem
 
 KERNEL_NAME = "looprl_kernel"
 # Bump whenever generated code may change speed: it is part of the measurement cache key.
-CODEGEN_VERSION = 1
+CODEGEN_VERSION = 2
 # Unroll a reduction loop inside the register scope while the unrolled body has at most this
 # many multiply-adds (the reference backend used ~320).
 UNROLL_LIMIT = 64
 # Write-back: unroll the copy of the innermost loop up to this many vectors.
 COPY_UNROLL = 8
+# Independent accumulators that hide multiply-add latency (x86 cores from Haswell/Zen on:
+# two FMA pipes of latency 4). Register blocks smaller than this run latency-bound.
+FMA_CHAINS = 8
+# A register-blocked scope holds at most this many register files' worth of output tile
+# (bounds the unrolled code; beyond it the scope stays where the whole tile fits).
+BLOCKED_TILE_FILES = 4
 TENSORS = ("in0", "in1", "out", "acc")
 
 
@@ -164,6 +181,8 @@ class ComputePlan:
     streaming: bool  # the innermost vectorised loop alone does not fit in registers
     zero_init: bool  # every reduction loop is inside the scope: tiles start at zero
     tile_registers: int  # registers the output tile takes in the full context
+    blocks: int = 1  # register blocks the tile is split into (1: the whole tile fits)
+    block_registers: int = 0  # accumulators of the largest block (== tile_registers when 1 block)
 
 
 class _NestEmitter:
@@ -218,6 +237,7 @@ class _ComputeEmitter(_NestEmitter):
         coefs = {"in0": strides(problem, in0), "in1": strides(problem, in1), "acc": strides(problem, problem.output)}
         super().__init__(module, nest.compute, coefs, "compute")
         self.output_dims = set(problem.output)
+        self._subtrees: dict[tuple, frozenset[int]] = {}
         self.plan = self._plan(problem)
         self.inner_start = self.plan.scope_start
 
@@ -227,6 +247,7 @@ class _ComputeEmitter(_NestEmitter):
         innermost = self.loops[-1]
         vector_var = innermost.var if problem.output[-1] == innermost.var else None
         registers = self.module.target.registers
+        self.vector_var = vector_var
         if vector_var is None:
             start, tile = n, 1
             for level in range(n - 1, -1, -1):
@@ -244,11 +265,80 @@ class _ComputeEmitter(_NestEmitter):
                 if size + live_inputs > registers:
                     break
                 start, tile, streaming = level, size, False
+        # Register blocking: reach out to the outermost reduction loop whose tile is at most a
+        # few register files, so that the reduction runs with accumulators in registers.
+        limit = BLOCKED_TILE_FILES * registers
+        reach = start
+        for level in range(start - 1, -1, -1):
+            size = self.tile_size(level, self.entry_budgets(level), vector_var)
+            if size > limit:
+                break
+            if self.loops[level].var not in self.output_dims:
+                reach = level
+        if reach < start:
+            start, tile, streaming = reach, self.tile_size(reach, self.entry_budgets(reach), vector_var), False
         reduction_outside = any(lp.var not in self.output_dims for lp in self.loops[:start])
-        return ComputePlan(vector_var, start, streaming, not reduction_outside, tile)
+        self.scope_start = start
+        blocks = [] if streaming else self.blocks(start, dict(self.entry_budgets(start)))
+        block_registers = max((len(b) for b in blocks), default=1 if streaming else tile)
+        return ComputePlan(vector_var, start, streaming, not reduction_outside, tile, max(len(blocks), 1), block_registers)
 
     def tile_size(self, level: int, budgets: tuple[tuple[str, int], ...], vector_var: str | None) -> int:
         return _tile_size(self.loops, frozenset(self.output_dims), self.width, vector_var, level, budgets)
+
+    # -- register blocks -----------------------------------------------------------
+    def rows(self, level: int, budgets: dict[str, int], acc_offset: int) -> list[list[tuple[int, int, int]]]:
+        """The tile's registers (acc offset, lanes, active lanes) as rows: one row per
+        instance of the innermost loop (its vectors, or its scalars when it walks an output
+        dimension without vectorising), in the order of :meth:`slots`."""
+        if level == self.depth:
+            return [[(acc_offset, 1, 1)]]
+        loop = self.loops[level]
+        budget = budgets[loop.var]
+        if level == self.depth - 1 and (self.vector_var is not None or loop.var in self.output_dims):
+            return [self.slots(level, budgets, acc_offset)]
+        full, rem = divmod(budget, loop.step)
+        stride = self.coef("acc", loop.var) * loop.step
+        if loop.var not in self.output_dims:
+            return self.rows(level + 1, dict(budgets, **{loop.var: loop.step if full else rem}), acc_offset)
+        result = []
+        for i in range(full):
+            result += self.rows(level + 1, dict(budgets, **{loop.var: loop.step}), acc_offset + i * stride)
+        if rem:
+            result += self.rows(level + 1, dict(budgets, **{loop.var: rem}), acc_offset + full * stride)
+        return result
+
+    def blocks(self, level: int, budgets: dict[str, int]) -> list[list[tuple[int, int, int]]]:
+        """The scope's tile split into register blocks (each a list of slots); one block
+        when the whole tile fits with its live inputs."""
+        grid = self.rows(level, budgets, 0)
+        size = sum(len(row) for row in grid)
+        longest = max(len(row) for row in grid)
+        registers = self.module.target.registers
+        live_inputs = 1 + (longest if size > longest and self.vector_var is not None else 1)  # as in _plan
+        if size + live_inputs <= registers:
+            return [[slot for row in grid for slot in row]]
+        rows_per, cols_per = _block_shape(len(grid), longest, registers)
+        result = []
+        for r0, r1 in _balanced(len(grid), rows_per):
+            for c0, c1 in _balanced(longest, cols_per):
+                block = [slot for row in grid[r0:r1] for slot in row[c0:c1]]
+                if block:
+                    result.append(block)
+        return result
+
+    def subtree(self, level: int, budgets: dict[str, int]) -> frozenset[int]:
+        """Acc offsets (relative to the subtree's own) the scope's subtree at ``level`` updates."""
+        key = (level, tuple(sorted(budgets.items())))
+        found = self._subtrees.get(key)
+        if found is None:
+            found = self._subtrees[key] = frozenset(offset for offset, _, _ in self.slots(level, budgets, 0))
+        return found
+
+    def touches(self, level: int, budgets: dict[str, int], acc_offset: int, tile: dict) -> list[int]:
+        """Keys of ``tile`` that the subtree at ``level`` (at ``acc_offset``) updates."""
+        inside = self.subtree(level, budgets)
+        return [key for key in tile if key - acc_offset in inside]
 
     # -- the register scope ------------------------------------------------------
     def emit_inner_part(self, fn: _Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
@@ -271,18 +361,20 @@ class _ComputeEmitter(_NestEmitter):
         self.emit_scope(fn, level, budgets, ptrs)
 
     def emit_scope(self, fn: _Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
-        slots = self.slots(level, budgets, 0)
-        tile: dict[int, str] = {}
-        types: dict[int, tuple[int, int]] = {}
-        for offset, lanes, active in slots:
-            types[offset] = (lanes, active)
-            if self.plan.zero_init:
-                tile[offset] = "0.0" if lanes == 1 else "zeroinitializer"
-            else:
-                tile[offset] = _load(self.module, fn, ptrs["acc"], offset, lanes, active, 1, cache=False)
-        self.emit_in_scope(fn, level, budgets, ptrs, {t: 0 for t in ptrs}, tile, types, 1)
-        for offset, (lanes, active) in types.items():
-            _store(self.module, fn, ptrs["acc"], offset, lanes, active, tile[offset])
+        """The scope once per register block: load (or zero) the block, run the scope's loops
+        updating only its registers, store it."""
+        for block in self.blocks(level, budgets):
+            tile: dict[int, str] = {}
+            types: dict[int, tuple[int, int]] = {}
+            for offset, lanes, active in block:
+                types[offset] = (lanes, active)
+                if self.plan.zero_init:
+                    tile[offset] = "0.0" if lanes == 1 else "zeroinitializer"
+                else:
+                    tile[offset] = _load(self.module, fn, ptrs["acc"], offset, lanes, active, 1, cache=False)
+            self.emit_in_scope(fn, level, budgets, ptrs, {t: 0 for t in ptrs}, tile, types, 1)
+            for offset, (lanes, active) in types.items():
+                _store(self.module, fn, ptrs["acc"], offset, lanes, active, tile[offset])
 
     def slots(self, level: int, budgets: dict[str, int], acc_offset: int) -> list[tuple[int, int, int]]:
         """(acc offset, lanes, active lanes) of every register of the tile, in order."""
@@ -290,7 +382,7 @@ class _ComputeEmitter(_NestEmitter):
             return [(acc_offset, 1, 1)]
         loop = self.loops[level]
         budget = budgets[loop.var]
-        if level == self.depth - 1 and self.plan.vector_var is not None:
+        if level == self.depth - 1 and self.vector_var is not None:
             lanes = _lanes_for(budget, self.width)
             stride = self.coef("acc", loop.var)
             return [(acc_offset + c * stride, lanes, min(lanes, budget - c)) for c in range(0, budget, lanes)]
@@ -306,30 +398,37 @@ class _ComputeEmitter(_NestEmitter):
         return result
 
     def emit_in_scope(self, fn, level, budgets, ptrs, consts, tile, types, copies) -> None:
-        """Emit the scope body from ``level``; ``copies`` counts how many times the enclosing
-        unrolled loops replicate this code (bounds unrolling of reduction loops)."""
+        """Emit the scope body from ``level``, updating the registers in ``tile`` (one register
+        block: the tile's other registers are skipped); ``copies`` counts how many times the
+        enclosing unrolled loops replicate this code (bounds unrolling of reduction loops)."""
         if level == self.depth:
-            self.leaf(fn, ptrs, consts, tile, 1, 1)
+            if consts["acc"] in tile:
+                self.leaf(fn, ptrs, consts, tile, 1, 1)
             return
         loop = self.loops[level]
         budget = budgets[loop.var]
-        if level == self.depth - 1 and self.plan.vector_var is not None:
+        if level == self.depth - 1 and self.vector_var is not None:
             lanes = _lanes_for(budget, self.width)
             for c in range(0, budget, lanes):
                 moved = {t: consts[t] + c * self.coef(t, loop.var) for t in consts}
-                self.leaf(fn, ptrs, moved, tile, lanes, min(lanes, budget - c))
+                if moved["acc"] in tile:
+                    self.leaf(fn, ptrs, moved, tile, lanes, min(lanes, budget - c))
             return
         full, rem = divmod(budget, loop.step)
         child = dict(budgets, **{loop.var: loop.step})
-        unroll = loop.var in self.output_dims or copies * _unrolled_ops(
-            self.loops, self.plan.vector_var, self.width, level, tuple(sorted(budgets.items()))
-        ) <= UNROLL_LIMIT
+        unroll = (
+            loop.var in self.output_dims
+            or copies * _unrolled_ops(self.loops, self.vector_var, self.width, level, tuple(sorted(budgets.items()))) <= UNROLL_LIMIT
+        )
         if unroll or full == 1:
             for i in range(full):
                 moved = {t: consts[t] + i * loop.step * self.coef(t, loop.var) for t in consts}
+                if loop.var in self.output_dims and not self.touches(level + 1, child, moved["acc"], tile):
+                    continue  # none of this block's registers down there
                 self.emit_in_scope(fn, level + 1, child, ptrs, moved, tile, types, copies * (full + (rem > 0)))
         elif full > 1:
-            carried = {key: (_vtype(types[key][0]), value) for key, value in tile.items()}
+            # Carry (as phis) only the registers this loop updates.
+            carried = {key: (_vtype(types[key][0]), tile[key]) for key in self.touches(level + 1, child, consts["acc"], tile)}
             with fn.loop(full, carried) as lp:
                 moved_ptrs = {t: fn.advance(p, lp.iv, self.coef(t, loop.var) * loop.step) for t, p in ptrs.items()}
                 inner_tile = dict(lp.values)
@@ -340,20 +439,27 @@ class _ComputeEmitter(_NestEmitter):
             # update outside the loop is valid SSA because the latch dominates the exit.
         if rem:
             moved = {t: consts[t] + full * loop.step * self.coef(t, loop.var) for t in consts}
-            self.emit_in_scope(fn, level + 1, dict(budgets, **{loop.var: rem}), ptrs, moved, tile, types, copies * (full + 1 if unroll else 2))
+            tail = dict(budgets, **{loop.var: rem})
+            if loop.var not in self.output_dims or self.touches(level + 1, tail, moved["acc"], tile):
+                self.emit_in_scope(fn, level + 1, tail, ptrs, moved, tile, types, copies * (full + 1 if unroll else 2))
 
     def leaf(self, fn, ptrs, consts, tile, lanes, active) -> None:
-        var = self.plan.vector_var
+        var = self.vector_var
         a = self.operand(fn, "in0", ptrs, consts, lanes, active, var)
         b = self.operand(fn, "in1", ptrs, consts, lanes, active, var)
         key = consts["acc"]
         typ = _vtype(lanes)
-        intrinsic = self.module.fma(lanes)
-        tile[key] = fn.value(f"call {typ} @{intrinsic}({typ} {a}, {typ} {b}, {typ} {tile[key]})", "f")
+        if self.module.target.fma:
+            intrinsic = self.module.fma(lanes)
+            tile[key] = fn.value(f"call {typ} @{intrinsic}({typ} {a}, {typ} {b}, {typ} {tile[key]})", "f")
+        else:  # no FMA instructions: llvm.fma would be a call to fmaf per lane
+            product = fn.value(f"fmul {typ} {a}, {b}", "m")
+            tile[key] = fn.value(f"fadd {typ} {tile[key]}, {product}", "f")
 
     def operand(self, fn, tensor, ptrs, consts, lanes, active, var) -> str:
         stride = self.coef(tensor, var) if lanes > 1 else 0
         return _load(self.module, fn, ptrs[tensor], consts[tensor], lanes, active, stride)
+
 
 def _load(module: "_Module", fn: _Function, ptr: str, offset: int, lanes: int, active: int, stride: int, cache: bool = True) -> str:
     key = (ptr, offset, lanes, active, stride)
@@ -383,9 +489,11 @@ def _load(module: "_Module", fn: _Function, ptr: str, offset: int, lanes: int, a
         fn.loads[key] = value
     return value
 
+
 def _splat(fn: _Function, scalar: str, lanes: int) -> str:
     one = fn.value(f"insertelement <{lanes} x float> poison, float {scalar}, i64 0", "b")
     return fn.value(f"shufflevector <{lanes} x float> {one}, <{lanes} x float> poison, <{lanes} x i32> zeroinitializer", "b")
+
 
 def _store(module: "_Module", fn: _Function, ptr: str, offset: int, lanes: int, active: int, value: str) -> None:
     addr = fn.offset(ptr, offset)
@@ -430,6 +538,41 @@ class _WriteBackEmitter(_NestEmitter):
     def copy(self, fn: _Function, ptrs: dict[str, str], offset: int, lanes: int, active: int) -> None:
         value = _load(self.module, fn, ptrs["acc"], offset, lanes, active, 1, cache=False)
         _store(self.module, fn, ptrs["out"], offset, lanes, active, value)
+
+
+def _balanced(count: int, most: int) -> list[tuple[int, int]]:
+    """``range(count)`` cut into the fewest consecutive parts of at most ``most``, as equal
+    as possible, as (start, stop) pairs."""
+    parts = -(-count // most)
+    bounds = [count * i // parts for i in range(parts + 1)]
+    return list(zip(bounds, bounds[1:]))
+
+
+@lru_cache(maxsize=4096)
+def _block_shape(rows: int, cols: int, registers: int) -> tuple[int, int]:
+    """Rows x vectors of the register blocks of a ``rows`` x ``cols`` tile that does not fit.
+
+    A block of r rows and v vectors needs r*v accumulators, v input vectors reused across
+    its rows (or one, for a single row) and a broadcast: r*v + v + 1 registers. Among the
+    shapes that fit, take the one whose balanced blocks cost least per reduction step: a
+    block issues max(r*v, FMA_CHAINS) multiply-add slots (fewer accumulators than that wait
+    on latency) and r + v loads, weighted at a quarter of a slot."""
+    best = None
+    for v in range(1, min(cols, registers) + 1):
+        for r in range(1, min(rows, registers) + 1):
+            if r * v + (v if r > 1 else 1) + 1 > registers:
+                break
+            cost = 0.0
+            for r0, r1 in _balanced(rows, r):
+                for c0, c1 in _balanced(cols, v):
+                    height, width = r1 - r0, c1 - c0
+                    cost += max(height * width, FMA_CHAINS) + 0.25 * (height + width)
+            candidate = (cost, -r * v, r, v)
+            if best is None or candidate < best:
+                best = candidate
+    if best is None:  # not even one register and its inputs: single registers
+        return 1, 1
+    return best[2], best[3]
 
 
 @lru_cache(maxsize=4096)

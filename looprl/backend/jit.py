@@ -1,8 +1,9 @@
 """llvmlite plumbing: host description, IR text -> native function address.
 
 One target machine per execution engine (sharing one between MCJIT engines crashes on
-close), several modules per engine (see :class:`_Engine`), no IR pass pipeline (the IR
-arrives vectorised; the O3 pipeline leaks memory).
+close), created with the :class:`~looprl.backend.target.Target`'s LLVM CPU and feature
+string; several modules per engine (see :class:`_Engine`), one pool of engines per target;
+no IR pass pipeline (the IR arrives vectorised; the O3 pipeline leaks memory).
 """
 
 from __future__ import annotations
@@ -11,11 +12,15 @@ import functools
 import hashlib
 import platform
 import threading
+from typing import TYPE_CHECKING
 
 import llvmlite
 import llvmlite.binding as llvm
 
 from looprl.errors import CompileError
+
+if TYPE_CHECKING:
+    from looprl.backend.target import Target
 
 
 @functools.cache
@@ -35,7 +40,9 @@ def host_cpu() -> tuple[str, str]:
     return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
 
 
-def _cpu_model_name() -> str:
+@functools.cache
+def cpu_model_name() -> str:
+    """The CPU's marketing name (``/proc/cpuinfo``), for reports."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
             for line in handle:
@@ -51,7 +58,7 @@ def host_fingerprint() -> str:
     """Identifies measurements that are comparable: same CPU, features and LLVM."""
     name, features = host_cpu()
     digest = hashlib.sha256(features.encode()).hexdigest()[:12]
-    return f"{_cpu_model_name()}|{name}|{digest}|{platform.machine()}|llvmlite-{llvmlite.__version__}"
+    return f"{cpu_model_name()}|{name}|{digest}|{platform.machine()}|llvmlite-{llvmlite.__version__}"
 
 
 class _Engine:
@@ -66,10 +73,8 @@ class _Engine:
 
     capacity = 32
 
-    def __init__(self):
-        cpu, features = host_cpu()
-        target = llvm.Target.from_default_triple()
-        machine = target.create_target_machine(cpu=cpu, features=features, opt=3, codemodel="jitdefault")
+    def __init__(self, target: "Target"):
+        machine = _target_machine(target, codemodel="jitdefault")
         self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), machine)
         self.modules = 0
 
@@ -91,32 +96,45 @@ class _Engine:
         return self._engine.get_function_address(name)
 
 
+def _target_machine(target: "Target", **options):
+    """A new LLVM target machine for ``target`` (never shared between engines)."""
+    _initialise()
+    return llvm.Target.from_default_triple().create_target_machine(cpu=target.cpu, features=target.features, opt=3, **options)
+
+
+def _resolve(target: "Target | None") -> "Target":
+    from looprl.backend.target import Target  # target.py imports this module lazily too
+
+    return Target.resolve(target)
+
+
 _engine_lock = threading.Lock()
-_current_engine: list[_Engine] = []  # the engine that takes the next module (at most one)
+_current_engines: dict[str, _Engine] = {}  # per target key: the engine that takes its next module
 
 
 class CompiledModule:
-    """A JIT-compiled module; keeps its engine alive for as long as code may run."""
+    """A JIT-compiled module for ``target`` (default the host); keeps its engine alive for as
+    long as code may run. Code for a target is compiled by that target's own engines."""
 
-    def __init__(self, ir_text: str, function: str):
+    def __init__(self, ir_text: str, function: str, target: "Target | None" = None):
         _initialise()
+        self.target = _resolve(target)
         try:
             module = llvm.parse_assembly(ir_text)
             module.verify()
         except RuntimeError as error:
             raise CompileError(f"LLVM rejected the generated IR: {error}") from error
-        with _engine_lock:  # llvmlite serialises its calls anyway; this guards our counter
-            if not _current_engine or _current_engine[0].modules >= _Engine.capacity:
-                _current_engine[:] = [_Engine()]
-            self._engine = _current_engine[0]
-            self.entry, self.address = self._engine.add(module, function)
+        with _engine_lock:  # llvmlite serialises its calls anyway; this guards our counters
+            engine = _current_engines.get(self.target.key)
+            if engine is None or engine.modules >= _Engine.capacity:
+                engine = _current_engines[self.target.key] = _Engine(self.target)
+            self._engine = engine
+            self.entry, self.address = engine.add(module, function)
         if not self.address:
             raise CompileError(f"JIT produced no code for {function!r}")
 
-    @staticmethod
-    def assembly(ir_text: str) -> str:
-        """Native assembly of ``ir_text`` for this host (for inspection)."""
-        module = llvm.parse_assembly(ir_text)
-        cpu, features = host_cpu()
-        machine = llvm.Target.from_default_triple().create_target_machine(cpu=cpu, features=features, opt=3)
-        return machine.emit_assembly(module)
+
+def assembly(ir_text: str, target: "Target | None" = None) -> str:
+    """Native assembly of ``ir_text`` for ``target`` (default the host), for inspection."""
+    machine = _target_machine(_resolve(target))
+    return machine.emit_assembly(llvm.parse_assembly(ir_text))

@@ -7,10 +7,10 @@ import time
 
 import numpy as np
 
-from looprl.backend import codegen
+from looprl.backend import codegen, jit
 from looprl.backend.buffers import aligned_empty
 from looprl.backend.jit import CompiledModule
-from looprl.backend.target import Target, host_target
+from looprl.backend.target import Target
 from looprl.ir.integers import as_int
 from looprl.ir.nest import LoopNest
 
@@ -23,12 +23,14 @@ class Kernel:
     """Native code for one schedule. ``kernel(a, b)`` returns a new output array;
     :meth:`run` writes into a given one (and can repeat the computation, for timing).
 
-    Inputs must be C-contiguous float32 arrays of the problem's shapes.
+    Inputs must be C-contiguous float32 arrays of the problem's shapes. ``target`` is the
+    :class:`~looprl.backend.target.Target` the code was generated and compiled for.
     """
 
     def __init__(self, nest: LoopNest, ir: str, module: CompiledModule, compile_seconds: float):
         self.nest = nest
         self.problem = nest.problem
+        self.target: Target = module.target
         self.ir = ir
         self.compile_seconds = compile_seconds
         self._module = module  # keeps the machine code alive
@@ -80,11 +82,11 @@ class Kernel:
             raise ValueError(f"{what} must be C-contiguous (use np.ascontiguousarray)")
 
     def assembly(self) -> str:
-        """The native assembly of this kernel (for inspection)."""
-        return self._module.assembly(self.ir)
+        """The native assembly of this kernel for its own target (for inspection)."""
+        return jit.assembly(self.ir, self.target)
 
     def __repr__(self) -> str:
-        return f"<Kernel {self.problem.name} [{self.nest.key}] compiled in {self.compile_seconds * 1e3:.2f} ms>"
+        return f"<Kernel {self.problem.name} [{self.nest.key}] for {self.target.isa} compiled in {self.compile_seconds * 1e3:.2f} ms>"
 
 
 def _check_reps(reps) -> int:
@@ -98,16 +100,30 @@ def _check_reps(reps) -> int:
     return count
 
 
-def compile(nest: LoopNest, target: Target | None = None) -> Kernel:  # noqa: A001 - public API name
-    """Generate LLVM IR for ``nest`` (for ``target``, default the host's) and JIT-compile it
-    for this host."""
+def compile(nest: LoopNest, target: Target | str | None = None) -> Kernel:  # noqa: A001 - public API name
+    """Generate LLVM IR for ``nest`` and JIT-compile it for ``target``: a
+    :class:`~looprl.backend.target.Target`, a target name (``"avx512"``, ``"avx2"``,
+    ``"sse4"``, ``"host"``) or None for this host. A target this host cannot run is refused
+    with a ValueError naming the missing CPU features, before anything is compiled."""
     if not isinstance(nest, LoopNest):
         raise ValueError(f"compile() expects a LoopNest, got {type(nest).__name__}")
-    if target is None:
-        target = host_target()
-    elif not isinstance(target, Target):
-        raise ValueError(f"compile() expects target to be a looprl Target or None, got {type(target).__name__} {target!r}")
+    if target is not None and not isinstance(target, (Target, str)):
+        raise ValueError(f"compile() expects target to be a looprl Target, a target name or None, got {type(target).__name__} {target!r}")
+    target = _resolved(target)
+    target.check_runs_on_host()
     start = time.perf_counter()
     ir = codegen.generate_ir(nest, target)
-    module = CompiledModule(ir, codegen.KERNEL_NAME)
+    module = CompiledModule(ir, codegen.KERNEL_NAME, target)
     return Kernel(nest, ir, module, time.perf_counter() - start)
+
+
+_host: list[Target] = []
+
+
+def _resolved(target: Target | str | None) -> Target:
+    """Target.resolve, with the host's target kept (compile is called thousands of times)."""
+    if target is None or target == "host":
+        if not _host:
+            _host.append(Target.host())
+        return _host[0]
+    return Target.resolve(target)

@@ -1,30 +1,143 @@
-"""What the code generator and the JIT need to know about the CPU they generate code for."""
+"""The CPU a kernel is generated for: one frozen value that every target decision reads.
+
+The code generator's register planning, the JIT's target machine, expert schedules, the peak
+measurement, the measurement cache key and policy metadata all take the vector ISA from a
+:class:`Target`; nothing else in looprl holds an ISA constant.
+
+``Target.host()`` describes this machine (its LLVM CPU name and full feature string, so LLVM
+schedules for the real micro-architecture). ``Target.named("avx2")`` and the other names
+describe a vector ISA generically (LLVM's x86-64-v2/v3/v4 levels) with every wider feature
+switched off, so that code compiled for it runs on any CPU that has the ISA: this is how AVX2
+code is developed and measured on an AVX-512 host.
+"""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+
+# name -> (float32 lanes, vector registers, FMA, LLVM CPU, features that must be on, features switched off)
+_AVX512_FEATURES = ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
+_WIDER_THAN_AVX2 = (
+    *_AVX512_FEATURES,
+    "avx512ifma", "avx512vbmi", "avx512vbmi2", "avx512vnni", "avx512bitalg", "avx512vpopcntdq",
+    "avx512bf16", "avx512fp16", "avx512vp2intersect", "avx10.1", "avx10.2",
+)  # fmt: skip  (names as LLVM 22 spells them: an unknown name only draws a warning)
+_WIDER_THAN_SSE4 = (*_WIDER_THAN_AVX2, "avx", "avx2", "fma", "f16c", "fma4", "xop", "avxvnni", "avxifma", "avxvnniint8", "avxvnniint16", "avxneconvert")
+_NAMED = {
+    "avx512": (16, 32, True, "x86-64-v4", ("avx512f", "avx2", "fma"), ()),
+    "avx2": (8, 16, True, "x86-64-v3", ("avx2", "fma"), _WIDER_THAN_AVX2),
+    "sse4": (4, 16, False, "x86-64-v2", ("sse4.2",), _WIDER_THAN_SSE4),
+}
+TARGET_NAMES = tuple(_NAMED)
+
+
+def _enabled(features: str) -> set[str]:
+    return {item[1:] for item in features.split(",") if item.startswith("+")}
 
 
 @dataclass(frozen=True)
 class Target:
-    """What the code generator needs to know about the CPU."""
+    """A vector ISA and the LLVM target machine that generates code for it."""
 
+    isa: str  # "avx512", "avx2" or "sse4": the widest vector ISA the code may use
     vector_width: int  # float32 lanes per vector register
-    registers: int  # vector registers
+    registers: int  # architectural vector registers
+    fma: bool  # fused multiply-add instructions (else the code multiplies, then adds)
+    cpu: str  # LLVM CPU name (what the instruction scheduler models)
+    features: str  # LLVM feature string ("+avx2,-avx512f,...")
 
-    @staticmethod
-    def from_features(features: str) -> "Target":
-        """Pick the widest vector ISA from an LLVM feature string (``+avx512f,...``)."""
-        enabled = {f[1:] for f in features.split(",") if f.startswith("+")}
-        if "avx512f" in enabled:
-            return Target(16, 32)
-        if "avx" in enabled:
-            return Target(8, 16)
-        return Target(4, 16)
+    def __post_init__(self):
+        if self.isa not in _NAMED:
+            raise ValueError(f"unknown vector ISA {self.isa!r}; known: {', '.join(TARGET_NAMES)}")
+        if self.vector_width not in (4, 8, 16) or self.registers not in (16, 32):
+            raise ValueError(f"a target has 4, 8 or 16 lanes and 16 or 32 registers, got {self.vector_width} and {self.registers}")
+
+    @classmethod
+    def host(cls) -> "Target":
+        """This machine: its widest vector ISA, with its own LLVM CPU name and features."""
+        from looprl.backend.jit import host_cpu  # the JIT initialises LLVM
+
+        cpu, features = host_cpu()
+        enabled = _enabled(features)
+        isa = "avx512" if "avx512f" in enabled else "avx2" if {"avx2", "avx"} <= enabled else "sse4"
+        width, registers, _, _, _, _ = _NAMED[isa]
+        return cls(isa, width, registers, "fma" in enabled, cpu, features)
+
+    @classmethod
+    def named(cls, name: str) -> "Target":
+        """A generic target for one vector ISA (``"avx512"``, ``"avx2"``, ``"sse4"``), or
+        ``"host"`` for :meth:`host`."""
+        if not isinstance(name, str):
+            raise ValueError(f"a target name must be a string, got {type(name).__name__}")
+        key = name.strip().lower()
+        if key == "host":
+            return cls.host()
+        if key not in _NAMED:
+            raise ValueError(f"unknown target {name!r}; known: host, {', '.join(TARGET_NAMES)}")
+        width, registers, fma, cpu, required, switched_off = _NAMED[key]
+        features = ",".join([f"+{f}" for f in required] + [f"-{f}" for f in switched_off])
+        return cls(key, width, registers, fma, cpu, features)
+
+    @classmethod
+    def resolve(cls, target: "Target | str | None") -> "Target":
+        """``target`` as a Target: None is the host, a string a name for :meth:`named`."""
+        if target is None:
+            return cls.host()
+        if isinstance(target, Target):
+            return target
+        if isinstance(target, str):
+            return cls.named(target)
+        raise ValueError(f"target must be a looprl Target, a target name or None, got {type(target).__name__} {target!r}")
+
+    @property
+    def required_features(self) -> tuple[str, ...]:
+        """The CPU features a host needs to run code compiled for this target."""
+        required = _NAMED[self.isa][4]
+        return tuple(f for f in required if f != "fma" or self.fma)
+
+    def missing_on_host(self) -> tuple[str, ...]:
+        """Required features this machine lacks (empty when it can run the code)."""
+        from looprl.backend.jit import host_cpu
+
+        enabled = _enabled(host_cpu()[1])
+        return tuple(f for f in self.required_features if f not in enabled)
+
+    def check_runs_on_host(self) -> None:
+        """ValueError naming the missing features if this machine cannot run the target's code."""
+        missing = self.missing_on_host()
+        if missing:
+            raise ValueError(f"this CPU cannot run code for target {self.isa!r} ({self.cpu}): it lacks {', '.join(missing)}")
+
+    @property
+    def key(self) -> str:
+        """Identifies code generated for this target (the measurement cache key's target part)."""
+        digest = hashlib.sha256(self.features.encode()).hexdigest()[:12]
+        return f"{self.isa}|{self.cpu}|{digest}|{'fma' if self.fma else 'nofma'}"
+
+    def to_dict(self) -> dict:
+        """A JSON-ready description (policy metadata and reports)."""
+        return {"isa": self.isa, "vector_width": self.vector_width, "registers": self.registers, "fma": self.fma, "cpu": self.cpu, "features": self.features}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Target":
+        """The inverse of :meth:`to_dict`; a ValueError names what is missing or wrong."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a target description must be an object, got {type(data).__name__}")
+        try:
+            values = {name: data[name] for name in ("isa", "vector_width", "registers", "fma", "cpu", "features")}
+        except KeyError as missing:
+            raise ValueError(f"a target description lacks {missing.args[0]!r}") from None
+        kinds = {"isa": str, "vector_width": int, "registers": int, "fma": bool, "cpu": str, "features": str}
+        for name, kind in kinds.items():
+            if type(values[name]) is not kind:
+                raise ValueError(f"target field {name!r} must be {kind.__name__}, got {values[name]!r}")
+        return cls(**values)
+
+    def __str__(self) -> str:
+        return f"{self.isa} ({self.cpu}, {self.vector_width} lanes, {self.registers} registers{', FMA' if self.fma else ''})"
 
 
 def host_target() -> Target:
-    """The widest vector ISA of this machine."""
-    from looprl.backend.jit import host_cpu
-
-    return Target.from_features(host_cpu()[1])
+    """This machine's target (:meth:`Target.host`)."""
+    return Target.host()

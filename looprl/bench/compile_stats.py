@@ -15,11 +15,15 @@ def _rss_mb() -> float:
     return float("nan")
 
 
-def compile_stats(count: int, seed: int = 0) -> dict:
-    """Compile ``count`` random-walk schedules of matmuls 64..256 (step 16) in a new process;
-    returns per-compile seconds (median, p95) and resident-memory growth in MB."""
+def compile_stats(count: int, seed: int = 0, target=None) -> dict:
+    """Compile ``count`` random-walk schedules of matmuls 64..256 (step 16) for ``target``
+    (a Target, a target name or None for the host) in a new process; returns per-compile
+    seconds (median, p95) and resident-memory growth in MB."""
+    from looprl.backend.target import Target
+
+    target = Target.resolve(target)
     result = subprocess.run(
-        [sys.executable, "-m", "looprl.bench.compile_stats", str(count), str(seed)],
+        [sys.executable, "-m", "looprl.bench.compile_stats", str(count), str(seed), json.dumps(target.to_dict())],
         capture_output=True,
         text=True,
         check=False,
@@ -29,30 +33,33 @@ def compile_stats(count: int, seed: int = 0) -> dict:
     return json.loads(result.stdout)
 
 
-def _run(count: int, seed: int) -> dict:
+def _run(count: int, seed: int, target_json: str | None = None) -> dict:
     import random
     import time
 
     import numpy as np
 
     import looprl
+    from looprl.backend.target import Target
     from looprl.ir.nest import initial_nest
     from looprl.ir.schedules import random_schedule
 
+    target = Target.from_dict(json.loads(target_json)) if target_json else Target.host()
     rng = random.Random(seed)
     sizes = range(64, 257, 16)
-    looprl.compile(initial_nest(looprl.matmul(64, 64, 64)))  # LLVM initialisation
+    looprl.compile(initial_nest(looprl.matmul(64, 64, 64)), target)  # LLVM initialisation
     rss_start = _rss_mb()
     seconds = []
     for _ in range(count):
         problem = looprl.matmul(rng.choice(sizes), rng.choice(sizes), rng.choice(sizes))
         nest = random_schedule(problem, rng)
         start = time.perf_counter()
-        looprl.compile(nest)
+        looprl.compile(nest, target)
         seconds.append(time.perf_counter() - start)
     rss_end = _rss_mb()
     return {
         "count": count,
+        "target": target.isa,
         "median_ms": float(np.median(seconds) * 1e3),
         "p95_ms": float(np.percentile(seconds, 95) * 1e3),
         "rss_start_mb": rss_start,
@@ -62,4 +69,4 @@ def _run(count: int, seed: int) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(_run(int(sys.argv[1]), int(sys.argv[2]))))
+    print(json.dumps(_run(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)))

@@ -48,21 +48,70 @@ def expert_matmul(problem: Problem, m_tile: int, n_tile: int, k_unroll: int | No
     names += ["m", "m_in"] if m_split else ["m"]
     names += ["k", "k_in"] if k_split else ["k"]
     names += ["n", "n_in"] if n_split else ["n"]
-    wanted = ["n"] + (["m"] if m_split else []) + ["k"] + (["k_in"] if k_split else []) + (["m_in"] if m_split else ["m"]) + (["n_in"] if n_split else [])
+    wanted = (
+        ["n"]
+        + (["m"] if m_split else [])
+        + ["k"]
+        + (["k_in"] if k_split else [])
+        + (["m_in"] if m_split else ["m"])
+        + (["n_in"] if n_split else [])
+    )
     if not n_split:
         wanted.remove("n")
         wanted.append("n")
     return reorder_compute(nest, [names.index(w) for w in wanted])
 
 
-def expert_candidates(problem: Problem, vector_width: int = 16) -> list[LoopNest]:
-    """A handful of register-blocked schedules; benchmarks keep the fastest."""
-    n_tiles = [4 * vector_width, 3 * vector_width, 2 * vector_width]
-    shapes = [(4, n_tiles[0]), (6, n_tiles[0]), (8, n_tiles[1]), (12, n_tiles[2]), (14, n_tiles[2])]
+def _vector_isa(target, vector_width, registers) -> tuple[int, int]:
+    """(lanes, registers) from a target-like object (anything with ``vector_width`` and
+    ``registers``, e.g. a :class:`looprl.Target`) or from the two integers. This layer
+    imports nothing of the backend: callers pass the target's numbers."""
+    if target is not None:
+        if vector_width is not None or registers is not None:
+            raise ValueError("give a target or vector_width and registers, not both")
+        try:
+            vector_width, registers = target.vector_width, target.registers
+        except AttributeError:
+            raise ValueError(
+                f"target must have vector_width and registers (a looprl Target), got {type(target).__name__} {target!r}"
+            ) from None
+    if vector_width is None or registers is None:
+        raise ValueError("expert schedules need the target: pass a looprl Target (or vector_width and registers)")
+    for name, value in (("vector_width", vector_width), ("registers", registers)):
+        if type(value) is not int or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return vector_width, registers
+
+
+def register_tiles(target=None, *, vector_width: int | None = None, registers: int | None = None) -> list[tuple[int, int]]:
+    """Register tiles (rows, vectors) for ``target``'s register file, most accumulators first.
+
+    A rows x vectors tile of the output keeps rows*vectors accumulators, the vectors of the
+    input row they all share and one broadcast in registers: rows*vectors + vectors + 1 must
+    not exceed the register count. For 2, 3 and 4 vectors per row take the most rows that
+    fit, and also the widest tile of 4 rows."""
+    _, registers = _vector_isa(target, vector_width, registers)
+    tiles = []
+    for vectors in (2, 3, 4):
+        rows = (registers - 1 - vectors) // vectors
+        if rows >= 2:
+            tiles.append((rows, vectors))
+    widest = (registers - 1) // 5  # 4 rows: 4v + v + 1 <= registers
+    if widest >= 1:
+        tiles.append((4, widest))
+    tiles = sorted(set(tiles), key=lambda t: (-t[0] * t[1], -t[1]))
+    return tiles or [(1, 1)]
+
+
+def expert_candidates(problem: Problem, target=None, *, vector_width: int | None = None, registers: int | None = None) -> list[LoopNest]:
+    """A handful of register-blocked schedules for ``target`` (a :class:`looprl.Target`, or
+    ``vector_width`` and ``registers``): :func:`register_tiles` as ``n/nt, m/mt, k, mt, nt``
+    with and without the k loop split by 4. Benchmarks keep the fastest."""
+    lanes, registers = _vector_isa(target, vector_width, registers)
     result = []
-    for m_tile, n_tile in shapes:
-        m_tile = min(m_tile, problem.size("m"))
-        n_tile = min(n_tile, problem.size("n"))
+    for rows, vectors in register_tiles(vector_width=lanes, registers=registers):
+        m_tile = min(rows, problem.size("m"))
+        n_tile = min(vectors * lanes, problem.size("n"))
         for k_unroll in (None, 4):
             try:
                 nest = expert_matmul(problem, m_tile, n_tile, k_unroll)

@@ -1,4 +1,6 @@
-"""The host's empirical fp32 peak: independent register-resident FMA chains."""
+"""Empirical fp32 peak of a target on this host: independent register-resident chains of
+multiply-adds of the target's vector width (FMA instructions, or a multiply and an add where
+the target has none), compiled for that target."""
 
 from __future__ import annotations
 
@@ -6,17 +8,17 @@ import ctypes
 import math
 
 from looprl.backend.jit import CompiledModule
-from looprl.backend.target import host_target
+from looprl.backend.target import Target
 from looprl.measurement.lock import machine_lock
 from looprl.measurement.timing import best_time, check_budget
 
 _ITERATIONS = 4096  # loop trips per call; each does ``chains`` vector FMAs
 
 
-def _peak_ir(lanes: int, chains: int) -> str:
+def _peak_ir(lanes: int, chains: int, fma: bool = True) -> str:
     vec = f"<{lanes} x float>"
     lines = [
-        f"declare {vec} @llvm.fma.v{lanes}f32({vec}, {vec}, {vec})",
+        f"declare {vec} @llvm.fma.v{lanes}f32({vec}, {vec}, {vec})" if fma else "",
         "",
         "define void @peak(ptr noalias %io, i64 %reps) nounwind {",
         "entry:",
@@ -31,7 +33,11 @@ def _peak_ir(lanes: int, chains: int) -> str:
     for c in range(chains):
         lines.append(f"  %a{c} = phi {vec} [%x, %entry], [%b{c}, %loop]")
     for c in range(chains):
-        lines.append(f"  %b{c} = call {vec} @llvm.fma.v{lanes}f32({vec} %a{c}, {vec} %y, {vec} %x)")
+        if fma:
+            lines.append(f"  %b{c} = call {vec} @llvm.fma.v{lanes}f32({vec} %a{c}, {vec} %y, {vec} %x)")
+        else:  # what the code generator emits without FMA: a multiply, then an add
+            lines.append(f"  %m{c} = fmul {vec} %a{c}, %y")
+            lines.append(f"  %b{c} = fadd {vec} %m{c}, %x")
     lines += [
         "  %inext = add nuw i64 %i, 1",
         "  %more = icmp ult i64 %inext, %n",
@@ -46,17 +52,27 @@ def _peak_ir(lanes: int, chains: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def measure_peak_gflops(budget_s: float = 0.5) -> float:
-    """Best GFLOPS over 8..16 independent chains of full-width vector FMAs, each timed by
-    the common rule (:func:`~looprl.measurement.timing.best_time`) on a share of the budget,
-    in two interleaved rounds (the best wins: noise only slows runs down)."""
+def measure_peak_gflops(target: Target | str | None = None, budget_s: float = 0.5) -> float:
+    """Best GFLOPS over 8 to 16 independent chains (as many as the register file holds) of
+    full-width vector multiply-adds for ``target`` (a :class:`~looprl.backend.target.Target`,
+    a target name, None for the host), compiled for that target: one FMA, or one multiply plus
+    one add where the target has no FMA, counts 2 flops per lane. Each is timed by the common
+    rule (:func:`~looprl.measurement.timing.best_time`) on a share of the budget, in two
+    interleaved rounds (the best wins: noise only slows runs down). A target this host cannot
+    run is a ValueError."""
     budget_s = check_budget(budget_s)
-    lanes = host_target().vector_width
+    target = Target.resolve(target)
+    target.check_runs_on_host()
+    lanes = target.vector_width
     buffer = (ctypes.c_float * (2 * lanes))(*([1.0] * lanes + [0.999] * lanes))
     address = ctypes.addressof(buffer)
     kernels = []
-    for chains in (8, 10, 12, 14, 16):
-        module = CompiledModule(_peak_ir(lanes, chains), "peak")
+    # Chains plus the two operands must stay in registers. Without FMA a step is a multiply
+    # then an add (twice the latency): it needs more chains.
+    most = target.registers - 2
+    chain_counts = [c for c in (8, 10, 12, 14, 16) if c <= most] if target.fma else list(range(min(10, most), min(most, 16) + 1))
+    for chains in chain_counts:
+        module = CompiledModule(_peak_ir(lanes, chains, target.fma), "peak", target)
         function = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(module.address)
         kernels.append((2 * lanes * chains * _ITERATIONS, function, module))
     best = 0.0
@@ -68,18 +84,20 @@ def measure_peak_gflops(budget_s: float = 0.5) -> float:
     return best
 
 
-def peak_gflops(cache=None, *, refresh: bool = False) -> float:
-    """The host's measured fp32 peak (GFLOPS, one core), cached per host fingerprint in the
-    measurement cache (the default persistent one unless ``cache`` is given: a
-    :class:`~looprl.measurement.cache.MeasurementCache` or a path). A stored value that is not
-    a positive, finite number is measured again and replaced."""
+def peak_gflops(target: Target | str | None = None, cache=None, *, refresh: bool = False) -> float:
+    """The measured fp32 peak (GFLOPS, one core) of ``target`` (default the host's) on this
+    host, cached per host and target in the measurement cache (the default persistent one
+    unless ``cache`` is given: a :class:`~looprl.measurement.cache.MeasurementCache` or a
+    path). A stored value that is not a positive, finite number is measured again and
+    replaced."""
     from looprl.measurement.evaluator import open_cache
 
+    target = Target.resolve(target)
     store = open_cache(cache)
     if not refresh:
-        known = store.get_peak()
+        known = store.get_peak(target)
         if known is not None and math.isfinite(known) and known > 0:
             return known
-    value = measure_peak_gflops()
-    store.put_peak(value)
+    value = measure_peak_gflops(target)
+    store.put_peak(value, target)
     return value

@@ -1,0 +1,68 @@
+"""The peak follows the target: its width, FMA or multiply-add, its own cache entry."""
+
+import pytest
+
+import looprl
+from looprl.backend.target import TARGET_NAMES, Target
+from looprl.measurement import peak as peak_module
+from looprl.measurement.cache import MeasurementCache
+
+RUNNABLE = [name for name in TARGET_NAMES if not Target.named(name).missing_on_host()]
+
+
+def test_peak_ir_without_fma_multiplies_then_adds():
+    with_fma = peak_module._peak_ir(8, 10, True)
+    without = peak_module._peak_ir(4, 12, False)
+    assert "@llvm.fma.v8f32" in with_fma and with_fma.count("call <8 x float> @llvm.fma") == 10
+    assert "llvm.fma" not in without
+    assert without.count("fmul <4 x float>") == 12 and without.count("fadd <4 x float>") >= 12
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_measure_peak_compiles_for_the_target(name, monkeypatch):
+    seen = []
+    original = peak_module.CompiledModule
+
+    def spy(ir_text, function, target):
+        seen.append((ir_text, target))
+        return original(ir_text, function, target)
+
+    monkeypatch.setattr(peak_module, "CompiledModule", spy)
+    target = Target.named(name)
+    gflops = peak_module.measure_peak_gflops(name, budget_s=0.05)
+    assert gflops > 0
+    assert seen and all(t == target for _, t in seen)
+    assert all(f"<{target.vector_width} x float>" in ir for ir, _ in seen)
+    assert all(("llvm.fma" in ir) == target.fma for ir, _ in seen)
+
+
+def test_measure_peak_refuses_a_target_the_host_cannot_run(monkeypatch):
+    from looprl.backend import jit
+
+    monkeypatch.setattr(jit, "host_cpu", lambda: ("x86-64-v2", "+sse4.2,-avx,-avx2,-fma,-avx512f"))
+    with pytest.raises(ValueError, match="cannot run code for target 'avx2'"):
+        peak_module.measure_peak_gflops("avx2", budget_s=0.05)
+
+
+def test_peak_is_cached_per_target(monkeypatch):
+    cache = MeasurementCache(":memory:")
+    measured = []
+
+    def fake(target=None, budget_s=0.5):
+        measured.append(Target.resolve(target))
+        return {"avx2": 50.0, "sse4": 20.0}.get(Target.resolve(target).isa, 100.0)
+
+    monkeypatch.setattr(peak_module, "measure_peak_gflops", fake)
+    assert looprl.peak_gflops("avx2", cache) == 50.0
+    assert looprl.peak_gflops(Target.named("sse4"), cache=cache) == 20.0
+    assert looprl.peak_gflops("avx2", cache) == 50.0  # from the cache
+    assert measured == [Target.named("avx2"), Target.named("sse4")]
+    assert cache.get_peak(Target.named("avx2")) == 50.0
+    assert cache.get_peak(Target.named("sse4")) == 20.0
+    assert looprl.peak_gflops("avx2", cache, refresh=True) == 50.0
+    assert len(measured) == 3
+
+
+def test_exports():
+    assert looprl.Target is Target
+    assert callable(looprl.peak_gflops)
