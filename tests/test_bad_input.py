@@ -106,12 +106,15 @@ def test_search_budgets_none_and_numpy():
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -1.0, 0, "1", None, True])
 def test_tune_evaluator_and_peak_measurement_refuse_bad_budgets(bad, policy_dir):
-    with pytest.raises(ValueError, match="budget_s must be a positive"):
-        looprl.tune((16, 16, 16), policy_dir, cache=":memory:", budget_s=bad)
+    with pytest.raises(ValueError, match="measure_budget_s must be a positive"):
+        looprl.tune((16, 16, 16), policy_dir, cache=":memory:", measure_budget_s=bad)
+    if bad != 0:  # tune's search budget may be 0 (the rollout alone)
+        with pytest.raises(ValueError, match="budget_s must be a"):
+            looprl.tune((16, 16, 16), policy_dir, cache=":memory:", budget_s=bad)
     with pytest.raises(ValueError, match="budget_s must be a positive"):
         Evaluator(":memory:", budget_s=bad)
     with pytest.raises(ValueError, match="budget_s must be a positive"):
-        peak_module.measure_peak_gflops(bad)
+        peak_module.measure_peak_gflops(budget_s=bad)
 
 
 @pytest.mark.parametrize("stored", [math.inf, 0.0, -5.0, math.nan])
@@ -119,9 +122,9 @@ def test_a_bad_cached_peak_is_measured_again(stored, monkeypatch):
     cache = MeasurementCache(":memory:")
     # The cache refuses to store such values; an older looprl or a damaged row could still
     # hand one back, which is what the reader sees here.
-    monkeypatch.setattr(cache, "get_peak", lambda: stored)
-    monkeypatch.setattr(peak_module, "measure_peak_gflops", lambda budget_s=0.5: 77.0)
-    assert peak_module.peak_gflops(cache) == 77.0
+    monkeypatch.setattr(cache, "get_peak", lambda target=None: stored)
+    monkeypatch.setattr(peak_module, "measure_peak_gflops", lambda target=None, budget_s=0.5: 77.0)
+    assert peak_module.peak_gflops(cache=cache) == 77.0
     monkeypatch.undo()
     assert cache.get_peak() == 77.0
 
@@ -129,16 +132,16 @@ def test_a_bad_cached_peak_is_measured_again(stored, monkeypatch):
 def test_a_good_cached_peak_is_used(monkeypatch):
     cache = MeasurementCache(":memory:")
     cache.put_peak(123.0)
-    monkeypatch.setattr(peak_module, "measure_peak_gflops", lambda budget_s=0.5: pytest.fail("re-measured"))
-    assert peak_module.peak_gflops(cache) == 123.0
+    monkeypatch.setattr(peak_module, "measure_peak_gflops", lambda target=None, budget_s=0.5: pytest.fail("re-measured"))
+    assert peak_module.peak_gflops(cache=cache) == 123.0
 
 
 def test_peak_cache_argument_is_checked(monkeypatch):
-    monkeypatch.setattr(peak_module, "measure_peak_gflops", lambda budget_s=0.5: 77.0)
-    assert peak_module.peak_gflops(":memory:") == 77.0  # a path, like everywhere else
+    monkeypatch.setattr(peak_module, "measure_peak_gflops", lambda target=None, budget_s=0.5: 77.0)
+    assert peak_module.peak_gflops(cache=":memory:") == 77.0  # a path, like everywhere else
     for bad in (3, 3.5, [1]):
         with pytest.raises(ValueError, match="cache must be"):
-            peak_module.peak_gflops(bad)
+            peak_module.peak_gflops(cache=bad)
 
 
 # -- 2. numpy integers ------------------------------------------------------------------
@@ -185,7 +188,7 @@ def test_search_refuses_bad_integers(name, bad):
 
 
 def test_tune_takes_numpy_steps(policy_dir):
-    result = looprl.tune((16, 16, 16), policy_dir, steps=np.int64(3), cache=":memory:")
+    result = looprl.tune((16, 16, 16), policy_dir, steps=np.int64(3), cache=":memory:", budget_s=0)
     assert len(result.actions) <= 3
     with pytest.raises(ValueError, match="steps"):
         looprl.tune((16, 16, 16), policy_dir, steps=np.bool_(True), cache=":memory:")

@@ -11,7 +11,7 @@ import warnings
 import pytest
 
 import looprl
-from looprl.measurement.cache import APPLICATION_ID, MeasurementCache, measurement_host
+from looprl.measurement.cache import APPLICATION_ID, MeasurementCache, measurement_key, peak_key
 
 
 def _nests(count):
@@ -168,8 +168,8 @@ def test_a_cache_of_an_older_looprl_is_adopted_and_checksummed(cache_path):
     connection = sqlite3.connect(cache_path)
     connection.execute("PRAGMA journal_mode = WAL")
     connection.executescript(_OLD_SCHEMA)
-    connection.execute("INSERT INTO measurements VALUES (?, ?, ?, ?, 0)", (measurement_host(), nest.problem.name, nest.key, 7.25))
-    connection.execute("INSERT INTO peaks VALUES (?, ?, 0)", (measurement_host(), 99.5))
+    connection.execute("INSERT INTO measurements VALUES (?, ?, ?, ?, 0)", (measurement_key(), nest.problem.name, nest.key, 7.25))
+    connection.execute("INSERT INTO peaks VALUES (?, ?, 0)", (peak_key(), 99.5))
     connection.commit()
     connection.close()
     assert _header(cache_path)[1] == 0
@@ -182,6 +182,7 @@ def test_a_cache_of_an_older_looprl_is_adopted_and_checksummed(cache_path):
     assert _header(cache_path)[1] == APPLICATION_ID
     connection = sqlite3.connect(cache_path)
     assert connection.execute("SELECT count(*) FROM measurements WHERE checksum IS NULL").fetchone()[0] == 0
+    assert "samples" in {row[1] for row in connection.execute("PRAGMA table_info(measurements)")}  # migrated too
     connection.close()
 
 
@@ -191,7 +192,7 @@ def test_a_row_written_without_a_checksum_reads_as_missing(cache_path):
     connection = sqlite3.connect(cache_path)  # as an older looprl sharing the file would write it
     connection.execute(
         "INSERT INTO measurements (host, problem, schedule, gflops, created) VALUES (?, ?, ?, ?, 0)",
-        (measurement_host(), nest.problem.name, nest.key, 3.0),
+        (measurement_key(), nest.problem.name, nest.key, 3.0),
     )
     connection.commit()
     connection.close()

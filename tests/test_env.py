@@ -259,8 +259,8 @@ def test_reward_is_the_gflops_change_over_peak():
     problem = looprl.parse_problem(SMALL)
     start = looprl.initial_nest(problem)
     better = start.split(0, 4)
-    cache.put(start, 20.0)
-    cache.put(better, 45.0)
+    cache.put(start, 20.0, budget_s=0.001, samples=3)  # final values: not timed again
+    cache.put(better, 45.0, budget_s=0.001, samples=3)
     env = make_env(cache=cache)
     _, info = env.reset(seed=0)
     assert info["gflops"] == 20.0 and info["from_cache"] is True
@@ -271,13 +271,13 @@ def test_reward_is_the_gflops_change_over_peak():
     assert info["schedule"] == better.key and "<-" in info["nest"]
     env.step(action(env, "down"))
     env.step(action(env, "down"))  # on k
-    cache.put(better.swap(1), 5.0)
+    cache.put(better.swap(1), 5.0, budget_s=0.001, samples=3)
     _, reward, *_ = env.step(action(env, "swap_up"))
     assert reward == pytest.approx((5.0 - 45.0) / PEAK)
 
 
 def test_new_states_are_measured_once():
-    env = make_env()
+    env = make_env(measure_samples=1)
     _, info = env.reset(seed=0)
     assert info["from_cache"] is False and info["gflops"] > 0
     _, _, _, _, info = env.step(action(env, "split_4"))
@@ -288,13 +288,26 @@ def test_new_states_are_measured_once():
     assert env.evaluator.compiled == 2
 
 
+def test_revisited_states_are_timed_until_they_have_their_samples():
+    env = make_env(measure_samples=2)
+    env.reset(seed=0)
+    _, _, _, _, first = env.step(action(env, "split_4"))
+    env.reset(seed=0)
+    _, _, _, _, second = env.step(action(env, "split_4"))
+    env.reset(seed=0)
+    _, _, _, _, third = env.step(action(env, "split_4"))
+    assert [first["from_cache"], second["from_cache"], third["from_cache"]] == [False, False, True]
+    assert second["gflops"] >= first["gflops"] and third["gflops"] == second["gflops"]  # the best of two
+    assert env.evaluator.resampled == 2  # the initial nest and the split, once each
+
+
 def test_failing_compile_is_a_logged_zero_reward_step(monkeypatch, caplog):
     monkeypatch.setenv("LOOPRL_STRICT", "0")
     env = make_env()
     env.reset(seed=0)
     before = (env.nest, env.gflops)
 
-    def broken(nest):
+    def broken(nest, target=None):
         raise CompileError("backend exploded")
 
     monkeypatch.setattr(evaluator_module, "compile", broken)
@@ -311,7 +324,7 @@ def test_an_unexpected_error_while_measuring_is_a_bug_and_propagates(monkeypatch
     env = make_env()
     env.reset(seed=0)
 
-    def broken(nest):
+    def broken(nest, target=None):
         raise TypeError("a bug in the code generator")
 
     monkeypatch.setattr(evaluator_module, "compile", broken)
@@ -323,7 +336,7 @@ def test_strict_evaluation_raises_compile_failures(monkeypatch):
     env = make_env()  # the test suite runs with LOOPRL_STRICT=1
     env.reset(seed=0)
 
-    def broken(nest):
+    def broken(nest, target=None):
         raise CompileError("backend exploded")
 
     monkeypatch.setattr(evaluator_module, "compile", broken)

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 import looprl
-from looprl.measurement.cache import MeasurementCache, measurement_host
+from looprl.measurement.cache import MeasurementCache, measurement_key, peak_key
 from looprl.measurement.timing import time_kernel
 
 
@@ -30,18 +30,50 @@ def test_measure_rejects_other_things():
 def test_cache_round_trip_and_hits(cache_path):
     nest = looprl.initial_nest(looprl.matmul(16, 16, 16))
     cache = MeasurementCache(cache_path)
-    first = looprl.measure(nest, budget_s=0.002, cache=cache)
+    first = looprl.measure(nest, budget_s=0.002, cache=cache, samples=2)
     assert (cache.hits, cache.misses, len(cache)) == (0, 1, 1)
-    assert looprl.measure(nest, budget_s=0.002, cache=cache) == first
-    assert cache.hits == 1
+    second = looprl.measure(nest, budget_s=0.002, cache=cache, samples=2)  # timed again: best of two
+    assert second >= first and cache.lookup(nest, budget_s=0.002).samples == 2
+    assert looprl.measure(nest, budget_s=0.002, cache=cache, samples=2) == second  # final: from the cache
     cache.close()
     reopened = MeasurementCache(cache_path)
-    assert reopened.get(nest) == first
+    assert reopened.get(nest, budget_s=0.002) == second
     assert reopened.get(nest.swap(0)) is None
 
 
-def test_cache_keys_include_host_and_codegen_version():
-    assert "codegen-" in measurement_host()
+def test_cache_keys_include_host_target_codegen_version_and_timing_protocol():
+    from looprl.backend.codegen import CODEGEN_VERSION
+    from looprl.backend.jit import host_fingerprint
+    from looprl.measurement.timing import TIMING_PROTOCOL_VERSION
+
+    avx2 = looprl.Target.named("avx2")
+    key = measurement_key(avx2, 0.008)
+    assert key.startswith(host_fingerprint()) and avx2.key in key
+    assert f"codegen-{CODEGEN_VERSION}" in key and f"timing-v{TIMING_PROTOCOL_VERSION}-8ms" in key
+    assert len({key, measurement_key(avx2, 0.015), measurement_key(looprl.Target.named("sse4"), 0.008)}) == 3
+    assert peak_key(avx2) != peak_key(looprl.Target.named("sse4"))
+
+
+def test_values_for_other_targets_and_budgets_are_never_reused():
+    nest = looprl.initial_nest(looprl.matmul(16, 16, 16))
+    with MeasurementCache(":memory:") as cache:
+        cache.put(nest, 5.0, "avx2", 0.008)
+        assert cache.get(nest, "avx2", 0.008) == 5.0
+        assert cache.get(nest, "sse4", 0.008) is None
+        assert cache.get(nest, "avx2", 0.015) is None
+        cache.put_peak(100.0, "avx2")
+        assert cache.get_peak("avx2") == 100.0 and cache.get_peak("sse4") is None
+
+
+def test_samples_keep_the_best_and_are_counted():
+    nest = looprl.initial_nest(looprl.matmul(16, 16, 16))
+    with MeasurementCache(":memory:") as cache:
+        assert cache.add_sample(nest, 3.0).samples == 1
+        assert cache.add_sample(nest, 5.0) == cache.lookup(nest)
+        third = cache.add_sample(nest, 4.0)
+        assert (third.gflops, third.samples) == (5.0, 3)
+        assert cache.records() == [(nest.problem.name, nest.key, 5.0)]
+        assert cache.records(exclude_problem=nest.problem.name) == []
 
 
 def test_corrupt_cache_is_rebuilt_with_a_warning(cache_path):
@@ -100,12 +132,12 @@ def test_concurrent_processes_share_the_cache(cache_path):
 def test_peak_is_measured_once_per_host(cache_path):
     cache = MeasurementCache(cache_path)
     cache.put_peak(123.0)
-    assert looprl.peak_gflops(cache) == 123.0  # from the cache, not re-measured
+    assert looprl.peak_gflops(cache=cache) == 123.0  # from the cache, not re-measured
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="uses the host's FMA units")
 def test_measured_peak_is_plausible(cache_path):
-    peak = looprl.peak_gflops(MeasurementCache(cache_path), refresh=True)
+    peak = looprl.peak_gflops(cache=MeasurementCache(cache_path), refresh=True)
     assert 1.0 < peak < 10_000
     kernel_gflops = looprl.measure(looprl.initial_nest(looprl.matmul(64, 64, 64)), budget_s=0.01)
     assert kernel_gflops < 1.5 * peak

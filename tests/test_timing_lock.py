@@ -37,7 +37,7 @@ def test_evaluator_times_under_the_lock(tmp_path):
             seen.append(probe(self.path))
             return result
 
-    evaluator = Evaluator(":memory:", budget_s=0.001, timing_lock=SpyLock(tmp_path / "t.lock"))
+    evaluator = Evaluator(":memory:", budget_s=0.001, timing_lock=SpyLock(tmp_path / "t.lock"), samples=1)
     measurement = evaluator(looprl.initial_nest(looprl.matmul(8, 8, 8)))
     assert measurement.ok and seen and set(seen) == {"busy"}
     count = len(seen)

@@ -34,6 +34,7 @@ import numpy as np
 from gymnasium import spaces
 
 from looprl import defaults
+from looprl.backend.target import Target
 from looprl.env.actions import ActionSet, State
 from looprl.env.datasets import dataset_problems
 from looprl.env.features import (
@@ -89,9 +90,16 @@ class LoopNestEnv(gym.Env):
         episode_length: actions per episode before truncation.
         observation: ``"raw"`` or ``"normalized"``.
         measure_budget_s: timing budget per new schedule (compile time excluded).
+        measure_samples: a state revisited with fewer timings than this is timed again and
+            keeps the best (timing on a shared machine is bimodal); 1 makes the first final.
         cache: a :class:`~looprl.MeasurementCache`, a path (``":memory:"`` for a private one) or
             None for the per-user persistent cache.
-        peak: GFLOPS used to normalise rewards; None measures the host (cached per host).
+        peak: GFLOPS used to normalise rewards; None measures the target's peak on this host
+            (cached per host and target).
+        target: what code is generated for: a :class:`~looprl.Target`, a name (``"avx512"``,
+            ``"avx2"``, ``"sse4"``, ``"host"``) or None for the host. A narrower target than
+            the host's is compiled and measured here (an AVX-512 CPU runs AVX2 code), so an
+            agent can learn for an AVX2 machine on an AVX-512 one.
         render_mode: None or ``"ansi"``.
     """
 
@@ -111,6 +119,8 @@ class LoopNestEnv(gym.Env):
         cache=None,
         peak: float | None = None,
         render_mode: str | None = None,
+        target: "Target | str | None" = None,
+        measure_samples: int = defaults.MEASUREMENT_SAMPLES,
     ):
         self.problems = env_problems(dataset, split, problems)
         if not isinstance(order, str) or order not in ORDERS:
@@ -132,8 +142,9 @@ class LoopNestEnv(gym.Env):
         measure_budget_s = check_budget(measure_budget_s, "measure_budget_s")
         if peak is not None:
             peak = check_budget(peak, "peak", unit="GFLOPS")
-        self.evaluator = Evaluator(cache, measure_budget_s)
-        self.peak = peak if peak is not None else peak_gflops(self.evaluator.cache)
+        self.evaluator = Evaluator(cache, measure_budget_s, target=target, samples=measure_samples)
+        self.target = self.evaluator.target
+        self.peak = peak if peak is not None else peak_gflops(target=self.target, cache=self.evaluator.cache)
 
         self.max_extent = max(max(p.size(d) for d in p.dims) for p in self.problems)
         self.action_space = spaces.Discrete(len(self.actions))
@@ -275,6 +286,7 @@ class LoopNestEnv(gym.Env):
         return {
             "gflops": self._gflops,
             "peak": self.peak,
+            "target": self.target.isa,
             "problem": nest.problem.name,
             "nest": nest.to_text(self._state.cursor),
             "schedule": nest.key,

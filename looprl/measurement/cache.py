@@ -1,7 +1,11 @@
 """A persistent measurement cache (SQLite), shared safely by concurrent processes.
 
-Keyed by host fingerprint (CPU, LLVM, code-generator version), problem and schedule, so a
-schedule is measured once per machine. The default location is ``$LOOPRL_CACHE_DIR`` or the
+Keyed by what makes two measurements comparable — the host (CPU model, LLVM, features), the
+target the code was generated for, the code generator's version and the timing protocol (its
+version and budget) — then the problem and the schedule: a value measured under other rules is
+never reused. A value is not final: a state measured again keeps the best of its samples, and
+the row counts them (``samples``), because timing on a shared machine is bimodal and noise only
+ever slows a run down. The default location is ``$LOOPRL_CACHE_DIR`` or the
 per-user cache directory (``$XDG_CACHE_HOME/looprl`` or ``~/.cache/looprl``), read when a
 cache is created.
 
@@ -43,11 +47,16 @@ import struct
 import time
 import warnings
 import zlib
+from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
+from looprl import defaults
 from looprl.backend.codegen import CODEGEN_VERSION
 from looprl.backend.jit import host_fingerprint
+from looprl.backend.target import Target
 from looprl.ir.nest import LoopNest
+from looprl.measurement.timing import TIMING_PROTOCOL_VERSION, check_budget
 
 APPLICATION_ID = 0x4C4F4F50  # b"LOOP": the mark of looprl's databases
 _SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -61,6 +70,7 @@ _TABLES = {
         gflops REAL NOT NULL,
         created REAL NOT NULL,
         checksum INTEGER,
+        samples INTEGER,
         PRIMARY KEY (host, problem, schedule)
     )""",
     "peaks": """CREATE TABLE peaks (
@@ -69,8 +79,19 @@ _TABLES = {
         created REAL NOT NULL,
         checksum INTEGER
     )""",
+    # looprl.tune's answers: the best schedule found for a problem, and the search budget spent.
+    "tuned": """CREATE TABLE tuned (
+        host TEXT NOT NULL,
+        problem TEXT NOT NULL,
+        schedule TEXT NOT NULL,
+        gflops REAL NOT NULL,
+        budget REAL NOT NULL,
+        created REAL NOT NULL,
+        checksum INTEGER,
+        PRIMARY KEY (host, problem)
+    )""",
 }
-_KEYS = {"measurements": ("host", "problem", "schedule"), "peaks": ("host",)}
+_KEYS = {"measurements": ("host", "problem", "schedule"), "peaks": ("host",), "tuned": ("host", "problem")}
 # The columns an older looprl's tables had: how an unmarked database is recognised as ours.
 _LEGACY_COLUMNS = {"measurements": {"host", "problem", "schedule", "gflops", "created"}, "peaks": {"host", "gflops", "created"}}
 
@@ -86,8 +107,31 @@ def default_cache_dir() -> Path:
 
 
 def measurement_host() -> str:
-    """The cache's host key: the machine plus the code generator's version."""
-    return f"{host_fingerprint()}|codegen-{CODEGEN_VERSION}"
+    """The machine part of every key (CPU model, LLVM CPU and features, llvmlite)."""
+    return host_fingerprint()
+
+
+@lru_cache(maxsize=64)
+def measurement_key(target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S) -> str:
+    """The cache's key for schedules measured on this host for ``target`` (None: the host's)
+    by the timing protocol with ``budget_s`` seconds per state."""
+    target = Target.resolve(target)
+    budget_ms = check_budget(budget_s) * 1000
+    return f"{host_fingerprint()}|{target.key}|codegen-{CODEGEN_VERSION}|timing-v{TIMING_PROTOCOL_VERSION}-{budget_ms:g}ms"
+
+
+@lru_cache(maxsize=16)
+def peak_key(target: Target | None = None) -> str:
+    """The cache's key for the measured peak of ``target`` (None: the host's) on this host."""
+    return f"{host_fingerprint()}|{Target.resolve(target).key}|peak-timing-v{TIMING_PROTOCOL_VERSION}"
+
+
+@dataclass(frozen=True)
+class CachedValue:
+    """A stored measurement: the best GFLOPS of ``samples`` timings."""
+
+    gflops: float
+    samples: int
 
 
 def row_checksum(table: str, key: tuple[str, ...], gflops: float) -> int:
@@ -99,6 +143,11 @@ def row_checksum(table: str, key: tuple[str, ...], gflops: float) -> int:
         data += len(encoded).to_bytes(4, "big") + encoded
     data += struct.pack(">d", gflops)
     return zlib.crc32(data)
+
+
+def _like_prefix(text: str) -> str:
+    """A LIKE pattern matching strings that start with ``text``."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
 def _error_code(error: sqlite3.Error) -> int | None:
@@ -156,7 +205,6 @@ class MeasurementCache:
         self.path = os.fspath(path)
         if not isinstance(self.path, str) or not self.path:
             raise ValueError(f"cache path must be a non-empty file path, got {path!r}")
-        self.host = measurement_host()
         self._timeout_s = timeout_s
         self.hits = 0
         self.misses = 0
@@ -196,9 +244,13 @@ class MeasurementCache:
                 if name not in tables:
                     connection.execute(ddl)
                     changed = True
-                elif "checksum" not in tables[name]:
-                    self._add_checksums(connection, name)
-                    changed = True
+                else:
+                    if "checksum" not in tables[name]:
+                        self._add_checksums(connection, name)
+                        changed = True
+                    if name == "measurements" and "samples" not in tables[name]:
+                        connection.execute("ALTER TABLE measurements ADD COLUMN samples INTEGER")
+                        changed = True
             for name in _TABLES:  # reads the tables: most corruption shows here, not mid-run
                 connection.execute(f"SELECT count(*) FROM {name}").fetchone()
             connection.execute("COMMIT")
@@ -368,18 +420,20 @@ class MeasurementCache:
             return self._connection.execute(sql, params).fetchone()
 
     # -- checked rows ---------------------------------------------------------
-    def _read(self, table: str, key: tuple[str, ...]) -> float | None:
+    def _read(self, table: str, key: tuple[str, ...]) -> CachedValue | None:
         """The stored value under ``key``, or None if there is none or it fails its checksum
-        (then the row is deleted and counted in ``damaged``)."""
+        (then the row is deleted and counted in ``damaged``). The sample count is advisory
+        (not checksummed): a damaged count only changes how soon a state is measured again."""
         where = " AND ".join(f"{column} = ?" for column in _KEYS[table])
-        row = self._one(f"SELECT gflops, checksum FROM {table} WHERE {where}", key)
+        samples = "samples" if table == "measurements" else "1"
+        row = self._one(f"SELECT gflops, checksum, {samples} FROM {table} WHERE {where}", key)
         if row is None:
             return None
-        value, checksum = row
+        value, checksum, count = row
         if checksum is None:  # written by an older looprl: measure it again
             return None
         if isinstance(value, float) and checksum == row_checksum(table, key, value):
-            return value
+            return CachedValue(value, count if isinstance(count, int) and count > 0 else 1)
         self._one(f"DELETE FROM {table} WHERE {where} AND gflops IS ? AND checksum IS ?", (*key, value, checksum))
         self.damaged += 1
         if not self._warned_damage:
@@ -392,35 +446,119 @@ class MeasurementCache:
             )
         return None
 
-    def _write(self, table: str, key: tuple[str, ...], gflops: float) -> None:
+    def _write(self, table: str, key: tuple[str, ...], gflops: float, samples: int = 1) -> None:
         value = _stored_value(gflops)
-        columns = (*_KEYS[table], "gflops", "created", "checksum")
-        self._one(
-            f"INSERT OR REPLACE INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
-            (*key, value, time.time(), row_checksum(table, key, value)),
-        )
+        columns = (*_KEYS[table], "gflops", "created", "checksum") + (("samples",) if table == "measurements" else ())
+        values = (*key, value, time.time(), row_checksum(table, key, value)) + ((samples,) if table == "measurements" else ())
+        self._one(f"INSERT OR REPLACE INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})", values)
 
     # -- schedules ------------------------------------------------------------
-    def get(self, nest: LoopNest) -> float | None:
-        value = self._read("measurements", (self.host, nest.problem.name, nest.key))
+    @staticmethod
+    def _key(nest: LoopNest, target: Target | None, budget_s: float) -> tuple[str, str, str]:
+        if not isinstance(nest, LoopNest):
+            raise ValueError(f"expected a LoopNest, got {type(nest).__name__}")
+        return (measurement_key(target, budget_s), nest.problem.name, nest.key)
+
+    def lookup(self, nest: LoopNest, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S) -> CachedValue | None:
+        """The stored measurement of ``nest`` for ``target`` (None: the host's) timed with
+        ``budget_s`` per state, or None."""
+        value = self._read("measurements", self._key(nest, target, budget_s))
         if value is None:
             self.misses += 1
         else:
             self.hits += 1
         return value
 
-    def put(self, nest: LoopNest, gflops: float) -> None:
-        self._write("measurements", (self.host, nest.problem.name, nest.key), gflops)
+    def get(self, nest: LoopNest, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S) -> float | None:
+        """GFLOPS stored for ``nest`` (see :meth:`lookup`), or None."""
+        value = self.lookup(nest, target, budget_s)
+        return None if value is None else value.gflops
+
+    def put(
+        self, nest: LoopNest, gflops: float, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S, samples: int = 1
+    ) -> None:
+        """Store ``gflops`` as the best of ``samples`` timings of ``nest`` (replacing what was there)."""
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+            raise ValueError(f"samples must be a positive integer, got {samples!r}")
+        self._write("measurements", self._key(nest, target, budget_s), gflops, samples)
+
+    def add_sample(
+        self, nest: LoopNest, gflops: float, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S
+    ) -> CachedValue:
+        """Record one more timing of ``nest``: the row keeps the best of its samples and
+        counts them. Read and write happen in one transaction, so concurrent processes that
+        add samples of the same state lose none."""
+        key = self._key(nest, target, budget_s)
+        _stored_value(gflops)  # refuse a non-finite value before opening the transaction
+        self._one("BEGIN IMMEDIATE")
+        try:
+            known = self._read("measurements", key)
+            merged = CachedValue(gflops, 1) if known is None else CachedValue(max(known.gflops, gflops), known.samples + 1)
+            self._write("measurements", key, merged.gflops, merged.samples)
+            self._one("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                self._connection.execute("ROLLBACK")
+            raise
+        return merged
+
+    def records(
+        self, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S, exclude_problem: str | None = None
+    ) -> list[tuple[str, str, float]]:
+        """Every valid ``(problem name, schedule key, GFLOPS)`` measured on this host for
+        ``target`` with ``budget_s`` per state (a learned cost model's training data), in
+        insertion order; rows failing their checksum are skipped."""
+        host = measurement_key(target, budget_s)
+        rows = self._connection.execute(
+            "SELECT problem, schedule, gflops, checksum FROM measurements WHERE host = ? ORDER BY rowid", (host,)
+        ).fetchall()
+        return [
+            (problem, schedule, value)
+            for problem, schedule, value, checksum in rows
+            if problem != exclude_problem and isinstance(value, float) and checksum == row_checksum("measurements", (host, problem, schedule), value)
+        ]
 
     def __len__(self) -> int:
-        return self._one("SELECT count(*) FROM measurements WHERE host = ?", (self.host,))[0]
+        """Schedules stored for this host (every target and protocol)."""
+        return self._one("SELECT count(*) FROM measurements WHERE host LIKE ? ESCAPE '\\'", (_like_prefix(measurement_host()),))[0]
 
     # -- peak -----------------------------------------------------------------
-    def get_peak(self) -> float | None:
-        return self._read("peaks", (self.host,))
+    def get_peak(self, target: Target | None = None) -> float | None:
+        """The stored peak of ``target`` (None: the host's) on this host, or None."""
+        value = self._read("peaks", (peak_key(target),))
+        return None if value is None else value.gflops
 
-    def put_peak(self, gflops: float) -> None:
-        self._write("peaks", (self.host,), gflops)
+    def put_peak(self, gflops: float, target: Target | None = None) -> None:
+        self._write("peaks", (peak_key(target),), gflops)
+
+    # -- tuned results ---------------------------------------------------------
+    def get_tuned(self, problem_name: str, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S) -> tuple[str, float, float] | None:
+        """``(schedule key, GFLOPS, search budget)`` that :func:`looprl.tune` found for the
+        problem on this host and ``target`` with ``budget_s`` per state, or None (also when
+        the row fails its checksum)."""
+        host = measurement_key(target, budget_s)
+        row = self._one("SELECT schedule, gflops, budget, checksum FROM tuned WHERE host = ? AND problem = ?", (host, problem_name))
+        if row is None:
+            return None
+        schedule, gflops, budget, checksum = row
+        if not (isinstance(gflops, float) and isinstance(budget, float) and isinstance(schedule, str)):
+            return None
+        if checksum != row_checksum("tuned", (host, problem_name, schedule, repr(budget)), gflops):
+            self.damaged += 1
+            return None
+        return schedule, gflops, budget
+
+    def put_tuned(
+        self, nest: LoopNest, gflops: float, search_budget_s: float, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S
+    ) -> None:
+        """Remember ``nest`` as :func:`looprl.tune`'s answer for its problem."""
+        host = measurement_key(target, budget_s)
+        value, budget = _stored_value(gflops), float(search_budget_s)
+        checksum = row_checksum("tuned", (host, nest.problem.name, nest.key, repr(budget)), value)
+        self._one(
+            "INSERT OR REPLACE INTO tuned (host, problem, schedule, gflops, budget, created, checksum) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (host, nest.problem.name, nest.key, value, budget, time.time(), checksum),
+        )
 
     def close(self) -> None:
         self._connection.close()

@@ -3,6 +3,9 @@
 The environment and the search baselines both rank states by :class:`Evaluator`; a failed
 compile or run becomes a :class:`Measurement` carrying its error message rather than an
 exception (so a long training run is never killed by one bad state) and is never cached.
+A cached value is not final: a state looked up again while it has fewer than ``samples``
+timings is timed again, and the cache keeps the best of its samples (noise on a shared machine
+only ever slows a run down, and its speed is bimodal).
 Compiling and timing a new state hold the machine-wide :class:`~looprl.measurement.lock.TimingLock`:
 on a 2-vCPU machine whose vCPUs share a physical core, a kernel runs ~1.5x faster while the
 other vCPU idles than while another process compiles or times there, so concurrent
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 
 from looprl import defaults
 from looprl.backend.kernel import Kernel, compile
+from looprl.backend.target import Target
 from looprl.errors import CompileError, KernelError
 from looprl.ir.nest import LoopNest
 from looprl.measurement.cache import MeasurementCache
@@ -34,11 +38,13 @@ from looprl.measurement.timing import (
 class Measurement:
     """GFLOPS of one schedule, where it came from and what it cost."""
 
-    gflops: float  # 0.0 when ``error`` is set
-    from_cache: bool
+    gflops: float  # best of the state's samples; 0.0 when ``error`` is set
+    from_cache: bool  # no new timing was made
     compile_s: float = 0.0
     measure_s: float = 0.0
     error: str | None = None
+    samples: int = 0  # timings behind ``gflops`` (over all processes that shared the cache)
+    sample_gflops: float | None = None  # this call's new timing, if one was made
 
     @property
     def ok(self) -> bool:
@@ -67,7 +73,12 @@ class Evaluator:
     A schedule that fails to compile or run (:class:`~looprl.errors.CompileError`,
     :class:`~looprl.errors.KernelError`, or no memory for its buffers) gives a failed
     :class:`Measurement`; with ``strict`` (default: ``$LOOPRL_STRICT``) it raises instead.
-    Any other exception is a bug and always propagates."""
+    Any other exception is a bug and always propagates.
+
+    Code is generated for ``target`` (a :class:`~looprl.backend.target.Target`, a target name
+    or None for the host); the cache key includes the target and ``budget_s``. A cached state
+    with fewer than ``samples`` timings is timed again when it is looked up (``samples=1``:
+    never)."""
 
     def __init__(
         self,
@@ -75,8 +86,15 @@ class Evaluator:
         budget_s: float = defaults.STATE_BUDGET_S,
         timing_lock: "TimingLock | bool" = True,
         strict: bool | None = None,
+        target: "Target | str | None" = None,
+        samples: int = defaults.MEASUREMENT_SAMPLES,
     ):
         self.budget_s = check_budget(budget_s)
+        self.target = Target.resolve(target)
+        self.target.check_runs_on_host()
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+            raise ValueError(f"samples must be a positive integer, got {samples!r}")
+        self.samples = samples
         if not (isinstance(timing_lock, bool) or timing_lock is None or hasattr(timing_lock, "__enter__")):
             raise ValueError(f"timing_lock must be True, False or a context manager, got {type(timing_lock).__name__}")
         self.cache = open_cache(cache)
@@ -86,6 +104,7 @@ class Evaluator:
         self.strict = strict_from_environment() if strict is None else bool(strict)
         self._workspaces: dict[str, Workspace] = {}
         self.compiled = 0  # states compiled and timed by this evaluator
+        self.resampled = 0  # of which: cached states timed again
         self.failures = 0
         self.compile_s = 0.0  # total seconds spent compiling / timing new states
         self.measure_s = 0.0
@@ -102,17 +121,28 @@ class Evaluator:
         return self.measure(nest)
 
     def measure(self, nest: LoopNest, kernel: Kernel | None = None) -> Measurement:
-        """The cached value of ``nest``, else compile it (unless ``kernel`` is given), time
-        it under the lock and store the result."""
+        """The cached value of ``nest`` if it has ``samples`` timings, else compile it (unless
+        ``kernel`` is given), time it under the lock and add the timing to the cache."""
         if not isinstance(nest, LoopNest):
             raise ValueError(f"expected a LoopNest, got {type(nest).__name__}")
-        known = self.cache.get(nest)
-        if known is not None:
-            return Measurement(known, from_cache=True)
+        known = self.cache.lookup(nest, self.target, self.budget_s)
+        if known is not None and known.samples >= self.samples:
+            return Measurement(known.gflops, from_cache=True, samples=known.samples)
+        return self._time(nest, kernel, resample=known is not None)
+
+    def remeasure(self, nest: LoopNest, kernel: Kernel | None = None) -> Measurement:
+        """Time ``nest`` again whatever the cache holds, and add the timing to it."""
+        if not isinstance(nest, LoopNest):
+            raise ValueError(f"expected a LoopNest, got {type(nest).__name__}")
+        return self._time(nest, kernel, resample=True)
+
+    def _time(self, nest: LoopNest, kernel: Kernel | None, resample: bool) -> Measurement:
+        if kernel is not None and getattr(kernel, "target", self.target) != self.target:
+            raise ValueError(f"the kernel was compiled for {kernel.target.isa}, this evaluator measures {self.target.isa}")
         try:
             with self.timing_lock:
                 started = time.perf_counter()
-                kernel = kernel if kernel is not None else compile(nest)
+                kernel = kernel if kernel is not None else compile(nest, target=self.target)
                 compiled = time.perf_counter()
                 workspace = self._workspace(nest.problem)
                 timing = time_kernel(kernel, self.budget_s, workspace=workspace, lock=self.timing_lock)
@@ -123,25 +153,37 @@ class Evaluator:
             return Measurement(0.0, False, 0.0, 0.0, f"{type(error).__name__}: {error}")
         finished = time.perf_counter()
         self.compiled += 1
+        self.resampled += resample
         self.compile_s += compiled - started
         self.measure_s += finished - compiled
-        self.cache.put(nest, timing.gflops)
-        return Measurement(timing.gflops, False, compiled - started, finished - compiled)
+        stored = self.cache.add_sample(nest, timing.gflops, self.target, self.budget_s)
+        return Measurement(stored.gflops, False, compiled - started, finished - compiled, samples=stored.samples, sample_gflops=timing.gflops)
 
 
-def measure(target: Kernel | LoopNest, *, budget_s: float = DEFAULT_BUDGET_S, cache=None) -> float:
-    """GFLOPS (2 x product of loop extents / seconds) of a kernel or a schedule, timed under
-    the machine-wide lock.
+def measure(
+    code: Kernel | LoopNest,
+    *,
+    budget_s: float = DEFAULT_BUDGET_S,
+    cache=None,
+    target: "Target | str | None" = None,
+    samples: int = defaults.MEASUREMENT_SAMPLES,
+) -> float:
+    """GFLOPS (2 x product of loop extents / seconds) of a kernel or a schedule (compiled for
+    ``target``, default the host's), timed under the machine-wide lock.
 
     With a cache (a :class:`~looprl.measurement.cache.MeasurementCache` or a path), a schedule
-    measured before on this host is not measured again, and a new measurement is stored."""
-    if isinstance(target, Kernel):
-        nest, kernel = target.nest, target
-    elif isinstance(target, LoopNest):
-        nest, kernel = target, None
+    is timed until it has ``samples`` timings there (one per call) and the best of them is
+    returned; after that the cached value is returned without timing."""
+    if isinstance(code, Kernel):
+        nest, kernel = code.nest, code
+        target = kernel.target if target is None else Target.resolve(target)
+    elif isinstance(code, LoopNest):
+        nest, kernel = code, None
+        target = Target.resolve(target)
     else:
-        raise ValueError(f"measure() expects a Kernel or a LoopNest, got {type(target).__name__}")
+        raise ValueError(f"measure() expects a Kernel or a LoopNest, got {type(code).__name__}")
     budget_s = check_budget(budget_s)
     if cache is not None:
-        return Evaluator(cache, budget_s, strict=True).measure(nest, kernel).gflops
-    return time_kernel(kernel or compile(nest), budget_s).gflops
+        return Evaluator(cache, budget_s, strict=True, target=target, samples=samples).measure(nest, kernel).gflops
+    target.check_runs_on_host()
+    return time_kernel(kernel or compile(nest, target=target), budget_s).gflops
