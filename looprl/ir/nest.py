@@ -17,6 +17,7 @@ loop of the same dimension around it (or, inside a tail iteration, the smaller r
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -25,6 +26,7 @@ from looprl.ir.problem import Problem
 
 COMPUTE = "compute"
 WRITE_BACK = "write_back"
+_KEY_LOOP_RE = re.compile(r"([a-z])([0-9]+)s([0-9]+)(?:t([0-9]+))?", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,31 @@ class LoopNest:
         compute = tuple(Loop(d, problem.size(d), 1, 0, COMPUTE) for d in problem.dims)
         write_back = tuple(Loop(d, problem.size(d), 1, 0, WRITE_BACK) for d in problem.output)
         return LoopNest(problem, compute, write_back)
+
+    @staticmethod
+    def from_key(problem: Problem, key: str) -> "LoopNest":
+        """The schedule of ``problem`` whose :attr:`key` is ``key`` (the inverse of ``key``).
+
+        The loops must form a schedule that splits and swaps could build: every dimension
+        once in the compute nest, the output's in the write-back nest, each dimension's loops
+        (outermost first) covering its extent, then the outer loop's step, down to step 1.
+        Anything else is a :class:`ValueError` naming the key."""
+        if not isinstance(problem, Problem):
+            raise ValueError(f"expected a Problem, got {type(problem).__name__}")
+        if not isinstance(key, str) or key.count("|") != 1:
+            raise ValueError(f"bad schedule key {key!r}: expected 'compute loops|write-back loops', e.g. 'm8s1,n8s1|m8s1,n8s1'")
+        parts = []
+        for text, which, dims in zip(key.split("|"), (COMPUTE, WRITE_BACK), (problem.dims, tuple(problem.output))):
+            loops = []
+            for item in text.split(",") if text else ():
+                match = _KEY_LOOP_RE.fullmatch(item)
+                if match is None:
+                    raise ValueError(f"bad loop {item!r} in schedule key {key!r}: expected <dim><size>s<step>[t<tail>]")
+                var, size, step, tail = match.groups()
+                loops.append(Loop(var, int(size), int(step), int(tail or 0), which))
+            _check_chains(problem, loops, dims, which, key)
+            parts.append(tuple(loops))
+        return LoopNest(problem, parts[0], parts[1])
 
     # -- views -----------------------------------------------------------------
     @property
@@ -169,6 +196,24 @@ class LoopNest:
             else:
                 raise ValueError(f"unknown transform {name!r}; expected 'split' or 'swap'")
         return nest
+
+
+def _check_chains(problem: Problem, loops: list[Loop], dims: tuple[str, ...], which: str, key: str) -> None:
+    """Refuse loops of one nest that splits and swaps of the untiled nest could not build."""
+    found = tuple(dict.fromkeys(lp.var for lp in loops))
+    if sorted(found) != sorted(dims):
+        raise ValueError(f"schedule key {key!r} of {problem.name}: the {which} nest walks {found}, expected each of {tuple(dims)}")
+    for var in found:
+        covered = problem.size(var)  # elements the next loop of var must cover
+        for loop in (lp for lp in loops if lp.var == var):
+            if loop.size < 1 or loop.step < 1 or loop.tail >= loop.step or loop.budget != covered:
+                raise ValueError(
+                    f"schedule key {key!r} of {problem.name}: the {which} loop '{loop.describe()}' does not cover "
+                    f"{covered} elements of {var!r} with a tail shorter than its step"
+                )
+            covered = loop.step
+        if covered != 1:
+            raise ValueError(f"schedule key {key!r} of {problem.name}: the innermost {which} loop of {var!r} has step {covered}, not 1")
 
 
 def initial_nest(problem: Problem) -> LoopNest:

@@ -9,10 +9,12 @@ best state found.
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import numpy as np
 
+from looprl.search.autotvm import autotvm
 from looprl.search.context import BudgetExhausted, Node, SearchContext, node_id
 
 
@@ -99,15 +101,23 @@ def random_walks(context: SearchContext, depth: int, rng: np.random.Generator) -
             raise BudgetExhausted(reason)
 
 
-_PATTERN = re.compile(r"^(?:greedy(?P<lookahead>\d+)|beam(?P<width>\d+)(?P<order>dfs|bfs)|(?P<random>random))$")
+_PATTERN = re.compile(
+    r"^(?:greedy(?P<lookahead>\d+)|beam(?P<width>\d+)(?P<order>dfs|bfs)|(?P<random>random)|(?P<autotvm>autotvm)(?:-(?P<objective>rank|regression))?)$"
+)
 PAPER_ALGORITHMS = ("greedy1", "greedy2", "beam2dfs", "beam2bfs", "beam4dfs", "beam4bfs", "random")
 
 
 def parse_algorithm(name: str):
-    """``greedy<L>``, ``beam<W>dfs``, ``beam<W>bfs`` or ``random`` -> ``(function, kwargs)``."""
+    """``greedy<L>``, ``beam<W>dfs``, ``beam<W>bfs``, ``random``, ``autotvm`` or
+    ``autotvm-regression`` -> ``(function, kwargs)``."""
     match = _PATTERN.match(name.strip().lower()) if isinstance(name, str) else None
     if match is None:
-        raise ValueError(f"unknown search algorithm {name!r}; expected greedy<L>, beam<W>dfs, beam<W>bfs or random (e.g. {', '.join(PAPER_ALGORITHMS)})")
+        raise ValueError(
+            f"unknown search algorithm {name!r}; expected greedy<L>, beam<W>dfs, beam<W>bfs, random, autotvm "
+            f"or autotvm-regression (e.g. {', '.join(PAPER_ALGORITHMS)})"
+        )
+    if match["autotvm"]:
+        return autotvm, {"objective": match["objective"] or "rank"}
     if match["lookahead"]:
         lookahead = int(match["lookahead"])
         if not 1 <= lookahead <= 4:
@@ -119,3 +129,14 @@ def parse_algorithm(name: str):
             raise ValueError(f"beam width must be at least 1, got {width}")
         return (beam_dfs if match["order"] == "dfs" else beam_bfs), {"width": width}
     return random_walks, {}
+
+
+def check_options(function, name: str, options: dict) -> dict:
+    """``options`` for the algorithm ``function`` (``name`` in messages): only the keyword-only
+    parameters it declares (the autotvm search's, say); every other algorithm takes none."""
+    accepted = [p.name for p in inspect.signature(function).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        takes = f"it takes {', '.join(accepted)}" if accepted else "it takes none"
+        raise ValueError(f"unknown option(s) {', '.join(unknown)} for search algorithm {name!r}: {takes}")
+    return dict(options)

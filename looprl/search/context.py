@@ -11,7 +11,7 @@ from typing import Callable
 import networkx as nx
 
 from looprl.env.actions import ActionSet, State
-from looprl.ir.nest import initial_nest
+from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.measurement.evaluator import Evaluator
 
@@ -111,6 +111,18 @@ class SearchContext:
         if target not in self.graph:
             self.graph.add_node(target, gflops=node.gflops, schedule=state.nest.key, cursor=state.cursor, depth=len(node.path))
         self.graph.add_edge(node_id(parent.state), target, action=self.actions.names[action])
+        self._offer(node)
+        return node
+
+    def visit(self, nest: LoopNest) -> Node:
+        """The node of a schedule reached otherwise than by the actions (e.g. a model-guided
+        search), evaluated: cursor 0, no action path, no edge in the graph."""
+        if not isinstance(nest, LoopNest) or nest.problem != self.problem:
+            raise ValueError(f"expected a LoopNest of {self.problem.name}, got {nest!r:.200}")
+        state = State(nest, 0)
+        node = Node(state, (), self._value(state))
+        if node_id(state) not in self.graph:
+            self.graph.add_node(node_id(state), gflops=node.gflops, schedule=nest.key, cursor=0, depth=0)
         self._offer(node)
         return node
 

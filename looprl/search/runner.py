@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -20,7 +19,8 @@ from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, as_problem
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.timing import check_budget, time_kernel
-from looprl.search.algorithms import parse_algorithm
+from looprl.search.algorithms import check_options, parse_algorithm
+from looprl.search.autotvm import autotvm
 from looprl.search.context import BudgetExhausted, SearchContext
 
 DEFAULT_BUDGET_S = 60.0
@@ -108,6 +108,8 @@ def run(
     seed: int = 0,
     progress: Callable[[SearchContext], None] | None = None,
     verify_s: float | None = 0.1,
+    target=None,
+    **options: Any,
 ) -> SearchResult:
     """Search ``problem``'s schedules with ``algo`` (``greedy1``, ``greedy2``, ``beam2dfs``,
     ``beam4bfs``, ``random``, ...) over the environment's actions, at most ``depth`` actions
@@ -116,13 +118,21 @@ def run(
     through ``evaluator`` (or a new one on ``cache``). Ctrl-C ends the search early and
     returns what was found, with ``stopped="interrupted"``.
 
+    Code is generated for ``target`` (a :class:`~looprl.Target`, a name or None for the
+    host; ignored when ``evaluator`` is given, which has its own).
+
     The best of many short, noisy measurements is biased upwards, so the winner is measured
-    again for ``verify_s`` seconds (outside the search budget; None skips it) and reported
-    as ``verified_gflops``."""
+    again (at least three fresh timings, about ``verify_s`` seconds, outside the search
+    budget; None skips it) and the best fresh timing is reported as ``verified_gflops``; the
+    new timings are added to the winner's samples in the cache.
+
+    Further keyword ``options`` go to the algorithm (``autotvm`` takes ``transfer=True``,
+    ``batch_size`` and more: see :func:`looprl.search.autotvm.autotvm`); the others take none."""
     if problem is None:
         raise ValueError("problem is None; expected a Problem or a problem string like '128x64x256'")
     problem = as_problem(problem)
-    function, options = parse_algorithm(algo)
+    function, defaults_ = parse_algorithm(algo)
+    options = {**defaults_, **check_options(function, algo, options)}
     budget_s = None if budget_s is None else check_budget(budget_s, "budget_s")
     verify_s = None if verify_s is None else check_budget(verify_s, "verify_s")
     measure_budget_s = check_budget(measure_budget_s, "measure_budget_s")
@@ -135,7 +145,7 @@ def run(
         raise ValueError(f"progress must be a callable or None, got {type(progress).__name__}")
     actions = ActionSet(split_factors, max_loops)
     actions.check_fits(problem)
-    evaluator = evaluator if evaluator is not None else Evaluator(cache, measure_budget_s)
+    evaluator = evaluator if evaluator is not None else Evaluator(cache, measure_budget_s, target=target)
     context = SearchContext(problem, actions, evaluator, budget_s, max_evaluations, progress)
     context.root()
     stopped = "done"
@@ -173,8 +183,10 @@ def run(
             "split_factors": list(actions.split_factors),
             "max_loops": actions.max_loops,
             "measure_budget_s": getattr(evaluator, "budget_s", None),
+            "target": getattr(getattr(evaluator, "target", None), "isa", None),
             "seed": seed,
             "verify_s": verify_s,
+            **({"options": options} if function is autotvm else {}),
         },
         graph=context.graph,
     )
@@ -189,14 +201,21 @@ def _integer(value, what: str, minimum: int) -> int:
 
 
 def _verify(nest: LoopNest, seconds: float, evaluator) -> float | None:
-    """GFLOPS of ``nest`` timed afresh for ``seconds`` (best of three rounds), or None if the
-    schedule cannot be compiled (a failed state is never the best unless everything failed)."""
-    try:
-        kernel = compile(nest)
-        lock = getattr(evaluator, "timing_lock", None) or contextlib.nullcontext()
-        with lock:
-            return max(time_kernel(kernel, seconds / 3).gflops for _ in range(3))
-    except (CompileError, KernelError, MemoryError):
-        if getattr(evaluator, "strict", False):
-            raise
-        return None
+    """The best of at least three fresh timings of ``nest`` (about ``seconds`` in all), added
+    to its samples in the cache; None if the schedule cannot be compiled or run (a failed
+    state is never the best unless everything failed)."""
+    remeasure = getattr(evaluator, "remeasure", None)
+    if remeasure is None:  # a plain callable evaluator: time the kernel directly, for the host
+        try:
+            kernel = compile(nest)
+        except (CompileError, KernelError, MemoryError):
+            return None
+        return max(time_kernel(kernel, seconds / 3).gflops for _ in range(3))
+    rounds = max(3, round(seconds / evaluator.budget_s))
+    best = None
+    for _ in range(rounds):
+        measurement = remeasure(nest)
+        if not measurement.ok:
+            return None
+        best = measurement.sample_gflops if best is None else max(best, measurement.sample_gflops)
+    return best

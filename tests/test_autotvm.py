@@ -1,0 +1,158 @@
+"""The AutoTVM search: budgets, the untuned nest as a floor, reproducibility, transfer."""
+
+import hashlib
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import looprl
+from looprl import search
+from looprl.ir.nest import LoopNest
+from looprl.measurement.cache import MeasurementCache
+from looprl.measurement.evaluator import Evaluator, Measurement
+from looprl.search.autotvm import ScheduleSpace, _can_merge, _merge, components, diverse_pick
+
+SMALL = looprl.matmul(32, 48, 40)
+FAST = {"batch_size": 8, "chains": 16, "max_steps": 20, "early_stop": 5}
+
+
+class FakeEvaluator:
+    """Deterministic GFLOPS per schedule, higher for a vectorised innermost loop (so that a
+    model has something to learn); counts how often each schedule is asked for."""
+
+    budget_s = 0.001
+
+    def __init__(self, boost=None, cache=None):
+        self.calls = Counter()
+        self.boost = boost or {}
+        if cache is not None:
+            self.cache = cache
+
+    def value(self, nest) -> float:
+        if nest.key in self.boost:
+            return self.boost[nest.key]
+        digest = int(hashlib.sha256(nest.key.encode()).hexdigest()[:6], 16)
+        loops = nest.compute
+        vectorised = loops[-1].var == nest.problem.output[-1]
+        tiled = len(loops) > 1 and loops[-2].var == "m" and loops[-2].size <= 8 and loops[-2].step == 1
+        return 5.0 + 30.0 * vectorised + 40.0 * (vectorised and tiled) + digest % 1000 / 1000.0
+
+    def __call__(self, nest):
+        self.calls[nest.key] += 1
+        return Measurement(self.value(nest), from_cache=False)
+
+
+def run(evaluator, **options):
+    settings = {"max_evaluations": 40, "budget_s": None, "verify_s": None, "seed": 3, **FAST, **options}
+    return search.run(SMALL, algo=settings.pop("algo", "autotvm"), evaluator=evaluator, **settings)
+
+
+def test_autotvm_respects_the_evaluation_budget_and_measures_each_schedule_once():
+    evaluator = FakeEvaluator()
+    result = run(evaluator)
+    assert result.evaluations == 40 and result.stopped == "evaluation budget"
+    assert len(evaluator.calls) == 40 and max(evaluator.calls.values()) == 1
+    assert result.best_gflops == max(evaluator.value(LoopNest.from_key(SMALL, k)) for k in evaluator.calls)
+    assert result.best_gflops >= result.initial_gflops
+    assert result.actions == () and result.settings["options"]["objective"] == "rank"
+    assert result.graph.number_of_nodes() == 40
+
+
+def test_autotvm_never_returns_worse_than_the_untuned_nest():
+    root = looprl.initial_nest(SMALL)
+    result = run(FakeEvaluator(boost={root.key: 1e6}), algo="autotvm-regression", max_evaluations=20)
+    assert result.best_nest == root and result.best_gflops == 1e6 == result.initial_gflops
+
+
+def test_autotvm_reproduces_with_a_seed_and_differs_with_another():
+    first, second, other = FakeEvaluator(), FakeEvaluator(), FakeEvaluator()
+    a, b = run(first), run(second)
+    run(other, seed=4)
+    assert list(first.calls) == list(second.calls)  # the same schedules, in the same order
+    assert a.best_nest == b.best_nest and a.best_gflops == b.best_gflops
+    assert list(other.calls) != list(first.calls)
+
+
+def test_autotvm_finds_better_than_random_picks_on_a_learnable_evaluator():
+    evaluator = FakeEvaluator()
+    run(evaluator, max_evaluations=48)
+    values = [evaluator.value(LoopNest.from_key(SMALL, k)) for k in evaluator.calls]
+    first, later = np.mean(values[1:9]), np.mean(values[-16:])  # the random batch vs model-picked ones
+    assert later > first + 10
+
+
+def test_autotvm_with_a_real_evaluator_and_time_budget():
+    result = search.run(SMALL, algo="autotvm", max_evaluations=10, budget_s=30, cache=":memory:", verify_s=None, seed=0, **FAST)
+    assert result.evaluations == 10 and result.failures == 0
+    assert result.best_gflops >= result.initial_gflops > 0
+
+
+def test_autotvm_transfer_uses_other_problems_measurements(caplog):
+    caplog.set_level("INFO", logger="looprl.search")
+    cache = MeasurementCache(":memory:")
+    other = looprl.matmul(24, 40, 16)
+    teacher = FakeEvaluator()
+    for nest in ScheduleSpace(other.initial_nest(), 10).random_many(np.random.default_rng(0), 10, 40):
+        cache.put(nest, teacher.value(nest), budget_s=teacher.budget_s)
+    evaluator = FakeEvaluator(cache=cache)
+    evaluator.target = None
+    result = run(evaluator, transfer=True, max_evaluations=16)
+    assert result.evaluations == 16 and result.settings["options"]["transfer"] is True
+    assert "global model fitted on 40 measurements of 1 problems" in caplog.text
+    values = [evaluator.value(LoopNest.from_key(SMALL, k)) for k in list(evaluator.calls)[1:9]]
+    assert np.mean(values) > 30  # the first batch already follows the global model
+    run(FakeEvaluator(), transfer=True, max_evaluations=10)  # no cache: no global model, no error
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="unknown option.*nosuch"):
+        run(FakeEvaluator(), nosuch=1)
+    with pytest.raises(ValueError, match="takes none"):
+        search.run(SMALL, algo="greedy1", evaluator=FakeEvaluator(), transfer=True, verify_s=None)
+    for bad in ({"batch_size": 0}, {"epsilon": 1.5}, {"transfer": "yes"}, {"objective": "nosuch"}):
+        with pytest.raises(ValueError):
+            run(FakeEvaluator(), **bad)
+    with pytest.raises(ValueError, match="autotvm"):
+        search.parse_algorithm("autotvm-nosuch")
+
+
+def test_space_moves_stay_valid_and_merges_undo_splits():
+    space = ScheduleSpace(SMALL.initial_nest(), 10)
+    rng = np.random.default_rng(0)
+    nest = SMALL.initial_nest()
+    for _ in range(300):
+        nest = space.neighbour(nest, rng)
+        assert len(nest) <= 10 and LoopNest.from_key(SMALL, nest.key) == nest
+    split = SMALL.initial_nest().split(0, 8).split(0, 2)  # m2s16, m2s8, m8s1
+    assert _can_merge(split.loops, 0) and _merge(split, 0) == SMALL.initial_nest().split(0, 8)
+    assert _merge(split, 1) == SMALL.initial_nest().split(0, 16)
+    assert _merge(_merge(split, 1), 0) == SMALL.initial_nest()
+    assert not _can_merge(split.loops, 2)
+
+
+def test_diverse_pick_prefers_uncovered_components():
+    a = SMALL.initial_nest().split(0, 4)
+    b = SMALL.initial_nest().split(0, 4).swap(2)  # a with k and n swapped: the same m tiling
+    c = SMALL.initial_nest().split(2, 8)
+    assert components(a) != components(c)
+    candidates = [(3.0, a.key, a), (2.9, b.key, b), (1.0, c.key, c)]
+    assert diverse_pick(candidates, 2, alpha=0.0) == [a, b]
+    assert diverse_pick(candidates, 2, alpha=5.0)[1] == c
+
+
+def test_context_visit_refuses_another_problems_nest():
+    from looprl.env.actions import ActionSet
+    from looprl.search.context import SearchContext
+
+    context = SearchContext(SMALL, ActionSet(), FakeEvaluator(), None, None)
+    with pytest.raises(ValueError, match="LoopNest of"):
+        context.visit(looprl.initial_nest(looprl.matmul(8, 8, 8)))
+    assert context.visit(SMALL.initial_nest().split(0, 4)).path == ()
+
+
+def test_a_real_evaluator_cache_feeds_records():
+    evaluator = Evaluator(":memory:")
+    evaluator(looprl.initial_nest(looprl.matmul(8, 8, 8)))
+    result = search.run(SMALL, algo="autotvm", max_evaluations=4, budget_s=None, evaluator=evaluator, verify_s=None, transfer=True, **FAST)
+    assert result.evaluations == 4
