@@ -8,7 +8,7 @@ from looprl.policy.numpy_policy import POLICY_FORMAT, POLICY_FORMAT_VERSION, Pol
 NAMES = ["up", "down", "swap_up", "swap_down", "split_4", "split_8", "split_16"]
 
 
-def random_policy(seed=0, hidden=8, bias=None) -> Policy:
+def random_policy(seed=0, hidden=8, bias=None, observation="normalized", target=None) -> Policy:
     """A random 200 -> hidden -> 7 MLP; ``bias`` (7 values) with zero weights makes a fixed
     preference order instead."""
     rng = np.random.default_rng(seed)
@@ -22,7 +22,7 @@ def random_policy(seed=0, hidden=8, bias=None) -> Policy:
         arrays["logits.0.weight"][:] = 0
         arrays["logits.0.bias"] = np.asarray(bias, dtype=np.float32)
     metadata = {
-        "format": POLICY_FORMAT, "format_version": POLICY_FORMAT_VERSION, "observation": "normalized",
+        "format": POLICY_FORMAT, "format_version": POLICY_FORMAT_VERSION, "observation": observation,
         "observation_layout_version": OBSERVATION_LAYOUT_VERSION,
         "observation_shape": [10, 20], "action_names": NAMES, "split_factors": [4, 8, 16], "episode_length": 10,
         "network": {
@@ -31,4 +31,6 @@ def random_policy(seed=0, hidden=8, bias=None) -> Policy:
             "greedy": "logits",
         },
     }
+    if target is not None:
+        metadata["target"] = target.to_dict()
     return Policy.from_arrays(metadata, arrays)

@@ -58,7 +58,7 @@ def test_tune_stops_when_the_policy_picks_an_action_that_cannot_apply(tmp_path):
     result = looprl.tune((32, 32, 32), folder, measure=False, cache=":memory:")
     assert result.actions == ("down",) * 4
     assert result.nest == looprl.initial_nest(looprl.matmul(32, 32, 32))
-    measured = looprl.tune((32, 32, 32), folder, measure=True, cache=":memory:")
+    measured = looprl.tune((32, 32, 32), folder, measure=True, cache=":memory:", budget_s=0)  # the rollout alone
     assert measured.actions == () and measured.nest == result.nest  # cursor moves change no schedule
 
 
@@ -132,10 +132,11 @@ def test_cli(policy_dir):
 
 
 def test_default_policy_is_shipped_and_compatible():
-    from looprl.policy.loading import DEFAULT_POLICY_DIR, load_policy
+    from looprl.policy.loading import default_policy_dir, load_policy
 
-    policy = load_policy("default")
-    assert (DEFAULT_POLICY_DIR / "policy.npz").exists()
+    policy = load_policy("default", "avx512")
+    assert (default_policy_dir("avx512") / "policy.npz").exists()
+    assert policy.target.isa == "avx512" and "EPYC" in policy.metadata["host_cpu"]
     assert policy.metadata["algorithm"] == "dqn" and policy.metadata["apex"] is True
     assert policy.metadata["training_problems"] == {"dataset": "mm64-256", "split": "train"}
     for problem in [(128, 96, 160), looprl.contraction("bmk,bkn->bmn", b=2, m=40, k=24, n=56)]:
@@ -147,7 +148,7 @@ def test_measured_tune_stops_at_a_cycle_however_many_steps(tmp_path):
     # Always "split_4": the first split applies, then the nest is full or the loop too short
     # and the policy repeats a no-op forever; a million steps must not mean a million calls.
     folder = random_policy(bias=[0, 0, 0, 0, 9, 0, 0]).save(tmp_path / "p")
-    result = looprl.tune((64, 64, 64), folder, steps=10**6, measure=True, cache=":memory:")
+    result = looprl.tune((64, 64, 64), folder, steps=10**6, measure=True, cache=":memory:", budget_s=0)
     assert len(result.actions) <= 10 and result.gflops >= result.initial_gflops
 
 

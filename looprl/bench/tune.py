@@ -1,8 +1,9 @@
 """``python -m looprl.bench tune``: how fast and how good ``looprl.tune`` is on a dataset split.
 
-For each problem: the wall-clock time of ``looprl.tune`` from a cold cache (compile of the
-returned kernel included), then the returned kernel and the untuned nest re-timed with the
-same budget, and numpy single-thread (``OPENBLAS_CORETYPE`` unset, one BLAS thread, in a child
+For each problem: the wall-clock time of ``looprl.tune`` for ``--target`` (default this
+machine; a narrower ISA is cross-compiled) from a cold cache (compile of the returned kernel
+included), then the returned kernel and the untuned nest re-timed with the same budget, and
+numpy single-thread (numpy uses the host's widest ISA whatever the target) (``OPENBLAS_CORETYPE`` unset, one BLAS thread, in a child
 process). Reports median and p95 tune time and the geometric means of GFLOPS against numpy,
 the untuned nest and the measured peak.
 """
@@ -16,20 +17,27 @@ import sys
 from pathlib import Path
 
 from looprl import defaults
+from looprl.backend.jit import cpu_model_name
 from looprl.backend.kernel import compile
+from looprl.backend.target import Target
 from looprl.env.datasets import SPLITS, dataset_problems
 from looprl.ir.nest import initial_nest
+from looprl.ir.problem import parse_problem
 from looprl.measurement.numpy_baseline import numpy_gflops
 from looprl.measurement.peak import measure_peak_gflops
 from looprl.measurement.timing import time_kernel
 from looprl.policy.loading import load_policy
-from looprl.policy.tune import tune
+from looprl.policy.tune import TUNE_BUDGET_S, tune
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--split", choices=SPLITS, default="test")
     parser.add_argument("--dataset", default=defaults.DATASET)
     parser.add_argument("--limit", type=int, default=None, help="first N problems of the split")
+    parser.add_argument("--problems", default=None, help="these problems instead of the split (comma-separated MxNxK)")
+    parser.add_argument("--target", default=None, help="host (default), avx512, avx2 or sse4")
+    parser.add_argument("--tune-budget", type=float, default=TUNE_BUDGET_S,
+                        help=f"looprl.tune's search budget in seconds (default {TUNE_BUDGET_S})")
     parser.add_argument("--policy", default="default")
     parser.add_argument("--mode", choices=("measured", "policy"), default="measured")
     parser.add_argument("--budget", type=float, default=0.05, help="seconds to re-time each kernel (default 0.05)")
@@ -46,17 +54,26 @@ def main(args, out=sys.stdout) -> dict:
         raise ValueError(f"--limit must be positive, got {args.limit}")
     if not args.budget > 0:
         raise ValueError(f"--budget must be positive, got {args.budget}")
-    policy = load_policy(args.policy if args.policy == "default" else Path(args.policy))
-    problems = list(dataset_problems(args.dataset, args.split))[: args.limit]
-    peak = measure_peak_gflops()
+    target = Target.resolve(args.target)
+    target.check_runs_on_host()
+    policy = load_policy(args.policy if args.policy == "default" else Path(args.policy), target)
+    if args.problems:
+        problems = [parse_problem(item.strip()) for item in args.problems.split(",") if item.strip()]
+        source = "given problems"
+    else:
+        problems = list(dataset_problems(args.dataset, args.split))[: args.limit]
+        source = f"{args.dataset}/{args.split}"
+    peak = measure_peak_gflops(target)
     numpy = numpy_gflops(problems, args.budget)
-    print(f"peak {peak:.1f} GFLOPS; {len(problems)} problems of {args.dataset}/{args.split}; {args.mode} mode", file=out)
+    made_for = policy.target.isa if policy.target is not None else "unknown"
+    print(f"target {target}; peak {peak:.1f} GFLOPS; policy made for {made_for}; {len(problems)} problems ({source}); "
+          f"{args.mode} mode, search budget {args.tune_budget} s; CPU {cpu_model_name()}", file=out)
     print(f"{'problem':>14} {'tune ms':>8} {'untuned':>8} {'tuned':>8} {'numpy':>8} {'tuned/numpy':>11}", file=out)
     rows = []
     for problem, numpy_value in zip(problems, numpy):
-        result = tune(problem, policy, measure=args.mode == "measured", cache=":memory:")
+        result = tune(problem, policy, measure=args.mode == "measured", cache=":memory:", target=target, budget_s=args.tune_budget)
         tuned = time_kernel(result.kernel, args.budget).gflops
-        untuned = time_kernel(compile(initial_nest(problem)), args.budget).gflops
+        untuned = time_kernel(compile(initial_nest(problem), target=target), args.budget).gflops
         row = {"problem": problem.name, "tune_s": result.seconds, "untuned_gflops": untuned, "tuned_gflops": tuned,
                "numpy_gflops": numpy_value, "actions": list(result.actions), "schedule": result.nest.key}
         rows.append(row)
@@ -81,7 +98,8 @@ def main(args, out=sys.stdout) -> dict:
         f"tuned/peak {summary['tuned_vs_peak_geomean']:.2f}",
         file=out,
     )
-    result = {"mode": args.mode, "split": args.split, "summary": summary, "rows": rows}
+    result = {"mode": args.mode, "split": None if args.problems else args.split, "target": target.to_dict(), "cpu": cpu_model_name(),
+              "tune_budget_s": args.tune_budget, "policy_target": made_for, "summary": summary, "rows": rows}
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

@@ -16,11 +16,14 @@ import sys
 from pathlib import Path
 
 from looprl import defaults
+from looprl.backend.target import TARGET_NAMES, Target
 from looprl.cli.common import cache_path, run_command, writable_file, writable_folder
 from looprl.env.datasets import SPLITS, dataset_problems
 from looprl.measurement.evaluator import Evaluator
 from looprl.train.config import ALGORITHMS, load_agent, validate_agent
 from looprl.train.loop import RunDirectory, RunState, parse_duration, train
+
+TARGET_CHOICES = ("host", *TARGET_NAMES)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mask", action="store_true", help="--evaluate: let the policy choose among valid actions only")
     parser.add_argument("--csv", type=Path, default=None, help="--evaluate: per-problem CSV")
     parser.add_argument("--cache", default=None, help="measurement cache path (default: the per-user cache)")
+    parser.add_argument("--target", default=None, choices=TARGET_CHOICES,
+                        help="generate and measure code for this target (default host; a narrower ISA than the host's is "
+                             "cross-compiled, e.g. --target avx2 on an AVX-512 machine); --evaluate: default the policy's own")
     return parser
 
 
@@ -71,7 +77,8 @@ def _evaluate(args) -> int:
     if args.limit is not None:
         problems = problems[: args.limit]
     try:
-        evaluate(policy, problems, Evaluator(cache), use_mask=args.mask, numpy=args.numpy, csv_path=args.csv)
+        target = args.target if args.target is not None else policy.target
+        evaluate(policy, problems, Evaluator(cache, target=target), use_mask=args.mask, numpy=args.numpy, csv_path=args.csv)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -116,6 +123,9 @@ def _train(args) -> int:
             agent["env"].pop("split", None)
         if args.cache is not None:
             agent["env"]["cache"] = args.cache
+        if args.target is not None:
+            agent["env"]["target"] = args.target
+        Target.resolve(agent["env"].get("target")).check_runs_on_host()
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         run = RunDirectory(args.out if args.out is not None else Path("runs") / f"{args.algo}__s{args.seed}__{stamp}")
         if run.exists():
@@ -189,7 +199,8 @@ def _validator(agent: dict, count: int):
 
     env = agent.get("env", {})
     problems = env_problems(env.get("dataset", defaults.DATASET), env.get("split", "train"), env.get("problems"))
-    return Validator(spread(problems, count), Evaluator(env.get("cache"), env.get("measure_budget_s", defaults.STATE_BUDGET_S)))
+    evaluator = Evaluator(env.get("cache"), env.get("measure_budget_s", defaults.STATE_BUDGET_S), target=env.get("target"))
+    return Validator(spread(problems, count), evaluator)
 
 
 def _start(agent: dict, seed: int, num_env_runners: int | None, address: str | None):
@@ -204,7 +215,8 @@ def _start(agent: dict, seed: int, num_env_runners: int | None, address: str | N
     from looprl.measurement.peak import peak_gflops
     from looprl.train.config import build_config
 
-    peak_gflops(open_cache(agent.get("env", {}).get("cache")))  # measured once, before the env runners start
+    env = agent.get("env", {})
+    peak_gflops(target=env.get("target"), cache=open_cache(env.get("cache")))  # measured once, before the env runners start
     if address:
         ray.init(address=address, include_dashboard=False)
     else:

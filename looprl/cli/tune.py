@@ -1,7 +1,7 @@
 """``python -m looprl.tune``: tune one contraction with the shipped policy and report it.
 
-(The library function is :func:`looprl.tune`, defined in :mod:`looprl.tuning`; this module is
-its command line.)
+(The library function is :func:`looprl.tune`, defined in :mod:`looprl.policy.tune`; this
+module is its command line.)
 
     python -m looprl.tune 256 256 256                    # a matmul, m n k
     python -m looprl.tune --spec "bmk,bkn->bmn" --sizes b=4,m=128,k=64,n=96
@@ -13,9 +13,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from looprl.backend.target import TARGET_NAMES
 from looprl.cli.common import cache_path, run_command
 from looprl.ir.problem import contraction, matmul
-from looprl.policy.tune import tune
+from looprl.policy.tune import TUNE_BUDGET_S, tune
+
+TARGET_CHOICES = ("host", *TARGET_NAMES)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,8 +26,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("mnk", nargs="*", type=int, help="matmul sizes: m n k")
     parser.add_argument("--spec", default=None, help="einsum-style contraction, e.g. bmk,bkn->bmn")
     parser.add_argument("--sizes", default=None, help="dimension sizes for --spec, e.g. b=4,m=128,k=64,n=96")
-    parser.add_argument("--policy", default="default", help="policy folder (default: the shipped APEX-DQN policy)")
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--policy", default="default", help="policy folder (default: the shipped policy for the target)")
+    parser.add_argument("--target", default=None, choices=TARGET_CHOICES, help="generate code for this target (default: this machine)")
+    parser.add_argument("--steps", type=int, default=10, help="actions of the policy's greedy rollout")
+    parser.add_argument("--budget", type=float, default=TUNE_BUDGET_S,
+                        help=f"seconds of measured search guided by the policy (default {TUNE_BUDGET_S}; 0: the rollout only)")
+    parser.add_argument("--fresh", action="store_true", help="tune again even if this problem was tuned before (no lookup)")
     parser.add_argument("--no-measure", action="store_true", help="follow the policy without measuring (pure policy mode)")
     parser.add_argument("--no-numpy", action="store_true", help="skip timing numpy")
     parser.add_argument("--cache", default=None, help="measurement cache path (default: the per-user cache)")
@@ -59,11 +66,12 @@ def _main(args) -> int:
     problem = _problem(args)
     cache = cache_path(args.cache)
     policy = args.policy if args.policy == "default" else Path(args.policy)
-    result = tune(problem, policy, steps=args.steps, measure=not args.no_measure, cache=cache)
+    result = tune(problem, policy, steps=args.steps, measure=not args.no_measure, cache=cache, budget_s=args.budget,
+                  target=args.target, remember=not args.fresh)
     print(result.nest.to_text())
     print("actions:", " ".join(result.actions) or "(none)")
     print(f"{result.gflops:.1f} GFLOPS, {result.speedup:.2f}x over the untuned nest ({result.initial_gflops:.1f} GFLOPS); "
-          f"tuned in {result.seconds * 1000:.0f} ms ({result.mode} mode)")
+          f"tuned in {result.seconds * 1000:.0f} ms ({result.mode} mode, target {result.target.isa}, {result.measured} schedules timed)")
     if not args.no_numpy:
         from looprl.measurement.numpy_baseline import numpy_gflops
 

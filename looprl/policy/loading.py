@@ -1,27 +1,75 @@
-"""Finding and checking a policy: the shipped default or a folder, against this looprl's
-observation layout and action set."""
+"""Finding and checking a policy: the shipped default for a target or a folder, against this
+looprl's observation layout and action set.
+
+The shipped defaults are listed in ``checkpoints/default_policies.json``: one policy folder per
+vector ISA (``{"avx512": "apex-dqn/policy", ...}``). ``load_policy("default", target)`` takes
+the one made for ``target``'s ISA; when there is none it warns once and takes the closest
+(the nearest vector width, then the most registers).
+"""
 
 from __future__ import annotations
 
+import json
+import warnings
 from pathlib import Path
 
+from looprl.backend.target import Target
 from looprl.env.features import FEATURES_PER_LOOP, OBSERVATION_LAYOUT_VERSION
 from looprl.policy.numpy_policy import Policy
 from looprl.policy.rollout import policy_actions
 from looprl.resources import shipped_path
 
-DEFAULT_POLICY_DIR = shipped_path("checkpoints", "apex-dqn", "policy")
+DEFAULT_POLICIES = shipped_path("checkpoints", "default_policies.json")
+_warned: set[tuple[str, str]] = set()  # (asked ISA, used ISA) pairs already warned about
 
 
-def load_policy(policy: Policy | str | Path) -> Policy:
-    """The shipped default policy, a policy folder or file, or a Policy; checked for the
-    observation layout and action set this version of looprl produces."""
+def default_policies() -> dict[str, Path]:
+    """ISA name -> folder of the shipped default policy for it."""
+    try:
+        listed = json.loads(DEFAULT_POLICIES.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ValueError(f"cannot read the list of default policies {DEFAULT_POLICIES}: {error}") from None
+    if not isinstance(listed, dict) or not listed or not all(isinstance(k, str) and isinstance(v, str) for k, v in listed.items()):
+        raise ValueError(f"{DEFAULT_POLICIES}: expected an object mapping ISA names to policy folders")
+    unknown = set(listed) - set(_ISA_ORDER)
+    if unknown:
+        raise ValueError(f"{DEFAULT_POLICIES}: unknown ISA names {sorted(unknown)}")
+    return {isa: DEFAULT_POLICIES.parent / folder for isa, folder in listed.items()}
+
+
+_ISA_ORDER = ("sse4", "avx2", "avx512")  # narrowest first
+
+
+def default_policy_dir(target: Target | str | None = None) -> Path:
+    """The folder of the shipped policy for ``target`` (None: the host's); with a warning, the
+    closest one if none was made for its ISA."""
+    target = Target.resolve(target)
+    available = default_policies()
+    if target.isa in available:
+        return available[target.isa]
+    wanted = _ISA_ORDER.index(target.isa)
+    closest = min(available, key=lambda isa: (abs(_ISA_ORDER.index(isa) - wanted), -_ISA_ORDER.index(isa)))
+    if (target.isa, closest) not in _warned:
+        _warned.add((target.isa, closest))
+        warnings.warn(
+            f"looprl ships no policy for {target.isa}; using the {closest} policy (measured tuning corrects for it; "
+            f"train one with: python -m looprl.train --init-from default --target {target.isa})",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return available[closest]
+
+
+def load_policy(policy: Policy | str | Path, target: Target | str | None = None) -> Policy:
+    """The shipped default policy for ``target`` (None: the host's), a policy folder or file, or
+    a Policy; checked for the observation layout and action set this version of looprl
+    produces."""
     if isinstance(policy, Policy):
         loaded, where = policy, "the given policy"
     elif not isinstance(policy, (str, Path)):
         raise ValueError(f"policy must be 'default', a policy folder or a Policy, got {type(policy).__name__}")
     else:
-        path = DEFAULT_POLICY_DIR if policy == "default" else Path(policy)
+        path = default_policy_dir(target) if policy == "default" else Path(policy)
         if policy == "default" and not path.exists():
             raise ValueError(f"the default policy is missing ({path}); pass policy=PATH to a policy folder")
         loaded, where = Policy.load(path), str(path)

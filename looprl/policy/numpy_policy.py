@@ -10,6 +10,10 @@ stack described in the metadata::
       "greedy": "advantages"
     }
 
+Optional metadata: ``target`` (the :class:`~looprl.Target` the policy was trained for, as
+``Target.to_dict()``) and ``host_cpu`` (the CPU model it was trained on). A policy file
+without them (older exports) is still loaded; its target is then unknown (None).
+
 The observation is flattened, run through the trunk and then through the head named by
 ``greedy``; the greedy action is the argmax of that head's output (Q-values or advantages for
 DQN, logits for PPO/IMPALA/APPO), optionally restricted to the valid actions.
@@ -24,6 +28,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import numpy as np
+
+from looprl.backend.target import Target
 
 POLICY_FORMAT = "looprl-policy"
 POLICY_FORMAT_VERSION = 1
@@ -131,6 +137,38 @@ class Policy:
     def action_names(self) -> tuple[str, ...]:
         return tuple(self.metadata["action_names"])
 
+    @property
+    def observation_kind(self) -> str:
+        """``"raw"`` or ``"normalized"``: the observations the policy was trained on."""
+        return self.metadata["observation"]
+
+    @property
+    def target(self) -> Target | None:
+        """The target the policy was trained for, or None if its file does not say."""
+        described = self.metadata.get("target")
+        return None if described is None else Target.from_dict(described)
+
+    def check_observation(self, observation: np.ndarray) -> None:
+        """ValueError if ``observation`` (one, or a batch) is visibly of the other kind than
+        the policy's: both kinds have the same shape, and a policy fed the wrong one would
+        silently act on garbage. Column 1 is a loop's trip count: an integer >= 1 in a raw
+        observation, ``log2(1 + n) / 8`` in a normalized one (an integer only for n = 255 or
+        65535), and 0 on the padding rows; so a raw observation has only integer trip counts
+        and a normalized one almost never does."""
+        obs = np.asarray(observation)
+        trips = obs[..., 1].ravel()
+        trips = trips[trips != 0]
+        if trips.size == 0:
+            return
+        looks_raw = bool(np.all(trips == np.round(trips)))
+        if looks_raw and self.observation_kind == "normalized" and np.any(trips > 2):
+            raise ValueError(
+                "this policy takes normalized observations but was given raw ones (integer trip counts); "
+                "make the env with observation='normalized' (LoopNest-v0's default is 'raw')"
+            )
+        if not looks_raw and self.observation_kind == "raw":
+            raise ValueError("this policy takes raw observations but was given normalized ones; make the env with observation='raw'")
+
     def scores(self, observation: np.ndarray) -> np.ndarray:
         """The greedy head's output (Q-values, advantages or logits) for one observation
         ``(max_loops, 20)`` or a batch ``(B, max_loops, 20)``."""
@@ -138,6 +176,7 @@ class Policy:
         batched = obs.ndim == len(self.observation_shape) + 1
         if obs.shape[-len(self.observation_shape):] != self.observation_shape:
             raise ValueError(f"observation shape {obs.shape} does not match the policy's {self.observation_shape}")
+        self.check_observation(obs)
         x = obs.reshape(obs.shape[0] if batched else 1, -1)
         for layer in self.trunk:
             x = layer(x)
@@ -251,6 +290,13 @@ def check_metadata(metadata: Any, where: str = "policy metadata") -> None:
     greedy = network["greedy"]
     if not isinstance(greedy, str) or greedy not in heads:
         fail(f"network.greedy must name one of the heads {sorted(heads)}, got {greedy!r}")
+    if metadata.get("target") is not None:
+        try:
+            Target.from_dict(metadata["target"])
+        except ValueError as error:
+            fail(f"target: {error}")
+    if "host_cpu" in metadata and not isinstance(metadata["host_cpu"], str):
+        fail(f"host_cpu must be a string, got {_kind(metadata['host_cpu'])}")
 
 
 def _check_layers(specs: Any, where: str, fail, allow_empty: bool) -> None:

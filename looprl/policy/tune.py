@@ -1,12 +1,18 @@
 """``looprl.tune``: schedule a contraction with a trained policy and compile it, in well
 under a second, without Ray or torch.
 
-Two modes, both one :func:`~looprl.policy.rollout.greedy_rollout` (the env's transition rules):
+Two modes:
 
-* measured (``measure=True``, the default): every new schedule on the policy's path is
-  compiled and timed through the measurement cache, and the fastest one is returned;
-* pure policy (``measure=False``): the policy's actions are followed without measuring; the
-  state it ends in is compiled and timed once for the report.
+* measured (``measure=True``, the default): a policy-guided search. The policy's greedy
+  rollout (:func:`~looprl.policy.rollout.greedy_rollout`, the env's transition rules) comes
+  first; then, until ``budget_s`` is spent, :func:`~looprl.policy.guided.guided_search`
+  measures the policy's few best actions from a small beam of states, so a policy trained on
+  another machine is corrected by this machine's measurements. The fastest schedule measured
+  is returned: never slower than the greedy rollout's best or the untuned nest. The answer is
+  remembered in the measurement cache per host, target and problem, so tuning the same problem
+  again (with no larger budget) is a lookup.
+* pure policy (``measure=False``): the policy's greedy actions are followed without measuring;
+  the state it ends in is compiled and timed once for the report.
 
 The environment has no stop action: a trained policy that is content with a schedule picks an
 action that cannot apply (a no-op there) and, being greedy, would pick it again and again.
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,13 +32,20 @@ import numpy as np
 
 from looprl import defaults
 from looprl.backend.kernel import Kernel, compile
+from looprl.backend.target import Target
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, as_problem, matmul
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.timing import check_budget
+from looprl.policy.guided import guided_search
 from looprl.policy.loading import load_policy
 from looprl.policy.numpy_policy import Policy
 from looprl.policy.rollout import greedy_rollout, policy_actions
+
+# Search time of measured tune: with the result's compile and the fixed costs, the whole call
+# stays under a second for problems up to 256^3 (a new state there costs ~10-25 ms).
+TUNE_BUDGET_S = 0.6
+_warned_mismatch: set[tuple[str, str]] = set()
 
 
 @dataclass(frozen=True)
@@ -45,7 +59,10 @@ class TuneResult:
     gflops: float
     initial_gflops: float
     seconds: float  # wall clock of the whole call, compile of the returned kernel included
-    mode: str  # "measured" or "policy"
+    mode: str  # "measured", "remembered" (a lookup of an earlier measured tune) or "policy"
+    target: Target | None = None
+    greedy_gflops: float | None = None  # the best state of the policy's greedy rollout (measured mode)
+    measured: int = 0  # schedules timed by this call
 
     @property
     def speedup(self) -> float:
@@ -77,30 +94,97 @@ def tune(
     measure: bool = True,
     *,
     cache=None,
-    budget_s: float = defaults.STATE_BUDGET_S,
+    budget_s: float = TUNE_BUDGET_S,
+    measure_budget_s: float = defaults.STATE_BUDGET_S,
+    target: Target | str | None = None,
+    remember: bool = True,
 ) -> TuneResult:
-    """Schedule ``problem`` with ``policy`` for at most ``steps`` actions and compile it.
+    """Schedule ``problem`` with ``policy`` and compile it for ``target`` (None: this machine).
 
     ``problem``: a :class:`Problem`, ``"MxNxK"``, an ``(m, n, k)`` tuple or arrays ``(A, B)``.
-    ``cache``: the measurement cache (a path, ``":memory:"`` or None for the per-user one)."""
+    ``policy``: ``"default"`` (the shipped policy made for the target's ISA, else the closest,
+    with a warning), a policy folder or a :class:`Policy`. ``steps``: actions of the greedy
+    rollout. ``budget_s``: seconds of measured search after it (0: the rollout only);
+    ``measure_budget_s``: timing budget per new schedule. ``cache``: the measurement cache (a
+    path, ``":memory:"`` or None for the per-user one). ``remember``: reuse and store the
+    answer for this host, target and problem."""
     started = time.perf_counter()
     problem = as_tunable_problem(problem)
     if isinstance(steps, (bool, np.bool_)) or not isinstance(steps, (int, np.integer)) or steps < 0:
         raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
-    budget_s = check_budget(budget_s, "budget_s")
+    budget_s = _check_search_budget(budget_s)
+    measure_budget_s = check_budget(measure_budget_s, "measure_budget_s")
     if not isinstance(policy, (Policy, str, os.PathLike)):
         raise ValueError(f"policy must be a Policy, 'default' or a path to a policy folder, got {type(policy).__name__}")
-    loaded = load_policy(policy)
+    target = Target.resolve(target)
+    target.check_runs_on_host()
+    loaded = load_policy(policy, target)
+    _warn_if_made_for_another_target(loaded, target)
     policy_actions(loaded).check_fits(problem)  # before anything is measured
-    evaluator = Evaluator(cache, budget_s)
-    if measure:
-        rollout = greedy_rollout(loaded, problem, evaluator, length=int(steps))
-        nest, gflops, actions = rollout.best_nest, rollout.best_gflops, rollout.best_actions
-        initial = rollout.initial_gflops
-    else:
+    evaluator = Evaluator(cache, measure_budget_s, target=target)
+    if not measure:
         rollout = greedy_rollout(loaded, problem, None, length=int(steps))
         nest, actions = rollout.final_nest, rollout.final_actions
         initial = evaluator(initial_nest(problem)).gflops
         gflops = evaluator(nest).gflops
-    kernel = compile(nest)
-    return TuneResult(problem, nest, kernel, tuple(actions), gflops, initial, time.perf_counter() - started, "measured" if measure else "policy")
+        kernel = compile(nest, target=target)
+        return TuneResult(problem, nest, kernel, tuple(actions), gflops, initial, time.perf_counter() - started, "policy", target,
+                          measured=evaluator.compiled)
+    if remember:
+        known = _remembered(evaluator, problem, budget_s)
+        if known is not None:
+            nest, gflops = known
+            root = initial_nest(problem)
+            initial = evaluator.cache.get(root, target, measure_budget_s) or evaluator(root).gflops
+            kernel = compile(nest, target=target)
+            return TuneResult(problem, nest, kernel, (), gflops, initial, time.perf_counter() - started, "remembered", target,
+                              measured=evaluator.compiled)
+    rollout = greedy_rollout(loaded, problem, evaluator, length=int(steps))
+    nest, gflops, actions = rollout.best_nest, rollout.best_gflops, rollout.best_actions
+    if budget_s > 0:
+        deadline = started + budget_s
+        guided = guided_search(loaded, problem, evaluator, deadline=deadline, start=(rollout.best_actions, rollout.best_gflops))
+        if guided.best_gflops > gflops:
+            nest, gflops, actions = guided.best_nest, guided.best_gflops, guided.best_actions
+    if remember:
+        evaluator.cache.put_tuned(nest, gflops, budget_s, target, measure_budget_s)
+    kernel = compile(nest, target=target)
+    return TuneResult(problem, nest, kernel, tuple(actions), gflops, rollout.initial_gflops, time.perf_counter() - started, "measured",
+                      target, greedy_gflops=rollout.best_gflops, measured=evaluator.compiled)
+
+
+def _check_search_budget(budget_s) -> float:
+    if isinstance(budget_s, (bool, np.bool_)) or not isinstance(budget_s, (int, float, np.integer, np.floating)):
+        raise ValueError(f"budget_s must be a number of seconds (0 or more), got {budget_s!r}")
+    budget_s = float(budget_s)
+    if not (budget_s == budget_s and 0 <= budget_s < float("inf")):
+        raise ValueError(f"budget_s must be a finite number of seconds, 0 or more, got {budget_s!r}")
+    return budget_s
+
+
+def _remembered(evaluator: Evaluator, problem: Problem, budget_s: float) -> tuple[LoopNest, float] | None:
+    """The remembered answer for ``problem`` if it was found with at least ``budget_s``."""
+    known = evaluator.cache.get_tuned(problem.name, evaluator.target, evaluator.budget_s)
+    if known is None:
+        return None
+    schedule, gflops, spent = known
+    if spent < budget_s:
+        return None
+    try:
+        return LoopNest.from_key(problem, schedule), gflops
+    except ValueError:  # written by another version of the IR: tune again
+        return None
+
+
+def _warn_if_made_for_another_target(policy: Policy, target: Target) -> None:
+    made_for = policy.target
+    if made_for is None or made_for.isa == target.isa:
+        return
+    pair = (made_for.isa, target.isa)
+    if pair not in _warned_mismatch:
+        _warned_mismatch.add(pair)
+        warnings.warn(
+            f"the policy was trained for {made_for.isa}, tuning for {target.isa}: its proposals are refined by measurement",
+            RuntimeWarning,
+            stacklevel=3,
+        )

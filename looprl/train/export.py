@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 
 from looprl import defaults
+from looprl.backend.jit import cpu_model_name
+from looprl.backend.target import Target
 from looprl.env.features import FEATURES_PER_LOOP, OBSERVATION_LAYOUT_VERSION
 from looprl.policy.numpy_policy import POLICY_FORMAT, POLICY_FORMAT_VERSION, Policy
 
@@ -107,6 +109,8 @@ def policy_from_module(module, agent: dict[str, Any], extra: dict[str, Any] | No
         "algorithm": agent.get("algorithm"),
         "apex": bool(agent.get("apex", False)),
         "training_problems": _training_problems(env),
+        "target": Target.resolve(env.get("target")).to_dict(),
+        "host_cpu": cpu_model_name(),
         "network": network,
         "exported": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }

@@ -1,0 +1,140 @@
+"""A policy-guided beam search: the policy proposes, measurement decides.
+
+A policy trained on one machine knows which actions usually help, not what this machine's
+caches and registers make of them. :func:`guided_search` therefore measures instead of
+trusting: from each state of a small beam it takes the policy's ``top_k`` valid actions (by
+its scores: Q-values, advantages or logits), measures the schedules they lead to, and keeps
+the ``beam`` fastest states (ties, such as cursor moves, broken by the policy's preference),
+until the deadline. It follows the env's transition rules (a schedule that fails leaves no
+successor) and never measures a schedule twice in one search.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from looprl.env.actions import State
+from looprl.env.features import observation
+from looprl.ir.nest import LoopNest, initial_nest
+from looprl.ir.problem import Problem
+from looprl.measurement.evaluator import Evaluator
+from looprl.policy.numpy_policy import Policy
+from looprl.policy.rollout import policy_actions
+
+
+@dataclass(frozen=True)
+class GuidedResult:
+    best_nest: LoopNest
+    best_gflops: float
+    best_actions: tuple[str, ...]
+    measured: int  # schedules this search had timed (not final in the cache)
+    expanded: int  # states whose successors were considered
+    stopped: str  # "deadline", "depth" or "exhausted" (no new state left)
+
+
+@dataclass(frozen=True)
+class _Node:
+    state: State
+    gflops: float
+    preference: float  # the policy's score of the action that led here (higher first)
+    path: tuple[int, ...]
+
+
+def guided_search(
+    policy: Policy,
+    problem: Problem,
+    evaluator: Evaluator,
+    *,
+    deadline: float,
+    top_k: int = 3,
+    beam: int = 3,
+    depth: int = 20,
+    start: tuple[tuple[str, ...], float] | None = None,
+) -> GuidedResult:
+    """Search from ``problem``'s untiled nest until ``time.perf_counter()`` passes ``deadline``
+    or ``depth`` levels are done. ``start`` (actions, GFLOPS) seeds the beam with a known good
+    path as well, e.g. the policy's greedy rollout, so the search refines what it found."""
+    actions = policy_actions(policy)
+    normalized = policy.observation_kind == "normalized"
+    before = evaluator.compiled
+    root_state = State(initial_nest(problem), 0)
+    root = _Node(root_state, evaluator(root_state.nest).gflops, 0.0, ())
+    values: dict[str, float] = {root_state.nest.key: root.gflops}
+    best = root
+    frontier = [root]
+    if start is not None:
+        names, _ = start
+        node = root
+        for name in names:  # replay the path (values come from the cache)
+            following = actions.apply(node.state, actions.index(name))
+            if following is None:
+                continue
+            gflops = _value(following.nest, values, evaluator)
+            if gflops is None:
+                continue
+            node = _Node(following, gflops, 0.0, node.path + (actions.index(name),))
+            if node.gflops > best.gflops:
+                best = node
+        if node is not root:
+            frontier.append(node)
+    seen = {node.state.key for node in frontier}
+    expanded = 0
+    stopped = "depth"
+    for _ in range(depth):
+        children: list[_Node] = []
+        for node in frontier:
+            if time.perf_counter() >= deadline:
+                stopped = "deadline"
+                break
+            expanded += 1
+            obs = observation(node.state.nest, node.state.cursor, actions.max_loops, normalized)
+            scores = policy.scores(obs)
+            mask = actions.mask(node.state).astype(bool)
+            ranked = [int(a) for a in np.argsort(-np.where(mask, scores, -np.inf), kind="stable") if mask[a]][:top_k]
+            for action in ranked:
+                following = actions.apply(node.state, action)
+                if following is None or following.key in seen:
+                    continue
+                if time.perf_counter() >= deadline and following.nest.key not in values:
+                    stopped = "deadline"
+                    break
+                seen.add(following.key)
+                gflops = _value(following.nest, values, evaluator)
+                if gflops is None:
+                    continue  # failed to compile or run: no successor, as in the env
+                child = _Node(following, gflops, float(scores[action]), node.path + (action,))
+                children.append(child)
+                if child.gflops > best.gflops:
+                    best = child
+            if stopped == "deadline":
+                break
+        if stopped == "deadline":
+            break
+        if not children:
+            stopped = "exhausted"
+            break
+        children.sort(key=lambda child: (-child.gflops, -child.preference))
+        frontier = children[:beam]
+    return GuidedResult(
+        best_nest=best.state.nest,
+        best_gflops=best.gflops,
+        best_actions=tuple(actions.names[a] for a in best.path),
+        measured=evaluator.compiled - before,
+        expanded=expanded,
+        stopped=stopped,
+    )
+
+
+def _value(nest: LoopNest, values: dict[str, float], evaluator: Evaluator) -> float | None:
+    """GFLOPS of ``nest``, measured at most once per search (a cursor move reaches a known
+    schedule); None if it failed."""
+    if nest.key in values:
+        return values[nest.key]
+    measurement = evaluator(nest)
+    if not measurement.ok:
+        return None
+    values[nest.key] = measurement.gflops
+    return measurement.gflops

@@ -1,0 +1,116 @@
+"""Measured tune as a policy-guided search; policies that know their target and observation kind."""
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+import looprl
+from looprl.env.features import observation
+from looprl.measurement.cache import MeasurementCache
+from looprl.measurement.evaluator import Evaluator
+from looprl.policy import loading
+from looprl.policy.guided import guided_search
+from looprl.policy.numpy_policy import Policy
+from looprl.policy.rollout import greedy_rollout
+from tests.policies import random_policy
+
+PROBLEM = looprl.matmul(96, 80, 112)
+
+
+def test_guided_tune_is_never_slower_than_the_greedy_rollout_or_the_untuned_nest():
+    for seed in range(3):
+        cache = MeasurementCache(":memory:")
+        policy = random_policy(seed=seed)
+        result = looprl.tune(PROBLEM, policy, cache=cache, budget_s=0.3, measure_budget_s=0.001, remember=False)
+        evaluator = Evaluator(cache, 0.001, samples=1)
+        rollout = greedy_rollout(policy, PROBLEM, evaluator)  # on the same cache: the same values
+        assert result.greedy_gflops is not None and result.gflops >= result.greedy_gflops >= result.initial_gflops
+        assert result.gflops >= rollout.best_gflops * 0.999  # cached values only grow with samples
+        assert result.gflops == pytest.approx(cache.get(result.nest, budget_s=0.001))
+
+
+def test_guided_search_measures_more_than_the_rollout_and_respects_its_deadline():
+    import time
+
+    policy = random_policy(seed=1)
+    evaluator = Evaluator(":memory:", 0.001, samples=1)
+    rollout = greedy_rollout(policy, PROBLEM, evaluator)
+    guided = guided_search(policy, PROBLEM, evaluator, deadline=time.perf_counter() + 10, depth=3, start=(rollout.best_actions, rollout.best_gflops))
+    assert guided.best_gflops >= rollout.best_gflops and guided.measured > 0 and guided.stopped in ("depth", "exhausted")
+    started = time.perf_counter()
+    late = guided_search(policy, PROBLEM, Evaluator(":memory:", 0.001, samples=1), deadline=started)  # already past
+    assert late.stopped == "deadline" and late.measured == 1  # only the untuned nest
+
+
+def test_a_tuned_problem_is_remembered_per_target_and_budget(tmp_path):
+    cache = str(tmp_path / "c.sqlite")
+    policy = random_policy(seed=2)
+    first = looprl.tune(PROBLEM, policy, cache=cache, budget_s=0.2, measure_budget_s=0.001)
+    again = looprl.tune(PROBLEM, policy, cache=cache, budget_s=0.2, measure_budget_s=0.001)
+    assert first.mode == "measured" and again.mode == "remembered"
+    assert again.nest == first.nest and again.gflops == first.gflops and again.measured == 0
+    assert looprl.tune(PROBLEM, policy, cache=cache, budget_s=0.4, measure_budget_s=0.001).mode == "measured"  # more budget
+    other = looprl.tune(PROBLEM, policy, cache=cache, budget_s=0.2, measure_budget_s=0.001, target="sse4")
+    assert other.mode == "measured" and other.target.isa == "sse4" and other.kernel.target.isa == "sse4"
+    assert looprl.tune(PROBLEM, policy, cache=cache, budget_s=0.2, measure_budget_s=0.001, remember=False).mode == "measured"
+
+
+def test_budget_zero_is_the_rollout_alone():
+    policy = random_policy(seed=4)
+    cache = MeasurementCache(":memory:")
+    result = looprl.tune(PROBLEM, policy, cache=cache, budget_s=0, measure_budget_s=0.001, remember=False)
+    rollout = greedy_rollout(policy, PROBLEM, Evaluator(cache, 0.001, samples=1))
+    assert result.nest == rollout.best_nest and result.actions == rollout.best_actions
+
+
+@pytest.mark.parametrize("budget", [-1, float("nan"), float("inf"), "1", True])
+def test_bad_budgets_are_value_errors(budget):
+    with pytest.raises(ValueError, match="budget_s"):
+        looprl.tune(PROBLEM, random_policy(), cache=":memory:", budget_s=budget)
+
+
+def test_a_policy_records_its_target_and_a_bad_one_is_refused(tmp_path):
+    avx2 = looprl.Target.named("avx2")
+    folder = random_policy(target=avx2).save(tmp_path / "p")
+    assert Policy.load(folder).target == avx2
+    assert random_policy().target is None  # an older file: unknown
+    meta = json.loads((folder / "policy.json").read_text())
+    meta["target"]["vector_width"] = "wide"
+    (folder / "policy.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="target.*vector_width"):
+        Policy.load(folder)
+
+
+def test_the_default_policy_is_the_one_made_for_the_target(tmp_path, monkeypatch):
+    for isa in ("avx512", "avx2"):
+        random_policy(target=looprl.Target.named(isa)).save(tmp_path / isa)
+    (tmp_path / "default_policies.json").write_text(json.dumps({"avx512": "avx512", "avx2": "avx2"}))
+    monkeypatch.setattr(loading, "DEFAULT_POLICIES", tmp_path / "default_policies.json")
+    assert loading.load_policy("default", "avx2").target.isa == "avx2"
+    assert loading.load_policy("default", "avx512").target.isa == "avx512"
+    with pytest.warns(RuntimeWarning, match="no policy for sse4; using the avx2 policy"):
+        assert loading.load_policy("default", "sse4").target.isa == "avx2"  # the closest
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loading.load_policy("default", "sse4")  # said once
+
+
+def test_tuning_for_another_target_than_the_policy_s_warns():
+    policy = random_policy(target=looprl.Target.named("avx512"))
+    with pytest.warns(RuntimeWarning, match="trained for avx512, tuning for sse4"):
+        looprl.tune((32, 32, 32), policy, cache=":memory:", target="sse4", budget_s=0)
+
+
+def test_a_policy_refuses_observations_of_the_other_kind():
+    nest = looprl.initial_nest(PROBLEM).split(0, 8)
+    raw, normalized = observation(nest, 1, 10, False), observation(nest, 1, 10, True)
+    normalized_policy, raw_policy = random_policy(), random_policy(observation="raw")
+    with pytest.raises(ValueError, match="takes normalized observations but was given raw"):
+        normalized_policy.act(raw)
+    with pytest.raises(ValueError, match="takes raw observations but was given normalized"):
+        raw_policy.act(normalized)
+    with pytest.raises(ValueError, match="normalized"):
+        normalized_policy.scores(np.stack([raw, raw]))
+    assert isinstance(normalized_policy.act(normalized), int) and isinstance(raw_policy.act(raw), int)
