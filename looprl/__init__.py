@@ -6,11 +6,12 @@ contract in ``pyproject.toml``)::
     cli          command lines
     bench        benchmarks
     train        RLlib agents (the only layer that imports Ray or torch)
-    policy       numpy policies, their greedy rollout, looprl.tune
-    search       greedy, beam and random search
+    policy       numpy policies, their greedy rollout, policy-guided search, looprl.tune
+    search       greedy, beam, random and AutoTVM search
+    costmodel    AutoTVM's schedule features and XGBoost cost model
     env          actions, observations, datasets, LoopNest-v0 (gymnasium)
     measurement  timing, peak, numpy baseline, cache, evaluator
-    backend      target, code generator, JIT, kernels
+    backend      looprl.Target, code generator, JIT, kernels
     ir           problems, loop nests, hand-written schedules
 
 This module re-exports the public API and registers ``LoopNest-v0`` with gymnasium.
