@@ -8,7 +8,7 @@ import pytest
 
 import looprl
 from looprl import search
-from looprl.ir.nest import LoopNest
+from looprl.ir.nest import LoopNest, initial_nest
 from looprl.measurement.cache import MeasurementCache
 from looprl.measurement.evaluator import Evaluator, Measurement
 from looprl.search.autotvm import ScheduleSpace, _can_merge, _merge, components, diverse_pick
@@ -93,7 +93,7 @@ def test_autotvm_transfer_uses_other_problems_measurements(caplog):
     cache = MeasurementCache(":memory:")
     other = looprl.matmul(24, 40, 16)
     teacher = FakeEvaluator()
-    for nest in ScheduleSpace(other.initial_nest(), 10).random_many(np.random.default_rng(0), 10, 40):
+    for nest in ScheduleSpace(initial_nest(other), 10).random_many(np.random.default_rng(0), 10, 40):
         cache.put(nest, teacher.value(nest), budget_s=teacher.budget_s)
     evaluator = FakeEvaluator(cache=cache)
     evaluator.target = None
@@ -118,23 +118,23 @@ def test_options_are_checked():
 
 
 def test_space_moves_stay_valid_and_merges_undo_splits():
-    space = ScheduleSpace(SMALL.initial_nest(), 10)
+    space = ScheduleSpace(initial_nest(SMALL), 10)
     rng = np.random.default_rng(0)
-    nest = SMALL.initial_nest()
+    nest = initial_nest(SMALL)
     for _ in range(300):
         nest = space.neighbour(nest, rng)
         assert len(nest) <= 10 and LoopNest.from_key(SMALL, nest.key) == nest
-    split = SMALL.initial_nest().split(0, 8).split(0, 2)  # m2s16, m2s8, m8s1
-    assert _can_merge(split.loops, 0) and _merge(split, 0) == SMALL.initial_nest().split(0, 8)
-    assert _merge(split, 1) == SMALL.initial_nest().split(0, 16)
-    assert _merge(_merge(split, 1), 0) == SMALL.initial_nest()
+    split = initial_nest(SMALL).split(0, 8).split(0, 2)  # m2s16, m2s8, m8s1
+    assert _can_merge(split.loops, 0) and _merge(split, 0) == initial_nest(SMALL).split(0, 8)
+    assert _merge(split, 1) == initial_nest(SMALL).split(0, 16)
+    assert _merge(_merge(split, 1), 0) == initial_nest(SMALL)
     assert not _can_merge(split.loops, 2)
 
 
 def test_diverse_pick_prefers_uncovered_components():
-    a = SMALL.initial_nest().split(0, 4)
-    b = SMALL.initial_nest().split(0, 4).swap(2)  # a with k and n swapped: the same m tiling
-    c = SMALL.initial_nest().split(2, 8)
+    a = initial_nest(SMALL).split(0, 4)
+    b = initial_nest(SMALL).split(0, 4).swap(2)  # a with k and n swapped: the same m tiling
+    c = initial_nest(SMALL).split(2, 8)
     assert components(a) != components(c)
     candidates = [(3.0, a.key, a), (2.9, b.key, b), (1.0, c.key, c)]
     assert diverse_pick(candidates, 2, alpha=0.0) == [a, b]
@@ -148,7 +148,7 @@ def test_context_visit_refuses_another_problems_nest():
     context = SearchContext(SMALL, ActionSet(), FakeEvaluator(), None, None)
     with pytest.raises(ValueError, match="LoopNest of"):
         context.visit(looprl.initial_nest(looprl.matmul(8, 8, 8)))
-    assert context.visit(SMALL.initial_nest().split(0, 4)).path == ()
+    assert context.visit(initial_nest(SMALL).split(0, 4)).path == ()
 
 
 def test_a_real_evaluator_cache_feeds_records():

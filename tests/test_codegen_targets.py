@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import looprl
-from looprl.backend import codegen, jit
+from looprl.backend import codegen, host, jit
 from looprl.backend import kernel as kernel_module
 from looprl.backend.target import TARGET_NAMES, Target
 from looprl.ir.schedules import expert_candidates, expert_matmul, register_tiles
@@ -114,7 +114,7 @@ def test_named_targets_resolve_from_strings():
 
 
 def _pretend_host(monkeypatch, features: str) -> None:
-    monkeypatch.setattr(jit, "host_cpu", lambda: ("x86-64-v3", features))
+    monkeypatch.setattr(host, "host_cpu", lambda: ("x86-64-v3", features))
     monkeypatch.setattr(kernel_module, "_host", [])
 
 

@@ -10,7 +10,7 @@ import looprl
 from looprl.costmodel import FEATURE_KEY, feature_length, feature_names, features, features_batch
 from looprl.costmodel.features import CONTEXT_NAMES, context_matrix, register_plan
 from looprl.costmodel.model import CostModel, TransferModel, import_xgboost
-from looprl.ir.nest import LoopNest
+from looprl.ir.nest import LoopNest, initial_nest
 
 PROBLEMS = [
     looprl.matmul(32, 48, 40),
@@ -24,7 +24,7 @@ def random_nests(problem, count, seed=0, max_loops=10):
     rng = np.random.default_rng(seed)
     nests = []
     for _ in range(count):
-        nest = problem.initial_nest()
+        nest = initial_nest(problem)
         for _ in range(int(rng.integers(0, 7))):
             i = int(rng.integers(len(nest.compute)))
             if rng.random() < 0.5 and len(nest) < max_loops and nest.loops[i].size >= 2:
@@ -51,7 +51,7 @@ def test_features_have_one_length_for_every_problem_and_are_deterministic():
 
 def test_features_distinguish_schedules_and_follow_the_code_generator():
     problem = looprl.matmul(64, 64, 64)
-    root = problem.initial_nest()  # m, k, n: n (the output's last dimension) innermost
+    root = initial_nest(problem)  # m, k, n: n (the output's last dimension) innermost
     tiled = root.split(0, 4).swap(1)  # m/4, k, m4, n: a register tile of 4 rows
     assert not np.array_equal(features(root), features(tiled))
     rows, _ = context_matrix(tiled)

@@ -5,7 +5,7 @@ import pytest
 
 import looprl
 from looprl.backend.buffers import aligned_copy, is_aligned
-from looprl.backend.jit import host_cpu
+from looprl.backend.host import host_cpu
 from looprl.backend.target import Target
 
 

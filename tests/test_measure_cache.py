@@ -43,7 +43,7 @@ def test_cache_round_trip_and_hits(cache_path):
 
 def test_cache_keys_include_host_target_codegen_version_and_timing_protocol():
     from looprl.backend.codegen import CODEGEN_VERSION
-    from looprl.backend.jit import host_fingerprint
+    from looprl.backend.host import host_fingerprint
     from looprl.measurement.timing import TIMING_PROTOCOL_VERSION
 
     avx2 = looprl.Target.named("avx2")

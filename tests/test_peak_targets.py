@@ -37,9 +37,9 @@ def test_measure_peak_compiles_for_the_target(name, monkeypatch):
 
 
 def test_measure_peak_refuses_a_target_the_host_cannot_run(monkeypatch):
-    from looprl.backend import jit
+    from looprl.backend import host
 
-    monkeypatch.setattr(jit, "host_cpu", lambda: ("x86-64-v2", "+sse4.2,-avx,-avx2,-fma,-avx512f"))
+    monkeypatch.setattr(host, "host_cpu", lambda: ("x86-64-v2", "+sse4.2,-avx,-avx2,-fma,-avx512f"))
     with pytest.raises(ValueError, match="cannot run code for target 'avx2'"):
         peak_module.measure_peak_gflops("avx2", budget_s=0.05)
 

@@ -1,4 +1,4 @@
-"""llvmlite plumbing: host description, IR text -> native function address.
+"""llvmlite plumbing: IR text -> native function address, for a target.
 
 One target machine per execution engine (sharing one between MCJIT engines crashes on
 close), created with the :class:`~looprl.backend.target.Target`'s LLVM CPU and feature
@@ -8,57 +8,16 @@ no IR pass pipeline (the IR arrives vectorised; the O3 pipeline leaks memory).
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import platform
 import threading
 from typing import TYPE_CHECKING
 
-import llvmlite
 import llvmlite.binding as llvm
 
+from looprl.backend.host import initialise_llvm
 from looprl.errors import CompileError
 
 if TYPE_CHECKING:
     from looprl.backend.target import Target
-
-
-@functools.cache
-def _initialise() -> None:
-    llvm.initialize_native_target()
-    llvm.initialize_native_asmprinter()
-    # Our IR already addresses memory with per-loop pointer offsets; loop strength reduction
-    # only costs compile time here and, measured, made the register-tiled loops slower.
-    # (This is an LLVM-wide option: it also applies to other llvmlite users in the process.)
-    llvm.set_option("", "--disable-lsr")
-
-
-@functools.cache
-def host_cpu() -> tuple[str, str]:
-    """(LLVM CPU name, LLVM feature string) of this machine."""
-    _initialise()
-    return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
-
-
-@functools.cache
-def cpu_model_name() -> str:
-    """The CPU's marketing name (``/proc/cpuinfo``), for reports."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-@functools.cache
-def host_fingerprint() -> str:
-    """Identifies measurements that are comparable: same CPU, features and LLVM."""
-    name, features = host_cpu()
-    digest = hashlib.sha256(features.encode()).hexdigest()[:12]
-    return f"{cpu_model_name()}|{name}|{digest}|{platform.machine()}|llvmlite-{llvmlite.__version__}"
 
 
 class _Engine:
@@ -98,7 +57,7 @@ class _Engine:
 
 def _target_machine(target: "Target", **options):
     """A new LLVM target machine for ``target`` (never shared between engines)."""
-    _initialise()
+    initialise_llvm()
     return llvm.Target.from_default_triple().create_target_machine(cpu=target.cpu, features=target.features, opt=3, **options)
 
 
@@ -117,7 +76,7 @@ class CompiledModule:
     long as code may run. Code for a target is compiled by that target's own engines."""
 
     def __init__(self, ir_text: str, function: str, target: "Target | None" = None):
-        _initialise()
+        initialise_llvm()
         self.target = _resolve(target)
         try:
             module = llvm.parse_assembly(ir_text)

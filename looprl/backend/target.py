@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from looprl.backend import host
+
 # name -> (float32 lanes, vector registers, FMA, LLVM CPU, features that must be on, features switched off)
 _AVX512_FEATURES = ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
 _WIDER_THAN_AVX2 = (
@@ -56,9 +58,7 @@ class Target:
     @classmethod
     def host(cls) -> "Target":
         """This machine: its widest vector ISA, with its own LLVM CPU name and features."""
-        from looprl.backend.jit import host_cpu  # the JIT initialises LLVM
-
-        cpu, features = host_cpu()
+        cpu, features = host.host_cpu()
         enabled = _enabled(features)
         isa = "avx512" if "avx512f" in enabled else "avx2" if {"avx2", "avx"} <= enabled else "sse4"
         width, registers, _, _, _, _ = _NAMED[isa]
@@ -98,9 +98,7 @@ class Target:
 
     def missing_on_host(self) -> tuple[str, ...]:
         """Required features this machine lacks (empty when it can run the code)."""
-        from looprl.backend.jit import host_cpu
-
-        enabled = _enabled(host_cpu()[1])
+        enabled = _enabled(host.host_cpu()[1])
         return tuple(f for f in self.required_features if f not in enabled)
 
     def check_runs_on_host(self) -> None:

@@ -17,7 +17,7 @@ import statistics
 import sys
 import time
 
-from looprl.backend.jit import cpu_model_name
+from looprl.backend.host import cpu_model_name
 from looprl.backend.kernel import compile
 from looprl.backend.target import TARGET_NAMES, Target
 from looprl.bench.compile_stats import compile_stats

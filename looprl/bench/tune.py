@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from looprl import defaults
-from looprl.backend.jit import cpu_model_name
+from looprl.backend.host import cpu_model_name
 from looprl.backend.kernel import compile
 from looprl.backend.target import Target
 from looprl.env.datasets import SPLITS, dataset_problems

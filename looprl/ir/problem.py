@@ -86,11 +86,6 @@ class Problem:
     def __str__(self) -> str:
         return self.name
 
-    def initial_nest(self):
-        """The untiled nest in first-appearance order plus the write-back nest."""
-        from looprl.ir.nest import LoopNest
-
-        return LoopNest.initial(self)
 
 
 def contraction(spec: str, /, sizes: Mapping[str, int] | None = None, **dims: int) -> Problem:

@@ -4,8 +4,10 @@ A policy trained on one machine knows which actions usually help, not what this 
 caches and registers make of them. :func:`guided_search` therefore measures instead of
 trusting: from each state of a small beam it takes the policy's ``top_k`` valid actions (by
 its scores: Q-values, advantages or logits), measures the schedules they lead to, and keeps
-the ``beam`` fastest states (ties, such as cursor moves, broken by the policy's preference),
-until the deadline. It follows the env's transition rules (a schedule that fails leaves no
+the ``beam`` fastest states (ties broken by the policy's preference), until the deadline.
+Cursor moves change no schedule, so a proposed move is followed by the policy's own greedy
+choices until they change the schedule: every successor is a new schedule, and the time goes
+to measuring them. It follows the env's transition rules (a schedule that fails leaves no
 successor) and never measures a schedule twice in one search.
 """
 
@@ -90,12 +92,9 @@ def guided_search(
                 stopped = "deadline"
                 break
             expanded += 1
-            obs = observation(node.state.nest, node.state.cursor, actions.max_loops, normalized)
-            scores = policy.scores(obs)
-            mask = actions.mask(node.state).astype(bool)
-            ranked = [int(a) for a in np.argsort(-np.where(mask, scores, -np.inf), kind="stable") if mask[a]][:top_k]
-            for action in ranked:
-                following = actions.apply(node.state, action)
+            scores, ranked = _ranked(policy, actions, node.state, normalized)
+            for action in ranked[:top_k]:
+                path, following = _until_structural(policy, actions, node.state, action, normalized)
                 if following is None or following.key in seen:
                     continue
                 if time.perf_counter() >= deadline and following.nest.key not in values:
@@ -105,7 +104,7 @@ def guided_search(
                 gflops = _value(following.nest, values, evaluator)
                 if gflops is None:
                     continue  # failed to compile or run: no successor, as in the env
-                child = _Node(following, gflops, float(scores[action]), node.path + (action,))
+                child = _Node(following, gflops, float(scores[action]), node.path + path)
                 children.append(child)
                 if child.gflops > best.gflops:
                     best = child
@@ -126,6 +125,32 @@ def guided_search(
         expanded=expanded,
         stopped=stopped,
     )
+
+
+def _ranked(policy: Policy, actions, state: State, normalized: bool) -> tuple[np.ndarray, list[int]]:
+    """The policy's scores in ``state`` and its valid actions, best first."""
+    scores = policy.scores(observation(state.nest, state.cursor, actions.max_loops, normalized))
+    mask = actions.mask(state).astype(bool)
+    return scores, [int(a) for a in np.argsort(-np.where(mask, scores, -np.inf), kind="stable") if mask[a]]
+
+
+def _until_structural(policy: Policy, actions, state: State, action: int, normalized: bool) -> tuple[tuple[int, ...], State | None]:
+    """Apply ``action``; if it only moves the cursor, follow the policy's best valid actions
+    until one changes the schedule. Returns the actions taken and the state reached (None if
+    the moves cycle without a schedule change)."""
+    path = (action,)
+    following = actions.apply(state, action)
+    visited = {state.cursor}
+    while following is not None and following.nest is state.nest:
+        if following.cursor in visited or len(path) > 2 * actions.max_loops:
+            return path, None
+        visited.add(following.cursor)
+        _, ranked = _ranked(policy, actions, following, normalized)
+        if not ranked:
+            return path, None
+        path += (ranked[0],)
+        following = actions.apply(following, ranked[0])
+    return path, following
 
 
 def _value(nest: LoopNest, values: dict[str, float], evaluator: Evaluator) -> float | None:
