@@ -11,6 +11,11 @@ step applies one discrete action (see :mod:`looprl.actions`): ``up``, ``down``, 
   tail by ``log2(1 + x) / 8`` for learning.
 * **Reward**: ``(GFLOPS_t - GFLOPS_{t-1}) / peak``. Cursor moves and invalid actions give 0
   and measure nothing; new schedules are compiled and timed once per host (persistent cache).
+  ``reward="model"`` (beyond the paper) takes the GFLOPS of most new schedules from a cost
+  model instead: a schedule not in the cache is measured with probability
+  ``measure_fraction``, else predicted; every episode's untuned nest is measured (it anchors
+  the predictions of its problem); the model refits on the measurements every
+  ``refit_every`` of them (:mod:`looprl.env.surrogate`, :mod:`looprl.costmodel.surrogate`).
 * **Episode**: ``episode_length`` actions (10), then ``truncated``; never ``terminated``.
 * **Invalid action**: a no-op with reward 0 and ``info["valid"] = False``.
 * **Failure**: a schedule that fails to compile or run leaves the state unchanged, gives
@@ -18,8 +23,8 @@ step applies one discrete action (see :mod:`looprl.actions`): ``up``, ``down``, 
 
 ``info`` holds ``gflops`` (current state), ``peak``, ``problem``, ``nest`` (pseudo-code),
 ``schedule`` (cache key), ``cursor``, ``action`` (name), ``valid``, ``from_cache`` (whether
-the measurement came from the cache; None when nothing was measured), ``error`` and
-``action_mask``.
+the measurement came from the cache; None when nothing was measured), ``predicted`` (whether
+the step's GFLOPS came from the reward model), ``error`` and ``action_mask``.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from looprl.env.features import (
     nest_graph,
     observation,
 )
+from looprl.env.surrogate import DEFAULT_MEASURE_FRACTION, DEFAULT_REFIT_EVERY, check_reward, make_reward_model
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, as_problem
 from looprl.measurement.evaluator import Evaluator, Measurement
@@ -101,6 +107,17 @@ class LoopNestEnv(gym.Env):
             the host's is compiled and measured here (an AVX-512 CPU runs AVX2 code), so an
             agent can learn for an AVX2 machine on an AVX-512 one.
         render_mode: None or ``"ansi"``.
+        reward: ``"measured"`` (every new schedule is measured: the paper) or ``"model"``
+            (most are predicted by a cost model; beyond the paper).
+        model: with ``reward="model"``: a path to a saved :class:`~looprl.costmodel.model.CostModel`
+            (JSON: what an env config for Ray workers should hold), a fitted CostModel, any
+            object with ``predict(nests)`` and ``observe(nest, gflops)``
+            (:class:`~looprl.env.surrogate.RewardModel`), or None: a model fitted on the
+            cache's measurements for the target, or from scratch on the env's first
+            ``refit_every`` measurements. Needs XGBoost (``pip install 'looprl[autotvm]'``).
+        measure_fraction: with ``reward="model"``, the probability that a new schedule (not in
+            the cache) is measured rather than predicted.
+        refit_every: with ``reward="model"``, new measurements between refits of the model.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}  # fps: for video recorders only
@@ -121,8 +138,13 @@ class LoopNestEnv(gym.Env):
         render_mode: str | None = None,
         target: "Target | str | None" = None,
         measure_samples: int = defaults.MEASUREMENT_SAMPLES,
+        reward: str = "measured",
+        model=None,
+        measure_fraction: float = DEFAULT_MEASURE_FRACTION,
+        refit_every: int = DEFAULT_REFIT_EVERY,
     ):
         self.problems = env_problems(dataset, split, problems)
+        self.reward, self.measure_fraction, refit_every = check_reward(reward, model, measure_fraction, refit_every)
         if not isinstance(order, str) or order not in ORDERS:
             raise ValueError(f"unknown order {order!r}; expected one of {', '.join(ORDERS)}")
         if not isinstance(observation, str) or observation not in OBSERVATION_KINDS:
@@ -145,6 +167,9 @@ class LoopNestEnv(gym.Env):
         self.evaluator = Evaluator(cache, measure_budget_s, target=target, samples=measure_samples)
         self.target = self.evaluator.target
         self.peak = peak if peak is not None else peak_gflops(target=self.target, cache=self.evaluator.cache)
+        # reward="model": predicts most new states' GFLOPS; its own generator draws which to measure.
+        self.surrogate = None if self.reward == "measured" else make_reward_model(model, self.evaluator, refit_every=refit_every, seed=None)
+        self._draws = np.random.default_rng()
 
         self.max_extent = max(max(p.size(d) for d in p.dims) for p in self.problems)
         self.action_space = spaces.Discrete(len(self.actions))
@@ -190,7 +215,7 @@ class LoopNestEnv(gym.Env):
 
     @property
     def gflops(self) -> float:
-        """Measured GFLOPS of the current schedule."""
+        """GFLOPS of the current schedule: measured (``reward="model"``: or predicted)."""
         self._require_reset()
         return self._gflops
 
@@ -231,6 +256,7 @@ class LoopNestEnv(gym.Env):
         super().reset(seed=seed)
         if seed is not None:
             self._position = seed % len(self.problems)
+            self._draws = np.random.default_rng((seed, 1))
         if problem is None and self.order == "random":
             problem = self.problems[int(self.np_random.integers(len(self.problems)))]
         elif problem is None:
@@ -239,6 +265,8 @@ class LoopNestEnv(gym.Env):
         self._state = State(initial_nest(problem), 0)
         self._steps = 0
         measurement = self._measure(self._state.nest)
+        if self.surrogate is not None and measurement.ok:
+            self.surrogate.observe(self._state.nest, measurement.gflops)
         self._gflops = measurement.gflops
         return self._observe(), self._info(None, True, measurement)
 
@@ -248,18 +276,18 @@ class LoopNestEnv(gym.Env):
             logger.warning("step() called after the episode was truncated; call reset()")
         action = self.actions.validate(action)
         self._steps += 1
-        reward, measurement = 0.0, None
+        reward, measurement, predicted = 0.0, None, False
         following = self.actions.apply(self._state, action)
         valid = following is not None
         if valid and not self.actions.is_structural(action):
             self._state = following  # a cursor move: nothing to measure
         elif valid:
-            measurement = self._measure(following.nest)
-            if measurement.ok:
-                reward = (measurement.gflops - self._gflops) / self.peak
-                self._state, self._gflops = following, measurement.gflops
+            gflops, measurement, predicted = self._evaluate(following.nest)
+            if gflops is not None:
+                reward = (gflops - self._gflops) / self.peak
+                self._state, self._gflops = following, gflops
         truncated = self._steps >= self.episode_length
-        return self._observe(), float(reward), False, truncated, self._info(action, valid, measurement)
+        return self._observe(), float(reward), False, truncated, self._info(action, valid, measurement, predicted)
 
     def render(self):
         if self.render_mode != "ansi":
@@ -272,6 +300,26 @@ class LoopNestEnv(gym.Env):
         )
 
     # -- helpers ---------------------------------------------------------------------
+    def _evaluate(self, nest: LoopNest) -> tuple[float | None, Measurement | None, bool]:
+        """``(GFLOPS, measurement, predicted)`` of a new state; GFLOPS None if it failed.
+        With ``reward="model"`` a cached state costs a lookup (no resampling), and one not in
+        the cache is predicted unless drawn for measurement (or the model cannot predict yet)."""
+        if self.surrogate is not None:
+            known = self.evaluator.cache.lookup(nest, self.target, self.evaluator.budget_s)
+            if known is not None:
+                self.surrogate.observe(nest, known.gflops)
+                return known.gflops, Measurement(known.gflops, from_cache=True, samples=known.samples), False
+            if self._draws.random() >= self.measure_fraction:
+                predicted = float(self.surrogate.predict([nest])[0])
+                if math.isfinite(predicted):
+                    return min(max(predicted, 0.0), self.peak), None, True
+        measurement = self._measure(nest)
+        if not measurement.ok:
+            return None, measurement, False
+        if self.surrogate is not None:
+            self.surrogate.observe(nest, measurement.gflops)
+        return measurement.gflops, measurement, False
+
     def _measure(self, nest: LoopNest) -> Measurement:
         measurement = self.evaluator(nest)
         if not measurement.ok:
@@ -281,7 +329,7 @@ class LoopNestEnv(gym.Env):
     def _observe(self) -> np.ndarray:
         return observation(self._state.nest, self._state.cursor, self.max_loops, self.normalized)
 
-    def _info(self, action: int | None, valid: bool, measurement: Measurement | None) -> dict[str, Any]:
+    def _info(self, action: int | None, valid: bool, measurement: Measurement | None, predicted: bool = False) -> dict[str, Any]:
         nest = self._state.nest
         return {
             "gflops": self._gflops,
@@ -294,6 +342,7 @@ class LoopNestEnv(gym.Env):
             "action": None if action is None else self.actions.names[action],
             "valid": valid,
             "from_cache": None if measurement is None else measurement.from_cache,
+            "predicted": predicted,
             "error": None if measurement is None else measurement.error,
             "action_mask": self.actions.mask(self._state),
         }

@@ -1,0 +1,79 @@
+"""The environment's side of ``reward="model"``: what a surrogate reward model must do, and
+how the ``model`` argument becomes one.
+
+With ``reward="model"``, :class:`~looprl.env.loopnest.LoopNestEnv` measures only some new
+states and asks a *reward model* for the GFLOPS of the others. A reward model is any object
+with two methods (:class:`RewardModel`):
+
+* ``predict(nests) -> numpy array``: predicted GFLOPS of each nest, NaN where it cannot
+  predict yet (no fitted model, or no measurement of the problem to anchor on); the env
+  measures those states instead;
+* ``observe(nest, gflops)``: a measurement the env made (the model may refit on it).
+
+The layers put the cost model (:mod:`looprl.costmodel`) above the env, so the env never
+imports it. The env owns this protocol; the cost-model layer implements it
+(:func:`looprl.costmodel.surrogate.reward_model`), and the env reaches that implementation
+through the plugin entry point :data:`ENTRY_POINT`, a ``"module:function"`` string resolved
+only when a ``reward="model"`` env is created — as gymnasium resolves ``entry_point``
+strings. So ``model`` can stay a JSON value (a path, or None) in an env config shipped to Ray
+workers, and the default env never imports the cost model or XGBoost.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from looprl.ir.nest import LoopNest
+
+REWARDS = ("measured", "model")
+ENTRY_POINT = "looprl.costmodel.surrogate:reward_model"
+DEFAULT_MEASURE_FRACTION = 0.1
+DEFAULT_REFIT_EVERY = 32
+
+
+@runtime_checkable
+class RewardModel(Protocol):
+    """What ``reward="model"`` needs of a model (module docstring)."""
+
+    def predict(self, nests: Sequence[LoopNest]) -> np.ndarray: ...
+
+    def observe(self, nest: LoopNest, gflops: float) -> None: ...
+
+
+def check_reward(reward, model, measure_fraction, refit_every) -> tuple[str, float, int]:
+    """Validated ``(reward, measure_fraction, refit_every)``; ValueError naming the bad one."""
+    if not isinstance(reward, str) or reward not in REWARDS:
+        raise ValueError(f"unknown reward {reward!r}; expected one of {', '.join(REWARDS)}")
+    if reward == "measured" and model is not None:
+        raise ValueError("model is only used with reward='model'; pass reward='model' or drop model")
+    if (
+        isinstance(measure_fraction, (bool, np.bool_))
+        or not isinstance(measure_fraction, (int, float, np.integer, np.floating))
+        or not math.isfinite(measure_fraction)
+        or not 0.0 <= measure_fraction <= 1.0
+    ):
+        raise ValueError(f"measure_fraction must be a number in [0, 1], got {measure_fraction!r}")
+    if isinstance(refit_every, (bool, np.bool_)) or not isinstance(refit_every, (int, np.integer)) or refit_every < 1:
+        raise ValueError(f"refit_every must be a positive integer, got {refit_every!r}")
+    if not (model is None or isinstance(model, (str, os.PathLike)) or hasattr(model, "predict")):
+        raise ValueError(f"model must be a cost-model file path, a CostModel, a reward model or None, got {type(model).__name__}")
+    return reward, float(measure_fraction), int(refit_every)
+
+
+def make_reward_model(model: Any, evaluator, *, refit_every: int, seed: int | None) -> RewardModel:
+    """``model`` itself if it already is a :class:`RewardModel`, else the cost-model layer's
+    reward model built from it (a path to a saved CostModel, a CostModel, or None: start from
+    the measurement cache's records for ``evaluator``'s target)."""
+    if isinstance(model, RewardModel):
+        return model
+    module_name, _, name = ENTRY_POINT.partition(":")
+    factory = getattr(importlib.import_module(module_name), name)
+    built = factory(model, evaluator=evaluator, refit_every=refit_every, seed=seed)
+    if not isinstance(built, RewardModel):  # a broken plugin: a bug, not bad input
+        raise TypeError(f"{ENTRY_POINT} returned {type(built).__name__}, which lacks predict() and observe()")
+    return built
