@@ -101,6 +101,12 @@ class LoopNestEnv(gym.Env):
             the host's is compiled and measured here (an AVX-512 CPU runs AVX2 code), so an
             agent can learn for an AVX2 machine on an AVX-512 one.
         render_mode: None or ``"ansi"``.
+        layouts: add the data-layout actions ``pack`` and ``pad`` (see
+            :mod:`looprl.env.actions`; pad rounds to the target's vector width). Off by
+            default: the paper's action space. The observation keeps its shape; its stride
+            histograms show the strides of the layouts the kernel uses. A packed input's
+            conversion is measured as part of the kernel unless the problem declares it
+            constant.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}  # fps: for video recorders only
@@ -121,6 +127,7 @@ class LoopNestEnv(gym.Env):
         render_mode: str | None = None,
         target: "Target | str | None" = None,
         measure_samples: int = defaults.MEASUREMENT_SAMPLES,
+        layouts: bool = False,
     ):
         self.problems = env_problems(dataset, split, problems)
         if not isinstance(order, str) or order not in ORDERS:
@@ -131,7 +138,9 @@ class LoopNestEnv(gym.Env):
             raise ValueError(f"episode_length must be a positive integer, got {episode_length!r}")
         if render_mode is not None and (not isinstance(render_mode, str) or render_mode not in self.metadata["render_modes"]):
             raise ValueError(f"unknown render_mode {render_mode!r}; supported: ansi")
-        self.actions = ActionSet(split_factors, max_loops)
+        if not isinstance(layouts, (bool, np.bool_)):
+            raise ValueError(f"layouts must be True or False, got {layouts!r}")
+        self.actions = ActionSet(split_factors, max_loops)  # validates the arguments first
         self.max_loops = self.actions.max_loops
         for problem in self.problems:
             self.actions.check_fits(problem)
@@ -144,6 +153,8 @@ class LoopNestEnv(gym.Env):
             peak = check_budget(peak, "peak", unit="GFLOPS")
         self.evaluator = Evaluator(cache, measure_budget_s, target=target, samples=measure_samples)
         self.target = self.evaluator.target
+        if layouts:
+            self.actions = ActionSet(split_factors, max_loops, layouts=True, pad_multiple=max(self.target.vector_width, 2))
         self.peak = peak if peak is not None else peak_gflops(target=self.target, cache=self.evaluator.cache)
 
         self.max_extent = max(max(p.size(d) for d in p.dims) for p in self.problems)

@@ -113,4 +113,11 @@ def time_kernel(kernel: Kernel, budget_s: float = DEFAULT_BUDGET_S, min_runs: in
     ws = workspace if workspace is not None and workspace.problem == kernel.problem else Workspace(kernel.problem)
     ws.ensure(kernel.workspace_elements)  # packed inputs live there: their conversion is timed
     call, pointers = kernel.raw_call, ws.pointers
+    constant = [t for t in kernel.problem.constant if t in kernel.packed_inputs]
+    if constant:  # weights are converted once, when bound, as in use: not timed
+        bound = kernel.bind(**{t: ws.inputs[0 if t == "in0" else 1] for t in constant})
+        arrays = {t: bound._buffers.get(t, ws.inputs[i]) for i, t in enumerate(("in0", "in1"))}
+        pointers = (arrays["in0"].ctypes.data, arrays["in1"].ctypes.data) + ws.pointers[2:]
+        function = bound._function
+        call = lambda ptrs, reps: function(*ptrs, reps)  # noqa: E731
     return best_time(lambda reps: call(pointers, reps), budget_s, flops=kernel.problem.flops, min_runs=min_runs, lock=lock)
