@@ -21,7 +21,7 @@ import looprl.search
 from looprl.backend.jit import cpu_model_name
 from looprl.backend.target import Target
 
-PROBLEMS = ("128x256x64", "256x256x256", "384x128x64", "67x139x229")
+PROBLEMS = ("128x256x64", "256x256x256", "384x128x64", "67x139x229", "mk,nk->mn:m=128,k=64,n=256")  # the last: A @ B.T
 MODES = {"loops": {}, "joint": {"layouts": True}, "two-stage": {"layouts": True, "layout_stage": 0.3}}
 
 
@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--problems", nargs="*", default=list(PROBLEMS), help="MxNxK problems")
     parser.add_argument("--targets", nargs="*", default=["host", "avx2"])
     parser.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
-    parser.add_argument("--cache", default=None, help="measurement cache (default: the per-user one)")
+    parser.add_argument("--cache", default=":memory:", help="measurement cache (default: a fresh in-memory one per search, so no mode reuses another's timings)")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "layouts.csv"))
     args = parser.parse_args()
     out = Path(args.out)

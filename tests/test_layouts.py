@@ -69,6 +69,9 @@ def test_primitives_refuse_what_they_cannot_do():
         packed.pad(3, 8)
     with pytest.raises(ValueError, match="padded"):
         packed.pad(1, 8).split(1, 2)
+    nest = looprl.initial_nest(looprl.matmul(8, 8, 8))
+    with pytest.raises(ValueError, match="MAX_BUFFER_BYTES"):
+        nest.layout_pad("in1", 1, 2**40)
     for bad in ("k1.n1.n1", "k1.x1", "k2.n1", "k1.n16", "k1.n1%16", "k1.n16.n1%8", "k1.n1p2", "k1,n1"):
         with pytest.raises(ValueError):
             Layout.from_key("kn", (5, 35), bad)

@@ -226,7 +226,10 @@ class Layout:
 
     def pack(self, var: str, step: int) -> "Layout":
         """ALT's tiling template on one dimension: split ``var``'s outer piece so that its new
-        inner piece covers ``step`` elements, and move the new outer piece outermost."""
+        inner piece covers ``step`` elements, move the new outer piece outermost and the new
+        inner piece into the tile (the physical dimensions holding inner pieces, innermost):
+        before the tile's pieces of ``var`` (larger steps outside), else at the tile's start.
+        B[k, n] packed by 16 on n is B[n/16, k, 16]; B[n, k] is B[n/16, k, 16] too."""
         i = self.outer_dim(var)
         if i is None:
             raise ValueError(f"cannot pack {var!r} of layout {self.key!r}: its outer piece is fused")
@@ -234,5 +237,10 @@ class Layout:
         if step % atom.step or step // atom.step < 2:
             raise ValueError(f"cannot pack {var!r} of layout {self.key!r} by a step of {step}: not a multiple (>= 2x) of {atom.step}")
         split = self.split(i, step // atom.step)
-        order = [i] + [j for j in range(len(split.dims)) if j != i]
-        return split.reorder(order)
+        outer, inner = split.dims[i], split.dims[i + 1]
+        rest = [d for j, d in enumerate(split.dims) if j not in (i, i + 1)]
+        untiled = [d for d in rest if all(a.outer for a in d)]
+        tile = [d for d in rest if not all(a.outer for a in d)]
+        same = [j for j, d in enumerate(tile) if any(a.var == var for a in d)]
+        tile.insert(same[0] if same else 0, inner)
+        return Layout(self.index, self.sizes, (outer, *untiled, *tile))

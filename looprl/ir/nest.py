@@ -27,9 +27,10 @@ import re
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+from looprl import defaults
 from looprl.ir.integers import as_int
 from looprl.ir.layout import Layout
-from looprl.ir.problem import Problem
+from looprl.ir.problem import FLOAT32_BYTES, Problem
 
 COMPUTE = "compute"
 WRITE_BACK = "write_back"
@@ -172,6 +173,11 @@ class LoopNest:
         index = self.tensor_index(tensor)
         if not isinstance(layout, Layout) or layout.index != index or layout.sizes != self.problem.shape(index):
             raise ValueError(f"{layout!r:.200} is not a layout of {tensor} ({index}, shape {self.problem.shape(index)})")
+        if layout.elements * FLOAT32_BYTES > defaults.MAX_BUFFER_BYTES:
+            raise ValueError(
+                f"layout {layout.key!r} of {tensor} takes {layout.elements} floats, more than "
+                f"looprl.defaults.MAX_BUFFER_BYTES = {defaults.MAX_BUFFER_BYTES} bytes"
+            )
         layouts = dict(self.layouts)
         layouts.pop(tensor, None)
         if not layout.is_row_major:
