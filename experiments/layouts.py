@@ -18,6 +18,7 @@ from pathlib import Path
 
 import looprl
 import looprl.search
+from looprl.backend.codegen import conversions
 from looprl.backend.jit import cpu_model_name
 from looprl.backend.target import Target
 
@@ -60,7 +61,7 @@ def main() -> None:
                         "evaluations": result.evaluations,
                         "schedule": result.best_nest.key,
                         "host": cpu_model_name(),
-                        "converted_in_kernel": "yes",
+                        "converted_in_kernel": ",".join(conversions(result.best_nest)["per_call"]) or "-",
                     }
                     writer.writerow(row)
                     handle.flush()

@@ -228,3 +228,15 @@ def test_joint_search_finds_a_schedule_its_actions_rebuild(stage):
 def test_packed_template_schedules_round_trip():
     nest = pack_every_tiled_loop(looprl.initial_nest(looprl.matmul(64, 48, 32)).split(2, 16).split(3, 4).split(0, 8), 3)
     assert LoopNest.from_key(nest.problem, nest.key) == nest
+
+
+def test_pack_on_a_step_one_loop_tiles_by_the_tile_it_walks():
+    problem = looprl.contraction("mk,nk->mn", m=32, n=64, k=16)  # A @ B.T
+    actions = ActionSet((4, 8, 16), 10, layouts=True)
+    nest = looprl.initial_nest(problem).split(2, 16)  # m, k, n/16, n16
+    pack = actions.index("pack")
+    assert actions.apply(State(nest, 0), pack) is None  # m has step 1 and no tile
+    inner = actions.apply(State(nest, 3), pack).nest  # n16 walks a tile of 16
+    outer = actions.apply(State(nest, 2), pack).nest  # n/16 has step 16
+    assert inner == outer and dict(inner.layouts)["in1"].key == "n16.k1.n1%16"
+    assert looprl.compile(inner).packed_inputs == ("in1",)

@@ -725,6 +725,20 @@ def layouts_applied(nest: LoopNest) -> dict[str, Layout]:
     return {t: layout for t, layout in nest.layouts if layout_applies(nest, t)}
 
 
+def conversions(nest: LoopNest) -> dict[str, list[str]]:
+    """What a measured figure of ``nest`` includes: ``per_call``, the inputs the timed kernel
+    converts to their layouts on every call; ``once``, the constant inputs (declared by the
+    problem) converted once when bound, outside the timing; ``output``, ["out"] when the
+    accumulator's layout is unpacked by the write-back nest (always timed)."""
+    applied = layouts_applied(nest)
+    inputs = [t for t in ("in0", "in1") if t in applied]
+    return {
+        "per_call": [t for t in inputs if t not in nest.problem.constant],
+        "once": [t for t in inputs if t in nest.problem.constant],
+        "output": ["out"] if "out" in applied else [],
+    }
+
+
 def _round_up(count: int, multiple: int = 16) -> int:  # 16 floats: 64-byte alignment
     return -(-count // multiple) * multiple
 

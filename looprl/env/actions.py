@@ -11,8 +11,9 @@ write-back loops). The actions, in this order:
 
 With ``layouts=True`` two data-layout actions follow (ALT's primitives, cursor-local):
 
-* ``pack``: tile every input the cursor's compute loop walks by that loop's step and move
-  the new outer piece of the dimension outermost (:meth:`Layout.pack`: ALT's tiling template,
+* ``pack``: tile every input the cursor's compute loop walks by that loop's step (for a loop
+  of step 1: by the step of the enclosing loop of its dimension, the tile it walks), the new
+  outer piece outermost and the tile innermost (:meth:`Layout.pack`: ALT's tiling template,
   e.g. B[k, n] packed by a loop of step 16 becomes B[n/16, k, 16]);
 * ``pad``: pad the cursor loop's dimension, in every tensor where it is not the outermost
   physical dimension, to a multiple of ``pad_multiple`` (the target's vector width).
@@ -131,12 +132,16 @@ class ActionSet:
         loop = nest.loops[cursor]
         result = nest
         if LAYOUT_ACTIONS[action - self._first_layout] == "pack":
-            if loop.is_write_back or loop.step < 2:
+            step = loop.step
+            if step == 1:  # the tile this loop walks: the step of the loop of its dimension around it
+                around = [lp for lp in nest.compute[:cursor] if lp.var == loop.var]
+                step = around[-1].step if around else 1
+            if loop.is_write_back or step < 2:
                 return None
             for tensor in ("in0", "in1"):
                 if loop.var in nest.tensor_index(tensor):
                     try:
-                        result = result.layout_pack(tensor, loop.var, loop.step)
+                        result = result.layout_pack(tensor, loop.var, step)
                     except ValueError:
                         pass
         else:  # pad

@@ -17,7 +17,8 @@ step applies one discrete action (see :mod:`looprl.actions`): ``up``, ``down``, 
   reward 0, logs a warning and reports ``info["error"]``; ``step`` does not raise.
 
 ``info`` holds ``gflops`` (current state), ``peak``, ``problem``, ``nest`` (pseudo-code),
-``schedule`` (cache key), ``cursor``, ``action`` (name), ``valid``, ``from_cache`` (whether
+``schedule`` (cache key), ``layout_conversions`` (which data-layout conversions the measured
+figure includes: :func:`looprl.backend.codegen.conversions`), ``cursor``, ``action`` (name), ``valid``, ``from_cache`` (whether
 the measurement came from the cache; None when nothing was measured), ``error`` and
 ``action_mask``.
 """
@@ -34,6 +35,7 @@ import numpy as np
 from gymnasium import spaces
 
 from looprl import defaults
+from looprl.backend.codegen import conversions
 from looprl.backend.target import Target
 from looprl.env.actions import ActionSet, State
 from looprl.env.datasets import dataset_problems
@@ -101,7 +103,7 @@ class LoopNestEnv(gym.Env):
             the host's is compiled and measured here (an AVX-512 CPU runs AVX2 code), so an
             agent can learn for an AVX2 machine on an AVX-512 one.
         render_mode: None or ``"ansi"``.
-        layouts: add the data-layout actions ``pack`` and ``pad`` (see
+        layouts: add the data-layout actions ``pack`` and ``pad`` after the splits (see
             :mod:`looprl.env.actions`; pad rounds to the target's vector width). Off by
             default: the paper's action space. The observation keeps its shape; its stride
             histograms show the strides of the layouts the kernel uses. A packed input's
@@ -301,6 +303,7 @@ class LoopNestEnv(gym.Env):
             "problem": nest.problem.name,
             "nest": nest.to_text(self._state.cursor),
             "schedule": nest.key,
+            "layout_conversions": conversions(nest),  # inputs converted inside the timed kernel, or once
             "cursor": self._state.cursor,
             "action": None if action is None else self.actions.names[action],
             "valid": valid,

@@ -12,6 +12,7 @@ import networkx as nx
 import numpy as np
 
 from looprl import defaults
+from looprl.backend.codegen import conversions
 from looprl.backend.kernel import compile
 from looprl.env.actions import ActionSet
 from looprl.errors import CompileError, KernelError
@@ -61,6 +62,7 @@ class SearchResult:
             "initial_gflops": self.initial_gflops,
             "speedup": self.speedup,
             "best_schedule": self.best_nest.key,
+            "layout_conversions": conversions(self.best_nest),  # which are in the timed figures
             "best_nest": self.best_nest.to_text(),
             "actions": list(self.actions),
             "evaluations": self.evaluations,
