@@ -31,15 +31,19 @@ code generation is needed (fast, and it avoids the O3 pipeline's memory leak).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
 from looprl.backend.target import Target
+from looprl.ir.layout import Layout
 from looprl.ir.nest import Loop, LoopNest
 from looprl.ir.problem import Problem
 
 KERNEL_NAME = "looprl_kernel"
-# Bump whenever generated code may change speed: it is part of the measurement cache key.
+# Bump whenever the code generated for an existing schedule key may change speed: it is part of
+# the measurement cache key. (Data layouts did not bump it: a schedule without layouts has the
+# same key and byte-identical IR as before, and schedules with layouts have new keys.)
 CODEGEN_VERSION = 2
 # Unroll a reduction loop inside the register scope while the unrolled body has at most this
 # many multiply-adds (the reference backend used ~320).
@@ -188,8 +192,9 @@ class ComputePlan:
 class _NestEmitter:
     """Shared machinery of both nests: budgets, runtime loops, memoised tail functions."""
 
-    def __init__(self, module: "_Module", loops: tuple[Loop, ...], coefs: dict[str, dict[str, int]], name: str):
+    def __init__(self, module: "_Module", loops: tuple[Loop, ...], coefs: dict[str, dict[str, int]], name: str, layouts=None):
         self.module, self.loops, self.coefs, self.name = module, loops, coefs, name
+        self.layouts: dict[str, Layout] = dict(layouts or {})  # tensors addressed through a layout
         self.depth = len(loops)
         self.width = module.target.vector_width
 
@@ -203,6 +208,14 @@ class _NestEmitter:
     def coef(self, tensor: str, var: str) -> int:
         return self.coefs.get(tensor, {}).get(var, 0)
 
+    def delta(self, tensor: str, var: str, elements: int) -> int:
+        """Offset in ``tensor`` of moving ``elements`` along ``var`` (within a range the
+        schedule walks affinely: see :func:`layouts_applied`)."""
+        layout = self.layouts.get(tensor)
+        if layout is None:
+            return self.coef(tensor, var) * elements
+        return _layout_offset(layout, var, elements)
+
     def emit_outer(self, fn: _Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
         if level >= self.inner_start:
             self.emit_inner_part(fn, level, budgets, ptrs)
@@ -214,10 +227,10 @@ class _NestEmitter:
             self.emit_outer(fn, level + 1, child, ptrs)
         elif full > 1:
             with fn.loop(full) as lp:
-                moved = {t: fn.advance(p, lp.iv, self.coef(t, loop.var) * loop.step) for t, p in ptrs.items()}
+                moved = {t: fn.advance(p, lp.iv, self.delta(t, loop.var, loop.step)) for t, p in ptrs.items()}
                 self.emit_outer(fn, level + 1, child, moved)
         if rem:
-            tail_ptrs = {t: fn.offset(p, self.coef(t, loop.var) * loop.step * full) for t, p in ptrs.items()}
+            tail_ptrs = {t: fn.offset(p, self.delta(t, loop.var, loop.step * full)) for t, p in ptrs.items()}
             tail_budgets = dict(budgets, **{loop.var: rem})
             callee = self.module.tail_function(self, level + 1, tail_budgets)
             args = ", ".join(f"ptr {tail_ptrs.get(t, 'null')}" for t in TENSORS)
@@ -231,11 +244,12 @@ class _NestEmitter:
 
 
 class _ComputeEmitter(_NestEmitter):
-    def __init__(self, module: "_Module", nest: LoopNest):
+    def __init__(self, module: "_Module", nest: LoopNest, layouts=None):
         problem = nest.problem
         in0, in1 = problem.operands
         coefs = {"in0": strides(problem, in0), "in1": strides(problem, in1), "acc": strides(problem, problem.output)}
-        super().__init__(module, nest.compute, coefs, "compute")
+        layouts = {("acc" if t == "out" else t): layout for t, layout in (layouts or {}).items()}
+        super().__init__(module, nest.compute, coefs, "compute", layouts)
         self.output_dims = set(problem.output)
         self._subtrees: dict[tuple, frozenset[int]] = {}
         self.plan = self._plan(problem)
@@ -245,7 +259,11 @@ class _ComputeEmitter(_NestEmitter):
     def _plan(self, problem: Problem) -> ComputePlan:
         n = self.depth
         innermost = self.loops[-1]
-        vector_var = innermost.var if problem.output[-1] == innermost.var else None
+        if "acc" in self.layouts:  # vectorise along the accumulator's unit stride
+            unit = innermost.var in self.output_dims and self.delta("acc", innermost.var, 1) == 1
+            vector_var = innermost.var if unit else None
+        else:
+            vector_var = innermost.var if problem.output[-1] == innermost.var else None
         registers = self.module.target.registers
         self.vector_var = vector_var
         if vector_var is None:
@@ -298,14 +316,13 @@ class _ComputeEmitter(_NestEmitter):
         if level == self.depth - 1 and (self.vector_var is not None or loop.var in self.output_dims):
             return [self.slots(level, budgets, acc_offset)]
         full, rem = divmod(budget, loop.step)
-        stride = self.coef("acc", loop.var) * loop.step
         if loop.var not in self.output_dims:
             return self.rows(level + 1, dict(budgets, **{loop.var: loop.step if full else rem}), acc_offset)
         result = []
         for i in range(full):
-            result += self.rows(level + 1, dict(budgets, **{loop.var: loop.step}), acc_offset + i * stride)
+            result += self.rows(level + 1, dict(budgets, **{loop.var: loop.step}), acc_offset + self.delta("acc", loop.var, i * loop.step))
         if rem:
-            result += self.rows(level + 1, dict(budgets, **{loop.var: rem}), acc_offset + full * stride)
+            result += self.rows(level + 1, dict(budgets, **{loop.var: rem}), acc_offset + self.delta("acc", loop.var, full * loop.step))
         return result
 
     def blocks(self, level: int, budgets: dict[str, int]) -> list[list[tuple[int, int, int]]]:
@@ -347,15 +364,14 @@ class _ComputeEmitter(_NestEmitter):
             # One vector at a time through memory: runtime loop over full vectors + a masked tail.
             loop = self.loops[level]
             full, rem = divmod(budgets[loop.var], self.width)
-            strides_ = {t: self.coef(t, loop.var) for t in ptrs}
             if full == 1:
                 self.emit_scope(fn, level, dict(budgets, **{loop.var: self.width}), ptrs)
             elif full > 1:
                 with fn.loop(full) as lp:
-                    moved = {t: fn.advance(p, lp.iv, strides_[t] * self.width) for t, p in ptrs.items()}
+                    moved = {t: fn.advance(p, lp.iv, self.delta(t, loop.var, self.width)) for t, p in ptrs.items()}
                     self.emit_scope(fn, level, dict(budgets, **{loop.var: self.width}), moved)
             if rem:
-                tail_ptrs = {t: fn.offset(p, strides_[t] * self.width * full) for t, p in ptrs.items()}
+                tail_ptrs = {t: fn.offset(p, self.delta(t, loop.var, self.width * full)) for t, p in ptrs.items()}
                 self.emit_scope(fn, level, dict(budgets, **{loop.var: rem}), tail_ptrs)
             return
         self.emit_scope(fn, level, budgets, ptrs)
@@ -384,17 +400,15 @@ class _ComputeEmitter(_NestEmitter):
         budget = budgets[loop.var]
         if level == self.depth - 1 and self.vector_var is not None:
             lanes = _lanes_for(budget, self.width)
-            stride = self.coef("acc", loop.var)
-            return [(acc_offset + c * stride, lanes, min(lanes, budget - c)) for c in range(0, budget, lanes)]
+            return [(acc_offset + self.delta("acc", loop.var, c), lanes, min(lanes, budget - c)) for c in range(0, budget, lanes)]
         full, rem = divmod(budget, loop.step)
-        stride = self.coef("acc", loop.var) * loop.step
         if loop.var not in self.output_dims:
             return self.slots(level + 1, dict(budgets, **{loop.var: loop.step if full else rem}), acc_offset)
         result = []
         for i in range(full):
-            result += self.slots(level + 1, dict(budgets, **{loop.var: loop.step}), acc_offset + i * stride)
+            result += self.slots(level + 1, dict(budgets, **{loop.var: loop.step}), acc_offset + self.delta("acc", loop.var, i * loop.step))
         if rem:
-            result += self.slots(level + 1, dict(budgets, **{loop.var: rem}), acc_offset + full * stride)
+            result += self.slots(level + 1, dict(budgets, **{loop.var: rem}), acc_offset + self.delta("acc", loop.var, full * loop.step))
         return result
 
     def emit_in_scope(self, fn, level, budgets, ptrs, consts, tile, types, copies) -> None:
@@ -410,7 +424,7 @@ class _ComputeEmitter(_NestEmitter):
         if level == self.depth - 1 and self.vector_var is not None:
             lanes = _lanes_for(budget, self.width)
             for c in range(0, budget, lanes):
-                moved = {t: consts[t] + c * self.coef(t, loop.var) for t in consts}
+                moved = {t: consts[t] + self.delta(t, loop.var, c) for t in consts}
                 if moved["acc"] in tile:
                     self.leaf(fn, ptrs, moved, tile, lanes, min(lanes, budget - c))
             return
@@ -422,7 +436,7 @@ class _ComputeEmitter(_NestEmitter):
         )
         if unroll or full == 1:
             for i in range(full):
-                moved = {t: consts[t] + i * loop.step * self.coef(t, loop.var) for t in consts}
+                moved = {t: consts[t] + self.delta(t, loop.var, i * loop.step) for t in consts}
                 if loop.var in self.output_dims and not self.touches(level + 1, child, moved["acc"], tile):
                     continue  # none of this block's registers down there
                 self.emit_in_scope(fn, level + 1, child, ptrs, moved, tile, types, copies * (full + (rem > 0)))
@@ -430,7 +444,7 @@ class _ComputeEmitter(_NestEmitter):
             # Carry (as phis) only the registers this loop updates.
             carried = {key: (_vtype(types[key][0]), tile[key]) for key in self.touches(level + 1, child, consts["acc"], tile)}
             with fn.loop(full, carried) as lp:
-                moved_ptrs = {t: fn.advance(p, lp.iv, self.coef(t, loop.var) * loop.step) for t, p in ptrs.items()}
+                moved_ptrs = {t: fn.advance(p, lp.iv, self.delta(t, loop.var, loop.step)) for t, p in ptrs.items()}
                 inner_tile = dict(lp.values)
                 self.emit_in_scope(fn, level + 1, child, moved_ptrs, consts, inner_tile, types, copies * (1 + (rem > 0)))
                 lp.values.update(inner_tile)
@@ -438,7 +452,7 @@ class _ComputeEmitter(_NestEmitter):
             # After the loop, the carried registers hold the phis' last updates: reading a phi's
             # update outside the loop is valid SSA because the latch dominates the exit.
         if rem:
-            moved = {t: consts[t] + full * loop.step * self.coef(t, loop.var) for t in consts}
+            moved = {t: consts[t] + self.delta(t, loop.var, full * loop.step) for t in consts}
             tail = dict(budgets, **{loop.var: rem})
             if loop.var not in self.output_dims or self.touches(level + 1, tail, moved["acc"], tile):
                 self.emit_in_scope(fn, level + 1, tail, ptrs, moved, tile, types, copies * (full + 1 if unroll else 2))
@@ -457,7 +471,7 @@ class _ComputeEmitter(_NestEmitter):
             tile[key] = fn.value(f"fadd {typ} {tile[key]}, {product}", "f")
 
     def operand(self, fn, tensor, ptrs, consts, lanes, active, var) -> str:
-        stride = self.coef(tensor, var) if lanes > 1 else 0
+        stride = self.delta(tensor, var, 1) if lanes > 1 else 0
         return _load(self.module, fn, ptrs[tensor], consts[tensor], lanes, active, stride)
 
 
@@ -508,24 +522,27 @@ class _WriteBackEmitter(_NestEmitter):
     """``out = acc`` over the write-back loops; the innermost loop is vectorised when it walks
     the output's last dimension (unit stride in both buffers)."""
 
-    def __init__(self, module: "_Module", nest: LoopNest):
+    def __init__(self, module: "_Module", nest: LoopNest, layouts=None):
         problem = nest.problem
         out_strides = strides(problem, problem.output)
-        super().__init__(module, nest.write_back, {"acc": out_strides, "out": out_strides}, "write_back")
-        self.vectorised = self.loops[-1].var == problem.output[-1]
+        layouts = {"acc": layouts["out"]} if layouts and "out" in layouts else {}
+        super().__init__(module, nest.write_back, {"acc": out_strides, "out": out_strides}, "write_back", layouts)
+        var = self.loops[-1].var
+        self.vectorised = var == problem.output[-1] and self.delta("acc", var, 1) == 1
         self.inner_start = self.depth - 1 if self.vectorised else self.depth
 
     def emit_inner_part(self, fn: _Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
         if not self.vectorised:
             self.copy(fn, ptrs, 0, 1, 1)
             return
-        budget = budgets[self.loops[-1].var]
+        var = self.loops[-1].var
+        budget = budgets[var]
         width = self.width
         group = width * 4
         if budget > COPY_UNROLL * width:
             groups = budget // group
             with fn.loop(groups) as lp:
-                moved = {t: fn.advance(p, lp.iv, group) for t, p in ptrs.items()}
+                moved = {t: fn.advance(p, lp.iv, self.delta(t, var, group)) for t, p in ptrs.items()}
                 for c in range(0, group, width):
                     self.copy(fn, moved, c, width, width)
             done = groups * group
@@ -536,7 +553,8 @@ class _WriteBackEmitter(_NestEmitter):
             self.copy(fn, ptrs, c, lanes, min(lanes, budget - c))
 
     def copy(self, fn: _Function, ptrs: dict[str, str], offset: int, lanes: int, active: int) -> None:
-        value = _load(self.module, fn, ptrs["acc"], offset, lanes, active, 1, cache=False)
+        var = self.loops[-1].var
+        value = _load(self.module, fn, ptrs["acc"], self.delta("acc", var, offset) if offset else 0, lanes, active, 1, cache=False)
         _store(self.module, fn, ptrs["out"], offset, lanes, active, value)
 
 
@@ -664,29 +682,223 @@ class _Module:
 
 def plan(nest: LoopNest, target: Target) -> ComputePlan:
     """The code generator's decisions for ``nest`` (without emitting code)."""
-    return _ComputeEmitter(_Module(target), nest).plan
+    return _ComputeEmitter(_Module(target), nest, layouts_applied(nest)).plan
+
+
+# -- data layouts ------------------------------------------------------------------------------
+@lru_cache(maxsize=65536)
+def _layout_offset(layout: Layout, var: str, elements: int) -> int:
+    return layout.offset(var, elements)
+
+
+def _walks_affinely(loops: tuple[Loop, ...], size: int, var: str, breakpoints: tuple[int, ...]) -> bool:
+    """Whether every loop of ``var`` moves through ``g_var`` affinely: for each breakpoint b,
+    the loop's step is a multiple of b, or the range the loop covers (its parent's step, or
+    the whole extent for the outermost loop) lies inside one block of b elements."""
+    parent = None
+    for loop in (lp for lp in loops if lp.var == var):
+        for point in breakpoints:
+            if loop.step % point == 0:
+                continue
+            if (size > point) if parent is None else (point % parent.step):
+                return False
+        parent = loop
+    return True
+
+
+def layout_applies(nest: LoopNest, tensor: str) -> bool:
+    """Whether the kernel stores ``tensor`` (``in0``, ``in1`` or ``out``, whose layout is the
+    accumulator's) in its layout: the loops that address it (compute loops; for ``out`` the
+    write-back loops too) must walk the layout affinely. Otherwise the layout is inert: the
+    tensor is used row-major, as if it had no layout. Always False for row-major tensors."""
+    layouts = dict(nest.layouts)
+    if tensor not in layouts:
+        return False
+    layout = layouts[tensor]
+    problem = nest.problem
+    nests = (nest.compute, nest.write_back) if tensor == "out" else (nest.compute,)
+    return all(
+        _walks_affinely(loops, problem.size(var), var, layout.breakpoints(var)) for loops in nests for var in layout.index
+    )
+
+
+def layouts_applied(nest: LoopNest) -> dict[str, Layout]:
+    """The layouts the kernel of ``nest`` uses (see :func:`layout_applies`)."""
+    return {t: layout for t, layout in nest.layouts if layout_applies(nest, t)}
+
+
+def conversions(nest: LoopNest) -> dict[str, list[str]]:
+    """What a measured figure of ``nest`` includes: ``per_call``, the inputs the timed kernel
+    converts to their layouts on every call; ``once``, the constant inputs (declared by the
+    problem) converted once when bound, outside the timing; ``output``, ["out"] when the
+    accumulator's layout is unpacked by the write-back nest (always timed)."""
+    applied = layouts_applied(nest)
+    inputs = [t for t in ("in0", "in1") if t in applied]
+    return {
+        "per_call": [t for t in inputs if t not in nest.problem.constant],
+        "once": [t for t in inputs if t in nest.problem.constant],
+        "output": ["out"] if "out" in applied else [],
+    }
+
+
+def _round_up(count: int, multiple: int = 16) -> int:  # 16 floats: 64-byte alignment
+    return -(-count // multiple) * multiple
+
+
+def workspace_layout(nest: LoopNest) -> dict[str, tuple[int, int]]:
+    """Where the kernel's scratch buffers sit in its workspace: tensor -> (offset, elements)
+    for the accumulator ``acc`` and each packed input. Offsets are 64-byte aligned."""
+    applied = layouts_applied(nest)
+    acc = applied["out"].elements if "out" in applied else math.prod(nest.problem.output_shape)
+    result, offset = {"acc": (0, acc)}, _round_up(acc)
+    for tensor in ("in0", "in1"):
+        if tensor in applied:
+            result[tensor] = (offset, applied[tensor].elements)
+            offset = _round_up(offset + applied[tensor].elements)
+    return result
+
+
+def workspace_elements(nest: LoopNest) -> int:
+    """float32 elements of workspace the kernel needs (the output's size without layouts)."""
+    return max(offset + count for offset, count in workspace_layout(nest).values())
+
+
+PACK_CHUNK = 256  # elements of the innermost dimension copied by one unrolled block
+
+
+def _runtime_offset(fn: _Function, layout: Layout, var: str, x: str) -> str:
+    """IR computing ``g_var(x)`` for a runtime index ``x`` (an i64 SSA value)."""
+    total = None
+    for atom, stride in zip(layout.atoms, layout.strides):
+        if atom.var != var:
+            continue
+        value = x if atom.step == 1 else fn.value(f"udiv i64 {x}, {atom.step}", "q")
+        if not atom.outer:
+            value = fn.value(f"urem i64 {value}, {atom.count}", "r")
+        if stride != 1:
+            value = fn.value(f"mul i64 {value}, {stride}", "w")
+        total = value if total is None else fn.value(f"add i64 {total}, {value}", "a")
+    return total or "0"
+
+
+def _emit_pack(module: "_Module", name: str, index: str, sizes: tuple[int, ...], layout: Layout) -> None:
+    """``void name(src, dst)``: copy a row-major tensor into ``layout`` (places that hold no
+    element are left as they are: no loop ever reads them)."""
+    fn = _Function(f"define void @{name}(ptr noalias %src, ptr noalias %dst) nounwind {{")
+    module.functions.append(fn)
+    row = {}
+    stride = 1
+    for var, size in zip(reversed(index), reversed(sizes)):
+        row[var] = stride
+        stride *= size
+    src, dst = "%src", "%dst"
+    loops = []
+    for var, size in zip(index[:-1], sizes[:-1]):
+        lp = fn.loop(size)
+        lp.__enter__()
+        loops.append(lp)
+        src = fn.advance(src, lp.iv, row[var])
+        dst = fn.value(f"getelementptr inbounds float, ptr {dst}, i64 {_runtime_offset(fn, layout, var, lp.iv)}", "p")
+    var, size = index[-1], sizes[-1]
+    points = layout.breakpoints(var)
+    if points:
+        chunk = max(d for d in range(1, min(points[0], PACK_CHUNK) + 1) if points[0] % d == 0)
+    else:
+        chunk = min(size, PACK_CHUNK)
+    step = layout.offset(var, 1) if chunk > 1 else 1  # the dst stride inside a chunk
+    width = module.target.vector_width
+
+    def block(src_ptr: str, dst_ptr: str, count: int) -> None:
+        if step == 1 and row[var] == 1:
+            lanes = _lanes_for(count, width)
+            for c in range(0, count, lanes):
+                value = _load(module, fn, src_ptr, c, lanes, min(lanes, count - c), 1, cache=False)
+                _store(module, fn, dst_ptr, c, lanes, min(lanes, count - c), value)
+        else:
+            for c in range(count):
+                value = _load(module, fn, src_ptr, c * row[var], 1, 1, 0, cache=False)
+                _store(module, fn, dst_ptr, c * step, 1, 1, value)
+
+    full, rem = divmod(size, chunk)
+    if full:
+        with fn.loop(full) as lp:
+            start = fn.value(f"mul i64 {lp.iv}, {chunk}", "x")
+            chunk_src = fn.advance(src, lp.iv, chunk * row[var])
+            chunk_dst = fn.value(f"getelementptr inbounds float, ptr {dst}, i64 {_runtime_offset(fn, layout, var, start)}", "p")
+            block(chunk_src, chunk_dst, chunk)
+    if rem:
+        block(fn.offset(src, full * chunk * row[var]), fn.offset(dst, layout.offset(var, full * chunk)), rem)
+    for lp in reversed(loops):
+        lp.__exit__(None, None, None)
+    fn.emit("ret void")
+    fn.lines.append("}")
+
+
+def bound_kernel_name(tensors) -> str:
+    """Entry point of the kernel whose inputs ``tensors`` arrive already packed."""
+    return KERNEL_NAME + "_bound_" + "_".join(sorted(tensors))
+
+
+def pack_function_name(tensor: str) -> str:
+    return f"looprl_pack_{tensor}"
 
 
 def generate_ir(nest: LoopNest, target: Target) -> str:
     """LLVM IR text of ``void looprl_kernel(in0, in1, out, acc, i64 reps)``.
 
-    ``acc`` is scratch space shaped like the output; ``reps`` >= 1 repeats the whole
-    computation (for timing)."""
+    ``acc`` is scratch space (the accumulator, shaped like the output, then the packed inputs:
+    :func:`workspace_layout`); ``reps`` >= 1 repeats the whole computation (for timing),
+    packing included. When inputs have layouts, the module also defines
+    ``looprl_pack_<in0|in1>(src, dst)`` and one ``looprl_kernel_bound_<inputs>`` entry per
+    non-empty set of packed inputs, which takes those inputs already packed."""
     module = _Module(target)
-    compute = _ComputeEmitter(module, nest)
-    write_back = _WriteBackEmitter(module, nest)
+    applied = layouts_applied(nest)
+    compute = _ComputeEmitter(module, nest, applied)
+    write_back = _WriteBackEmitter(module, nest, applied)
     params = ", ".join(f"ptr noalias %{t}" for t in TENSORS)
-    fn = _Function(f"define void @{KERNEL_NAME}({params}, i64 %reps) nounwind {{")
+    if applied:
+        fn = _Function(f"define internal void @looprl_body({params}) nounwind {{")
+    else:
+        fn = _Function(f"define void @{KERNEL_NAME}({params}, i64 %reps) nounwind {{")
     module.functions.append(fn)
-    output_bytes = 4
-    for dim in nest.problem.output:
-        output_bytes *= nest.problem.size(dim)
-    with fn.loop("%reps"):
+    output_bytes = 4 * workspace_layout(nest)["acc"][1]
+
+    def body() -> None:
         if not compute.plan.zero_init:
             module.declarations["llvm.memset"] = "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)"
             fn.emit(f"call void @llvm.memset.p0.i64(ptr align 4 %acc, i8 0, i64 {output_bytes}, i1 false)")
         compute.emit_outer(fn, 0, dict(compute.entry_budgets(0)), {t: f"%{t}" for t in compute.coefs})
         write_back.emit_outer(fn, 0, dict(write_back.entry_budgets(0)), {t: f"%{t}" for t in write_back.coefs})
+
+    if not applied:
+        with fn.loop("%reps"):
+            body()
+        fn.emit("ret void")
+        fn.lines.append("}")
+        return module.text()
+    body()
     fn.emit("ret void")
     fn.lines.append("}")
+    problem = nest.problem
+    packed = [t for t in ("in0", "in1") if t in applied]
+    places = workspace_layout(nest)
+    for tensor in packed:
+        index = nest.tensor_index(tensor)
+        _emit_pack(module, pack_function_name(tensor), index, problem.shape(index), applied[tensor])
+    subsets = [()] + [(t,) for t in packed] + ([tuple(packed)] if len(packed) == 2 else [])
+    for bound in subsets:
+        name = bound_kernel_name(bound) if bound else KERNEL_NAME
+        entry = _Function(f"define void @{name}({params}, i64 %reps) nounwind {{")
+        module.functions.append(entry)
+        pointers = {t: f"%{t}" for t in TENSORS}
+        for tensor in packed:
+            if tensor not in bound:
+                pointers[tensor] = entry.offset("%acc", places[tensor][0])
+        with entry.loop("%reps"):
+            for tensor in packed:
+                if tensor not in bound:
+                    entry.emit(f"call void @{pack_function_name(tensor)}(ptr %{tensor}, ptr {pointers[tensor]})")
+            entry.emit("call void @looprl_body(" + ", ".join(f"ptr {pointers[t]}" for t in TENSORS) + ")")
+        entry.emit("ret void")
+        entry.lines.append("}")
     return module.text()

@@ -37,19 +37,24 @@ class _Engine:
         self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), machine)
         self.modules = 0
 
-    def add(self, module, function: str) -> tuple[str, int]:
-        """Compile ``module`` into this engine; the unique name and address of its ``function``."""
-        try:
-            entry = module.get_function(function)
-        except NameError:
-            raise CompileError(f"the module defines no function {function!r}") from None
+    def add(self, module, function: str, extra: tuple[str, ...] = ()) -> tuple[str, int, dict[str, int]]:
+        """Compile ``module`` into this engine; the unique name and address of its ``function``
+        and the addresses of its ``extra`` external functions (by their names in the IR)."""
+        entries = {}
+        for name in (function, *extra):
+            try:
+                entries[name] = module.get_function(name)
+            except NameError:
+                raise CompileError(f"the module defines no function {name!r}") from None
         self.modules += 1
-        # Every module of an engine shares one symbol table: give the entry point a unique name.
-        unique = f"{function}.{self.modules}"
-        entry.name = unique
+        # Every module of an engine shares one symbol table: give the entry points unique names.
+        for name, entry in entries.items():
+            entry.name = f"{name}.{self.modules}"
         self._engine.add_module(module)
         self._engine.finalize_object()
-        return unique, self._engine.get_function_address(unique)
+        unique = f"{function}.{self.modules}"
+        others = {name: self._engine.get_function_address(f"{name}.{self.modules}") for name in extra}
+        return unique, self._engine.get_function_address(unique), others
 
     def address_of(self, name: str) -> int:
         return self._engine.get_function_address(name)
@@ -75,7 +80,7 @@ class CompiledModule:
     """A JIT-compiled module for ``target`` (default the host); keeps its engine alive for as
     long as code may run. Code for a target is compiled by that target's own engines."""
 
-    def __init__(self, ir_text: str, function: str, target: "Target | None" = None):
+    def __init__(self, ir_text: str, function: str, target: "Target | None" = None, extra: tuple[str, ...] = ()):
         initialise_llvm()
         self.target = _resolve(target)
         try:
@@ -88,7 +93,7 @@ class CompiledModule:
             if engine is None or engine.modules >= _Engine.capacity:
                 engine = _current_engines[self.target.key] = _Engine(self.target)
             self._engine = engine
-            self.entry, self.address = engine.add(module, function)
+            self.entry, self.address, self.addresses = engine.add(module, function, tuple(extra))
         if not self.address:
             raise CompileError(f"JIT produced no code for {function!r}")
 

@@ -17,6 +17,8 @@ from looprl.ir.nest import LoopNest
 MAX_REPS = 2**31 - 1  # reps reach the kernel as an i64 loop count; keep far from any wrap-around
 
 _SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+_PACK_SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+_INPUT_NAMES = {"a": "in0", "b": "in1", "in0": "in0", "in1": "in1"}
 
 
 class Kernel:
@@ -25,6 +27,10 @@ class Kernel:
 
     Inputs must be C-contiguous float32 arrays of the problem's shapes. ``target`` is the
     :class:`~looprl.backend.target.Target` the code was generated and compiled for.
+
+    When the schedule stores inputs in other layouts (:attr:`packed_inputs`), every call
+    converts them into the workspace first: the conversion is part of the kernel and of its
+    timed cost. :meth:`bind` converts a constant input (a weight) once instead.
     """
 
     def __init__(self, nest: LoopNest, ir: str, module: CompiledModule, compile_seconds: float):
@@ -35,6 +41,11 @@ class Kernel:
         self.compile_seconds = compile_seconds
         self._module = module  # keeps the machine code alive
         self._function = _SIGNATURE(module.address)
+        self.layouts = codegen.layouts_applied(nest)  # tensor -> Layout the code stores it in
+        self.packed_inputs = tuple(t for t in ("in0", "in1") if t in self.layouts)
+        self.workspace_elements = codegen.workspace_elements(nest)
+        self._entries = {name: _SIGNATURE(address) for name, address in module.addresses.items() if "_bound_" in name}
+        self._packers = {name: _PACK_SIGNATURE(address) for name, address in module.addresses.items() if "_pack_" in name}
 
     def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         out = aligned_empty(self.problem.output_shape)
@@ -54,17 +65,36 @@ class Kernel:
         if np.shares_memory(out, a) or np.shares_memory(out, b):
             raise ValueError("output array overlaps an input")
         if workspace is None:
-            workspace = aligned_empty(self.problem.output_shape)
+            workspace = aligned_empty(self.workspace_elements)
         else:
             self._check(workspace, "workspace", None)
-            if workspace.size < out.size:
-                raise ValueError(f"workspace has {workspace.size} elements; the output needs {out.size}")
+            if workspace.size < self.workspace_elements:
+                raise ValueError(f"workspace has {workspace.size} elements; this kernel needs {self.workspace_elements}")
             if not workspace.flags.writeable:
                 raise ValueError("workspace array is read-only")
             for what, array in (("the first input", a), ("the second input", b), ("the output", out)):
                 if np.shares_memory(workspace, array):
                     raise ValueError(f"workspace overlaps {what}; the kernel overwrites its workspace")
         self._function(a.ctypes.data, b.ctypes.data, out.ctypes.data, workspace.ctypes.data, reps)
+
+    def bind(self, **inputs: np.ndarray) -> "BoundKernel":
+        """Fix constant inputs (``a=`` / ``in0=`` the first, ``b=`` / ``in1=`` the second):
+        each is converted to its layout once, now; the returned callable takes only the
+        remaining inputs (positionally, in order) and does not convert the bound ones again.
+        The arrays are copied: changing them afterwards does not change the bound kernel."""
+        if not inputs:
+            raise ValueError("bind() needs at least one input: a= (the first) or b= (the second)")
+        bound: dict[str, np.ndarray] = {}
+        for name, array in inputs.items():
+            tensor = _INPUT_NAMES.get(name)
+            if tensor is None:
+                raise ValueError(f"bind() got an unknown input {name!r}; expected a/in0 (first input) or b/in1 (second)")
+            if tensor in bound:
+                raise ValueError(f"bind() got the {'first' if tensor == 'in0' else 'second'} input twice")
+            what = "first input" if tensor == "in0" else "second input"
+            self._check(array, what, self.problem.input_shapes[0 if tensor == "in0" else 1])
+            bound[tensor] = array
+        return BoundKernel(self, bound)
 
     def raw_call(self, pointers: tuple[int, int, int, int], reps: int) -> None:
         """Call with pre-validated buffer addresses (in0, in1, out, acc): for timing loops."""
@@ -87,6 +117,63 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<Kernel {self.problem.name} [{self.nest.key}] for {self.target.isa} compiled in {self.compile_seconds * 1e3:.2f} ms>"
+
+
+class BoundKernel:
+    """A :class:`Kernel` with some inputs fixed and already in their layouts (see
+    :meth:`Kernel.bind`): ``bound(x)`` returns the output for the remaining input ``x``."""
+
+    def __init__(self, kernel: Kernel, bound: dict[str, np.ndarray]):
+        self.kernel = kernel
+        self.bound = tuple(sorted(bound))
+        self.free = tuple(t for t in ("in0", "in1") if t not in bound)
+        self._buffers: dict[str, np.ndarray] = {}
+        converted = []
+        for tensor, array in bound.items():
+            if tensor in kernel.packed_inputs:
+                packed = aligned_empty(kernel.layouts[tensor].elements)
+                kernel._packers[codegen.pack_function_name(tensor)](array.ctypes.data, packed.ctypes.data)
+                self._buffers[tensor] = packed
+                converted.append(tensor)
+            else:  # used as given: keep a private copy
+                self._buffers[tensor] = np.array(array, dtype=np.float32, order="C", copy=True)
+        self.converted = tuple(sorted(converted))  # bound inputs converted once, here
+        self._function = kernel._entries[codegen.bound_kernel_name(self.converted)] if self.converted else kernel._function
+
+    def __call__(self, *inputs: np.ndarray) -> np.ndarray:
+        out = aligned_empty(self.kernel.problem.output_shape)
+        self.run(*inputs, out=out)
+        return out
+
+    def run(self, *inputs: np.ndarray, out: np.ndarray, reps: int = 1, workspace: np.ndarray | None = None) -> None:
+        """Compute into ``out`` (as :meth:`Kernel.run`, the bound inputs left out)."""
+        kernel = self.kernel
+        if len(inputs) != len(self.free):
+            names = " and ".join("the first input" if t == "in0" else "the second input" for t in self.free) or "no inputs"
+            raise ValueError(f"this bound kernel takes {names} ({len(self.free)} array(s)), got {len(inputs)}")
+        reps = _check_reps(reps)
+        arrays = dict(self._buffers)
+        for tensor, array in zip(self.free, inputs):
+            what = "first input" if tensor == "in0" else "second input"
+            kernel._check(array, what, kernel.problem.input_shapes[0 if tensor == "in0" else 1])
+            arrays[tensor] = array
+        kernel._check(out, "output", kernel.problem.output_shape)
+        if not out.flags.writeable:
+            raise ValueError("output array is read-only")
+        if any(np.shares_memory(out, a) for a in inputs):
+            raise ValueError("output array overlaps an input")
+        if workspace is None:
+            workspace = aligned_empty(kernel.workspace_elements)
+        else:
+            kernel._check(workspace, "workspace", None)
+            if workspace.size < kernel.workspace_elements or not workspace.flags.writeable:
+                raise ValueError(f"workspace must be a writeable array of at least {kernel.workspace_elements} elements")
+            if any(np.shares_memory(workspace, a) for a in (*inputs, out)):
+                raise ValueError("workspace overlaps an input or the output; the kernel overwrites its workspace")
+        self._function(arrays["in0"].ctypes.data, arrays["in1"].ctypes.data, out.ctypes.data, workspace.ctypes.data, reps)
+
+    def __repr__(self) -> str:
+        return f"<BoundKernel {self.kernel.problem.name} [{self.kernel.nest.key}] bound {', '.join(self.bound)}>"
 
 
 def _check_reps(reps) -> int:
@@ -113,7 +200,10 @@ def compile(nest: LoopNest, target: Target | str | None = None) -> Kernel:  # no
     target.check_runs_on_host()
     start = time.perf_counter()
     ir = codegen.generate_ir(nest, target)
-    module = CompiledModule(ir, codegen.KERNEL_NAME, target)
+    packed = [t for t in ("in0", "in1") if t in codegen.layouts_applied(nest)]
+    extra = [codegen.pack_function_name(t) for t in packed]
+    extra += [codegen.bound_kernel_name(s) for s in ([(t,) for t in packed] + ([tuple(packed)] if len(packed) == 2 else []))]
+    module = CompiledModule(ir, codegen.KERNEL_NAME, target, extra=tuple(extra))
     return Kernel(nest, ir, module, time.perf_counter() - start)
 
 

@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cold", action="store_true", help="give every search its own empty in-memory cache (comparable search times)")
     parser.add_argument("--verify-ms", type=float, default=100.0, help="re-measure the best schedule this long (0: skip)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--layouts", action="store_true", help="search data layouts (pack, pad) jointly with the loops")
+    parser.add_argument("--layout-stage", type=float, default=None, help="with --layouts: share of the budget for the joint stage, then loops only (ALT: 0.3)")
     parser.add_argument("--json", type=Path, default=None, help="single problem: result JSON (default search_<problem>_<algo>.json)")
     parser.add_argument("--csv", type=Path, default=None, help="dataset: results CSV (default search_<dataset>_<split>.csv)")
     parser.add_argument("--graph-dir", type=Path, default=None, help="also save each search graph here (node-link JSON)")
@@ -172,6 +174,8 @@ def _main(args) -> int:
         seed=args.seed,
         verify_s=args.verify_ms / 1000 if args.verify_ms > 0 else None,
     )
+    if args.layouts or args.layout_stage is not None:
+        settings.update(layouts=args.layouts, layout_stage=args.layout_stage)
     if args.cold and args.cache is not None:
         raise ValueError("--cold and --cache exclude each other")
     cache = cache_path(args.cache)

@@ -9,9 +9,19 @@ write-back loops). The actions, in this order:
 * ``split_<f>``: split the cursor loop (size s) into an outer loop of ``s // f`` iterations
   plus a tail and an inner loop of ``f``; the cursor stays on the outer loop.
 
+With ``layouts=True`` two data-layout actions follow (ALT's primitives, cursor-local):
+
+* ``pack``: tile every input the cursor's compute loop walks by that loop's step (for a loop
+  of step 1: by the step of the enclosing loop of its dimension, the tile it walks), the new
+  outer piece outermost and the tile innermost (:meth:`Layout.pack`: ALT's tiling template,
+  e.g. B[k, n] packed by a loop of step 16 becomes B[n/16, k, 16]);
+* ``pad``: pad the cursor loop's dimension, in every tensor where it is not the outermost
+  physical dimension, to a multiple of ``pad_multiple`` (the target's vector width).
+
 An action that cannot apply (moving past either end, a swap :meth:`LoopNest.swap` refuses, a
-factor larger than the loop, or a split that would exceed ``max_loops``) is invalid:
-:meth:`ActionSet.apply` returns None and the caller keeps the state.
+factor larger than the loop, a split that would exceed ``max_loops``, or a layout action that
+changes no tensor) is invalid: :meth:`ActionSet.apply` returns None and the caller keeps the
+state.
 """
 
 from __future__ import annotations
@@ -21,11 +31,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from looprl import defaults
-from looprl.ir.nest import LoopNest
+from looprl.ir.nest import LAYOUT_TENSORS, LoopNest
 from looprl.ir.problem import Problem
 
 MOVES = ("up", "down")
 SWAPS = ("swap_up", "swap_down")
+LAYOUT_ACTIONS = ("pack", "pad")
 MIN_FACTOR, MAX_FACTOR = 2, 64
 
 
@@ -44,7 +55,7 @@ class State:
 class ActionSet:
     """The discrete actions for a given set of split factors and loop bound."""
 
-    def __init__(self, split_factors=defaults.SPLIT_FACTORS, max_loops: int = defaults.MAX_LOOPS):
+    def __init__(self, split_factors=defaults.SPLIT_FACTORS, max_loops: int = defaults.MAX_LOOPS, layouts: bool = False, pad_multiple: int = 16):
         if isinstance(split_factors, (str, bytes)) or not hasattr(split_factors, "__iter__"):
             raise ValueError(f"split_factors must be a sequence of integers, got {split_factors!r}")
         factors = tuple(split_factors)
@@ -61,7 +72,16 @@ class ActionSet:
             raise ValueError(f"max_loops must be a positive integer, got {max_loops!r}")
         self.split_factors = tuple(int(f) for f in factors)
         self.max_loops = int(max_loops)
+        if not isinstance(layouts, (bool, np.bool_)):
+            raise ValueError(f"layouts must be True or False, got {layouts!r}")
+        if isinstance(pad_multiple, bool) or not isinstance(pad_multiple, (int, np.integer)) or pad_multiple < 2:
+            raise ValueError(f"pad_multiple must be an integer >= 2, got {pad_multiple!r}")
+        self.layouts = bool(layouts)
+        self.pad_multiple = int(pad_multiple)
         self.names = MOVES + SWAPS + tuple(f"split_{f}" for f in self.split_factors)
+        self._first_layout = len(self.names)
+        if self.layouts:
+            self.names += LAYOUT_ACTIONS
 
     def __len__(self) -> int:
         return len(self.names)
@@ -86,6 +106,8 @@ class ActionSet:
             return cursor + 1 < len(nest)
         if action in (2, 3):  # swap_up, swap_down
             return _can_swap(nest, cursor - 1 if action == 2 else cursor)
+        if action >= self._first_layout:
+            return self._layout_nest(nest, cursor, action) is not None
         return len(nest) + 1 <= self.max_loops and self.split_factors[action - 4] <= nest.loops[cursor].size
 
     def apply(self, state: State, action: int) -> State | None:
@@ -101,7 +123,38 @@ class ActionSet:
             return State(nest.swap(cursor - 1), cursor - 1)
         if action == 3:
             return State(nest.swap(cursor), cursor + 1)
+        if action >= self._first_layout:
+            return State(self._layout_nest(nest, cursor, action), cursor)
         return State(nest.split(cursor, self.split_factors[action - 4]), cursor)
+
+    def _layout_nest(self, nest: LoopNest, cursor: int, action: int) -> LoopNest | None:
+        """The nest after layout action ``action`` at ``cursor``, or None if it changes nothing."""
+        loop = nest.loops[cursor]
+        result = nest
+        if LAYOUT_ACTIONS[action - self._first_layout] == "pack":
+            step = loop.step
+            if step == 1:  # the tile this loop walks: the step of the loop of its dimension around it
+                around = [lp for lp in nest.compute[:cursor] if lp.var == loop.var]
+                step = around[-1].step if around else 1
+            if loop.is_write_back or step < 2:
+                return None
+            for tensor in ("in0", "in1"):
+                if loop.var in nest.tensor_index(tensor):
+                    try:
+                        result = result.layout_pack(tensor, loop.var, step)
+                    except ValueError:
+                        pass
+        else:  # pad
+            for tensor in LAYOUT_TENSORS:
+                if loop.var not in nest.tensor_index(tensor):
+                    continue
+                dim = result.layout(tensor).outer_dim(loop.var)
+                if dim:  # padding the outermost dimension would change no stride
+                    try:
+                        result = result.layout_pad(tensor, dim, self.pad_multiple)
+                    except ValueError:
+                        pass
+        return None if result is nest else result
 
     def mask(self, state: State) -> np.ndarray:
         """int8 array: 1 for each action that applies in ``state``."""

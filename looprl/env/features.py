@@ -12,7 +12,8 @@ The graph (LoopTune, Fig. 4) has three kinds of nodes and three kinds of edges:
 * ``kind="stride"`` edges from a loop to every tensor its statement accesses with a
   non-zero stride, carrying ``stride`` (elements between the addresses touched by two
   consecutive iterations: the coefficient of the loop's variable in the tensor's row-major
-  flattened index times the loop's step) and ``weight`` (how often that step happens: the
+  flattened index times the loop's step; for a tensor the kernel stores in another data
+  layout, the offset that one step moves in that layout) and ``weight`` (how often that step happens: the
   product of the trip counts of the loop and all loops outside it).
 
 Each loop's 16-bin stride histogram sums the weights of its stride edges into bin
@@ -30,6 +31,7 @@ import math
 import networkx as nx
 import numpy as np
 
+from looprl.backend.codegen import layouts_applied
 from looprl.ir.nest import COMPUTE, WRITE_BACK, LoopNest
 
 HISTOGRAM_BINS = 16
@@ -81,6 +83,10 @@ def nest_graph(nest: LoopNest, cursor: int | None = None) -> nx.DiGraph:
         for name in _WRITES[which]:
             graph.add_edge(stmt, ("tensor", name), kind="data")
 
+    applied = layouts_applied(nest) if nest.layouts else {}
+    layouts = {t: applied[t] for t in ("in0", "in1") if t in applied}
+    if "out" in applied:
+        layouts["acc"] = applied["out"]  # the output's layout is the accumulator's
     for which, stmt in ((COMPUTE, COMPUTE_STMT), (WRITE_BACK, WRITE_BACK_STMT)):
         loops = [(i, lp) for i, lp in enumerate(nest.loops) if lp.nest == which]
         accessed = sorted(set(_READS[which]) | set(_WRITES[which]))
@@ -105,7 +111,9 @@ def nest_graph(nest: LoopNest, cursor: int | None = None) -> nx.DiGraph:
             for name in accessed:
                 coefficient = coefficients[name].get(loop.var, 0)
                 if coefficient:
-                    graph.add_edge(node, ("tensor", name), kind="stride", stride=coefficient * loop.step, weight=outer_trips)
+                    layout = layouts.get(name)
+                    stride = coefficient * loop.step if layout is None else layout.offset(loop.var, loop.step)
+                    graph.add_edge(node, ("tensor", name), kind="stride", stride=stride, weight=outer_trips)
         graph.add_edge(previous, stmt, kind="nest")
     return graph
 

@@ -22,9 +22,11 @@ step applies one discrete action (see :mod:`looprl.actions`): ``up``, ``down``, 
   reward 0, logs a warning and reports ``info["error"]``; ``step`` does not raise.
 
 ``info`` holds ``gflops`` (current state), ``peak``, ``problem``, ``nest`` (pseudo-code),
-``schedule`` (cache key), ``cursor``, ``action`` (name), ``valid``, ``from_cache`` (whether
-the measurement came from the cache; None when nothing was measured), ``predicted`` (whether
-the step's GFLOPS came from the reward model), ``error`` and ``action_mask``.
+``schedule`` (cache key), ``layout_conversions`` (which data-layout conversions the measured
+figure includes: :func:`looprl.backend.codegen.conversions`), ``cursor``, ``action`` (name),
+``valid``, ``from_cache`` (whether the measurement came from the cache; None when nothing was
+measured), ``predicted`` (whether the step's GFLOPS came from the reward model), ``error`` and
+``action_mask``.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import numpy as np
 from gymnasium import spaces
 
 from looprl import defaults
+from looprl.backend.codegen import conversions
 from looprl.backend.target import Target
 from looprl.env.actions import ActionSet, State
 from looprl.env.datasets import dataset_problems
@@ -118,6 +121,12 @@ class LoopNestEnv(gym.Env):
         measure_fraction: with ``reward="model"``, the probability that a new schedule (not in
             the cache) is measured rather than predicted.
         refit_every: with ``reward="model"``, new measurements between refits of the model.
+        layouts: add the data-layout actions ``pack`` and ``pad`` after the splits (see
+            :mod:`looprl.env.actions`; pad rounds to the target's vector width). Off by
+            default: the paper's action space. The observation keeps its shape; its stride
+            histograms show the strides of the layouts the kernel uses. A packed input's
+            conversion is measured as part of the kernel unless the problem declares it
+            constant.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}  # fps: for video recorders only
@@ -142,6 +151,7 @@ class LoopNestEnv(gym.Env):
         model=None,
         measure_fraction: float = DEFAULT_MEASURE_FRACTION,
         refit_every: int = DEFAULT_REFIT_EVERY,
+        layouts: bool = False,
     ):
         self.problems = env_problems(dataset, split, problems)
         self.reward, self.measure_fraction, refit_every = check_reward(reward, model, measure_fraction, refit_every)
@@ -153,7 +163,9 @@ class LoopNestEnv(gym.Env):
             raise ValueError(f"episode_length must be a positive integer, got {episode_length!r}")
         if render_mode is not None and (not isinstance(render_mode, str) or render_mode not in self.metadata["render_modes"]):
             raise ValueError(f"unknown render_mode {render_mode!r}; supported: ansi")
-        self.actions = ActionSet(split_factors, max_loops)
+        if not isinstance(layouts, (bool, np.bool_)):
+            raise ValueError(f"layouts must be True or False, got {layouts!r}")
+        self.actions = ActionSet(split_factors, max_loops)  # validates the arguments first
         self.max_loops = self.actions.max_loops
         for problem in self.problems:
             self.actions.check_fits(problem)
@@ -166,6 +178,8 @@ class LoopNestEnv(gym.Env):
             peak = check_budget(peak, "peak", unit="GFLOPS")
         self.evaluator = Evaluator(cache, measure_budget_s, target=target, samples=measure_samples)
         self.target = self.evaluator.target
+        if layouts:
+            self.actions = ActionSet(split_factors, max_loops, layouts=True, pad_multiple=max(self.target.vector_width, 2))
         self.peak = peak if peak is not None else peak_gflops(target=self.target, cache=self.evaluator.cache)
         # reward="model": predicts most new states' GFLOPS; its own generator draws which to measure.
         self.surrogate = None if self.reward == "measured" else make_reward_model(model, self.evaluator, refit_every=refit_every, seed=None)
@@ -338,6 +352,7 @@ class LoopNestEnv(gym.Env):
             "problem": nest.problem.name,
             "nest": nest.to_text(self._state.cursor),
             "schedule": nest.key,
+            "layout_conversions": conversions(nest),  # inputs converted inside the timed kernel, or once
             "cursor": self._state.cursor,
             "action": None if action is None else self.actions.names[action],
             "valid": valid,

@@ -13,6 +13,12 @@ then one tail iteration over the remaining ``budget % s`` elements (if any). The
 loop of a dimension has the whole extent as budget; every other loop gets the step of the
 loop of the same dimension around it (or, inside a tail iteration, the smaller remainder).
 ``tail`` is the remainder in the full (non-tail) context, in elements.
+
+A schedule also carries the data layout of each tensor (``in0``, ``in1``, ``out``: see
+:mod:`looprl.ir.layout`); a tensor not listed in :attr:`LoopNest.layouts` is row-major. The
+output's layout is the accumulator's (the write-back nest unpacks it into the row-major
+output array). Layouts appear in :attr:`LoopNest.key` only when some tensor has one, so keys
+of row-major schedules are unchanged.
 """
 
 from __future__ import annotations
@@ -21,11 +27,14 @@ import re
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+from looprl import defaults
 from looprl.ir.integers import as_int
-from looprl.ir.problem import Problem
+from looprl.ir.layout import Layout
+from looprl.ir.problem import FLOAT32_BYTES, Problem
 
 COMPUTE = "compute"
 WRITE_BACK = "write_back"
+LAYOUT_TENSORS = ("in0", "in1", "out")
 _KEY_LOOP_RE = re.compile(r"([a-z])([0-9]+)s([0-9]+)(?:t([0-9]+))?", re.ASCII)
 
 
@@ -68,6 +77,7 @@ class LoopNest:
     problem: Problem
     compute: tuple[Loop, ...]
     write_back: tuple[Loop, ...]
+    layouts: tuple[tuple[str, Layout], ...] = ()  # non-row-major tensors, in LAYOUT_TENSORS order
 
     @staticmethod
     def initial(problem: Problem) -> "LoopNest":
@@ -85,10 +95,11 @@ class LoopNest:
         Anything else is a :class:`ValueError` naming the key."""
         if not isinstance(problem, Problem):
             raise ValueError(f"expected a Problem, got {type(problem).__name__}")
-        if not isinstance(key, str) or key.count("|") != 1:
+        if not isinstance(key, str) or key.count("|") not in (1, 2):
             raise ValueError(f"bad schedule key {key!r}: expected 'compute loops|write-back loops', e.g. 'm8s1,n8s1|m8s1,n8s1'")
         parts = []
-        for text, which, dims in zip(key.split("|"), (COMPUTE, WRITE_BACK), (problem.dims, tuple(problem.output))):
+        texts = key.split("|")
+        for text, which, dims in zip(texts[:2], (COMPUTE, WRITE_BACK), (problem.dims, tuple(problem.output))):
             loops = []
             for item in text.split(",") if text else ():
                 match = _KEY_LOOP_RE.fullmatch(item)
@@ -98,7 +109,25 @@ class LoopNest:
                 loops.append(Loop(var, int(size), int(step), int(tail or 0), which))
             _check_chains(problem, loops, dims, which, key)
             parts.append(tuple(loops))
-        return LoopNest(problem, parts[0], parts[1])
+        nest = LoopNest(problem, parts[0], parts[1])
+        if len(texts) == 3:
+            for item in texts[2].split(";"):
+                tensor, equals, text = item.partition("=")
+                if not equals or tensor not in LAYOUT_TENSORS:
+                    raise ValueError(f"bad layout {item!r} in schedule key {key!r}: expected <in0|in1|out>=<layout>")
+                if dict(nest.layouts).get(tensor) is not None:
+                    raise ValueError(f"schedule key {key!r} gives the layout of {tensor} twice")
+                index = nest.tensor_index(tensor)
+                try:
+                    layout = Layout.from_key(index, problem.shape(index), text)
+                except ValueError as error:
+                    raise ValueError(f"schedule key {key!r}: {error}") from None
+                if layout.is_row_major:
+                    raise ValueError(f"schedule key {key!r} lists the row-major layout of {tensor}; leave it out")
+                nest = nest.with_layout(tensor, layout)
+            if nest.key != key:
+                raise ValueError(f"schedule key {key!r} is not canonical (expected {nest.key!r})")
+        return nest
 
     # -- views -----------------------------------------------------------------
     @property
@@ -115,7 +144,60 @@ class LoopNest:
         def part(loops: tuple[Loop, ...]) -> str:
             return ",".join(f"{lp.var}{lp.size}s{lp.step}" + (f"t{lp.tail}" if lp.tail else "") for lp in loops)
 
-        return part(self.compute) + "|" + part(self.write_back)
+        text = part(self.compute) + "|" + part(self.write_back)
+        if self.layouts:
+            text += "|" + ";".join(f"{t}={layout.key}" for t, layout in self.layouts)
+        return text
+
+    # -- layouts -----------------------------------------------------------------
+    def tensor_index(self, tensor: str) -> str:
+        """Index letters of ``in0``, ``in1`` or ``out``."""
+        if tensor == "in0":
+            return self.problem.operands[0]
+        if tensor == "in1":
+            return self.problem.operands[1]
+        if tensor == "out":
+            return self.problem.output
+        raise ValueError(f"unknown tensor {tensor!r}; expected one of {', '.join(LAYOUT_TENSORS)}")
+
+    def layout(self, tensor: str) -> Layout:
+        """The layout of ``tensor`` (row-major unless set)."""
+        found = dict(self.layouts).get(tensor)
+        if found is not None:
+            return found
+        index = self.tensor_index(tensor)
+        return Layout.row_major(index, self.problem.shape(index))
+
+    def with_layout(self, tensor: str, layout: Layout) -> "LoopNest":
+        """This schedule with ``tensor`` stored in ``layout``."""
+        index = self.tensor_index(tensor)
+        if not isinstance(layout, Layout) or layout.index != index or layout.sizes != self.problem.shape(index):
+            raise ValueError(f"{layout!r:.200} is not a layout of {tensor} ({index}, shape {self.problem.shape(index)})")
+        if layout.elements * FLOAT32_BYTES > defaults.MAX_BUFFER_BYTES:
+            raise ValueError(
+                f"layout {layout.key!r} of {tensor} takes {layout.elements} floats, more than "
+                f"looprl.defaults.MAX_BUFFER_BYTES = {defaults.MAX_BUFFER_BYTES} bytes"
+            )
+        layouts = dict(self.layouts)
+        layouts.pop(tensor, None)
+        if not layout.is_row_major:
+            layouts[tensor] = layout
+        return replace(self, layouts=tuple((t, layouts[t]) for t in LAYOUT_TENSORS if t in layouts))
+
+    def layout_split(self, tensor: str, dim: int, factor: int) -> "LoopNest":
+        return self.with_layout(tensor, self.layout(tensor).split(dim, factor))
+
+    def layout_reorder(self, tensor: str, perm) -> "LoopNest":
+        return self.with_layout(tensor, self.layout(tensor).reorder(perm))
+
+    def layout_fuse(self, tensor: str, dim: int) -> "LoopNest":
+        return self.with_layout(tensor, self.layout(tensor).fuse(dim))
+
+    def layout_pad(self, tensor: str, dim: int, multiple: int) -> "LoopNest":
+        return self.with_layout(tensor, self.layout(tensor).pad(dim, multiple))
+
+    def layout_pack(self, tensor: str, var: str, step: int) -> "LoopNest":
+        return self.with_layout(tensor, self.layout(tensor).pack(var, step))
 
     def to_text(self, cursor: int | None = None) -> str:
         """Readable pseudo-code; ``cursor`` marks one loop index with ``<-``."""
@@ -128,6 +210,8 @@ class LoopNest:
         for depth, (index, loop) in enumerate(self._indexed(WRITE_BACK)):
             lines.append(self._line(depth, index, loop, cursor))
         lines.append("  " * len(self.write_back) + f"out[{out}] = {acc}[{out}]")
+        for tensor, layout in self.layouts:
+            lines.append(f"# layout {tensor}{'/acc' if tensor == 'out' else ''}: {layout.describe()}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -193,8 +277,10 @@ class LoopNest:
                 nest = nest.split(*args)
             elif name == "swap":
                 nest = nest.swap(*args)
+            elif name in ("layout_split", "layout_reorder", "layout_fuse", "layout_pad", "layout_pack"):
+                nest = getattr(nest, name)(*args)
             else:
-                raise ValueError(f"unknown transform {name!r}; expected 'split' or 'swap'")
+                raise ValueError(f"unknown transform {name!r}; expected 'split', 'swap' or a layout_* transform")
         return nest
 
 

@@ -27,14 +27,31 @@ class Problem:
     :func:`contraction`. Construction validates the spec and the sizes, stores the sizes as
     Python ints in first-appearance order, and refuses problems whose buffers would not fit
     in :data:`looprl.defaults.MAX_BUFFER_BYTES` or whose indices would overflow ``i64``.
+
+    ``constant`` names inputs (``"in0"``, ``"in1"``) that stay the same from call to call (a
+    weight, as in ALT): a schedule that stores one in another layout converts it once, when
+    the kernel is bound to it, so its conversion is not part of the measured time. It is part
+    of :attr:`name` (``...;const=in1``) only when set.
     """
 
     spec: str
     sizes: tuple[tuple[str, int], ...]
+    constant: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         sizes = _validate(self.spec, _size_pairs(self.sizes))
         object.__setattr__(self, "sizes", tuple((d, sizes[d]) for d in _first_appearance(self.spec)))
+        constant = self.constant
+        if isinstance(constant, str):
+            constant = (constant,)
+        try:
+            names = set(constant)
+        except TypeError:
+            raise ValueError(f"constant must be a sequence of input names ('in0', 'in1'), got {self.constant!r}") from None
+        names = {_INPUT_ALIASES.get(n, n) if isinstance(n, str) else n for n in names}
+        if not names <= {"in0", "in1"}:
+            raise ValueError(f"constant inputs must be 'in0'/'a' (the first) or 'in1'/'b' (the second), got {self.constant!r}")
+        object.__setattr__(self, "constant", tuple(sorted(names)))
 
     # -- structure -----------------------------------------------------------------
     @cached_property
@@ -81,14 +98,20 @@ class Problem:
     @property
     def name(self) -> str:
         """Stable, human-readable identifier, e.g. ``mk,kn->mn:m=64,k=32,n=16``."""
-        return f"{self.spec}:" + ",".join(f"{d}={self.size(d)}" for d in self.dims)
+        text = f"{self.spec}:" + ",".join(f"{d}={self.size(d)}" for d in self.dims)
+        if self.constant:
+            text += ";const=" + ",".join(self.constant)
+        return text
 
     def __str__(self) -> str:
         return self.name
 
 
 
-def contraction(spec: str, /, sizes: Mapping[str, int] | None = None, **dims: int) -> Problem:
+_INPUT_ALIASES = {"a": "in0", "b": "in1"}
+
+
+def contraction(spec: str, /, sizes: Mapping[str, int] | None = None, *, constant=(), **dims: int) -> Problem:
     """A contraction of two inputs in einsum notation, e.g.
     ``contraction("bmk,bkn->bmn", b=4, m=64, k=32, n=16)``.
 
@@ -103,12 +126,13 @@ def contraction(spec: str, /, sizes: Mapping[str, int] | None = None, **dims: in
     if twice:
         raise ValueError(f"size(s) of {twice} given both in the sizes mapping and as keywords")
     merged.update(dims)
-    return Problem(spec.replace(" ", ""), tuple(merged.items()))
+    return Problem(spec.replace(" ", ""), tuple(merged.items()), constant)
 
 
-def matmul(m: int, n: int, k: int) -> Problem:
-    """``C[m, n] = A[m, k] @ B[k, n]``; note the argument order (m, n, k)."""
-    return contraction("mk,kn->mn", m=m, n=n, k=k)
+def matmul(m: int, n: int, k: int, *, constant=()) -> Problem:
+    """``C[m, n] = A[m, k] @ B[k, n]``; note the argument order (m, n, k). ``constant``:
+    inputs that are weights (``"b"`` for B), see :class:`Problem`."""
+    return contraction("mk,kn->mn", m=m, n=n, k=k, constant=constant)
 
 
 def parse_problem(text: str) -> Problem:
@@ -119,6 +143,10 @@ def parse_problem(text: str) -> Problem:
     if not isinstance(text, str):
         raise ValueError(f"expected a problem string like '128x64x256' or 'mk,kn->mn:m=..,k=..,n=..', got {type(text).__name__}")
     text = text.strip()
+    if ";const=" in text:
+        base, _, names = text.partition(";const=")
+        problem = parse_problem(base)
+        return Problem(problem.spec, problem.sizes, tuple(n.strip() for n in names.split(",")))
     if ":" in text:
         spec, _, rest = text.partition(":")
         sizes: dict[str, int] = {}

@@ -52,8 +52,10 @@ class SearchContext:
         max_evaluations: int | None,
         progress: Callable[["SearchContext"], None] | None = None,
         progress_every_s: float = 5.0,
+        start: LoopNest | None = None,
     ):
         self.problem = problem
+        self.start = start if start is not None else initial_nest(problem)  # the root's schedule
         self.actions = actions
         self.evaluator = evaluator
         self.budget_s = budget_s
@@ -94,7 +96,7 @@ class SearchContext:
         """The initial state, evaluated whatever the budget (once: later calls return it)."""
         if self._root is not None:
             return self._root
-        state = State(initial_nest(self.problem), 0)
+        state = State(self.start, 0)
         node = Node(state, (), self._value(state, force=True))
         self.graph.add_node(node_id(state), gflops=node.gflops, schedule=state.nest.key, cursor=0, depth=0)
         self._offer(node)

@@ -12,6 +12,7 @@ import networkx as nx
 import numpy as np
 
 from looprl import defaults
+from looprl.backend.codegen import conversions
 from looprl.backend.kernel import compile
 from looprl.env.actions import ActionSet
 from looprl.errors import CompileError, KernelError
@@ -61,6 +62,7 @@ class SearchResult:
             "initial_gflops": self.initial_gflops,
             "speedup": self.speedup,
             "best_schedule": self.best_nest.key,
+            "layout_conversions": conversions(self.best_nest),  # which are in the timed figures
             "best_nest": self.best_nest.to_text(),
             "actions": list(self.actions),
             "evaluations": self.evaluations,
@@ -109,6 +111,8 @@ def run(
     progress: Callable[[SearchContext], None] | None = None,
     verify_s: float | None = 0.1,
     target=None,
+    layouts: bool = False,
+    layout_stage: float | None = None,
     **options: Any,
 ) -> SearchResult:
     """Search ``problem``'s schedules with ``algo`` (``greedy1``, ``greedy2``, ``beam2dfs``,
@@ -125,6 +129,14 @@ def run(
     again (at least three fresh timings, about ``verify_s`` seconds, outside the search
     budget; None skips it) and the best fresh timing is reported as ``verified_gflops``; the
     new timings are added to the winner's samples in the cache.
+
+    ``layouts=True`` searches loops and data layouts jointly: the actions include ``pack`` and
+    ``pad`` (:mod:`looprl.env.actions`; a packed input's conversion is part of the measured
+    kernel unless the problem declares it constant). ``layout_stage`` (a fraction in (0, 1),
+    with ``layouts=True`` and a ``budget_s``) is ALT's two-stage budget: the joint search
+    gets that share of the budget, then a loops-only search continues from its best schedule
+    (layouts kept) with the rest; ``actions`` then lists both stages (``up`` moves return the
+    cursor to loop 0 between them).
 
     Further keyword ``options`` go to the algorithm (``autotvm`` takes ``transfer=True``,
     ``batch_size`` and more: see :func:`looprl.search.autotvm.autotvm`); the others take none."""
@@ -143,22 +155,56 @@ def run(
         raise ValueError(f"evaluator must be an Evaluator (callable on a LoopNest) or None, got {type(evaluator).__name__}")
     if progress is not None and not callable(progress):
         raise ValueError(f"progress must be a callable or None, got {type(progress).__name__}")
+    if not isinstance(layouts, (bool, np.bool_)):
+        raise ValueError(f"layouts must be True or False, got {layouts!r}")
+    if layout_stage is not None:
+        if not layouts or budget_s is None:
+            raise ValueError("layout_stage needs layouts=True and a budget_s to divide")
+        if isinstance(layout_stage, bool) or not isinstance(layout_stage, (int, float)) or not 0 < layout_stage < 1:
+            raise ValueError(f"layout_stage must be a fraction strictly between 0 and 1, got {layout_stage!r}")
     actions = ActionSet(split_factors, max_loops)
     actions.check_fits(problem)
     evaluator = evaluator if evaluator is not None else Evaluator(cache, measure_budget_s, target=target)
-    context = SearchContext(problem, actions, evaluator, budget_s, max_evaluations, progress)
-    context.root()
-    stopped = "done"
-    try:
-        function(context, depth, np.random.default_rng(seed), **options)
-    except BudgetExhausted as reason:
-        stopped = str(reason)
-    except KeyboardInterrupt:
-        stopped = "interrupted"
-    best = context.best
-    elapsed = context.elapsed_s
-    context.curve.append((elapsed, context.evaluations, best.gflops))
-    root_value = context.values[initial_nest(problem).key]
+    if layouts:
+        width = getattr(getattr(evaluator, "target", None), "vector_width", 16)
+        loop_actions, actions = actions, ActionSet(split_factors, max_loops, layouts=True, pad_multiple=max(width, 2))
+    stages = [(actions, budget_s, max_evaluations)]
+    if layout_stage is not None:
+        stages = [(actions, budget_s * layout_stage, max_evaluations), (loop_actions, budget_s * (1 - layout_stage), max_evaluations)]
+    start, path_names, offset_s, offset_evals, new_measurements, failures = None, [], 0.0, 0, 0, 0
+    curve, graph = [], None
+    values: dict[str, float] = {}
+    previous_cursor = 0  # where the previous stage's best state left the cursor
+    for stage_actions, stage_budget, stage_evals in stages:
+        context = SearchContext(problem, stage_actions, evaluator, stage_budget, stage_evals, progress, start=start)
+        context.values.update(values)  # schedules the first stage evaluated count once
+        context.root()
+        stopped = "done"
+        try:
+            function(context, depth, np.random.default_rng(seed), **options)
+        except BudgetExhausted as reason:
+            stopped = str(reason)
+        except KeyboardInterrupt:
+            stopped = "interrupted"
+        best = context.best
+        if start is None:
+            root_value = context.values[initial_nest(problem).key]
+        else:
+            path_names += ["up"] * previous_cursor
+        path_names += [stage_actions.names[a] for a in best.path]
+        previous_cursor = best.state.cursor
+        curve += [(offset_s + t, e, g) for t, e, g in context.curve]
+        offset_s += context.elapsed_s
+        offset_evals = context.evaluations
+        values = context.values
+        new_measurements += context.new_measurements
+        failures += context.failures
+        graph = context.graph if graph is None else nx.compose(graph, context.graph)
+        start = best.state.nest
+        if stopped == "interrupted":
+            break
+    elapsed = offset_s
+    curve.append((elapsed, offset_evals, best.gflops))
     verified = None
     if verify_s is not None and stopped != "interrupted":
         verified = _verify(best.state.nest, verify_s, evaluator)
@@ -168,14 +214,14 @@ def run(
         best_nest=best.state.nest,
         best_gflops=best.gflops,
         initial_gflops=root_value,
-        actions=tuple(actions.names[a] for a in best.path),
-        evaluations=context.evaluations,
-        new_measurements=context.new_measurements,
-        failures=context.failures,
+        actions=tuple(path_names),
+        evaluations=offset_evals,
+        new_measurements=new_measurements,
+        failures=failures,
         elapsed_s=elapsed,
         stopped=stopped,
         verified_gflops=verified,
-        curve=tuple(context.curve),
+        curve=tuple(curve),
         settings={
             "budget_s": budget_s,
             "max_evaluations": max_evaluations,
@@ -186,9 +232,10 @@ def run(
             "target": getattr(getattr(evaluator, "target", None), "isa", None),
             "seed": seed,
             "verify_s": verify_s,
+            **({"layouts": True, "layout_stage": layout_stage} if layouts else {}),
             **({"options": options} if function is autotvm else {}),
         },
-        graph=context.graph,
+        graph=graph,
     )
 
 

@@ -1,0 +1,236 @@
+"""Data layouts in generated code: random layouts x random loop schedules compute what numpy
+computes, stay in bounds, and bind() converts constant inputs once."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import looprl
+from looprl.backend import codegen
+from looprl.backend.target import TARGET_NAMES, Target
+from looprl.ir.nest import LAYOUT_TENSORS
+from tests.guarded import GuardedArray
+from tests.test_codegen_correctness import actions, apply_actions, assert_matches, random_inputs, reference
+
+PROBLEMS = [
+    looprl.matmul(67, 100, 50),  # no split divides these
+    looprl.matmul(64, 48, 32),
+    looprl.matmul(1, 33, 7),
+    looprl.contraction("bmk,bkn->bmn", b=3, m=17, k=9, n=35),  # batched
+    looprl.contraction("mk,k->m", m=37, k=50),
+    looprl.contraction("mk,nk->mn", m=20, n=30, k=19),
+    looprl.contraction("abcd,cde->abe", a=3, b=4, c=5, d=6, e=17),
+]
+HOST_TARGETS = [Target.named(n) for n in TARGET_NAMES if not Target.named(n).missing_on_host()]
+
+layout_steps = st.lists(
+    st.tuples(
+        st.sampled_from(LAYOUT_TENSORS),
+        st.sampled_from(["split", "reorder", "fuse", "pad", "pack", "pack", "align"]),
+        st.integers(0, 30),
+        st.sampled_from([2, 3, 4, 5, 8, 16]),
+    ),
+    max_size=8,
+)
+
+
+def apply_layouts(nest, steps, rng_seed=0):
+    """Apply random layout primitives; ``pack``/``align`` tile by the step of a loop of the
+    schedule (so that the layout is often walked affinely and used); refusals are skipped."""
+    rng = np.random.default_rng(rng_seed)
+    for tensor, kind, index, factor in steps:
+        layout = nest.layout(tensor)
+        dims = len(layout.dims)
+        try:
+            if kind == "split":
+                nest = nest.layout_split(tensor, index % dims, factor)
+            elif kind == "reorder":
+                nest = nest.layout_reorder(tensor, rng.permutation(dims))
+            elif kind == "fuse":
+                nest = nest.layout_fuse(tensor, index % dims)
+            elif kind == "pad":
+                nest = nest.layout_pad(tensor, index % dims, factor)
+            else:
+                loops = nest.compute if kind == "pack" or tensor != "out" else nest.write_back
+                loops = [lp for lp in loops if lp.var in nest.tensor_index(tensor) and lp.step > 1]
+                if loops:
+                    loop = loops[index % len(loops)]
+                    nest = nest.layout_pack(tensor, loop.var, loop.step)
+        except ValueError:
+            pass
+    return nest
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    problem=st.sampled_from(PROBLEMS),
+    steps=actions,
+    layouts=layout_steps,
+    seed=st.integers(0, 2**16),
+    target=st.sampled_from(HOST_TARGETS),
+)
+def test_random_layouts_and_schedules_match_numpy(problem, steps, layouts, seed, target):
+    nest = apply_layouts(apply_actions(looprl.initial_nest(problem), steps), layouts, seed)
+    a, b = random_inputs(problem, seed)
+    kernel = looprl.compile(nest, target=target)
+    assert set(kernel.layouts) <= {t for t, _ in nest.layouts}
+    assert_matches(problem, kernel, a, b)
+
+
+def pack_every_tiled_loop(nest, reorder_seed: int):
+    """ALT's template everywhere: pack each tensor by every loop step that walks it (innermost
+    loops first: nested tiles), then shuffle the output's physical dimensions: layouts the loops walk
+    affinely, so the kernel uses them."""
+    rng = np.random.default_rng(reorder_seed)
+    for tensor in LAYOUT_TENSORS:
+        loops = nest.write_back if tensor == "out" else nest.compute
+        for loop in reversed(loops):
+            if loop.step > 1 and loop.var in nest.tensor_index(tensor):
+                try:
+                    nest = nest.layout_pack(tensor, loop.var, loop.step)
+                except ValueError:
+                    pass
+    out_dims = len(nest.layout("out").dims)
+    return nest.layout_reorder("out", rng.permutation(out_dims))
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=st.sampled_from(PROBLEMS), steps=actions, seed=st.integers(0, 2**16), target=st.sampled_from(HOST_TARGETS))
+def test_packed_tiles_match_numpy_and_are_used(problem, steps, seed, target):
+    nest = apply_actions(looprl.initial_nest(problem), steps)
+    wb = len(nest.compute)
+    for i, loop in enumerate(nest.write_back):  # tile the write-back like the compute nest
+        tiled = [lp for lp in nest.compute if lp.var == loop.var and lp.step > 1]
+        if tiled and tiled[-1].step < loop.size and len(nest) < 12:
+            nest = nest.split(wb + i, tiled[-1].step)
+            break
+    nest = pack_every_tiled_loop(nest, seed)
+    kernel = looprl.compile(nest, target=target)
+    def chained(var):  # each loop's step divides the step of the loop around it
+        steps = [lp.step for lp in nest.compute if lp.var == var]
+        return all(outer % inner == 0 for outer, inner in zip(steps, steps[1:]))
+
+    for tensor, layout in nest.layouts:
+        if tensor != "out" and all(chained(v) for v in layout.index):  # tiles the loops make: used
+            assert tensor in kernel.layouts, (nest.key, tensor)
+    a, b = random_inputs(problem, seed)
+    assert_matches(problem, kernel, a, b)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=st.sampled_from(PROBLEMS), steps=actions, layouts=layout_steps, side=st.sampled_from(["start", "end"]))
+def test_layout_kernels_stay_in_bounds(problem, steps, layouts, side):
+    """Inputs, output and the workspace (accumulator and packed inputs) sit against
+    inaccessible pages; the packed inputs are also bound once."""
+    nest = apply_layouts(apply_actions(looprl.initial_nest(problem), steps), layouts)
+    kernel = looprl.compile(nest)
+    shapes = (*problem.input_shapes, problem.output_shape, (kernel.workspace_elements,))
+    guards = [GuardedArray(shape, side) for shape in shapes]
+    try:
+        a, b, out, work = (g.array for g in guards)
+        a[...], b[...] = random_inputs(problem, 1)
+        kernel.run(a, b, out, reps=2, workspace=work)
+        np.testing.assert_allclose(out, reference(problem, a, b), atol=1e-3)
+        out[...] = np.nan
+        kernel.bind(b=b).run(a, out=out, workspace=work)
+        np.testing.assert_allclose(out, reference(problem, a, b), atol=1e-3)
+    finally:
+        for g in guards:
+            g.release()
+
+
+def packed_matmul(pack_a: bool = False):
+    """67x139x229 with B packed in panels of 16 columns and the accumulator stored n-block
+    major (padded); ``pack_a`` also splits k by 16 and packs A's k in blocks of 16."""
+    problem = looprl.matmul(67, 139, 229)
+    nest = looprl.initial_nest(problem).split(2, 16).swap(1)  # m, n/16, k, n16
+    if pack_a:
+        nest = nest.split(2, 16)  # m, n/16, k/16, k16, n16
+    wb = len(nest.compute) + 1
+    nest = nest.split(wb, 16)  # the write-back walks n in blocks of 16 too
+    nest = nest.layout_pack("in1", "n", 16)
+    if pack_a:
+        nest = nest.layout_pack("in0", "k", 16)
+    return nest.layout_split("out", 1, 16).layout_reorder("out", (1, 0, 2)).layout_pad("out", 1, 8)
+
+
+def test_a_packed_schedule_uses_its_layouts_and_converts_inside_the_kernel():
+    nest = packed_matmul()
+    kernel = looprl.compile(nest)
+    assert kernel.packed_inputs == ("in1",) and set(kernel.layouts) == {"in1", "out"}
+    assert "@looprl_pack_in1" in kernel.ir and "call void @looprl_pack_in1" in kernel.ir
+    assert kernel.workspace_elements > nest.layout("out").elements  # the packed B lives there too
+    a, b = random_inputs(nest.problem, 2)
+    assert_matches(nest.problem, kernel, a, b)
+
+
+def test_a_layout_the_loops_do_not_walk_affinely_is_inert_and_correct():
+    problem = looprl.matmul(40, 64, 24)
+    nest = looprl.initial_nest(problem).layout_pack("in1", "n", 16)  # n walked by one unsplit loop
+    assert not codegen.layout_applies(nest, "in1")
+    kernel = looprl.compile(nest)
+    assert kernel.packed_inputs == () and kernel.workspace_elements == 40 * 64
+    a, b = random_inputs(problem, 3)
+    assert_matches(problem, kernel, a, b)
+
+
+def test_row_major_schedules_generate_the_same_code_as_before_layouts():
+    """Kernels without layouts keep the single entry point and no pack functions."""
+    nest = looprl.initial_nest(looprl.matmul(67, 100, 50)).split(2, 16).swap(1)
+    ir = codegen.generate_ir(nest, Target.host())
+    assert "looprl_pack" not in ir and "looprl_body" not in ir and ir.count("define void") == 1
+    assert codegen.workspace_elements(nest) == 67 * 100
+
+
+@pytest.mark.parametrize("which", ["a", "b", "both"])
+def test_bind_converts_constant_inputs_once(which):
+    kernel = looprl.compile(packed_matmul(pack_a=True))
+    assert kernel.packed_inputs == ("in0", "in1")
+    a, b = random_inputs(kernel.problem, 4)
+    expected = reference(kernel.problem, a, b)
+    given = {"a": {"a": a}, "b": {"b": b}, "both": {"a": a, "b": b}}[which]
+    bound = kernel.bind(**given)
+    assert bound.converted == tuple(sorted({"a": "in0", "b": "in1"}[k] for k in given))
+    args = {"a": (b.copy(),), "b": (a.copy(),), "both": ()}[which]
+    a[...] = 0.0  # the bound kernel holds its own converted copies
+    b[...] = 0.0
+    for _ in range(2):
+        np.testing.assert_allclose(bound(*args), expected, atol=1e-3)
+
+
+def test_bind_refuses_bad_arguments():
+    kernel = looprl.compile(packed_matmul())
+    a, b = random_inputs(kernel.problem, 5)
+    with pytest.raises(ValueError, match="at least one input"):
+        kernel.bind()
+    with pytest.raises(ValueError, match="unknown input 'c'"):
+        kernel.bind(c=a)
+    with pytest.raises(ValueError, match="twice"):
+        kernel.bind(b=b, in1=b)
+    with pytest.raises(ValueError, match="shape"):
+        kernel.bind(b=a)
+    with pytest.raises(ValueError, match="float32"):
+        kernel.bind(b=b.astype(np.float64))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        kernel.bind(b=np.asfortranarray(b))
+    bound = kernel.bind(b=b)
+    with pytest.raises(ValueError, match="takes the first input"):
+        bound(a, b)
+    with pytest.raises(ValueError, match="takes the first input"):
+        bound()
+    with pytest.raises(ValueError, match="shape"):
+        bound(b)
+
+
+def test_a_constant_input_is_converted_outside_the_timed_kernel():
+    """Timing a problem that declares B constant calls the bound entry point (B packed once)."""
+    from looprl.measurement.timing import time_kernel
+
+    nest = packed_matmul()
+    constant = looprl.matmul(67, 139, 229, constant="b")
+    assert constant.name.endswith(";const=in1") and looprl.parse_problem(constant.name) == constant
+    kernel = looprl.compile(type(nest)(constant, nest.compute, nest.write_back, nest.layouts))
+    assert time_kernel(kernel, 0.001).gflops > 0
+    a, b = random_inputs(constant, 6)
+    assert_matches(constant, kernel, a, b)
