@@ -114,3 +114,22 @@ def test_a_policy_refuses_observations_of_the_other_kind():
     with pytest.raises(ValueError, match="normalized"):
         normalized_policy.scores(np.stack([raw, raw]))
     assert isinstance(normalized_policy.act(normalized), int) and isinstance(raw_policy.act(raw), int)
+
+
+def test_guided_proposals_change_the_schedule_and_reach_every_part_of_the_nest():
+    from looprl.env.actions import ActionSet, State
+    from looprl.policy.guided import _proposals
+
+    actions = ActionSet()
+    state = State(looprl.initial_nest(PROBLEM), 0)
+    policy = random_policy(bias=[0, 0, 0, 0, 0, 0, 9])  # always split_16, wherever the cursor is
+    proposals = _proposals(policy, actions, state, True, top_k=3)
+    reached = [following for _, _, following in proposals if following is not None]
+    assert reached and all(following.nest != state.nest for following in reached)
+    for _, path, following in proposals:  # each path replays to the state it claims
+        replayed = state
+        for action in path:
+            replayed = actions.apply(replayed, action) or replayed
+        assert following is None or replayed == following
+    split_loops = {following.cursor for following in reached}
+    assert len(split_loops) >= 2  # not only where the cursor was

@@ -92,9 +92,7 @@ def guided_search(
                 stopped = "deadline"
                 break
             expanded += 1
-            scores, ranked = _ranked(policy, actions, node.state, normalized)
-            for action in ranked[:top_k]:
-                path, following = _until_structural(policy, actions, node.state, action, normalized)
+            for preference, path, following in _proposals(policy, actions, node.state, normalized, top_k):
                 if following is None or following.key in seen:
                     continue
                 if time.perf_counter() >= deadline and following.nest.key not in values:
@@ -104,7 +102,7 @@ def guided_search(
                 gflops = _value(following.nest, values, evaluator)
                 if gflops is None:
                     continue  # failed to compile or run: no successor, as in the env
-                child = _Node(following, gflops, float(scores[action]), node.path + path)
+                child = _Node(following, gflops, preference, node.path + path)
                 children.append(child)
                 if child.gflops > best.gflops:
                     best = child
@@ -132,6 +130,32 @@ def _ranked(policy: Policy, actions, state: State, normalized: bool) -> tuple[np
     scores = policy.scores(observation(state.nest, state.cursor, actions.max_loops, normalized))
     mask = actions.mask(state).astype(bool)
     return scores, [int(a) for a in np.argsort(-np.where(mask, scores, -np.inf), kind="stable") if mask[a]]
+
+
+def _proposals(policy: Policy, actions, state: State, normalized: bool, top_k: int):
+    """The policy's ``top_k`` schedule changes from ``state``: its best valid actions, with a
+    proposed cursor move followed by its greedy choices until the schedule changes; plus, so that
+    a policy fond of one part of the nest still gets the others tried, its best structural
+    action at each other cursor position (reached by moves), ranked with the rest by score."""
+    scores, ranked = _ranked(policy, actions, state, normalized)
+    proposals = []
+    for action in ranked[:top_k]:
+        path, following = _until_structural(policy, actions, state, action, normalized)
+        proposals.append((float(scores[action]), path, following))
+    up, down = actions.index("up"), actions.index("down")
+    elsewhere = []
+    for cursor in range(len(state.nest)):
+        if cursor == state.cursor:
+            continue
+        there = State(state.nest, cursor)
+        there_scores, there_ranked = _ranked(policy, actions, there, normalized)
+        structural = [a for a in there_ranked if actions.is_structural(a)]
+        if structural:
+            moves = (up,) * (state.cursor - cursor) if cursor < state.cursor else (down,) * (cursor - state.cursor)
+            best = structural[0]
+            elsewhere.append((float(there_scores[best]), moves + (best,), actions.apply(there, best)))
+    elsewhere.sort(key=lambda item: -item[0])
+    return proposals + elsewhere[:top_k]
 
 
 def _until_structural(policy: Policy, actions, state: State, action: int, normalized: bool) -> tuple[tuple[int, ...], State | None]:
