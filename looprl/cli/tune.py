@@ -69,7 +69,10 @@ def _main(args) -> int:
     result = tune(problem, policy, steps=args.steps, measure=not args.no_measure, cache=cache, budget_s=args.budget,
                   target=args.target, remember=not args.fresh)
     print(result.nest.to_text())
-    print("actions:", " ".join(result.actions) or "(none)")
+    if result.mode == "remembered":
+        print("actions: (the schedule tuned before for this problem and target; --fresh tunes again)")
+    else:
+        print("actions:", " ".join(result.actions) or "(none)")
     print(f"{result.gflops:.1f} GFLOPS, {result.speedup:.2f}x over the untuned nest ({result.initial_gflops:.1f} GFLOPS); "
           f"tuned in {result.seconds * 1000:.0f} ms ({result.mode} mode, target {result.target.isa}, {result.measured} schedules timed)")
     if not args.no_numpy:
