@@ -31,7 +31,8 @@ _NAMED = {
     "avx2": (8, 16, True, "x86-64-v3", ("avx2", "fma"), _WIDER_THAN_AVX2),
     "sse4": (4, 16, False, "x86-64-v2", ("sse4.2",), _WIDER_THAN_SSE4),
 }
-TARGET_NAMES = tuple(_NAMED)
+TARGET_NAMES = tuple(_NAMED)  # widest first
+TARGET_CHOICES = ("host", *TARGET_NAMES)  # what command lines accept
 
 
 def _enabled(features: str) -> set[str]:

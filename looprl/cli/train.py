@@ -16,14 +16,12 @@ import sys
 from pathlib import Path
 
 from looprl import defaults
-from looprl.backend.target import TARGET_NAMES, Target
+from looprl.backend.target import TARGET_CHOICES, Target
 from looprl.cli.common import cache_path, run_command, writable_file, writable_folder
 from looprl.env.datasets import SPLITS, dataset_problems
 from looprl.measurement.evaluator import Evaluator
 from looprl.train.config import ALGORITHMS, load_agent, validate_agent
 from looprl.train.loop import RunDirectory, RunState, parse_duration, train
-
-TARGET_CHOICES = ("host", *TARGET_NAMES)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,12 +13,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from looprl.backend.target import TARGET_NAMES
+from looprl.backend.target import TARGET_CHOICES
 from looprl.cli.common import cache_path, run_command
 from looprl.ir.problem import contraction, matmul
 from looprl.policy.tune import TUNE_BUDGET_S, tune
-
-TARGET_CHOICES = ("host", *TARGET_NAMES)
 
 
 def build_parser() -> argparse.ArgumentParser:

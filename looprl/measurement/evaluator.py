@@ -137,7 +137,7 @@ class Evaluator:
         return self._time(nest, kernel, resample=True)
 
     def _time(self, nest: LoopNest, kernel: Kernel | None, resample: bool) -> Measurement:
-        if kernel is not None and getattr(kernel, "target", self.target) != self.target:
+        if kernel is not None and kernel.target != self.target:
             raise ValueError(f"the kernel was compiled for {kernel.target.isa}, this evaluator measures {self.target.isa}")
         try:
             with self.timing_lock:

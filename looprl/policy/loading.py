@@ -13,7 +13,7 @@ import json
 import warnings
 from pathlib import Path
 
-from looprl.backend.target import Target
+from looprl.backend.target import TARGET_NAMES, Target
 from looprl.env.features import FEATURES_PER_LOOP, OBSERVATION_LAYOUT_VERSION
 from looprl.policy.numpy_policy import Policy
 from looprl.policy.rollout import policy_actions
@@ -31,13 +31,10 @@ def default_policies() -> dict[str, Path]:
         raise ValueError(f"cannot read the list of default policies {DEFAULT_POLICIES}: {error}") from None
     if not isinstance(listed, dict) or not listed or not all(isinstance(k, str) and isinstance(v, str) for k, v in listed.items()):
         raise ValueError(f"{DEFAULT_POLICIES}: expected an object mapping ISA names to policy folders")
-    unknown = set(listed) - set(_ISA_ORDER)
+    unknown = set(listed) - set(TARGET_NAMES)
     if unknown:
         raise ValueError(f"{DEFAULT_POLICIES}: unknown ISA names {sorted(unknown)}")
     return {isa: DEFAULT_POLICIES.parent / folder for isa, folder in listed.items()}
-
-
-_ISA_ORDER = ("sse4", "avx2", "avx512")  # narrowest first
 
 
 def default_policy_dir(target: Target | str | None = None) -> Path:
@@ -47,8 +44,8 @@ def default_policy_dir(target: Target | str | None = None) -> Path:
     available = default_policies()
     if target.isa in available:
         return available[target.isa]
-    wanted = _ISA_ORDER.index(target.isa)
-    closest = min(available, key=lambda isa: (abs(_ISA_ORDER.index(isa) - wanted), -_ISA_ORDER.index(isa)))
+    wanted = TARGET_NAMES.index(target.isa)  # widest first: on a tie, the wider one
+    closest = min(available, key=lambda isa: (abs(TARGET_NAMES.index(isa) - wanted), TARGET_NAMES.index(isa)))
     if (target.isa, closest) not in _warned:
         _warned.add((target.isa, closest))
         warnings.warn(

@@ -155,12 +155,9 @@ def tune(
 
 
 def _check_search_budget(budget_s) -> float:
-    if isinstance(budget_s, (bool, np.bool_)) or not isinstance(budget_s, (int, float, np.integer, np.floating)):
-        raise ValueError(f"budget_s must be a number of seconds (0 or more), got {budget_s!r}")
-    budget_s = float(budget_s)
-    if not (budget_s == budget_s and 0 <= budget_s < float("inf")):
-        raise ValueError(f"budget_s must be a finite number of seconds, 0 or more, got {budget_s!r}")
-    return budget_s
+    """The search budget: 0 (the rollout alone) or what :func:`check_budget` accepts."""
+    is_number = isinstance(budget_s, (int, float, np.integer, np.floating)) and not isinstance(budget_s, (bool, np.bool_))
+    return 0.0 if is_number and budget_s == 0 else check_budget(budget_s, "budget_s")
 
 
 def _remembered(evaluator: Evaluator, problem: Problem, budget_s: float) -> tuple[LoopNest, float] | None:
