@@ -133,3 +133,21 @@ def test_guided_proposals_change_the_schedule_and_reach_every_part_of_the_nest()
         assert following is None or replayed == following
     split_loops = {following.cursor for following in reached}
     assert len(split_loops) >= 2  # not only where the cursor was
+
+
+def test_guided_proposals_include_tiles_a_policy_would_not_reach_one_action_at_a_time():
+    from looprl.env.actions import ActionSet, State
+    from looprl.policy.guided import _proposals
+
+    actions = ActionSet()
+    root = State(looprl.initial_nest(PROBLEM), 0)  # m, k, n
+    policy = random_policy(bias=[0, 0, -9, -9, 9, 0, 0])  # splits by 4, never swaps
+    proposals = _proposals(policy, actions, root, True, top_k=3)
+    reached = {following.nest for _, _, following in proposals if following is not None}
+    tile = root.nest.split(0, 4).swap(1)  # m/4, k, m4, n: four output rows in registers
+    assert tile in reached
+    for _, path, following in proposals:
+        replayed = root
+        for action in path:
+            replayed = actions.apply(replayed, action) or replayed
+        assert following is None or replayed == following

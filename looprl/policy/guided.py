@@ -7,7 +7,11 @@ its scores: Q-values, advantages or logits), measures the schedules they lead to
 the ``beam`` fastest states (ties broken by the policy's preference), until the deadline.
 Cursor moves change no schedule, so a proposed move is followed by the policy's own greedy
 choices until they change the schedule: every successor is a new schedule, and the time goes
-to measuring them. It follows the env's transition rules (a schedule that fails leaves no
+to measuring them. A split alone rarely pays: it pays once its inner loop moves inside the
+next loop (a tile, e.g. ``m/4, k, m4, n``: four rows of the output kept in registers). A beam
+that measures one action at a time drops the split before the move that makes it pay, so
+every proposal is also tried as a *tile*: at each loop the policy's favourite split, with the
+inner loop sunk one level. It follows the env's transition rules (a schedule that fails leaves no
 successor) and never measures a schedule twice in one search.
 """
 
@@ -136,7 +140,8 @@ def _proposals(policy: Policy, actions, state: State, normalized: bool, top_k: i
     """The policy's ``top_k`` schedule changes from ``state``: its best valid actions, with a
     proposed cursor move followed by its greedy choices until the schedule changes; plus, so that
     a policy fond of one part of the nest still gets the others tried, its best structural
-    action at each other cursor position (reached by moves), ranked with the rest by score."""
+    action at each other cursor position (reached by moves), ranked with the rest by score;
+    plus its ``top_k`` best tiles (:func:`_tiles`)."""
     scores, ranked = _ranked(policy, actions, state, normalized)
     proposals = []
     for action in ranked[:top_k]:
@@ -155,7 +160,34 @@ def _proposals(policy: Policy, actions, state: State, normalized: bool, top_k: i
             best = structural[0]
             elsewhere.append((float(there_scores[best]), moves + (best,), actions.apply(there, best)))
     elsewhere.sort(key=lambda item: -item[0])
-    return proposals + elsewhere[:top_k]
+    return proposals + elsewhere[:top_k] + _tiles(policy, actions, state, normalized, top_k)
+
+
+def _tiles(policy: Policy, actions, state: State, normalized: bool, top_k: int):
+    """Tiles: at each compute loop, the policy's best-scored split there followed by sinking
+    the inner loop below the next loop (``down``, ``swap_down``); the ``top_k`` best by the
+    split's score. Sizes the factor does not divide are fine: the split leaves a tail."""
+    up, down, swap_down = actions.index("up"), actions.index("down"), actions.index("swap_down")
+    splits = [a for a in range(len(actions)) if actions.names[a].startswith("split_")]
+    tiles = []
+    for cursor, loop in enumerate(state.nest.loops):
+        if loop.is_write_back:
+            continue
+        there = State(state.nest, cursor)
+        scores = policy.scores(observation(there.nest, cursor, actions.max_loops, normalized))
+        valid = [a for a in splits if actions.can_apply(there, a)]
+        if not valid:
+            continue
+        split = max(valid, key=lambda a: scores[a])
+        sunk = actions.apply(there, split)
+        for move in (down, swap_down):
+            sunk = actions.apply(sunk, move) if sunk is not None else None
+        if sunk is None:  # no loop below to sink under
+            continue
+        moves = (up,) * (state.cursor - cursor) if cursor < state.cursor else (down,) * (cursor - state.cursor)
+        tiles.append((float(scores[split]), moves + (split, down, swap_down), sunk))
+    tiles.sort(key=lambda item: -item[0])
+    return tiles[:top_k]
 
 
 def _until_structural(policy: Policy, actions, state: State, action: int, normalized: bool) -> tuple[tuple[int, ...], State | None]:
