@@ -23,19 +23,23 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 from looprl import defaults
+from looprl.backend.target import Target
 from looprl.env.datasets import dataset_problems
+from looprl.ir.problem import parse_problem
 from looprl.measurement.evaluator import Evaluator
+from looprl.measurement.numpy_baseline import numpy_gflops
 from looprl.search import run
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("random", "greedy2", "beam4bfs", "autotvm", "autotvm-regression")
-FIELDS = ["problem", "method", "seed", "trials", "initial_gflops", "best_gflops", "seconds", "stopped", "curve"]
+FIELDS = ["problem", "target", "method", "seed", "trials", "initial_gflops", "best_gflops", "seconds", "stopped", "curve"]
 
 
 def spread(count: int):
@@ -65,7 +69,9 @@ def load_rows(table: Path) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--problems", type=int, default=4)
+    parser.add_argument("--problems", type=int, default=4, help="test-split problems, spread evenly")
+    parser.add_argument("--given", default=None, help="these problems instead (comma-separated MxNxK), e.g. off-grid sizes")
+    parser.add_argument("--target", default=None, help="host (default), avx512, avx2 or sse4: the code generated and timed")
     parser.add_argument("--trials", type=int, default=200, help="measured schedules per search")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--methods", default=",".join(METHODS))
@@ -74,9 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     table = Path(args.out + ".csv")
     table.parent.mkdir(parents=True, exist_ok=True)
-    done = {(r["problem"], r["method"], int(r["seed"])) for r in load_rows(table) if int(r["trials"]) == args.trials}
+    target = Target.resolve(args.target)
+    target.check_runs_on_host()
+    done = {(r["problem"], r["method"], int(r["seed"])) for r in load_rows(table)
+            if int(r["trials"]) == args.trials and r.get("target", target.isa) == target.isa}
     fresh = not table.exists()
-    problems = spread(args.problems)
+    if not fresh and table.read_text(encoding="utf-8").splitlines()[:1] != [",".join(FIELDS)]:
+        raise SystemExit(f"{table} has other columns (an older version of this script): give another --out")
+    problems = [parse_problem(p.strip()) for p in args.given.split(",") if p.strip()] if args.given else spread(args.problems)
     with table.open("a", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=FIELDS)
         if fresh:
@@ -87,23 +98,30 @@ def main(argv: list[str] | None = None) -> int:
                     if (problem.name, method, seed) in done:
                         continue
                     result = run(problem, method, budget_s=None, max_evaluations=args.trials, seed=seed,
-                                 evaluator=Evaluator(":memory:"), verify_s=None)
+                                 evaluator=Evaluator(":memory:", target=target), verify_s=None)
                     if result.stopped == "interrupted":
                         print("interrupted; finished rows are kept in", table)
                         return 130
                     curve = [[round(s, 3), int(n), round(g, 3)] for s, n, g in result.curve]
-                    writer.writerow({"problem": problem.name, "method": method, "seed": seed, "trials": args.trials,
+                    writer.writerow({"problem": problem.name, "target": target.isa, "method": method, "seed": seed, "trials": args.trials,
                                      "initial_gflops": f"{result.initial_gflops:.2f}", "best_gflops": f"{result.best_gflops:.2f}",
                                      "seconds": f"{result.elapsed_s:.2f}", "stopped": result.stopped, "curve": json.dumps(curve)})
                     handle.flush()
                     print(f"[{index + 1}/{len(problems)} seed {seed}] {method:>18} {problem.name}: {result.best_gflops:.1f} GFLOPS "
                           f"(untuned {result.initial_gflops:.1f}) after {result.evaluations} trials, {result.elapsed_s:.1f} s", flush=True)
-    summarise(table, args.trials, [p.name for p in problems], methods)
+    summarise(table, args.trials, [p.name for p in problems], methods, numpy_gflops(problems), target.isa)
     return 0
 
 
-def summarise(table: Path, trials: int, problems: list[str], methods: list[str]) -> None:
-    rows = [r for r in load_rows(table) if int(r["trials"]) == trials and r["problem"] in problems and r["method"] in methods]
+def _geomean(values) -> float:
+    values = [v for v in values if v > 0]
+    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else math.nan
+
+
+def summarise(table: Path, trials: int, problems: list[str], methods: list[str], numpy: list[float] | None = None,
+              target: str | None = None) -> None:
+    rows = [r for r in load_rows(table) if int(r["trials"]) == trials and r["problem"] in problems and r["method"] in methods
+            and (target is None or r.get("target", target) == target)]
     best = defaultdict(float)  # problem -> best GFLOPS any method found
     for row in rows:
         best[row["problem"]] = max(best[row["problem"]], float(row["best_gflops"]))
@@ -114,6 +132,23 @@ def summarise(table: Path, trials: int, problems: list[str], methods: list[str])
     print(f"{'method':>18} " + " ".join(f"{f'@{t}':>7}" for t in checkpoints) + "   (mean best / best found by any method)")
     for method, curve in fraction.items():
         print(f"{method:>18} " + " ".join(f"{curve[t - 1]:7.3f}" for t in checkpoints))
+    # Against numpy (one thread) and against random search, after the same number of trials:
+    # geometric means over the problems of each method's mean best.
+    if numpy is not None:
+        baseline = dict(zip(problems, numpy))
+
+        def mean_best(method: str, problem: str, at: int) -> float:
+            runs = [r for r in rows if r["method"] == method and r["problem"] == problem]
+            return statistics.fmean(best_at(r["curve"], at) for r in runs) if runs else math.nan
+
+        print(f"{'method':>18} " + " ".join(f"{f'@{t}':>7}" for t in checkpoints) + "   (geomean best / numpy)")
+        for method in fraction:
+            print(f"{method:>18} " + " ".join(f"{_geomean(mean_best(method, p, t) / baseline[p] for p in problems):7.3f}" for t in checkpoints))
+        if "random" in fraction:
+            print(f"{'method':>18} " + " ".join(f"{f'@{t}':>7}" for t in checkpoints) + "   (geomean best / random's best)")
+            for method in fraction:
+                print(f"{method:>18} " + " ".join(
+                    f"{_geomean(mean_best(method, p, t) / mean_best('random', p, t) for p in problems):7.3f}" for t in checkpoints))
 
     import matplotlib
 

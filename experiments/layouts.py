@@ -1,19 +1,25 @@
 """Loops only against loops and data layouts jointly (ALT's row), same search and budget.
 
-For each problem and target, beam4bfs runs three times with the same wall-clock budget:
-loops only (LoopTune's actions), joint (``layouts=True``: adds ``pack`` and ``pad``) and
-joint with ALT's two-stage budget (30% joint, then loops only). Every figure includes the
-conversion of packed inputs inside the kernel (no input is declared constant), and the
-winners are re-measured (``verified_gflops``). Writes one CSV row per run.
+For each problem, target and split-factor set, beam4bfs runs with the same wall-clock budget
+in three modes: loops only (LoopTune's actions), joint (``layouts=True``: adds ``pack`` and
+``pad``) and joint with ALT's two-stage budget (30% joint, then loops only). Every figure
+includes the conversion of packed inputs inside the kernel (no input is declared constant;
+``converted_in_kernel`` names them), and the winners are re-measured (``verified_gflops``).
+numpy (one thread, OpenBLAS's own core type) is timed once per problem in a child process.
 
-    python experiments/layouts.py --budget 20   # -> experiments/results/layouts.csv
+Split-factor sets: ``paper`` (4, 8, 16) and ``target`` (those plus the splits that form the
+target's register tiles, :func:`looprl.ir.schedules.target_split_factors`).
+
+    python experiments/layouts.py --budget 20 --repeats 2   # -> experiments/results/layouts.csv, .png
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import statistics
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import looprl
@@ -21,51 +27,95 @@ import looprl.search
 from looprl.backend.codegen import conversions
 from looprl.backend.jit import cpu_model_name
 from looprl.backend.target import Target
+from looprl.ir.problem import as_problem
+from looprl.measurement.numpy_baseline import numpy_gflops
 
 PROBLEMS = ("128x256x64", "256x256x256", "384x128x64", "67x139x229", "mk,nk->mn:m=128,k=64,n=256")  # the last: A @ B.T
 MODES = {"loops": {}, "joint": {"layouts": True}, "two-stage": {"layouts": True, "layout_stage": 0.3}}
+FACTOR_SETS = {"paper": (4, 8, 16), "target": "target"}
+FIELDS = ["problem", "target", "factors", "mode", "repeat", "budget_s", "initial_gflops", "best_gflops", "verified_gflops",
+          "numpy_gflops", "evaluations", "schedule", "host", "converted_in_kernel"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=20.0, help="seconds per search")
-    parser.add_argument("--problems", nargs="*", default=list(PROBLEMS), help="MxNxK problems")
+    parser.add_argument("--problems", nargs="*", default=list(PROBLEMS), help="MxNxK problems or 'spec:m=..' strings")
     parser.add_argument("--targets", nargs="*", default=["host", "avx2"])
     parser.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--factors", nargs="*", default=list(FACTOR_SETS), choices=list(FACTOR_SETS), help="split-factor sets")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each search (the CSV keeps every run)")
     parser.add_argument("--cache", default=":memory:", help="measurement cache (default: a fresh in-memory one per search, so no mode reuses another's timings)")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "layouts.csv"))
     args = parser.parse_args()
+    if args.repeats < 1 or not args.budget > 0:
+        raise SystemExit("--repeats must be >= 1 and --budget > 0")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fields = ["problem", "target", "mode", "budget_s", "initial_gflops", "best_gflops", "verified_gflops", "evaluations", "schedule", "host", "converted_in_kernel"]
+    problems = [as_problem(p) for p in args.problems]
+    numpy = dict(zip((p.name for p in problems), numpy_gflops(problems)))
     with out.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fields)
+        writer = csv.DictWriter(handle, FIELDS)
         writer.writeheader()
-        for problem in args.problems:
+        for problem in problems:
             for target_name in args.targets:
                 target = Target.resolve(target_name)
                 if target.missing_on_host():
                     print(f"skip {target_name}: the host lacks {target.missing_on_host()}")
                     continue
-                for mode in args.modes:
-                    started = time.perf_counter()
-                    result = looprl.search.run(problem, "beam4bfs", budget_s=args.budget, target=target, cache=args.cache, **MODES[mode])
-                    row = {
-                        "problem": result.problem.name,
-                        "target": target.isa,
-                        "mode": mode,
-                        "budget_s": args.budget,
-                        "initial_gflops": round(result.initial_gflops, 2),
-                        "best_gflops": round(result.best_gflops, 2),
-                        "verified_gflops": None if result.verified_gflops is None else round(result.verified_gflops, 2),
-                        "evaluations": result.evaluations,
-                        "schedule": result.best_nest.key,
-                        "host": cpu_model_name(),
-                        "converted_in_kernel": ",".join(conversions(result.best_nest)["per_call"]) or "-",
-                    }
-                    writer.writerow(row)
-                    handle.flush()
-                    print(f"{problem} {target.isa} {mode}: {row['verified_gflops']} GFLOPS ({time.perf_counter() - started:.0f} s) {row['schedule']}")
+                for repeat in range(args.repeats):
+                    for factors in args.factors:
+                        for mode in args.modes:
+                            started = time.perf_counter()
+                            result = looprl.search.run(problem, "beam4bfs", budget_s=args.budget, target=target, cache=args.cache,
+                                                       split_factors=FACTOR_SETS[factors], **MODES[mode])
+                            row = {
+                                "problem": problem.name, "target": target.isa, "factors": factors, "mode": mode, "repeat": repeat,
+                                "budget_s": args.budget,
+                                "initial_gflops": round(result.initial_gflops, 2),
+                                "best_gflops": round(result.best_gflops, 2),
+                                "verified_gflops": None if result.verified_gflops is None else round(result.verified_gflops, 2),
+                                "numpy_gflops": round(numpy[problem.name], 2),
+                                "evaluations": result.evaluations,
+                                "schedule": result.best_nest.key,
+                                "host": cpu_model_name(),
+                                "converted_in_kernel": ",".join(conversions(result.best_nest)["per_call"]) or "-",
+                            }
+                            writer.writerow(row)
+                            handle.flush()
+                            ratio = (row["verified_gflops"] or row["best_gflops"]) / numpy[problem.name]
+                            print(f"{problem.name} {target.isa} {factors} {mode} #{repeat}: {row['verified_gflops']} GFLOPS, "
+                                  f"{ratio:.2f}x numpy ({time.perf_counter() - started:.0f} s) {row['schedule']}", flush=True)
+    plot(out)
+
+
+def plot(table: Path) -> None:
+    """Per problem and target: the mean verified GFLOPS of each factor set and mode, with numpy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = list(csv.DictReader(table.open(encoding="utf-8")))
+    groups = defaultdict(list)
+    for row in rows:
+        groups[(row["problem"], row["target"])].append(row)
+    if not groups:
+        return
+    figure, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups), 3.6), squeeze=False, sharey=True)
+    for axis, ((problem, target), members) in zip(axes[0], sorted(groups.items())):
+        bars = defaultdict(list)
+        for row in members:
+            bars[f"{row['factors']}\n{row['mode']}"].append(float(row["verified_gflops"] or row["best_gflops"]))
+        labels = sorted(bars)
+        axis.bar(range(len(labels)), [statistics.fmean(bars[label]) for label in labels], color="tab:blue")
+        axis.axhline(float(members[0]["numpy_gflops"]), color="tab:red", linestyle="--", label="numpy")
+        axis.set_xticks(range(len(labels)), labels, fontsize=6, rotation=90)
+        axis.set_title(f"{problem.replace('mk,', '').replace(':', ' ')}\n{target}", fontsize=7)
+    axes[0][0].set_ylabel("GFLOPS (beam4bfs, verified)")
+    axes[0][0].legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(table.with_suffix(".png"), dpi=120)
 
 
 if __name__ == "__main__":

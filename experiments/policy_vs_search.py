@@ -111,6 +111,8 @@ def summarise(table: Path, steps_table: Path) -> None:
     complete = [p for p, m in by_problem.items() if len(m) == len(methods) and "policy" in m]
     wins = sum(1 for p in complete if float(by_problem[p]["policy"]["gflops"]) >= max(float(r["gflops"]) for k, r in by_problem[p].items() if k != "policy"))
     print(f"the policy matches or beats the best search on {wins} of {len(complete)} problems (re-timed GFLOPS)")
+    near = sum(1 for p in complete if float(by_problem[p]["policy"]["gflops"]) >= 0.98 * max(float(r["gflops"]) for k, r in by_problem[p].items() if k != "policy"))
+    print(f"... and comes within 2% of it on {near} of {len(complete)}")
 
     import matplotlib
 

@@ -264,3 +264,36 @@ def test_cli_rejects_bad_input(tmp_path):
     ]:
         result = subprocess.run(CLI + extra + ["--cache", ":memory:"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert result.returncode == 2 and message in result.stderr, (extra, result.stderr)
+
+
+def test_target_split_factors_form_each_target_s_register_tiles():
+    from looprl.ir.schedules import register_tiles, target_split_factors
+
+    for name in ("avx512", "avx2", "sse4"):
+        target = looprl.Target.named(name)
+        factors = target_split_factors(target)
+        assert {4, 8, 16} <= set(factors) and all(2 <= f <= 64 for f in factors) and list(factors) == sorted(set(factors))
+        for rows, vectors in register_tiles(target):
+            assert rows in factors or rows < 2
+            assert vectors * target.vector_width in factors or vectors * target.vector_width > 64
+    assert {6, 24} <= set(target_split_factors(looprl.Target.named("avx2")))  # 6 x 2 and 4 x 3 vectors of 8
+    assert {14, 32, 48} <= set(target_split_factors(looprl.Target.named("avx512")))
+
+
+def test_search_with_the_target_s_split_factors_uses_and_reports_them(tmp_path):
+    from looprl.ir.schedules import target_split_factors
+
+    sse4 = looprl.Target.named("sse4")  # runs on every x86-64 host
+    result = search.run("24x16x8", "random", max_evaluations=6, budget_s=None, cache=":memory:", target=sse4,
+                        split_factors="target", measure_budget_s=0.001, verify_s=None)
+    assert result.settings["split_factors"] == list(target_split_factors(sse4))
+    assert result.settings["target"] == "sse4"
+    with pytest.raises(ValueError, match="split_factors"):
+        search.run("8x8x8", "random", max_evaluations=2, cache=":memory:", split_factors="wide")
+    out = tmp_path / "r.json"
+    done = subprocess.run(CLI + ["--problem", "16x16x8", "--algo", "greedy1", "--target", "sse4", "--split-factors", "target",
+                                 "--evaluations", "4", "--cache", ":memory:", "--json", str(out), "--quiet"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    settings = json.loads(out.read_text())["settings"]
+    assert settings["split_factors"] == list(target_split_factors(sse4)) and settings["target"] == "sse4"

@@ -151,3 +151,24 @@ def test_guided_proposals_include_tiles_a_policy_would_not_reach_one_action_at_a
         for action in path:
             replayed = actions.apply(replayed, action) or replayed
         assert following is None or replayed == following
+
+
+def test_guided_proposals_try_the_target_s_tile_rows_the_policy_was_not_trained_with():
+    from looprl.env.actions import ActionSet, State
+    from looprl.policy.guided import _proposals
+
+    actions = ActionSet((4, 8, 16, 6))  # the policy's splits keep their indices; split_6 comes after
+    root = State(looprl.initial_nest(PROBLEM), 0)
+    policy = random_policy(bias=[0, 0, -9, -9, 9, 0, 0])
+    proposals = _proposals(policy, actions, root, True, top_k=3)
+    reached = {following.nest for _, _, following in proposals if following is not None}
+    assert root.nest.split(0, 6).swap(1) in reached  # six rows: AVX2's widest register tile
+    assert all(actions.names[path[0]] != "split_6" or len(path) == 3 for _, path, _ in proposals)  # only as a tile
+
+
+def test_replay_takes_the_tile_rows_tune_may_name():
+    from looprl.measurement.evaluator import Evaluator
+    from looprl.policy.rollout import replay
+
+    values = replay(looprl.matmul(12, 16, 8), ["split_6", "down", "swap_down"], Evaluator(":memory:", 0.001))
+    assert len(values) == 4 and all(v > 0 for v in values)

@@ -44,7 +44,7 @@ KERNEL_NAME = "looprl_kernel"
 # Bump whenever the code generated for an existing schedule key may change speed: it is part of
 # the measurement cache key. (Data layouts did not bump it: a schedule without layouts has the
 # same key and byte-identical IR as before, and schedules with layouts have new keys.)
-CODEGEN_VERSION = 2
+CODEGEN_VERSION = 3  # 3: the register-blocking bound counts vectors (AVX2 and SSE4 tiles changed)
 # Unroll a reduction loop inside the register scope while the unrolled body has at most this
 # many multiply-adds (the reference backend used ~320).
 UNROLL_LIMIT = 64
@@ -53,9 +53,12 @@ COPY_UNROLL = 8
 # Independent accumulators that hide multiply-add latency (x86 cores from Haswell/Zen on:
 # two FMA pipes of latency 4). Register blocks smaller than this run latency-bound.
 FMA_CHAINS = 8
-# A register-blocked scope holds at most this many register files' worth of output tile
-# (bounds the unrolled code; beyond it the scope stays where the whole tile fits).
-BLOCKED_TILE_FILES = 4
+# A register-blocked scope holds at most this many vectors of output tile (bounds the unrolled
+# code; beyond it the scope stays where the whole tile fits). Counted in vectors, not register
+# files: the code grows with the vectors, and a bound of 4 files (128 AVX-512 vectors) gave an
+# AVX2 tile of 4 rows x 139 columns (72 vectors) no blocking, so it streamed at a quarter of
+# the speed the same schedule reaches with AVX-512.
+BLOCKED_TILE_VECTORS = 128
 TENSORS = ("in0", "in1", "out", "acc")
 
 
@@ -285,7 +288,7 @@ class _ComputeEmitter(_NestEmitter):
                 start, tile, streaming = level, size, False
         # Register blocking: reach out to the outermost reduction loop whose tile is at most a
         # few register files, so that the reduction runs with accumulators in registers.
-        limit = BLOCKED_TILE_FILES * registers
+        limit = BLOCKED_TILE_VECTORS
         reach = start
         for level in range(start - 1, -1, -1):
             size = self.tile_size(level, self.entry_budgets(level), vector_var)

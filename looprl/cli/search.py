@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from looprl import defaults
+from looprl.backend.target import TARGET_CHOICES
 from looprl.cli.common import cache_path, run_command, writable_file, writable_folder
 from looprl.env.datasets import SPLITS, dataset_problems
 from looprl.interrupts import terminate_as_interrupt
@@ -37,7 +38,9 @@ CSV_FIELDS = [
 ]
 
 
-def _factors(text: str) -> tuple[int, ...]:
+def _factors(text: str):
+    if text.strip() == "target":
+        return "target"
     try:
         return tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
@@ -56,8 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help="seconds per search (default 60; 0 = no limit)")
     parser.add_argument("--evaluations", type=int, default=None, help="distinct schedules per search (default: no limit)")
     parser.add_argument("--depth", type=int, default=DEFAULT_DEPTH, help="actions from the initial nest (default 10)")
-    parser.add_argument("--split-factors", type=_factors, default=defaults.SPLIT_FACTORS, help="default 4,8,16")
+    parser.add_argument("--split-factors", type=_factors, default=defaults.SPLIT_FACTORS, help="comma-separated, default 4,8,16; 'target': also those forming the target's register tiles")
     parser.add_argument("--max-loops", type=int, default=defaults.MAX_LOOPS)
+    parser.add_argument("--target", default=None, choices=TARGET_CHOICES, help="generate code for this target (default: this machine)")
     parser.add_argument("--measure-budget-ms", type=float, default=defaults.STATE_BUDGET_S * 1000)
     parser.add_argument("--cache", default=None, help="measurement cache path (':memory:' for a private one; default: the per-user cache)")
     parser.add_argument("--cold", action="store_true", help="give every search its own empty in-memory cache (comparable search times)")
@@ -189,10 +193,10 @@ def _main(args) -> int:
     else:
         path = writable_file(args.csv if args.csv is not None else Path(f"search_{args.dataset}_{args.split}.csv"), "--csv")
         done = _done_pairs(path)
-    shared = None if args.cold else Evaluator(cache, args.measure_budget_ms / 1000)
+    shared = None if args.cold else Evaluator(cache, args.measure_budget_ms / 1000, target=args.target)
 
     def evaluator() -> Evaluator:
-        return shared if shared is not None else Evaluator(":memory:", args.measure_budget_ms / 1000)
+        return shared if shared is not None else Evaluator(":memory:", args.measure_budget_ms / 1000, target=args.target)
 
     if args.problem is not None:
         interrupted = False

@@ -103,6 +103,19 @@ def register_tiles(target=None, *, vector_width: int | None = None, registers: i
     return tiles or [(1, 1)]
 
 
+def target_split_factors(target=None, *, vector_width: int | None = None, registers: int | None = None,
+                         base=(4, 8, 16), largest: int = 64) -> tuple[int, ...]:
+    """Split factors that can form ``target``'s register tiles: ``base`` (the paper's 4, 8, 16)
+    plus the rows and the vector widths (vectors x lanes) of :func:`register_tiles`, up to
+    ``largest``. With 4, 8 and 16 alone an AVX2 tile (16 registers of 8 lanes) is at best
+    4 rows x 16 columns, 8 accumulators; 6 x 16 and 4 x 24 need splits by 6 and 24."""
+    lanes, registers = _vector_isa(target, vector_width, registers)
+    factors = set(base)
+    for rows, vectors in register_tiles(vector_width=lanes, registers=registers):
+        factors.update(f for f in (rows, vectors * lanes) if 2 <= f <= largest)
+    return tuple(sorted(factors))
+
+
 def expert_candidates(problem: Problem, target=None, *, vector_width: int | None = None, registers: int | None = None) -> list[LoopNest]:
     """A handful of register-blocked schedules for ``target`` (a :class:`looprl.Target`, or
     ``vector_width`` and ``registers``): :func:`register_tiles` as ``n/nt, m/mt, k, mt, nt``

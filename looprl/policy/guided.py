@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from looprl.env.actions import State
+from looprl.env.actions import ActionSet, State
 from looprl.env.features import observation
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
@@ -59,11 +59,15 @@ def guided_search(
     beam: int = 3,
     depth: int = 20,
     start: tuple[tuple[str, ...], float] | None = None,
+    tile_rows: tuple[int, ...] = (),
 ) -> GuidedResult:
     """Search from ``problem``'s untiled nest until ``time.perf_counter()`` passes ``deadline``
     or ``depth`` levels are done. ``start`` (actions, GFLOPS) seeds the beam with a known good
     path as well, e.g. the policy's greedy rollout, so the search refines what it found."""
-    actions = policy_actions(policy)
+    trained = policy_actions(policy)
+    extra = tuple(f for f in dict.fromkeys(tile_rows) if f not in trained.split_factors)
+    # The policy's actions keep their indices; splits it was not trained with come after them.
+    actions = ActionSet(trained.split_factors + extra, trained.max_loops) if extra else trained
     normalized = policy.observation_kind == "normalized"
     before = evaluator.compiled
     root_state = State(initial_nest(problem), 0)
@@ -131,9 +135,17 @@ def guided_search(
 
 def _ranked(policy: Policy, actions, state: State, normalized: bool) -> tuple[np.ndarray, list[int]]:
     """The policy's scores in ``state`` and its valid actions, best first."""
-    scores = policy.scores(observation(state.nest, state.cursor, actions.max_loops, normalized))
+    scores = _scores(policy, actions, state, normalized)
     mask = actions.mask(state).astype(bool)
     return scores, [int(a) for a in np.argsort(-np.where(mask, scores, -np.inf), kind="stable") if mask[a]]
+
+
+def _scores(policy: Policy, actions, state: State, normalized: bool) -> np.ndarray:
+    """The policy's scores of ``actions`` in ``state``; -inf for splits it was not trained with."""
+    scores = policy.scores(observation(state.nest, state.cursor, actions.max_loops, normalized))
+    if len(actions) > len(scores):
+        scores = np.concatenate([scores, np.full(len(actions) - len(scores), -np.inf, dtype=scores.dtype)])
+    return scores
 
 
 def _proposals(policy: Policy, actions, state: State, normalized: bool, top_k: int):
@@ -169,25 +181,27 @@ def _tiles(policy: Policy, actions, state: State, normalized: bool, top_k: int):
     split's score. Sizes the factor does not divide are fine: the split leaves a tail."""
     up, down, swap_down = actions.index("up"), actions.index("down"), actions.index("swap_down")
     splits = [a for a in range(len(actions)) if actions.names[a].startswith("split_")]
-    tiles = []
+    tiles, extra_tiles = [], []
     for cursor, loop in enumerate(state.nest.loops):
         if loop.is_write_back:
             continue
         there = State(state.nest, cursor)
-        scores = policy.scores(observation(there.nest, cursor, actions.max_loops, normalized))
+        scores = _scores(policy, actions, there, normalized)
         valid = [a for a in splits if actions.can_apply(there, a)]
-        if not valid:
+        trained = [a for a in valid if np.isfinite(scores[a])]
+        if not trained:
             continue
-        split = max(valid, key=lambda a: scores[a])
-        sunk = actions.apply(there, split)
-        for move in (down, swap_down):
-            sunk = actions.apply(sunk, move) if sunk is not None else None
-        if sunk is None:  # no loop below to sink under
-            continue
+        split = max(trained, key=lambda a: scores[a])
         moves = (up,) * (state.cursor - cursor) if cursor < state.cursor else (down,) * (cursor - state.cursor)
-        tiles.append((float(scores[split]), moves + (split, down, swap_down), sunk))
+        for chosen, into in [(split, tiles)] + [(a, extra_tiles) for a in valid if not np.isfinite(scores[a])]:
+            sunk = actions.apply(there, chosen)
+            for move in (down, swap_down):
+                sunk = actions.apply(sunk, move) if sunk is not None else None
+            if sunk is not None:  # else no loop below to sink under
+                into.append((float(scores[split]), moves + (chosen, down, swap_down), sunk))
     tiles.sort(key=lambda item: -item[0])
-    return tiles[:top_k]
+    extra_tiles.sort(key=lambda item: -item[0])  # splits the policy lacks: at its favourite loop
+    return tiles[:top_k] + extra_tiles[: len(actions) - len(policy.action_names)]
 
 
 def _until_structural(policy: Policy, actions, state: State, action: int, normalized: bool) -> tuple[tuple[int, ...], State | None]:

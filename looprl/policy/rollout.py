@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from looprl import defaults
 from looprl.env.actions import ActionSet, State
 from looprl.env.features import observation
 from looprl.ir.nest import LoopNest, initial_nest
@@ -150,8 +151,11 @@ def greedy_rollout(
 
 def replay(problem: Problem, names, evaluator: Evaluator, actions: ActionSet | None = None) -> list[float]:
     """GFLOPS of the initial state and after each action of ``names``, under the env's rules
-    (a failed schedule leaves the state as it was)."""
-    actions = actions or ActionSet()
+    (a failed schedule leaves the state as it was). Without ``actions``: the default action set
+    plus any other ``split_<f>`` in ``names`` (tune's tiles may split by a target's tile rows)."""
+    if actions is None:
+        named = [int(name[len("split_"):]) for name in names if name.startswith("split_") and name[len("split_"):].isdigit()]
+        actions = ActionSet(defaults.SPLIT_FACTORS + tuple(f for f in dict.fromkeys(named) if f not in defaults.SPLIT_FACTORS))
     state = State(initial_nest(problem), 0)
     gflops = evaluator(state.nest).gflops
     values = [gflops]

@@ -6,8 +6,10 @@ Two modes:
 * measured (``measure=True``, the default): a policy-guided search. The policy's greedy
   rollout (:func:`~looprl.policy.rollout.greedy_rollout`, the env's transition rules) comes
   first; then, until ``budget_s`` is spent, :func:`~looprl.policy.guided.guided_search`
-  measures the policy's few best actions from a small beam of states, so a policy trained on
-  another machine is corrected by this machine's measurements. The fastest schedule measured
+  measures the policy's few best actions and tiles from a small beam of states, so a policy
+  trained on another machine is corrected by this machine's measurements. Tiles may split by
+  the target's register-tile rows (e.g. ``split_6`` on AVX2) even when the policy has no such
+  action, so ``actions`` may name splits outside the policy's action set. The fastest schedule measured
   is returned: never slower than the greedy rollout's best or the untuned nest. The answer is
   remembered in the measurement cache per host, target and problem, so tuning the same problem
   again (with no larger budget) is a lookup.
@@ -35,6 +37,7 @@ from looprl.backend.kernel import Kernel, compile
 from looprl.backend.target import Target
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, as_problem, matmul
+from looprl.ir.schedules import register_tiles
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.timing import check_budget
 from looprl.policy.guided import guided_search
@@ -144,7 +147,9 @@ def tune(
     nest, gflops, actions = rollout.best_nest, rollout.best_gflops, rollout.best_actions
     if budget_s > 0:
         deadline = started + budget_s
-        guided = guided_search(loaded, problem, evaluator, deadline=deadline, start=(rollout.best_actions, rollout.best_gflops))
+        rows = tuple(rows for rows, _ in register_tiles(target))  # e.g. 6 on AVX2: the policy may lack split_6
+        guided = guided_search(loaded, problem, evaluator, deadline=deadline, start=(rollout.best_actions, rollout.best_gflops),
+                               tile_rows=rows)
         if guided.best_gflops > gflops:
             nest, gflops, actions = guided.best_nest, guided.best_gflops, guided.best_actions
     if remember:

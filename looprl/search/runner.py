@@ -18,6 +18,7 @@ from looprl.env.actions import ActionSet
 from looprl.errors import CompileError, KernelError
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, as_problem
+from looprl.ir.schedules import target_split_factors
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.timing import check_budget, time_kernel
 from looprl.search.algorithms import check_options, parse_algorithm
@@ -123,7 +124,9 @@ def run(
     returns what was found, with ``stopped="interrupted"``.
 
     Code is generated for ``target`` (a :class:`~looprl.Target`, a name or None for the
-    host; ignored when ``evaluator`` is given, which has its own).
+    host; ignored when ``evaluator`` is given, which has its own). ``split_factors="target"``
+    offers the splits that form the target's register tiles besides 4, 8 and 16
+    (:func:`~looprl.ir.schedules.target_split_factors`).
 
     The best of many short, noisy measurements is biased upwards, so the winner is measured
     again (at least three fresh timings, about ``verify_s`` seconds, outside the search
@@ -162,9 +165,13 @@ def run(
             raise ValueError("layout_stage needs layouts=True and a budget_s to divide")
         if isinstance(layout_stage, bool) or not isinstance(layout_stage, (int, float)) or not 0 < layout_stage < 1:
             raise ValueError(f"layout_stage must be a fraction strictly between 0 and 1, got {layout_stage!r}")
+    evaluator = evaluator if evaluator is not None else Evaluator(cache, measure_budget_s, target=target)
+    if isinstance(split_factors, str):
+        if split_factors != "target":
+            raise ValueError(f"split_factors must be a sequence of integers or 'target', got {split_factors!r}")
+        split_factors = target_split_factors(evaluator.target)
     actions = ActionSet(split_factors, max_loops)
     actions.check_fits(problem)
-    evaluator = evaluator if evaluator is not None else Evaluator(cache, measure_budget_s, target=target)
     if layouts:
         width = getattr(getattr(evaluator, "target", None), "vector_width", 16)
         loop_actions, actions = actions, ActionSet(split_factors, max_loops, layouts=True, pad_multiple=max(width, 2))
