@@ -178,7 +178,9 @@ def _proposals(policy: Policy, actions, state: State, normalized: bool, top_k: i
 def _tiles(policy: Policy, actions, state: State, normalized: bool, top_k: int):
     """Tiles: at each compute loop, the policy's best-scored split there followed by sinking
     the inner loop below the next loop (``down``, ``swap_down``); the ``top_k`` best by the
-    split's score. Sizes the factor does not divide are fine: the split leaves a tail."""
+    split's score. Plus, where the policy most wants to split, one tile for each split of
+    ``actions`` it was not trained with (the target's register-tile rows, e.g. 6 on AVX2).
+    Sizes the factor does not divide are fine: the split leaves a tail."""
     up, down, swap_down = actions.index("up"), actions.index("down"), actions.index("swap_down")
     splits = [a for a in range(len(actions)) if actions.names[a].startswith("split_")]
     tiles, extra_tiles = [], []
