@@ -25,7 +25,7 @@ from pathlib import Path
 import looprl
 import looprl.search
 from looprl.backend.codegen import conversions
-from looprl.backend.jit import cpu_model_name
+from looprl.backend.host import cpu_model_name
 from looprl.backend.target import Target
 from looprl.ir.problem import as_problem
 from looprl.measurement.numpy_baseline import numpy_gflops
