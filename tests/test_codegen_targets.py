@@ -189,7 +189,7 @@ def test_results_are_bit_identical_whether_blocked_or_not(monkeypatch, name):
     assert codegen.plan(nest, target).blocks > 1
     a, b = random_inputs(problem, 9)
     blocked = looprl.compile(nest, target)(a, b)
-    monkeypatch.setattr(codegen, "BLOCKED_TILE_VECTORS", 0)  # no blocking: k runs outside the register scope
+    monkeypatch.setattr(codegen, "BLOCKED_TILE_FLOATS", 0)  # no blocking: k runs outside the register scope
     assert codegen.plan(nest, target).blocks == 1 and not codegen.plan(nest, target).zero_init
     np.testing.assert_array_equal(looprl.compile(nest, target)(a, b), blocked)
 
@@ -197,8 +197,8 @@ def test_results_are_bit_identical_whether_blocked_or_not(monkeypatch, name):
 @pytest.mark.parametrize("name", ["avx512", "avx2"])
 def test_a_tile_of_four_rows_across_a_wide_row_is_register_blocked_on_avx2_as_on_avx512(name):
     """m/4, k, m4, n with n = 139 (72 AVX2 vectors): the reduction runs with accumulators in
-    registers on both (the bound counts vectors of tile, not register files: AVX2 used to
-    stream this tile through memory)."""
+    registers on both (the bound counts floats and vectors of tile, not register files: AVX2
+    used to stream this tile through memory)."""
     target = Target.named(name)
     nest = looprl.initial_nest(looprl.matmul(67, 139, 229)).split(0, 4).swap(1)
     plan = codegen.plan(nest, target)

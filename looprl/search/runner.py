@@ -14,6 +14,7 @@ import numpy as np
 from looprl import defaults
 from looprl.backend.codegen import conversions
 from looprl.backend.kernel import compile
+from looprl.backend.target import Target
 from looprl.env.actions import ActionSet
 from looprl.errors import CompileError, KernelError
 from looprl.ir.nest import LoopNest, initial_nest
@@ -165,13 +166,13 @@ def run(
             raise ValueError("layout_stage needs layouts=True and a budget_s to divide")
         if isinstance(layout_stage, bool) or not isinstance(layout_stage, (int, float)) or not 0 < layout_stage < 1:
             raise ValueError(f"layout_stage must be a fraction strictly between 0 and 1, got {layout_stage!r}")
-    evaluator = evaluator if evaluator is not None else Evaluator(cache, measure_budget_s, target=target)
     if isinstance(split_factors, str):
         if split_factors != "target":
             raise ValueError(f"split_factors must be a sequence of integers or 'target', got {split_factors!r}")
-        split_factors = target_split_factors(evaluator.target)
+        split_factors = target_split_factors(getattr(evaluator, "target", None) if evaluator is not None else Target.resolve(target))
     actions = ActionSet(split_factors, max_loops)
     actions.check_fits(problem)
+    evaluator = evaluator if evaluator is not None else Evaluator(cache, measure_budget_s, target=target)
     if layouts:
         width = getattr(getattr(evaluator, "target", None), "vector_width", 16)
         loop_actions, actions = actions, ActionSet(split_factors, max_loops, layouts=True, pad_multiple=max(width, 2))
