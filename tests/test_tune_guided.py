@@ -172,3 +172,12 @@ def test_replay_takes_the_tile_rows_tune_may_name():
 
     values = replay(looprl.matmul(12, 16, 8), ["split_6", "down", "swap_down"], Evaluator(":memory:", 0.001))
     assert len(values) == 4 and all(v > 0 for v in values)
+
+
+def test_the_action_set_covering_a_tune_path_keeps_the_env_s_indices():
+    from looprl.env.actions import ActionSet
+
+    covering = ActionSet.covering(["split_4", "down", "split_9", "swap_down", "split_9", "split_6"])
+    assert covering.names[: len(ActionSet())] == ActionSet().names
+    assert covering.split_factors == (4, 8, 16, 9, 6)
+    assert ActionSet.covering(["up", "split_16"]).names == ActionSet().names

@@ -83,6 +83,15 @@ class ActionSet:
         if self.layouts:
             self.names += LAYOUT_ACTIONS
 
+    @classmethod
+    def covering(cls, names, split_factors=defaults.SPLIT_FACTORS, max_loops: int = defaults.MAX_LOOPS) -> "ActionSet":
+        """``split_factors``' action set plus a ``split_<f>`` action for every other factor
+        named in ``names`` (after them, so the others keep their indices): the actions that
+        replay a path of ``looprl.tune``, whose tiles may split by a target's tile rows."""
+        named = [name[len("split_"):] for name in names if isinstance(name, str) and name.startswith("split_")]
+        extra = [int(f) for f in dict.fromkeys(named) if f.isdigit() and int(f) not in split_factors]
+        return cls(tuple(split_factors) + tuple(extra), max_loops)
+
     def __len__(self) -> int:
         return len(self.names)
 

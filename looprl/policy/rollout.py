@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from looprl import defaults
 from looprl.env.actions import ActionSet, State
 from looprl.env.features import observation
 from looprl.ir.nest import LoopNest, initial_nest
@@ -154,8 +153,7 @@ def replay(problem: Problem, names, evaluator: Evaluator, actions: ActionSet | N
     (a failed schedule leaves the state as it was). Without ``actions``: the default action set
     plus any other ``split_<f>`` in ``names`` (tune's tiles may split by a target's tile rows)."""
     if actions is None:
-        named = [int(name[len("split_"):]) for name in names if name.startswith("split_") and name[len("split_"):].isdigit()]
-        actions = ActionSet(defaults.SPLIT_FACTORS + tuple(f for f in dict.fromkeys(named) if f not in defaults.SPLIT_FACTORS))
+        actions = ActionSet.covering(names)
     state = State(initial_nest(problem), 0)
     gflops = evaluator(state.nest).gflops
     values = [gflops]

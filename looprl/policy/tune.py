@@ -35,6 +35,7 @@ import numpy as np
 from looprl import defaults
 from looprl.backend.kernel import Kernel, compile
 from looprl.backend.target import Target
+from looprl.env.actions import ActionSet
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, as_problem, matmul
 from looprl.ir.schedules import register_tiles
@@ -67,6 +68,12 @@ class TuneResult:
     target: Target | None = None
     greedy_gflops: float | None = None  # the best state of the policy's greedy rollout (measured mode)
     measured: int = 0  # schedules timed by this call
+
+    @property
+    def action_set(self) -> ActionSet:
+        """The actions that replay ``actions`` from the untuned nest (the env's, plus any
+        ``split_<rows>`` a tile used)."""
+        return ActionSet.covering(self.actions)
 
     @property
     def speedup(self) -> float:
