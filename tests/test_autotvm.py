@@ -76,10 +76,19 @@ def test_autotvm_reproduces_with_a_seed_and_differs_with_another():
 
 def test_autotvm_finds_better_than_random_picks_on_a_learnable_evaluator():
     evaluator = FakeEvaluator()
-    run(evaluator, max_evaluations=48)
+    run(evaluator, max_evaluations=48, walks=False)  # random picks from the whole 2..64 space
     values = [evaluator.value(LoopNest.from_key(SMALL, k)) for k in evaluator.calls]
     first, later = np.mean(values[1:9]), np.mean(values[-16:])  # the random batch vs model-picked ones
     assert later > first + 10
+
+
+def test_autotvm_draws_its_random_batch_from_env_action_walks_by_default():
+    for walks in (True, False):
+        evaluator = FakeEvaluator()
+        run(evaluator, max_evaluations=9, walks=walks)  # the untuned nest and the first batch of 8
+        steps = {lp.step for key in list(evaluator.calls)[1:9] for lp in LoopNest.from_key(SMALL, key).loops}
+        powers_of_two = all(step & (step - 1) == 0 for step in steps)  # products of splits by 4, 8, 16
+        assert powers_of_two == walks, (walks, steps)
 
 
 def test_autotvm_with_a_real_evaluator_and_time_budget():

@@ -37,6 +37,7 @@ import numpy as np
 from looprl import defaults
 from looprl.costmodel.features import DEFAULT_TARGET, features_batch
 from looprl.costmodel.model import CostModel, TransferModel, import_xgboost
+from looprl.env.actions import State
 from looprl.ir.nest import COMPUTE, Loop, LoopNest
 from looprl.ir.problem import parse_problem
 from looprl.search.context import BudgetExhausted, SearchContext
@@ -96,9 +97,10 @@ def split_factor(size: int, rng) -> int:
 class ScheduleSpace:
     """Random schedules and random neighbours of a schedule of one problem."""
 
-    def __init__(self, root: LoopNest, max_loops: int):
+    def __init__(self, root: LoopNest, max_loops: int, actions=None):
         self.root = root
         self.max_loops = max_loops
+        self.actions = actions  # an ActionSet: random schedules are its walks, as random search's
 
     @staticmethod
     def _index(nest: LoopNest, rng, pairs: bool) -> int:
@@ -137,9 +139,17 @@ class ScheduleSpace:
         return nest
 
     def random(self, rng, depth: int) -> LoopNest:
-        """A random walk of 1..``depth`` // 2 transforms (two splits for one swap) from the
-        untuned nest: as deep as the environment's random walks of ``depth`` actions, about
-        half of which move the cursor."""
+        """With an action set: a walk of 1..``depth`` of its actions, each uniform among the
+        valid ones (the schedules random search measures). Else a random walk of 1..``depth``
+        // 2 transforms (two splits for one swap, any factor) from the untuned nest."""
+        if self.actions is not None:
+            state = State(self.root, 0)
+            for _ in range(int(rng.integers(1, max(depth, 1) + 1))):
+                valid = np.flatnonzero(self.actions.mask(state))
+                if valid.size == 0:
+                    break
+                state = self.actions.apply(state, int(rng.choice(valid)))
+            return state.nest
         nest = self.root
         for _ in range(int(rng.integers(1, max(depth // 2, 1) + 1))):
             for _ in range(12):
@@ -201,7 +211,7 @@ class _Tuner:
         self.rng = rng
         self.o = options
         self.root = context.root()
-        self.space = ScheduleSpace(self.root.state.nest, context.actions.max_loops)
+        self.space = ScheduleSpace(self.root.state.nest, context.actions.max_loops, context.actions if options["walks"] else None)
         self.measured: dict[str, tuple[LoopNest, float]] = {self.root.state.nest.key: (self.root.state.nest, self.root.gflops)}
         self.features: dict[str, np.ndarray] = {}  # measured schedules' feature rows
         self.chains: list[LoopNest] = []
@@ -371,6 +381,7 @@ def autotvm(
     diversity: float = 2.0,
     alpha: float = 0.5,
     temperature: float = 1.0,
+    walks: bool = True,
 ) -> None:
     """AutoTVM's model-guided search (module docstring): rounds of ``batch_size``
     measurements picked by ``chains`` simulated-annealing chains (at most ``max_steps`` steps,
@@ -378,7 +389,8 @@ def autotvm(
     model (``objective`` ``"rank"`` or ``"regression"``); ``epsilon`` of each batch random;
     ``diversity`` x ``batch_size`` candidates for the diversity-aware pick weighted by ``alpha``;
     ``transfer`` adds a global model fitted on the cache's other problems. ``depth`` bounds the
-    random walks that seed the chains and the random picks."""
+    random walks that seed the chains and the random picks; ``walks`` draws those as random
+    search does (walks of the env's actions) instead of from the whole 2..64 space."""
     if objective not in ("rank", "regression"):
         raise ValueError(f"autotvm objective must be 'rank' or 'regression', got {objective!r}")
     options = {
@@ -392,6 +404,7 @@ def autotvm(
         "diversity": _at_least(diversity, "diversity", 1.0),
         "alpha": _at_least(alpha, "alpha", 0.0),
         "temperature": _at_least(temperature, "temperature", 0.0),
+        "walks": _flag(walks, "walks"),
     }
     import_xgboost()  # fail before measuring anything
     _Tuner(context, depth, rng, options).run()
