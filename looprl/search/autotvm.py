@@ -16,8 +16,10 @@ of one nest, at most ``max_loops`` loops (the action set's bound). Each round:
 3. the batch is measured through the search context (cache, budgets, progress, result);
 4. the cost model (:mod:`looprl.costmodel`) is refitted on every measurement so far.
 
-The first batch, before any measurement but the untuned nest's, is random, unless
-``transfer`` gives a global model fitted on the measurement cache's other problems (same
+Random schedules (the first batch, the chains' seeds, the epsilon picks) are walks of the
+environment's actions by default, the short schedules random search samples; the annealing
+then reaches any factor. The first batch, before any measurement but the untuned nest's, is
+random, unless ``transfer`` gives a global model fitted on the measurement cache's other problems (same
 host); the local model is then fitted on top of it (AutoTVM section 4). The search ends when
 the budget is spent (or after 1000 measurements without a budget, or when no unmeasured
 schedule is found). Given the same measurements and seed it makes the same choices.
