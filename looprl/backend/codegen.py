@@ -44,7 +44,7 @@ KERNEL_NAME = "looprl_kernel"
 # Bump whenever the code generated for an existing schedule key may change speed: it is part of
 # the measurement cache key. (Data layouts did not bump it: a schedule without layouts has the
 # same key and byte-identical IR as before, and schedules with layouts have new keys.)
-CODEGEN_VERSION = 3  # 3: the register-blocking bound counts floats (AVX2 and SSE4 code changed)
+CODEGEN_VERSION = 4  # 4: the register-blocking bound counts floats (AVX2 and SSE4 code changed); 3 was an earlier layouts commit
 # Unroll a reduction loop inside the register scope while the unrolled body has at most this
 # many multiply-adds (the reference backend used ~320).
 UNROLL_LIMIT = 64

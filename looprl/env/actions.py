@@ -89,8 +89,15 @@ class ActionSet:
         named in ``names`` (after them, so the others keep their indices): the actions that
         replay a path of ``looprl.tune``, whose tiles may split by a target's tile rows."""
         named = [name[len("split_"):] for name in names if isinstance(name, str) and name.startswith("split_")]
-        extra = [int(f) for f in dict.fromkeys(named) if f.isdigit() and int(f) not in split_factors]
-        return cls(tuple(split_factors) + tuple(extra), max_loops)
+        return cls(split_factors, max_loops).with_splits(int(f) for f in named if f.isdigit())
+
+    def with_splits(self, factors) -> "ActionSet":
+        """This action set plus a ``split_<f>`` for each of ``factors`` it lacks, after its own
+        actions (which keep their indices)."""
+        extra = tuple(f for f in dict.fromkeys(factors) if f not in self.split_factors)
+        if not extra:
+            return self
+        return ActionSet(self.split_factors + extra, self.max_loops, self.layouts, self.pad_multiple)
 
     def __len__(self) -> int:
         return len(self.names)

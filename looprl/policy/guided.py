@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from looprl.env.actions import ActionSet, State
+from looprl.env.actions import State
 from looprl.env.features import observation
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
@@ -64,10 +64,8 @@ def guided_search(
     """Search from ``problem``'s untiled nest until ``time.perf_counter()`` passes ``deadline``
     or ``depth`` levels are done. ``start`` (actions, GFLOPS) seeds the beam with a known good
     path as well, e.g. the policy's greedy rollout, so the search refines what it found."""
-    trained = policy_actions(policy)
-    extra = tuple(f for f in dict.fromkeys(tile_rows) if f not in trained.split_factors)
     # The policy's actions keep their indices; splits it was not trained with come after them.
-    actions = ActionSet(trained.split_factors + extra, trained.max_loops) if extra else trained
+    actions = policy_actions(policy).with_splits(tile_rows)
     normalized = policy.observation_kind == "normalized"
     before = evaluator.compiled
     root_state = State(initial_nest(problem), 0)
@@ -133,19 +131,27 @@ def guided_search(
     )
 
 
-def _ranked(policy: Policy, actions, state: State, normalized: bool) -> tuple[np.ndarray, list[int]]:
-    """The policy's scores in ``state`` and its valid actions, best first."""
-    scores = _scores(policy, actions, state, normalized)
+def _ranked(policy: Policy, actions, state: State, normalized: bool, scores: np.ndarray | None = None) -> tuple[np.ndarray, list[int]]:
+    """The policy's scores in ``state`` (given, or computed) and its valid actions, best first."""
+    if scores is None:
+        scores = _scores(policy, actions, [state], normalized)[0]
     mask = actions.mask(state).astype(bool)
     return scores, [int(a) for a in np.argsort(-np.where(mask, scores, -np.inf), kind="stable") if mask[a]]
 
 
-def _scores(policy: Policy, actions, state: State, normalized: bool) -> np.ndarray:
-    """The policy's scores of ``actions`` in ``state``; -inf for splits it was not trained with."""
-    scores = policy.scores(observation(state.nest, state.cursor, actions.max_loops, normalized))
-    if len(actions) > len(scores):
-        scores = np.concatenate([scores, np.full(len(actions) - len(scores), -np.inf, dtype=scores.dtype)])
+def _scores(policy: Policy, actions, states: list[State], normalized: bool) -> np.ndarray:
+    """The policy's scores of ``actions`` in each of ``states`` (one batch through the network);
+    -inf for splits it was not trained with."""
+    observations = np.stack([observation(s.nest, s.cursor, actions.max_loops, normalized) for s in states])
+    scores = policy.scores(observations)
+    if len(actions) > scores.shape[1]:
+        scores = np.concatenate([scores, np.full((len(states), len(actions) - scores.shape[1]), -np.inf, dtype=scores.dtype)], axis=1)
     return scores
+
+
+def _moves(actions, start: int, cursor: int) -> tuple[int, ...]:
+    """The cursor moves from loop ``start`` to loop ``cursor``."""
+    return (actions.index("up"),) * (start - cursor) if cursor < start else (actions.index("down"),) * (cursor - start)
 
 
 def _proposals(policy: Policy, actions, state: State, normalized: bool, top_k: int):
@@ -154,56 +160,55 @@ def _proposals(policy: Policy, actions, state: State, normalized: bool, top_k: i
     a policy fond of one part of the nest still gets the others tried, its best structural
     action at each other cursor position (reached by moves), ranked with the rest by score;
     plus its ``top_k`` best tiles (:func:`_tiles`)."""
-    scores, ranked = _ranked(policy, actions, state, normalized)
+    everywhere = [State(state.nest, cursor) for cursor in range(len(state.nest))]
+    scores_at = _scores(policy, actions, everywhere, normalized)  # row per cursor position
+    scores, ranked = _ranked(policy, actions, state, normalized, scores_at[state.cursor])
     proposals = []
     for action in ranked[:top_k]:
         path, following = _until_structural(policy, actions, state, action, normalized)
         proposals.append((float(scores[action]), path, following))
-    up, down = actions.index("up"), actions.index("down")
     elsewhere = []
-    for cursor in range(len(state.nest)):
-        if cursor == state.cursor:
+    for there in everywhere:
+        if there.cursor == state.cursor:
             continue
-        there = State(state.nest, cursor)
-        there_scores, there_ranked = _ranked(policy, actions, there, normalized)
+        there_scores, there_ranked = _ranked(policy, actions, there, normalized, scores_at[there.cursor])
         structural = [a for a in there_ranked if actions.is_structural(a)]
         if structural:
-            moves = (up,) * (state.cursor - cursor) if cursor < state.cursor else (down,) * (cursor - state.cursor)
             best = structural[0]
-            elsewhere.append((float(there_scores[best]), moves + (best,), actions.apply(there, best)))
+            elsewhere.append((float(there_scores[best]), _moves(actions, state.cursor, there.cursor) + (best,), actions.apply(there, best)))
     elsewhere.sort(key=lambda item: -item[0])
-    return proposals + elsewhere[:top_k] + _tiles(policy, actions, state, normalized, top_k)
+    return proposals + elsewhere[:top_k] + _tiles(actions, state, scores_at, top_k)
 
 
-def _tiles(policy: Policy, actions, state: State, normalized: bool, top_k: int):
-    """Tiles: at each compute loop, the policy's best-scored split there followed by sinking
-    the inner loop below the next loop (``down``, ``swap_down``); the ``top_k`` best by the
-    split's score. Plus, where the policy most wants to split, one tile for each split of
-    ``actions`` it was not trained with (the target's register-tile rows, e.g. 6 on AVX2).
-    Sizes the factor does not divide are fine: the split leaves a tail."""
-    up, down, swap_down = actions.index("up"), actions.index("down"), actions.index("swap_down")
+def _tiles(actions, state: State, scores_at: np.ndarray, top_k: int):
+    """Tiles: at each compute loop, the policy's best-scored split there (``scores_at``: its
+    scores with the cursor at each loop) followed by sinking the inner loop below the next loop
+    (``down``, ``swap_down``); the ``top_k`` best by the split's score. Plus, where the policy
+    most wants to split, one tile for each split of ``actions`` it was not trained with (the
+    target's register-tile rows, e.g. 6 on AVX2). Sizes the factor does not divide are fine:
+    the split leaves a tail."""
+    down, swap_down = actions.index("down"), actions.index("swap_down")
     splits = [a for a in range(len(actions)) if actions.names[a].startswith("split_")]
+    untrained = sum(1 for a in splits if not np.isfinite(scores_at[0][a]))
     tiles, extra_tiles = [], []
     for cursor, loop in enumerate(state.nest.loops):
         if loop.is_write_back:
             continue
-        there = State(state.nest, cursor)
-        scores = _scores(policy, actions, there, normalized)
+        there, scores = State(state.nest, cursor), scores_at[cursor]
         valid = [a for a in splits if actions.can_apply(there, a)]
         trained = [a for a in valid if np.isfinite(scores[a])]
         if not trained:
             continue
         split = max(trained, key=lambda a: scores[a])
-        moves = (up,) * (state.cursor - cursor) if cursor < state.cursor else (down,) * (cursor - state.cursor)
         for chosen, into in [(split, tiles)] + [(a, extra_tiles) for a in valid if not np.isfinite(scores[a])]:
             sunk = actions.apply(there, chosen)
             for move in (down, swap_down):
                 sunk = actions.apply(sunk, move) if sunk is not None else None
             if sunk is not None:  # else no loop below to sink under
-                into.append((float(scores[split]), moves + (chosen, down, swap_down), sunk))
+                into.append((float(scores[split]), _moves(actions, state.cursor, cursor) + (chosen, down, swap_down), sunk))
     tiles.sort(key=lambda item: -item[0])
     extra_tiles.sort(key=lambda item: -item[0])  # splits the policy lacks: at its favourite loop
-    return tiles[:top_k] + extra_tiles[: len(actions) - len(policy.action_names)]
+    return tiles[:top_k] + extra_tiles[:untrained]
 
 
 def _until_structural(policy: Policy, actions, state: State, action: int, normalized: bool) -> tuple[tuple[int, ...], State | None]:
