@@ -85,7 +85,8 @@ def test_autotvm_finds_better_than_random_picks_on_a_learnable_evaluator():
 def test_autotvm_draws_its_random_batch_from_env_action_walks_by_default():
     for walks in (True, False):
         evaluator = FakeEvaluator()
-        run(evaluator, max_evaluations=9, walks=walks)  # the untuned nest and the first batch of 8
+        options = {} if walks else {"walks": False}  # walks by default
+        run(evaluator, max_evaluations=9, **options)  # the untuned nest and the first batch of 8
         steps = {lp.step for key in list(evaluator.calls)[1:9] for lp in LoopNest.from_key(SMALL, key).loops}
         powers_of_two = all(step & (step - 1) == 0 for step in steps)  # products of splits by 4, 8, 16
         assert powers_of_two == walks, (walks, steps)
