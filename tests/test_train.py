@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+import looprl
 from looprl.policy.numpy_policy import Policy
 from looprl.train.config import ALGORITHMS, load_agent, validate_agent
 from looprl.train.exploration import apex_epsilon
@@ -129,6 +130,26 @@ def test_one_iteration_checkpoint_and_exported_policy_match(algo, ray_session, t
     np.testing.assert_array_equal(ours, theirs)
 
 
+def test_a_layout_agent_trains_and_exports_a_policy_with_pack_and_pad(ray_session, tmp_path):
+    from looprl.policy.rollout import greedy_rollout, policy_actions
+    from looprl.train.config import build_config
+    from looprl.train.export import export_policy
+
+    agent = tiny_agent("dqn", str(tmp_path / "cache.sqlite"))
+    agent["env"]["layouts"] = True
+    built = build_config(agent, seed=1, num_env_runners=0).build_algo()
+    try:
+        built.train()
+        checkpoint = tmp_path / "ckpt"
+        built.save_to_path(str(checkpoint))
+    finally:
+        built.stop()
+    policy = Policy.load(export_policy(checkpoint, tmp_path / "policy", agent))
+    assert policy.action_names[-2:] == ("pack", "pad") and policy.metadata["layouts"] is True
+    assert policy_actions(policy).layouts
+    assert greedy_rollout(policy, looprl.matmul(16, 24, 8), None).length == policy.metadata["episode_length"]
+
+
 # -- the command line: checkpoints, resume, Ctrl-C, evaluation ------------------------------------------
 
 
@@ -231,6 +252,7 @@ def test_cli_rejects_bad_input(tmp_path):
         (["--validate-every", "-1"], "--validate-every"),
         (["--validation-problems", "0"], "--validation-problems"),
         (["--resume", "--out", str(tmp_path), "--init-from", "checkpoints/apex-dqn"], "cannot be combined with --resume"),
+        (["--resume", "--out", str(tmp_path), "--layouts"], "a resumed run keeps its own"),
         (["--init-from", str(small_policy), "--out", str(tmp_path / "new")], "trunk layers [8]"),
     ]:
         result = subprocess.run([sys.executable, "-m", "looprl.train", *arguments], capture_output=True, text=True, timeout=120)
@@ -281,6 +303,29 @@ def test_seeded_weights_fill_online_and_target_networks_only():
     np.testing.assert_array_equal(seeded["vf.net.mlp.0.weight"], with_value.heads["value"][0].weight)
     weights["encoder.net.mlp.2.weight"] = np.zeros((128, 256), np.float32)
     with pytest.raises(ValueError, match="encoder.net.mlp.2.weight"):
+        seeded_weights(weights, policy)
+
+
+def test_a_loops_only_policy_seeds_a_layout_agent_with_its_new_actions_as_the_average_action():
+    policy = wide_policy(value=True)
+    agent = load_agent("apex-dqn")
+    agent["env"]["layouts"] = True
+    check_compatible(policy, agent, "p")  # pack and pad come after the policy's 7 actions
+    shapes = {"encoder.net.mlp.0": (256, 200), "encoder.net.mlp.2": (256, 256), "af.net.mlp.0": (9, 256), "vf.net.mlp.0": (1, 256)}
+    weights = {}
+    for prefix in ("", "_target_"):
+        for name, shape in shapes.items():
+            weights[f"{prefix}{name}.weight"], weights[f"{prefix}{name}.bias"] = np.zeros(shape, np.float32), np.zeros(shape[0], np.float32)
+    seeded, count = seeded_weights(weights, policy)
+    assert count == 16
+    head = policy.heads["advantages"][0]
+    for prefix in ("", "_target_"):
+        np.testing.assert_array_equal(seeded[f"{prefix}af.net.mlp.0.weight"][:7], head.weight)
+        for row in (7, 8):
+            np.testing.assert_allclose(seeded[f"{prefix}af.net.mlp.0.weight"][row], head.weight.mean(axis=0), rtol=1e-6)
+            assert seeded[f"{prefix}af.net.mlp.0.bias"][row] == pytest.approx(head.bias.mean())
+    weights["af.net.mlp.0.weight"] = np.zeros((5, 256), np.float32)  # fewer actions than the policy: refused
+    with pytest.raises(ValueError, match="af.net.mlp.0.weight"):
         seeded_weights(weights, policy)
 
 

@@ -181,3 +181,39 @@ def test_the_action_set_covering_a_tune_path_keeps_the_env_s_indices():
     assert covering.names[: len(ActionSet())] == ActionSet().names
     assert covering.split_factors == (4, 8, 16, 9, 6)
     assert ActionSet.covering(["up", "split_16"]).names == ActionSet().names
+
+
+def test_a_layout_policy_pads_for_the_target_and_keeps_its_scores_by_name_when_tile_rows_are_added():
+    from looprl.env.actions import State
+    from looprl.policy.guided import _scores
+    from looprl.policy.rollout import policy_actions
+
+    policy = random_policy(bias=[0, 0, 0, 0, 1, 2, 3, 9, -9], layouts=True)  # pack first, pad last
+    assert policy_actions(policy, looprl.Target.named("avx2")).pad_multiple == 8
+    assert policy_actions(policy, looprl.Target.named("avx512")).pad_multiple == 16
+    actions = policy_actions(policy, looprl.Target.named("avx2")).with_splits((6,))
+    assert actions.names[-3:] == ("split_6", "pack", "pad")  # the new split moved pack and pad
+    scores = _scores(policy, actions, [State(looprl.initial_nest(PROBLEM), 0)], True)[0]
+    assert int(np.argmax(scores)) == actions.index("pack") and int(np.argmin(scores)) == actions.index("split_6")
+    assert scores[actions.index("pad")] == pytest.approx(-9) and scores[actions.index("split_16")] == pytest.approx(3)
+
+
+def test_a_layout_policy_s_proposals_include_its_layout_actions_and_tune_replays_them():
+    from looprl.env.actions import State
+    from looprl.policy.guided import _proposals
+    from looprl.policy.rollout import policy_actions, replay
+
+    problem = looprl.matmul(24, 40, 20)  # k = 20: pad makes it 24 on AVX2
+    policy = random_policy(bias=[0, 0, -9, -9, 0, 0, 0, 0, 9], layouts=True)  # pads wherever it can
+    actions = policy_actions(policy, looprl.Target.named("avx2"))
+    proposals = _proposals(policy, actions, State(looprl.initial_nest(problem), 0), True, top_k=3)
+    padded = [following for _, path, following in proposals if actions.names[path[-1]] == "pad"]
+    assert padded and padded[0].nest.layouts  # pad at the k loop, reached by a move
+    cache = MeasurementCache(":memory:")
+    result = looprl.tune(problem, policy, cache=cache, budget_s=0.3, measure_budget_s=0.001, remember=False, target="avx2")
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((24, 20)).astype(np.float32), rng.standard_normal((20, 40)).astype(np.float32)
+    np.testing.assert_allclose(result(a, b), a @ b, rtol=1e-4, atol=1e-4)
+    assert result.action_set.layouts == any(name in ("pack", "pad") for name in result.actions)
+    values = replay(problem, result.actions, Evaluator(cache, 0.001, samples=1, target="avx2"), result.action_set)
+    assert values[-1] == pytest.approx(result.gflops)  # the same schedule, from the cache

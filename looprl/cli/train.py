@@ -2,6 +2,7 @@
 
     python -m looprl.train --algo apex-dqn --time-budget 1h --out checkpoints/apex-dqn
     python -m looprl.train --resume --out checkpoints/apex-dqn --time-budget 2h
+    python -m looprl.train --layouts --init-from checkpoints/apex-dqn --time-budget 40m --out runs/layouts
     python -m looprl.train --evaluate checkpoints/apex-dqn --split test --numpy
 
 Hyperparameters come from ``agents/<algo>.yaml`` (or ``--config``); flags override them.
@@ -55,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target", default=None, choices=TARGET_CHOICES,
                         help="generate and measure code for this target (default host; a narrower ISA than the host's is "
                              "cross-compiled, e.g. --target avx2 on an AVX-512 machine); --evaluate: default the policy's own")
+    parser.add_argument("--layouts", action="store_true",
+                        help="train with the data-layout actions pack and pad after the splits (LoopNest-v0's layouts=True); "
+                             "--init-from a loops-only policy starts the new actions as its average action")
     return parser
 
 
@@ -100,6 +104,8 @@ def _train(args) -> int:
 
     if args.resume and args.init_from is not None:
         raise ValueError("--init-from starts a new run; it cannot be combined with --resume")
+    if args.resume and args.layouts:
+        raise ValueError("--layouts chooses a new run's actions; a resumed run keeps its own")
     cache_path(args.cache)
     writable_folder(args.out, "--out")
     if args.resume:
@@ -123,6 +129,8 @@ def _train(args) -> int:
             agent["env"]["cache"] = args.cache
         if args.target is not None:
             agent["env"]["target"] = args.target
+        if args.layouts:
+            agent["env"]["layouts"] = True
         Target.resolve(agent["env"].get("target")).check_runs_on_host()
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         run = RunDirectory(args.out if args.out is not None else Path("runs") / f"{args.algo}__s{args.seed}__{stamp}")

@@ -84,16 +84,25 @@ class ActionSet:
             self.names += LAYOUT_ACTIONS
 
     @classmethod
-    def covering(cls, names, split_factors=defaults.SPLIT_FACTORS, max_loops: int = defaults.MAX_LOOPS) -> "ActionSet":
+    def for_target(cls, target, split_factors=defaults.SPLIT_FACTORS, max_loops: int = defaults.MAX_LOOPS, layouts: bool = False) -> "ActionSet":
+        """The env's action set on ``target``: ``pad`` pads to a multiple of its vector width."""
+        return cls(split_factors, max_loops, layouts=layouts, pad_multiple=max(target.vector_width, MIN_FACTOR))
+
+    @classmethod
+    def covering(cls, names, split_factors=defaults.SPLIT_FACTORS, max_loops: int = defaults.MAX_LOOPS, target=None) -> "ActionSet":
         """``split_factors``' action set plus a ``split_<f>`` action for every other factor
-        named in ``names`` (after them, so the others keep their indices): the actions that
-        replay a path of ``looprl.tune``, whose tiles may split by a target's tile rows."""
+        named in ``names``, and the layout actions (for ``target``) if ``names`` has one: the
+        actions that replay a path of ``looprl.tune``, whose tiles may split by a target's
+        tile rows."""
         named = [name[len("split_"):] for name in names if isinstance(name, str) and name.startswith("split_")]
-        return cls(split_factors, max_loops).with_splits(int(f) for f in named if f.isdigit())
+        layouts = any(name in LAYOUT_ACTIONS for name in names)
+        base = cls(split_factors, max_loops, layouts) if target is None else cls.for_target(target, split_factors, max_loops, layouts)
+        return base.with_splits(int(f) for f in named if f.isdigit())
 
     def with_splits(self, factors) -> "ActionSet":
         """This action set plus a ``split_<f>`` for each of ``factors`` it lacks, after its own
-        actions (which keep their indices)."""
+        splits: the moves, swaps and splits keep their indices, the layout actions (if any)
+        follow the new splits. Map actions between the two sets by name."""
         extra = tuple(f for f in dict.fromkeys(factors) if f not in self.split_factors)
         if not extra:
             return self

@@ -179,7 +179,7 @@ class LoopNestEnv(gym.Env):
         self.evaluator = Evaluator(cache, measure_budget_s, target=target, samples=measure_samples)
         self.target = self.evaluator.target
         if layouts:
-            self.actions = ActionSet(split_factors, max_loops, layouts=True, pad_multiple=max(self.target.vector_width, 2))
+            self.actions = ActionSet.for_target(self.target, split_factors, max_loops, layouts=True)
         self.peak = peak if peak is not None else peak_gflops(target=self.target, cache=self.evaluator.cache)
         # reward="model": predicts most new states' GFLOPS; its own generator draws which to measure.
         self.surrogate = None if self.reward == "measured" else make_reward_model(model, self.evaluator, refit_every=refit_every, seed=None)

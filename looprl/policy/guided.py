@@ -64,8 +64,8 @@ def guided_search(
     """Search from ``problem``'s untiled nest until ``time.perf_counter()`` passes ``deadline``
     or ``depth`` levels are done. ``start`` (actions, GFLOPS) seeds the beam with a known good
     path as well, e.g. the policy's greedy rollout, so the search refines what it found."""
-    # The policy's actions keep their indices; splits it was not trained with come after them.
-    actions = policy_actions(policy).with_splits(tile_rows)
+    # Splits the policy was not trained with come after its own (scores map by name).
+    actions = policy_actions(policy, evaluator.target).with_splits(tile_rows)
     normalized = policy.observation_kind == "normalized"
     before = evaluator.compiled
     root_state = State(initial_nest(problem), 0)
@@ -143,9 +143,9 @@ def _scores(policy: Policy, actions, states: list[State], normalized: bool) -> n
     """The policy's scores of ``actions`` in each of ``states`` (one batch through the network);
     -inf for splits it was not trained with."""
     observations = np.stack([observation(s.nest, s.cursor, actions.max_loops, normalized) for s in states])
-    scores = policy.scores(observations)
-    if len(actions) > scores.shape[1]:
-        scores = np.concatenate([scores, np.full((len(states), len(actions) - scores.shape[1]), -np.inf, dtype=scores.dtype)], axis=1)
+    trained = policy.scores(observations)
+    scores = np.full((len(states), len(actions)), -np.inf, dtype=trained.dtype)
+    scores[:, [actions.index(name) for name in policy.action_names]] = trained
     return scores
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from looprl.backend.target import Target
 from looprl.env.actions import ActionSet, State
 from looprl.env.features import observation
 from looprl.ir.nest import LoopNest, initial_nest
@@ -53,10 +54,12 @@ class Rollout:
         return self.final_gflops / self.initial_gflops
 
 
-def policy_actions(policy: Policy) -> ActionSet:
-    """The action set a policy was trained with (names checked against the metadata)."""
+def policy_actions(policy: Policy, target: Target | None = None) -> ActionSet:
+    """The action set a policy was trained with (names checked against the metadata), its
+    layout actions (if any) padding for ``target`` (default: the policy's own, else the host)."""
     meta = policy.metadata
-    actions = ActionSet(meta["split_factors"], meta["observation_shape"][0])
+    target = target if target is not None else policy.target or Target.host()
+    actions = ActionSet.for_target(target, meta["split_factors"], meta["observation_shape"][0], layouts=bool(meta.get("layouts", False)))
     if actions.names != policy.action_names:
         raise ValueError(f"policy actions {policy.action_names} do not match split factors {meta['split_factors']}")
     return actions
@@ -81,7 +84,7 @@ def greedy_rollout(
     if isinstance(length, bool) or not isinstance(length, int) and not hasattr(length, "__index__") or int(length) < 0:
         raise ValueError(f"length must be a non-negative integer, got {length!r}")
     length = int(length)
-    actions = policy_actions(policy)
+    actions = policy_actions(policy, evaluator.target if evaluator is not None else None)
     actions.check_fits(problem)
     normalized = policy.metadata["observation"] == "normalized"
     before = evaluator.compiled if evaluator is not None else 0
@@ -153,7 +156,7 @@ def replay(problem: Problem, names, evaluator: Evaluator, actions: ActionSet | N
     (a failed schedule leaves the state as it was). Without ``actions``: the default action set
     plus any other ``split_<f>`` in ``names`` (tune's tiles may split by a target's tile rows)."""
     if actions is None:
-        actions = ActionSet.covering(names)
+        actions = ActionSet.covering(names, target=evaluator.target)
     state = State(initial_nest(problem), 0)
     gflops = evaluator(state.nest).gflops
     values = [gflops]

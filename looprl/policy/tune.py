@@ -72,8 +72,8 @@ class TuneResult:
     @property
     def action_set(self) -> ActionSet:
         """The actions that replay ``actions`` from the untuned nest (the env's, plus any
-        ``split_<rows>`` a tile used)."""
-        return ActionSet.covering(self.actions)
+        ``split_<rows>`` a tile used, plus ``pack`` and ``pad`` if the path has them)."""
+        return ActionSet.covering(self.actions, target=self.target)
 
     @property
     def speedup(self) -> float:
@@ -131,7 +131,7 @@ def tune(
     target.check_runs_on_host()
     loaded = load_policy(policy, target)
     _warn_if_made_for_another_target(loaded, target)
-    policy_actions(loaded).check_fits(problem)  # before anything is measured
+    policy_actions(loaded, target).check_fits(problem)  # before anything is measured
     evaluator = Evaluator(cache, measure_budget_s, target=target)
     if not measure:
         rollout = greedy_rollout(loaded, problem, None, length=int(steps))

@@ -174,7 +174,7 @@ def run(
     actions.check_fits(problem)
     evaluator = evaluator if evaluator is not None else Evaluator(cache, measure_budget_s, target=target)
     if layouts:
-        width = getattr(getattr(evaluator, "target", None), "vector_width", 16)
+        width = getattr(getattr(evaluator, "target", None), "vector_width", 16)  # a stand-in evaluator may have no target
         loop_actions, actions = actions, ActionSet(split_factors, max_loops, layouts=True, pad_multiple=max(width, 2))
     stages = [(actions, budget_s, max_evaluations)]
     if layout_stage is not None:

@@ -56,10 +56,12 @@ def validate_agent(agent: Any, where: str = "agent configuration") -> dict[str, 
 
 def agent_actions(agent: dict[str, Any]):
     """The env's action set an agent configuration trains with (env defaults filled in)."""
+    from looprl.backend.target import Target
     from looprl.env.actions import ActionSet
 
     env = agent.get("env", {})
-    return ActionSet(env.get("split_factors", defaults.SPLIT_FACTORS), env.get("max_loops", defaults.MAX_LOOPS))
+    return ActionSet.for_target(Target.resolve(env.get("target")), env.get("split_factors", defaults.SPLIT_FACTORS),
+                                env.get("max_loops", defaults.MAX_LOOPS), layouts=bool(env.get("layouts", False)))
 
 
 RLLIB_ENV_NAME = "looprl-LoopNest"

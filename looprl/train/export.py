@@ -105,6 +105,7 @@ def policy_from_module(module, agent: dict[str, Any], extra: dict[str, Any] | No
         "observation_shape": [actions.max_loops, FEATURES_PER_LOOP],
         "action_names": list(actions.names),
         "split_factors": list(actions.split_factors),
+        "layouts": actions.layouts,  # pack and pad follow the splits
         "episode_length": env.get("episode_length", defaults.EPISODE_LENGTH),
         "algorithm": agent.get("algorithm"),
         "apex": bool(agent.get("apex", False)),

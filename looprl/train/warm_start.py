@@ -5,7 +5,8 @@ actor-critics: logits) and, for a dueling DQN, the value head. Those are copied 
 learner's RLModule (and, for DQN, into its target network); layers the policy file does not
 hold (policies exported before the value head was, or an actor-critic's value layers) keep
 their fresh initialisation. Used to continue a shipped policy's training on another machine,
-whose kernels run at other speeds, without its RLlib checkpoint.
+whose kernels run at other speeds, without its RLlib checkpoint, or with actions added after
+its own (a loops-only policy continued with the layout actions).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ def check_compatible(policy: Policy, agent: dict, where: str) -> None:
     if policy.metadata.get("observation_layout_version") != OBSERVATION_LAYOUT_VERSION:
         raise ValueError(f"{where}: observation layout v{policy.metadata.get('observation_layout_version')}, "
                          f"training uses v{OBSERVATION_LAYOUT_VERSION}")
-    if policy.action_names != actions.names:
-        raise ValueError(f"{where}: actions {list(policy.action_names)} differ from the agent's {list(actions.names)}")
+    if tuple(actions.names[: len(policy.action_names)]) != tuple(policy.action_names):
+        raise ValueError(f"{where}: actions {list(policy.action_names)} are not the first of the agent's {list(actions.names)}")
     observation = env.get("observation", defaults.TRAINING_OBSERVATION)
     if policy.metadata.get("observation") != observation:
         raise ValueError(f"{where}: observation {policy.metadata.get('observation')!r}, the agent uses {observation!r}")
@@ -69,14 +70,26 @@ def seeded_weights(weights: dict[str, np.ndarray], policy: Policy) -> tuple[dict
                 continue  # no target network (actor-critics)
             if len(names) != len(layers):
                 raise ValueError(f"the module has {len(names)} layers under {copy}, the policy {len(layers)}")
-            for name, layer in zip(names, layers):
+            for position, (name, layer) in enumerate(zip(names, layers)):
                 for part, array in (("weight", layer.weight), ("bias", layer.bias)):
                     key = f"{name}.{part}"
+                    if prefix == head_prefix and position == len(layers) - 1:
+                        array = _with_new_actions(array, np.shape(weights[key]), key)
                     if np.shape(weights[key]) != array.shape:
                         raise ValueError(f"{key}: module shape {np.shape(weights[key])}, policy shape {array.shape}")
                     seeded[key] = np.array(array, dtype=np.float32)
                     count += 1
     return seeded, count
+
+
+def _with_new_actions(array: np.ndarray, shape: tuple[int, ...], key: str) -> np.ndarray:
+    """The greedy head's output layer (``array``: a row per action) grown to ``shape`` when
+    the agent has actions after the policy's own (e.g. ``pack``, ``pad``): each new action
+    starts as the mean of the trained ones, so it is neither favoured nor shunned at first."""
+    if len(shape) != array.ndim or shape[0] <= array.shape[0] or shape[1:] != array.shape[1:]:
+        return array  # same actions, or a mismatch the caller reports
+    new_rows = np.repeat(array.mean(axis=0, keepdims=True), shape[0] - array.shape[0], axis=0)
+    return np.concatenate([array, new_rows], axis=0)
 
 
 def warm_start(algo, policy: Policy) -> int:
