@@ -153,17 +153,22 @@ def test_guided_proposals_include_tiles_a_policy_would_not_reach_one_action_at_a
         assert following is None or replayed == following
 
 
-def test_guided_proposals_try_the_target_s_tile_rows_the_policy_was_not_trained_with():
+def test_guided_proposals_try_the_target_s_register_tiles_over_output_rows():
     from looprl.env.actions import ActionSet, State
     from looprl.policy.guided import _proposals
 
-    actions = ActionSet((4, 8, 16, 6))  # the policy's splits keep their indices; split_6 comes after
-    root = State(looprl.initial_nest(PROBLEM), 0)
-    policy = random_policy(bias=[0, 0, -9, -9, 9, 0, 0])
-    proposals = _proposals(policy, actions, root, True, top_k=3)
-    reached = {following.nest for _, _, following in proposals if following is not None}
-    assert root.nest.split(0, 6).swap(1) in reached  # six rows: AVX2's widest register tile
-    assert all(actions.names[path[0]] != "split_6" or len(path) == 3 for _, path, _ in proposals)  # only as a tile
+    actions = ActionSet((4, 8, 16, 6, 14))  # the policy's splits keep their indices; the target's rows follow
+    root = State(looprl.initial_nest(PROBLEM), 1)  # on k: the policy splits where it stands
+    policy = random_policy(bias=[0, 0, -9, -9, 0, 0, 9])  # likes split_16 best, has never seen 6 or 14
+    proposals = _proposals(policy, actions, root, True, top_k=3, tile_rows=(14, 6, 4))
+    reached = [following.nest for _, _, following in proposals if following is not None]
+    for rows in (14, 6, 4):  # m is the only loop over output rows with a loop below it
+        assert root.nest.split(0, rows).swap(1) in reached
+    assert root.nest.split(1, 6).swap(2) not in reached  # k is a reduction: no register tile there
+    register = [path for _, path, _ in proposals if len(path) >= 3 and actions.names[path[-3]] in ("split_6", "split_14")]
+    assert len(register) == 2 and all(len(path) == 4 for path in register)  # up, split, down, swap_down
+    first = [i for i, (_, path, _) in enumerate(proposals) if len(path) >= 3 and actions.names[path[-1]] == "swap_down"]
+    assert first and first[0] <= 3  # register tiles come right after the policy's top 3
 
 
 def test_replay_takes_the_tile_rows_tune_may_name():

@@ -98,7 +98,7 @@ def guided_search(
                 stopped = "deadline"
                 break
             expanded += 1
-            for preference, path, following in _proposals(policy, actions, node.state, normalized, top_k):
+            for preference, path, following in _proposals(policy, actions, node.state, normalized, top_k, tile_rows):
                 if following is None or following.key in seen:
                     continue
                 if time.perf_counter() >= deadline and following.nest.key not in values:
@@ -154,12 +154,12 @@ def _moves(actions, start: int, cursor: int) -> tuple[int, ...]:
     return (actions.index("up"),) * (start - cursor) if cursor < start else (actions.index("down"),) * (cursor - start)
 
 
-def _proposals(policy: Policy, actions, state: State, normalized: bool, top_k: int):
+def _proposals(policy: Policy, actions, state: State, normalized: bool, top_k: int, tile_rows: tuple[int, ...] = ()):
     """The policy's ``top_k`` schedule changes from ``state``: its best valid actions, with a
-    proposed cursor move followed by its greedy choices until the schedule changes; plus, so that
-    a policy fond of one part of the nest still gets the others tried, its best structural
-    action at each other cursor position (reached by moves), ranked with the rest by score;
-    plus its ``top_k`` best tiles (:func:`_tiles`)."""
+    proposed cursor move followed by its greedy choices until the schedule changes; the
+    target's register tiles; so that a policy fond of one part of the nest still gets the others
+    tried, its best structural action at each other compute loop (reached by moves), ranked by
+    score; and its ``top_k`` best tiles (:func:`_tiles`)."""
     everywhere = [State(state.nest, cursor) for cursor in range(len(state.nest))]
     scores_at = _scores(policy, actions, everywhere, normalized)  # row per cursor position
     scores, ranked = _ranked(policy, actions, state, normalized, scores_at[state.cursor])
@@ -169,46 +169,65 @@ def _proposals(policy: Policy, actions, state: State, normalized: bool, top_k: i
         proposals.append((float(scores[action]), path, following))
     elsewhere = []
     for there in everywhere:
-        if there.cursor == state.cursor:
-            continue
+        if there.cursor == state.cursor or state.nest.loops[there.cursor].is_write_back:
+            continue  # the write-back copy costs little: its loops are left to the policy's top_k
         there_scores, there_ranked = _ranked(policy, actions, there, normalized, scores_at[there.cursor])
         structural = [a for a in there_ranked if actions.is_structural(a)]
         if structural:
             best = structural[0]
             elsewhere.append((float(there_scores[best]), _moves(actions, state.cursor, there.cursor) + (best,), actions.apply(there, best)))
     elsewhere.sort(key=lambda item: -item[0])
-    return proposals + elsewhere[:top_k] + _tiles(actions, state, scores_at, top_k)
+    policy_tiles, register_tiles = _tiles(actions, state, scores_at, top_k, tile_rows)
+    # Measured in this order until the deadline: register tiles pay most often, so they go early.
+    return proposals + register_tiles + elsewhere[:top_k] + policy_tiles
 
 
-def _tiles(actions, state: State, scores_at: np.ndarray, top_k: int):
-    """Tiles: at each compute loop, the policy's best-scored split there (``scores_at``: its
+def _tiles(actions, state: State, scores_at: np.ndarray, top_k: int, tile_rows: tuple[int, ...] = ()):
+    """The policy's tiles and the register tiles. The policy's: at each compute loop, the policy's best-scored split there (``scores_at``: its
     scores with the cursor at each loop) followed by sinking the inner loop below the next loop
-    (``down``, ``swap_down``); the ``top_k`` best by the split's score. Plus, where the policy
-    most wants to split, one tile for each split of ``actions`` it was not trained with (the
-    target's register-tile rows, e.g. 6 on AVX2). Sizes the factor does not divide are fine:
-    the split leaves a tail."""
-    down, swap_down = actions.index("down"), actions.index("swap_down")
+    (``down``, ``swap_down``); the ``top_k`` best by the split's score. Then register tiles:
+    at the loop over output rows (an output dimension other than the contiguous last one) where
+    the policy most wants to split, one tile for each of the target's register-tile rows
+    ``tile_rows`` (e.g. 4 and 6 on AVX2), whether or not the policy was trained with that split:
+    the policy knows where to tile, the target how many rows fit. Sizes the factor does not
+    divide are fine: the split leaves a tail."""
     splits = [a for a in range(len(actions)) if actions.names[a].startswith("split_")]
-    untrained = sum(1 for a in splits if not np.isfinite(scores_at[0][a]))
-    tiles, extra_tiles = [], []
+    policy_tiles, row_loops = [], []
+    row_dims = set(state.nest.problem.output[:-1])
     for cursor, loop in enumerate(state.nest.loops):
         if loop.is_write_back:
             continue
         there, scores = State(state.nest, cursor), scores_at[cursor]
-        valid = [a for a in splits if actions.can_apply(there, a)]
-        trained = [a for a in valid if np.isfinite(scores[a])]
+        trained = [a for a in splits if np.isfinite(scores[a]) and actions.can_apply(there, a)]
         if not trained:
             continue
         split = max(trained, key=lambda a: scores[a])
-        for chosen, into in [(split, tiles)] + [(a, extra_tiles) for a in valid if not np.isfinite(scores[a])]:
-            sunk = actions.apply(there, chosen)
-            for move in (down, swap_down):
-                sunk = actions.apply(sunk, move) if sunk is not None else None
-            if sunk is not None:  # else no loop below to sink under
-                into.append((float(scores[split]), _moves(actions, state.cursor, cursor) + (chosen, down, swap_down), sunk))
-    tiles.sort(key=lambda item: -item[0])
-    extra_tiles.sort(key=lambda item: -item[0])  # splits the policy lacks: at its favourite loop
-    return tiles[:top_k] + extra_tiles[:untrained]
+        tile = _tile(actions, state, cursor, split)
+        if tile is not None:  # else no loop below to sink under
+            policy_tiles.append((float(scores[split]), *tile))
+            if loop.var in row_dims:
+                row_loops.append((float(scores[split]), cursor))
+    policy_tiles.sort(key=lambda item: -item[0])
+    register_tiles = []
+    if row_loops:
+        score, cursor = max(row_loops)
+        for rows in dict.fromkeys(tile_rows):
+            name = f"split_{rows}"
+            tile = _tile(actions, state, cursor, actions.index(name)) if name in actions.names else None
+            if tile is not None:
+                register_tiles.append((score, *tile))
+    return policy_tiles[:top_k], register_tiles
+
+
+def _tile(actions, state: State, cursor: int, split: int) -> tuple[tuple[int, ...], State] | None:
+    """Split the loop at ``cursor`` by ``split`` and sink the new inner loop below the next
+    loop: the path from ``state``'s cursor and the state reached, or None if it cannot."""
+    sunk = actions.apply(State(state.nest, cursor), split)
+    for move in ("down", "swap_down"):
+        sunk = actions.apply(sunk, actions.index(move)) if sunk is not None else None
+    if sunk is None:
+        return None
+    return _moves(actions, state.cursor, cursor) + (split, actions.index("down"), actions.index("swap_down")), sunk
 
 
 def _until_structural(policy: Policy, actions, state: State, action: int, normalized: bool) -> tuple[tuple[int, ...], State | None]:
