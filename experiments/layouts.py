@@ -11,6 +11,10 @@ Split-factor sets: ``paper`` (4, 8, 16) and ``target`` (those plus the splits th
 target's register tiles, :func:`looprl.ir.schedules.target_split_factors`).
 
     python experiments/layouts.py --budget 20 --repeats 2   # -> experiments/results/layouts.csv, .png
+    python experiments/layouts.py --test-problems 8 --modes loops joint --factors paper --out experiments/results/layouts_test.csv
+
+Prints, per target, factor set and mode, the geometric mean over the problems of the verified
+GFLOPS against numpy, and how often joint beats loops only.
 """
 
 from __future__ import annotations
@@ -24,9 +28,11 @@ from pathlib import Path
 
 import looprl
 import looprl.search
+from looprl import defaults
 from looprl.backend.codegen import conversions
 from looprl.backend.host import cpu_model_name
 from looprl.backend.target import Target
+from looprl.env.datasets import dataset_problems
 from looprl.ir.problem import as_problem
 from looprl.measurement.numpy_baseline import numpy_gflops
 
@@ -41,6 +47,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=20.0, help="seconds per search")
     parser.add_argument("--problems", nargs="*", default=list(PROBLEMS), help="MxNxK problems or 'spec:m=..' strings")
+    parser.add_argument("--test-problems", type=int, default=None, metavar="N",
+                        help="instead of --problems: N problems spread evenly over the test split of mm64-256")
     parser.add_argument("--targets", nargs="*", default=["host", "avx2"])
     parser.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
     parser.add_argument("--factors", nargs="*", default=list(FACTOR_SETS), choices=list(FACTOR_SETS), help="split-factor sets")
@@ -52,7 +60,13 @@ def main() -> None:
         raise SystemExit("--repeats must be >= 1 and --budget > 0")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    problems = [as_problem(p) for p in args.problems]
+    if args.test_problems is not None:
+        if args.test_problems < 1:
+            raise SystemExit("--test-problems must be >= 1")
+        test = dataset_problems(defaults.DATASET, "test")
+        problems = [test[int(i * len(test) / args.test_problems)] for i in range(args.test_problems)]
+    else:
+        problems = [as_problem(p) for p in args.problems]
     numpy = dict(zip((p.name for p in problems), numpy_gflops(problems)))
     with out.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, FIELDS)
@@ -86,7 +100,31 @@ def main() -> None:
                             ratio = (row["verified_gflops"] or row["best_gflops"]) / numpy[problem.name]
                             print(f"{problem.name} {target.isa} {factors} {mode} #{repeat}: {row['verified_gflops']} GFLOPS, "
                                   f"{ratio:.2f}x numpy ({time.perf_counter() - started:.0f} s) {row['schedule']}", flush=True)
+    summarise(out)
     plot(out)
+
+
+def summarise(table: Path) -> None:
+    """Geometric mean of verified GFLOPS / numpy per target, factor set and mode; joint's wins."""
+    rows = list(csv.DictReader(table.open(encoding="utf-8")))
+    value = lambda row: float(row["verified_gflops"] or row["best_gflops"])  # noqa: E731
+    means = defaultdict(list)  # (problem, target, factors, mode) -> values over repeats
+    for row in rows:
+        means[(row["problem"], row["target"], row["factors"], row["mode"])].append(value(row))
+    numpy = {row["problem"]: float(row["numpy_gflops"]) for row in rows}
+    for target, factors in sorted({(key[1], key[2]) for key in means}):
+        modes = sorted({key[3] for key in means if key[1:3] == (target, factors)})
+        problems = sorted({key[0] for key in means if key[1:3] == (target, factors)})
+        line = []
+        for mode in modes:
+            ratios = [statistics.fmean(means[(p, target, factors, mode)]) / numpy[p] for p in problems if (p, target, factors, mode) in means]
+            line.append(f"{mode} {statistics.geometric_mean(ratios):.3f}")
+        print(f"{target} {factors}: geomean x numpy over {len(problems)} problems: " + ", ".join(line))
+        if "loops" in modes and "joint" in modes:
+            pairs = [(statistics.fmean(means[(p, target, factors, "joint")]), statistics.fmean(means[(p, target, factors, "loops")]))
+                     for p in problems if (p, target, factors, "joint") in means and (p, target, factors, "loops") in means]
+            print(f"  joint above loops on {sum(j > l for j, l in pairs)} of {len(pairs)}; "
+                  f"geomean joint / loops {statistics.geometric_mean([j / l for j, l in pairs]):.3f}")
 
 
 def plot(table: Path) -> None:
