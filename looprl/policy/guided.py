@@ -10,8 +10,9 @@ choices until they change the schedule: every successor is a new schedule, and t
 to measuring them. A split alone rarely pays: it pays once its inner loop moves inside the
 next loop (a tile, e.g. ``m/4, k, m4, n``: four rows of the output kept in registers). A beam
 that measures one action at a time drops the split before the move that makes it pay, so
-every proposal is also tried as a *tile*: at each loop the policy's favourite split, with the
-inner loop sunk one level. It follows the env's transition rules (a schedule that fails leaves no
+*tiles* are proposed as one step: at each loop the policy's favourite split, with the inner
+loop sunk one level, and, at the output-row loop the policy most wants to split, the target's
+register-tile rows (which the policy may never have been trained with, e.g. 6 on AVX2). It follows the env's transition rules (a schedule that fails leaves no
 successor) and never measures a schedule twice in one search.
 """
 
@@ -183,9 +184,10 @@ def _proposals(policy: Policy, actions, state: State, normalized: bool, top_k: i
 
 
 def _tiles(actions, state: State, scores_at: np.ndarray, top_k: int, tile_rows: tuple[int, ...] = ()):
-    """The policy's tiles and the register tiles. The policy's: at each compute loop, the policy's best-scored split there (``scores_at``: its
-    scores with the cursor at each loop) followed by sinking the inner loop below the next loop
-    (``down``, ``swap_down``); the ``top_k`` best by the split's score. Then register tiles:
+    """The policy's tiles and the register tiles, two lists. The policy's: at each compute
+    loop, its best-scored split there (``scores_at``: its scores with the cursor at each loop)
+    followed by sinking the inner loop below the next loop (``down``, ``swap_down``); the
+    ``top_k`` best by the split's score. The register tiles:
     at the loop over output rows (an output dimension other than the contiguous last one) where
     the policy most wants to split, one tile for each of the target's register-tile rows
     ``tile_rows`` (e.g. 4 and 6 on AVX2), whether or not the policy was trained with that split:
