@@ -1,6 +1,7 @@
 """The package as users get it: layering contract, the wheel's contents, a wheel installed
 away from the repository, console scripts."""
 
+import json
 import os
 import subprocess
 import sys
@@ -50,6 +51,10 @@ def test_wheel_carries_the_data_the_library_reads(wheel):
         "looprl/_shipped/checkpoints/apex-dqn/policy/policy.npz",
     ):
         assert needed in names
+    defaults = json.loads((ROOT / "checkpoints" / "default_policies.json").read_text(encoding="utf-8"))
+    for folder in defaults.values():  # every default policy ships
+        for part in ("policy.json", "policy.npz"):
+            assert f"looprl/_shipped/checkpoints/{folder}/{part}" in names
     assert not any("/tb/" in name or name.endswith("metrics.csv") for name in names)  # logs stay in the repo
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     scripts = zipfile.ZipFile(wheel).read(entry_points).decode()
