@@ -12,8 +12,9 @@ next loop (a tile, e.g. ``m/4, k, m4, n``: four rows of the output kept in regis
 that measures one action at a time drops the split before the move that makes it pay, so
 *tiles* are proposed as one step: at each loop the policy's favourite split, with the inner
 loop sunk one level, and, at the output-row loop the policy most wants to split, the target's
-register-tile rows (which the policy may never have been trained with, e.g. 6 on AVX2). It follows the env's transition rules (a schedule that fails leaves no
-successor) and never measures a schedule twice in one search.
+register-tile rows (which the policy may never have been trained with, e.g. 6 on AVX2). The
+search follows the env's transition rules (a schedule that fails leaves no successor) and
+never measures a schedule twice in one search.
 """
 
 from __future__ import annotations
