@@ -57,6 +57,20 @@ def test_a_tuned_problem_is_remembered_per_target_and_budget(tmp_path):
     assert looprl.tune(PROBLEM, policy, cache=cache, budget_s=0.2, measure_budget_s=0.001, remember=False).mode == "measured"
 
 
+def test_an_answer_remembered_by_another_version_of_tune_is_not_returned(tmp_path, monkeypatch):
+    import importlib
+
+    tune_module = importlib.import_module("looprl.policy.tune")  # the module, not the function it exports
+
+    cache = str(tmp_path / "c.sqlite")
+    policy = random_policy(seed=2)
+    monkeypatch.setattr(tune_module, "TUNER", "tune-v1")  # an older looprl stored this answer
+    assert looprl.tune(PROBLEM, policy, cache=cache, budget_s=0.2, measure_budget_s=0.001).mode == "measured"
+    assert looprl.tune(PROBLEM, policy, cache=cache, budget_s=0.2, measure_budget_s=0.001).mode == "remembered"
+    monkeypatch.setattr(tune_module, "TUNER", "tune-v2")  # the upgrade tunes again
+    assert looprl.tune(PROBLEM, policy, cache=cache, budget_s=0.2, measure_budget_s=0.001).mode == "measured"
+
+
 def test_budget_zero_is_the_rollout_alone():
     policy = random_policy(seed=4)
     cache = MeasurementCache(":memory:")

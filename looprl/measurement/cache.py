@@ -532,11 +532,14 @@ class MeasurementCache:
         self._write("peaks", (peak_key(target),), gflops)
 
     # -- tuned results ---------------------------------------------------------
-    def get_tuned(self, problem_name: str, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S) -> tuple[str, float, float] | None:
+    def get_tuned(self, problem_name: str, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S,
+                  tuner: str = "") -> tuple[str, float, float] | None:
         """``(schedule key, GFLOPS, search budget)`` that :func:`looprl.tune` found for the
         problem on this host and ``target`` with ``budget_s`` per state, or None (also when
-        the row fails its checksum)."""
+        the row fails its checksum). ``tuner`` names the tuning procedure's version: an answer
+        stored by another version is not returned."""
         host = measurement_key(target, budget_s)
+        problem_name = _tuned_name(problem_name, tuner)
         row = self._one("SELECT schedule, gflops, budget, checksum FROM tuned WHERE host = ? AND problem = ?", (host, problem_name))
         if row is None:
             return None
@@ -549,15 +552,17 @@ class MeasurementCache:
         return schedule, gflops, budget
 
     def put_tuned(
-        self, nest: LoopNest, gflops: float, search_budget_s: float, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S
+        self, nest: LoopNest, gflops: float, search_budget_s: float, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S,
+        tuner: str = "",
     ) -> None:
-        """Remember ``nest`` as :func:`looprl.tune`'s answer for its problem."""
+        """Remember ``nest`` as :func:`looprl.tune`'s answer for its problem (and ``tuner``)."""
         host = measurement_key(target, budget_s)
         value, budget = _stored_value(gflops), float(search_budget_s)
-        checksum = row_checksum("tuned", (host, nest.problem.name, nest.key, repr(budget)), value)
+        problem_name = _tuned_name(nest.problem.name, tuner)
+        checksum = row_checksum("tuned", (host, problem_name, nest.key, repr(budget)), value)
         self._one(
             "INSERT OR REPLACE INTO tuned (host, problem, schedule, gflops, budget, created, checksum) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (host, nest.problem.name, nest.key, value, budget, time.time(), checksum),
+            (host, problem_name, nest.key, value, budget, time.time(), checksum),
         )
 
     def close(self) -> None:
@@ -575,3 +580,8 @@ class MeasurementCache:
 
     def __setstate__(self, state) -> None:
         self.__init__(state["path"], state["timeout_s"])
+
+
+def _tuned_name(problem_name: str, tuner: str) -> str:
+    """The tuned table's problem column: the problem, and the tuner's version if given."""
+    return f"{problem_name}|{tuner}" if tuner else problem_name

@@ -50,6 +50,9 @@ from looprl.policy.rollout import greedy_rollout, policy_actions
 # stays near half a second (the median the tune benchmark aims for) for problems up to 256^3;
 # a new state there costs ~15-25 ms to compile and time.
 TUNE_BUDGET_S = 0.4
+# Remembered answers are keyed by this: bump it when what tune finds changes (an upgrade must not
+# return an older version's weaker answer). 2: register tiles at the output-row loop.
+TUNER = "tune-v2"
 _warned_mismatch: set[tuple[str, str]] = set()
 
 
@@ -160,7 +163,7 @@ def tune(
         if guided.best_gflops > gflops:
             nest, gflops, actions = guided.best_nest, guided.best_gflops, guided.best_actions
     if remember:
-        evaluator.cache.put_tuned(nest, gflops, budget_s, target, measure_budget_s)
+        evaluator.cache.put_tuned(nest, gflops, budget_s, target, measure_budget_s, tuner=TUNER)
     kernel = compile(nest, target=target)
     return TuneResult(problem, nest, kernel, tuple(actions), gflops, rollout.initial_gflops, time.perf_counter() - started, "measured",
                       target, greedy_gflops=rollout.best_gflops, measured=evaluator.compiled)
@@ -174,7 +177,7 @@ def _check_search_budget(budget_s) -> float:
 
 def _remembered(evaluator: Evaluator, problem: Problem, budget_s: float) -> tuple[LoopNest, float] | None:
     """The remembered answer for ``problem`` if it was found with at least ``budget_s``."""
-    known = evaluator.cache.get_tuned(problem.name, evaluator.target, evaluator.budget_s)
+    known = evaluator.cache.get_tuned(problem.name, evaluator.target, evaluator.budget_s, tuner=TUNER)
     if known is None:
         return None
     schedule, gflops, spent = known
