@@ -166,16 +166,17 @@ def run(
             raise ValueError("layout_stage needs layouts=True and a budget_s to divide")
         if isinstance(layout_stage, bool) or not isinstance(layout_stage, (int, float)) or not 0 < layout_stage < 1:
             raise ValueError(f"layout_stage must be a fraction strictly between 0 and 1, got {layout_stage!r}")
+    # The evaluator's target (a stand-in evaluator may have none: then ``target``'s).
+    search_target = (getattr(evaluator, "target", None) if evaluator is not None else None) or Target.resolve(target)
     if isinstance(split_factors, str):
         if split_factors != "target":
             raise ValueError(f"split_factors must be a sequence of integers or 'target', got {split_factors!r}")
-        split_factors = target_split_factors(getattr(evaluator, "target", None) if evaluator is not None else Target.resolve(target))
+        split_factors = target_split_factors(search_target)
     actions = ActionSet(split_factors, max_loops)
     actions.check_fits(problem)
     evaluator = evaluator if evaluator is not None else Evaluator(cache, measure_budget_s, target=target)
     if layouts:
-        width = getattr(getattr(evaluator, "target", None), "vector_width", 16)  # a stand-in evaluator may have no target
-        loop_actions, actions = actions, ActionSet(split_factors, max_loops, layouts=True, pad_multiple=max(width, 2))
+        loop_actions, actions = actions, ActionSet.for_target(search_target, split_factors, max_loops, layouts=True)
     stages = [(actions, budget_s, max_evaluations)]
     if layout_stage is not None:
         stages = [(actions, budget_s * layout_stage, max_evaluations), (loop_actions, budget_s * (1 - layout_stage), max_evaluations)]
