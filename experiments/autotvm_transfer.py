@@ -9,7 +9,7 @@
 1. The *source*: a measurement cache (``--source``, default
    ``experiments/results/autotvm_transfer_source.sqlite``) filled with ``random`` and
    ``autotvm`` searches of ``--source-trials`` trials each on ``--source-problems`` matmuls
-   spread over the *training* split of mm64-256 (resumable: finished searches are listed in
+   spread over the *training* split of ``--dataset`` (default mm64-256; resumable: finished searches are listed in
    ``<source>.done.json``).
 2. The *targets*: ``--problems`` matmuls spread over the *test* split, each tuned by
    ``autotvm`` for ``--trials`` trials with ``transfer=False`` and ``transfer=True``, every run
@@ -39,17 +39,12 @@ from looprl.env.datasets import dataset_problems
 from looprl.measurement.cache import MeasurementCache
 from looprl.measurement.evaluator import Evaluator
 from looprl.search import run
+from looprl.train.validation import spread
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FIELDS = ["problem", "transfer", "seed", "trials", "source_records", "initial_gflops", "best_gflops", "seconds", "curve"]
 SOURCE_ALGORITHMS = ("random", "autotvm")
 LEVEL = 0.95
-
-
-def spread(split: str, count: int):
-    problems = dataset_problems(defaults.DATASET, split)
-    step = len(problems) / count
-    return [problems[int(i * step)] for i in range(count)]
 
 
 def fill_source(path: Path, problems, trials: int) -> int:
@@ -99,6 +94,7 @@ def trials_to(curve, level: float) -> int | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", default=defaults.DATASET, help="the benchmark set: source from its training split, targets from its test split")
     parser.add_argument("--source-problems", type=int, default=6, help="training-split problems measured for the source")
     parser.add_argument("--source-trials", type=int, default=150, help="trials of each source search")
     parser.add_argument("--problems", type=int, default=4, help="test-split problems tuned")
@@ -110,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     source = Path(args.source)
     source.parent.mkdir(parents=True, exist_ok=True)
     try:
-        records = fill_source(source, spread("train", args.source_problems), args.source_trials)
+        records = fill_source(source, spread(dataset_problems(args.dataset, "train"), args.source_problems), args.source_trials)
     except KeyboardInterrupt:
         print("interrupted while filling the source; finished searches are kept in", source)
         return 130
@@ -119,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     table.parent.mkdir(parents=True, exist_ok=True)
     done = {(r["problem"], r["transfer"], int(r["seed"])) for r in load_rows(table) if int(r["trials"]) == args.trials}
     fresh = not table.exists()
-    problems = spread("test", args.problems)
+    problems = spread(dataset_problems(args.dataset, "test"), args.problems)
     with table.open("a", newline="", encoding="utf-8") as handle, tempfile.TemporaryDirectory() as scratch:
         writer = csv.DictWriter(handle, fieldnames=FIELDS)
         if fresh:

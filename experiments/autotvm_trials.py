@@ -5,7 +5,9 @@ regression objectives) against random, greedy2 and beam4bfs.
 
 (about 20-30 minutes on 2 vCPUs; tiny check: ``--problems 2 --trials 48 --seeds 1 --out /tmp/trials``.)
 
-Problems: ``--problems`` matmuls spread evenly over the test split of mm64-256. Every search
+Problems: ``--problems`` matmuls spread evenly over the test split of ``--dataset`` (mm64-256;
+mm384-1024 for matmuls beyond L2), or ``--given`` ones (``MxNxK`` or a problem name such as
+``"mk,nk->mn:m=128,n=96,k=64"``). Every search
 starts from an empty cache (a private ``":memory:"`` evaluator, so a trial is a new
 measurement), gets the same ``--trials`` distinct schedules and no time limit; greedy2 and
 beam4bfs may finish earlier (their curves then stay flat). The best-so-far curve of each
@@ -32,20 +34,15 @@ from pathlib import Path
 from looprl import defaults
 from looprl.backend.target import Target
 from looprl.env.datasets import dataset_problems
-from looprl.ir.problem import parse_problem
+from looprl.ir.problem import parse_problems
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.numpy_baseline import numpy_gflops
 from looprl.search import run
+from looprl.train.validation import spread
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("random", "greedy2", "beam4bfs", "autotvm", "autotvm-regression")
 FIELDS = ["problem", "target", "method", "seed", "trials", "initial_gflops", "best_gflops", "seconds", "stopped", "curve"]
-
-
-def spread(count: int):
-    test = dataset_problems(defaults.DATASET, "test")
-    step = len(test) / count
-    return [test[int(i * step)] for i in range(count)]
 
 
 def best_at(curve, trials: int) -> float:
@@ -70,7 +67,9 @@ def load_rows(table: Path) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--problems", type=int, default=4, help="test-split problems, spread evenly")
-    parser.add_argument("--given", default=None, help="these problems instead (comma-separated MxNxK), e.g. off-grid sizes")
+    parser.add_argument("--dataset", default=defaults.DATASET, help="the benchmark set whose test split gives the problems")
+    parser.add_argument("--given", nargs="+", default=None,
+                        help="these problems instead, e.g. off-grid sizes: MxNxK (several may be comma-separated) or problem names")
     parser.add_argument("--target", default=None, help="host (default), avx512, avx2 or sse4: the code generated and timed")
     parser.add_argument("--trials", type=int, default=200, help="measured schedules per search")
     parser.add_argument("--seeds", type=int, default=3)
@@ -87,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     fresh = not table.exists()
     if not fresh and table.read_text(encoding="utf-8").splitlines()[:1] != [",".join(FIELDS)]:
         raise SystemExit(f"{table} has other columns (an older version of this script): give another --out")
-    problems = [parse_problem(p.strip()) for p in args.given.split(",") if p.strip()] if args.given else spread(args.problems)
+    problems = parse_problems(args.given) if args.given else spread(dataset_problems(args.dataset, "test"), args.problems)
     with table.open("a", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=FIELDS)
         if fresh:

@@ -30,20 +30,15 @@ from pathlib import Path
 from looprl import defaults
 from looprl.backend.target import TARGET_CHOICES, Target
 from looprl.env.datasets import dataset_problems
-from looprl.ir.problem import parse_problem
+from looprl.ir.problem import parse_problems
 from looprl.measurement.evaluator import Evaluator
 from looprl.search import run
+from looprl.train.validation import spread
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FIELDS = ["problem", "target", "budget_s", "beam_trials", "beam_best", "autotvm_trials", "autotvm_best",
           "trials_to_match", "trials_to_98", "beam_curve", "autotvm_curve"]
 NEAR = 0.98
-
-
-def spread(count: int):
-    test = dataset_problems(defaults.DATASET, "test")
-    step = len(test) / count
-    return [test[int(i * step)] for i in range(count)]
 
 
 def trials_to_reach(curve, goal: float) -> int | None:
@@ -54,7 +49,8 @@ def trials_to_reach(curve, goal: float) -> int | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--problems", type=int, default=4, help="test-split problems, spread evenly")
-    parser.add_argument("--given", default=None, help="these problems instead (comma-separated MxNxK)")
+    parser.add_argument("--dataset", default=defaults.DATASET, help="the benchmark set whose test split gives the problems")
+    parser.add_argument("--given", nargs="+", default=None, help="these problems instead: MxNxK (several may be comma-separated) or problem names")
     parser.add_argument("--budget", type=float, default=60.0, help="seconds of beam4bfs per problem (default 60)")
     parser.add_argument("--target", default=None, choices=TARGET_CHOICES, help="the code generated and timed (default: the host's)")
     parser.add_argument("--seed", type=int, default=0, help="AutoTVM's seed")
@@ -70,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     if table.exists() and table.read_text(encoding="utf-8").splitlines()[:1] != [",".join(FIELDS)]:
         raise SystemExit(f"{table} has other columns: give another --out")
     done = {(r["problem"], r["target"]) for r in rows if float(r["budget_s"]) == args.budget}
-    problems = [parse_problem(p.strip()) for p in args.given.split(",") if p.strip()] if args.given else spread(args.problems)
+    problems = parse_problems(args.given) if args.given else spread(dataset_problems(args.dataset, "test"), args.problems)
     fresh = not table.exists()
     with table.open("a", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=FIELDS)

@@ -36,6 +36,7 @@ from looprl.ir import (
     initial_nest,
     matmul,
     parse_problem,
+    parse_problems,
 )
 from looprl.measurement import (
     Evaluator,
@@ -80,6 +81,7 @@ __all__ = [
     "nest_graph",
     "observation",
     "parse_problem",
+    "parse_problems",
     "peak_gflops",
     "tune",
 ]

@@ -5,6 +5,7 @@ import pytest
 import looprl
 from looprl.env.datasets import (
     build_dataset,
+    dataset_names,
     dataset_path,
     dataset_problems,
     load_dataset,
@@ -12,20 +13,28 @@ from looprl.env.datasets import (
 )
 
 
-def test_stored_file_matches_the_generator():
-    stored = json.loads(dataset_path("mm64-256").read_text())
-    assert stored == build_dataset("mm64-256")
-    assert load_dataset("mm64-256") == stored
+@pytest.mark.parametrize("name", dataset_names())
+def test_stored_file_matches_the_generator(name):
+    stored = json.loads(dataset_path(name).read_text())
+    assert stored == build_dataset(name)
+    assert load_dataset(name) == stored
 
 
-def test_split_sizes_disjoint_and_complete():
-    train = dataset_problems("mm64-256", "train")
-    test = dataset_problems("mm64-256", "test")
-    assert (len(train), len(test)) == (1757, 440)
+@pytest.mark.parametrize(("name", "values", "sizes"), [
+    ("mm64-256", range(64, 257, 16), (1757, 440)),
+    ("mm384-1024", range(384, 1025, 128), (172, 44)),
+])
+def test_split_sizes_disjoint_and_complete(name, values, sizes):
+    train = dataset_problems(name, "train")
+    test = dataset_problems(name, "test")
+    assert (len(train), len(test)) == sizes
     assert not set(train) & set(test)
-    values = range(64, 257, 16)
     assert {(p.size("m"), p.size("n"), p.size("k")) for p in train + test} == {(m, n, k) for m in values for n in values for k in values}
-    assert dataset_problems("mm64-256", "all") == train + test
+    assert dataset_problems(name, "all") == train + test
+
+
+def test_the_datasets_are_known_by_name():
+    assert dataset_names() == ["mm384-1024", "mm64-256"]
 
 
 def test_dimensions_are_named_explicitly(tmp_path):

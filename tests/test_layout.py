@@ -46,6 +46,7 @@ def test_wheel_carries_the_data_the_library_reads(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in (
         "looprl/_shipped/envs/mm64-256.json",
+        "looprl/_shipped/envs/mm384-1024.json",
         "looprl/_shipped/agents/apex-dqn.yaml",
         "looprl/_shipped/checkpoints/apex-dqn/policy/policy.json",
         "looprl/_shipped/checkpoints/apex-dqn/policy/policy.npz",

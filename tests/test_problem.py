@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 import looprl
-from looprl.ir.problem import as_problem, parse_problem
+from looprl.ir.problem import as_problem, parse_problem, parse_problems
 
 
 def test_matmul_names_dimensions_explicitly():
@@ -199,3 +199,23 @@ def test_contraction_argument_errors():
         looprl.Problem("mk,kn->mn", ((["m"], 1), ("k", 1), ("n", 1)))
     with pytest.raises(ValueError, match=r"sizes must be \(dimension, size\) pairs"):
         looprl.Problem("mk,kn->mn", 8)
+
+
+def test_parse_problems_takes_matmul_lists_and_names_with_commas():
+    transposed = "mk,nk->mn:m=128,n=96,k=64"
+    found = parse_problems(["64x48x80,16x16x16", transposed, "8x8x8"])
+    assert [p.name for p in found] == [parse_problem(t).name for t in ("64x48x80", "16x16x16", transposed, "8x8x8")]
+    assert found[2].operands == ("mk", "nk")
+    assert parse_problems(f"64x48x80 {transposed}") == [parse_problem("64x48x80"), parse_problem(transposed)]
+
+
+@pytest.mark.parametrize(("items", "message"), [
+    ("", "no problems given"),
+    ([" , "], "no problems given"),
+    (["64x48"], "cannot parse problem '64x48'"),
+    ([None], "expected problem strings, got NoneType"),
+    (7, "expected problem strings, got int"),
+])
+def test_parse_problems_refuses_bad_input(items, message):
+    with pytest.raises(ValueError, match=message):
+        parse_problems(items)

@@ -22,7 +22,7 @@ from looprl.backend.kernel import compile
 from looprl.backend.target import Target
 from looprl.env.datasets import SPLITS, dataset_problems
 from looprl.ir.nest import initial_nest
-from looprl.ir.problem import parse_problem
+from looprl.ir.problem import parse_problems
 from looprl.measurement.numpy_baseline import numpy_gflops
 from looprl.measurement.peak import measure_peak_gflops
 from looprl.measurement.timing import time_kernel
@@ -34,7 +34,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--split", choices=SPLITS, default="test")
     parser.add_argument("--dataset", default=defaults.DATASET)
     parser.add_argument("--limit", type=int, default=None, help="first N problems of the split")
-    parser.add_argument("--problems", default=None, help="these problems instead of the split (comma-separated MxNxK)")
+    parser.add_argument("--problems", default=None, help="these problems instead of the split: comma-separated MxNxK, or problem names (space-separated)")
     parser.add_argument("--target", default=None, help="host (default), avx512, avx2 or sse4")
     parser.add_argument("--tune-budget", type=float, default=TUNE_BUDGET_S,
                         help=f"looprl.tune's search budget in seconds (default {TUNE_BUDGET_S})")
@@ -58,7 +58,7 @@ def main(args, out=sys.stdout) -> dict:
     target.check_runs_on_host()
     policy = load_policy(args.policy if args.policy == "default" else Path(args.policy), target)
     if args.problems:
-        problems = [parse_problem(item.strip()) for item in args.problems.split(",") if item.strip()]
+        problems = parse_problems(args.problems)
         source = "given problems"
     else:
         problems = list(dataset_problems(args.dataset, args.split))[: args.limit]

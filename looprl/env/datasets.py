@@ -5,6 +5,11 @@ problems), 80% for training and 20% (440) for testing. The split is stored in
 ``envs/mm64-256.json`` (shipped as package data) with explicit dimension names; :func:`build_dataset` regenerates the
 same content from the seed (a test checks that the file and the generator agree), and is
 used when the package is installed without the repository's ``envs/`` folder.
+
+``mm384-1024`` is the same construction at sizes where the operands no longer fit in L2
+(M, N and K each in 384..1024 step 128, 216 problems, 44 for testing): there, cache blocking
+matters besides the register tile, and a search has to find both (a harder set for the
+searches and the cost model than the L2-resident mm64-256).
 """
 
 from __future__ import annotations
@@ -26,6 +31,13 @@ _DEFINITIONS = {
         "spec": "mk,kn->mn",
         "values": list(range(64, 257, 16)),
         "seed": 20230905,
+        "test_fraction": 0.2,
+    },
+    "mm384-1024": {
+        "description": "matmuls C[m,n] = A[m,k] @ B[k,n] with m, n, k each in 384..1024 step 128",
+        "spec": "mk,kn->mn",
+        "values": list(range(384, 1025, 128)),
+        "seed": 20261124,
         "test_fraction": 0.2,
     },
 }

@@ -6,7 +6,7 @@ import math
 import re
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from looprl import defaults
 from looprl.ir.integers import INT64_MAX, as_int
@@ -164,6 +164,25 @@ def parse_problem(text: str) -> Problem:
         raise ValueError(f"cannot parse problem {text!r}; expected MxNxK or 'spec:m=..,n=..'")
     m, n, k = (int(p) for p in match.groups())
     return matmul(m, n, k)
+
+
+def parse_problems(items: str | Sequence[str]) -> list[Problem]:
+    """Problems from command-line text: whitespace-separated items (or a list of them), each
+    either comma-separated ``MxNxK`` matmuls or one problem name, whose spec has its own
+    commas (``"mk,nk->mn:m=128,n=96,k=64"``, written without spaces)."""
+    if isinstance(items, str):
+        items = [items]
+    if isinstance(items, (bytes, Mapping)) or not isinstance(items, Sequence):
+        raise ValueError(f"expected problem strings, got {type(items).__name__}")
+    texts = []
+    for item in items:
+        if not isinstance(item, str):
+            raise ValueError(f"expected problem strings, got {type(item).__name__} {item!r}")
+        for word in item.split():
+            texts += [word] if ":" in word else [part for part in word.split(",") if part]
+    if not texts:
+        raise ValueError("no problems given")
+    return [parse_problem(text) for text in texts]
 
 
 def as_problem(item: Problem | str) -> Problem:
