@@ -21,6 +21,11 @@ nest (geometric mean). Writes, appending (a finished setting is skipped on a rer
 ``<out>.csv`` (one row per setting and seed: iterations, env steps, measurements made during
 training, validation speed-up) and ``<out>.png`` (the in-training validation curves from each
 run's ``metrics.csv`` where there are any, and the final validation speed-ups).
+
+It prints, per run, the training time to a validation speed-up (``--level``; default 95% of the
+best in-training validation any run reached), with the env steps and real measurements made
+by then. Measurements are counted from the run's private cache by their timestamps, from its
+first one; they include the in-training validations' (the same for both settings).
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import yaml
@@ -88,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--validation", type=int, default=32, help="test-split problems of the final validation")
     parser.add_argument("--validate-every", type=int, default=None, help="passed to looprl.train")
     parser.add_argument("--num-env-runners", type=int, default=None, help="passed to looprl.train")
+    parser.add_argument("--level", type=float, default=None,
+                        help="validation speed-up whose training time is reported (default: 95%% of the best any run reached)")
     parser.add_argument("--out", default=str(RESULTS / "surrogate_training"), help="path prefix of the CSV, PNG and run folders")
     args = parser.parse_args(argv)
     if not (args.time_budget or args.iterations):
@@ -124,15 +133,45 @@ def main(argv: list[str] | None = None) -> int:
                 handle.flush()
                 print(f"{setting:>8} seed {seed}: validation speed-up {score:.3f}x on {len(problems)} test problems, "
                       f"{last.get('env_steps', '?')} env steps, {measurements} measurements", flush=True)
-    summarise(table)
+    summarise(table, args.level)
     return 0
 
 
-def summarise(table: Path) -> None:
+def validations(run: Path) -> list[dict]:
+    """The in-training validations of a run: its metrics rows that have one."""
+    return [m for m in read_metrics(run) if m.get("validation_speedup") and not math.isnan(float(m["validation_speedup"]))]
+
+
+def measurements_within(run: Path, seconds: float) -> int:
+    """Real measurements in the run's private cache made within ``seconds`` of its first one."""
+    path = run.with_name(run.name + ".cache.sqlite")
+    if not path.exists():
+        return -1
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as connection:
+        first = connection.execute("SELECT MIN(created) FROM measurements").fetchone()[0]
+        if first is None:
+            return 0
+        return connection.execute("SELECT COUNT(*) FROM measurements WHERE created <= ?", (first + seconds,)).fetchone()[0]
+
+
+def summarise(table: Path, level: float | None = None) -> None:
     rows = list(csv.DictReader(table.open(encoding="utf-8")))
     print(f"{'setting':>8} {'seed':>4} {'env steps':>10} {'measured':>9} {'speed-up':>9}")
     for row in rows:
         print(f"{row['setting']:>8} {row['seed']:>4} {row['env_steps']:>10} {row['measurements']:>9} {float(row['validation_speedup']):9.3f}")
+    curves = {(r["setting"], r["seed"]): validations(Path(r["run"])) for r in rows}
+    reached = [float(m["validation_speedup"]) for points in curves.values() for m in points]
+    if reached:
+        level = level if level is not None else 0.95 * max(reached)
+        print(f"training time to an in-training validation speed-up of {level:.3f}x:")
+        for row in rows:
+            first = next((m for m in curves[(row["setting"], row["seed"])] if float(m["validation_speedup"]) >= level), None)
+            if first is None:
+                print(f"{row['setting']:>8} {row['seed']:>4}: not reached")
+                continue
+            seconds = float(first["elapsed_s"])
+            print(f"{row['setting']:>8} {row['seed']:>4}: {seconds:7.0f} s, iteration {first['iteration']}, {first['env_steps']} env steps, "
+                  f"{measurements_within(Path(row['run']), seconds)} measurements")
 
     import matplotlib
 
