@@ -11,6 +11,7 @@ from typing import Callable
 import networkx as nx
 
 from looprl.env.actions import ActionSet, State
+from looprl.interrupts import check_interrupt
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.measurement.evaluator import Evaluator
@@ -84,7 +85,8 @@ class SearchContext:
         return time.perf_counter() - self.started
 
     def exhausted(self) -> str | None:
-        """Why the search must stop now, or None."""
+        """Why the search must stop now, or None (a lost stop signal raises KeyboardInterrupt)."""
+        check_interrupt()
         if self.deadline is not None and time.perf_counter() >= self.deadline:
             return "time budget"
         if self.max_evaluations is not None and self.evaluations >= self.max_evaluations:

@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from looprl.interrupts import terminate_as_interrupt
+from looprl.interrupts import check_interrupt, terminate_as_interrupt
 from looprl.train import metric_names as metrics
 
 METRICS = [
@@ -239,6 +239,7 @@ def train(algo, run: RunDirectory, state: RunState, arguments: dict, *, iteratio
             if fresh:
                 table.writeheader()
             while not _done(state, iterations, time_budget_s, env_steps):
+                check_interrupt()  # a stop signal whose KeyboardInterrupt was lost
                 started = time.perf_counter()
                 result = algo.train()
                 took = time.perf_counter() - started
