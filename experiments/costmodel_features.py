@@ -8,7 +8,7 @@ flag and the 16-bin stride histogram, flattened; what the RL policies see).
 (seconds to a few minutes; no kernel is run.) The data are a measurement cache's records for
 one target (``--cache``, default the per-user cache; ``--target``, default the host's),
 problems with at least ``--min-records`` measured schedules, at most ``--problems`` of them.
-The same XGBoost settings and objective as the tuner's cost model fit both representations:
+The tuner's cost-model fit (``looprl.costmodel.model.fit_booster``) scores both representations:
 
 * ``transfer``: leave one problem out, fit on the others, score the held-out one's schedules;
 * ``local``: per problem, fit on a random half of its schedules, score the other half.
@@ -33,11 +33,10 @@ import numpy as np
 from looprl import defaults
 from looprl.backend.target import Target
 from looprl.costmodel.features import features_batch
-from looprl.costmodel.model import DEFAULT_PARAMS, DEFAULT_ROUNDS, OBJECTIVES, import_xgboost
+from looprl.costmodel.model import OBJECTIVES, fit_booster, predict_booster
 from looprl.env.features import observation
 from looprl.ir.nest import LoopNest
-from looprl.ir.problem import parse_problem
-from looprl.measurement.cache import MeasurementCache
+from looprl.measurement.cache import MeasurementCache, measured_nests
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BATCH = 32
@@ -48,16 +47,10 @@ def load(cache_path: str | None, target: Target, min_records: int, limit: int) -
     """Measured schedules per problem (the problems with the most records first)."""
     by_problem: dict[str, list[tuple[LoopNest, float]]] = defaultdict(list)
     with MeasurementCache(cache_path) as cache:
-        records = cache.records(target)
-    problems = {}
-    for name, key, gflops in records:
-        try:
-            problem = problems.get(name) or problems.setdefault(name, parse_problem(name))
-            nest = LoopNest.from_key(problem, key)
-        except ValueError:
-            continue  # another looprl version's schedule syntax
+        measured = measured_nests(cache.records(target))
+    for nest, gflops in measured:
         if len(nest) <= defaults.MAX_LOOPS and gflops > 0:
-            by_problem[name].append((nest, gflops))
+            by_problem[nest.problem.name].append((nest, gflops))
     kept = sorted((n for n, rows in by_problem.items() if len(rows) >= min_records), key=lambda n: -len(by_problem[n]))[:limit]
     return {name: by_problem[name] for name in sorted(kept)}
 
@@ -67,25 +60,6 @@ def representations(nests: list[LoopNest], isa: str) -> dict[str, np.ndarray]:
         "autotvm": features_batch(nests, defaults.MAX_LOOPS, isa),
         "observation": np.stack([observation(n, 0, defaults.MAX_LOOPS, normalized=True).reshape(-1) for n in nests]),
     }
-
-
-def fit_predict(objective: str, x_train, y_train, groups, x_test, seed: int) -> np.ndarray:
-    """The cost model's fit (labels relative to each problem's best; rank pairs within a
-    problem) on any representation, and its scores of ``x_test``."""
-    xgb = import_xgboost()
-    groups = np.asarray(groups)
-    order = np.argsort(groups, kind="stable")
-    x_train, y_train, groups = x_train[order], y_train[order], groups[order]
-    best = {g: y_train[groups == g].max() for g in np.unique(groups)}
-    relative = y_train / np.array([best[g] for g in groups])
-    params = dict(DEFAULT_PARAMS, seed=seed, objective=OBJECTIVES[objective])
-    if objective == "rank":
-        params.update(lambdarank_pair_method="mean", lambdarank_num_pair_per_sample=32)
-        data = xgb.DMatrix(x_train, label=relative, qid=groups, nthread=1)
-    else:
-        data = xgb.DMatrix(x_train, label=relative, nthread=1)
-    booster = xgb.train(params, data, num_boost_round=DEFAULT_ROUNDS, verbose_eval=False)
-    return booster.predict(xgb.DMatrix(x_test, nthread=1), output_margin=True)
 
 
 def spearman(a, b) -> float:
@@ -123,14 +97,16 @@ def main(argv: list[str] | None = None) -> int:
     for kind in ("autotvm", "observation"):
         for held_out in names:  # transfer: the other problems only
             train = [n for n in names if n != held_out]
-            scores = fit_predict(args.objective, np.concatenate([x[n][kind] for n in train]), np.concatenate([y[n] for n in train]),
-                                 np.concatenate([[i] * len(y[n]) for i, n in enumerate(train)]), x[held_out][kind], args.seed)
+            booster = fit_booster(np.concatenate([x[n][kind] for n in train]), np.concatenate([y[n] for n in train]),
+                                  np.concatenate([[i] * len(y[n]) for i, n in enumerate(train)]), args.objective, seed=args.seed)
+            scores = predict_booster(booster, x[held_out][kind])
             rows.append({"representation": kind, "protocol": "transfer", "problem": held_out, "schedules": len(y[held_out]),
                          "spearman": spearman(scores, y[held_out]), "top32": top_batch(scores, y[held_out])})
         for name in names:  # local: half of the problem's own schedules
             order = rng.permutation(len(y[name]))
             fit, test = order[: len(order) // 2], order[len(order) // 2 :]
-            scores = fit_predict(args.objective, x[name][kind][fit], y[name][fit], np.zeros(len(fit), dtype=int), x[name][kind][test], args.seed)
+            booster = fit_booster(x[name][kind][fit], y[name][fit], None, args.objective, seed=args.seed)
+            scores = predict_booster(booster, x[name][kind][test])
             rows.append({"representation": kind, "protocol": "local", "problem": name, "schedules": len(test),
                          "spearman": spearman(scores, y[name][test]), "top32": top_batch(scores, y[name][test])})
     table = Path(args.out + ".csv")

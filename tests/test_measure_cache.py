@@ -6,7 +6,7 @@ import sys
 import pytest
 
 import looprl
-from looprl.measurement.cache import MeasurementCache, measurement_key, peak_key
+from looprl.measurement.cache import MeasurementCache, measured_nests, measurement_key, peak_key
 from looprl.measurement.timing import time_kernel
 
 
@@ -74,6 +74,14 @@ def test_samples_keep_the_best_and_are_counted():
         assert (third.gflops, third.samples) == (5.0, 3)
         assert cache.records() == [(nest.problem.name, nest.key, 5.0)]
         assert cache.records(exclude_problem=nest.problem.name) == []
+
+
+def test_records_become_nests_and_unparsable_ones_are_skipped():
+    nest = looprl.initial_nest(looprl.matmul(16, 24, 8)).split(0, 4)
+    other = looprl.initial_nest(looprl.matmul(8, 8, 8))
+    rows = [(nest.problem.name, nest.key, 5.0), ("not a problem", other.key, 2.0), (other.problem.name, "m99s1|junk", 3.0),
+            (other.problem.name, other.key, 7.0)]
+    assert measured_nests(rows) == [(nest, 5.0), (other, 7.0)]
 
 
 def test_corrupt_cache_is_rebuilt_with_a_warning(cache_path):

@@ -112,41 +112,13 @@ class CostModel:
             raise ValueError(f"{what} must be a (rows, {self.length}) feature matrix, got shape {x.shape}")
         return x
 
-    def _dmatrix(self, x: np.ndarray, label=None, qid=None, base_margin=None):
-        xgb = import_xgboost()
-        margin = None if base_margin is None else np.asarray(base_margin, dtype=np.float64).reshape(-1)
-        if margin is not None and margin.shape[0] != x.shape[0]:
-            raise ValueError(f"base_margin has {margin.shape[0]} entries for {x.shape[0]} rows")
-        return xgb.DMatrix(x, label=label, qid=qid, base_margin=margin, nthread=1)
-
     def fit(self, x, gflops, groups=None, base_margin=None) -> "CostModel":
         """Fit on feature rows ``x`` and their measured ``gflops`` (higher is better);
         ``groups`` labels each row's problem (default: all one problem). Rows with a
         non-finite or non-positive value (failed schedules) count as the slowest."""
         x = self._matrix(x, "x")
-        y = np.asarray(gflops, dtype=np.float64).reshape(-1)
-        if y.shape[0] != x.shape[0]:
-            raise ValueError(f"{y.shape[0]} GFLOPS values for {x.shape[0]} feature rows")
-        if x.shape[0] == 0:
-            raise ValueError("cannot fit a cost model on no data")
-        y = np.where(np.isfinite(y) & (y > 0), y, 0.0)
-        labels = np.zeros(len(y), dtype=np.int64) if groups is None else _group_ids(groups, len(y))
-        order = np.argsort(labels, kind="stable")  # XGBoost wants each query's rows together
-        x, y, labels = x[order], y[order], labels[order]
-        margin = None if base_margin is None else np.asarray(base_margin, dtype=np.float64).reshape(-1)[order]
-        best = np.zeros(labels.max() + 1)
-        np.maximum.at(best, labels, y)
-        relative = np.divide(y, best[labels], out=np.zeros_like(y), where=best[labels] > 0)
-        params = dict(self.params, seed=self.seed, objective=OBJECTIVES[self.objective])
-        if self.objective == "rank":
-            # Every pair of one problem's schedules ("mean" sampling, as rank:pairwise used to).
-            params.setdefault("lambdarank_pair_method", "mean")
-            params.setdefault("lambdarank_num_pair_per_sample", 32)
-            data = self._dmatrix(x, relative, labels, margin)
-        else:
-            data = self._dmatrix(x, relative, None, margin)
-        xgb = import_xgboost()
-        self.booster = xgb.train(params, data, num_boost_round=self.rounds, verbose_eval=False)
+        self.booster = fit_booster(x, gflops, groups, self.objective, params=self.params, rounds=self.rounds, seed=self.seed,
+                                   base_margin=base_margin)
         self.trained_on = int(x.shape[0])
         return self
 
@@ -157,7 +129,7 @@ class CostModel:
         x = self._matrix(x, "x")
         if x.shape[0] == 0:
             return np.zeros(0)
-        return self.booster.predict(self._dmatrix(x, base_margin=base_margin), output_margin=True).astype(np.float64)
+        return predict_booster(self.booster, x, base_margin)
 
     # -- files ------------------------------------------------------------------------
     def save(self, path) -> Path:
@@ -277,6 +249,51 @@ class TransferModel:
         if self.local_model is None or not self.local_model.fitted:
             return prior
         return self.local_model.predict(x, base_margin=prior)
+
+
+def _dmatrix(x: np.ndarray, label=None, qid=None, base_margin=None):
+    xgb = import_xgboost()
+    margin = None if base_margin is None else np.asarray(base_margin, dtype=np.float64).reshape(-1)
+    if margin is not None and margin.shape[0] != x.shape[0]:
+        raise ValueError(f"base_margin has {margin.shape[0]} entries for {x.shape[0]} rows")
+    return xgb.DMatrix(x, label=label, qid=qid, base_margin=margin, nthread=1)
+
+
+def fit_booster(x: np.ndarray, gflops, groups=None, objective: str = "rank", *, params: dict | None = None,
+                rounds: int = DEFAULT_ROUNDS, seed: int = 0, base_margin=None):
+    """The cost model's XGBoost fit on any (rows, columns) matrix ``x``: labels are GFLOPS
+    relative to each group's (problem's) best; ``rank`` compares pairs within a group.
+    :class:`CostModel` fits AutoTVM's features with it; other representations can be
+    compared on the same terms."""
+    objective = _objective(objective)
+    x = np.asarray(x, dtype=np.float32)
+    y = np.asarray(gflops, dtype=np.float64).reshape(-1)
+    if y.shape[0] != x.shape[0]:
+        raise ValueError(f"{y.shape[0]} GFLOPS values for {x.shape[0]} feature rows")
+    if x.shape[0] == 0:
+        raise ValueError("cannot fit a cost model on no data")
+    y = np.where(np.isfinite(y) & (y > 0), y, 0.0)
+    labels = np.zeros(len(y), dtype=np.int64) if groups is None else _group_ids(groups, len(y))
+    order = np.argsort(labels, kind="stable")  # XGBoost wants each query's rows together
+    x, y, labels = x[order], y[order], labels[order]
+    margin = None if base_margin is None else np.asarray(base_margin, dtype=np.float64).reshape(-1)[order]
+    best = np.zeros(labels.max() + 1)
+    np.maximum.at(best, labels, y)
+    relative = np.divide(y, best[labels], out=np.zeros_like(y), where=best[labels] > 0)
+    params = dict(DEFAULT_PARAMS if params is None else params, seed=seed, objective=OBJECTIVES[objective])
+    if objective == "rank":
+        # Every pair of one problem's schedules ("mean" sampling, as rank:pairwise used to).
+        params.setdefault("lambdarank_pair_method", "mean")
+        params.setdefault("lambdarank_num_pair_per_sample", 32)
+        data = _dmatrix(x, relative, labels, margin)
+    else:
+        data = _dmatrix(x, relative, None, margin)
+    return import_xgboost().train(params, data, num_boost_round=rounds, verbose_eval=False)
+
+
+def predict_booster(booster, x: np.ndarray, base_margin=None) -> np.ndarray:
+    """Scores (float64; higher: predicted faster) of rows ``x`` by a :func:`fit_booster` booster."""
+    return booster.predict(_dmatrix(np.asarray(x, dtype=np.float32), base_margin=base_margin), output_margin=True).astype(np.float64)
 
 
 def _group_ids(groups, count: int) -> np.ndarray:

@@ -50,7 +50,7 @@ from looprl import defaults
 from looprl.costmodel.features import features_batch
 from looprl.costmodel.model import CostModel, TransferModel, import_xgboost
 from looprl.ir.nest import LoopNest, initial_nest
-from looprl.ir.problem import parse_problem
+from looprl.measurement.cache import measured_nests
 
 logger = logging.getLogger("looprl.costmodel")
 
@@ -263,11 +263,4 @@ def cache_records(evaluator, seed: int | None) -> list[tuple[LoopNest, float]]:
     if len(rows) > MAX_RECORDS:
         keep = np.sort(np.random.default_rng(seed).choice(len(rows), MAX_RECORDS, replace=False))
         rows = [rows[i] for i in keep]
-    problems, result = {}, []
-    for name, key, gflops in rows:
-        try:
-            problem = problems.get(name) or problems.setdefault(name, parse_problem(name))
-            result.append((LoopNest.from_key(problem, key), float(gflops)))
-        except ValueError:
-            continue
-    return result
+    return measured_nests(rows)

@@ -56,6 +56,7 @@ from looprl.backend.codegen import CODEGEN_VERSION
 from looprl.backend.host import host_fingerprint
 from looprl.backend.target import Target
 from looprl.ir.nest import LoopNest
+from looprl.ir.problem import Problem, parse_problem
 from looprl.measurement.timing import TIMING_PROTOCOL_VERSION, check_budget
 
 APPLICATION_ID = 0x4C4F4F50  # b"LOOP": the mark of looprl's databases
@@ -580,6 +581,21 @@ class MeasurementCache:
 
     def __setstate__(self, state) -> None:
         self.__init__(state["path"], state["timeout_s"])
+
+
+def measured_nests(records) -> list[tuple[LoopNest, float]]:
+    """``(nest, GFLOPS)`` of :meth:`MeasurementCache.records` rows (a cost model's training
+    data); rows whose problem or schedule no longer parses (another looprl version's syntax)
+    are skipped."""
+    problems: dict[str, Problem] = {}
+    result = []
+    for name, key, gflops in records:
+        try:
+            problem = problems.get(name) or problems.setdefault(name, parse_problem(name))
+            result.append((LoopNest.from_key(problem, key), float(gflops)))
+        except ValueError:
+            continue
+    return result
 
 
 def _tuned_name(problem_name: str, tuner: str) -> str:

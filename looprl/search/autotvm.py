@@ -41,7 +41,7 @@ from looprl.costmodel.features import DEFAULT_TARGET, features_batch
 from looprl.costmodel.model import CostModel, TransferModel, import_xgboost
 from looprl.env.actions import State
 from looprl.ir.nest import COMPUTE, Loop, LoopNest
-from looprl.ir.problem import parse_problem
+from looprl.measurement.cache import measured_nests
 from looprl.search.context import BudgetExhausted, SearchContext
 
 logger = logging.getLogger("looprl.search")
@@ -235,16 +235,10 @@ class _Tuner:
         if len(records) > MAX_TRANSFER_RECORDS:
             keep = np.sort(self.rng.choice(len(records), MAX_TRANSFER_RECORDS, replace=False))
             records = [records[i] for i in keep]
-        nests, values, groups = [], [], []
-        problems: dict[str, object] = {}
-        for name, key, gflops in records:
-            try:
-                problem = problems.get(name) or problems.setdefault(name, parse_problem(name))
-                nests.append(LoopNest.from_key(problem, key))
-            except ValueError:
-                continue  # a record of another looprl version's schedule syntax
-            values.append(gflops)
-            groups.append(name)
+        measured = measured_nests(records)
+        nests = [nest for nest, _ in measured]
+        values = [gflops for _, gflops in measured]
+        groups = [nest.problem.name for nest in nests]
         if len(nests) < 2:
             logger.info("autotvm transfer: no measurements of other problems in the cache; starting without a global model")
             return None
