@@ -37,7 +37,7 @@ from looprl.ir.problem import Problem
 MOVES = ("up", "down")
 SWAPS = ("swap_up", "swap_down")
 LAYOUT_ACTIONS = ("pack", "pad")
-MIN_FACTOR, MAX_FACTOR = 2, 64
+MIN_FACTOR, MAX_FACTOR = 2, 512  # wide enough for cache blocks (k blocks of 256, n blocks of 512)
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,17 @@ class ActionSet:
         if not extra:
             return self
         return ActionSet(self.split_factors + extra, self.max_loops, self.layouts, self.pad_multiple)
+
+    def extended(self, names) -> "ActionSet":
+        """This action set plus what replaying ``names`` needs: a ``split_<f>`` for each factor
+        named that it lacks (after its own splits) and the layout actions if ``pack`` or
+        ``pad`` is named. Moves, swaps and its own splits keep their indices."""
+        names = list(names)
+        factors = [int(n[len("split_"):]) for n in names if isinstance(n, str) and n.startswith("split_") and n[len("split_"):].isdigit()]
+        extended = self.with_splits(factors)
+        if not extended.layouts and any(n in LAYOUT_ACTIONS for n in names):
+            extended = ActionSet(extended.split_factors, extended.max_loops, True, extended.pad_multiple)
+        return extended
 
     def __len__(self) -> int:
         return len(self.names)
@@ -180,6 +191,32 @@ class ActionSet:
                     except ValueError:
                         pass
         return None if result is nest else result
+
+    def path(self, state: State, steps) -> tuple[tuple[int, ...], State] | None:
+        """The actions that carry out the IR ``steps`` (``("split", i, f)``, ``("swap", i)``,
+        as :meth:`LoopNest.apply` takes them) from ``state``: cursor moves to loop ``i``, then
+        ``split_<f>`` or ``swap_down``. Returns the actions and the state reached, or None when
+        a step has no action here (a factor outside this set, a split past ``max_loops``)."""
+        path: list[int] = []
+        for step in steps:
+            name, index, *rest = step
+            if name == "split":
+                action = f"split_{rest[0]}"
+            elif name == "swap":
+                action = "swap_down"
+            else:
+                return None
+            if action not in self.names:
+                return None
+            move = self.names.index("up" if index < state.cursor else "down")
+            path += [move] * abs(state.cursor - index)
+            state = State(state.nest, index)
+            following = self.apply(state, self.names.index(action))
+            if following is None:
+                return None
+            path.append(self.names.index(action))
+            state = following
+        return tuple(path), state
 
     def mask(self, state: State) -> np.ndarray:
         """int8 array: 1 for each action that applies in ``state``."""

@@ -94,7 +94,7 @@ class LoopNestEnv(gym.Env):
         problems: explicit problems (``Problem`` objects or strings such as ``"128x64x256"``).
         order: ``"cycle"`` through the problems in order (a seeded reset starts at position
             ``seed % len(problems)``) or ``"random"`` (sampled with the env's seeded generator).
-        split_factors: the ``split_<f>`` actions, integers in 2..64.
+        split_factors: the ``split_<f>`` actions, integers in 2..512.
         max_loops: bound on the number of loops (compute + write-back); observation rows.
         episode_length: actions per episode before truncation.
         observation: ``"raw"`` or ``"normalized"``.

@@ -150,3 +150,114 @@ def random_schedule(problem: Problem, rng, steps: int = 10, factors=(4, 8, 16), 
         except ValueError:
             pass
     return nest
+
+
+def reorder_steps(nest: LoopNest, order: list[int]) -> tuple[list[tuple], LoopNest]:
+    """Like :func:`reorder_compute`, but also return the ``("swap", i)`` steps it took (so a
+    caller can turn them into env actions)."""
+    count = len(nest.compute)
+    if sorted(order) != list(range(count)):
+        raise ValueError(f"order must be a permutation of 0..{count - 1}, got {order}")
+    rank = {old: new for new, old in enumerate(order)}
+    current = list(range(count))
+    steps: list[tuple] = []
+    changed = True
+    while changed:
+        changed = False
+        for i in range(count - 1):
+            if rank[current[i]] > rank[current[i + 1]]:
+                nest = nest.swap(i)
+                steps.append(("swap", i))
+                current[i], current[i + 1] = current[i + 1], current[i]
+                changed = True
+    return steps, nest
+
+
+def tile_steps(problem: Problem, rows: int, columns: int, k_block: int | None = None, n_block: int | None = None) -> list[tuple]:
+    """IR steps (``nest.apply``) from ``problem``'s untiled nest to a register tile of ``rows``
+    output rows by ``columns`` output columns, optionally cache-blocked.
+
+    Without blocks: ``b..., n/columns, m/rows, k..., m_rows, n_columns`` (the register-blocked
+    order of BLIS's micro-kernel: the tile's accumulators stay in registers while every
+    reduction loop runs). With ``k_block`` (elements of the first reduction dimension) and
+    ``n_block`` (a multiple of ``columns``): ``b..., n/n_block, k/k_block, m/rows, n_block/columns,
+    k_block, m_rows, n_columns``: a k_block x n_block panel of the right operand is reused by
+    every row tile (it stays in L2), a rows x k_block panel of the left one by every column
+    tile of the panel (in L1). Sizes the factors do not divide leave tails. Raises ValueError
+    when the problem has no row and column dimension or a factor does not fit."""
+    out = problem.output
+    if len(out) < 2 or not problem.reduction_dims:
+        raise ValueError(f"{problem.name}: a register tile needs two output dimensions and a reduction")
+    row, col = out[-2], out[-1]
+    red = problem.reduction_dims[0]
+    nest = initial_nest(problem)
+    names = [f"{loop.var}0" for loop in nest.compute]  # one loop per dimension, first appearance
+    steps: list[tuple] = []
+
+    def split(name: str, factor: int, inner: str) -> None:
+        nonlocal nest
+        index = names.index(name)
+        if not 2 <= factor <= nest.compute[index].size:
+            raise ValueError(f"{problem.name}: cannot split {name} by {factor}")
+        nest = nest.split(index, factor)
+        steps.append(("split", index, factor))
+        names.insert(index + 1, inner)
+
+    blocked = k_block is not None and n_block is not None
+    if rows < 1 or columns < 1:
+        raise ValueError(f"tile {rows}x{columns}: rows and columns must be positive")
+    if blocked and (n_block % columns or n_block <= columns):
+        raise ValueError(f"n_block {n_block} must be a multiple of columns {columns}, larger than it")
+    if 2 <= columns < problem.size(col):  # a 1-wide tile keeps the whole loop outside
+        split(f"{col}0", columns, f"{col}_in")
+        if blocked and n_block < problem.size(col):
+            split(f"{col}0", n_block // columns, f"{col}_mid")
+    if blocked and k_block < problem.size(red):
+        split(f"{red}0", k_block, f"{red}_in")
+    if 2 <= rows < problem.size(row):
+        split(f"{row}0", rows, f"{row}_in")
+    batch = [f"{d}0" for d in out[:-2]]
+    others = [f"{d}0" for d in problem.reduction_dims[1:]]
+    tile = [f"{row}_in", f"{col}_in"]
+    if f"{col}_mid" in names or f"{red}_in" in names:
+        wanted = batch + [f"{col}0", f"{red}0", f"{row}0", f"{col}_mid"] + others + [f"{red}_in"] + tile
+    else:
+        wanted = batch + [f"{col}0", f"{row}0", f"{red}0"] + others + tile
+    wanted = [name for name in wanted if name in names]
+    swaps, nest = reorder_steps(nest, [names.index(name) for name in wanted])
+    return steps + swaps
+
+
+def tile_shapes(problem: Problem, target=None, *, vector_width: int | None = None, registers: int | None = None) -> list[tuple[int, int]]:
+    """(rows, columns) register tiles of ``problem``'s output for ``target``: each of
+    :func:`register_tiles`, clipped to the output; when the output has fewer rows than a tile
+    (a GEMV-like m), the tile is widened instead so that it still keeps most registers busy.
+    Columns are a whole number of vectors; a tile wider than the output is clipped to it."""
+    lanes, registers = _vector_isa(target, vector_width, registers)
+    if len(problem.output) < 2:
+        raise ValueError(f"{problem.name}: register tiles need two output dimensions")
+    row_size, col_size = problem.size(problem.output[-2]), problem.size(problem.output[-1])
+    shapes = []
+    for rows, vectors in register_tiles(vector_width=lanes, registers=registers):
+        if row_size < rows:
+            rows = row_size
+            vectors = max(1, (registers - 1) // (rows + 1))
+        columns = min(vectors * lanes, col_size)
+        if (rows, columns) not in shapes:
+            shapes.append((rows, columns))
+    return shapes
+
+
+def cache_blocks(problem: Problem, columns: int) -> list[tuple[int, int]]:
+    """(k_block, n_block) pairs to try around a register tile ``columns`` wide: reduction blocks
+    of 256 and 512 elements with column blocks of about 512 and 256, where the problem is large
+    enough for a block to leave more than one iteration (else the block is pointless)."""
+    if not problem.reduction_dims or len(problem.output) < 2:
+        return []
+    k_size, n_size = problem.size(problem.reduction_dims[0]), problem.size(problem.output[-1])
+    blocks = []
+    for k_block, n_target in ((256, 512), (512, 256)):
+        n_block = max(2, round(n_target / columns)) * columns
+        if k_block < k_size and n_block < n_size:
+            blocks.append((k_block, n_block))
+    return blocks

@@ -68,6 +68,8 @@ def guided_search(
     path as well, e.g. the policy's greedy rollout, so the search refines what it found."""
     # Splits the policy was not trained with come after its own (scores map by name).
     actions = policy_actions(policy, evaluator.target).with_splits(tile_rows)
+    if start is not None:  # e.g. a register tile's wide splits, or pack
+        actions = actions.extended(start[0])
     normalized = policy.observation_kind == "normalized"
     before = evaluator.compiled
     root_state = State(initial_nest(problem), 0)

@@ -41,18 +41,21 @@ from looprl.ir.problem import Problem, as_problem, matmul
 from looprl.ir.schedules import register_tiles
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.timing import check_budget
+from looprl.policy.budget import MIN_BUDGET_S, DeadlineEvaluator, scaled_budget
 from looprl.policy.guided import guided_search
 from looprl.policy.loading import load_policy
 from looprl.policy.numpy_policy import Policy
 from looprl.policy.rollout import greedy_rollout, policy_actions
+from looprl.policy.tiles import measure_tiles
 
-# Search time of measured tune: with the result's compile and the fixed costs, the whole call
-# stays near half a second (the median the tune benchmark aims for) for problems up to 256^3;
-# a new state there costs ~15-25 ms to compile and time.
-TUNE_BUDGET_S = 0.4
+# Search time of measured tune by default: None scales it with the problem
+# (:func:`~looprl.policy.budget.scaled_budget`: 0.4 s up to ~256^3, where a new state costs
+# ~15-25 ms to compile and time, up to 1.5 s for the largest real-model GEMMs).
+TUNE_BUDGET_S = None
 # Remembered answers are keyed by this: bump it when what tune finds changes (an upgrade must not
 # return an older version's weaker answer). 2: register tiles at the output-row loop.
-TUNER = "tune-v2"
+# 3: two-dimensional register tiles, cache blocks and packing; budgets scaled to the problem.
+TUNER = "tune-v3"
 _warned_mismatch: set[tuple[str, str]] = set()
 
 
@@ -108,7 +111,7 @@ def tune(
     measure: bool = True,
     *,
     cache=None,
-    budget_s: float = TUNE_BUDGET_S,
+    budget_s: float | None = TUNE_BUDGET_S,
     measure_budget_s: float = defaults.STATE_BUDGET_S,
     target: Target | str | None = None,
     remember: bool = True,
@@ -118,7 +121,9 @@ def tune(
     ``problem``: a :class:`Problem`, ``"MxNxK"``, an ``(m, n, k)`` tuple or arrays ``(A, B)``.
     ``policy``: ``"default"`` (the shipped policy made for the target's ISA, else the closest,
     with a warning), a policy folder or a :class:`Policy`. ``steps``: actions of the greedy
-    rollout. ``budget_s``: seconds of measured search after it (0: the rollout only);
+    rollout. ``budget_s``: seconds the measured search may take, counted from the call
+    (None: scaled to the problem, see :mod:`looprl.policy.budget`; 0: the rollout only, every
+    state of it measured whatever it costs);
     ``measure_budget_s``: timing budget per new schedule. ``cache``: the measurement cache (a
     path, ``":memory:"`` or None for the per-user one). ``remember``: reuse and store the
     answer for this host, target and problem."""
@@ -126,7 +131,7 @@ def tune(
     problem = as_tunable_problem(problem)
     if isinstance(steps, (bool, np.bool_)) or not isinstance(steps, (int, np.integer)) or steps < 0:
         raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
-    budget_s = _check_search_budget(budget_s)
+    budget_s = None if budget_s is None else _check_search_budget(budget_s)
     measure_budget_s = check_budget(measure_budget_s, "measure_budget_s")
     if not isinstance(policy, (Policy, str, os.PathLike)):
         raise ValueError(f"policy must be a Policy, 'default' or a path to a policy folder, got {type(policy).__name__}")
@@ -145,7 +150,7 @@ def tune(
         return TuneResult(problem, nest, kernel, tuple(actions), gflops, initial, time.perf_counter() - started, "policy", target,
                           measured=evaluator.compiled)
     if remember:
-        known = _remembered(evaluator, problem, budget_s)
+        known = _remembered(evaluator, problem, MIN_BUDGET_S if budget_s is None else budget_s)
         if known is not None:
             nest, gflops = known
             root = initial_nest(problem)
@@ -153,13 +158,23 @@ def tune(
             kernel = compile(nest, target=target)
             return TuneResult(problem, nest, kernel, (), gflops, initial, time.perf_counter() - started, "remembered", target,
                               measured=evaluator.compiled)
-    rollout = greedy_rollout(loaded, problem, evaluator, length=int(steps))
+    budgeted = DeadlineEvaluator(evaluator, None)
+    untuned = budgeted(initial_nest(problem))
+    if budget_s is None:
+        budget_s = scaled_budget(problem.flops, untuned.gflops, measure_budget_s)
+    # The rollout alone (budget 0) measures every state it reaches; a search stops at its deadline
+    # and refuses a measurement predicted to end after it.
+    budgeted.deadline = started + budget_s if budget_s > 0 else None
+    rollout = greedy_rollout(loaded, problem, budgeted, length=int(steps))
     nest, gflops, actions = rollout.best_nest, rollout.best_gflops, rollout.best_actions
     if budget_s > 0:
-        deadline = started + budget_s
+        tiles = measure_tiles(problem, budgeted, policy_actions(loaded, target), target)
+        start = (actions, gflops)
+        if tiles.gflops > gflops:
+            start = (tiles.actions, tiles.gflops)
+            nest, gflops, actions = tiles.nest, tiles.gflops, tiles.actions
         rows = tuple(rows for rows, _ in register_tiles(target))  # e.g. 6 on AVX2: the policy may lack split_6
-        guided = guided_search(loaded, problem, evaluator, deadline=deadline, start=(rollout.best_actions, rollout.best_gflops),
-                               tile_rows=rows)
+        guided = guided_search(loaded, problem, budgeted, deadline=started + budget_s, start=start, tile_rows=rows)
         if guided.best_gflops > gflops:
             nest, gflops, actions = guided.best_nest, guided.best_gflops, guided.best_actions
     if remember:

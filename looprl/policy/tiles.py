@@ -1,0 +1,98 @@
+"""Register tiles, their cache-blocked variants and a packed right operand, measured as env
+action paths from the untiled nest.
+
+The policies were trained on small matmuls with the paper's split factors; a large problem
+needs a tile as wide as the target's register file allows and, where the operands outgrow
+the caches, blocks of the reduction and of the columns around it. :func:`measure_tiles`
+proposes them in order of how often they pay (the flat register tiles of
+:func:`~looprl.ir.schedules.tile_shapes`, then :func:`~looprl.ir.schedules.cache_blocks`
+around the fastest, then that fastest with the right operand packed into column panels), each
+as the actions that build it, so the answer replays in the env like any other path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from looprl.env.actions import ActionSet, State
+from looprl.ir.nest import LoopNest, initial_nest
+from looprl.ir.problem import Problem
+from looprl.ir.schedules import cache_blocks, tile_shapes, tile_steps
+
+
+@dataclass(frozen=True)
+class TileResult:
+    actions: tuple[str, ...]  # the best tile's path from the untiled nest (empty if none measured)
+    nest: LoopNest | None
+    gflops: float
+    tried: int  # tiles measured (or refused by the deadline)
+
+
+def measure_tiles(problem: Problem, evaluator, actions: ActionSet, target) -> TileResult:
+    """Measure ``problem``'s register tiles for ``target`` through ``evaluator`` (e.g. a
+    :class:`~looprl.policy.budget.DeadlineEvaluator`, which may refuse some) and return the
+    fastest as a path of action names from the untiled nest (``actions`` extended as needed)."""
+    root = State(initial_nest(problem), 0)
+    best: tuple = (0.0, (), 0, None)  # gflops, names, columns, nest
+    tried = 0
+
+    def attempt(steps, columns: int) -> None:
+        nonlocal best, tried
+        names = [f"split_{step[2]}" for step in steps if step[0] == "split"]
+        extended = actions.extended(names)
+        planned = extended.path(root, steps)
+        if planned is None:
+            return  # e.g. more loops than max_loops
+        path, state = planned
+        tried += 1
+        measurement = evaluator(state.nest)
+        if measurement.ok and measurement.gflops > best[0]:
+            best = (measurement.gflops, tuple(extended.names[a] for a in path), columns, state.nest)
+
+    if len(problem.output) < 2 or not problem.reduction_dims:
+        return TileResult((), None, 0.0, 0)
+    flat = {}
+    for rows, columns in tile_shapes(problem, target):
+        try:
+            steps = tile_steps(problem, rows, columns)
+        except ValueError:
+            continue
+        before = best
+        attempt(steps, columns)
+        if best is not before:
+            flat = {"rows": rows, "columns": columns}
+    if flat:
+        for k_block, n_block in cache_blocks(problem, flat["columns"]):
+            try:
+                steps = tile_steps(problem, flat["rows"], flat["columns"], k_block, n_block)
+            except ValueError:
+                continue
+            attempt(steps, flat["columns"])
+    if best[1]:
+        packed = _packed(problem, best[1], actions)
+        if packed is not None:
+            names, state = packed
+            tried += 1
+            measurement = evaluator(state.nest)
+            if measurement.ok and measurement.gflops > best[0]:
+                best = (measurement.gflops, names, best[2], state.nest)
+    return TileResult(best[1], best[3], best[0], tried)
+
+
+def _packed(problem: Problem, names: tuple[str, ...], actions: ActionSet):
+    """The path ``names`` followed by packing the right operand along the output's columns at
+    the innermost column loop (its tile width), or None if that does not apply."""
+    extended = actions.extended(list(names) + ["pack"])
+    state = State(initial_nest(problem), 0)
+    for name in names:
+        state = extended.apply(state, extended.index(name))
+        if state is None:
+            return None
+    column = problem.output[-1]
+    inner = max(i for i, loop in enumerate(state.nest.compute) if loop.var == column)
+    moves = ["up" if inner < state.cursor else "down"] * abs(state.cursor - inner)
+    for name in moves + ["pack"]:
+        state = extended.apply(state, extended.index(name))
+        if state is None:
+            return None
+    return tuple(names) + tuple(moves) + ("pack",), state

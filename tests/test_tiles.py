@@ -1,0 +1,154 @@
+"""Register tiles, cache blocks and packing as env action paths; budgets that follow the problem."""
+
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import looprl
+from looprl.backend.target import Target
+from looprl.env.actions import ActionSet, State
+from looprl.measurement.cache import MeasurementCache
+from looprl.measurement.evaluator import Evaluator
+from looprl.policy.budget import MAX_BUDGET_S, MIN_BUDGET_S, DeadlineEvaluator, scaled_budget
+from looprl.policy.rollout import replay
+from looprl.policy.tiles import measure_tiles
+from looprl.ir.schedules import cache_blocks, tile_shapes, tile_steps
+from tests.guarded import GuardedArray
+from tests.policies import random_policy
+
+TARGETS = [Target.named("avx512"), Target.named("avx2"), Target.named("sse4")]
+
+
+def _runs_here(target):
+    try:
+        target.check_runs_on_host()
+    except ValueError:
+        return False
+    return True
+
+
+RUNNABLE = [t for t in TARGETS if _runs_here(t)]
+
+
+def _reference(problem, a, b):
+    return np.einsum(problem.spec, a.astype(np.float64), b.astype(np.float64))
+
+
+def test_a_flat_tile_is_the_register_blocked_order():
+    nest = looprl.initial_nest(looprl.matmul(128, 768, 768)).apply(tile_steps(looprl.matmul(128, 768, 768), 14, 32))
+    assert [(lp.var, lp.size, lp.step, lp.tail) for lp in nest.compute] == [
+        ("n", 24, 32, 0), ("m", 9, 14, 2), ("k", 768, 1, 0), ("m", 14, 1, 0), ("n", 32, 1, 0)]
+
+
+def test_a_blocked_tile_blocks_k_and_n_around_the_register_tile():
+    problem = looprl.matmul(100, 1000, 700)
+    nest = looprl.initial_nest(problem).apply(tile_steps(problem, 6, 64, k_block=256, n_block=512))
+    assert [(lp.var, lp.step) for lp in nest.compute] == [("n", 512), ("k", 256), ("m", 6), ("n", 64), ("k", 1), ("m", 1), ("n", 1)]
+    assert nest.compute[0].tail == 1000 - 512 and nest.compute[1].tail == 700 - 2 * 256
+    with pytest.raises(ValueError, match="multiple of columns"):
+        tile_steps(problem, 6, 64, k_block=256, n_block=100)
+    with pytest.raises(ValueError, match="two output dimensions"):
+        tile_steps(looprl.contraction("mk,k->m", m=8, k=8), 2, 2)
+
+
+def test_tile_shapes_widen_the_tile_when_the_output_has_few_rows():
+    avx512 = Target.named("avx512")
+    assert tile_shapes(looprl.matmul(256, 256, 256), avx512)[0] == (14, 32)
+    gemv = tile_shapes(looprl.matmul(1, 4096, 1024), avx512)
+    assert gemv == [(1, 15 * 16)]  # 15 accumulators + 15 input vectors + 1 broadcast = 31 registers
+    assert tile_shapes(looprl.matmul(3, 20, 64), Target.named("avx2")) == [(3, 20), (2, 20)]  # clipped to the 20 columns
+    assert cache_blocks(looprl.matmul(64, 128, 128), 32) == []  # too small to block
+    assert all(n % 48 == 0 for _, n in cache_blocks(looprl.matmul(1024, 1024, 1024), 48))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    m=st.integers(1, 40), n=st.integers(2, 70), k=st.integers(2, 40),
+    rows=st.integers(1, 9), columns=st.sampled_from([2, 8, 16, 24]),
+    k_block=st.sampled_from([None, 3, 8]), blocks=st.integers(2, 4),
+    target=st.sampled_from(RUNNABLE), side=st.sampled_from(["start", "end"]),
+)
+def test_tiles_with_tails_compute_what_numpy_does_and_stay_in_bounds(m, n, k, rows, columns, k_block, blocks, target, side):
+    problem = looprl.matmul(m, n, k)
+    rows, columns = min(rows, m), min(columns, n)
+    n_block = columns * blocks if k_block is not None else None
+    try:
+        steps = tile_steps(problem, rows, columns, k_block, n_block)
+    except ValueError:
+        return  # a factor that does not fit (e.g. a 1-wide split)
+    nest = looprl.initial_nest(problem).apply(steps)
+    for variant in (nest, nest.layout_pack("in1", "n", columns) if 2 <= columns < n else nest):
+        kernel = looprl.compile(variant, target=target)
+        guards = [GuardedArray(shape, side) for shape in (*problem.input_shapes, problem.output_shape)]
+        try:
+            a, b, out = (g.array for g in guards)
+            rng = np.random.default_rng(m * n + k)
+            a[...] = rng.uniform(-1, 1, a.shape)
+            b[...] = rng.uniform(-1, 1, b.shape)
+            kernel.run(a, b, out, reps=1)
+            np.testing.assert_allclose(out, _reference(problem, a, b), atol=1e-4 * k)
+        finally:
+            for g in guards:
+                g.release()
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 14), columns=st.sampled_from([16, 32, 48, 64]), blocked=st.booleans())
+def test_an_action_path_builds_exactly_the_nest_the_steps_build(rows, columns, blocked):
+    problem = looprl.matmul(100, 700, 600)
+    steps = tile_steps(problem, rows, columns, *((256, columns * 4) if blocked else (None, None)))
+    actions = ActionSet().extended([f"split_{s[2]}" for s in steps if s[0] == "split"])
+    path, state = actions.path(State(looprl.initial_nest(problem), 0), steps)
+    assert state.nest == looprl.initial_nest(problem).apply(steps)
+    replayed = State(looprl.initial_nest(problem), 0)
+    for action in path:
+        replayed = actions.apply(replayed, action)
+    assert replayed == state
+    assert ActionSet().path(State(looprl.initial_nest(problem), 0), steps) is None or all(
+        f"split_{s[2]}" in ActionSet().names for s in steps if s[0] == "split")
+
+
+def test_the_budget_grows_with_the_problem_within_its_bounds():
+    small = scaled_budget(2 * 256**3, 100.0, 0.008)
+    assert small == MIN_BUDGET_S
+    medium, large = scaled_budget(2 * 1024**3, 45.0, 0.008), scaled_budget(2 * 2048**3, 45.0, 0.008)
+    assert MIN_BUDGET_S < medium < large == MAX_BUDGET_S
+    assert scaled_budget(2 * 1024**3, 90.0, 0.008) < medium  # a faster untuned nest needs less
+
+
+def test_a_deadline_evaluator_refuses_what_would_end_late_and_measures_each_schedule_once():
+    problem = looprl.matmul(256, 256, 256)
+    evaluator = Evaluator(":memory:", 0.002, samples=1)
+    budgeted = DeadlineEvaluator(evaluator, None)
+    root = looprl.initial_nest(problem)
+    first = budgeted(root)
+    assert first.ok and budgeted(root) is first and evaluator.compiled == 1
+    budgeted.deadline = time.perf_counter() + 1e-4  # nothing new fits
+    tile = root.apply(tile_steps(problem, 4, 32))
+    refused = budgeted(tile)
+    assert not refused.ok and "deadline" in refused.error and budgeted.refused == 1 and evaluator.compiled == 1
+    assert budgeted(root).ok  # known: costs nothing, never refused
+    evaluator(tile)  # in the cache now: free
+    assert budgeted.predicted_s(tile) == 0.0 and budgeted(tile).ok
+
+
+def test_measured_tiles_replay_in_the_env_and_tune_returns_at_least_the_best_tile():
+    problem = looprl.matmul(64, 200, 96)
+    cache = MeasurementCache(":memory:")
+    evaluator = Evaluator(cache, 0.001, samples=1)
+    policy = random_policy(seed=0)
+    from looprl.policy.rollout import policy_actions
+
+    tiles = measure_tiles(problem, DeadlineEvaluator(evaluator, None), policy_actions(policy), looprl.Target.host())
+    assert tiles.tried >= 2 and tiles.gflops > 0
+    values = replay(problem, tiles.actions, evaluator, ActionSet().extended(tiles.actions))
+    assert values[-1] == pytest.approx(tiles.gflops)
+    result = looprl.tune(problem, policy, cache=cache, budget_s=5, measure_budget_s=0.001, remember=False)
+    assert result.gflops >= tiles.gflops * 0.999
+    again = replay(problem, result.actions, evaluator, result.action_set)
+    assert again[-1] == pytest.approx(result.gflops)
+    a, b = (np.random.default_rng(1).uniform(-1, 1, s).astype(np.float32) for s in problem.input_shapes)
+    np.testing.assert_allclose(result.kernel(a, b), a @ b, atol=1e-3)
