@@ -22,7 +22,9 @@ import gymnasium as _gymnasium
 from looprl.backend import Kernel, Target, aligned_empty, aligned_zeros, compile
 from looprl.env import (
     ActionSet,
+    DatasetEntry,
     State,
+    dataset_entries,
     dataset_names,
     dataset_problems,
     nest_graph,
@@ -58,6 +60,7 @@ if ENV_ID not in _gymnasium.registry:
 __all__ = [
     "ENV_ID",
     "ActionSet",
+    "DatasetEntry",
     "Evaluator",
     "Kernel",
     "Loop",
@@ -73,6 +76,7 @@ __all__ = [
     "aligned_zeros",
     "compile",
     "contraction",
+    "dataset_entries",
     "dataset_names",
     "dataset_problems",
     "initial_nest",

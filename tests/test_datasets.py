@@ -20,6 +20,11 @@ def test_stored_file_matches_the_generator(name):
     assert load_dataset(name) == stored
 
 
+@pytest.mark.parametrize("name", dataset_names())
+def test_writing_reproduces_the_stored_bytes(name, tmp_path):
+    assert write_dataset(name, tmp_path / "copy.json").read_bytes() == dataset_path(name).read_bytes()
+
+
 @pytest.mark.parametrize(("name", "values", "sizes"), [
     ("mm64-256", range(64, 257, 16), (1757, 440)),
     ("mm384-1024", range(384, 1025, 128), (172, 44)),
@@ -34,7 +39,7 @@ def test_split_sizes_disjoint_and_complete(name, values, sizes):
 
 
 def test_the_datasets_are_known_by_name():
-    assert dataset_names() == ["mm384-1024", "mm64-256"]
+    assert dataset_names() == ["mm384-1024", "mm64-256", "models"]
 
 
 def test_dimensions_are_named_explicitly(tmp_path):

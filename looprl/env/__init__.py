@@ -2,8 +2,11 @@
 and the Gymnasium environment."""
 
 from looprl.env.actions import ActionSet, State
-from looprl.env.datasets import dataset_names, dataset_problems
+from looprl.env.datasets import dataset_entries, dataset_names, dataset_problems
+from looprl.env.entries import DatasetEntry
 from looprl.env.features import nest_graph, observation
 from looprl.env.loopnest import LoopNestEnv
 
-__all__ = ["ActionSet", "LoopNestEnv", "State", "dataset_names", "dataset_problems", "nest_graph", "observation"]
+__all__ = [
+    "ActionSet", "DatasetEntry", "LoopNestEnv", "State", "dataset_entries", "dataset_names", "dataset_problems", "nest_graph", "observation",
+]

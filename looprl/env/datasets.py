@@ -10,6 +10,13 @@ used when the package is installed without the repository's ``envs/`` folder.
 (M, N and K each in 384..1024 step 128, 216 problems, 44 for testing): there, cache blocking
 matters besides the register tile, and a search has to find both (a harder set for the
 searches and the cost model than the L2-resident mm64-256).
+
+``models`` is the GEMMs and attention products of published models (BERT, GPT-2, SmolLM,
+TinyLlama, ViT-S/16, ResNet-50, MobileNetV2), derived from their configurations in
+:mod:`looprl.env.architectures` (which says how, the bounds, what is left out and why) and
+split by model: the test split is whole models that no training problem comes from. Its rows
+carry ``model``, ``layer``, ``derivation``, ``spec`` and ``sizes``; :func:`dataset_entries`
+returns them, :func:`dataset_problems` the problems alone.
 """
 
 from __future__ import annotations
@@ -20,7 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from looprl.ir.problem import Problem, matmul
+from looprl.env.architectures import MODEL_NAMES, TEST_MODELS, model_entries
+from looprl.env.entries import DatasetEntry
+from looprl.ir.problem import Problem
 from looprl.resources import shipped_path
 
 SPLITS = ("train", "test", "all")
@@ -40,6 +49,10 @@ _DEFINITIONS = {
         "seed": 20261124,
         "test_fraction": 0.2,
     },
+    "models": {
+        "description": "GEMMs and attention products of published models, derived from their configurations "
+                       "(looprl.env.architectures); split by model",
+    },
 }
 
 
@@ -48,8 +61,11 @@ def dataset_names() -> list[str]:
 
 
 def build_dataset(name: str) -> dict:
-    """The dataset's JSON content, generated from its definition and seed."""
+    """The dataset's JSON content, generated from its definition and seed (or, for
+    ``models``, from the models' configurations)."""
     definition = _definition(name)
+    if "values" not in definition:
+        return _models_content(name, definition)
     values = definition["values"]
     everything = [{"m": m, "n": n, "k": k} for m in values for n in values for k in values]
     order = np.random.default_rng(definition["seed"]).permutation(len(everything))
@@ -63,6 +79,18 @@ def build_dataset(name: str) -> dict:
         "seed": definition["seed"],
         "train": train,
         "test": test,
+    }
+
+
+def _models_content(name: str, definition: dict) -> dict:
+    entries = model_entries()
+    return {
+        "name": name,
+        "description": definition["description"],
+        "train_models": [m for m in MODEL_NAMES if m not in TEST_MODELS],
+        "test_models": [m for m in MODEL_NAMES if m in TEST_MODELS],
+        "train": [e.to_row() for e in entries if e.model not in TEST_MODELS],
+        "test": [e.to_row() for e in entries if e.model in TEST_MODELS],
     }
 
 
@@ -95,15 +123,22 @@ def load_dataset(name: str) -> dict:
     return build_dataset(name)
 
 
-def dataset_problems(name: str, split: str = "train") -> tuple[Problem, ...]:
-    """The problems of ``split`` ("train", "test" or "all") of dataset ``name``."""
+def dataset_entries(name: str, split: str = "train") -> tuple[DatasetEntry, ...]:
+    """The rows of ``split`` ("train", "test" or "all") of dataset ``name``, each a frozen
+    :class:`DatasetEntry` (spec, sizes, and for ``models`` the model, layer and derivation)."""
     if not isinstance(split, str) or split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
     content = load_dataset(name)
     rows = content["train"] + content["test"] if split == "all" else content[split]
-    if content["spec"] != "mk,kn->mn":
-        raise ValueError(f"dataset {name}: unsupported spec {content['spec']!r}")
-    return tuple(matmul(m=row["m"], n=row["n"], k=row["k"]) for row in rows)
+    try:
+        return tuple(DatasetEntry.from_row(row, content.get("spec")) for row in rows)
+    except ValueError as error:
+        raise ValueError(f"dataset {name}: {error}") from None
+
+
+def dataset_problems(name: str, split: str = "train") -> tuple[Problem, ...]:
+    """The problems of ``split`` ("train", "test" or "all") of dataset ``name``."""
+    return tuple(entry.problem for entry in dataset_entries(name, split))
 
 
 def _definition(name: str) -> dict:
