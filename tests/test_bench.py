@@ -3,6 +3,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 def test_codegen_benchmark_runs_and_writes_json(tmp_path):
     path = tmp_path / "codegen.json"
@@ -63,3 +65,20 @@ def test_tune_benchmark_reports_times_and_ratios(tmp_path):
     assert summary["problems"] == 2 and 0 < summary["tune_s_median"] <= summary["tune_s_p95"]
     assert summary["tuned_vs_numpy_geomean"] > 0 and summary["tuned_vs_untuned_geomean"] > 0
     assert all(row["tuned_gflops"] > 0 for row in report["rows"])
+
+
+def test_tune_benchmark_summarises_per_model():
+    import looprl
+    from looprl.bench.tune import _label, per_model
+
+    rows = [
+        {"model": "bert-base", "tune_s": 0.4, "tuned_gflops": 100.0, "numpy_gflops": 50.0, "untuned_gflops": 25.0},
+        {"model": "bert-base", "tune_s": 0.6, "tuned_gflops": 100.0, "numpy_gflops": 200.0, "untuned_gflops": 100.0},
+        {"model": "resnet-50", "tune_s": 0.5, "tuned_gflops": 90.0, "numpy_gflops": 90.0, "untuned_gflops": 30.0},
+    ]
+    bert, resnet = per_model(rows)
+    assert (bert["model"], bert["problems"], resnet["problems"]) == ("bert-base", 2, 1)
+    assert bert["tuned_vs_numpy_geomean"] == pytest.approx(1.0) and bert["tuned_vs_untuned_geomean"] == pytest.approx(2.0)
+    assert (bert["tune_s_median"], bert["tune_s_max"]) == (0.5, 0.6)
+    assert _label(looprl.contraction("bmk,bnk->bmn", b=12, m=128, n=96, k=64)) == "b12:128x96x64"
+    assert _label(looprl.matmul(64, 32, 16)) == "64x32x16"

@@ -3,9 +3,11 @@
 For each problem: the wall-clock time of ``looprl.tune`` for ``--target`` (default this
 machine; a narrower ISA is cross-compiled) from a cold cache (compile of the returned kernel
 included), then the returned kernel and the untuned nest re-timed with the same budget, and
-numpy single-thread (numpy uses the host's widest ISA whatever the target) (``OPENBLAS_CORETYPE`` unset, one BLAS thread, in a child
-process). Reports median and p95 tune time and the geometric means of GFLOPS against numpy,
-the untuned nest and the measured peak.
+numpy single-thread in a child process, with the OpenBLAS kernels of the target's ISA
+(native for the host's own ISA; ``OPENBLAS_CORETYPE=Haswell`` for AVX2 code on an AVX-512
+host: see :mod:`looprl.measurement.numpy_baseline`). Reports median and p95 tune time and the
+geometric means of GFLOPS against numpy, the untuned nest and the measured peak; on a dataset
+whose rows name their model (``models``), also a table per model.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from looprl import defaults
 from looprl.backend.host import cpu_model_name
 from looprl.backend.kernel import compile
 from looprl.backend.target import Target
-from looprl.env.datasets import SPLITS, dataset_problems
+from looprl.env.datasets import SPLITS, dataset_entries
 from looprl.ir.nest import initial_nest
 from looprl.ir.problem import parse_problems
-from looprl.measurement.numpy_baseline import numpy_gflops
+from looprl.measurement.numpy_baseline import baseline_label, numpy_gflops
 from looprl.measurement.peak import measure_peak_gflops
 from looprl.measurement.timing import time_kernel
 from looprl.policy.loading import load_policy
@@ -49,6 +51,39 @@ def _geomean(values) -> float:
     return statistics.geometric_mean(values) if values else math.nan
 
 
+def _label(problem) -> str:
+    """``MxNxK`` (other dimensions after them), the batch in front: ``b12:128x128x64``."""
+    dims = [d for d in "mnk" if d in problem.dims] + [d for d in problem.dims if d not in "bmnk"]
+    text = "x".join(str(problem.size(d)) for d in dims)
+    return f"b{problem.size('b')}:{text}" if "b" in problem.dims else text
+
+
+def per_model(rows: list[dict]) -> list[dict]:
+    """One summary per model, in order of first appearance: problems, geomean tuned/numpy and
+    tuned/untuned, median and max tune seconds."""
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(row.get("model") or "-", []).append(row)
+    return [
+        {
+            "model": model,
+            "problems": len(members),
+            "tuned_vs_numpy_geomean": _geomean(r["tuned_gflops"] / r["numpy_gflops"] for r in members),
+            "tuned_vs_untuned_geomean": _geomean(r["tuned_gflops"] / r["untuned_gflops"] for r in members),
+            "tune_s_median": statistics.median(r["tune_s"] for r in members),
+            "tune_s_max": max(r["tune_s"] for r in members),
+        }
+        for model, members in groups.items()
+    ]
+
+
+def print_per_model(models: list[dict], out) -> None:
+    print(f"{'model':>16} {'problems':>8} {'tuned/numpy':>11} {'tuned/untuned':>13} {'tune s median':>13} {'tune s max':>10}", file=out)
+    for m in models:
+        print(f"{m['model']:>16} {m['problems']:8d} {m['tuned_vs_numpy_geomean']:11.2f} {m['tuned_vs_untuned_geomean']:13.2f} "
+              f"{m['tune_s_median']:13.3f} {m['tune_s_max']:10.3f}", file=out)
+
+
 def main(args, out=sys.stdout) -> dict:
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be positive, got {args.limit}")
@@ -59,25 +94,31 @@ def main(args, out=sys.stdout) -> dict:
     policy = load_policy(args.policy if args.policy == "default" else Path(args.policy), target)
     if args.problems:
         problems = parse_problems(args.problems)
+        entries = [None] * len(problems)
         source = "given problems"
     else:
-        problems = list(dataset_problems(args.dataset, args.split))[: args.limit]
+        entries = list(dataset_entries(args.dataset, args.split))[: args.limit]
+        problems = [entry.problem for entry in entries]
         source = f"{args.dataset}/{args.split}"
     peak = measure_peak_gflops(target)
-    numpy = numpy_gflops(problems, args.budget)
+    numpy = numpy_gflops(problems, args.budget, isa=target.isa)
+    numpy_label = baseline_label(target.isa)
     made_for = policy.target.isa if policy.target is not None else "unknown"
     print(f"target {target}; peak {peak:.1f} GFLOPS; policy made for {made_for}; {len(problems)} problems ({source}); "
           f"{args.mode} mode, search budget {args.tune_budget} s; CPU {cpu_model_name()}", file=out)
+    print(f"compared with {numpy_label}", file=out)
     print(f"{'problem':>14} {'tune ms':>8} {'untuned':>8} {'tuned':>8} {'numpy':>8} {'tuned/numpy':>11}", file=out)
     rows = []
-    for problem, numpy_value in zip(problems, numpy):
+    for problem, entry, numpy_value in zip(problems, entries, numpy):
         result = tune(problem, policy, measure=args.mode == "measured", cache=":memory:", target=target, budget_s=args.tune_budget)
         tuned = time_kernel(result.kernel, args.budget).gflops
         untuned = time_kernel(compile(initial_nest(problem), target=target), args.budget).gflops
         row = {"problem": problem.name, "tune_s": result.seconds, "untuned_gflops": untuned, "tuned_gflops": tuned,
                "numpy_gflops": numpy_value, "actions": list(result.actions), "schedule": result.nest.key}
+        if entry is not None and entry.model is not None:
+            row.update(model=entry.model, layer=entry.layer)
         rows.append(row)
-        label = "x".join(str(problem.size(d)) for d in ("m", "n", "k"))
+        label = _label(problem)
         print(f"{label:>14} {1000 * result.seconds:8.0f} {untuned:8.1f} {tuned:8.1f} {numpy_value:8.1f} {tuned / numpy_value:11.2f}", file=out, flush=True)
     times = sorted(r["tune_s"] for r in rows)
     summary = {
@@ -99,7 +140,10 @@ def main(args, out=sys.stdout) -> dict:
         file=out,
     )
     result = {"mode": args.mode, "split": None if args.problems else args.split, "target": target.to_dict(), "cpu": cpu_model_name(),
-              "tune_budget_s": args.tune_budget, "policy_target": made_for, "summary": summary, "rows": rows}
+              "tune_budget_s": args.tune_budget, "policy_target": made_for, "numpy": numpy_label, "summary": summary, "rows": rows}
+    if any("model" in row for row in rows):
+        result["models"] = per_model(rows)
+        print_per_model(result["models"], out)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
