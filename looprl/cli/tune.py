@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sizes", default=None, help="dimension sizes for --spec, e.g. b=4,m=128,k=64,n=96")
     parser.add_argument("--policy", default="default", help="policy folder (default: the shipped policy for the target)")
     parser.add_argument("--target", default=None, choices=TARGET_CHOICES, help="generate code for this target (default: this machine)")
-    parser.add_argument("--steps", type=int, default=10, help="actions of the policy's greedy rollout")
+    parser.add_argument("--steps", type=int, default=None, help="actions of the policy's greedy rollout (default: its training episode length)")
     parser.add_argument("--budget", type=float, default=TUNE_BUDGET_S,
                         help=f"seconds of measured search guided by the policy (default {TUNE_BUDGET_S}; 0: the rollout only)")
     parser.add_argument("--fresh", action="store_true", help="tune again even if this problem was tuned before (no lookup)")

@@ -69,7 +69,7 @@ def env_problems(dataset: str = defaults.DATASET, split: str = "train", problems
     """The problems an env with these arguments draws from: ``problems`` when given, else the
     dataset's split."""
     if problems is None:
-        return dataset_problems(dataset, split)
+        return tuple(p for group in dataset_groups(dataset, split) for p in group)
     if isinstance(problems, (str, Problem)):
         problems = [problems]
     if not hasattr(problems, "__iter__"):
@@ -85,11 +85,21 @@ def env_problems(dataset: str = defaults.DATASET, split: str = "train", problems
     return tuple(resolved)
 
 
+def dataset_groups(dataset, split: str = "train") -> tuple[tuple[Problem, ...], ...]:
+    """The split of each dataset ``dataset`` names: one name or a list of names."""
+    names = [dataset] if isinstance(dataset, str) else dataset
+    if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"dataset must be a dataset name or a non-empty list of names, got {dataset!r}")
+    return tuple(dataset_problems(name, split) for name in dict.fromkeys(names))
+
+
 class LoopNestEnv(gym.Env):
     """Tune the loop nest of a tensor contraction by moving a cursor, swapping and splitting loops.
 
     Args:
-        dataset: benchmark set to draw problems from (``"mm64-256"``), unless ``problems`` is given.
+        dataset: benchmark set to draw problems from (``"mm64-256"``), or a list of sets (with
+            ``order="random"`` each reset first draws a set, so a small set is seen as often as
+            a large one), unless ``problems`` is given.
         split: ``"train"``, ``"test"`` or ``"all"`` of the dataset.
         problems: explicit problems (``Problem`` objects or strings such as ``"128x64x256"``).
         order: ``"cycle"`` through the problems in order (a seeded reset starts at position
@@ -154,6 +164,7 @@ class LoopNestEnv(gym.Env):
         layouts: bool = False,
     ):
         self.problems = env_problems(dataset, split, problems)
+        self._groups = dataset_groups(dataset, split) if problems is None and not isinstance(dataset, str) else ()
         self.reward, self.measure_fraction, refit_every = check_reward(reward, model, measure_fraction, refit_every)
         if not isinstance(order, str) or order not in ORDERS:
             raise ValueError(f"unknown order {order!r}; expected one of {', '.join(ORDERS)}")
@@ -271,7 +282,10 @@ class LoopNestEnv(gym.Env):
         if seed is not None:
             self._position = seed % len(self.problems)
             self._draws = np.random.default_rng((seed, 1))
-        if problem is None and self.order == "random":
+        if problem is None and self.order == "random" and len(self._groups) > 1:
+            group = self._groups[int(self.np_random.integers(len(self._groups)))]
+            problem = group[int(self.np_random.integers(len(group)))]
+        elif problem is None and self.order == "random":
             problem = self.problems[int(self.np_random.integers(len(self.problems)))]
         elif problem is None:
             problem = self.problems[self._position]

@@ -6,7 +6,9 @@ needs a tile as wide as the target's register file allows and, where the operand
 the caches, blocks of the reduction and of the columns around it. :func:`measure_tiles`
 proposes them in order of how often they pay (the flat register tiles of
 :func:`~looprl.ir.schedules.tile_shapes`, then :func:`~looprl.ir.schedules.cache_blocks`
-around the fastest, then that fastest with the right operand packed into column panels), each
+around the fastest, then that fastest with the right operand packed into column panels; when
+the output's columns are not the right operand's contiguous dimension, as in ``A @ B.T``,
+every tile is packed, since unpacked it gathers lane by lane), each
 as the actions that build it, so the answer replays in the env like any other path.
 """
 
@@ -44,13 +46,22 @@ def measure_tiles(problem: Problem, evaluator, actions: ActionSet, target) -> Ti
         if planned is None:
             return  # e.g. more loops than max_loops
         path, state = planned
+        names = tuple(extended.names[a] for a in path)
+        if transposed:  # gathers across B's rows unless B is packed into column panels
+            packed = _packed(problem, names, actions)
+            if packed is None:
+                return
+            names, state = packed
         tried += 1
         measurement = evaluator(state.nest)
         if measurement.ok and measurement.gflops > best[0]:
-            best = (measurement.gflops, tuple(extended.names[a] for a in path), columns, state.nest)
+            best = (measurement.gflops, names, columns, state.nest)
 
     if len(problem.output) < 2 or not problem.reduction_dims:
         return TileResult((), None, 0.0, 0)
+    # The output's columns are the vectors' lanes: if they are not the right operand's
+    # contiguous dimension (A @ B.T, attention's q . k^T), every tile is measured packed.
+    transposed = problem.operands[1][-1] != problem.output[-1]
     flat = {}
     for rows, columns in tile_shapes(problem, target):
         try:
@@ -68,7 +79,7 @@ def measure_tiles(problem: Problem, evaluator, actions: ActionSet, target) -> Ti
             except ValueError:
                 continue
             attempt(steps, flat["columns"])
-    if best[1]:
+    if best[1] and not transposed:
         packed = _packed(problem, best[1], actions)
         if packed is not None:
             names, state = packed

@@ -107,7 +107,7 @@ def as_tunable_problem(problem: Any) -> Problem:
 def tune(
     problem: Any,
     policy: Policy | str | Path = "default",
-    steps: int = defaults.EPISODE_LENGTH,
+    steps: int | None = None,
     measure: bool = True,
     *,
     cache=None,
@@ -121,7 +121,7 @@ def tune(
     ``problem``: a :class:`Problem`, ``"MxNxK"``, an ``(m, n, k)`` tuple or arrays ``(A, B)``.
     ``policy``: ``"default"`` (the shipped policy made for the target's ISA, else the closest,
     with a warning), a policy folder or a :class:`Policy`. ``steps``: actions of the greedy
-    rollout. ``budget_s``: seconds the measured search may take, counted from the call
+    rollout (None: the policy's training episode length). ``budget_s``: seconds the measured search may take, counted from the call
     (None: scaled to the problem, see :mod:`looprl.policy.budget`; 0: the rollout only, every
     state of it measured whatever it costs);
     ``measure_budget_s``: timing budget per new schedule. ``cache``: the measurement cache (a
@@ -129,8 +129,8 @@ def tune(
     answer for this host, target and problem."""
     started = time.perf_counter()
     problem = as_tunable_problem(problem)
-    if isinstance(steps, (bool, np.bool_)) or not isinstance(steps, (int, np.integer)) or steps < 0:
-        raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
+    if steps is not None and (isinstance(steps, (bool, np.bool_)) or not isinstance(steps, (int, np.integer)) or steps < 0):
+        raise ValueError(f"steps must be a non-negative integer or None, got {steps!r}")
     budget_s = None if budget_s is None else _check_search_budget(budget_s)
     measure_budget_s = check_budget(measure_budget_s, "measure_budget_s")
     if not isinstance(policy, (Policy, str, os.PathLike)):
@@ -142,7 +142,7 @@ def tune(
     policy_actions(loaded, target).check_fits(problem)  # before anything is measured
     evaluator = Evaluator(cache, measure_budget_s, target=target)
     if not measure:
-        rollout = greedy_rollout(loaded, problem, None, length=int(steps))
+        rollout = greedy_rollout(loaded, problem, None, length=None if steps is None else int(steps))
         nest, actions = rollout.final_nest, rollout.final_actions
         initial = evaluator(initial_nest(problem)).gflops
         gflops = evaluator(nest).gflops
@@ -165,7 +165,7 @@ def tune(
     # The rollout alone (budget 0) measures every state it reaches; a search stops at its deadline
     # and refuses a measurement predicted to end after it.
     budgeted.deadline = started + budget_s if budget_s > 0 else None
-    rollout = greedy_rollout(loaded, problem, budgeted, length=int(steps))
+    rollout = greedy_rollout(loaded, problem, budgeted, length=None if steps is None else int(steps))
     nest, gflops, actions = rollout.best_nest, rollout.best_gflops, rollout.best_actions
     if budget_s > 0:
         tiles = measure_tiles(problem, budgeted, policy_actions(loaded, target), target)
