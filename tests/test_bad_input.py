@@ -108,7 +108,7 @@ def test_search_budgets_none_and_numpy():
 def test_tune_evaluator_and_peak_measurement_refuse_bad_budgets(bad, policy_dir):
     with pytest.raises(ValueError, match="measure_budget_s must be a positive"):
         looprl.tune((16, 16, 16), policy_dir, cache=":memory:", measure_budget_s=bad)
-    if bad != 0:  # tune's search budget may be 0 (the rollout alone)
+    if bad is not None and bad != 0:  # tune's search budget may be 0 (the rollout alone) or None (scaled)
         with pytest.raises(ValueError, match="budget_s must be a"):
             looprl.tune((16, 16, 16), policy_dir, cache=":memory:", budget_s=bad)
     with pytest.raises(ValueError, match="budget_s must be a positive"):
@@ -218,7 +218,7 @@ def test_none_problems_are_refused_clearly():
 
 
 def test_unknown_datasets_and_splits_list_the_known_ones():
-    for dataset in ("mm1-2", ["mm64-256"], 3):
+    for dataset in ("mm1-2", ["mm64-256", "mm1-2"], 3, []):
         with pytest.raises(ValueError, match="unknown dataset .*known datasets: mm384-1024, mm64-256"):
             make_env(problems=None, dataset=dataset)
     for split in ("validation", None, ["train"], np.array(["train"])):

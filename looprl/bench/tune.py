@@ -39,7 +39,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--problems", default=None, help="these problems instead of the split: comma-separated MxNxK, or problem names (space-separated)")
     parser.add_argument("--target", default=None, help="host (default), avx512, avx2 or sse4")
     parser.add_argument("--tune-budget", type=float, default=TUNE_BUDGET_S,
-                        help=f"looprl.tune's search budget in seconds (default {TUNE_BUDGET_S})")
+                        help="looprl.tune's search budget in seconds (default: scaled to each problem, as looprl.tune does)")
     parser.add_argument("--policy", default="default")
     parser.add_argument("--mode", choices=("measured", "policy"), default="measured")
     parser.add_argument("--budget", type=float, default=0.05, help="seconds to re-time each kernel (default 0.05)")
@@ -105,7 +105,7 @@ def main(args, out=sys.stdout) -> dict:
     numpy_label = baseline_label(target.isa)
     made_for = policy.target.isa if policy.target is not None else "unknown"
     print(f"target {target}; peak {peak:.1f} GFLOPS; policy made for {made_for}; {len(problems)} problems ({source}); "
-          f"{args.mode} mode, search budget {args.tune_budget} s; CPU {cpu_model_name()}", file=out)
+          f"{args.mode} mode, search budget {'scaled to the problem' if args.tune_budget is None else f'{args.tune_budget} s'}; CPU {cpu_model_name()}", file=out)
     print(f"compared with {numpy_label}", file=out)
     print(f"{'problem':>14} {'tune ms':>8} {'untuned':>8} {'tuned':>8} {'numpy':>8} {'tuned/numpy':>11}", file=out)
     rows = []

@@ -44,7 +44,7 @@ from looprl import defaults
 from looprl.backend.codegen import conversions
 from looprl.backend.target import Target
 from looprl.env.actions import ActionSet, State
-from looprl.env.datasets import dataset_problems
+from looprl.env.datasets import dataset_names, dataset_problems
 from looprl.env.features import (
     FEATURES_PER_LOOP,
     HISTOGRAM_BINS,
@@ -89,7 +89,7 @@ def dataset_groups(dataset, split: str = "train") -> tuple[tuple[Problem, ...], 
     """The split of each dataset ``dataset`` names: one name or a list of names."""
     names = [dataset] if isinstance(dataset, str) else dataset
     if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) for n in names):
-        raise ValueError(f"dataset must be a dataset name or a non-empty list of names, got {dataset!r}")
+        raise ValueError(f"unknown dataset {dataset!r}; known datasets: {', '.join(dataset_names())} (or a non-empty list of them)")
     return tuple(dataset_problems(name, split) for name in dict.fromkeys(names))
 
 

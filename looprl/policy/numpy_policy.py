@@ -128,6 +128,24 @@ class Policy:
         text.replace(folder / JSON_NAME)
         return folder
 
+    def with_random_weights(self, seed: int = 0) -> "Policy":
+        """The same network and metadata with freshly initialised weights (uniform in
+        +-1/sqrt(fan_in), torch's default for linear layers): the control of an ablation that
+        asks how much of a result the trained weights carry."""
+        rng = np.random.default_rng(seed)
+
+        def fresh(layers: tuple[Dense, ...]) -> tuple[Dense, ...]:
+            result = []
+            for layer in layers:
+                bound = 1.0 / math.sqrt(layer.weight.shape[1])
+                weight = rng.uniform(-bound, bound, layer.weight.shape).astype(layer.weight.dtype)
+                bias = rng.uniform(-bound, bound, layer.bias.shape).astype(layer.bias.dtype)
+                result.append(Dense(weight, bias, layer.activation))
+            return tuple(result)
+
+        metadata = dict(self.metadata, random_weights_seed=int(seed))
+        return Policy(metadata, fresh(self.trunk), {name: fresh(layers) for name, layers in self.heads.items()})
+
     # -- acting ------------------------------------------------------------------------------
     @property
     def observation_shape(self) -> tuple[int, int]:

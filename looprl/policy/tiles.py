@@ -107,3 +107,35 @@ def _packed(problem: Problem, names: tuple[str, ...], actions: ActionSet):
         if state is None:
             return None
     return tuple(names) + tuple(moves) + ("pack",), state
+
+
+def all_tiles(problem: Problem, target) -> list[LoopNest]:
+    """Every schedule :func:`measure_tiles` could propose for ``problem`` on ``target``: each
+    register tile, flat and with each cache block, with the right operand row-major and packed
+    (the hand-written reference an experiment measures exhaustively)."""
+    nests: list[LoopNest] = []
+    if len(problem.output) < 2 or not problem.reduction_dims:
+        return nests
+    column = problem.output[-1]
+    for rows, columns in tile_shapes(problem, target):
+        for blocks in [(None, None)] + cache_blocks(problem, columns):
+            try:
+                nest = initial_nest(problem).apply(tile_steps(problem, rows, columns, *blocks))
+            except ValueError:
+                continue
+            for variant in (nest, _pack_right(nest, column)):
+                if variant is not None and variant not in nests:
+                    nests.append(variant)
+    return nests
+
+
+def _pack_right(nest: LoopNest, column: str) -> LoopNest | None:
+    """``nest`` with the right operand packed by its innermost column loop's tile width."""
+    loops = [loop for loop in nest.compute if loop.var == column]
+    width = loops[-2].step if len(loops) > 1 else 1
+    if width < 2:
+        return None
+    try:
+        return nest.layout_pack("in1", column, width)
+    except ValueError:
+        return None

@@ -1,0 +1,195 @@
+"""looprl.tune on real models' GEMMs it never saw, against numpy, the untuned nest, the best
+hand-written schedule, the policy's greedy rollout alone, and the same tune with random weights.
+
+    python experiments/real_models.py --split test [--target avx2] [--limit N] [--search-budget 60]
+
+Problems: the ``models`` dataset's split (the test split holds whole models no training
+problem comes from). For each problem, from an empty cache:
+
+* ``tune``: ``looprl.tune`` with the shipped policy for the target (default budget: scaled to
+  the problem);
+* ``tune-random``: the same call with the policy's network re-initialised at random (the
+  ablation: what the trained weights add to tune's result);
+* ``rollout`` / ``rollout-random``: ``tune(budget_s=0)``, the greedy rollout alone, trained /
+  random weights;
+* ``hand``: the best of every hand-written register tile, cache-blocked variant and packed
+  variant (``looprl.policy.tiles.all_tiles``), each measured: what the action space can express;
+* ``search`` (with ``--search-budget S``): beam4bfs for S seconds;
+* ``untuned``: the initial nest.
+
+Once every method has answered a problem, their schedules are re-timed together in interleaved
+rounds (best kept), so the same schedule gets the same figure. numpy is timed in a child
+process with one BLAS thread and the target's OpenBLAS kernels (``numpy_gflops(isa=...)``).
+Writes ``<out>.csv`` (a row per problem and method; appended, so an interrupted run resumes),
+``<out>.png`` (per-model bars: geomean of each method over numpy) and prints the summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from looprl.backend.kernel import compile
+from looprl.backend.target import TARGET_CHOICES, Target
+from looprl.env.datasets import dataset_entries
+from looprl.ir.nest import initial_nest
+from looprl.measurement.evaluator import Evaluator
+from looprl.measurement.numpy_baseline import numpy_gflops
+from looprl.measurement.timing import time_kernel
+from looprl.policy.loading import load_policy
+from looprl.policy.tiles import all_tiles
+from looprl.policy.tune import tune
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FIELDS = ["model", "layer", "problem", "method", "seconds", "gflops", "numpy_gflops", "ratio", "actions"]
+METHODS = ("untuned", "tune", "tune-random", "rollout", "rollout-random", "hand")
+
+
+def retime_together(nests: dict[str, object], target: Target, rounds: int) -> dict[str, float]:
+    """Best GFLOPS of each distinct schedule over ``rounds`` interleaved rounds, by method."""
+    kernels = {}
+    for nest in nests.values():
+        if nest.key not in kernels:
+            kernels[nest.key] = compile(nest, target=target)
+    best = dict.fromkeys(kernels, 0.0)
+    for _ in range(rounds):
+        for key, kernel in kernels.items():
+            best[key] = max(best[key], time_kernel(kernel, 0.03).gflops)
+    return {method: best[nest.key] for method, nest in nests.items()}
+
+
+def run_problem(entry, target, policy, random_policy, search_budget: float) -> dict[str, tuple]:
+    """method -> (nest, seconds, actions) for one problem, each from an empty cache."""
+    problem = entry.problem
+    found = {"untuned": (initial_nest(problem), 0.0, "")}
+    for method, chosen, budget in (("tune", policy, None), ("tune-random", random_policy, None),
+                                   ("rollout", policy, 0), ("rollout-random", random_policy, 0)):
+        result = tune(problem, chosen, cache=":memory:", budget_s=budget, target=target, remember=False)
+        found[method] = (result.nest, result.seconds, " ".join(result.actions))
+    started = time.perf_counter()
+    evaluator = Evaluator(":memory:", target=target, samples=1)
+    best = max(all_tiles(problem, target) or [initial_nest(problem)], key=lambda nest: evaluator(nest).gflops)
+    found["hand"] = (best, time.perf_counter() - started, "")
+    if search_budget > 0:
+        from looprl.search import run
+
+        started = time.perf_counter()
+        outcome = run(problem, "beam4bfs", budget_s=search_budget, cache=":memory:", target=target)
+        found["search"] = (outcome.best_nest, time.perf_counter() - started, " ".join(outcome.best_actions))
+    return found
+
+
+def summarize(rows: list[dict]) -> str:
+    by_model: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        by_model[row["model"]][row["method"]].append(float(row["ratio"]))
+        by_model["all"][row["method"]].append(float(row["ratio"]))
+    methods = [m for m in METHODS + ("search",) if any(m in v for v in by_model.values())]
+    lines = ["geomean x numpy (one thread)", f"{'model':16s}" + "".join(f"{m:>16s}" for m in methods)]
+    for model in sorted(by_model, key=lambda m: (m == "all", m)):
+        cells = []
+        for method in methods:
+            values = by_model[model].get(method, [])
+            cells.append(f"{_geomean(values):16.2f}" if values else f"{'-':>16s}")
+        lines.append(f"{model:16s}" + "".join(cells))
+    tune_seconds = [float(r["seconds"]) for r in rows if r["method"] == "tune"]
+    if tune_seconds:
+        lines.append(f"tune seconds: median {statistics.median(tune_seconds):.2f}, max {max(tune_seconds):.2f}")
+    ratios = defaultdict(dict)
+    for row in rows:
+        ratios[row["problem"]][row["method"]] = float(row["gflops"])
+    for trained, random in (("tune", "tune-random"), ("rollout", "rollout-random")):
+        pairs = [v[trained] / v[random] for v in ratios.values() if v.get(random, 0) > 0 and trained in v]
+        if pairs:
+            lines.append(f"{trained} / {random} (trained over random weights): geomean {_geomean(pairs):.3f} over {len(pairs)} problems")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_model: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        by_model[row["model"]][row["method"]].append(float(row["ratio"]))
+    models = sorted(by_model)
+    methods = [m for m in METHODS + ("search",) if any(m in by_model[x] for x in models)]
+    width = 0.8 / len(methods)
+    figure, axes = plt.subplots(figsize=(max(6, 2 * len(models)), 4))
+    for i, method in enumerate(methods):
+        values = [_geomean(by_model[m].get(method, [])) if by_model[m].get(method) else 0 for m in models]
+        axes.bar([x + i * width for x in range(len(models))], values, width, label=method)
+    axes.axhline(1.0, color="black", linewidth=0.8)
+    axes.set_xticks([x + 0.4 - width / 2 for x in range(len(models))], models)
+    axes.set_ylabel("GFLOPS / numpy (geomean)")
+    axes.set_title(title)
+    axes.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def _geomean(values) -> float:
+    values = [v for v in values if v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", default="models")
+    parser.add_argument("--split", default="test", choices=("train", "test", "all"))
+    parser.add_argument("--limit", type=int, default=None, help="the first N problems (default: all)")
+    parser.add_argument("--policy", default="default", help="policy folder (default: the shipped one for the target)")
+    parser.add_argument("--target", default=None, choices=TARGET_CHOICES)
+    parser.add_argument("--search-budget", type=float, default=0.0, help="seconds of beam4bfs per problem (0: no search)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved re-timing rounds (default 3)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    parser.add_argument("--out", default=None, help="path prefix of the CSV and plot (default experiments/results/real_models_<target>)")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or (args.limit is not None and args.limit < 1) or args.search_budget < 0:
+        parser.error("--rounds and --limit must be positive, --search-budget non-negative")
+    target = Target.resolve(args.target)
+    policy = load_policy(args.policy if args.policy == "default" else Path(args.policy), target)
+    random_policy = policy.with_random_weights(args.seed)
+    entries = list(dataset_entries(args.dataset, args.split))[: args.limit]
+    out = Path(args.out) if args.out else RESULTS / f"real_models_{target.isa}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    table = out.with_name(out.name + ".csv")
+    rows = list(csv.DictReader(table.open(encoding="utf-8"))) if table.exists() else []
+    done = {row["problem"] for row in rows}
+    print(f"{len(entries)} problems of {args.dataset}/{args.split}, target {target.isa} ({target.cpu}); "
+          f"{len(done)} already in {table}", flush=True)
+    todo = [e for e in entries if e.problem.name not in done]
+    references = dict(zip((e.problem.name for e in todo), numpy_gflops([e.problem for e in todo], 0.2, isa=target.isa))) if todo else {}
+    with table.open("a", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=FIELDS)
+        if not rows:
+            writer.writeheader()
+        for index, entry in enumerate(todo):
+            found = run_problem(entry, target, policy, random_policy, args.search_budget)
+            gflops = retime_together({m: nest for m, (nest, _, _) in found.items()}, target, args.rounds)
+            reference = references[entry.problem.name]
+            for method, (nest, seconds, actions) in found.items():
+                row = {"model": entry.model, "layer": entry.layer, "problem": entry.problem.name, "method": method,
+                       "seconds": f"{seconds:.3f}", "gflops": f"{gflops[method]:.2f}", "numpy_gflops": f"{reference:.2f}",
+                       "ratio": f"{gflops[method] / reference:.4f}", "actions": actions}
+                writer.writerow(row)
+                rows.append(row)
+            handle.flush()
+            print(f"[{index + 1}/{len(todo)}] {entry.model:14s} {entry.problem.name:42s} numpy {reference:6.1f}  " +
+                  "  ".join(f"{m} {gflops[m] / reference:.2f}" for m in found), flush=True)
+    print(summarize(rows))
+    plot(rows, out.with_name(out.name + ".png"), f"{args.dataset}/{args.split}, {target.isa} on {target.cpu}, one thread")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
