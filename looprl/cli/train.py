@@ -146,6 +146,14 @@ def _train(args) -> int:
             arguments["init_from"] = str(args.init_from)
         run.create(agent, arguments)
         state = RunState()
+        if agent.get("pretrain") and args.init_from is None:
+            from looprl.train.demonstrations import pretrain_policy
+
+            initial_policy = pretrain_policy(agent, seed=args.seed, log=lambda line: print(line, flush=True))
+            initial_policy.save(run.path / "pretrained")
+            args.init_from = run.path / "pretrained"
+            arguments["init_from"] = str(args.init_from)
+            run.create(agent, arguments)  # records where the weights start
     limited = time_budget_s is not None or args.env_steps is not None
     iterations = args.iterations if args.iterations is not None else (None if limited else agent.get("run", {}).get("iterations", 100))
     checkpoint_every = args.checkpoint_every or agent.get("run", {}).get("checkpoint_every", 5)

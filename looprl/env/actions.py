@@ -195,15 +195,17 @@ class ActionSet:
     def path(self, state: State, steps) -> tuple[tuple[int, ...], State] | None:
         """The actions that carry out the IR ``steps`` (``("split", i, f)``, ``("swap", i)``,
         as :meth:`LoopNest.apply` takes them) from ``state``: cursor moves to loop ``i``, then
-        ``split_<f>`` or ``swap_down``. Returns the actions and the state reached, or None when
+        ``split_<f>``; for a swap, moves to loop ``i`` and ``swap_down`` or to loop ``i + 1``
+        and ``swap_up``, whichever is nearer. Returns the actions and the state reached, or None when
         a step has no action here (a factor outside this set, a split past ``max_loops``)."""
         path: list[int] = []
         for step in steps:
             name, index, *rest = step
             if name == "split":
                 action = f"split_{rest[0]}"
-            elif name == "swap":
-                action = "swap_down"
+            elif name == "swap":  # from loop index (swap_down) or from the loop below it (swap_up)
+                action = "swap_down" if abs(state.cursor - index) <= abs(state.cursor - index - 1) else "swap_up"
+                index = index if action == "swap_down" else index + 1
             else:
                 return None
             if action not in self.names:

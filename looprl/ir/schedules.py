@@ -208,24 +208,37 @@ def tile_steps(problem: Problem, rows: int, columns: int, k_block: int | None = 
         raise ValueError(f"tile {rows}x{columns}: rows and columns must be positive")
     if blocked and (n_block % columns or n_block <= columns):
         raise ValueError(f"n_block {n_block} must be a multiple of columns {columns}, larger than it")
+    pending: dict[str, list[tuple[int, str]]] = {}  # dimension -> splits of its outer loop, in order
     if 2 <= columns < problem.size(col):  # a 1-wide tile keeps the whole loop outside
-        split(f"{col}0", columns, f"{col}_in")
+        pending[col] = [(columns, f"{col}_in")]
         if blocked and n_block < problem.size(col):
-            split(f"{col}0", n_block // columns, f"{col}_mid")
+            pending[col].append((n_block // columns, f"{col}_mid"))
     if blocked and k_block < problem.size(red):
-        split(f"{red}0", k_block, f"{red}_in")
+        pending[red] = [(k_block, f"{red}_in")]
     if 2 <= rows < problem.size(row):
-        split(f"{row}0", rows, f"{row}_in")
+        pending[row] = [(rows, f"{row}_in")]
+    made = set(names) | {inner for splits in pending.values() for _, inner in splits}
     batch = [f"{d}0" for d in out[:-2]]
     others = [f"{d}0" for d in problem.reduction_dims[1:]]
     tile = [f"{row}_in", f"{col}_in"]
-    if f"{col}_mid" in names or f"{red}_in" in names:
+    if f"{col}_mid" in made or f"{red}_in" in made:
         wanted = batch + [f"{col}0", f"{red}0", f"{row}0", f"{col}_mid"] + others + [f"{red}_in"] + tile
     else:
         wanted = batch + [f"{col}0", f"{row}0", f"{red}0"] + others + tile
-    wanted = [name for name in wanted if name in names]
-    swaps, nest = reorder_steps(nest, [names.index(name) for name in wanted])
-    return steps + swaps
+    wanted = [name for name in wanted if name in made]
+    # Outermost first: split a dimension when its first loop is placed, then lift that loop up
+    # to its place. Done in this order, an env agent reaches the tile in few actions (the 2-D
+    # register tile of a matmul in 9: split n, lift it twice, split m, sink m's inner loop).
+    for place, name in enumerate(wanted):
+        for factor, inner in pending.pop(name[0], []):
+            split(f"{name[0]}0", factor, inner)
+        index = names.index(name)
+        while index > place:
+            nest = nest.swap(index - 1)
+            steps.append(("swap", index - 1))
+            names[index - 1], names[index] = names[index], names[index - 1]
+            index -= 1
+    return steps
 
 
 def tile_shapes(problem: Problem, target=None, *, vector_width: int | None = None, registers: int | None = None) -> list[tuple[int, int]]:

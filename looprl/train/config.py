@@ -3,8 +3,10 @@
 A file has the sections ``algorithm`` (dqn, ppo, impala or appo), ``apex`` (DQN only: one
 fixed epsilon per env runner), ``env`` (``LoopNestEnv`` arguments), ``model``
 (``DefaultModelConfig`` fields), ``env_runners``, ``learners``, ``training`` and
-``reporting`` (passed to the config methods of the same name) and ``run`` (``iterations``,
-``checkpoint_every``, ``validate_every``, ``validation_problems``). Everything here is plain data until :func:`build_config`, which is
+``reporting`` (passed to the config methods of the same name), ``run`` (``iterations``,
+``checkpoint_every``, ``validate_every``, ``validation_problems``) and, optionally,
+``pretrain`` (start from a policy cloned from measured demonstrations:
+:mod:`looprl.train.demonstrations`). Everything here is plain data until :func:`build_config`, which is
 the only function that imports Ray.
 """
 
@@ -21,7 +23,7 @@ from looprl.resources import shipped_path
 
 ALGORITHMS = ("apex-dqn", "dqn", "ppo", "impala", "appo")
 _RLLIB_ALGORITHMS = ("dqn", "ppo", "impala", "appo")
-_SECTIONS = {"algorithm", "apex", "env", "model", "env_runners", "learners", "training", "reporting", "run"}
+_SECTIONS = {"algorithm", "apex", "env", "model", "env_runners", "learners", "training", "reporting", "run", "pretrain"}
 
 
 def load_agent(algo: str, path: str | Path | None = None) -> dict[str, Any]:

@@ -92,9 +92,14 @@ def module_network(module) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
 def policy_from_module(module, agent: dict[str, Any], extra: dict[str, Any] | None = None) -> Policy:
     """The numpy policy of an RLModule; ``agent`` is the run's agent configuration (its env
     section defines the observation and the actions)."""
+    network, arrays = module_network(module)
+    return Policy.from_arrays(policy_metadata(agent, network, extra), arrays)
+
+
+def policy_metadata(agent: dict[str, Any], network: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A policy file's metadata for a network trained with ``agent``'s configuration."""
     from looprl.train.config import agent_actions
 
-    network, arrays = module_network(module)
     env = agent.get("env", {})
     actions = agent_actions(agent)
     metadata = {
@@ -116,7 +121,7 @@ def policy_from_module(module, agent: dict[str, Any], extra: dict[str, Any] | No
         "exported": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     metadata.update(extra or {})
-    return Policy.from_arrays(metadata, arrays)
+    return metadata
 
 
 def export_policy(checkpoint: str | Path, out: str | Path, agent: dict[str, Any], extra: dict[str, Any] | None = None) -> Path:

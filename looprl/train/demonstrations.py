@@ -1,0 +1,200 @@
+"""Demonstrations before reinforcement: the measured best register tile of each training
+problem, as the env actions that build it, and a policy cloned from them.
+
+Reaching a two-dimensional register tile takes nine actions in the right order (move to the
+column loop, split it by the tile's width, lift it out twice, move back, split the rows, sink
+their inner loop under the reduction), and only the last of them pays: epsilon-greedy
+exploration almost never finds such a sequence on problems where each measurement is costly.
+So training may start, like DQfD or AlphaGo's supervised stage, from a policy that imitates
+measured demonstrations: for each training problem, the fastest of the target's register
+tiles (:func:`~looprl.ir.schedules.tile_shapes`, and the tiles the action set's split
+factors can form) whose path fits in an episode, then a no-op (an invalid action) to stay.
+Reinforcement learning then continues from that policy with measured rewards.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from looprl.env.actions import ActionSet, State
+from looprl.env.features import observation
+from looprl.ir.nest import initial_nest
+from looprl.ir.problem import Problem
+from looprl.ir.schedules import tile_shapes, tile_steps
+from looprl.measurement.evaluator import Evaluator
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    problem: Problem
+    actions: tuple[int, ...]  # the path to the best tile (empty: no tile beat the untuned nest)
+    gflops: float  # of the state the path reaches
+    initial_gflops: float
+
+
+def candidate_tiles(problem: Problem, actions: ActionSet, target) -> list[tuple[int, int]]:
+    """(rows, columns) tiles for ``problem`` that ``actions`` can build: the target's register
+    tiles plus every pair of the action set's factors (rows up to 16, columns a multiple of
+    the vector width) whose accumulators, input row and broadcast fit the register file."""
+    lanes, registers = target.vector_width, target.registers
+    out = problem.output
+    if len(out) < 2 or not problem.reduction_dims:
+        return []
+    row_size, col_size = problem.size(out[-2]), problem.size(out[-1])
+    factors = set(actions.split_factors)
+    tiles = list(tile_shapes(problem, target))
+    for rows in sorted(f for f in factors | {1} if f <= 16):
+        for columns in sorted(f for f in factors if f % lanes == 0):
+            vectors = columns // lanes
+            if rows * vectors + vectors + 1 <= registers:
+                tiles.append((min(rows, row_size), min(columns, col_size)))
+    return list(dict.fromkeys(tiles))
+
+
+def demonstrate(problem: Problem, actions: ActionSet, evaluator: Evaluator, episode_length: int) -> Demonstration:
+    """Measure ``problem``'s candidate tiles that fit an episode and return the fastest."""
+    root = State(initial_nest(problem), 0)
+    initial = evaluator(root.nest).gflops
+    best: tuple[float, tuple[int, ...]] = (initial, ())
+    for rows, columns in candidate_tiles(problem, actions, evaluator.target):
+        try:
+            planned = actions.path(root, tile_steps(problem, rows, columns))
+        except ValueError:
+            continue
+        if planned is None or len(planned[0]) >= episode_length:
+            continue  # a factor outside the action set, or too long to leave a step to stay
+        path, state = planned
+        measurement = evaluator(state.nest)
+        if measurement.ok and measurement.gflops > best[0]:
+            best = (measurement.gflops, path)
+    return Demonstration(problem, best[1], best[0], initial)
+
+
+def demonstration_pairs(demo: Demonstration, actions: ActionSet, normalized: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(observations, actions) along ``demo``'s path, then at its last state an action that
+    cannot apply there (the env's no-op: the greedy rollout stays)."""
+    state = State(initial_nest(demo.problem), 0)
+    observations, labels = [], []
+    for action in demo.actions:
+        observations.append(observation(state.nest, state.cursor, actions.max_loops, normalized))
+        labels.append(action)
+        state = actions.apply(state, action)
+    invalid = np.flatnonzero(actions.mask(state) == 0)
+    if invalid.size:
+        observations.append(observation(state.nest, state.cursor, actions.max_loops, normalized))
+        labels.append(int(invalid[0]))
+    return np.stack(observations), np.asarray(labels, dtype=np.int64)
+
+
+def clone(observations: np.ndarray, labels: np.ndarray, hidden: list[int], action_count: int, *, epochs: int = 200,
+          lr: float = 1e-3, seed: int = 0, margin: float = 0.05) -> dict[str, np.ndarray]:
+    """Fit an MLP (``hidden`` ReLU layers, then an advantage head of ``action_count`` and a
+    value head of 1, as DQN's dueling module) to predict ``labels`` from ``observations`` by
+    cross-entropy. Returns the arrays named as an exported DQN policy's. The advantage head
+    is then scaled so that the demonstrated action leads the next by about ``margin`` on
+    average: rewards are a fraction of the peak, and Q-values of a much larger scale would
+    take reinforcement learning long to unlearn."""
+    import torch
+
+    torch.manual_seed(seed)
+    x = torch.as_tensor(observations.reshape(len(observations), -1), dtype=torch.float32)
+    y = torch.as_tensor(labels)
+    layers, width = [], x.shape[1]
+    for size in hidden:
+        layers += [torch.nn.Linear(width, size), torch.nn.ReLU()]
+        width = size
+    trunk = torch.nn.Sequential(*layers)
+    head = torch.nn.Linear(width, action_count)
+    optimizer = torch.optim.Adam(list(trunk.parameters()) + list(head.parameters()), lr=lr)
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        order = torch.randperm(len(x), generator=generator)
+        for start in range(0, len(x), 256):
+            batch = order[start:start + 256]
+            loss = torch.nn.functional.cross_entropy(head(trunk(x[batch])), y[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    with torch.no_grad():
+        logits = head(trunk(x))
+        top2 = torch.topk(logits, 2, dim=1).values
+        gap = float((top2[:, 0] - top2[:, 1]).mean())
+        scale = margin / gap if gap > 0 else 1.0
+    arrays = {}
+    linear = [m for m in trunk if isinstance(m, torch.nn.Linear)]
+    for i, layer in enumerate(linear):
+        arrays[f"trunk.{i}.weight"] = layer.weight.detach().numpy().astype(np.float32)
+        arrays[f"trunk.{i}.bias"] = layer.bias.detach().numpy().astype(np.float32)
+    arrays["advantages.0.weight"] = (head.weight.detach().numpy() * scale).astype(np.float32)
+    arrays["advantages.0.bias"] = (head.bias.detach().numpy() * scale).astype(np.float32)
+    arrays["value.0.weight"] = np.zeros((1, width), dtype=np.float32)
+    arrays["value.0.bias"] = np.zeros(1, dtype=np.float32)
+    return arrays
+
+
+def accuracy(arrays: dict[str, np.ndarray], observations: np.ndarray, labels: np.ndarray, hidden_layers: int) -> float:
+    """Share of ``labels`` the cloned network's greedy action reproduces."""
+    x = observations.reshape(len(observations), -1)
+    for i in range(hidden_layers):
+        x = np.maximum(x @ arrays[f"trunk.{i}.weight"].T + arrays[f"trunk.{i}.bias"], 0.0)
+    chosen = np.argmax(x @ arrays["advantages.0.weight"].T + arrays["advantages.0.bias"], axis=1)
+    return float(np.mean(chosen == labels)) if len(labels) else math.nan
+
+
+def pretrain_policy(agent: dict, seed: int = 0, log=print):
+    """The policy cloned from demonstrations on ``agent``'s training problems, as its
+    ``pretrain`` section says (``problems_per_dataset``: problems spread over each dataset's
+    split, ``epochs``, ``lr``, ``margin``). Measured with the env's target, cache and
+    per-state budget."""
+    from looprl import defaults
+    from looprl.backend.target import Target
+    from looprl.env.loopnest import dataset_groups, env_problems
+    from looprl.policy.numpy_policy import Policy
+    from looprl.train.config import agent_actions
+    from looprl.train.export import policy_metadata
+    from looprl.train.validation import spread
+
+    settings = dict(agent.get("pretrain") or {})
+    unknown = set(settings) - {"problems_per_dataset", "epochs", "lr", "margin"}
+    if unknown:
+        raise ValueError(f"pretrain: unknown settings {sorted(unknown)}; expected problems_per_dataset, epochs, lr, margin")
+    env = agent.get("env", {})
+    count = int(settings.get("problems_per_dataset", 300))
+    if env.get("problems"):
+        groups = (env_problems(problems=env["problems"]),)
+    else:
+        groups = dataset_groups(env.get("dataset", defaults.DATASET), env.get("split", "train"))
+    problems = [p for group in groups for p in spread(group, min(count, len(group)))]
+    actions = agent_actions(agent)
+    target = Target.resolve(env.get("target"))
+    evaluator = Evaluator(env.get("cache"), env.get("measure_budget_s", defaults.STATE_BUDGET_S), target=target, samples=1)
+    normalized = env.get("observation", defaults.TRAINING_OBSERVATION) == "normalized"
+    episode_length = int(env.get("episode_length", defaults.EPISODE_LENGTH))
+    observations, labels, speedups = [], [], []
+    for index, problem in enumerate(problems):
+        demo = demonstrate(problem, actions, evaluator, episode_length)
+        obs, acts = demonstration_pairs(demo, actions, normalized)
+        observations.append(obs)
+        labels.append(acts)
+        if demo.initial_gflops > 0:
+            speedups.append(demo.gflops / demo.initial_gflops)
+        if (index + 1) % 50 == 0 or index + 1 == len(problems):
+            log(f"[pretrain] demonstrations: {index + 1}/{len(problems)} problems, "
+                f"tile over untuned {math.exp(np.mean(np.log(speedups))):.2f}x (geomean)")
+    x, y = np.concatenate(observations), np.concatenate(labels)
+    hidden = list(agent.get("model", {}).get("fcnet_hiddens", [256, 256]))
+    arrays = clone(x, y, hidden, len(actions), epochs=int(settings.get("epochs", 200)), lr=float(settings.get("lr", 1e-3)),
+                   seed=seed, margin=float(settings.get("margin", 0.05)))
+    log(f"[pretrain] cloned {len(y)} state-action pairs; greedy action matches the demonstration on "
+        f"{accuracy(arrays, x, y, len(hidden)):.1%}")
+    network = {
+        "trunk": [{"weight": f"trunk.{i}.weight", "bias": f"trunk.{i}.bias", "activation": "relu"} for i in range(len(hidden))],
+        "heads": {"advantages": [{"weight": "advantages.0.weight", "bias": "advantages.0.bias", "activation": "linear"}],
+                  "value": [{"weight": "value.0.weight", "bias": "value.0.bias", "activation": "linear"}]},
+        "greedy": "advantages",
+    }
+    extra = {"pretrained": {"problems": len(problems), "pairs": int(len(y)), "settings": settings}}
+    return Policy.from_arrays(policy_metadata(agent, network, extra), arrays)
