@@ -1,10 +1,11 @@
 """Register tiles, their cache-blocked variants and a packed right operand, measured as env
 action paths from the untiled nest.
 
-The policies were trained on small matmuls with the paper's split factors; a large problem
-needs a tile as wide as the target's register file allows and, where the operands outgrow
-the caches, blocks of the reduction and of the columns around it. :func:`measure_tiles`
-proposes them in order of how often they pay (the flat register tiles of
+A large problem needs a tile as wide as the target's register file allows and, where the
+operands outgrow the caches, blocks of the reduction and of the columns around it, which an
+episode of a dozen actions cannot also build. ``looprl.tune`` takes the tile the policy built
+(:func:`tile_of` its best state) and :func:`measure_tiles` refines it; given no tile shapes it
+proposes the target's own in order of how often they pay (the flat register tiles of
 :func:`~looprl.ir.schedules.tile_shapes`, then :func:`~looprl.ir.schedules.cache_blocks`
 around the fastest, then that fastest with the right operand packed into column panels; when
 the output's columns are not the right operand's contiguous dimension, as in ``A @ B.T``,
@@ -30,10 +31,32 @@ class TileResult:
     tried: int  # tiles measured (or refused by the deadline)
 
 
-def measure_tiles(problem: Problem, evaluator, actions: ActionSet, target) -> TileResult:
-    """Measure ``problem``'s register tiles for ``target`` through ``evaluator`` (e.g. a
+def tile_of(nest: LoopNest) -> tuple[int, int] | None:
+    """(rows, columns) of the register tile ``nest`` computes, or None: the innermost compute
+    loop must walk the output's columns with step 1 inside another loop over them (a split);
+    rows is the size of the loop over output rows right above it if that is a split's inner
+    loop too, else 1."""
+    problem = nest.problem
+    if len(problem.output) < 2:
+        return None
+    row, col = problem.output[-2], problem.output[-1]
+    compute = nest.compute
+    inner = compute[-1]
+    if inner.var != col or inner.step != 1 or not any(loop.var == col for loop in compute[:-1]):
+        return None
+    rows = 1
+    if len(compute) > 1 and compute[-2].var == row and compute[-2].step == 1 and any(loop.var == row for loop in compute[:-2]):
+        rows = compute[-2].size
+    return rows, inner.size
+
+
+def measure_tiles(problem: Problem, evaluator, actions: ActionSet, target, shapes=None) -> TileResult:
+    """Measure register tiles of ``problem`` through ``evaluator`` (e.g. a
     :class:`~looprl.policy.budget.DeadlineEvaluator`, which may refuse some) and return the
-    fastest as a path of action names from the untiled nest (``actions`` extended as needed)."""
+    fastest as a path of action names from the untiled nest (``actions`` extended as needed).
+    ``shapes``: the (rows, columns) tiles to start from (default: the target's
+    :func:`~looprl.ir.schedules.tile_shapes`); each is measured in the canonical order, then
+    the fastest with cache blocks and packed."""
     root = State(initial_nest(problem), 0)
     best: tuple = (0.0, (), 0, None)  # gflops, names, columns, nest
     tried = 0
@@ -63,7 +86,7 @@ def measure_tiles(problem: Problem, evaluator, actions: ActionSet, target) -> Ti
     # contiguous dimension (A @ B.T, attention's q . k^T), every tile is measured packed.
     transposed = problem.operands[1][-1] != problem.output[-1]
     flat = {}
-    for rows, columns in tile_shapes(problem, target):
+    for rows, columns in (tile_shapes(problem, target) if shapes is None else shapes):
         try:
             steps = tile_steps(problem, rows, columns)
         except ValueError:

@@ -5,8 +5,11 @@ Two modes:
 
 * measured (``measure=True``, the default): a policy-guided search. The policy's greedy
   rollout (:func:`~looprl.policy.rollout.greedy_rollout`, the env's transition rules) comes
-  first; then, until ``budget_s`` is spent, :func:`~looprl.policy.guided.guided_search`
-  measures the policy's few best actions and tiles from a small beam of states, so a policy
+  first; then, until ``budget_s`` is spent (by default scaled to the problem:
+  :mod:`looprl.policy.budget`), the register tile the policy built is refined
+  (:mod:`looprl.policy.tiles`: canonical order, cache blocks, packed right operand) and
+  :func:`~looprl.policy.guided.guided_search` measures the policy's few best actions and
+  tiles from a small beam of states, so a policy
   trained on another machine is corrected by this machine's measurements. Tiles may split by
   the target's register-tile rows (e.g. ``split_6`` on AVX2) even when the policy has no such
   action, so ``actions`` may name splits outside the policy's action set. The fastest schedule measured
@@ -46,7 +49,7 @@ from looprl.policy.guided import guided_search
 from looprl.policy.loading import load_policy
 from looprl.policy.numpy_policy import Policy
 from looprl.policy.rollout import greedy_rollout, policy_actions
-from looprl.policy.tiles import measure_tiles
+from looprl.policy.tiles import measure_tiles, tile_of
 
 # Search time of measured tune by default: None scales it with the problem
 # (:func:`~looprl.policy.budget.scaled_budget`: 0.4 s up to ~256^3, where a new state costs
@@ -168,7 +171,9 @@ def tune(
     rollout = greedy_rollout(loaded, problem, budgeted, length=None if steps is None else int(steps))
     nest, gflops, actions = rollout.best_nest, rollout.best_gflops, rollout.best_actions
     if budget_s > 0:
-        tiles = measure_tiles(problem, budgeted, policy_actions(loaded, target), target)
+        # The policy's tile, refined: canonical order, cache blocks, a packed right operand.
+        shape = tile_of(nest)
+        tiles = measure_tiles(problem, budgeted, policy_actions(loaded, target), target, shapes=[shape] if shape else [])
         start = (actions, gflops)
         if tiles.gflops > gflops:
             start = (tiles.actions, tiles.gflops)
