@@ -38,6 +38,9 @@ from pathlib import Path
 from looprl.backend.kernel import compile
 from looprl.backend.target import TARGET_CHOICES, Target
 from looprl.env.datasets import dataset_entries
+from looprl.env.entries import DatasetEntry
+from looprl.ir.problem import parse_problem
+from looprl.measurement.peak import peak_gflops
 from looprl.ir.nest import initial_nest
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.numpy_baseline import numpy_gflops
@@ -47,7 +50,7 @@ from looprl.policy.tiles import all_tiles
 from looprl.policy.tune import tune
 
 RESULTS = Path(__file__).resolve().parent / "results"
-FIELDS = ["model", "layer", "problem", "method", "seconds", "gflops", "numpy_gflops", "ratio", "actions"]
+FIELDS = ["model", "layer", "problem", "method", "seconds", "gflops", "numpy_gflops", "ratio", "peak_gflops", "actions"]
 METHODS = ("untuned", "tune", "tune-random", "rollout", "rollout-random", "hand")
 
 
@@ -98,6 +101,12 @@ def summarize(rows: list[dict]) -> str:
             values = by_model[model].get(method, [])
             cells.append(f"{_geomean(values):16.2f}" if values else f"{'-':>16s}")
         lines.append(f"{model:16s}" + "".join(cells))
+    peaks = [float(r["peak_gflops"]) for r in rows if r.get("peak_gflops")]
+    if peaks:
+        for method in ("hand", "tune"):
+            fractions = [float(r["gflops"]) / float(r["peak_gflops"]) for r in rows if r["method"] == method and r.get("peak_gflops")]
+            if fractions:
+                lines.append(f"{method} / peak: geomean {_geomean(fractions):.2f}, max {max(fractions):.2f}")
     tune_seconds = [float(r["seconds"]) for r in rows if r["method"] == "tune"]
     if tune_seconds:
         lines.append(f"tune seconds: median {statistics.median(tune_seconds):.2f}, max {max(tune_seconds):.2f}")
@@ -147,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataset", default="models")
     parser.add_argument("--split", default="test", choices=("train", "test", "all"))
     parser.add_argument("--limit", type=int, default=None, help="the first N problems (default: all)")
+    parser.add_argument("--problems", default=None,
+                        help="explicit problems instead of the dataset (comma-separated MxNxK), reported as model 'given'")
     parser.add_argument("--policy", default="default", help="policy folder (default: the shipped one for the target)")
     parser.add_argument("--target", default=None, choices=TARGET_CHOICES)
     parser.add_argument("--search-budget", type=float, default=0.0, help="seconds of beam4bfs per problem (0: no search)")
@@ -159,7 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     target = Target.resolve(args.target)
     policy = load_policy(args.policy if args.policy == "default" else Path(args.policy), target)
     random_policy = policy.with_random_weights(args.seed)
-    entries = list(dataset_entries(args.dataset, args.split))[: args.limit]
+    peak = peak_gflops(target)
+    if args.problems:
+        entries = [DatasetEntry("mk,kn->mn", tuple(parse_problem(p.strip()).sizes), "given", p.strip(), "given on the command line")
+                   for p in args.problems.split(",") if p.strip()]
+    else:
+        entries = list(dataset_entries(args.dataset, args.split))
+    entries = entries[: args.limit]
     out = Path(args.out) if args.out else RESULTS / f"real_models_{target.isa}"
     out.parent.mkdir(parents=True, exist_ok=True)
     table = out.with_name(out.name + ".csv")
@@ -178,13 +195,13 @@ def main(argv: list[str] | None = None) -> int:
             gflops = retime_together({m: nest for m, (nest, _, _) in found.items()}, target, args.rounds)
             reference = references[entry.problem.name]
             for method, (nest, seconds, actions) in found.items():
-                row = {"model": entry.model, "layer": entry.layer, "problem": entry.problem.name, "method": method,
+                row = {"model": entry.model or args.dataset, "layer": entry.layer or "", "problem": entry.problem.name, "method": method,
                        "seconds": f"{seconds:.3f}", "gflops": f"{gflops[method]:.2f}", "numpy_gflops": f"{reference:.2f}",
-                       "ratio": f"{gflops[method] / reference:.4f}", "actions": actions}
+                       "ratio": f"{gflops[method] / reference:.4f}", "peak_gflops": f"{peak:.1f}", "actions": actions}
                 writer.writerow(row)
                 rows.append(row)
             handle.flush()
-            print(f"[{index + 1}/{len(todo)}] {entry.model:14s} {entry.problem.name:42s} numpy {reference:6.1f}  " +
+            print(f"[{index + 1}/{len(todo)}] {entry.model or args.dataset:14s} {entry.problem.name:42s} numpy {reference:6.1f}  " +
                   "  ".join(f"{m} {gflops[m] / reference:.2f}" for m in found), flush=True)
     print(summarize(rows))
     plot(rows, out.with_name(out.name + ".png"), f"{args.dataset}/{args.split}, {target.isa} on {target.cpu}, one thread")

@@ -55,7 +55,8 @@ def test_tune_benchmark_reports_times_and_ratios(tmp_path):
     path = tmp_path / "tune.json"
     env = dict(os.environ, LOOPRL_CACHE_DIR=str(tmp_path / "cache"))
     result = subprocess.run(
-        [sys.executable, "-m", "looprl.bench", "tune", "--split", "test", "--limit", "2", "--budget", "0.01", "--tune-budget", "0.2", "--json", str(path)],
+        [sys.executable, "-m", "looprl.bench", "tune", "--split", "test", "--limit", "2", "--budget", "0.01", "--tune-budget", "0.2",
+         "--search", "0.3", "--json", str(path)],
         capture_output=True, text=True, timeout=300, env=env,
     )
     assert result.returncode == 0, result.stderr
@@ -64,7 +65,8 @@ def test_tune_benchmark_reports_times_and_ratios(tmp_path):
     summary = report["summary"]
     assert summary["problems"] == 2 and 0 < summary["tune_s_median"] <= summary["tune_s_p95"]
     assert summary["tuned_vs_numpy_geomean"] > 0 and summary["tuned_vs_untuned_geomean"] > 0
-    assert all(row["tuned_gflops"] > 0 for row in report["rows"])
+    assert all(row["tuned_gflops"] > 0 and row["search_gflops"] > 0 for row in report["rows"])
+    assert summary["search_vs_numpy_geomean"] > 0 and summary["tuned_vs_search_geomean"] > 0
 
 
 def test_tune_benchmark_summarises_per_model():

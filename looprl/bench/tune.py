@@ -43,6 +43,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--policy", default="default")
     parser.add_argument("--mode", choices=("measured", "policy"), default="measured")
     parser.add_argument("--budget", type=float, default=0.05, help="seconds to re-time each kernel (default 0.05)")
+    parser.add_argument("--search", type=float, default=0.0, metavar="S",
+                        help="also run beam4bfs for S seconds per problem (the paper's baseline: 60) and report its best, re-timed (default 0: no search)")
     parser.add_argument("--json", type=Path, default=None)
 
 
@@ -72,16 +74,19 @@ def per_model(rows: list[dict]) -> list[dict]:
             "tuned_vs_untuned_geomean": _geomean(r["tuned_gflops"] / r["untuned_gflops"] for r in members),
             "tune_s_median": statistics.median(r["tune_s"] for r in members),
             "tune_s_max": max(r["tune_s"] for r in members),
+            "search_vs_numpy_geomean": _geomean(r["search_gflops"] / r["numpy_gflops"] for r in members if "search_gflops" in r),
         }
         for model, members in groups.items()
     ]
 
 
 def print_per_model(models: list[dict], out) -> None:
-    print(f"{'model':>16} {'problems':>8} {'tuned/numpy':>11} {'tuned/untuned':>13} {'tune s median':>13} {'tune s max':>10}", file=out)
+    print(f"{'model':>16} {'problems':>8} {'tuned/numpy':>11} {'tuned/untuned':>13} {'tune s median':>13} {'tune s max':>10} "
+          f"{'search/numpy':>12}", file=out)
     for m in models:
+        search = m.get("search_vs_numpy_geomean", math.nan)
         print(f"{m['model']:>16} {m['problems']:8d} {m['tuned_vs_numpy_geomean']:11.2f} {m['tuned_vs_untuned_geomean']:13.2f} "
-              f"{m['tune_s_median']:13.3f} {m['tune_s_max']:10.3f}", file=out)
+              f"{m['tune_s_median']:13.3f} {m['tune_s_max']:10.3f} {'-' if math.isnan(search) else f'{search:.2f}':>12}", file=out)
 
 
 def main(args, out=sys.stdout) -> dict:
@@ -89,6 +94,8 @@ def main(args, out=sys.stdout) -> dict:
         raise ValueError(f"--limit must be positive, got {args.limit}")
     if not args.budget > 0:
         raise ValueError(f"--budget must be positive, got {args.budget}")
+    if not (args.search >= 0 and math.isfinite(args.search)):
+        raise ValueError(f"--search must be a non-negative number of seconds, got {args.search}")
     target = Target.resolve(args.target)
     target.check_runs_on_host()
     policy = load_policy(args.policy if args.policy == "default" else Path(args.policy), target)
@@ -107,7 +114,8 @@ def main(args, out=sys.stdout) -> dict:
     print(f"target {target}; peak {peak:.1f} GFLOPS; policy made for {made_for}; {len(problems)} problems ({source}); "
           f"{args.mode} mode, search budget {'scaled to the problem' if args.tune_budget is None else f'{args.tune_budget} s'}; CPU {cpu_model_name()}", file=out)
     print(f"compared with {numpy_label}", file=out)
-    print(f"{'problem':>14} {'tune ms':>8} {'untuned':>8} {'tuned':>8} {'numpy':>8} {'tuned/numpy':>11}", file=out)
+    print(f"{'problem':>14} {'tune ms':>8} {'untuned':>8} {'tuned':>8} {'numpy':>8} {'tuned/numpy':>11}"
+          + (f" {'search':>8}" if args.search else ""), file=out)
     rows = []
     for problem, entry, numpy_value in zip(problems, entries, numpy):
         result = tune(problem, policy, measure=args.mode == "measured", cache=":memory:", target=target, budget_s=args.tune_budget)
@@ -117,9 +125,15 @@ def main(args, out=sys.stdout) -> dict:
                "numpy_gflops": numpy_value, "actions": list(result.actions), "schedule": result.nest.key}
         if entry is not None and entry.model is not None:
             row.update(model=entry.model, layer=entry.layer)
+        if args.search:
+            from looprl.search import run
+
+            found = run(problem, "beam4bfs", budget_s=args.search, cache=":memory:", target=target, verify_s=None)
+            row["search_gflops"] = time_kernel(compile(found.best_nest, target=target), args.budget).gflops
         rows.append(row)
         label = _label(problem)
-        print(f"{label:>14} {1000 * result.seconds:8.0f} {untuned:8.1f} {tuned:8.1f} {numpy_value:8.1f} {tuned / numpy_value:11.2f}", file=out, flush=True)
+        print(f"{label:>14} {1000 * result.seconds:8.0f} {untuned:8.1f} {tuned:8.1f} {numpy_value:8.1f} {tuned / numpy_value:11.2f}"
+              + (f" {row['search_gflops']:8.1f}" if args.search else ""), file=out, flush=True)
     times = sorted(r["tune_s"] for r in rows)
     summary = {
         "problems": len(rows),
@@ -133,6 +147,9 @@ def main(args, out=sys.stdout) -> dict:
         "numpy_gflops_mean": statistics.fmean(r["numpy_gflops"] for r in rows),
         "untuned_gflops_mean": statistics.fmean(r["untuned_gflops"] for r in rows),
     }
+    if args.search:
+        summary["search_vs_numpy_geomean"] = _geomean(r["search_gflops"] / r["numpy_gflops"] for r in rows)
+        summary["tuned_vs_search_geomean"] = _geomean(r["tuned_gflops"] / r["search_gflops"] for r in rows)
     print(
         f"tune time: median {1000 * summary['tune_s_median']:.0f} ms, p95 {1000 * summary['tune_s_p95']:.0f} ms; "
         f"geomean tuned/numpy {summary['tuned_vs_numpy_geomean']:.2f}, tuned/untuned {summary['tuned_vs_untuned_geomean']:.2f}, "
