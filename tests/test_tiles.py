@@ -161,5 +161,10 @@ def test_tile_of_reads_the_register_tile_a_schedule_computes():
     assert tile_of(looprl.initial_nest(problem).apply(tile_steps(problem, 6, 32))) == (6, 32)
     assert tile_of(looprl.initial_nest(problem).apply(tile_steps(problem, 1, 48))) == (1, 48)
     assert tile_of(looprl.initial_nest(problem).apply(tile_steps(problem, 6, 32, 16, 64))) == (6, 32)
+    small = looprl.matmul(4, 300, 64)  # all four rows in the tile: the m loop sinks whole
+    assert tile_of(looprl.initial_nest(small).apply(tile_steps(small, 4, 96))) == (4, 96)
+    assert [lp.var for lp in looprl.initial_nest(small).apply(tile_steps(small, 4, 96)).compute] == ["n", "k", "m", "n"]
+    skinny = looprl.matmul(300, 24, 64)  # the columns unsplit: n stays innermost
+    assert [lp.var for lp in looprl.initial_nest(skinny).apply(tile_steps(skinny, 14, 24)).compute] == ["m", "k", "m", "n"]
     swapped = looprl.initial_nest(problem).apply(tile_steps(problem, 6, 32)).swap(3)  # the rows innermost: no vector tile
     assert tile_of(swapped) is None

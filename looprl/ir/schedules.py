@@ -218,6 +218,13 @@ def tile_steps(problem: Problem, rows: int, columns: int, k_block: int | None = 
     if 2 <= rows < problem.size(row):
         pending[row] = [(rows, f"{row}_in")]
     made = set(names) | {inner for splits in pending.values() for _, inner in splits}
+    # An unsplit dimension the tile covers whole is the tile's own loop: the columns stay
+    # innermost (the vectors), rows that all fit the tile sink below the reduction.
+    if f"{col}_in" not in made:
+        names[names.index(f"{col}0")] = f"{col}_in"
+    if f"{row}_in" not in made and rows >= problem.size(row):
+        names[names.index(f"{row}0")] = f"{row}_in"
+    made = set(names) | {inner for splits in pending.values() for _, inner in splits}
     batch = [f"{d}0" for d in out[:-2]]
     others = [f"{d}0" for d in problem.reduction_dims[1:]]
     tile = [f"{row}_in", f"{col}_in"]

@@ -45,8 +45,9 @@ def tile_of(nest: LoopNest) -> tuple[int, int] | None:
     if inner.var != col or inner.step != 1 or not any(loop.var == col for loop in compute[:-1]):
         return None
     rows = 1
-    if len(compute) > 1 and compute[-2].var == row and compute[-2].step == 1 and any(loop.var == row for loop in compute[:-2]):
-        rows = compute[-2].size
+    above = compute[:-2]
+    if len(compute) > 1 and compute[-2].var == row and compute[-2].step == 1 and any(loop.var not in problem.output for loop in above):
+        rows = compute[-2].size  # rows kept in registers while a reduction loop around them runs
     return rows, inner.size
 
 
