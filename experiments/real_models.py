@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default="models")
     parser.add_argument("--split", default="test", choices=("train", "test", "all"))
-    parser.add_argument("--limit", type=int, default=None, help="the first N problems (default: all)")
+    parser.add_argument("--limit", type=int, default=None, help="N problems spread evenly over the split (default: all)")
     parser.add_argument("--problems", default=None,
                         help="explicit problems instead of the dataset (comma-separated MxNxK), reported as model 'given'")
     parser.add_argument("--policy", default="default", help="policy folder (default: the shipped one for the target)")
@@ -176,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
                    for p in args.problems.split(",") if p.strip()]
     else:
         entries = list(dataset_entries(args.dataset, args.split))
-    entries = entries[: args.limit]
+    if args.limit is not None and args.limit < len(entries):
+        entries = [entries[int(i * len(entries) / args.limit)] for i in range(args.limit)]
     out = Path(args.out) if args.out else RESULTS / f"real_models_{target.isa}"
     out.parent.mkdir(parents=True, exist_ok=True)
     table = out.with_name(out.name + ".csv")

@@ -14,3 +14,20 @@ def test_experiment_script_starts(script):
     done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "usage" in done.stdout
+
+
+def test_the_real_models_experiment_writes_every_method_and_its_summary(tmp_path):
+    """A two-problem run: each method's row, the ablation's ratios, the plot."""
+    import csv
+    import os
+
+    out = tmp_path / "rm"
+    env = dict(os.environ, LOOPRL_CACHE_DIR=str(tmp_path / "cache"))
+    script = Path(__file__).resolve().parent.parent / "experiments" / "real_models.py"
+    done = subprocess.run([sys.executable, str(script), "--problems", "48x64x32,20x40x24", "--rounds", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader((tmp_path / "rm.csv").open()))
+    assert {r["method"] for r in rows} == {"untuned", "tune", "tune-random", "rollout", "rollout-random", "hand"}
+    assert len(rows) == 12 and all(float(r["gflops"]) > 0 and float(r["numpy_gflops"]) > 0 for r in rows)
+    assert "tune / tune-random" in done.stdout and (tmp_path / "rm.png").exists()
