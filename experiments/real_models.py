@@ -17,6 +17,8 @@ problem comes from). For each problem, from an empty cache:
 * ``search`` (with ``--search-budget S``): beam4bfs for S seconds;
 * ``untuned``: the initial nest.
 
+Every kernel ``tune`` returns is checked against numpy (float64 reference) before it is timed.
+
 Once every method has answered a problem, their schedules are re-timed together in interleaved
 rounds (best kept), so the same schedule gets the same figure. numpy is timed in a child
 process with one BLAS thread and the target's OpenBLAS kernels (``numpy_gflops(isa=...)``).
@@ -34,6 +36,8 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+
+import numpy as np
 
 from looprl.backend.kernel import compile
 from looprl.backend.target import TARGET_CHOICES, Target
@@ -67,6 +71,18 @@ def retime_together(nests: dict[str, object], target: Target, rounds: int) -> di
     return {method: best[nest.key] for method, nest in nests.items()}
 
 
+def check_correct(kernel) -> None:
+    """Raise if ``kernel`` does not compute what numpy does (float64 reference)."""
+    problem = kernel.problem
+    rng = np.random.default_rng(0)
+    a, b = (rng.uniform(-1, 1, shape).astype(np.float32) for shape in problem.input_shapes)
+    expected = np.einsum(problem.spec, a.astype(np.float64), b.astype(np.float64))
+    reduction = math.prod(problem.size(d) for d in problem.reduction_dims)
+    error = float(np.abs(kernel(a, b) - expected).max())
+    if error > 1e-5 * reduction:
+        raise AssertionError(f"{problem.name}: tuned kernel differs from numpy by {error}")
+
+
 def run_problem(entry, target, policy, random_policy, search_budget: float) -> dict[str, tuple]:
     """method -> (nest, seconds, actions) for one problem, each from an empty cache."""
     problem = entry.problem
@@ -75,6 +91,8 @@ def run_problem(entry, target, policy, random_policy, search_budget: float) -> d
                                    ("rollout", policy, 0), ("rollout-random", random_policy, 0)):
         result = tune(problem, chosen, cache=":memory:", budget_s=budget, target=target, remember=False)
         found[method] = (result.nest, result.seconds, " ".join(result.actions))
+        if method == "tune":
+            check_correct(result.kernel)
     started = time.perf_counter()
     evaluator = Evaluator(":memory:", target=target, samples=1)
     best = max(all_tiles(problem, target) or [initial_nest(problem)], key=lambda nest: evaluator(nest).gflops)
