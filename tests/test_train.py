@@ -209,6 +209,24 @@ def test_cli_trains_checkpoints_resumes_and_evaluates(tmp_path):
     assert "1 problems" in out
 
 
+def test_a_run_with_a_pretrain_section_starts_from_its_clone_and_keeps_it_unless_rl_validates_better(tmp_path):
+    import yaml
+
+    agent = tiny_agent("dqn", str(tmp_path / "cache.sqlite"))
+    agent["pretrain"] = {"problems_per_dataset": 2, "epochs": 20}
+    config = tmp_path / "pretrain.yaml"
+    config.write_text(yaml.safe_dump(agent))
+    run = tmp_path / "run"
+    out = run_cli("--algo", "dqn", "--config", str(config), "--iterations", "1", "--out", str(run), "--num-env-runners", "0",
+                  "--validate-every", "1", "--validation-problems", "2")
+    assert "[pretrain] cloned" in out and "validation of the starting policy" in out
+    clone = Policy.load(run / "pretrained")
+    assert clone.metadata["pretrained"]["problems"] == 2
+    assert json.loads((run / "run.json").read_text())["arguments"]["init_from"] == str(run / "pretrained")
+    best = Policy.load(run / "policy-best").metadata["validation"]
+    assert best["iteration"] in (0, 1) and best["speedup_geomean"] > 0
+
+
 def test_ctrl_c_saves_a_final_checkpoint(tmp_path):
     run = tmp_path / "run"
     config = write_tiny_config(tmp_path)

@@ -139,7 +139,8 @@ def test_default_policy_is_shipped_and_compatible():
     assert (default_policy_dir("avx512") / "policy.npz").exists()
     assert policy.target.isa == "avx512" and "EPYC" in policy.metadata["host_cpu"]
     assert policy.metadata["algorithm"] == "dqn" and policy.metadata["apex"] is True
-    assert policy.metadata["training_problems"] == {"dataset": "mm64-256", "split": "train"}
+    assert policy.metadata["training_problems"] == {"dataset": ["models", "mm64-256"], "split": "train"}
+    assert policy.metadata["pretrained"]["problems"] > 100  # cloned from demonstrations on both sets
     for problem in [(128, 96, 160), looprl.contraction("bmk,bkn->bmn", b=2, m=40, k=24, n=56)]:
         result = looprl.tune(problem, cache=":memory:")
         check_kernel(result, np.random.default_rng(1))

@@ -11,6 +11,7 @@ Hyperparameters come from ``agents/<algo>.yaml`` (or ``--config``); flags overri
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import sys
@@ -22,7 +23,7 @@ from looprl.cli.common import cache_path, run_command, writable_file, writable_f
 from looprl.env.datasets import SPLITS, dataset_problems
 from looprl.measurement.evaluator import Evaluator
 from looprl.train.config import ALGORITHMS, load_agent, validate_agent
-from looprl.train.loop import RunDirectory, RunState, parse_duration, train
+from looprl.train.loop import BEST_POLICY, RunDirectory, RunState, parse_duration, train
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -195,6 +196,13 @@ def _train(args) -> int:
         policy = policy_from_module(algo.get_module(), agent, metrics())
         return validator(policy), policy
 
+    if validator is not None and args.init_from is not None and not args.resume:
+        # The starting policy competes too: RL keeps it unless a later snapshot validates better.
+        score = validator(initial_policy)
+        if score > run.best_validation():
+            validation = {"speedup_geomean": score, "iteration": 0, "env_steps": 0, "policy": "the starting policy"}
+            dataclasses.replace(initial_policy, metadata={**initial_policy.metadata, "validation": validation}).save(run.path / BEST_POLICY)
+        print(f"  validation of the starting policy: greedy speed-up {score:.3f}x (geomean)", flush=True)
     try:
         train(algo, run, state, arguments, iterations=iterations, time_budget_s=time_budget_s, checkpoint_every=checkpoint_every,
               export=export, env_steps=args.env_steps, validate=validate if validator else None, validate_every=validate_every)

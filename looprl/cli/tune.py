@@ -74,10 +74,10 @@ def _main(args) -> int:
     print(f"{result.gflops:.1f} GFLOPS, {result.speedup:.2f}x over the untuned nest ({result.initial_gflops:.1f} GFLOPS); "
           f"tuned in {result.seconds * 1000:.0f} ms ({result.mode} mode, target {result.target.isa}, {result.measured} schedules timed)")
     if not args.no_numpy:
-        from looprl.measurement.numpy_baseline import numpy_gflops
+        from looprl.measurement.numpy_baseline import baseline_label, numpy_gflops
 
-        reference = numpy_gflops([problem], 0.1)[0]
-        print(f"numpy (one thread): {reference:.1f} GFLOPS; looprl / numpy = {result.gflops / reference:.2f}")
+        reference = numpy_gflops([problem], 0.1, isa=result.target.isa)[0]  # numpy's kernels for the same ISA
+        print(f"{baseline_label(result.target.isa)}: {reference:.1f} GFLOPS; looprl / numpy = {result.gflops / reference:.2f}")
     return 0
 
 
