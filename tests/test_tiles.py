@@ -168,3 +168,31 @@ def test_tile_of_reads_the_register_tile_a_schedule_computes():
     assert [lp.var for lp in looprl.initial_nest(skinny).apply(tile_steps(skinny, 14, 24)).compute] == ["m", "k", "m", "n"]
     swapped = looprl.initial_nest(problem).apply(tile_steps(problem, 6, 32)).swap(3)  # the rows innermost: no vector tile
     assert tile_of(swapped) is None
+
+
+def test_time_spent_waiting_for_another_process_s_timing_moves_the_deadline(tmp_path):
+    import threading
+
+    from looprl.measurement.lock import TimingLock
+
+    path = tmp_path / "timing.lock"
+    evaluator = Evaluator(":memory:", 0.001, samples=1, timing_lock=TimingLock(path))
+    budgeted = DeadlineEvaluator(evaluator, None)
+    problem = looprl.matmul(64, 64, 64)
+    budgeted(looprl.initial_nest(problem))  # compiled once: the JIT is warm
+    other = TimingLock(path)  # another holder of the same file lock, as another process would be
+    held = threading.Event()
+
+    def hold():
+        with other:
+            held.set()
+            time.sleep(0.3)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    held.wait()
+    budgeted.deadline = time.perf_counter() + 10.0
+    before = budgeted.deadline
+    assert budgeted(looprl.initial_nest(problem).split(2, 16)).ok
+    thread.join()
+    assert 0.2 < budgeted.deadline - before < 1.0 and budgeted.waited_s == pytest.approx(budgeted.deadline - before)

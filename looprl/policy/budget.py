@@ -53,13 +53,16 @@ class DeadlineEvaluator:
     came from) plus a compile as long as the longest one seen. A refused schedule is a failed
     :class:`Measurement` (``error`` says why), which the rollout and the guided search treat
     as a schedule that could not be built. A schedule already in the cache costs nothing and is
-    never refused. ``deadline`` None: nothing is refused."""
+    never refused. ``deadline`` None: nothing is refused. Time spent waiting for the
+    machine-wide timing lock (another looprl process timing) moves the deadline by as much: a
+    search on a busy machine takes longer rather than returning whatever it had measured."""
 
     evaluator: Evaluator
     deadline: float | None
     reference_gflops: float = 0.0
     longest_compile_s: float = COMPILE_GUESS_S
     refused: int = 0
+    waited_s: float = 0.0  # time spent waiting for the timing lock, added to the deadline
     _known: dict = field(default_factory=dict)  # schedule key -> Measurement made through this object
 
     @property
@@ -97,7 +100,13 @@ class DeadlineEvaluator:
         if predicted > 0 and time.perf_counter() + predicted > self.deadline:
             self.refused += 1
             return Measurement(0.0, False, error="not measured: predicted to end after the deadline")
+        asked = time.perf_counter()
         measurement = self.evaluator(nest)
+        waited = time.perf_counter() - asked - measurement.compile_s - measurement.measure_s
+        if self.deadline is not None and waited > 0.005 and measurement.ok and not measurement.from_cache:
+            # Another process held the machine-wide timing lock: that time is not this search's.
+            self.deadline += waited
+            self.waited_s += waited
         if measurement.ok:
             self._known[nest.key] = measurement
             if measurement.gflops > 0:

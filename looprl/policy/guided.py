@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -56,7 +57,7 @@ def guided_search(
     problem: Problem,
     evaluator: Evaluator,
     *,
-    deadline: float,
+    deadline: "float | Callable[[], float]",
     top_k: int = 3,
     beam: int = 3,
     depth: int = 20,
@@ -64,9 +65,12 @@ def guided_search(
     tile_rows: tuple[int, ...] = (),
 ) -> GuidedResult:
     """Search from ``problem``'s untiled nest until ``time.perf_counter()`` passes ``deadline``
+    (a time, or a function returning the current one: a deadline that moves, e.g. by the time
+    spent waiting for another process's timing)
     or ``depth`` levels are done. ``start`` (actions, GFLOPS) seeds the beam with a known good
     path as well, e.g. the policy's greedy rollout, so the search refines what it found."""
     # Splits the policy was not trained with come after its own (scores map by name).
+    current_deadline = deadline if callable(deadline) else (lambda: deadline)
     actions = policy_actions(policy, evaluator.target).with_splits(tile_rows)
     if start is not None:  # e.g. a register tile's wide splits, or pack
         actions = actions.extended(start[0])
@@ -98,14 +102,14 @@ def guided_search(
     for _ in range(depth):
         children: list[_Node] = []
         for node in frontier:
-            if time.perf_counter() >= deadline:
+            if time.perf_counter() >= current_deadline():
                 stopped = "deadline"
                 break
             expanded += 1
             for preference, path, following in _proposals(policy, actions, node.state, normalized, top_k, tile_rows):
                 if following is None or following.key in seen:
                     continue
-                if time.perf_counter() >= deadline and following.nest.key not in values:
+                if time.perf_counter() >= current_deadline() and following.nest.key not in values:
                     stopped = "deadline"
                     break
                 seen.add(following.key)

@@ -179,7 +179,7 @@ def tune(
             start = (tiles.actions, tiles.gflops)
             nest, gflops, actions = tiles.nest, tiles.gflops, tiles.actions
         rows = tuple(rows for rows, _ in register_tiles(target))  # e.g. 6 on AVX2: the policy may lack split_6
-        guided = guided_search(loaded, problem, budgeted, deadline=started + budget_s, start=start, tile_rows=rows)
+        guided = guided_search(loaded, problem, budgeted, deadline=lambda: budgeted.deadline, start=start, tile_rows=rows)
         if guided.best_gflops > gflops:
             nest, gflops, actions = guided.best_nest, guided.best_gflops, guided.best_actions
     if remember:
