@@ -165,10 +165,11 @@ def tune(
     untuned = budgeted(initial_nest(problem))
     if budget_s is None:
         budget_s = scaled_budget(problem.flops, untuned.gflops, measure_budget_s)
-    # The rollout alone (budget 0) measures every state it reaches; a search stops at its deadline
-    # and refuses a measurement predicted to end after it.
-    budgeted.deadline = started + budget_s if budget_s > 0 else None
+    # The policy's rollout is always measured whole (a dozen actions at most: a bounded cost, and
+    # tune is never below the rollout); what follows stops at the deadline and refuses a
+    # measurement predicted to end after it.
     rollout = greedy_rollout(loaded, problem, budgeted, length=None if steps is None else int(steps))
+    budgeted.deadline = started + budget_s if budget_s > 0 else None
     nest, gflops, actions = rollout.best_nest, rollout.best_gflops, rollout.best_actions
     if budget_s > 0:
         # The policy's tile, refined: canonical order, cache blocks, a packed right operand.
