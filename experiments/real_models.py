@@ -19,7 +19,8 @@ problem comes from). For each problem, from an empty cache:
 
 Every kernel ``tune`` returns is checked against numpy (float64 reference) before it is timed.
 
-Once every method has answered a problem, their schedules are re-timed together in interleaved
+A method's seconds exclude time spent waiting for another looprl process's timing
+(``TuneResult.waited_s``). Once every method has answered a problem, their schedules are re-timed together in interleaved
 rounds (best kept), so the same schedule gets the same figure. numpy is timed in a child
 process with one BLAS thread and the target's OpenBLAS kernels (``numpy_gflops(isa=...)``).
 Writes ``<out>.csv`` (a row per problem and method; appended, so an interrupted run resumes),
@@ -90,7 +91,7 @@ def run_problem(entry, target, policy, random_policy, search_budget: float) -> d
     for method, chosen, budget in (("tune", policy, None), ("tune-random", random_policy, None),
                                    ("rollout", policy, 0), ("rollout-random", random_policy, 0)):
         result = tune(problem, chosen, cache=":memory:", budget_s=budget, target=target, remember=False)
-        found[method] = (result.nest, result.seconds, " ".join(result.actions))
+        found[method] = (result.nest, result.seconds - result.waited_s, " ".join(result.actions))
         if method == "tune":
             check_correct(result.kernel)
     started = time.perf_counter()

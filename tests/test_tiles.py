@@ -196,3 +196,6 @@ def test_time_spent_waiting_for_another_process_s_timing_moves_the_deadline(tmp_
     assert budgeted(looprl.initial_nest(problem).split(2, 16)).ok
     thread.join()
     assert 0.2 < budgeted.deadline - before < 1.0 and budgeted.waited_s == pytest.approx(budgeted.deadline - before)
+    budgeted.deadline = None  # without a deadline the wait is still counted
+    waited = budgeted.waited_s
+    assert budgeted(looprl.initial_nest(problem).split(2, 8)).ok and budgeted.waited_s >= waited

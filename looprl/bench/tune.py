@@ -121,7 +121,7 @@ def main(args, out=sys.stdout) -> dict:
         result = tune(problem, policy, measure=args.mode == "measured", cache=":memory:", target=target, budget_s=args.tune_budget)
         tuned = time_kernel(result.kernel, args.budget).gflops
         untuned = time_kernel(compile(initial_nest(problem), target=target), args.budget).gflops
-        row = {"problem": problem.name, "tune_s": result.seconds, "untuned_gflops": untuned, "tuned_gflops": tuned,
+        row = {"problem": problem.name, "tune_s": result.seconds, "waited_s": result.waited_s, "untuned_gflops": untuned, "tuned_gflops": tuned,
                "numpy_gflops": numpy_value, "actions": list(result.actions), "schedule": result.nest.key}
         if entry is not None and entry.model is not None:
             row.update(model=entry.model, layer=entry.layer)

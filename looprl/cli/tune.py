@@ -73,6 +73,8 @@ def _main(args) -> int:
         print("actions:", " ".join(result.actions) or "(none)")
     print(f"{result.gflops:.1f} GFLOPS, {result.speedup:.2f}x over the untuned nest ({result.initial_gflops:.1f} GFLOPS); "
           f"tuned in {result.seconds * 1000:.0f} ms ({result.mode} mode, target {result.target.isa}, {result.measured} schedules timed)")
+    if result.waited_s > 0.05:
+        print(f"(of which {result.waited_s * 1000:.0f} ms waiting for another looprl process's timing)")
     if not args.no_numpy:
         from looprl.measurement.numpy_baseline import baseline_label, numpy_gflops
 

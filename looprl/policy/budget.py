@@ -103,10 +103,11 @@ class DeadlineEvaluator:
         asked = time.perf_counter()
         measurement = self.evaluator(nest)
         waited = time.perf_counter() - asked - measurement.compile_s - measurement.measure_s
-        if self.deadline is not None and waited > 0.005 and measurement.ok and not measurement.from_cache:
+        if waited > 0.005 and measurement.ok and not measurement.from_cache:
             # Another process held the machine-wide timing lock: that time is not this search's.
-            self.deadline += waited
             self.waited_s += waited
+            if self.deadline is not None:
+                self.deadline += waited
         if measurement.ok:
             self._known[nest.key] = measurement
             if measurement.gflops > 0:

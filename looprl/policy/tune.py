@@ -77,6 +77,7 @@ class TuneResult:
     target: Target | None = None
     greedy_gflops: float | None = None  # the best state of the policy's greedy rollout (measured mode)
     measured: int = 0  # schedules timed by this call
+    waited_s: float = 0.0  # of ``seconds``, spent waiting for another process's timing (the machine-wide lock)
 
     @property
     def action_set(self) -> ActionSet:
@@ -187,7 +188,7 @@ def tune(
         evaluator.cache.put_tuned(nest, gflops, budget_s, target, measure_budget_s, tuner=TUNER)
     kernel = compile(nest, target=target)
     return TuneResult(problem, nest, kernel, tuple(actions), gflops, rollout.initial_gflops, time.perf_counter() - started, "measured",
-                      target, greedy_gflops=rollout.best_gflops, measured=evaluator.compiled)
+                      target, greedy_gflops=rollout.best_gflops, measured=evaluator.compiled, waited_s=budgeted.waited_s)
 
 
 def _check_search_budget(budget_s) -> float:
