@@ -22,6 +22,9 @@ from looprl.measurement.evaluator import Evaluator, Measurement
 # A search that can afford this many measurements of a good kernel (compile + one execution
 # or the per-state budget) finds the register tile and its cache-blocked variants.
 MEASUREMENTS_WANTED = 24
+# Measurements a scaled budget leaves for refining the rollout's tile (canonical order, two
+# cache blocks, packing), however long the rollout's own measurements took.
+REFINEMENTS = 4
 MIN_BUDGET_S = 0.4  # the small problems' budget: enough for ~20 states of mm64-256
 MAX_BUDGET_S = 1.5  # with the result's compile, tune stays under 2 s on the largest problems
 COMPILE_GUESS_S = 0.02  # a compile before any was seen (measured 7-45 ms per state)
@@ -81,6 +84,10 @@ class DeadlineEvaluator:
     def compiled(self) -> int:
         return self.evaluator.compiled
 
+    def predicted_cost_s(self, flops: int) -> float:
+        """Predicted seconds of one new measurement of a problem of ``flops``."""
+        return state_cost_s(flops, max(self.reference_gflops, 1e-3) / 2, self.evaluator.budget_s, self.longest_compile_s)
+
     def predicted_s(self, nest: LoopNest) -> float:
         if nest.key in self._known:
             return 0.0
@@ -89,7 +96,7 @@ class DeadlineEvaluator:
             return 0.0
         if self.reference_gflops <= 0:
             return 0.0  # nothing measured yet: the first (untuned) state is always measured
-        return state_cost_s(nest.problem.flops, self.reference_gflops / 2, self.evaluator.budget_s, self.longest_compile_s)
+        return self.predicted_cost_s(nest.problem.flops)
 
     def __call__(self, nest: LoopNest) -> Measurement:
         """Measure ``nest`` once per object (a state met again keeps its first figure, as

@@ -44,7 +44,7 @@ from looprl.ir.problem import Problem, as_problem, matmul
 from looprl.ir.schedules import register_tiles
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.timing import check_budget
-from looprl.policy.budget import MIN_BUDGET_S, DeadlineEvaluator, scaled_budget
+from looprl.policy.budget import MIN_BUDGET_S, REFINEMENTS, DeadlineEvaluator, scaled_budget
 from looprl.policy.guided import guided_search
 from looprl.policy.loading import load_policy
 from looprl.policy.numpy_policy import Policy
@@ -164,13 +164,19 @@ def tune(
                               measured=evaluator.compiled)
     budgeted = DeadlineEvaluator(evaluator, None)
     untuned = budgeted(initial_nest(problem))
-    if budget_s is None:
+    scaled = budget_s is None
+    if scaled:
         budget_s = scaled_budget(problem.flops, untuned.gflops, measure_budget_s)
     # The policy's rollout is always measured whole (a dozen actions at most: a bounded cost, and
     # tune is never below the rollout); what follows stops at the deadline and refuses a
     # measurement predicted to end after it.
     rollout = greedy_rollout(loaded, problem, budgeted, length=None if steps is None else int(steps))
+    budgeted.reference_gflops = max(rollout.best_gflops, budgeted.reference_gflops)  # refinements start from its best
     budgeted.deadline = started + budget_s if budget_s > 0 else None
+    if scaled and budgeted.deadline is not None:
+        # However long the rollout took, its tile gets a few refinements (budget.REFINEMENTS).
+        floor = REFINEMENTS * budgeted.predicted_cost_s(problem.flops)
+        budgeted.deadline = max(budgeted.deadline, time.perf_counter() + floor)
     nest, gflops, actions = rollout.best_nest, rollout.best_gflops, rollout.best_actions
     if budget_s > 0:
         # The policy's tile, refined: canonical order, cache blocks, a packed right operand.
