@@ -31,11 +31,14 @@ from looprl.env import (
     observation,
 )
 from looprl.ir import (
+    ACTIVATIONS,
+    Epilogue,
     Loop,
     LoopNest,
     Problem,
     contraction,
     initial_nest,
+    linear,
     matmul,
     parse_problem,
     parse_problems,
@@ -58,9 +61,11 @@ if ENV_ID not in _gymnasium.registry:
     _gymnasium.register(ENV_ID, entry_point="looprl.env:LoopNestEnv", nondeterministic=True)
 
 __all__ = [
+    "ACTIVATIONS",
     "ENV_ID",
     "ActionSet",
     "DatasetEntry",
+    "Epilogue",
     "Evaluator",
     "Kernel",
     "Loop",
@@ -80,6 +85,7 @@ __all__ = [
     "dataset_names",
     "dataset_problems",
     "initial_nest",
+    "linear",
     "matmul",
     "measure",
     "nest_graph",

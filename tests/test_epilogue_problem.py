@@ -81,3 +81,42 @@ def test_bad_epilogues_are_value_errors():
     looprl.contraction("m,n->mn", m=2**15, n=24576)  # fits the buffer limit ...
     with pytest.raises(ValueError, match="epilogue inputs"):  # ... but not with a residual as large as the output
         looprl.contraction("m,n->mn", m=2**15, n=24576, epilogue="residual")
+
+
+def test_dataset_entries_carry_epilogues():
+    from looprl.env.entries import DatasetEntry
+
+    entry = DatasetEntry("mk,nk->mn", (("m", 4), ("k", 8), ("n", 6)), "vit-s16", "mlp.fc1", "4 tokens", "bias+gelu")
+    assert entry.problem.epilogue == Epilogue(bias=True, activation="gelu")
+    assert DatasetEntry.from_row(entry.to_row()) == entry
+    assert "epilogue" not in DatasetEntry("mk,kn->mn", (("m", 4), ("k", 8), ("n", 6))).to_row()  # stored rows stay as they were
+    with pytest.raises(ValueError, match="bad epilogue part"):
+        DatasetEntry("mk,kn->mn", (("m", 4), ("k", 8), ("n", 6)), epilogue="bias+tanh")
+
+
+def test_numpy_does_the_epilogue_step_by_step():
+    from looprl.measurement.numpy_epilogue import _numpy_erf, apply_epilogue
+
+    rng = np.random.default_rng(0)
+    out = rng.uniform(-3, 3, (5, 7)).astype(np.float32)
+    bias, residual = rng.uniform(-1, 1, 7).astype(np.float32), rng.uniform(-1, 1, (5, 7)).astype(np.float32)
+    for activation in ACTIVATIONS:
+        epilogue = Epilogue(scale=0.5, bias=True, activation=activation, residual=True)
+        result = out.copy()
+        apply_epilogue(epilogue, result, np.empty_like(result), bias, residual)
+        x = 0.5 * out.astype(np.float64) + bias
+        if activation == "relu":
+            y = np.maximum(x, 0)
+        elif activation == "silu":
+            y = x / (1 + np.exp(-x))
+        else:  # both gelus agree with the erf one to 1e-3 here
+            import math
+
+            y = np.vectorize(lambda v: 0.5 * v * (1 + math.erf(v / math.sqrt(2))))(x)
+        np.testing.assert_allclose(result, y + residual, atol=1e-3 if activation == "gelu_tanh" else 1e-5)
+    x = np.linspace(-5, 5, 101).astype(np.float32)
+    erf = np.empty_like(x)
+    _numpy_erf(x, erf)  # the fallback without scipy
+    import math
+
+    assert np.abs(erf - [math.erf(v) for v in x.astype(np.float64)]).max() < 5e-7
