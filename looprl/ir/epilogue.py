@@ -89,7 +89,7 @@ class Epilogue:
         identity): ``scale<float32>``, ``bias``, the activation, ``residual``."""
         parts = []
         if self.scale != 1.0:
-            parts.append(f"scale{np.float32(self.scale)!s}")
+            parts.append("scale" + _scale_text(self.scale))
         if self.bias:
             parts.append("bias")
         if self.activation is not None:
@@ -134,7 +134,7 @@ class Epilogue:
         ``gelu(acc[mn] + bias[n]) + residual[mn]``."""
         text = f"acc[{index}]"
         if self.scale != 1.0:
-            text = f"{np.float32(self.scale)!s} * {text}"
+            text = f"{_scale_text(self.scale)} * {text}"
         if self.bias:
             text = f"{text} + bias[{index[-1]}]"
         if self.activation is not None:
@@ -142,6 +142,11 @@ class Epilogue:
         if self.residual:
             text = f"{text} + residual[{index}]"
         return text
+
+
+def _scale_text(scale: float) -> str:
+    """The shortest text that reads back as the float32 ``scale`` (no ``+``: it joins parts)."""
+    return str(np.float32(scale)).replace("e+", "e")
 
 
 IDENTITY = Epilogue()
