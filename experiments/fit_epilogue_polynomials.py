@@ -19,6 +19,7 @@ hand, rounded to float32, and tests/test_epilogue_math.py checks their error in 
 
 from __future__ import annotations
 
+import argparse
 import math
 
 import numpy as np
@@ -65,6 +66,7 @@ def as_float32(values) -> list[str]:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     p, q, error = fit_erf()
     print(f"erf: max error of the float64 fit {error:.3g}")
     print("ERF_P =", "(" + ", ".join(as_float32(p)) + ")")
