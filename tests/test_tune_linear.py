@@ -69,3 +69,14 @@ def test_looprl_tune_takes_a_linear_layer(policy_dir, tmp_path):
         failed = subprocess.run([sys.executable, "-m", "looprl", "tune", *bad, "--no-numpy", "--cache", ":memory:"],
                                 capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert failed.returncode == 2 and message in failed.stderr and "Traceback" not in failed.stderr
+
+
+def test_the_environment_takes_layers_with_epilogues():
+    import gymnasium
+
+    problem = looprl.linear(16, 32, 48, activation="gelu", residual=True)
+    env = gymnasium.make("LoopNest-v0", problems=[problem], cache=":memory:")
+    _, info = env.reset(seed=0)
+    assert info["problem"] == problem.name and info["gflops"] > 0
+    _, _, _, _, info = env.step(env.unwrapped.action_names.index("split_8"))
+    assert info["valid"] and info["gflops"] > 0
