@@ -5,7 +5,8 @@ contract in ``pyproject.toml``)::
 
     cli          command lines
     bench        benchmarks
-    train        RLlib agents (the only layer that imports Ray or torch)
+    torch        looprl.torch: tuned kernels inside PyTorch modules (imports torch; never imported here)
+    train        RLlib agents (the only layer that imports Ray)
     policy       numpy policies, their greedy rollout, policy-guided search, looprl.tune
     search       greedy, beam, random and AutoTVM search
     costmodel    AutoTVM's schedule features and XGBoost cost model

@@ -38,6 +38,7 @@ import threading
 
 import numpy as np
 import torch
+import torch.nn.functional as functional
 from torch import nn
 
 from looprl.backend.buffers import aligned_empty
@@ -61,11 +62,15 @@ def _activation_of(module: nn.Module) -> str | None:
 class TunedLinear(nn.Module):
     """An ``nn.Linear`` (and the activation fused after it) that runs looprl kernels for the
     row counts it was tuned for and is the original layer for anything else (see the module
-    docstring). ``results`` maps a row count to its :class:`~looprl.policy.tune.TuneResult`."""
+    docstring). It holds the original's ``weight`` and ``bias`` parameters themselves, so its
+    ``state_dict`` has the original's keys. ``results`` maps a row count to its
+    :class:`~looprl.policy.tune.TuneResult`."""
 
     def __init__(self, original: nn.Linear, activation: nn.Module | None, results: dict[int, TuneResult]):
         super().__init__()
-        self.original = original  # holds the parameters; the fallback
+        self.in_features, self.out_features = original.in_features, original.out_features
+        self.weight = original.weight
+        self.bias = original.bias  # None registers no parameter, as in nn.Linear(bias=False)
         self.activation = activation  # the fused activation module (for the fallback), or None
         self.results = dict(results)
         self._bound: dict[int, object] = {}
@@ -73,24 +78,16 @@ class TunedLinear(nn.Module):
         self._bind_lock = threading.Lock()
         self._local = threading.local()  # per thread: workspaces by row count
 
-    @property
-    def in_features(self) -> int:
-        return self.original.in_features
-
-    @property
-    def out_features(self) -> int:
-        return self.original.out_features
-
     def extra_repr(self) -> str:
         fused = f", activation={_activation_of(self.activation)}" if self.activation is not None else ""
         return f"in_features={self.in_features}, out_features={self.out_features}{fused}, rows={sorted(self.results)}"
 
     def _fallback(self, x):
-        y = self.original(x)
+        y = functional.linear(x, self.weight, self.bias)
         return self.activation(y) if self.activation is not None else y
 
     def _parameters_state(self) -> tuple:
-        weight, bias = self.original.weight, self.original.bias
+        weight, bias = self.weight, self.bias
         return (id(weight), weight._version, None if bias is None else id(bias), None if bias is None else bias._version)
 
     def _kernels(self) -> dict[int, object]:
@@ -100,8 +97,8 @@ class TunedLinear(nn.Module):
             with self._bind_lock:
                 if state != self._bound_to:
                     with torch.no_grad():
-                        weight = self.original.weight.detach().contiguous().numpy()
-                        bias = self.original.bias
+                        weight = self.weight.detach().contiguous().numpy()
+                        bias = self.bias
                         constants = {"b": weight}
                         if bias is not None:
                             constants["bias"] = bias.detach().contiguous().numpy()
@@ -110,7 +107,7 @@ class TunedLinear(nn.Module):
         return self._bound
 
     def _usable(self, x) -> bool:
-        weight, bias = self.original.weight, self.original.bias
+        weight, bias = self.weight, self.bias
         if type(x) is not torch.Tensor or x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() < 1:
             return False
         if x.shape[-1] != self.in_features or x.numel() == 0:

@@ -108,12 +108,12 @@ def test_epilogues_with_data_layouts(shape, epilogue, steps, layouts):
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(shape=st.integers(0, len(SHAPES) - 1), activation=st.sampled_from(ACTIVATIONS), steps=actions,
-       side=st.sampled_from(["start", "end"]))
-def test_epilogue_inputs_stay_in_bounds(shape, activation, steps, side):
+       side=st.sampled_from(["start", "end"]), target=st.sampled_from(HOST_TARGETS))
+def test_epilogue_inputs_stay_in_bounds(shape, activation, steps, side, target):
     """Every buffer, the bias and the residual included, sits flush against an inaccessible
     page: a stray access would crash."""
     problem = problem_of(shape, Epilogue(scale=0.5, bias=True, activation=activation, residual=True))
-    kernel = looprl.compile(apply_actions(looprl.initial_nest(problem), steps))
+    kernel = looprl.compile(apply_actions(looprl.initial_nest(problem), steps), target=target)
     shapes = [*problem.input_shapes, *(shape for _, shape in problem.epilogue_shapes), problem.output_shape]
     guards = [GuardedArray(s, side) for s in shapes]
     try:

@@ -37,6 +37,7 @@ def test_a_tuned_block_computes_what_the_block_computes(options, activation):
     assert set(layers) == {"0", "2"} and isinstance(tuned[1], nn.Identity)  # the activation fused into layer 0
     assert sorted(layers["0"].results) == [14] and layers["0"].activation is not None
     assert isinstance(tuned[3], nn.LayerNorm) and isinstance(module[0], nn.Linear)  # the original is untouched
+    assert tuned.state_dict().keys() == module.state_dict().keys()  # the original's parameters, under their names
     with torch.no_grad():
         close(tuned(x), module(x))
         close(tuned(x.transpose(0, 1).contiguous().transpose(0, 1)), module(x))  # non-contiguous
@@ -62,10 +63,10 @@ def test_every_other_call_falls_back_to_the_original_layer(options):
     close(grad_input.grad, reference.grad)
     # new weights are bound on the next call
     with torch.no_grad():
-        for layer in (tuned[0].original, module[0]):
+        for layer in (tuned[0], module[0]):
             layer.weight.mul_(2.0)
         close(tuned(x), module(x))
-    tuned[2].original.weight = nn.Parameter(module[2].weight.detach() * 0.5)
+    tuned[2].weight = nn.Parameter(module[2].weight.detach() * 0.5)
     module[2].weight = nn.Parameter(module[2].weight.detach() * 0.5)
     with torch.no_grad():
         close(tuned(x), module(x))
@@ -80,6 +81,11 @@ def test_other_layers_dtypes_and_shared_layers_are_left_alone(options):
     y = torch.randn(4, 16)
     with torch.no_grad():
         close(tuned(y), module(y))
+    no_bias = nn.Sequential(nn.Linear(16, 8, bias=False), nn.SiLU()).eval()
+    tuned_no_bias = tune_module(no_bias, y, **options)
+    assert isinstance(tuned_no_bias[1], nn.Identity) and tuned_no_bias.state_dict().keys() == {"0.weight"}
+    with torch.no_grad():
+        close(tuned_no_bias(y), no_bias(y))
     double = nn.Sequential(nn.Linear(16, 16).double(), nn.ReLU()).eval()
     assert tuned_layers(tune_module(double, torch.randn(4, 16, dtype=torch.float64), **options)) == []
     mixed = nn.Sequential(nn.Linear(16, 16), nn.ReLU()).eval()  # float32 weights, never called with float32
