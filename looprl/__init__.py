@@ -5,7 +5,8 @@ contract in ``pyproject.toml``)::
 
     cli          command lines
     bench        benchmarks
-    train        RLlib agents (the only layer that imports Ray or torch)
+    torch        looprl.torch: tuned kernels inside PyTorch modules (imports torch; never imported here)
+    train        RLlib agents (the only layer that imports Ray)
     policy       numpy policies, their greedy rollout, policy-guided search, looprl.tune
     search       greedy, beam, random and AutoTVM search
     costmodel    AutoTVM's schedule features and XGBoost cost model
@@ -31,11 +32,14 @@ from looprl.env import (
     observation,
 )
 from looprl.ir import (
+    ACTIVATIONS,
+    Epilogue,
     Loop,
     LoopNest,
     Problem,
     contraction,
     initial_nest,
+    linear,
     matmul,
     parse_problem,
     parse_problems,
@@ -58,9 +62,11 @@ if ENV_ID not in _gymnasium.registry:
     _gymnasium.register(ENV_ID, entry_point="looprl.env:LoopNestEnv", nondeterministic=True)
 
 __all__ = [
+    "ACTIVATIONS",
     "ENV_ID",
     "ActionSet",
     "DatasetEntry",
+    "Epilogue",
     "Evaluator",
     "Kernel",
     "Loop",
@@ -80,6 +86,7 @@ __all__ = [
     "dataset_names",
     "dataset_problems",
     "initial_nest",
+    "linear",
     "matmul",
     "measure",
     "nest_graph",

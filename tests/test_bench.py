@@ -84,3 +84,24 @@ def test_tune_benchmark_summarises_per_model():
     assert (bert["tune_s_median"], bert["tune_s_max"]) == (0.5, 0.6)
     assert _label(looprl.contraction("bmk,bnk->bmn", b=12, m=128, n=96, k=64)) == "b12:128x96x64"
     assert _label(looprl.matmul(64, 32, 16)) == "64x32x16"
+
+
+def test_layers_benchmark_compares_fused_numpy_and_torch(tmp_path):
+    from tests.policies import random_policy
+
+    policy = random_policy(seed=3).save(tmp_path / "policy")
+    path = tmp_path / "layers.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "looprl.bench", "layers", "--layers", "12,16,24,gelu", "8,16,24,residual,nobias", "--budget", "0.01",
+         "--tune-budget", "0.05", "--policy", str(policy), "--json", str(path)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "geomean fused/numpy" in result.stdout and "12x16->24" in result.stdout
+    report = json.loads(path.read_text())
+    assert [row["problem"] for row in report["rows"]] == [
+        "mk,nk->mn:m=12,k=16,n=24;const=in1;epilogue=bias+gelu", "mk,nk->mn:m=8,k=16,n=24;const=in1;epilogue=residual"]
+    for row in report["rows"]:
+        assert row["fused_s"] > 0 and row["numpy_s"] > 0 and row["torch_s"] > 0
+    bad = subprocess.run([sys.executable, "-m", "looprl.bench", "layers", "--layers", "12,16,gelu"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "bad layer" in bad.stderr

@@ -22,6 +22,11 @@ The loop order is taken as given. In the compute nest:
   into a blocked scope, it streams vector by vector through memory;
 * targets without FMA instructions multiply, then add (``llvm.fma`` would become a libcall).
 
+The write-back nest copies the accumulator to the output and applies the problem's epilogue
+(scale, bias, activation, residual: :mod:`looprl.backend.epilogue_ir`) on the way, vectorised
+like the copy; the bias and the residual are extra pointer arguments of the kernel after the
+accumulator (:func:`kernel_tensors`).
+
 Every number that depends on the CPU (lanes, registers, FMA) comes from the
 :class:`~looprl.backend.target.Target`.
 
@@ -35,6 +40,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from looprl.backend.epilogue_ir import EpilogueIR
 from looprl.backend.target import Target
 from looprl.ir.layout import Layout
 from looprl.ir.nest import Loop, LoopNest
@@ -63,6 +69,13 @@ FMA_CHAINS = 8
 BLOCKED_TILE_FLOATS = 2048
 BLOCKED_TILE_VECTORS = 256
 TENSORS = ("in0", "in1", "out", "acc")
+EPILOGUE_TENSORS = {"bias": "bias", "residual": "residual"}  # epilogue input -> IR pointer name
+
+
+def kernel_tensors(problem: Problem) -> tuple[str, ...]:
+    """The kernel's pointer arguments in order: :data:`TENSORS`, then the epilogue's inputs
+    (``bias``, ``residual``) when the problem has them."""
+    return TENSORS + tuple(EPILOGUE_TENSORS[name] for name in problem.epilogue.inputs)
 
 
 def strides(problem: Problem, term: str) -> dict[str, int]:
@@ -239,7 +252,7 @@ class _NestEmitter:
             tail_ptrs = {t: fn.offset(p, self.delta(t, loop.var, loop.step * full)) for t, p in ptrs.items()}
             tail_budgets = dict(budgets, **{loop.var: rem})
             callee = self.module.tail_function(self, level + 1, tail_budgets)
-            args = ", ".join(f"ptr {tail_ptrs.get(t, 'null')}" for t in TENSORS)
+            args = ", ".join(f"ptr {tail_ptrs.get(t, 'null')}" for t in self.module.tensors)
             fn.emit(f"call void @{callee}({args})")
 
     # Subclasses define inner_start and emit_inner_part.
@@ -525,14 +538,24 @@ def _store(module: "_Module", fn: _Function, ptr: str, offset: int, lanes: int, 
 
 
 class _WriteBackEmitter(_NestEmitter):
-    """``out = acc`` over the write-back loops; the innermost loop is vectorised when it walks
-    the output's last dimension (unit stride in both buffers)."""
+    """``out = epilogue(acc)`` over the write-back loops (a copy when the epilogue is the
+    identity); the innermost loop is vectorised when it walks the output's last dimension
+    (unit stride in the output, the accumulator, the bias and the residual)."""
 
     def __init__(self, module: "_Module", nest: LoopNest, layouts=None):
         problem = nest.problem
         out_strides = strides(problem, problem.output)
         layouts = {"acc": layouts["out"]} if layouts and "out" in layouts else {}
-        super().__init__(module, nest.write_back, {"acc": out_strides, "out": out_strides}, "write_back", layouts)
+        coefs = {"acc": out_strides, "out": out_strides}
+        epilogue = problem.epilogue
+        if epilogue.bias:  # one value per output column: stride 1 along the last dimension only
+            coefs[EPILOGUE_TENSORS["bias"]] = {problem.output[-1]: 1}
+        if epilogue.residual:
+            coefs[EPILOGUE_TENSORS["residual"]] = out_strides
+        super().__init__(module, nest.write_back, coefs, "write_back", layouts)
+        self.epilogue = None
+        if not epilogue.is_identity:
+            self.epilogue = epilogue
         var = self.loops[-1].var
         self.vectorised = var == problem.output[-1] and self.delta("acc", var, 1) == 1
         self.inner_start = self.depth - 1 if self.vectorised else self.depth
@@ -559,8 +582,18 @@ class _WriteBackEmitter(_NestEmitter):
             self.copy(fn, ptrs, c, lanes, min(lanes, budget - c))
 
     def copy(self, fn: _Function, ptrs: dict[str, str], offset: int, lanes: int, active: int) -> None:
+        """Store the output's ``lanes`` (``active`` of them) elements at ``offset`` along the
+        innermost loop (vector lanes when vectorised, else one scalar)."""
         var = self.loops[-1].var
         value = _load(self.module, fn, ptrs["acc"], self.delta("acc", var, offset) if offset else 0, lanes, active, 1, cache=False)
+        if self.epilogue is not None:
+            extra = {}
+            for name in self.epilogue.inputs:
+                pointer = ptrs[EPILOGUE_TENSORS[name]]
+                extra[name] = _load(self.module, fn, pointer, self.delta(EPILOGUE_TENSORS[name], var, offset), lanes, active, 1, cache=False)
+            module = self.module
+            emitter = EpilogueIR(self.epilogue, fn.value, module.declarations.__setitem__, module.target.fma)
+            value = emitter.apply(value, lanes, extra.get("bias"), extra.get("residual"))
         _store(self.module, fn, ptrs["out"], offset, lanes, active, value)
 
 
@@ -643,8 +676,9 @@ def _unrolled_ops(loops, vector_var, width, level, budgets) -> int:
 class _Module:
     """Collects the kernel, its tail functions and the intrinsic declarations."""
 
-    def __init__(self, target: Target):
+    def __init__(self, target: Target, tensors: tuple[str, ...] = TENSORS):
         self.target = target
+        self.tensors = tensors  # pointer parameters of the kernel and its internal functions
         self.functions: list[_Function] = []
         self.declarations: dict[str, str] = {}
         self.tails: dict[tuple, str] = {}
@@ -671,7 +705,7 @@ class _Module:
         if key not in self.tails:
             name = f"tail{len(self.tails)}_{emitter.name}_l{level}"
             self.tails[key] = name
-            params = ", ".join(f"ptr noalias %{t}" for t in TENSORS)
+            params = ", ".join(f"ptr noalias %{t}" for t in self.tensors)
             fn = _Function(f"define internal void @{name}({params}) nounwind {{")
             emitter.emit_outer(fn, level, budgets, {t: f"%{t}" for t in emitter.coefs})
             fn.emit("ret void")
@@ -850,18 +884,20 @@ def pack_function_name(tensor: str) -> str:
 
 
 def generate_ir(nest: LoopNest, target: Target) -> str:
-    """LLVM IR text of ``void looprl_kernel(in0, in1, out, acc, i64 reps)``.
+    """LLVM IR text of ``void looprl_kernel(in0, in1, out, acc, i64 reps)`` (with the
+    epilogue's ``bias`` and ``residual`` pointers after ``acc`` when the problem has them:
+    :func:`kernel_tensors`).
 
     ``acc`` is scratch space (the accumulator, shaped like the output, then the packed inputs:
     :func:`workspace_layout`); ``reps`` >= 1 repeats the whole computation (for timing),
     packing included. When inputs have layouts, the module also defines
     ``looprl_pack_<in0|in1>(src, dst)`` and one ``looprl_kernel_bound_<inputs>`` entry per
     non-empty set of packed inputs, which takes those inputs already packed."""
-    module = _Module(target)
+    module = _Module(target, kernel_tensors(nest.problem))
     applied = layouts_applied(nest)
     compute = _ComputeEmitter(module, nest, applied)
     write_back = _WriteBackEmitter(module, nest, applied)
-    params = ", ".join(f"ptr noalias %{t}" for t in TENSORS)
+    params = ", ".join(f"ptr noalias %{t}" for t in module.tensors)
     if applied:
         fn = _Function(f"define internal void @looprl_body({params}) nounwind {{")
     else:
@@ -896,7 +932,7 @@ def generate_ir(nest: LoopNest, target: Target) -> str:
         name = bound_kernel_name(bound) if bound else KERNEL_NAME
         entry = _Function(f"define void @{name}({params}, i64 %reps) nounwind {{")
         module.functions.append(entry)
-        pointers = {t: f"%{t}" for t in TENSORS}
+        pointers = {t: f"%{t}" for t in module.tensors}
         for tensor in packed:
             if tensor not in bound:
                 pointers[tensor] = entry.offset("%acc", places[tensor][0])
@@ -904,7 +940,7 @@ def generate_ir(nest: LoopNest, target: Target) -> str:
             for tensor in packed:
                 if tensor not in bound:
                     entry.emit(f"call void @{pack_function_name(tensor)}(ptr %{tensor}, ptr {pointers[tensor]})")
-            entry.emit("call void @looprl_body(" + ", ".join(f"ptr {pointers[t]}" for t in TENSORS) + ")")
+            entry.emit("call void @looprl_body(" + ", ".join(f"ptr {pointers[t]}" for t in module.tensors) + ")")
         entry.emit("ret void")
         entry.lines.append("}")
     return module.text()

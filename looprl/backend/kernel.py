@@ -16,9 +16,14 @@ from looprl.ir.nest import LoopNest
 
 MAX_REPS = 2**31 - 1  # reps reach the kernel as an i64 loop count; keep far from any wrap-around
 
-_SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
 _PACK_SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
-_INPUT_NAMES = {"a": "in0", "b": "in1", "in0": "in0", "in1": "in1"}
+_INPUT_NAMES = {"a": "in0", "b": "in1", "in0": "in0", "in1": "in1", "bias": "bias"}
+_WHAT = {"in0": "first input", "in1": "second input", "bias": "bias", "residual": "residual"}
+
+
+def _signature(pointers: int):
+    """The C type of an entry point taking ``pointers`` buffer addresses, then ``reps``."""
+    return ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * pointers), ctypes.c_int64)
 
 
 class Kernel:
@@ -31,6 +36,11 @@ class Kernel:
     When the schedule stores inputs in other layouts (:attr:`packed_inputs`), every call
     converts them into the workspace first: the conversion is part of the kernel and of its
     timed cost. :meth:`bind` converts a constant input (a weight) once instead.
+
+    A problem with an epilogue takes its extra inputs (:attr:`inputs` lists every input in
+    call order) after the two operands: ``kernel(a, b, bias)``, ``kernel(a, b, residual)`` or
+    ``kernel(a, b, bias, residual)``; the bias is float32 of shape ``(n,)`` (the output's last
+    extent), the residual float32 of the output's shape, both C-contiguous.
     """
 
     def __init__(self, nest: LoopNest, ir: str, module: CompiledModule, compile_seconds: float):
@@ -40,64 +50,110 @@ class Kernel:
         self.ir = ir
         self.compile_seconds = compile_seconds
         self._module = module  # keeps the machine code alive
-        self._function = _SIGNATURE(module.address)
+        self.tensors = codegen.kernel_tensors(self.problem)  # the entry points' pointer arguments
+        signature = _signature(len(self.tensors))
+        self._function = signature(module.address)
         self.layouts = codegen.layouts_applied(nest)  # tensor -> Layout the code stores it in
         self.packed_inputs = tuple(t for t in ("in0", "in1") if t in self.layouts)
         self.workspace_elements = codegen.workspace_elements(nest)
-        self._entries = {name: _SIGNATURE(address) for name, address in module.addresses.items() if "_bound_" in name}
+        self._entries = {name: signature(address) for name, address in module.addresses.items() if "_bound_" in name}
         self._packers = {name: _PACK_SIGNATURE(address) for name, address in module.addresses.items() if "_pack_" in name}
+        shapes = dict(zip(("in0", "in1"), self.problem.input_shapes))
+        shapes.update(self.problem.epilogue_shapes)
+        self.input_shapes: dict[str, tuple[int, ...]] = shapes  # every input, in call order
 
-    def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """The inputs in call order: ``in0``, ``in1``, then ``bias`` and ``residual`` if the
+        problem's epilogue has them."""
+        return tuple(self.input_shapes)
+
+    def __call__(self, a: np.ndarray, b: np.ndarray, *epilogue: np.ndarray) -> np.ndarray:
         out = aligned_empty(self.problem.output_shape)
-        self.run(a, b, out)
+        self.run(a, b, out, **self._epilogue_arguments(epilogue))
         return out
 
-    def run(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, reps: int = 1, workspace: np.ndarray | None = None) -> None:
+    def _epilogue_arguments(self, arrays: tuple) -> dict[str, np.ndarray]:
+        """The epilogue's inputs given positionally after the operands, by name."""
+        names = self.problem.epilogue.inputs
+        if len(arrays) != len(names):
+            wanted = ", ".join(names) or "none"
+            raise ValueError(f"{self.problem.name} takes 2 operands and {len(names)} epilogue input(s) ({wanted}), got {2 + len(arrays)} arrays")
+        return dict(zip(names, arrays))
+
+    def run(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, reps: int = 1, workspace: np.ndarray | None = None, *,
+            bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> None:
         """Compute into ``out`` ``reps`` times (1 to ``2**31 - 1``, a Python or numpy integer).
         ``workspace`` (float32, C-contiguous, at least output-sized, overlapping neither input
-        nor the output) is the accumulator; pass one to avoid an allocation per call."""
+        nor the output) is the accumulator; pass one to avoid an allocation per call.
+        ``bias`` and ``residual``: the epilogue's inputs, exactly those the problem has."""
         reps = _check_reps(reps)
-        self._check(a, "first input", self.problem.input_shapes[0])
-        self._check(b, "second input", self.problem.input_shapes[1])
+        arrays = {"in0": a, "in1": b, **self._given_epilogue(bias, residual)}
+        self._check_call(arrays, out, workspace)
+        if workspace is None:
+            workspace = aligned_empty(self.workspace_elements)
+        self._function(*self._pointers(arrays, out, workspace), reps)
+
+    def _given_epilogue(self, bias, residual) -> dict[str, np.ndarray]:
+        given = {name: array for name, array in (("bias", bias), ("residual", residual)) if array is not None}
+        wanted = self.problem.epilogue.inputs
+        for name in wanted:
+            if name not in given:
+                raise ValueError(f"{self.problem.name} needs its epilogue's {name} ({name}=...)")
+        for name in given:
+            if name not in wanted:
+                raise ValueError(f"{self.problem.name} has no {name} in its epilogue, but {name}= was given")
+        return given
+
+    def _check_call(self, arrays: dict[str, np.ndarray], out: np.ndarray, workspace: np.ndarray | None) -> None:
+        """Validate every input in ``arrays`` (by name), the output and the workspace."""
+        for name, array in arrays.items():
+            self._check(array, _WHAT[name], self.input_shapes[name])
         self._check(out, "output", self.problem.output_shape)
         if not out.flags.writeable:
             raise ValueError("output array is read-only")
-        if np.shares_memory(out, a) or np.shares_memory(out, b):
-            raise ValueError("output array overlaps an input")
-        if workspace is None:
-            workspace = aligned_empty(self.workspace_elements)
-        else:
+        for name, array in arrays.items():
+            if np.shares_memory(out, array):
+                raise ValueError(f"output array overlaps the {_WHAT[name]}")
+        if workspace is not None:
             self._check(workspace, "workspace", None)
             if workspace.size < self.workspace_elements:
                 raise ValueError(f"workspace has {workspace.size} elements; this kernel needs {self.workspace_elements}")
             if not workspace.flags.writeable:
                 raise ValueError("workspace array is read-only")
-            for what, array in (("the first input", a), ("the second input", b), ("the output", out)):
+            for name, array in (*arrays.items(), ("output", out)):
                 if np.shares_memory(workspace, array):
-                    raise ValueError(f"workspace overlaps {what}; the kernel overwrites its workspace")
-        self._function(a.ctypes.data, b.ctypes.data, out.ctypes.data, workspace.ctypes.data, reps)
+                    raise ValueError(f"workspace overlaps the {_WHAT.get(name, name)}; the kernel overwrites its workspace")
+
+    def _pointers(self, arrays: dict[str, np.ndarray], out: np.ndarray, workspace: np.ndarray) -> tuple[int, ...]:
+        """Addresses in the order of :attr:`tensors`."""
+        places = {"out": out, "acc": workspace, **arrays}
+        return tuple(places[t].ctypes.data for t in self.tensors)
 
     def bind(self, **inputs: np.ndarray) -> "BoundKernel":
-        """Fix constant inputs (``a=`` / ``in0=`` the first, ``b=`` / ``in1=`` the second):
-        each is converted to its layout once, now; the returned callable takes only the
-        remaining inputs (positionally, in order) and does not convert the bound ones again.
-        The arrays are copied: changing them afterwards does not change the bound kernel."""
+        """Fix constant inputs (``a=`` / ``in0=`` the first, ``b=`` / ``in1=`` the second,
+        ``bias=`` the epilogue's bias): each operand is converted to its layout once, now; the
+        returned callable takes only the remaining inputs (positionally, in the order of
+        :attr:`inputs`) and does not convert the bound ones again. The arrays are copied:
+        changing them afterwards does not change the bound kernel."""
         if not inputs:
-            raise ValueError("bind() needs at least one input: a= (the first) or b= (the second)")
+            raise ValueError("bind() needs at least one input: a= (the first), b= (the second) or bias=")
         bound: dict[str, np.ndarray] = {}
         for name, array in inputs.items():
             tensor = _INPUT_NAMES.get(name)
             if tensor is None:
-                raise ValueError(f"bind() got an unknown input {name!r}; expected a/in0 (first input) or b/in1 (second)")
+                raise ValueError(f"bind() got an unknown input {name!r}; expected a/in0 (first input), b/in1 (second) or bias")
+            if tensor not in self.input_shapes:
+                raise ValueError(f"bind() got {name}=, but {self.problem.name} has no {_WHAT[tensor]}")
             if tensor in bound:
-                raise ValueError(f"bind() got the {'first' if tensor == 'in0' else 'second'} input twice")
-            what = "first input" if tensor == "in0" else "second input"
-            self._check(array, what, self.problem.input_shapes[0 if tensor == "in0" else 1])
+                raise ValueError(f"bind() got the {_WHAT[tensor]} twice")
+            self._check(array, _WHAT[tensor], self.input_shapes[tensor])
             bound[tensor] = array
         return BoundKernel(self, bound)
 
-    def raw_call(self, pointers: tuple[int, int, int, int], reps: int) -> None:
-        """Call with pre-validated buffer addresses (in0, in1, out, acc): for timing loops."""
+    def raw_call(self, pointers: tuple[int, ...], reps: int) -> None:
+        """Call with pre-validated buffer addresses in the order of :attr:`tensors` (in0, in1,
+        out, acc, then the epilogue's inputs): for timing loops."""
         self._function(*pointers, reps)
 
     @staticmethod
@@ -121,12 +177,13 @@ class Kernel:
 
 class BoundKernel:
     """A :class:`Kernel` with some inputs fixed and already in their layouts (see
-    :meth:`Kernel.bind`): ``bound(x)`` returns the output for the remaining input ``x``."""
+    :meth:`Kernel.bind`): ``bound(x)`` returns the output for the remaining input ``x`` (and
+    any other remaining inputs, in the kernel's order)."""
 
     def __init__(self, kernel: Kernel, bound: dict[str, np.ndarray]):
         self.kernel = kernel
         self.bound = tuple(sorted(bound))
-        self.free = tuple(t for t in ("in0", "in1") if t not in bound)
+        self.free = tuple(t for t in kernel.inputs if t not in bound)
         self._buffers: dict[str, np.ndarray] = {}
         converted = []
         for tensor, array in bound.items():
@@ -149,28 +206,14 @@ class BoundKernel:
         """Compute into ``out`` (as :meth:`Kernel.run`, the bound inputs left out)."""
         kernel = self.kernel
         if len(inputs) != len(self.free):
-            names = " and ".join("the first input" if t == "in0" else "the second input" for t in self.free) or "no inputs"
+            names = " and ".join(f"the {_WHAT[t]}" for t in self.free) or "no inputs"
             raise ValueError(f"this bound kernel takes {names} ({len(self.free)} array(s)), got {len(inputs)}")
         reps = _check_reps(reps)
-        arrays = dict(self._buffers)
-        for tensor, array in zip(self.free, inputs):
-            what = "first input" if tensor == "in0" else "second input"
-            kernel._check(array, what, kernel.problem.input_shapes[0 if tensor == "in0" else 1])
-            arrays[tensor] = array
-        kernel._check(out, "output", kernel.problem.output_shape)
-        if not out.flags.writeable:
-            raise ValueError("output array is read-only")
-        if any(np.shares_memory(out, a) for a in inputs):
-            raise ValueError("output array overlaps an input")
+        given = dict(zip(self.free, inputs))
+        kernel._check_call(given, out, workspace)
         if workspace is None:
             workspace = aligned_empty(kernel.workspace_elements)
-        else:
-            kernel._check(workspace, "workspace", None)
-            if workspace.size < kernel.workspace_elements or not workspace.flags.writeable:
-                raise ValueError(f"workspace must be a writeable array of at least {kernel.workspace_elements} elements")
-            if any(np.shares_memory(workspace, a) for a in (*inputs, out)):
-                raise ValueError("workspace overlaps an input or the output; the kernel overwrites its workspace")
-        self._function(arrays["in0"].ctypes.data, arrays["in1"].ctypes.data, out.ctypes.data, workspace.ctypes.data, reps)
+        self._function(*kernel._pointers({**self._buffers, **given}, out, workspace), reps)
 
     def __repr__(self) -> str:
         return f"<BoundKernel {self.kernel.problem.name} [{self.kernel.nest.key}] bound {', '.join(self.bound)}>"

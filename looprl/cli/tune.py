@@ -5,6 +5,7 @@ module is its command line.)
 
     python -m looprl.tune 256 256 256                    # a matmul, m n k
     python -m looprl.tune --spec "bmk,bkn->bmn" --sizes b=4,m=128,k=64,n=96
+    python -m looprl.tune --linear 197,384,1536 --activation gelu   # torch.nn.Linear + GELU, fused
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pathlib import Path
 
 from looprl.backend.target import TARGET_CHOICES
 from looprl.cli.common import cache_path, run_command
+from looprl.ir.epilogue import ACTIVATIONS
+from looprl.ir.layers import linear
 from looprl.ir.problem import contraction, matmul
 from looprl.policy.tune import TUNE_BUDGET_S, tune
 
@@ -24,6 +27,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("mnk", nargs="*", type=int, help="matmul sizes: m n k")
     parser.add_argument("--spec", default=None, help="einsum-style contraction, e.g. bmk,bkn->bmn")
     parser.add_argument("--sizes", default=None, help="dimension sizes for --spec, e.g. b=4,m=128,k=64,n=96")
+    parser.add_argument("--linear", default=None, metavar="BATCH,IN,OUT",
+                        help="a linear layer y = act(x @ W.T + b) (+ r), W stored [out, in] as torch.nn.Linear has it")
+    parser.add_argument("--activation", default=None, choices=ACTIVATIONS, help="activation fused after the contraction")
+    parser.add_argument("--no-bias", action="store_true", help="--linear without a bias")
+    parser.add_argument("--residual", action="store_true", help="add a residual input of the output's shape at the end")
+    parser.add_argument("--epilogue", default=None, help="epilogue of a matmul or --spec problem, e.g. bias+relu or scale0.125")
     parser.add_argument("--policy", default="default", help="policy folder (default: the shipped policy for the target)")
     parser.add_argument("--target", default=None, choices=TARGET_CHOICES, help="generate code for this target (default: this machine)")
     parser.add_argument("--steps", type=int, default=None, help="actions of the policy's greedy rollout (default: its training episode length)")
@@ -37,6 +46,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _problem(args):
+    if args.linear is not None:
+        if args.mnk or args.spec is not None or args.epilogue is not None:
+            raise ValueError("--linear takes neither m n k, --spec nor --epilogue (use --activation, --no-bias, --residual)")
+        parts = [part.strip() for part in args.linear.split(",")]
+        if len(parts) != 3 or not all(part.isdigit() for part in parts):
+            raise ValueError(f"--linear wants BATCH,IN,OUT (three positive integers), got {args.linear!r}")
+        batch, inputs, outputs = (int(part) for part in parts)
+        return linear(batch, inputs, outputs, bias=not args.no_bias, activation=args.activation, residual=args.residual)
+    if args.activation is not None or args.no_bias or args.residual:
+        raise ValueError("--activation, --no-bias and --residual go with --linear; give other problems --epilogue")
+    return _contraction(args).with_epilogue(args.epilogue)
+
+
+def _contraction(args):
     if args.spec is not None:
         if args.mnk:
             raise ValueError("give either m n k or --spec/--sizes, not both")

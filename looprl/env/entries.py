@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from looprl.ir.epilogue import as_epilogue
 from looprl.ir.problem import Problem, contraction, matmul
 
 MATMUL_SPEC = "mk,kn->mn"
@@ -14,13 +15,16 @@ class DatasetEntry:
     """A contraction of a dataset (``spec`` and ``sizes`` as (dimension, size) pairs) with the
     model layer it was derived from: ``model`` (e.g. ``"bert-base"``), ``layer`` (e.g.
     ``"seq128/ffn.up"``, several names joined by ", " when layers share the shape) and a short
-    ``derivation`` of the sizes. The three are None for the synthetic grids."""
+    ``derivation`` of the sizes. The three are None for the synthetic grids. ``epilogue``: the
+    key of the element-wise epilogue the layer applies to its output (e.g. ``"bias+gelu"``,
+    see :class:`~looprl.ir.epilogue.Epilogue`), or None for a bare contraction."""
 
     spec: str
     sizes: tuple[tuple[str, int], ...]
     model: str | None = None
     layer: str | None = None
     derivation: str | None = None
+    epilogue: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, str):
@@ -31,16 +35,21 @@ class DatasetEntry:
             value = getattr(self, field)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise ValueError(f"a dataset entry's {field} must be a non-empty string or None, got {value!r}")
+        if self.epilogue is not None:
+            if not isinstance(self.epilogue, str):
+                raise ValueError(f"a dataset entry's epilogue must be an epilogue key (e.g. 'bias+gelu') or None, got {self.epilogue!r}")
+            key = as_epilogue(self.epilogue).key
+            object.__setattr__(self, "epilogue", key or None)  # canonical; the identity is None
         self.problem  # noqa: B018 - validates spec and sizes now, with the problem's own message
 
     @property
     def problem(self) -> Problem:
         """The :class:`Problem`: :func:`matmul` for ``"mk,kn->mn"`` (so names stay as the
-        grids' always were), else :func:`contraction`."""
+        grids' always were), else :func:`contraction`; with the entry's epilogue."""
         sizes = dict(self.sizes)
         if self.spec == MATMUL_SPEC and set(sizes) == {"m", "n", "k"}:
-            return matmul(m=sizes["m"], n=sizes["n"], k=sizes["k"])
-        return contraction(self.spec, sizes)  # also: a ValueError naming what is wrong
+            return matmul(m=sizes["m"], n=sizes["n"], k=sizes["k"], epilogue=self.epilogue)
+        return contraction(self.spec, sizes, epilogue=self.epilogue)  # also: a ValueError naming what is wrong
 
     def size(self, dim: str) -> int:
         return dict(self.sizes)[dim]
@@ -54,8 +63,12 @@ class DatasetEntry:
         return total
 
     def to_row(self) -> dict:
-        """The JSON row of a model dataset (model, layer, derivation, spec, sizes)."""
-        return {"model": self.model, "layer": self.layer, "derivation": self.derivation, "spec": self.spec, "sizes": dict(self.sizes)}
+        """The JSON row of a model dataset (model, layer, derivation, spec, sizes, and the
+        epilogue only when there is one)."""
+        row = {"model": self.model, "layer": self.layer, "derivation": self.derivation, "spec": self.spec, "sizes": dict(self.sizes)}
+        if self.epilogue is not None:
+            row["epilogue"] = self.epilogue
+        return row
 
     @classmethod
     def from_row(cls, row: dict, spec: str | None = None) -> "DatasetEntry":
@@ -67,7 +80,8 @@ class DatasetEntry:
             sizes = row["sizes"]
             if not isinstance(sizes, dict):
                 raise ValueError(f"a dataset row's sizes must be an object of dimension: size, got {sizes!r}")
-            return cls(row.get("spec", spec), tuple(sizes.items()), row.get("model"), row.get("layer"), row.get("derivation"))
+            return cls(row.get("spec", spec), tuple(sizes.items()), row.get("model"), row.get("layer"), row.get("derivation"),
+                       row.get("epilogue"))
         if spec is None:
             raise ValueError(f"dataset row {row!r} names no spec and its dataset has none")
         return cls(spec, tuple(row.items()))

@@ -202,14 +202,14 @@ class LoopNest:
     def to_text(self, cursor: int | None = None) -> str:
         """Readable pseudo-code; ``cursor`` marks one loop index with ``<-``."""
         lines = [f"# {self.problem.name}"]
-        acc, (in0, in1), out = "acc", self.problem.operands, self.problem.output
+        (in0, in1), out = self.problem.operands, self.problem.output
         for depth, (index, loop) in enumerate(self._indexed(COMPUTE)):
             lines.append(self._line(depth, index, loop, cursor))
         depth = len(self.compute)
         lines.append("  " * depth + f"acc[{out}] += in0[{in0}] * in1[{in1}]")
         for depth, (index, loop) in enumerate(self._indexed(WRITE_BACK)):
             lines.append(self._line(depth, index, loop, cursor))
-        lines.append("  " * len(self.write_back) + f"out[{out}] = {acc}[{out}]")
+        lines.append("  " * len(self.write_back) + f"out[{out}] = {self.problem.epilogue.describe(out)}")
         for tensor, layout in self.layouts:
             lines.append(f"# layout {tensor}{'/acc' if tensor == 'out' else ''}: {layout.describe()}")
         return "\n".join(lines)

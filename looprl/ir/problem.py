@@ -9,6 +9,7 @@ from functools import cached_property
 from typing import Mapping, Sequence
 
 from looprl import defaults
+from looprl.ir.epilogue import IDENTITY, Epilogue, as_epilogue
 from looprl.ir.integers import INT64_MAX, as_int
 
 _SPEC_RE = re.compile(r"([a-z]*),([a-z]*)->([a-z]*)")  # used with fullmatch: no trailing "\n"
@@ -32,14 +33,23 @@ class Problem:
     weight, as in ALT): a schedule that stores one in another layout converts it once, when
     the kernel is bound to it, so its conversion is not part of the measured time. It is part
     of :attr:`name` (``...;const=in1``) only when set.
+
+    ``epilogue`` (:class:`~looprl.ir.epilogue.Epilogue`, its key text, or None for the
+    identity) is applied element-wise to the output: ``activation(scale * out + bias) +
+    residual``, with a bias over the output's last dimension and a residual of the output's
+    shape as extra inputs (:attr:`epilogue_shapes`). It is part of :attr:`name`
+    (``...;epilogue=bias+gelu``) unless it is the identity. :attr:`flops` counts the
+    contraction only.
     """
 
     spec: str
     sizes: tuple[tuple[str, int], ...]
     constant: tuple[str, ...] = ()
+    epilogue: Epilogue = IDENTITY
 
     def __post_init__(self) -> None:
-        sizes = _validate(self.spec, _size_pairs(self.sizes))
+        object.__setattr__(self, "epilogue", as_epilogue(self.epilogue))
+        sizes = _validate(self.spec, _size_pairs(self.sizes), self.epilogue)
         object.__setattr__(self, "sizes", tuple((d, sizes[d]) for d in _first_appearance(self.spec)))
         constant = self.constant
         if isinstance(constant, str):
@@ -88,6 +98,24 @@ class Problem:
         return self.shape(self.output)
 
     @property
+    def epilogue_shapes(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """The epilogue's extra inputs in call order, with their shapes: ``("bias", (n,))``
+        (``n`` the output's last extent) and ``("residual", output shape)``."""
+        shapes = {"bias": (self.size(self.output[-1]),), "residual": self.output_shape}
+        return tuple((name, shapes[name]) for name in self.epilogue.inputs)
+
+    def with_epilogue(self, epilogue=None, **parts) -> "Problem":
+        """This problem with ``epilogue`` (an :class:`~looprl.ir.epilogue.Epilogue`, its key
+        or None), or with one built from ``parts`` (``scale=``, ``bias=``, ``activation=``,
+        ``residual=``)."""
+        if epilogue is not None and parts:
+            raise ValueError("give an epilogue or its parts (scale=, bias=, activation=, residual=), not both")
+        unknown = sorted(set(parts) - {"scale", "bias", "activation", "residual"})
+        if unknown:
+            raise ValueError(f"unknown epilogue part(s) {unknown}; expected scale=, bias=, activation=, residual=")
+        return Problem(self.spec, self.sizes, self.constant, Epilogue(**parts) if parts else as_epilogue(epilogue))
+
+    @property
     def flops(self) -> int:
         """2 x the product of all loop extents (one multiply and one add each)."""
         total = 2
@@ -101,6 +129,8 @@ class Problem:
         text = f"{self.spec}:" + ",".join(f"{d}={self.size(d)}" for d in self.dims)
         if self.constant:
             text += ";const=" + ",".join(self.constant)
+        if not self.epilogue.is_identity:
+            text += ";epilogue=" + self.epilogue.key
         return text
 
     def __str__(self) -> str:
@@ -111,9 +141,10 @@ class Problem:
 _INPUT_ALIASES = {"a": "in0", "b": "in1"}
 
 
-def contraction(spec: str, /, sizes: Mapping[str, int] | None = None, *, constant=(), **dims: int) -> Problem:
+def contraction(spec: str, /, sizes: Mapping[str, int] | None = None, *, constant=(), epilogue=None, **dims: int) -> Problem:
     """A contraction of two inputs in einsum notation, e.g.
-    ``contraction("bmk,bkn->bmn", b=4, m=64, k=32, n=16)``.
+    ``contraction("bmk,bkn->bmn", b=4, m=64, k=32, n=16)``; ``constant`` and ``epilogue``: see
+    :class:`Problem`.
 
     Spaces in ``spec`` are ignored; any other character outside ``a-z , ->`` (a newline or a
     tab included) is an error. Sizes may be Python or numpy integers."""
@@ -126,27 +157,38 @@ def contraction(spec: str, /, sizes: Mapping[str, int] | None = None, *, constan
     if twice:
         raise ValueError(f"size(s) of {twice} given both in the sizes mapping and as keywords")
     merged.update(dims)
-    return Problem(spec.replace(" ", ""), tuple(merged.items()), constant)
+    return Problem(spec.replace(" ", ""), tuple(merged.items()), constant, epilogue)
 
 
-def matmul(m: int, n: int, k: int, *, constant=()) -> Problem:
+def matmul(m: int, n: int, k: int, *, constant=(), epilogue=None) -> Problem:
     """``C[m, n] = A[m, k] @ B[k, n]``; note the argument order (m, n, k). ``constant``:
-    inputs that are weights (``"b"`` for B), see :class:`Problem`."""
-    return contraction("mk,kn->mn", m=m, n=n, k=k, constant=constant)
+    inputs that are weights (``"b"`` for B); ``epilogue``: see :class:`Problem`."""
+    return contraction("mk,kn->mn", m=m, n=n, k=k, constant=constant, epilogue=epilogue)
 
 
 def parse_problem(text: str) -> Problem:
-    """Parse ``"MxNxK"`` (a matmul, m x n x k) or a :attr:`Problem.name` string.
+    """Parse ``"MxNxK"`` (a matmul, m x n x k) or a :attr:`Problem.name` string (with its
+    optional ``;const=...`` and ``;epilogue=...`` parts).
 
     Surrounding whitespace is ignored; anything else that is not part of the syntax is a
     :class:`ValueError`."""
     if not isinstance(text, str):
         raise ValueError(f"expected a problem string like '128x64x256' or 'mk,kn->mn:m=..,k=..,n=..', got {type(text).__name__}")
     text = text.strip()
-    if ";const=" in text:
-        base, _, names = text.partition(";const=")
+    if ";" in text:
+        base, *parts = text.split(";")
+        options: dict[str, str] = {}
+        for part in parts:
+            key, equals, value = part.partition("=")
+            key = key.strip()
+            if not equals or key not in ("const", "epilogue"):
+                raise ValueError(f"bad part {part!r} of problem {text!r}; expected ';const=<inputs>' or ';epilogue=<parts>'")
+            if key in options:
+                raise ValueError(f"problem {text!r} gives {key} twice")
+            options[key] = value
         problem = parse_problem(base)
-        return Problem(problem.spec, problem.sizes, tuple(n.strip() for n in names.split(",")))
+        constant = tuple(n.strip() for n in options["const"].split(",")) if "const" in options else ()
+        return Problem(problem.spec, problem.sizes, constant, Epilogue.from_key(options.get("epilogue", "")))
     if ":" in text:
         spec, _, rest = text.partition(":")
         sizes: dict[str, int] = {}
@@ -217,7 +259,7 @@ def _size_pairs(sizes) -> dict:
     return result
 
 
-def _validate(spec: str, sizes: Mapping[str, int]) -> dict[str, int]:
+def _validate(spec: str, sizes: Mapping[str, int], epilogue: Epilogue = IDENTITY) -> dict[str, int]:
     """Check ``spec`` and ``sizes``; the sizes as Python ints."""
     if not isinstance(spec, str):
         raise ValueError(f"spec must be a string like 'mk,kn->mn', got {spec!r}")
@@ -247,14 +289,14 @@ def _validate(spec: str, sizes: Mapping[str, int]) -> dict[str, int]:
         result[dim] = as_int(value, f"size of {dim!r}")
         if result[dim] < 1:
             raise ValueError(f"size of {dim!r} must be >= 1, got {value}")
-    _check_limits(spec, (left, right, out), result)
+    _check_limits(spec, (left, right, out), result, epilogue)
     return result
 
 
-def _check_limits(spec: str, terms: tuple[str, str, str], sizes: dict[str, int]) -> None:
+def _check_limits(spec: str, terms: tuple[str, str, str], sizes: dict[str, int], epilogue: Epilogue = IDENTITY) -> None:
     """Refuse sizes whose tensors or flop count overflow ``i64``, or whose float32 buffers
-    (two inputs, the output and the accumulator) exceed ``defaults.MAX_BUFFER_BYTES``.
-    Exact: Python ints do not overflow."""
+    (two inputs, the output and the accumulator, and the epilogue's bias and residual) exceed
+    ``defaults.MAX_BUFFER_BYTES``. Exact: Python ints do not overflow."""
     described = f"{spec} with " + ", ".join(f"{d}={sizes[d]}" for d in _first_appearance(spec))
     elements = [math.prod(sizes[d] for d in term) for term in terms]
     for name, term, count in zip(("first input", "second input", "output"), terms, elements):
@@ -267,11 +309,12 @@ def _check_limits(spec: str, terms: tuple[str, str, str], sizes: dict[str, int])
     if flops > INT64_MAX:
         raise ValueError(f"problem {described}: its flop count 2 x {flops // 2} = {flops} overflows a signed 64-bit integer")
     needed = FLOAT32_BYTES * (elements[0] + elements[1] + 2 * elements[2])  # + the accumulator
+    needed += FLOAT32_BYTES * (sizes[terms[2][-1]] * epilogue.bias + elements[2] * epilogue.residual)
     limit = defaults.MAX_BUFFER_BYTES
     if needed > limit:
         raise ValueError(
             f"problem {described} is too large: its float32 buffers (two inputs, output and "
-            f"accumulator) need {needed} bytes ({_in_units(needed)}), more than "
+            f"accumulator{', epilogue inputs' if epilogue.inputs else ''}) need {needed} bytes ({_in_units(needed)}), more than "
             f"looprl.defaults.MAX_BUFFER_BYTES = {limit} ({_in_units(limit)})"
         )
 

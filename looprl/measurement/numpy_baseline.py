@@ -15,7 +15,9 @@ matmul on one thread ran at 245-253 GFLOPS unset against 131-136 with Haswell.
 What is timed is what a user writes: ``np.matmul(a, b, out=out)`` for ``mk,kn->mn`` and
 ``bmk,bkn->bmn``, ``np.matmul(a, b.swapaxes(-1, -2), out=out)`` for ``mk,nk->mn`` and
 ``bmk,bnk->bmn`` (einsum need not call BLAS for batched products), and ``np.einsum`` with its
-optimal path for any other spec.
+optimal path for any other spec; then the problem's epilogue, if it has one, one numpy call
+per step (:mod:`looprl.measurement.numpy_epilogue`): numpy's time covers the same work as the
+fused kernel's.
 """
 
 from __future__ import annotations
@@ -97,6 +99,9 @@ def _time_in_process(names: list[str], budget_s: float) -> list[float]:
 
     from looprl.backend.buffers import aligned_empty
     from looprl.ir.problem import parse_problem
+    from looprl.measurement.numpy_epilogue import apply_epilogue, erf_source
+
+    erf_source()  # imports scipy's erf now, if there is one, not inside a timing
 
     results = []
     rng = np.random.default_rng(0)
@@ -118,9 +123,18 @@ def _time_in_process(names: list[str], budget_s: float) -> list[float]:
             def run():
                 np.einsum(problem.spec, a, b, out=out, optimize=path)
 
+        extra = {}
+        for what, shape in problem.epilogue_shapes:
+            extra[what] = aligned_empty(shape)
+            extra[what][...] = rng.uniform(-1, 1, shape)
+        scratch = aligned_empty(problem.output_shape)
+        epilogue = problem.epilogue
+
         def repeat(reps: int) -> None:
             for _ in range(reps):
                 run()
+                if not epilogue.is_identity:
+                    apply_epilogue(epilogue, out, scratch, extra.get("bias"), extra.get("residual"))
 
         # The parent holds the machine-wide lock while this process runs.
         results.append(best_time(repeat, budget_s, flops=problem.flops, lock=contextlib.nullcontext()).gflops)

@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 
 from looprl.backend.buffers import aligned_empty
+from looprl.backend.codegen import kernel_tensors
 from looprl.backend.kernel import Kernel
 from looprl.measurement.lock import machine_lock
 
@@ -85,7 +86,10 @@ def best_time(call: Callable[[int], None], budget_s: float, *, flops: int = 0, m
 
 
 class Workspace:
-    """Aligned, randomly initialised buffers for one problem, reusable across kernels."""
+    """Aligned, randomly initialised buffers for one problem (its operands, the epilogue's
+    inputs, the output and the accumulator), reusable across kernels. :attr:`pointers` are
+    their addresses in the order a kernel's entry point takes them
+    (:func:`~looprl.backend.codegen.kernel_tensors`)."""
 
     def __init__(self, problem, seed: int = 0):
         rng = np.random.default_rng(seed)
@@ -95,15 +99,24 @@ class Workspace:
             array = aligned_empty(shape)
             array[...] = rng.uniform(-1.0, 1.0, size=shape)
             self.inputs.append(array)
+        self.epilogue: dict[str, np.ndarray] = {}
+        for name, shape in problem.epilogue_shapes:
+            array = aligned_empty(shape)
+            array[...] = rng.uniform(-1.0, 1.0, size=shape)
+            self.epilogue[name] = array
         self.out = aligned_empty(problem.output_shape)
         self.acc = aligned_empty(problem.output_shape)
-        self.pointers = (self.inputs[0].ctypes.data, self.inputs[1].ctypes.data, self.out.ctypes.data, self.acc.ctypes.data)
+        self._point()
+
+    def _point(self) -> None:
+        arrays = {"in0": self.inputs[0], "in1": self.inputs[1], "out": self.out, "acc": self.acc, **self.epilogue}
+        self.pointers = tuple(arrays[t].ctypes.data for t in kernel_tensors(self.problem))
 
     def ensure(self, elements: int) -> None:
         """Grow the accumulator (the kernel's workspace) to at least ``elements`` floats."""
         if self.acc.size < elements:
             self.acc = aligned_empty(elements)
-            self.pointers = self.pointers[:3] + (self.acc.ctypes.data,)
+            self._point()
 
 
 def time_kernel(kernel: Kernel, budget_s: float = DEFAULT_BUDGET_S, min_runs: int = 3, workspace: Workspace | None = None, lock=None) -> Timing:

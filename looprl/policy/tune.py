@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from looprl.policy.loading import load_policy
 from looprl.policy.numpy_policy import Policy
 from looprl.policy.rollout import greedy_rollout, policy_actions
 from looprl.policy.tiles import measure_tiles, tile_of
+from looprl.policy.twin import carried_back, transposed_twin
 
 # Search time of measured tune by default: None scales it with the problem
 # (:func:`~looprl.policy.budget.scaled_budget`: 0.4 s up to ~256^3, where a new state costs
@@ -68,7 +69,7 @@ class TuneResult:
 
     problem: Problem
     nest: LoopNest
-    kernel: Kernel  # callable: kernel(a, b) -> output array
+    kernel: Kernel  # callable: kernel(a, b) -> output array (kernel(a, b, bias, residual) with an epilogue)
     actions: tuple[str, ...]
     gflops: float
     initial_gflops: float
@@ -78,6 +79,9 @@ class TuneResult:
     greedy_gflops: float | None = None  # the best state of the policy's greedy rollout (measured mode)
     measured: int = 0  # schedules timed by this call
     waited_s: float = 0.0  # of ``seconds``, spent waiting for another process's timing (the machine-wide lock)
+    # A constant right operand stored across the output's columns (a linear layer's W) is tuned
+    # as its twin (looprl.policy.twin): ``actions`` then replay on this problem, not ``problem``.
+    tuned_as: Problem | None = None
 
     @property
     def action_set(self) -> ActionSet:
@@ -89,8 +93,8 @@ class TuneResult:
     def speedup(self) -> float:
         return self.gflops / self.initial_gflops if self.initial_gflops > 0 else float("nan")
 
-    def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return self.kernel(a, b)
+    def __call__(self, a: np.ndarray, b: np.ndarray, *epilogue: np.ndarray) -> np.ndarray:
+        return self.kernel(a, b, *epilogue)
 
 
 def as_tunable_problem(problem: Any) -> Problem:
@@ -122,7 +126,8 @@ def tune(
 ) -> TuneResult:
     """Schedule ``problem`` with ``policy`` and compile it for ``target`` (None: this machine).
 
-    ``problem``: a :class:`Problem`, ``"MxNxK"``, an ``(m, n, k)`` tuple or arrays ``(A, B)``.
+    ``problem``: a :class:`Problem` (e.g. :func:`looprl.linear`, epilogue included),
+    ``"MxNxK"``, an ``(m, n, k)`` tuple or arrays ``(A, B)``.
     ``policy``: ``"default"`` (the shipped policy made for the target's ISA, else the closest,
     with a warning), a policy folder or a :class:`Policy`. ``steps``: actions of the greedy
     rollout (None: the policy's training episode length). ``budget_s``: seconds the measured search may take, counted from the call
@@ -141,6 +146,13 @@ def tune(
         raise ValueError(f"policy must be a Policy, 'default' or a path to a policy folder, got {type(policy).__name__}")
     target = Target.resolve(target)
     target.check_runs_on_host()
+    twin = transposed_twin(problem)
+    if twin is not None:  # tuned with the weight re-laid once, as the kernel binds it (see looprl.policy.twin)
+        result = tune(twin, policy, steps, measure, cache=cache, budget_s=budget_s, measure_budget_s=measure_budget_s,
+                      target=target, remember=remember)
+        nest = carried_back(result.nest, problem)
+        return replace(result, problem=problem, nest=nest, kernel=compile(nest, target=target), seconds=time.perf_counter() - started,
+                       tuned_as=twin)
     loaded = load_policy(policy, target)
     _warn_if_made_for_another_target(loaded, target)
     policy_actions(loaded, target).check_fits(problem)  # before anything is measured

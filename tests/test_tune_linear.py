@@ -1,0 +1,82 @@
+"""looprl.tune on linear layers: weights stored [out, in], fused epilogues, the twin."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import looprl
+from looprl.env.actions import State
+from looprl.policy.twin import carried_back, transposed_twin
+from tests.policies import random_policy
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory):
+    return random_policy(seed=3).save(tmp_path_factory.mktemp("policy") / "policy")
+
+
+def reference(x, w, b, activation, r=None):
+    y = x.astype(np.float64) @ w.astype(np.float64).T + b
+    if activation == "relu":
+        y = np.maximum(y, 0)
+    elif activation == "silu":
+        y = y / (1 + np.exp(-y))
+    return y if r is None else y + r
+
+
+@pytest.mark.parametrize("activation, residual", [("relu", False), ("silu", True)])
+def test_tuned_linear_layers_compute_the_layer(policy_dir, activation, residual):
+    problem = looprl.linear(37, 48, 70, activation=activation, residual=residual)
+    result = looprl.tune(problem, policy_dir, cache=":memory:", budget_s=0.3)
+    assert result.problem == problem and result.nest.problem == problem
+    assert result.tuned_as == transposed_twin(problem)
+    rng = np.random.default_rng(0)
+    x, w = rng.uniform(-1, 1, (37, 48)).astype(np.float32), rng.uniform(-1, 1, (70, 48)).astype(np.float32)
+    b, r = rng.uniform(-1, 1, 70).astype(np.float32), rng.uniform(-1, 1, (37, 70)).astype(np.float32)
+    expected = reference(x, w, b, activation, r if residual else None)
+    args = (x, w, b, r) if residual else (x, w, b)
+    np.testing.assert_allclose(result(*args), expected, rtol=1e-5, atol=1e-4)
+    bound = result.kernel.bind(b=w, bias=b)  # the weight converted once
+    np.testing.assert_allclose(bound(*((x, r) if residual else (x,))), expected, rtol=1e-5, atol=1e-4)
+    # The actions replay on the twin, whose schedule is the result's with W re-laid.
+    actions = result.action_set
+    state = State(looprl.initial_nest(result.tuned_as), 0)
+    for name in result.actions:
+        state = actions.apply(state, actions.index(name))
+    assert carried_back(state.nest, problem) == result.nest
+    assert "in1" in looprl.backend.codegen.layouts_applied(result.nest)  # W is never read across its rows
+
+
+def test_only_constant_weights_across_the_columns_have_a_twin():
+    assert transposed_twin(looprl.linear(4, 8, 16)).spec == "mk,kn->mn"
+    assert transposed_twin(looprl.contraction("bmk,bnk->bmn", b=2, m=3, n=4, k=5, constant="b")).spec == "bmk,bkn->bmn"
+    assert transposed_twin(looprl.contraction("mk,nk->mn", m=4, n=8, k=16)) is None  # not constant: converted every call
+    assert transposed_twin(looprl.matmul(4, 8, 16, constant="b")) is None  # already contiguous along the columns
+    assert transposed_twin(looprl.contraction("mk,k->m", m=4, k=8, constant="b")) is None
+
+
+def test_looprl_tune_takes_a_linear_layer(policy_dir, tmp_path):
+    command = [sys.executable, "-m", "looprl", "tune", "--linear", "20,24,40", "--activation", "gelu", "--residual", "--no-numpy",
+               "--cache", ":memory:", "--policy", str(policy_dir), "--budget", "0.2"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "# mk,nk->mn:m=20,k=24,n=40;const=in1;epilogue=bias+gelu+residual" in result.stdout
+    assert "out[mn] = gelu(acc[mn] + bias[n]) + residual[mn]" in result.stdout
+    for bad, message in ((["--linear", "20,24"], "BATCH,IN,OUT"), (["16", "16", "16", "--activation", "relu"], "go with --linear"),
+                         (["--linear", "2,3,4", "--epilogue", "relu"], "--linear takes neither")):
+        failed = subprocess.run([sys.executable, "-m", "looprl", "tune", *bad, "--no-numpy", "--cache", ":memory:"],
+                                capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert failed.returncode == 2 and message in failed.stderr and "Traceback" not in failed.stderr
+
+
+def test_the_environment_takes_layers_with_epilogues():
+    import gymnasium
+
+    problem = looprl.linear(16, 32, 48, activation="gelu", residual=True)
+    env = gymnasium.make("LoopNest-v0", problems=[problem], cache=":memory:")
+    _, info = env.reset(seed=0)
+    assert info["problem"] == problem.name and info["gflops"] > 0
+    _, _, _, _, info = env.step(env.unwrapped.action_names.index("split_8"))
+    assert info["valid"] and info["gflops"] > 0
