@@ -152,27 +152,6 @@ def random_schedule(problem: Problem, rng, steps: int = 10, factors=(4, 8, 16), 
     return nest
 
 
-def reorder_steps(nest: LoopNest, order: list[int]) -> tuple[list[tuple], LoopNest]:
-    """Like :func:`reorder_compute`, but also return the ``("swap", i)`` steps it took (so a
-    caller can turn them into env actions)."""
-    count = len(nest.compute)
-    if sorted(order) != list(range(count)):
-        raise ValueError(f"order must be a permutation of 0..{count - 1}, got {order}")
-    rank = {old: new for new, old in enumerate(order)}
-    current = list(range(count))
-    steps: list[tuple] = []
-    changed = True
-    while changed:
-        changed = False
-        for i in range(count - 1):
-            if rank[current[i]] > rank[current[i + 1]]:
-                nest = nest.swap(i)
-                steps.append(("swap", i))
-                current[i], current[i + 1] = current[i + 1], current[i]
-                changed = True
-    return steps, nest
-
-
 def tile_steps(problem: Problem, rows: int, columns: int, k_block: int | None = None, n_block: int | None = None) -> list[tuple]:
     """IR steps (``nest.apply``) from ``problem``'s untiled nest to a register tile of ``rows``
     output rows by ``columns`` output columns, optionally cache-blocked.
