@@ -91,7 +91,7 @@ class DeadlineEvaluator:
     def predicted_s(self, nest: LoopNest) -> float:
         if nest.key in self._known:
             return 0.0
-        known = self.evaluator.cache.lookup(nest, self.evaluator.target, self.evaluator.budget_s)
+        known = self.evaluator.cache.lookup(nest, self.evaluator.target, self.evaluator.budget_s, getattr(self.evaluator, "threads", 1))
         if known is not None and known.samples >= self.evaluator.samples:
             return 0.0
         if self.reference_gflops <= 0:

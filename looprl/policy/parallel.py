@@ -1,0 +1,92 @@
+"""Tune's parallel proposals: the best schedules found on one thread, with their outermost
+eligible loops made parallel, measured on the threads offered.
+
+No policy was trained with the ``parallel`` action: where to divide the work among threads is
+rarely a question of the register tile, and almost always the answer is the outermost loop
+over the output that has enough iterations for every thread (one team per call, each thread
+a contiguous block of the output). So :func:`parallel_proposals` takes tune's best serial
+schedules, marks in each the outermost compute loop over an output dimension with at least
+as many iterations as threads (and, so that the copy to the output is not left to one
+thread, the outermost such write-back loop), and measures them on ``threads`` threads. Tune
+keeps whichever is faster, the serial best or a parallel proposal: where parallelism does not
+pay (small problems, where forming a team costs more than it saves) the answer stays serial.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from looprl.env.actions import ActionSet, State
+from looprl.ir.nest import COMPUTE, WRITE_BACK, LoopNest, initial_nest
+
+
+@dataclass(frozen=True)
+class ParallelChoice:
+    nest: LoopNest
+    gflops: float
+    actions: tuple[str, ...]
+    measured: int  # parallel proposals timed
+
+
+def outermost_parallel_loop(nest: LoopNest, which: str, threads: int) -> int | None:
+    """Index of the outermost loop of nest ``which`` (compute or write-back) that may be made
+    parallel and has at least ``threads`` iterations, or None."""
+    for index, loop in enumerate(nest.loops):
+        if loop.nest == which and loop.iterations >= threads and nest.why_not_parallel(index) is None:
+            return index
+    return None
+
+
+def parallel_variant(nest: LoopNest, threads: int) -> tuple[LoopNest, tuple[int, ...]] | None:
+    """``nest`` (made serial first) with its outermost eligible compute and write-back loops
+    parallel, and the indices marked; None when no compute loop qualifies."""
+    serial = nest.serial()
+    compute = outermost_parallel_loop(serial, COMPUTE, threads)
+    if compute is None:
+        return None
+    marked, indices = serial.parallel(compute), (compute,)
+    write_back = outermost_parallel_loop(marked, WRITE_BACK, threads)
+    if write_back is not None:
+        marked, indices = marked.parallel(write_back), indices + (write_back,)
+    return marked, indices
+
+
+def parallel_proposals(candidates, evaluator, threads: int, target=None) -> ParallelChoice | None:
+    """Measure the parallel variant of each of ``candidates`` (``(nest, GFLOPS, actions)``,
+    best first; duplicates skipped) through ``evaluator`` (which measures on ``threads``
+    threads and may refuse what would pass its deadline); the fastest measured, or None. Its
+    actions replay it from the untuned nest: the candidate's, then cursor moves and
+    ``parallel`` at each marked loop."""
+    best, seen, measured = None, set(), 0
+    for nest, _, actions in candidates:
+        if nest is None:  # e.g. no tile was measured
+            continue
+        variant = parallel_variant(nest, threads)
+        if variant is None or variant[0].key in seen:
+            continue
+        marked, indices = variant
+        seen.add(marked.key)
+        measurement = evaluator(marked)
+        if not measurement.ok:
+            continue  # failed, or refused by the deadline
+        measured += 1
+        if best is None or measurement.gflops > best.gflops:
+            best = ParallelChoice(marked, measurement.gflops, _path(nest, tuple(actions), indices, target), 0)
+    return None if best is None else ParallelChoice(best.nest, best.gflops, best.actions, measured)
+
+
+def _path(nest: LoopNest, actions: tuple[str, ...], indices: tuple[int, ...], target) -> tuple[str, ...]:
+    """``actions`` (which reach ``nest`` from the untuned nest) followed by the moves and
+    ``parallel`` actions that mark ``indices``; just ``actions`` if they do not replay."""
+    action_set = ActionSet.covering(list(actions) + ["parallel"], target=target)
+    state = State(initial_nest(nest.problem), 0)
+    for name in actions:
+        if name not in action_set.names:
+            return actions
+        state = action_set.apply(state, action_set.index(name)) or state
+    if state.nest != nest:
+        return actions
+    found = action_set.path(state, [("parallel", index) for index in indices])
+    if found is None:
+        return actions
+    return actions + tuple(action_set.names[a] for a in found[0])
