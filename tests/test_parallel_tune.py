@@ -119,3 +119,32 @@ def test_the_command_line_takes_threads(tmp_path):
                            "--cache", ":memory:", "--budget", "0"], capture_output=True, text=True, timeout=120)
     assert good.returncode == 0, good.stderr
     assert "numpy, 1 thread," in good.stdout
+
+
+def test_a_proposal_slower_than_the_serial_best_is_timed_once_more():
+    problem = looprl.matmul(64, 48, 32)
+    nest = looprl.initial_nest(problem)
+
+    class Noisy:
+        def __init__(self):
+            self.calls = []
+
+        def __call__(self, candidate):
+            self.calls.append("measure")
+            return looprl.Measurement(2.0, False)  # caught a busy moment
+
+        def remeasure(self, candidate):
+            self.calls.append("remeasure")
+            return looprl.Measurement(8.0, False)
+
+    noisy = Noisy()
+    chosen = parallel_proposals([(nest, 5.0, ())], noisy, 2)
+    assert noisy.calls == ["measure", "remeasure"] and chosen.gflops == 8.0 and chosen.measured == 2
+
+
+@needs_two
+def test_an_evaluator_on_more_threads_shares_cache_and_buffers():
+    serial = looprl.Evaluator(":memory:", 0.002)
+    team = serial.with_threads(2)
+    assert team.threads == 2 and team.cache is serial.cache and team._workspaces is serial._workspaces
+    assert (team.budget_s, team.target, team.samples) == (serial.budget_s, serial.target, serial.samples)

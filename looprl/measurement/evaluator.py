@@ -113,6 +113,13 @@ class Evaluator:
         self.compile_s = 0.0  # total seconds spent compiling / timing new states
         self.measure_s = 0.0
 
+    def with_threads(self, threads: int) -> "Evaluator":
+        """An evaluator like this one (cache, budget, lock, target, samples, and the same
+        buffers, already paged in) that measures parallel schedules on ``threads`` threads."""
+        other = Evaluator(self.cache, self.budget_s, self.timing_lock, self.strict, self.target, self.samples, threads)
+        other._workspaces = self._workspaces
+        return other
+
     def _workspace(self, problem) -> Workspace:
         workspace = self._workspaces.get(problem.name)
         if workspace is None:

@@ -219,7 +219,7 @@ def tune(
             nest, gflops, actions = guided.best_nest, guided.best_gflops, guided.best_actions
     serial_gflops, measured, team_waited_s = None, evaluator.compiled, 0.0
     if threads > 1:  # the best serial schedules with their outermost loops parallel, measured on the threads
-        team = DeadlineEvaluator(Evaluator(evaluator.cache, measure_budget_s, target=target, threads=threads), None)
+        team = DeadlineEvaluator(evaluator.with_threads(threads), None)  # the same buffers, already paged in
         team.deadline = time.perf_counter() + budget_s / 4 if budget_s > 0 else None
         candidates = [(nest, gflops, actions), (rollout.best_nest, rollout.best_gflops, rollout.best_actions)]
         if budget_s > 0:
