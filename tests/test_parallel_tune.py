@@ -148,3 +148,13 @@ def test_an_evaluator_on_more_threads_shares_cache_and_buffers():
     team = serial.with_threads(2)
     assert team.threads == 2 and team.cache is serial.cache and team._workspaces is serial._workspaces
     assert (team.budget_s, team.target, team.samples) == (serial.budget_s, serial.target, serial.samples)
+
+
+def test_a_loop_of_few_iterations_gets_a_balanced_alternative():
+    from looprl.policy.parallel import parallel_variants
+
+    nest = looprl.initial_nest(looprl.matmul(64, 96, 32)).split(2, 40)  # m, k, n/40 (2 + tail), n40 | m, n
+    nest = nest.swap(1).swap(0)  # n/40, m, k, n40: 3 iterations, then m with 64
+    variants = parallel_variants(nest, 2)
+    assert [v.parallel_loops for v, _ in variants] == [(0, 4), (1, 4)]
+    assert [v.parallel_loops for v, _ in parallel_variants(nest.swap(0), 2)] == [(0, 4)]  # m first: 64 iterations

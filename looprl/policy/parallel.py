@@ -7,7 +7,10 @@ over the output that has enough iterations for every thread (one team per call, 
 a contiguous block of the output). So :func:`parallel_proposals` takes tune's best serial
 schedules, marks in each the outermost compute loop over an output dimension with at least
 as many iterations as threads (and, so that the copy to the output is not left to one
-thread, the outermost such write-back loop), and measures them on ``threads`` threads. Tune
+thread, the outermost such write-back loop), and measures them on ``threads`` threads; when
+that loop has few iterations (fewer than :data:`MANY` per thread, where contiguous shares of
+unequal blocks or a tail iteration can leave one thread longer at work), the outermost loop
+with that many is proposed as well. Tune
 keeps whichever is faster, the serial best or a parallel proposal: where parallelism does not
 pay (small problems, where forming a team costs more than it saves) the answer stays serial.
 """
@@ -20,6 +23,9 @@ from looprl.env.actions import ActionSet, State
 from looprl.ir.nest import COMPUTE, WRITE_BACK, LoopNest, initial_nest
 
 
+MANY = 4  # iterations per thread from which a loop's shares are taken to be balanced
+
+
 @dataclass(frozen=True)
 class ParallelChoice:
     nest: LoopNest
@@ -28,20 +34,34 @@ class ParallelChoice:
     measured: int  # parallel proposals timed
 
 
-def outermost_parallel_loop(nest: LoopNest, which: str, threads: int) -> int | None:
+def outermost_parallel_loop(nest: LoopNest, which: str, iterations: int) -> int | None:
     """Index of the outermost loop of nest ``which`` (compute or write-back) that may be made
-    parallel and has at least ``threads`` iterations, or None."""
+    parallel and has at least ``iterations`` iterations, or None."""
     for index, loop in enumerate(nest.loops):
-        if loop.nest == which and loop.iterations >= threads and nest.why_not_parallel(index) is None:
+        if loop.nest == which and loop.iterations >= iterations and nest.why_not_parallel(index) is None:
             return index
     return None
 
 
-def parallel_variant(nest: LoopNest, threads: int) -> tuple[LoopNest, tuple[int, ...]] | None:
-    """``nest`` (made serial first) with its outermost eligible compute and write-back loops
+def parallel_variants(nest: LoopNest, threads: int) -> list[tuple[LoopNest, tuple[int, ...]]]:
+    """:func:`parallel_variant`, then, if its compute loop has fewer than :data:`MANY`
+    iterations per thread, the variant whose compute loop is the outermost with that many."""
+    first = parallel_variant(nest, threads)
+    if first is None:
+        return []
+    serial = nest.serial()
+    if serial.loops[first[1][0]].iterations >= MANY * threads:
+        return [first]
+    balanced = parallel_variant(nest, threads, MANY * threads)
+    return [first] + ([balanced] if balanced is not None and balanced[0] != first[0] else [])
+
+
+def parallel_variant(nest: LoopNest, threads: int, iterations: int | None = None) -> tuple[LoopNest, tuple[int, ...]] | None:
+    """``nest`` (made serial first) with its outermost eligible compute loop (at least
+    ``iterations`` iterations, default ``threads``) and write-back loop (at least ``threads``)
     parallel, and the indices marked; None when no compute loop qualifies."""
     serial = nest.serial()
-    compute = outermost_parallel_loop(serial, COMPUTE, threads)
+    compute = outermost_parallel_loop(serial, COMPUTE, threads if iterations is None else iterations)
     if compute is None:
         return None
     marked, indices = serial.parallel(compute), (compute,)
@@ -66,21 +86,20 @@ def parallel_proposals(candidates, evaluator, threads: int, target=None) -> Para
     for nest, _, actions in candidates:
         if nest is None:  # e.g. no tile was measured
             continue
-        variant = parallel_variant(nest, threads)
-        if variant is None or variant[0].key in seen:
-            continue
-        marked, indices = variant
-        seen.add(marked.key)
-        measurement = evaluator(marked)
-        if not measurement.ok:
-            continue  # failed, or refused by the deadline
-        measured += 1
-        if measurement.gflops < to_beat and hasattr(evaluator, "remeasure"):
-            again = evaluator.remeasure(marked)
-            if again.ok:
-                measurement, measured = again, measured + 1
-        if best is None or measurement.gflops > best.gflops:
-            best = ParallelChoice(marked, measurement.gflops, _path(nest, tuple(actions), indices, target), 0)
+        for marked, indices in parallel_variants(nest, threads):
+            if marked.key in seen:
+                continue
+            seen.add(marked.key)
+            measurement = evaluator(marked)
+            if not measurement.ok:
+                continue  # failed, or refused by the deadline
+            measured += 1
+            if measurement.gflops < to_beat and hasattr(evaluator, "remeasure"):
+                again = evaluator.remeasure(marked)
+                if again.ok:
+                    measurement, measured = again, measured + 1
+            if best is None or measurement.gflops > best.gflops:
+                best = ParallelChoice(marked, measurement.gflops, _path(nest, tuple(actions), indices, target), 0)
     return None if best is None else ParallelChoice(best.nest, best.gflops, best.actions, measured)
 
 
