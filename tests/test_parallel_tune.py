@@ -41,8 +41,9 @@ def test_proposals_replay_from_the_untuned_nest_and_the_fastest_wins():
         return looprl.Measurement(next(values), False)
 
     other = looprl.initial_nest(problem)
+    values = iter([5.0, 4.0, 9.0])  # the first candidate: both nests parallel, then the copy serial
     chosen = parallel_proposals([(nest, 3.0, actions), (other, 1.0, ())], evaluator, 2)
-    assert chosen.gflops == 9.0 and chosen.nest == other.parallel(0).parallel(3) and chosen.measured == 2
+    assert chosen.gflops == 9.0 and chosen.nest == other.parallel(0).parallel(3) and chosen.measured == 3
     replay = ActionSet.covering(chosen.actions)
     state = State(other, 0)
     for name in chosen.actions:
@@ -139,7 +140,7 @@ def test_a_proposal_slower_than_the_serial_best_is_timed_once_more():
 
     noisy = Noisy()
     chosen = parallel_proposals([(nest, 5.0, ())], noisy, 2)
-    assert noisy.calls == ["measure", "remeasure"] and chosen.gflops == 8.0 and chosen.measured == 2
+    assert noisy.calls == ["measure", "remeasure"] * 2 and chosen.gflops == 8.0 and chosen.measured == 4  # two variants
 
 
 @needs_two
@@ -158,3 +159,4 @@ def test_a_loop_of_few_iterations_gets_a_balanced_alternative():
     variants = parallel_variants(nest, 2)
     assert [v.parallel_loops for v, _ in variants] == [(0, 4), (1, 4)]
     assert [v.parallel_loops for v, _ in parallel_variants(nest.swap(0), 2)] == [(0, 4)]  # m first: 64 iterations
+    assert [v.parallel_loops for v, _ in parallel_variants(nest.swap(0), 2, serial_copy=True)] == [(0, 4), (0,)]

@@ -10,7 +10,8 @@ as many iterations as threads (and, so that the copy to the output is not left t
 thread, the outermost such write-back loop), and measures them on ``threads`` threads; when
 that loop has few iterations (fewer than :data:`MANY` per thread, where contiguous shares of
 unequal blocks or a tail iteration can leave one thread longer at work), the outermost loop
-with that many is proposed as well. Tune
+with that many is proposed as well; and for the best candidate, the variant that leaves the
+write-back copy serial (a second team per call costs more than a small copy saves). Tune
 keeps whichever is faster, the serial best or a parallel proposal: where parallelism does not
 pay (small problems, where forming a team costs more than it saves) the answer stays serial.
 """
@@ -43,17 +44,22 @@ def outermost_parallel_loop(nest: LoopNest, which: str, iterations: int) -> int 
     return None
 
 
-def parallel_variants(nest: LoopNest, threads: int) -> list[tuple[LoopNest, tuple[int, ...]]]:
-    """:func:`parallel_variant`, then, if its compute loop has fewer than :data:`MANY`
-    iterations per thread, the variant whose compute loop is the outermost with that many."""
+def parallel_variants(nest: LoopNest, threads: int, serial_copy: bool = False) -> list[tuple[LoopNest, tuple[int, ...]]]:
+    """:func:`parallel_variant`; with ``serial_copy``, the same with the write-back nest left
+    serial; then, if its compute loop has fewer than :data:`MANY` iterations per thread, the
+    variant whose compute loop is the outermost with that many."""
     first = parallel_variant(nest, threads)
     if first is None:
         return []
     serial = nest.serial()
-    if serial.loops[first[1][0]].iterations >= MANY * threads:
-        return [first]
-    balanced = parallel_variant(nest, threads, MANY * threads)
-    return [first] + ([balanced] if balanced is not None and balanced[0] != first[0] else [])
+    variants = [first]
+    if serial_copy and len(first[1]) > 1:
+        variants.append((serial.parallel(first[1][0]), first[1][:1]))
+    if serial.loops[first[1][0]].iterations < MANY * threads:
+        balanced = parallel_variant(nest, threads, MANY * threads)
+        if balanced is not None and balanced[0] != first[0]:
+            variants.append(balanced)
+    return variants
 
 
 def parallel_variant(nest: LoopNest, threads: int, iterations: int | None = None) -> tuple[LoopNest, tuple[int, ...]] | None:
@@ -86,7 +92,7 @@ def parallel_proposals(candidates, evaluator, threads: int, target=None) -> Para
     for nest, _, actions in candidates:
         if nest is None:  # e.g. no tile was measured
             continue
-        for marked, indices in parallel_variants(nest, threads):
+        for marked, indices in parallel_variants(nest, threads, serial_copy=not seen):
             if marked.key in seen:
                 continue
             seen.add(marked.key)
