@@ -252,3 +252,21 @@ def test_a_child_forked_after_parallel_kernels_refuses_instead_of_hanging(tmp_pa
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "0"
+
+
+@pytest.mark.parametrize("activation", [None, "gelu"])
+def test_epilogues_in_a_parallel_write_back_are_bit_identical(activation):
+    """Bias, activation and residual applied by a parallel write-back nest (and a parallel
+    compute nest), with tails, on every host target."""
+    problem = looprl.linear(37, 24, 45, bias=True, activation=activation, residual=True)
+    rng = np.random.default_rng(5)
+    arrays = [rng.uniform(-1, 1, shape).astype(np.float32) for shape in problem.input_shapes]
+    arrays += [rng.uniform(-1, 1, shape).astype(np.float32) for _, shape in problem.epilogue_shapes]
+    base = looprl.initial_nest(problem)
+    wb = len(base.compute)
+    variants = [base.parallel(wb), base.split(wb, 8).parallel(wb).parallel(0), base.split(0, 16).parallel(0).parallel(wb + 1)]
+    for target in HOST_TARGETS:
+        expected = looprl.compile(base, target=target)(*arrays)
+        for nest in variants:
+            kernel = looprl.compile(nest, target=target, threads=available_cores())
+            assert np.array_equal(kernel(*arrays), expected), (target.isa, nest.key)
