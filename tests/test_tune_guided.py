@@ -229,7 +229,7 @@ def test_a_layout_policy_s_proposals_include_its_layout_actions_and_tune_replays
     padded = [following for _, path, following in proposals if actions.names[path[-1]] == "pad"]
     assert padded and padded[0].nest.layouts  # pad at the k loop, reached by a move
     cache = MeasurementCache(":memory:")
-    result = looprl.tune(problem, policy, cache=cache, budget_s=0.3, measure_budget_s=0.001, remember=False, target="avx2")
+    result = looprl.tune(problem, policy, cache=cache, budget_s=0.3, measure_budget_s=0.001, remember=False, target="avx2", threads=1)
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((24, 20)).astype(np.float32), rng.standard_normal((20, 40)).astype(np.float32)
     np.testing.assert_allclose(result(a, b), a @ b, rtol=1e-4, atol=1e-4)
