@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 evaluator = Evaluator(":memory:", target=target)
                 if method == "policy":
-                    result = tune(problem, policy, measure=True, cache=evaluator.cache, target=target, remember=False)
+                    result = tune(problem, policy, measure=True, cache=evaluator.cache, target=target, remember=False, threads=1)
                     seconds, initial, found, nest, names = result.seconds, result.initial_gflops, result.gflops, result.nest, result.actions
                 else:
                     result = run(problem, method, budget_s=args.budget, evaluator=evaluator, verify_s=None)

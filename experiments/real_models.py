@@ -90,7 +90,7 @@ def run_problem(entry, target, policy, random_policy, search_budget: float) -> d
     found = {"untuned": (initial_nest(problem), 0.0, "")}
     for method, chosen, budget in (("tune", policy, None), ("tune-random", random_policy, None),
                                    ("rollout", policy, 0), ("rollout-random", random_policy, 0)):
-        result = tune(problem, chosen, cache=":memory:", budget_s=budget, target=target, remember=False)
+        result = tune(problem, chosen, cache=":memory:", budget_s=budget, target=target, remember=False, threads=1)
         found[method] = (result.nest, result.seconds - result.waited_s, " ".join(result.actions))
         if method == "tune":
             check_correct(result.kernel)

@@ -199,7 +199,7 @@ def _fusions(module: nn.Module) -> dict[nn.Linear, tuple[nn.Sequential, int]]:
 
 
 def tune_module(module: nn.Module, example_inputs, *, policy="default", target=None, budget_s=None, cache=None,
-                fuse: bool = True) -> nn.Module:
+                fuse: bool = True, threads: int = 1) -> nn.Module:
     """A copy of ``module`` whose float32 CPU ``nn.Linear`` layers run looprl kernels tuned for
     the shapes ``example_inputs`` give them (see the module docstring).
 
@@ -207,7 +207,8 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
     either to tune for several shapes. ``policy``, ``target``, ``budget_s``, ``cache``: as in
     :func:`looprl.tune` (one tune per distinct layer shape; tuning again is a lookup in the
     measurement cache). ``fuse``: fuse ReLU/GELU/SiLU following a linear layer in an
-    ``nn.Sequential`` into its kernel."""
+    ``nn.Sequential`` into its kernel. ``threads``: as in :func:`looprl.tune`, but 1 by
+    default (torch runs its own threads around the layers)."""
     if not isinstance(module, nn.Module):
         raise ValueError(f"tune_module() expects a torch.nn.Module, got {type(module).__name__}")
     examples = _as_examples(example_inputs)
@@ -223,7 +224,7 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
         for count in sorted(rows):
             problem = linear(count, layer.in_features, layer.out_features, bias=layer.bias is not None, activation=activation)
             if problem.name not in results:
-                results[problem.name] = tune(problem, policy, cache=cache, budget_s=budget_s, target=target)
+                results[problem.name] = tune(problem, policy, cache=cache, budget_s=budget_s, target=target, threads=threads)
             per_rows[count] = results[problem.name]
         replacements[layer] = TunedLinear(layer, activation_module, per_rows)
     for parent in list(tuned.modules()):

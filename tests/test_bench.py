@@ -105,3 +105,33 @@ def test_layers_benchmark_compares_fused_numpy_and_torch(tmp_path):
         assert row["fused_s"] > 0 and row["numpy_s"] > 0 and row["torch_s"] > 0
     bad = subprocess.run([sys.executable, "-m", "looprl.bench", "layers", "--layers", "12,16,gelu"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "bad layer" in bad.stderr
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_benchmarks_print_one_and_two_thread_figures_side_by_side(tmp_path):
+    env = dict(os.environ, LOOPRL_CACHE_DIR=str(tmp_path / "cache"))
+    path = tmp_path / "tune.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "looprl.bench", "tune", "--problems", "48x64x32", "--budget", "0.01", "--tune-budget", "0.1",
+         "--threads", "1,2", "--json", str(path)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "numpy@2" in result.stdout and "2 threads: geomean tuned@2/numpy@2" in result.stdout
+    report = json.loads(path.read_text())
+    row = report["rows"][0]
+    assert row["tuned_gflops"] > 0 and row["tuned_gflops_t2"] > 0 and row["numpy_gflops_t2"] > 0 and row["serial_counterpart_gflops_t2"] > 0
+    assert report["summary"]["threads"] == [1, 2] and report["summary"]["tuned_vs_numpy_geomean_t2"] > 0
+    path = tmp_path / "codegen.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "looprl.bench", "codegen", "--shapes", "32x48x16", "--budget", "0.02", "--compiles", "0",
+         "--targets", "avx2", "--threads", "1,2", "--json", str(path)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "expert@2" in result.stdout
+    section = json.loads(path.read_text())["targets"][0]
+    assert section["peak_gflops_t2"] > 0 and section["rows"][0]["expert_gflops_t2"] > 0
+    bad = subprocess.run([sys.executable, "-m", "looprl.bench", "tune", "--problems", "8x8x8", "--threads", "1,x"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert bad.returncode == 2 and "--threads" in bad.stderr

@@ -307,7 +307,7 @@ def test_failing_compile_is_a_logged_zero_reward_step(monkeypatch, caplog):
     env.reset(seed=0)
     before = (env.nest, env.gflops)
 
-    def broken(nest, target=None):
+    def broken(nest, target=None, threads=1):
         raise CompileError("backend exploded")
 
     monkeypatch.setattr(evaluator_module, "compile", broken)
@@ -324,7 +324,7 @@ def test_an_unexpected_error_while_measuring_is_a_bug_and_propagates(monkeypatch
     env = make_env()
     env.reset(seed=0)
 
-    def broken(nest, target=None):
+    def broken(nest, target=None, threads=1):
         raise TypeError("a bug in the code generator")
 
     monkeypatch.setattr(evaluator_module, "compile", broken)
@@ -336,7 +336,7 @@ def test_strict_evaluation_raises_compile_failures(monkeypatch):
     env = make_env()  # the test suite runs with LOOPRL_STRICT=1
     env.reset(seed=0)
 
-    def broken(nest, target=None):
+    def broken(nest, target=None, threads=1):
         raise CompileError("backend exploded")
 
     monkeypatch.setattr(evaluator_module, "compile", broken)

@@ -150,6 +150,28 @@ def test_a_layout_agent_trains_and_exports_a_policy_with_pack_and_pad(ray_sessio
     assert greedy_rollout(policy, looprl.matmul(16, 24, 8), None).length == policy.metadata["episode_length"]
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_a_two_thread_agent_trains_and_exports_a_policy_with_the_parallel_action(ray_session, tmp_path):
+    from looprl.policy.rollout import greedy_rollout, policy_actions
+    from looprl.train.config import build_config
+    from looprl.train.export import export_policy
+
+    agent = tiny_agent("dqn", str(tmp_path / "cache.sqlite"))
+    agent["env"]["threads"] = 2
+    built = build_config(agent, seed=1, num_env_runners=0).build_algo()
+    try:
+        built.train()
+        checkpoint = tmp_path / "ckpt"
+        built.save_to_path(str(checkpoint))
+    finally:
+        built.stop()
+    policy = Policy.load(export_policy(checkpoint, tmp_path / "policy", agent))
+    assert policy.action_names[-1] == "parallel" and policy.metadata["threads"] == 2
+    assert policy_actions(policy).parallel
+    evaluator = looprl.Evaluator(str(tmp_path / "cache.sqlite"), 0.001, threads=2)
+    assert greedy_rollout(policy, looprl.matmul(16, 24, 8), evaluator).length == policy.metadata["episode_length"]
+
+
 # -- the command line: checkpoints, resume, Ctrl-C, evaluation ------------------------------------------
 
 
@@ -271,6 +293,8 @@ def test_cli_rejects_bad_input(tmp_path):
         (["--validation-problems", "0"], "--validation-problems"),
         (["--resume", "--out", str(tmp_path), "--init-from", "checkpoints/apex-dqn"], "cannot be combined with --resume"),
         (["--resume", "--out", str(tmp_path), "--layouts"], "a resumed run keeps its own"),
+        (["--resume", "--out", str(tmp_path), "--threads", "2"], "a resumed run keeps its own"),
+        (["--threads", str(len(os.sched_getaffinity(0)) + 1)], "core(s) this process may use"),
         (["--init-from", str(small_policy), "--out", str(tmp_path / "new")], "trunk layers [8]"),
     ]:
         result = subprocess.run([sys.executable, "-m", "looprl.train", *arguments], capture_output=True, text=True, timeout=120)

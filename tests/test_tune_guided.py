@@ -28,7 +28,7 @@ def test_guided_tune_is_never_slower_than_the_greedy_rollout_or_the_untuned_nest
         rollout = greedy_rollout(policy, PROBLEM, evaluator)  # on the same cache: the same values
         assert result.greedy_gflops is not None and result.gflops >= result.greedy_gflops >= result.initial_gflops
         assert result.gflops >= rollout.best_gflops * 0.999  # cached values only grow with samples
-        assert result.gflops == pytest.approx(cache.get(result.nest, budget_s=0.001))
+        assert result.gflops == pytest.approx(cache.get(result.nest, budget_s=0.001, threads=result.threads))
 
 
 def test_guided_search_measures_more_than_the_rollout_and_respects_its_deadline():
@@ -74,7 +74,7 @@ def test_an_answer_remembered_by_another_version_of_tune_is_not_returned(tmp_pat
 def test_budget_zero_is_the_rollout_alone():
     policy = random_policy(seed=4)
     cache = MeasurementCache(":memory:")
-    result = looprl.tune(PROBLEM, policy, cache=cache, budget_s=0, measure_budget_s=0.001, remember=False)
+    result = looprl.tune(PROBLEM, policy, cache=cache, budget_s=0, measure_budget_s=0.001, remember=False, threads=1)
     rollout = greedy_rollout(policy, PROBLEM, Evaluator(cache, 0.001, samples=1))
     assert result.nest == rollout.best_nest and result.actions == rollout.best_actions
 
@@ -229,7 +229,7 @@ def test_a_layout_policy_s_proposals_include_its_layout_actions_and_tune_replays
     padded = [following for _, path, following in proposals if actions.names[path[-1]] == "pad"]
     assert padded and padded[0].nest.layouts  # pad at the k loop, reached by a move
     cache = MeasurementCache(":memory:")
-    result = looprl.tune(problem, policy, cache=cache, budget_s=0.3, measure_budget_s=0.001, remember=False, target="avx2")
+    result = looprl.tune(problem, policy, cache=cache, budget_s=0.3, measure_budget_s=0.001, remember=False, target="avx2", threads=1)
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((24, 20)).astype(np.float32), rng.standard_normal((20, 40)).astype(np.float32)
     np.testing.assert_allclose(result(a, b), a @ b, rtol=1e-4, atol=1e-4)

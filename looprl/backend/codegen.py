@@ -20,7 +20,15 @@ The loop order is taken as given. In the compute nest:
   functions specialised on the remaining sizes (memoised, so tails never multiply the code);
 * when even the innermost vectorised loop does not fit and no reduction loop can be brought
   into a blocked scope, it streams vector by vector through memory;
-* targets without FMA instructions multiply, then add (``llvm.fma`` would become a libcall).
+* targets without FMA instructions multiply, then add (``llvm.fma`` would become a libcall);
+* a *parallel* loop (at most one per nest: :meth:`~looprl.ir.nest.LoopNest.parallel`) is a
+  runtime loop outside the register scope (the scope starts below it): its body is outlined
+  into a function that the OpenMP runtime runs on every thread of a team
+  (``GOMP_parallel``, see :mod:`looprl.backend.threads`), each thread taking a contiguous
+  share of the iterations, the tail iteration included, balanced by elements. Each output
+  element is still summed in the serial order, so results are bit-identical to the serial
+  kernel's. A kernel with a parallel loop takes the thread count as an extra ``i32``
+  argument; on one thread it calls the outlined body directly.
 
 The write-back nest copies the accumulator to the output and applies the problem's epilogue
 (scale, bias, activation, residual: :mod:`looprl.backend.epilogue_ir`) on the way, vectorised
@@ -110,9 +118,19 @@ class _Function:
 
     def __init__(self, header: str):
         self.lines: list[str] = [header, "entry:"]
+        self.allocas: list[str] = []  # stack slots, emitted at the top of the entry block
         self.block = "entry"
         self._counter = 0
         self.loads: dict[tuple, str] = {}  # CSE of loads of read-only inputs within a block
+
+    def alloca(self, typ: str, hint: str = "ctx") -> str:
+        """A stack slot of ``typ`` allocated once on entry (never inside a loop)."""
+        name = self.tmp(hint)
+        self.allocas.append(f"  {name} = alloca {typ}, align 8")
+        return name
+
+    def text(self) -> str:
+        return "\n".join(self.lines[:2] + self.allocas + self.lines[2:])
 
     def tmp(self, hint: str = "t") -> str:
         self._counter += 1
@@ -242,6 +260,9 @@ class _NestEmitter:
         loop = self.loops[level]
         full, rem = divmod(budgets[loop.var], loop.step)
         child = dict(budgets, **{loop.var: loop.step})
+        if loop.parallel and full + (rem > 0) > 1:
+            self.emit_parallel(fn, level, budgets, ptrs)
+            return
         if full == 1:
             self.emit_outer(fn, level + 1, child, ptrs)
         elif full > 1:
@@ -249,11 +270,102 @@ class _NestEmitter:
                 moved = {t: fn.advance(p, lp.iv, self.delta(t, loop.var, loop.step)) for t, p in ptrs.items()}
                 self.emit_outer(fn, level + 1, child, moved)
         if rem:
-            tail_ptrs = {t: fn.offset(p, self.delta(t, loop.var, loop.step * full)) for t, p in ptrs.items()}
-            tail_budgets = dict(budgets, **{loop.var: rem})
-            callee = self.module.tail_function(self, level + 1, tail_budgets)
-            args = ", ".join(f"ptr {tail_ptrs.get(t, 'null')}" for t in self.module.tensors)
-            fn.emit(f"call void @{callee}({args})")
+            self.emit_tail_call(fn, level, budgets, ptrs)
+
+    def emit_tail_call(self, fn: _Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
+        """Call the function that runs the tail iteration of loop ``level``."""
+        loop = self.loops[level]
+        full, rem = divmod(budgets[loop.var], loop.step)
+        tail_ptrs = {t: fn.offset(p, self.delta(t, loop.var, loop.step * full)) for t, p in ptrs.items()}
+        callee = self.module.tail_function(self, level + 1, dict(budgets, **{loop.var: rem}))
+        fn.emit(f"call void @{callee}({self.module.arguments(tail_ptrs)})")
+
+    def emit_parallel(self, fn: _Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
+        """Run parallel loop ``level`` (two or more iterations here) on ``%nthreads`` threads:
+        its pointers go into a context on the stack, and the outlined body runs once per thread
+        of an OpenMP team (or directly, on one thread)."""
+        loop = self.loops[level]
+        full, rem = divmod(budgets[loop.var], loop.step)
+        body = self.module.region_function(self, level, budgets)
+        tensors = self.module.tensors
+        context = fn.alloca(f"[{len(tensors)} x ptr]")
+        for slot, tensor in enumerate(tensors):
+            place = fn.value(f"getelementptr inbounds [{len(tensors)} x ptr], ptr {context}, i64 0, i64 {slot}", "p")
+            fn.emit(f"store ptr {ptrs.get(tensor, 'null')}, ptr {place}, align 8")
+        iterations = full + (rem > 0)
+        more = fn.value(f"icmp ugt i32 %nthreads, {iterations}", "more")
+        team = fn.value(f"select i1 {more}, i32 {iterations}, i32 %nthreads", "team")  # no idle threads
+        many = fn.value(f"icmp ugt i32 {team}, 1", "many")
+        threaded, single, joined = fn.label("team"), fn.label("single"), fn.label("joined")
+        fn.emit(f"br i1 {many}, label %{threaded}, label %{single}")
+        fn.start_block(threaded)
+        self.module.declare_openmp()
+        fn.emit(f"call void @GOMP_parallel(ptr @{body}, ptr {context}, i32 {team}, i32 0)")
+        fn.emit(f"br label %{joined}")
+        fn.start_block(single)
+        fn.emit(f"call void @{body}(ptr {context})")
+        fn.emit(f"br label %{joined}")
+        fn.start_block(joined)
+
+    def emit_region(self, fn: _Function, level: int, budgets: dict[str, int]) -> None:
+        """The outlined body of parallel loop ``level``: this thread's share of its iterations
+        (contiguous, balanced by elements, the last thread's ending with the tail iteration)."""
+        loop = self.loops[level]
+        budget = budgets[loop.var]
+        full, rem = divmod(budget, loop.step)
+        iterations = full + (rem > 0)
+        ptrs = {}
+        tensors = self.module.tensors
+        for slot, tensor in enumerate(tensors):
+            place = fn.value(f"getelementptr inbounds [{len(tensors)} x ptr], ptr %ctx, i64 0, i64 {slot}", "p")
+            loaded = fn.value(f"load ptr, ptr {place}, align 8", "q")
+            if tensor in self.coefs:
+                ptrs[tensor] = loaded
+        thread = fn.value("call i32 @omp_get_thread_num()", "tid")
+        fn.emit("%nthreads = call i32 @omp_get_num_threads()")
+        thread64 = fn.value(f"zext i32 {thread} to i64", "tid")
+        team64 = fn.value("zext i32 %nthreads to i64", "team")
+        # Thread t starts at iteration round(t * budget / team / step) (at most the last one).
+        half = fn.value(f"mul nuw nsw i64 {team64}, {loop.step}", "h")
+        denominator = fn.value(f"mul nuw nsw i64 {half}, 2", "d")
+
+        def boundary(index: str) -> str:
+            scaled = fn.value(f"mul nuw nsw i64 {index}, {2 * budget}", "x")
+            numerator = fn.value(f"add nuw nsw i64 {scaled}, {half}", "x")
+            rounded = fn.value(f"udiv i64 {numerator}, {denominator}", "b")
+            over = fn.value(f"icmp ugt i64 {rounded}, {iterations}", "b")
+            return fn.value(f"select i1 {over}, i64 {iterations}, i64 {rounded}", "b")
+
+        start = boundary(thread64)
+        following = fn.value(f"add nuw nsw i64 {thread64}, 1", "next")
+        last = fn.value(f"icmp uge i64 {following}, {team64}", "last")
+        inner = boundary(following)
+        stop = fn.value(f"select i1 {last}, i64 {iterations}, i64 {inner}", "stop")
+        capped = fn.value(f"icmp ugt i64 {stop}, {full}", "cap")
+        full_stop = fn.value(f"select i1 {capped}, i64 {full}, i64 {stop}", "stop")
+        count = fn.value(f"sub nsw i64 {full_stop}, {start}", "count")
+        if full:
+            work, idle = fn.label("work"), fn.label("idle")
+            busy = fn.value(f"icmp sgt i64 {count}, 0", "busy")
+            fn.emit(f"br i1 {busy}, label %{work}, label %{idle}")
+            fn.start_block(work)
+            child = dict(budgets, **{loop.var: loop.step})
+            with fn.loop(count) as lp:
+                index = fn.value(f"add nuw nsw i64 {start}, {lp.iv}", "it")
+                moved = {t: fn.advance(p, index, self.delta(t, loop.var, loop.step)) for t, p in ptrs.items()}
+                self.emit_outer(fn, level + 1, child, moved)
+            fn.emit(f"br label %{idle}")
+            fn.start_block(idle)
+        if rem:  # the thread whose share reaches the end runs the tail iteration
+            owner = fn.value(f"icmp eq i64 {stop}, {iterations}", "own")
+            started = fn.value(f"icmp ult i64 {start}, {iterations}", "own")
+            owns = fn.value(f"and i1 {owner}, {started}", "own")
+            tail, done = fn.label("tail"), fn.label("done")
+            fn.emit(f"br i1 {owns}, label %{tail}, label %{done}")
+            fn.start_block(tail)
+            self.emit_tail_call(fn, level, budgets, ptrs)
+            fn.emit(f"br label %{done}")
+            fn.start_block(done)
 
     # Subclasses define inner_start and emit_inner_part.
     inner_start: int
@@ -270,6 +382,8 @@ class _ComputeEmitter(_NestEmitter):
         layouts = {("acc" if t == "out" else t): layout for t, layout in (layouts or {}).items()}
         super().__init__(module, nest.compute, coefs, "compute", layouts)
         self.output_dims = set(problem.output)
+        # Loops down to a parallel loop stay runtime loops outside the register scope.
+        self.floor = max((i for i, lp in enumerate(self.loops) if lp.parallel), default=-1)
         self._subtrees: dict[tuple, frozenset[int]] = {}
         self.plan = self._plan(problem)
         self.inner_start = self.plan.scope_start
@@ -283,11 +397,13 @@ class _ComputeEmitter(_NestEmitter):
             vector_var = innermost.var if unit else None
         else:
             vector_var = innermost.var if problem.output[-1] == innermost.var else None
+        if self.floor == n - 1:  # a parallel innermost loop runs element by element
+            vector_var = None
         registers = self.module.target.registers
         self.vector_var = vector_var
         if vector_var is None:
             start, tile = n, 1
-            for level in range(n - 1, -1, -1):
+            for level in range(n - 1, self.floor, -1):
                 size = self.tile_size(level, self.entry_budgets(level), vector_var)
                 if size + 2 > registers:
                     break
@@ -296,7 +412,7 @@ class _ComputeEmitter(_NestEmitter):
         else:
             start, tile, streaming = n - 1, 1, True
             inner_chunks = -(-innermost.budget // _lanes_for(innermost.budget, self.width))
-            for level in range(n - 1, -1, -1):
+            for level in range(n - 1, self.floor, -1):
                 size = self.tile_size(level, self.entry_budgets(level), vector_var)
                 live_inputs = 1 + (inner_chunks if size > inner_chunks else 1)
                 if size + live_inputs > registers:
@@ -306,7 +422,7 @@ class _ComputeEmitter(_NestEmitter):
         # few register files, so that the reduction runs with accumulators in registers.
         limit = min(BLOCKED_TILE_FLOATS // self.width, BLOCKED_TILE_VECTORS)
         reach = start
-        for level in range(start - 1, -1, -1):
+        for level in range(start - 1, self.floor, -1):
             size = self.tile_size(level, self.entry_budgets(level), vector_var)
             if size > limit:
                 break
@@ -557,7 +673,7 @@ class _WriteBackEmitter(_NestEmitter):
         if not epilogue.is_identity:
             self.epilogue = epilogue
         var = self.loops[-1].var
-        self.vectorised = var == problem.output[-1] and self.delta("acc", var, 1) == 1
+        self.vectorised = var == problem.output[-1] and self.delta("acc", var, 1) == 1 and not self.loops[-1].parallel
         self.inner_start = self.depth - 1 if self.vectorised else self.depth
 
     def emit_inner_part(self, fn: _Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
@@ -676,12 +792,42 @@ def _unrolled_ops(loops, vector_var, width, level, budgets) -> int:
 class _Module:
     """Collects the kernel, its tail functions and the intrinsic declarations."""
 
-    def __init__(self, target: Target, tensors: tuple[str, ...] = TENSORS):
+    def __init__(self, target: Target, tensors: tuple[str, ...] = TENSORS, threaded: bool = False):
         self.target = target
         self.tensors = tensors  # pointer parameters of the kernel and its internal functions
+        self.threaded = threaded  # the schedule has a parallel loop: functions take %nthreads
         self.functions: list[_Function] = []
         self.declarations: dict[str, str] = {}
         self.tails: dict[tuple, str] = {}
+        self.regions: dict[tuple, str] = {}
+
+    def parameters(self) -> str:
+        """Parameters of the kernel's internal functions (and of its entry points, before reps)."""
+        return ", ".join(f"ptr noalias %{t}" for t in self.tensors) + (", i32 %nthreads" if self.threaded else "")
+
+    def arguments(self, ptrs: dict[str, str]) -> str:
+        """Arguments of a call to an internal function taking :meth:`parameters`."""
+        return ", ".join(f"ptr {ptrs.get(t, 'null')}" for t in self.tensors) + (", i32 %nthreads" if self.threaded else "")
+
+    def declare_openmp(self) -> None:
+        self.declarations["GOMP_parallel"] = "declare void @GOMP_parallel(ptr, ptr, i32, i32)"
+        self.declarations["omp_get_thread_num"] = "declare i32 @omp_get_thread_num() nounwind"
+        self.declarations["omp_get_num_threads"] = "declare i32 @omp_get_num_threads() nounwind"
+
+    def region_function(self, emitter: "_NestEmitter", level: int, budgets: dict[str, int]) -> str:
+        """The outlined body of parallel loop ``level`` in a context of ``budgets`` (memoised)."""
+        relevant = {lp.var for lp in emitter.loops[level:]}
+        key = (emitter.name, level, tuple(sorted((v, b) for v, b in budgets.items() if v in relevant)))
+        if key not in self.regions:
+            name = f"region{len(self.regions)}_{emitter.name}_l{level}"
+            self.regions[key] = name
+            self.declare_openmp()
+            fn = _Function(f"define internal void @{name}(ptr noalias %ctx) nounwind {{")
+            self.functions.append(fn)
+            emitter.emit_region(fn, level, budgets)
+            fn.emit("ret void")
+            fn.lines.append("}")
+        return self.regions[key]
 
     def fma(self, lanes: int) -> str:
         suffix = "f32" if lanes == 1 else f"v{lanes}f32"
@@ -705,8 +851,7 @@ class _Module:
         if key not in self.tails:
             name = f"tail{len(self.tails)}_{emitter.name}_l{level}"
             self.tails[key] = name
-            params = ", ".join(f"ptr noalias %{t}" for t in self.tensors)
-            fn = _Function(f"define internal void @{name}({params}) nounwind {{")
+            fn = _Function(f"define internal void @{name}({self.parameters()}) nounwind {{")
             emitter.emit_outer(fn, level, budgets, {t: f"%{t}" for t in emitter.coefs})
             fn.emit("ret void")
             fn.lines.append("}")
@@ -716,7 +861,7 @@ class _Module:
     def text(self) -> str:
         parts = list(self.declarations.values())
         for fn in self.functions:
-            parts.append("\n".join(fn.lines))
+            parts.append(fn.text())
         return "\n\n".join(parts) + "\n"
 
 
@@ -886,22 +1031,24 @@ def pack_function_name(tensor: str) -> str:
 def generate_ir(nest: LoopNest, target: Target) -> str:
     """LLVM IR text of ``void looprl_kernel(in0, in1, out, acc, i64 reps)`` (with the
     epilogue's ``bias`` and ``residual`` pointers after ``acc`` when the problem has them:
-    :func:`kernel_tensors`).
+    :func:`kernel_tensors`; and ``i32 nthreads`` after ``reps`` when the schedule has a parallel
+    loop).
 
     ``acc`` is scratch space (the accumulator, shaped like the output, then the packed inputs:
     :func:`workspace_layout`); ``reps`` >= 1 repeats the whole computation (for timing),
     packing included. When inputs have layouts, the module also defines
     ``looprl_pack_<in0|in1>(src, dst)`` and one ``looprl_kernel_bound_<inputs>`` entry per
     non-empty set of packed inputs, which takes those inputs already packed."""
-    module = _Module(target, kernel_tensors(nest.problem))
+    module = _Module(target, kernel_tensors(nest.problem), threaded=nest.is_parallel)
     applied = layouts_applied(nest)
     compute = _ComputeEmitter(module, nest, applied)
     write_back = _WriteBackEmitter(module, nest, applied)
     params = ", ".join(f"ptr noalias %{t}" for t in module.tensors)
+    threads = ", i32 %nthreads" if module.threaded else ""
     if applied:
-        fn = _Function(f"define internal void @looprl_body({params}) nounwind {{")
+        fn = _Function(f"define internal void @looprl_body({module.parameters()}) nounwind {{")
     else:
-        fn = _Function(f"define void @{KERNEL_NAME}({params}, i64 %reps) nounwind {{")
+        fn = _Function(f"define void @{KERNEL_NAME}({params}, i64 %reps{threads}) nounwind {{")
     module.functions.append(fn)
     output_bytes = 4 * workspace_layout(nest)["acc"][1]
 
@@ -930,7 +1077,7 @@ def generate_ir(nest: LoopNest, target: Target) -> str:
     subsets = [()] + [(t,) for t in packed] + ([tuple(packed)] if len(packed) == 2 else [])
     for bound in subsets:
         name = bound_kernel_name(bound) if bound else KERNEL_NAME
-        entry = _Function(f"define void @{name}({params}, i64 %reps) nounwind {{")
+        entry = _Function(f"define void @{name}({params}, i64 %reps{threads}) nounwind {{")
         module.functions.append(entry)
         pointers = {t: f"%{t}" for t in module.tensors}
         for tensor in packed:
@@ -940,7 +1087,7 @@ def generate_ir(nest: LoopNest, target: Target) -> str:
             for tensor in packed:
                 if tensor not in bound:
                     entry.emit(f"call void @{pack_function_name(tensor)}(ptr %{tensor}, ptr {pointers[tensor]})")
-            entry.emit("call void @looprl_body(" + ", ".join(f"ptr {pointers[t]}" for t in module.tensors) + ")")
+            entry.emit(f"call void @looprl_body({module.arguments(pointers)})")
         entry.emit("ret void")
         entry.lines.append("}")
     return module.text()

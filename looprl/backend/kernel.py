@@ -11,6 +11,7 @@ from looprl.backend import codegen, jit
 from looprl.backend.buffers import aligned_empty
 from looprl.backend.jit import CompiledModule
 from looprl.backend.target import Target
+from looprl.backend.threads import before_parallel_call, check_threads, ensure_openmp_runtime
 from looprl.ir.integers import as_int
 from looprl.ir.nest import LoopNest
 
@@ -21,9 +22,10 @@ _INPUT_NAMES = {"a": "in0", "b": "in1", "in0": "in0", "in1": "in1", "bias": "bia
 _WHAT = {"in0": "first input", "in1": "second input", "bias": "bias", "residual": "residual"}
 
 
-def _signature(pointers: int):
-    """The C type of an entry point taking ``pointers`` buffer addresses, then ``reps``."""
-    return ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * pointers), ctypes.c_int64)
+def _signature(pointers: int, threaded: bool = False):
+    """The C type of an entry point taking ``pointers`` buffer addresses, then ``reps`` (and
+    the thread count, for a schedule with a parallel loop)."""
+    return ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * pointers), ctypes.c_int64, *([ctypes.c_int32] if threaded else []))
 
 
 class Kernel:
@@ -41,17 +43,22 @@ class Kernel:
     call order) after the two operands: ``kernel(a, b, bias)``, ``kernel(a, b, residual)`` or
     ``kernel(a, b, bias, residual)``; the bias is float32 of shape ``(n,)`` (the output's last
     extent), the residual float32 of the output's shape, both C-contiguous.
+
+    ``threads`` is how many threads the schedule's parallel loops use unless a call says
+    otherwise (:meth:`run`); a schedule without a parallel loop runs on the calling thread
+    whatever the count. The kernel may be called from several threads at once.
     """
 
-    def __init__(self, nest: LoopNest, ir: str, module: CompiledModule, compile_seconds: float):
+    def __init__(self, nest: LoopNest, ir: str, module: CompiledModule, compile_seconds: float, threads: int = 1):
         self.nest = nest
         self.problem = nest.problem
         self.target: Target = module.target
         self.ir = ir
         self.compile_seconds = compile_seconds
+        self.threads = check_threads(threads)
         self._module = module  # keeps the machine code alive
         self.tensors = codegen.kernel_tensors(self.problem)  # the entry points' pointer arguments
-        signature = _signature(len(self.tensors))
+        signature = _signature(len(self.tensors), nest.is_parallel)
         self._function = signature(module.address)
         self.layouts = codegen.layouts_applied(nest)  # tensor -> Layout the code stores it in
         self.packed_inputs = tuple(t for t in ("in0", "in1") if t in self.layouts)
@@ -82,17 +89,28 @@ class Kernel:
         return dict(zip(names, arrays))
 
     def run(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, reps: int = 1, workspace: np.ndarray | None = None, *,
-            bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> None:
+            bias: np.ndarray | None = None, residual: np.ndarray | None = None, threads: int | None = None) -> None:
         """Compute into ``out`` ``reps`` times (1 to ``2**31 - 1``, a Python or numpy integer).
         ``workspace`` (float32, C-contiguous, at least output-sized, overlapping neither input
         nor the output) is the accumulator; pass one to avoid an allocation per call.
-        ``bias`` and ``residual``: the epilogue's inputs, exactly those the problem has."""
+        ``bias`` and ``residual``: the epilogue's inputs, exactly those the problem has.
+        ``threads``: threads for the parallel loops (None: the kernel's :attr:`threads`; at
+        most the cores this process may use)."""
         reps = _check_reps(reps)
+        threads = self.threads if threads is None else check_threads(threads)
         arrays = {"in0": a, "in1": b, **self._given_epilogue(bias, residual)}
         self._check_call(arrays, out, workspace)
         if workspace is None:
             workspace = aligned_empty(self.workspace_elements)
-        self._function(*self._pointers(arrays, out, workspace), reps)
+        self._call(self._function, self._pointers(arrays, out, workspace), reps, threads)
+
+    def _call(self, function, pointers, reps: int, threads: int) -> None:
+        """Call an entry point of this kernel (the thread count only where the code takes one)."""
+        if self.nest.is_parallel:
+            before_parallel_call(threads)
+            function(*pointers, reps, threads)
+        else:
+            function(*pointers, reps)
 
     def _given_epilogue(self, bias, residual) -> dict[str, np.ndarray]:
         given = {name: array for name, array in (("bias", bias), ("residual", residual)) if array is not None}
@@ -151,10 +169,11 @@ class Kernel:
             bound[tensor] = array
         return BoundKernel(self, bound)
 
-    def raw_call(self, pointers: tuple[int, ...], reps: int) -> None:
+    def raw_call(self, pointers: tuple[int, ...], reps: int, threads: int | None = None) -> None:
         """Call with pre-validated buffer addresses in the order of :attr:`tensors` (in0, in1,
-        out, acc, then the epilogue's inputs): for timing loops."""
-        self._function(*pointers, reps)
+        out, acc, then the epilogue's inputs) and a checked thread count (None: the kernel's):
+        for timing loops."""
+        self._call(self._function, pointers, reps, self.threads if threads is None else threads)
 
     @staticmethod
     def _check(array, what: str, shape) -> None:
@@ -172,7 +191,8 @@ class Kernel:
         return jit.assembly(self.ir, self.target)
 
     def __repr__(self) -> str:
-        return f"<Kernel {self.problem.name} [{self.nest.key}] for {self.target.isa} compiled in {self.compile_seconds * 1e3:.2f} ms>"
+        threads = f" on {self.threads} threads" if self.nest.is_parallel and self.threads > 1 else ""
+        return f"<Kernel {self.problem.name} [{self.nest.key}] for {self.target.isa}{threads} compiled in {self.compile_seconds * 1e3:.2f} ms>"
 
 
 class BoundKernel:
@@ -202,18 +222,23 @@ class BoundKernel:
         self.run(*inputs, out=out)
         return out
 
-    def run(self, *inputs: np.ndarray, out: np.ndarray, reps: int = 1, workspace: np.ndarray | None = None) -> None:
+    def run(self, *inputs: np.ndarray, out: np.ndarray, reps: int = 1, workspace: np.ndarray | None = None, threads: int | None = None) -> None:
         """Compute into ``out`` (as :meth:`Kernel.run`, the bound inputs left out)."""
         kernel = self.kernel
         if len(inputs) != len(self.free):
             names = " and ".join(f"the {_WHAT[t]}" for t in self.free) or "no inputs"
             raise ValueError(f"this bound kernel takes {names} ({len(self.free)} array(s)), got {len(inputs)}")
         reps = _check_reps(reps)
+        threads = kernel.threads if threads is None else check_threads(threads)
         given = dict(zip(self.free, inputs))
         kernel._check_call(given, out, workspace)
         if workspace is None:
             workspace = aligned_empty(kernel.workspace_elements)
-        self._function(*kernel._pointers({**self._buffers, **given}, out, workspace), reps)
+        kernel._call(self._function, kernel._pointers({**self._buffers, **given}, out, workspace), reps, threads)
+
+    def raw_call(self, pointers: tuple[int, ...], reps: int, threads: int | None = None) -> None:
+        """As :meth:`Kernel.raw_call`, with the bound inputs' buffers among ``pointers``."""
+        self.kernel._call(self._function, pointers, reps, self.kernel.threads if threads is None else threads)
 
     def __repr__(self) -> str:
         return f"<BoundKernel {self.kernel.problem.name} [{self.kernel.nest.key}] bound {', '.join(self.bound)}>"
@@ -230,24 +255,29 @@ def _check_reps(reps) -> int:
     return count
 
 
-def compile(nest: LoopNest, target: Target | str | None = None) -> Kernel:  # noqa: A001 - public API name
+def compile(nest: LoopNest, target: Target | str | None = None, threads: int = 1) -> Kernel:  # noqa: A001 - public API name
     """Generate LLVM IR for ``nest`` and JIT-compile it for ``target``: a
     :class:`~looprl.backend.target.Target`, a target name (``"avx512"``, ``"avx2"``,
     ``"sse4"``, ``"host"``) or None for this host. A target this host cannot run is refused
-    with a ValueError naming the missing CPU features, before anything is compiled."""
+    with a ValueError naming the missing CPU features, before anything is compiled.
+    ``threads`` (1 to the cores this process may use) is the kernel's default thread count
+    for the schedule's parallel loops (:meth:`LoopNest.parallel`)."""
     if not isinstance(nest, LoopNest):
         raise ValueError(f"compile() expects a LoopNest, got {type(nest).__name__}")
     if target is not None and not isinstance(target, (Target, str)):
         raise ValueError(f"compile() expects target to be a looprl Target, a target name or None, got {type(target).__name__} {target!r}")
+    threads = check_threads(threads)
     target = _resolved(target)
     target.check_runs_on_host()
     start = time.perf_counter()
     ir = codegen.generate_ir(nest, target)
+    if "@GOMP_parallel" in ir:
+        ensure_openmp_runtime()
     packed = [t for t in ("in0", "in1") if t in codegen.layouts_applied(nest)]
     extra = [codegen.pack_function_name(t) for t in packed]
     extra += [codegen.bound_kernel_name(s) for s in ([(t,) for t in packed] + ([tuple(packed)] if len(packed) == 2 else []))]
     module = CompiledModule(ir, codegen.KERNEL_NAME, target, extra=tuple(extra))
-    return Kernel(nest, ir, module, time.perf_counter() - start)
+    return Kernel(nest, ir, module, time.perf_counter() - start, threads)
 
 
 _host: list[Target] = []

@@ -7,6 +7,11 @@ numpy's own kernels always use the host's best ISA, whatever the target), the un
 initial nest and the best expert schedule of the target (register-blocked, expressed with
 split/swap), compiled for the target; then compile time and memory growth over many
 compiles of random schedules for the target, in a fresh process per target.
+
+``--threads 1,2``: for each further thread count N, numpy on N BLAS threads, the target's
+measured N-thread peak and the best expert schedule with its outermost eligible loops made
+parallel (:func:`looprl.policy.parallel.parallel_variant`), timed on N threads, side by side
+with the one-thread figures (``_t<N>`` fields in the JSON).
 """
 
 from __future__ import annotations
@@ -21,12 +26,13 @@ from looprl.backend.host import cpu_model_name
 from looprl.backend.kernel import compile
 from looprl.backend.target import TARGET_NAMES, Target
 from looprl.bench.compile_stats import compile_stats
-from looprl.ir.nest import initial_nest
+from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, matmul
 from looprl.ir.schedules import expert_candidates
 from looprl.measurement.numpy_baseline import numpy_gflops
 from looprl.measurement.peak import measure_peak_gflops
 from looprl.measurement.timing import time_kernel
+from looprl.policy.parallel import parallel_variant
 
 DEFAULT_SHAPES = [(64, 64, 64), (128, 128, 128), (192, 192, 192), (256, 256, 256), (128, 256, 64), (256, 64, 192), (100, 72, 200)]
 _WIDTH_ORDER = {name: i for i, name in enumerate(TARGET_NAMES)}  # widest first
@@ -49,9 +55,21 @@ def _label(target: Target) -> str:
     return "host " + target.isa if target == Target.host() else target.isa
 
 
-def _best_gflops(nest, target: Target, budget_s: float, rounds: int) -> float:
-    kernel = compile(nest, target)
+def _best_gflops(nest, target: Target, budget_s: float, rounds: int, threads: int = 1) -> float:
+    kernel = compile(nest, target, threads=threads)
     return max(time_kernel(kernel, budget_s / rounds).gflops for _ in range(rounds))
+
+
+def _thread_columns(rows: list[dict], target: Target, problems: list[Problem], numpy: dict, budget_s: float) -> None:
+    """Add each further thread count's figures to ``rows``: numpy's and the expert schedule's
+    parallel variant's on that many threads."""
+    for index, (row, problem) in enumerate(zip(rows, problems)):
+        for n, values in numpy.items():
+            variant = parallel_variant(LoopNest.from_key(problem, row["expert_schedule"]), n)
+            gflops = _best_gflops(variant[0], target, budget_s, 3, threads=n) if variant else row["expert_gflops"]
+            row.update({f"numpy_gflops_t{n}": values[index], f"expert_gflops_t{n}": gflops,
+                        f"expert_schedule_t{n}": variant[0].key if variant else row["expert_schedule"],
+                        f"expert_vs_numpy_t{n}": gflops / values[index], f"expert_vs_one_thread_t{n}": gflops / row["expert_gflops"]})
 
 
 def _target_rows(target: Target, problems: list[Problem], numpy: list[float], budget_s: float) -> list[dict]:
@@ -76,16 +94,22 @@ def _target_rows(target: Target, problems: list[Problem], numpy: list[float], bu
     return rows
 
 
-def run(shapes: list[tuple[int, int, int]], budget_s: float, compiles: int, out=sys.stdout, targets: list[str] | None = None) -> dict:
+def run(shapes: list[tuple[int, int, int]], budget_s: float, compiles: int, out=sys.stdout, targets: list[str] | None = None,
+        threads: tuple[int, ...] = (1,)) -> dict:
     problems: list[Problem] = [matmul(*s) for s in shapes]
     started = time.perf_counter()
     chosen = benchmark_targets(targets)
+    further = [n for n in threads if n != 1]
     peaks = {t.key: measure_peak_gflops(t) for t in chosen}
     numpy = numpy_gflops(problems, budget_s)
+    numpy_threads = {n: numpy_gflops(problems, budget_s, threads=n) for n in further}
     sections = []
     for target in chosen:
         rows = _target_rows(target, problems, numpy, budget_s)
-        sections.append({"target": target.to_dict(), "label": _label(target), "rows": rows})
+        _thread_columns(rows, target, problems, numpy_threads, budget_s)
+        section = {"target": target.to_dict(), "label": _label(target), "rows": rows}
+        section.update({f"peak_gflops_t{n}": measure_peak_gflops(target, threads=n) for n in further})
+        sections.append(section)
     numpy = [max(a, b) for a, b in zip(numpy, numpy_gflops(problems, budget_s))]  # again: noise only lowers a measurement
     for section, target in zip(sections, chosen):
         section["compile"] = compile_stats(compiles, target=target) if compiles else None
@@ -99,6 +123,9 @@ def run(shapes: list[tuple[int, int, int]], budget_s: float, compiles: int, out=
         ratios = [r["expert_vs_numpy"] for r in section["rows"]]
         section["expert_vs_numpy_mean"] = statistics.fmean(ratios)
         section["expert_vs_numpy_geomean"] = math.exp(statistics.fmean(math.log(x) for x in ratios))
+        for n in further:
+            section[f"expert_vs_numpy_geomean_t{n}"] = statistics.geometric_mean([r[f"expert_vs_numpy_t{n}"] for r in section["rows"]])
+            section[f"expert_vs_one_thread_geomean_t{n}"] = statistics.geometric_mean([r[f"expert_vs_one_thread_t{n}"] for r in section["rows"]])
     host = sections[0]
     report = {
         # The first target's figures at the top level (the host's, unless --targets says otherwise).
@@ -111,6 +138,7 @@ def run(shapes: list[tuple[int, int, int]], budget_s: float, compiles: int, out=
         "host_cpu": cpu_model_name(),
         "numpy_note": "numpy (OpenBLAS, one thread, OPENBLAS_CORETYPE unset) uses the host's best ISA for every target",
         "targets": sections,
+        "threads": [1] + further,
         "seconds": time.perf_counter() - started,
     }
     _print(report, out)
@@ -137,6 +165,18 @@ def _print(report: dict, out) -> None:
             f"expert / numpy: mean {section['expert_vs_numpy_mean']:.3f}, geometric mean {section['expert_vs_numpy_geomean']:.3f}",
             file=out,
         )
+        further = [n for n in report.get("threads", [1]) if n != 1]
+        if further:
+            print("on more threads (numpy with as many BLAS threads; the expert schedule's outermost loops parallel):", file=out)
+            print(f"{'m x n x k':>13} {'numpy@1':>8} {'expert@1':>9}" + "".join(
+                f" {f'peak@{n}':>8} {f'numpy@{n}':>8} {f'expert@{n}':>9} {f'@{n}/numpy@{n}':>12} {f'@{n}/@1':>7}" for n in further), file=out)
+            for r in section["rows"]:
+                print(f"{r['problem']:>13} {r['numpy_gflops']:8.1f} {r['expert_gflops']:9.1f}" + "".join(
+                    f" {section[f'peak_gflops_t{n}']:8.1f} {r[f'numpy_gflops_t{n}']:8.1f} {r[f'expert_gflops_t{n}']:9.1f}"
+                    f" {r[f'expert_vs_numpy_t{n}']:12.2f} {r[f'expert_vs_one_thread_t{n}']:7.2f}" for n in further), file=out)
+            for n in further:
+                print(f"{n} threads: geomean expert@{n}/numpy@{n} {section[f'expert_vs_numpy_geomean_t{n}']:.3f}, "
+                      f"expert@{n}/expert@1 {section[f'expert_vs_one_thread_geomean_t{n}']:.3f}", file=out)
         stats = section["compile"]
         if stats:
             print(
@@ -185,6 +225,8 @@ def add_arguments(parser) -> None:
         default=None,
         help=f"comma-separated targets (host, {', '.join(TARGET_NAMES)}; default: the host and every narrower target it runs)",
     )
+    parser.add_argument("--threads", default="1",
+                        help="comma-separated thread counts, e.g. 1,2: figures on each beside the one-thread ones (default 1)")
     parser.add_argument("--json", dest="json_path", default=None, help="also write the report as JSON to this path")
 
 
@@ -205,7 +247,10 @@ def main(args) -> dict:
     targets = [name.strip() for name in args.targets.split(",") if name.strip()] if getattr(args, "targets", None) else None
     if targets is not None:
         benchmark_targets(targets)  # a bad or unrunnable target is bad input, before any timing
-    report = run(shapes, args.budget, args.compiles, targets=targets)
+    from looprl.bench.tune import thread_counts
+
+    threads = tuple(thread_counts(getattr(args, "threads", "1")))
+    report = run(shapes, args.budget, args.compiles, targets=targets, threads=threads)
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as handle:
             json.dump(report, handle, indent=2)

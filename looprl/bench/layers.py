@@ -134,7 +134,7 @@ def main(args, out=sys.stdout) -> dict:
     rows = []
     for (name, *_), problem, numpy_value in zip(layers, problems, numpy):
         result = tune(problem, args.policy if args.policy == "default" else Path(args.policy), cache=":memory:", target=target,
-                      budget_s=args.tune_budget)
+                      budget_s=args.tune_budget, threads=1)  # one thread, as numpy and torch here
         fused = time_kernel(result.kernel, args.budget)
         numpy_s = problem.flops / numpy_value / 1e9
         torch_s = math.nan if args.no_torch else torch_seconds(problem, args.budget)

@@ -8,6 +8,12 @@ numpy single-thread in a child process, with the OpenBLAS kernels of the target'
 host: see :mod:`looprl.measurement.numpy_baseline`). Reports median and p95 tune time and the
 geometric means of GFLOPS against numpy, the untuned nest and the measured peak; on a dataset
 whose rows name their model (``models``), also a table per model.
+
+``--threads 1,2`` tunes every problem once per thread count (``looprl.tune(threads=N)``, each
+from a cold cache), times the returned kernel on N threads and numpy on N BLAS threads, and
+prints the figures side by side; for N > 1 also the returned schedule made serial, on one
+thread (its one-thread counterpart). The first count's figures keep the one-count names in
+the JSON rows and summary; the others get a ``_t<N>`` suffix.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from looprl import defaults
 from looprl.backend.host import cpu_model_name
 from looprl.backend.kernel import compile
 from looprl.backend.target import Target
+from looprl.backend.threads import check_threads
 from looprl.env.datasets import SPLITS, dataset_entries
 from looprl.ir.nest import initial_nest
 from looprl.ir.problem import parse_problems
@@ -45,7 +52,28 @@ def add_arguments(parser) -> None:
     parser.add_argument("--budget", type=float, default=0.05, help="seconds to re-time each kernel (default 0.05)")
     parser.add_argument("--search", type=float, default=0.0, metavar="S",
                         help="also run beam4bfs for S seconds per problem (the paper's baseline: 60) and report its best, re-timed (default 0: no search)")
+    parser.add_argument("--threads", default="1",
+                        help="comma-separated thread counts, e.g. 1,2: tune and time for each, numpy with as many BLAS threads (default 1)")
     parser.add_argument("--json", type=Path, default=None)
+
+
+def thread_counts(text: str) -> list[int]:
+    """``"1,2"`` -> [1, 2]: distinct counts, each checked against the cores this process may use."""
+    counts = []
+    for item in str(text).split(","):
+        item = item.strip()
+        if not item.isdigit():
+            raise ValueError(f"--threads {text!r}: expected comma-separated positive integers, e.g. 1,2")
+        count = check_threads(int(item), "--threads")
+        if count not in counts:
+            counts.append(count)
+    if not counts:
+        raise ValueError("--threads needs at least one count")
+    return counts
+
+
+def _suffix(threads: int, first: int) -> str:
+    return "" if threads == first else f"_t{threads}"
 
 
 def _geomean(values) -> float:
@@ -96,6 +124,8 @@ def main(args, out=sys.stdout) -> dict:
         raise ValueError(f"--budget must be positive, got {args.budget}")
     if not (args.search >= 0 and math.isfinite(args.search)):
         raise ValueError(f"--search must be a non-negative number of seconds, got {args.search}")
+    counts = thread_counts(getattr(args, "threads", "1"))
+    first = counts[0]
     target = Target.resolve(args.target)
     target.check_runs_on_host()
     policy = load_policy(args.policy if args.policy == "default" else Path(args.policy), target)
@@ -107,18 +137,24 @@ def main(args, out=sys.stdout) -> dict:
         entries = list(dataset_entries(args.dataset, args.split))[: args.limit]
         problems = [entry.problem for entry in entries]
         source = f"{args.dataset}/{args.split}"
-    peak = measure_peak_gflops(target)
-    numpy = numpy_gflops(problems, args.budget, isa=target.isa)
-    numpy_label = baseline_label(target.isa)
+    peak = measure_peak_gflops(target, threads=first)
+    numpy = numpy_gflops(problems, args.budget, isa=target.isa, threads=first)
+    numpy_label = baseline_label(target.isa, threads=first)
+    others = {n: numpy_gflops(problems, args.budget, isa=target.isa, threads=n) for n in counts[1:]}
+    peaks = {n: measure_peak_gflops(target, threads=n) for n in counts[1:]}
     made_for = policy.target.isa if policy.target is not None else "unknown"
     print(f"target {target}; peak {peak:.1f} GFLOPS; policy made for {made_for}; {len(problems)} problems ({source}); "
           f"{args.mode} mode, search budget {'scaled to the problem' if args.tune_budget is None else f'{args.tune_budget} s'}; CPU {cpu_model_name()}", file=out)
-    print(f"compared with {numpy_label}", file=out)
+    print(f"compared with {numpy_label}" + "".join(f"; on {n} threads with {baseline_label(target.isa, threads=n)} "
+                                                    f"(peak {peaks[n]:.1f})" for n in counts[1:]), file=out)
     print(f"{'problem':>14} {'tune ms':>8} {'untuned':>8} {'tuned':>8} {'numpy':>8} {'tuned/numpy':>11}"
-          + (f" {'search':>8}" if args.search else ""), file=out)
+          + (f" {'search':>8}" if args.search else "")
+          + "".join(f" {f'tuned@{n}':>9} {f'numpy@{n}':>9} {f'@{n}/numpy':>9} {f'@{n}/@1':>7} {f'serial@{n}':>9}" for n in counts[1:]),
+          file=out)
     rows = []
-    for problem, entry, numpy_value in zip(problems, entries, numpy):
-        result = tune(problem, policy, measure=args.mode == "measured", cache=":memory:", target=target, budget_s=args.tune_budget)
+    for index, (problem, entry, numpy_value) in enumerate(zip(problems, entries, numpy)):
+        result = tune(problem, policy, measure=args.mode == "measured", cache=":memory:", target=target, budget_s=args.tune_budget,
+                      threads=first)
         tuned = time_kernel(result.kernel, args.budget).gflops
         untuned = time_kernel(compile(initial_nest(problem), target=target), args.budget).gflops
         row = {"problem": problem.name, "tune_s": result.seconds, "waited_s": result.waited_s, "untuned_gflops": untuned, "tuned_gflops": tuned,
@@ -130,10 +166,21 @@ def main(args, out=sys.stdout) -> dict:
 
             found = run(problem, "beam4bfs", budget_s=args.search, cache=":memory:", target=target, verify_s=None)
             row["search_gflops"] = time_kernel(compile(found.best_nest, target=target), args.budget).gflops
+        columns = ""
+        for n in counts[1:]:
+            threaded = tune(problem, policy, measure=args.mode == "measured", cache=":memory:", target=target,
+                            budget_s=args.tune_budget, threads=n)
+            gflops = time_kernel(threaded.kernel, args.budget).gflops
+            serial = gflops if not threaded.nest.is_parallel else time_kernel(compile(threaded.nest.serial(), target=target), args.budget).gflops
+            suffix = _suffix(n, first)
+            row.update({f"tune_s{suffix}": threaded.seconds, f"tuned_gflops{suffix}": gflops, f"numpy_gflops{suffix}": others[n][index],
+                        f"serial_counterpart_gflops{suffix}": serial, f"actions{suffix}": list(threaded.actions),
+                        f"schedule{suffix}": threaded.nest.key})
+            columns += f" {gflops:9.1f} {others[n][index]:9.1f} {gflops / others[n][index]:9.2f} {gflops / tuned:7.2f} {serial:9.1f}"
         rows.append(row)
         label = _label(problem)
         print(f"{label:>14} {1000 * result.seconds:8.0f} {untuned:8.1f} {tuned:8.1f} {numpy_value:8.1f} {tuned / numpy_value:11.2f}"
-              + (f" {row['search_gflops']:8.1f}" if args.search else ""), file=out, flush=True)
+              + (f" {row['search_gflops']:8.1f}" if args.search else "") + columns, file=out, flush=True)
     times = sorted(r["tune_s"] for r in rows)
     summary = {
         "problems": len(rows),
@@ -150,12 +197,28 @@ def main(args, out=sys.stdout) -> dict:
     if args.search:
         summary["search_vs_numpy_geomean"] = _geomean(r["search_gflops"] / r["numpy_gflops"] for r in rows)
         summary["tuned_vs_search_geomean"] = _geomean(r["tuned_gflops"] / r["search_gflops"] for r in rows)
+    summary["threads"] = counts
     print(
         f"tune time: median {1000 * summary['tune_s_median']:.0f} ms, p95 {1000 * summary['tune_s_p95']:.0f} ms; "
         f"geomean tuned/numpy {summary['tuned_vs_numpy_geomean']:.2f}, tuned/untuned {summary['tuned_vs_untuned_geomean']:.2f}, "
-        f"tuned/peak {summary['tuned_vs_peak_geomean']:.2f}",
+        f"tuned/peak {summary['tuned_vs_peak_geomean']:.2f}" + (f" ({first} thread{'s' if first > 1 else ''})" if len(counts) > 1 else ""),
         file=out,
     )
+    for n in counts[1:]:
+        s = _suffix(n, first)
+        summary[f"peak_gflops{s}"] = peaks[n]
+        summary[f"tuned_vs_numpy_geomean{s}"] = _geomean(r[f"tuned_gflops{s}"] / r[f"numpy_gflops{s}"] for r in rows)
+        summary[f"vs_first_threads_geomean{s}"] = _geomean(r[f"tuned_gflops{s}"] / r["tuned_gflops"] for r in rows)
+        summary[f"vs_serial_counterpart_geomean{s}"] = _geomean(r[f"tuned_gflops{s}"] / r[f"serial_counterpart_gflops{s}"] for r in rows)
+        summary[f"not_slower_than_first{s}"] = sum(r[f"tuned_gflops{s}"] >= r["tuned_gflops"] for r in rows)
+        summary[f"tune_s_median{s}"] = statistics.median(r[f"tune_s{s}"] for r in rows)
+        print(
+            f"{n} threads: geomean tuned@{n}/numpy@{n} {summary[f'tuned_vs_numpy_geomean{s}']:.2f}, tuned@{n}/tuned@{first} "
+            f"{summary[f'vs_first_threads_geomean{s}']:.2f} ({summary[f'not_slower_than_first{s}']} of {len(rows)} not slower), "
+            f"over its serial counterpart {summary[f'vs_serial_counterpart_geomean{s}']:.2f}; "
+            f"tune time median {1000 * summary[f'tune_s_median{s}']:.0f} ms",
+            file=out,
+        )
     result = {"mode": args.mode, "split": None if args.problems else args.split, "target": target.to_dict(), "cpu": cpu_model_name(),
               "tune_budget_s": args.tune_budget, "policy_target": made_for, "numpy": numpy_label, "summary": summary, "rows": rows}
     if any("model" in row for row in rows):

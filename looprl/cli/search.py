@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--verify-ms", type=float, default=100.0, help="re-measure the best schedule this long (0: skip)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--layouts", action="store_true", help="search data layouts (pack, pad) jointly with the loops")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="threads for parallel loops (default 1; more adds the 'parallel' action; at most the cores this process may use)")
     parser.add_argument("--layout-stage", type=float, default=None, help="with --layouts: share of the budget for the joint stage, then loops only (ALT: 0.3)")
     parser.add_argument("--json", type=Path, default=None, help="single problem: result JSON (default search_<problem>_<algo>.json)")
     parser.add_argument("--csv", type=Path, default=None, help="dataset: results CSV (default search_<dataset>_<split>.csv)")
@@ -193,10 +195,10 @@ def _main(args) -> int:
     else:
         path = writable_file(args.csv if args.csv is not None else Path(f"search_{args.dataset}_{args.split}.csv"), "--csv")
         done = _done_pairs(path)
-    shared = None if args.cold else Evaluator(cache, args.measure_budget_ms / 1000, target=args.target)
+    shared = None if args.cold else Evaluator(cache, args.measure_budget_ms / 1000, target=args.target, threads=args.threads)
 
     def evaluator() -> Evaluator:
-        return shared if shared is not None else Evaluator(":memory:", args.measure_budget_ms / 1000, target=args.target)
+        return shared if shared is not None else Evaluator(":memory:", args.measure_budget_ms / 1000, target=args.target, threads=args.threads)
 
     if args.problem is not None:
         interrupted = False

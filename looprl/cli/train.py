@@ -19,6 +19,7 @@ from pathlib import Path
 
 from looprl import defaults
 from looprl.backend.target import TARGET_CHOICES, Target
+from looprl.backend.threads import check_threads
 from looprl.cli.common import cache_path, run_command, writable_file, writable_folder
 from looprl.env.datasets import SPLITS, dataset_problems
 from looprl.measurement.evaluator import Evaluator
@@ -60,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--layouts", action="store_true",
                         help="train with the data-layout actions pack and pad after the splits (LoopNest-v0's layouts=True); "
                              "--init-from a loops-only policy starts the new actions as its average action")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for parallel loops (LoopNest-v0's threads=: more than 1 adds the 'parallel' action and normalises "
+                             "rewards by that many threads' peak; default 1); --evaluate: default the policy's own")
     return parser
 
 
@@ -81,7 +85,8 @@ def _evaluate(args) -> int:
         problems = problems[: args.limit]
     try:
         target = args.target if args.target is not None else policy.target
-        evaluate(policy, problems, Evaluator(cache, target=target), use_mask=args.mask, numpy=args.numpy, csv_path=args.csv)
+        threads = args.threads if args.threads is not None else policy.metadata.get("threads", 1)
+        evaluate(policy, problems, Evaluator(cache, target=target, threads=threads), use_mask=args.mask, numpy=args.numpy, csv_path=args.csv)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -107,6 +112,10 @@ def _train(args) -> int:
         raise ValueError("--init-from starts a new run; it cannot be combined with --resume")
     if args.resume and args.layouts:
         raise ValueError("--layouts chooses a new run's actions; a resumed run keeps its own")
+    if args.resume and args.threads is not None:
+        raise ValueError("--threads chooses a new run's actions; a resumed run keeps its own")
+    if args.threads is not None:
+        check_threads(args.threads, "--threads")
     cache_path(args.cache)
     writable_folder(args.out, "--out")
     if args.resume:
@@ -132,6 +141,8 @@ def _train(args) -> int:
             agent["env"]["target"] = args.target
         if args.layouts:
             agent["env"]["layouts"] = True
+        if args.threads is not None and args.threads > 1:
+            agent["env"]["threads"] = args.threads
         Target.resolve(agent["env"].get("target")).check_runs_on_host()
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         run = RunDirectory(args.out if args.out is not None else Path("runs") / f"{args.algo}__s{args.seed}__{stamp}")
@@ -221,7 +232,8 @@ def _validator(agent: dict, count: int):
 
     env = agent.get("env", {})
     problems = env_problems(env.get("dataset", defaults.DATASET), env.get("split", "train"), env.get("problems"))
-    evaluator = Evaluator(env.get("cache"), env.get("measure_budget_s", defaults.STATE_BUDGET_S), target=env.get("target"))
+    evaluator = Evaluator(env.get("cache"), env.get("measure_budget_s", defaults.STATE_BUDGET_S), target=env.get("target"),
+                          threads=env.get("threads", 1))
     return Validator(spread(problems, count), evaluator)
 
 
@@ -238,7 +250,8 @@ def _start(agent: dict, seed: int, num_env_runners: int | None, address: str | N
     from looprl.train.config import build_config
 
     env = agent.get("env", {})
-    peak_gflops(target=env.get("target"), cache=open_cache(env.get("cache")))  # measured once, before the env runners start
+    # measured once, before the env runners start
+    peak_gflops(target=env.get("target"), cache=open_cache(env.get("cache")), threads=env.get("threads", 1))
     if address:
         ray.init(address=address, include_dashboard=False)
     else:

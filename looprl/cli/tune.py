@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-measure", action="store_true", help="follow the policy without measuring (pure policy mode)")
     parser.add_argument("--no-numpy", action="store_true", help="skip timing numpy")
     parser.add_argument("--cache", default=None, help="measurement cache path (default: the per-user cache)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads the kernel may use (default: the cores this process may use; 1: serial); "
+                             "numpy is timed with as many BLAS threads")
     return parser
 
 
@@ -88,7 +91,7 @@ def _main(args) -> int:
     cache = cache_path(args.cache)
     policy = args.policy if args.policy == "default" else Path(args.policy)
     result = tune(problem, policy, steps=args.steps, measure=not args.no_measure, cache=cache, budget_s=args.budget,
-                  target=args.target, remember=not args.fresh)
+                  target=args.target, remember=not args.fresh, threads=args.threads)
     print(result.nest.to_text())
     if result.mode == "remembered":
         print("actions: (the schedule tuned before for this problem and target; --fresh tunes again)")
@@ -98,11 +101,16 @@ def _main(args) -> int:
           f"tuned in {result.seconds * 1000:.0f} ms ({result.mode} mode, target {result.target.isa}, {result.measured} schedules timed)")
     if result.waited_s > 0.05:
         print(f"(of which {result.waited_s * 1000:.0f} ms waiting for another looprl process's timing)")
+    if result.threads > 1:
+        runs = f"on {result.threads} threads" if result.nest.is_parallel else "serial: threads did not pay"
+        serial = f" (best serial schedule {result.serial_gflops:.1f} GFLOPS)" if result.serial_gflops is not None else ""
+        print(f"threads: {result.threads} offered, the kernel runs {runs}{serial}")
     if not args.no_numpy:
         from looprl.measurement.numpy_baseline import baseline_label, numpy_gflops
 
-        reference = numpy_gflops([problem], 0.1, isa=result.target.isa)[0]  # numpy's kernels for the same ISA
-        print(f"{baseline_label(result.target.isa)}: {reference:.1f} GFLOPS; looprl / numpy = {result.gflops / reference:.2f}")
+        reference = numpy_gflops([problem], 0.1, isa=result.target.isa, threads=result.threads)[0]  # same ISA, as many threads
+        label = baseline_label(result.target.isa, threads=result.threads)
+        print(f"{label}: {reference:.1f} GFLOPS; looprl / numpy = {result.gflops / reference:.2f}")
     return 0
 
 

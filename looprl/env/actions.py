@@ -18,6 +18,11 @@ With ``layouts=True`` two data-layout actions follow (ALT's primitives, cursor-l
 * ``pad``: pad the cursor loop's dimension, in every tensor where it is not the outermost
   physical dimension, to a multiple of ``pad_multiple`` (the target's vector width).
 
+With ``parallel=True`` (an env or search on more than one thread) one more action comes last:
+
+* ``parallel``: mark the cursor loop parallel (:meth:`LoopNest.parallel`: a loop over an
+  output dimension, no other parallel loop in its nest); the cursor stays.
+
 An action that cannot apply (moving past either end, a swap :meth:`LoopNest.swap` refuses, a
 factor larger than the loop, a split that would exceed ``max_loops``, or a layout action that
 changes no tensor) is invalid: :meth:`ActionSet.apply` returns None and the caller keeps the
@@ -35,6 +40,7 @@ from looprl.ir.nest import LAYOUT_TENSORS, LoopNest
 from looprl.ir.problem import Problem
 
 MOVES = ("up", "down")
+PARALLEL = "parallel"
 SWAPS = ("swap_up", "swap_down")
 LAYOUT_ACTIONS = ("pack", "pad")
 MIN_FACTOR, MAX_FACTOR = 2, 512  # wide enough for cache blocks (k blocks of 256, n blocks of 512)
@@ -55,7 +61,10 @@ class State:
 class ActionSet:
     """The discrete actions for a given set of split factors and loop bound."""
 
-    def __init__(self, split_factors=defaults.SPLIT_FACTORS, max_loops: int = defaults.MAX_LOOPS, layouts: bool = False, pad_multiple: int = 16):
+    def __init__(
+        self, split_factors=defaults.SPLIT_FACTORS, max_loops: int = defaults.MAX_LOOPS, layouts: bool = False, pad_multiple: int = 16,
+        parallel: bool = False,
+    ):
         if isinstance(split_factors, (str, bytes)) or not hasattr(split_factors, "__iter__"):
             raise ValueError(f"split_factors must be a sequence of integers, got {split_factors!r}")
         factors = tuple(split_factors)
@@ -82,21 +91,34 @@ class ActionSet:
         self._first_layout = len(self.names)
         if self.layouts:
             self.names += LAYOUT_ACTIONS
+        if not isinstance(parallel, (bool, np.bool_)):
+            raise ValueError(f"parallel must be True or False, got {parallel!r}")
+        self.parallel = bool(parallel)
+        self._parallel = len(self.names) if self.parallel else None  # the parallel action's index
+        if self.parallel:
+            self.names += (PARALLEL,)
 
     @classmethod
-    def for_target(cls, target, split_factors=defaults.SPLIT_FACTORS, max_loops: int = defaults.MAX_LOOPS, layouts: bool = False) -> "ActionSet":
+    def for_target(
+        cls, target, split_factors=defaults.SPLIT_FACTORS, max_loops: int = defaults.MAX_LOOPS, layouts: bool = False, parallel: bool = False
+    ) -> "ActionSet":
         """The env's action set on ``target``: ``pad`` pads to a multiple of its vector width."""
-        return cls(split_factors, max_loops, layouts=layouts, pad_multiple=max(target.vector_width, MIN_FACTOR))
+        return cls(split_factors, max_loops, layouts=layouts, pad_multiple=max(target.vector_width, MIN_FACTOR), parallel=parallel)
 
     @classmethod
     def covering(cls, names, split_factors=defaults.SPLIT_FACTORS, max_loops: int = defaults.MAX_LOOPS, target=None) -> "ActionSet":
         """``split_factors``' action set plus a ``split_<f>`` action for every other factor
-        named in ``names``, and the layout actions (for ``target``) if ``names`` has one: the
-        actions that replay a path of ``looprl.tune``, whose tiles may split by a target's
-        tile rows."""
+        named in ``names``, the layout actions (for ``target``) if ``names`` has one and the
+        parallel action if it is named: the actions that replay a path of ``looprl.tune``,
+        whose tiles may split by a target's tile rows."""
+        names = list(names)
         named = [name[len("split_"):] for name in names if isinstance(name, str) and name.startswith("split_")]
         layouts = any(name in LAYOUT_ACTIONS for name in names)
-        base = cls(split_factors, max_loops, layouts) if target is None else cls.for_target(target, split_factors, max_loops, layouts)
+        parallel = PARALLEL in names
+        if target is None:
+            base = cls(split_factors, max_loops, layouts, parallel=parallel)
+        else:
+            base = cls.for_target(target, split_factors, max_loops, layouts, parallel=parallel)
         return base.with_splits(int(f) for f in named if f.isdigit())
 
     def with_splits(self, factors) -> "ActionSet":
@@ -106,17 +128,20 @@ class ActionSet:
         extra = tuple(f for f in dict.fromkeys(factors) if f not in self.split_factors)
         if not extra:
             return self
-        return ActionSet(self.split_factors + extra, self.max_loops, self.layouts, self.pad_multiple)
+        return ActionSet(self.split_factors + extra, self.max_loops, self.layouts, self.pad_multiple, self.parallel)
 
     def extended(self, names) -> "ActionSet":
         """This action set plus what replaying ``names`` needs: a ``split_<f>`` for each factor
-        named that it lacks (after its own splits) and the layout actions if ``pack`` or
-        ``pad`` is named. Moves, swaps and its own splits keep their indices."""
+        named that it lacks (after its own splits), the layout actions if ``pack`` or ``pad`` is
+        named and the parallel action if it is. Moves, swaps and its own splits keep their
+        indices."""
         names = list(names)
         factors = [int(n[len("split_"):]) for n in names if isinstance(n, str) and n.startswith("split_") and n[len("split_"):].isdigit()]
         extended = self.with_splits(factors)
-        if not extended.layouts and any(n in LAYOUT_ACTIONS for n in names):
-            extended = ActionSet(extended.split_factors, extended.max_loops, True, extended.pad_multiple)
+        layouts = extended.layouts or any(n in LAYOUT_ACTIONS for n in names)
+        parallel = extended.parallel or PARALLEL in names
+        if (layouts, parallel) != (extended.layouts, extended.parallel):
+            extended = ActionSet(extended.split_factors, extended.max_loops, layouts, extended.pad_multiple, parallel)
         return extended
 
     def __len__(self) -> int:
@@ -142,6 +167,8 @@ class ActionSet:
             return cursor + 1 < len(nest)
         if action in (2, 3):  # swap_up, swap_down
             return _can_swap(nest, cursor - 1 if action == 2 else cursor)
+        if action == self._parallel:
+            return nest.why_not_parallel(cursor) is None
         if action >= self._first_layout:
             return self._layout_nest(nest, cursor, action) is not None
         return len(nest) + 1 <= self.max_loops and self.split_factors[action - 4] <= nest.loops[cursor].size
@@ -159,6 +186,8 @@ class ActionSet:
             return State(nest.swap(cursor - 1), cursor - 1)
         if action == 3:
             return State(nest.swap(cursor), cursor + 1)
+        if action == self._parallel:
+            return State(nest.parallel(cursor), cursor)
         if action >= self._first_layout:
             return State(self._layout_nest(nest, cursor, action), cursor)
         return State(nest.split(cursor, self.split_factors[action - 4]), cursor)
@@ -194,7 +223,7 @@ class ActionSet:
 
     def path(self, state: State, steps) -> tuple[tuple[int, ...], State] | None:
         """The actions that carry out the IR ``steps`` (``("split", i, f)``, ``("swap", i)``,
-        as :meth:`LoopNest.apply` takes them) from ``state``: cursor moves to loop ``i``, then
+        ``("parallel", i)``, as :meth:`LoopNest.apply` takes them) from ``state``: cursor moves to loop ``i``, then
         ``split_<f>``; for a swap, moves to loop ``i`` and ``swap_down`` or to loop ``i + 1``
         and ``swap_up``, whichever is nearer. Returns the actions and the state reached, or None when
         a step has no action here (a factor outside this set, a split past ``max_loops``)."""
@@ -206,6 +235,8 @@ class ActionSet:
             elif name == "swap":  # from loop index (swap_down) or from the loop below it (swap_up)
                 action = "swap_down" if abs(state.cursor - index) <= abs(state.cursor - index - 1) else "swap_up"
                 index = index if action == "swap_down" else index + 1
+            elif name == "parallel":
+                action = PARALLEL
             else:
                 return None
             if action not in self.names:

@@ -6,6 +6,7 @@ The graph (LoopTune, Fig. 4) has three kinds of nodes and three kinds of edges:
   ``("tensor", name)`` for ``in0``, ``in1``, ``acc`` and ``out``, and the two statements
   ``("stmt", "compute")`` (``acc += in0 * in1``) and ``("stmt", "write_back")``
   (``out = acc``);
+  (a loop node's ``parallel`` attribute says whether it is a parallel loop);
 * ``kind="nest"`` edges from each loop to the loop (or statement) directly inside it;
 * ``kind="data"`` edges from the tensors a statement reads to the statement and from the
   statement to the tensor it writes;
@@ -104,6 +105,7 @@ def nest_graph(nest: LoopNest, cursor: int | None = None) -> nx.DiGraph:
                 tail=loop.tail,
                 nest=loop.nest,
                 cursor=index == cursor,
+                parallel=loop.parallel,
             )
             if previous is not None:
                 graph.add_edge(previous, node, kind="nest")

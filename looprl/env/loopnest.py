@@ -16,12 +16,15 @@ step applies one discrete action (see :mod:`looprl.actions`): ``up``, ``down``, 
   ``measure_fraction``, else predicted; every episode's untuned nest is measured (it anchors
   the predictions of its problem); the model refits on the measurements every
   ``refit_every`` of them (:mod:`looprl.env.surrogate`, :mod:`looprl.costmodel.surrogate`).
+* **Threads** (beyond the paper): ``threads=N`` > 1 adds a ``parallel`` action (mark the
+  cursor loop parallel), measures parallel schedules on N threads and normalises rewards by
+  the measured N-thread peak.
 * **Episode**: ``episode_length`` actions (10), then ``truncated``; never ``terminated``.
 * **Invalid action**: a no-op with reward 0 and ``info["valid"] = False``.
 * **Failure**: a schedule that fails to compile or run leaves the state unchanged, gives
   reward 0, logs a warning and reports ``info["error"]``; ``step`` does not raise.
 
-``info`` holds ``gflops`` (current state), ``peak``, ``problem``, ``nest`` (pseudo-code),
+``info`` holds ``gflops`` (current state), ``peak``, ``threads``, ``problem``, ``nest`` (pseudo-code),
 ``schedule`` (cache key), ``layout_conversions`` (which data-layout conversions the measured
 figure includes: :func:`looprl.backend.codegen.conversions`), ``cursor``, ``action`` (name),
 ``valid``, ``from_cache`` (whether the measurement came from the cache; None when nothing was
@@ -43,6 +46,7 @@ from gymnasium import spaces
 from looprl import defaults
 from looprl.backend.codegen import conversions
 from looprl.backend.target import Target
+from looprl.backend.threads import check_threads
 from looprl.env.actions import ActionSet, State
 from looprl.env.datasets import dataset_names, dataset_problems
 from looprl.env.features import (
@@ -137,6 +141,13 @@ class LoopNestEnv(gym.Env):
             histograms show the strides of the layouts the kernel uses. A packed input's
             conversion is measured as part of the kernel unless the problem declares it
             constant.
+        threads: threads the kernels' parallel loops run on (1 to the cores this process may
+            use). With more than one the actions end with ``parallel`` (mark the cursor loop
+            parallel: a loop over an output dimension, one per nest; invalid otherwise), new
+            parallel schedules are measured on that many threads (the count is part of their
+            cache key) and rewards are normalised by the measured peak of that many threads.
+            The observation does not show the mark (its shape is the one policies know); the
+            state graph, the printed nest and ``info["schedule"]`` do.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}  # fps: for video recorders only
@@ -162,6 +173,7 @@ class LoopNestEnv(gym.Env):
         measure_fraction: float = DEFAULT_MEASURE_FRACTION,
         refit_every: int = DEFAULT_REFIT_EVERY,
         layouts: bool = False,
+        threads: int = 1,
     ):
         self.problems = env_problems(dataset, split, problems)
         self._groups = dataset_groups(dataset, split) if problems is None and not isinstance(dataset, str) else ()
@@ -176,6 +188,9 @@ class LoopNestEnv(gym.Env):
             raise ValueError(f"unknown render_mode {render_mode!r}; supported: ansi")
         if not isinstance(layouts, (bool, np.bool_)):
             raise ValueError(f"layouts must be True or False, got {layouts!r}")
+        self.threads = check_threads(threads)
+        if self.threads > 1 and self.reward != "measured":
+            raise ValueError("reward='model' needs threads=1: the cost model's features do not see parallel loops")
         self.actions = ActionSet(split_factors, max_loops)  # validates the arguments first
         self.max_loops = self.actions.max_loops
         for problem in self.problems:
@@ -187,11 +202,11 @@ class LoopNestEnv(gym.Env):
         measure_budget_s = check_budget(measure_budget_s, "measure_budget_s")
         if peak is not None:
             peak = check_budget(peak, "peak", unit="GFLOPS")
-        self.evaluator = Evaluator(cache, measure_budget_s, target=target, samples=measure_samples)
+        self.evaluator = Evaluator(cache, measure_budget_s, target=target, samples=measure_samples, threads=self.threads)
         self.target = self.evaluator.target
-        if layouts:
-            self.actions = ActionSet.for_target(self.target, split_factors, max_loops, layouts=True)
-        self.peak = peak if peak is not None else peak_gflops(target=self.target, cache=self.evaluator.cache)
+        if layouts or self.threads > 1:
+            self.actions = ActionSet.for_target(self.target, split_factors, max_loops, layouts=bool(layouts), parallel=self.threads > 1)
+        self.peak = peak if peak is not None else peak_gflops(target=self.target, cache=self.evaluator.cache, threads=self.threads)
         # reward="model": predicts most new states' GFLOPS; its own generator draws which to measure.
         self.surrogate = None if self.reward == "measured" else make_reward_model(model, self.evaluator, refit_every=refit_every, seed=None)
         self._draws = np.random.default_rng()
@@ -333,7 +348,7 @@ class LoopNestEnv(gym.Env):
         With ``reward="model"`` a cached state costs a lookup (no resampling), and one not in
         the cache is predicted unless drawn for measurement (or the model cannot predict yet)."""
         if self.surrogate is not None:
-            known = self.evaluator.cache.lookup(nest, self.target, self.evaluator.budget_s)
+            known = self.evaluator.cache.lookup(nest, self.target, self.evaluator.budget_s, self.threads)
             if known is not None:
                 self.surrogate.observe(nest, known.gflops)
                 return known.gflops, Measurement(known.gflops, from_cache=True, samples=known.samples), False
@@ -363,6 +378,7 @@ class LoopNestEnv(gym.Env):
             "gflops": self._gflops,
             "peak": self.peak,
             "target": self.target.isa,
+            "threads": self.threads,
             "problem": nest.problem.name,
             "nest": nest.to_text(self._state.cursor),
             "schedule": nest.key,

@@ -19,6 +19,14 @@ A schedule also carries the data layout of each tensor (``in0``, ``in1``, ``out`
 output's layout is the accumulator's (the write-back nest unpacks it into the row-major
 output array). Layouts appear in :attr:`LoopNest.key` only when some tensor has one, so keys
 of row-major schedules are unchanged.
+
+A loop may be marked *parallel* (:meth:`LoopNest.parallel`): its iterations are divided among
+threads. Only a loop over an output dimension may be parallel (its iterations write disjoint
+output elements and each element's sum runs in the serial order, so the results are
+bit-identical to the serial kernel's), and at most one loop per nest (compute, write-back):
+nested parallel loops are refused, not flattened. A split keeps the mark on the outer loop; a
+swap moves the mark with its loop. The mark shows in the printed nest (``parallel for``) and as
+a ``p`` after the loop in :attr:`LoopNest.key`; keys of serial schedules are unchanged.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from looprl.ir.problem import FLOAT32_BYTES, Problem
 COMPUTE = "compute"
 WRITE_BACK = "write_back"
 LAYOUT_TENSORS = ("in0", "in1", "out")
-_KEY_LOOP_RE = re.compile(r"([a-z])([0-9]+)s([0-9]+)(?:t([0-9]+))?", re.ASCII)
+_KEY_LOOP_RE = re.compile(r"([a-z])([0-9]+)s([0-9]+)(?:t([0-9]+))?(p?)", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,7 @@ class Loop:
     step: int
     tail: int
     nest: str  # COMPUTE or WRITE_BACK
+    parallel: bool = False  # iterations divided among threads (see LoopNest.parallel)
 
     @property
     def budget(self) -> int:
@@ -57,8 +66,13 @@ class Loop:
     def is_write_back(self) -> bool:
         return self.nest == WRITE_BACK
 
+    @property
+    def iterations(self) -> int:
+        """Iterations in its full context: ``size`` full ones plus the tail iteration, if any."""
+        return self.size + (self.tail > 0)
+
     def describe(self) -> str:
-        text = f"for {self.var} in {self.size}"
+        text = ("parallel " if self.parallel else "") + f"for {self.var} in {self.size}"
         if self.step != 1:
             text += f" step {self.step}"
         if self.tail:
@@ -104,10 +118,11 @@ class LoopNest:
             for item in text.split(",") if text else ():
                 match = _KEY_LOOP_RE.fullmatch(item)
                 if match is None:
-                    raise ValueError(f"bad loop {item!r} in schedule key {key!r}: expected <dim><size>s<step>[t<tail>]")
-                var, size, step, tail = match.groups()
-                loops.append(Loop(var, int(size), int(step), int(tail or 0), which))
+                    raise ValueError(f"bad loop {item!r} in schedule key {key!r}: expected <dim><size>s<step>[t<tail>][p]")
+                var, size, step, tail, parallel = match.groups()
+                loops.append(Loop(var, int(size), int(step), int(tail or 0), which, parallel == "p"))
             _check_chains(problem, loops, dims, which, key)
+            _check_parallel(problem, loops, which, key)
             parts.append(tuple(loops))
         nest = LoopNest(problem, parts[0], parts[1])
         if len(texts) == 3:
@@ -137,12 +152,22 @@ class LoopNest:
     def __len__(self) -> int:
         return len(self.compute) + len(self.write_back)
 
+    @property
+    def parallel_loops(self) -> tuple[int, ...]:
+        """Indices (into :attr:`loops`) of the parallel loops: at most one per nest."""
+        return tuple(i for i, lp in enumerate(self.loops) if lp.parallel)
+
+    @property
+    def is_parallel(self) -> bool:
+        """Whether some loop is parallel (the kernel then runs on ``threads`` threads)."""
+        return any(lp.parallel for lp in self.loops)
+
     @cached_property
     def key(self) -> str:
         """Canonical text of the schedule (the problem excluded): a cache key."""
 
         def part(loops: tuple[Loop, ...]) -> str:
-            return ",".join(f"{lp.var}{lp.size}s{lp.step}" + (f"t{lp.tail}" if lp.tail else "") for lp in loops)
+            return ",".join(f"{lp.var}{lp.size}s{lp.step}" + (f"t{lp.tail}" if lp.tail else "") + ("p" if lp.parallel else "") for lp in loops)
 
         text = part(self.compute) + "|" + part(self.write_back)
         if self.layouts:
@@ -239,8 +264,8 @@ class LoopNest:
             raise ValueError(f"split factor must be >= 2, got {factor}")
         if factor > loop.size:
             raise ValueError(f"cannot split loop {index} ({loop.describe()}) by {factor}: factor exceeds its size")
-        outer = Loop(loop.var, loop.size // factor, loop.step * factor, (loop.size % factor) * loop.step + loop.tail, loop.nest)
-        inner = Loop(loop.var, factor, loop.step, 0, loop.nest)
+        outer = Loop(loop.var, loop.size // factor, loop.step * factor, (loop.size % factor) * loop.step + loop.tail, loop.nest, loop.parallel)
+        inner = Loop(loop.var, factor, loop.step, 0, loop.nest)  # a parallel loop's mark stays on the outer part
         return self._replace_range(index, index + 1, (outer, inner))
 
     def swap(self, index: int) -> "LoopNest":
@@ -254,7 +279,39 @@ class LoopNest:
             raise ValueError(
                 f"cannot swap loops {index} and {index + 1}: both walk {first.var!r}, and the inner one covers the outer one's step"
             )
-        return self._replace_range(index, index + 2, (second, first))
+        return self._replace_range(index, index + 2, (second, first))  # marks move with their loops
+
+    def parallel(self, index: int) -> "LoopNest":
+        """Mark loop ``index`` parallel: its iterations (the tail iteration included) are
+        divided among the kernel's threads. The loop must walk an output dimension (a
+        reduction loop would make threads add into the same elements), and no other loop of
+        its nest (compute or write-back) may be parallel already: nested parallel loops are
+        refused."""
+        index = as_int(index, "loop index")
+        loop = self._loop(index)
+        why = self.why_not_parallel(index)
+        if why is not None:
+            raise ValueError(f"cannot make loop {index} ({loop.describe()}) parallel: {why}")
+        return self._replace_range(index, index + 1, (replace(loop, parallel=True),))
+
+    def why_not_parallel(self, index: int) -> str | None:
+        """Why :meth:`parallel` refuses loop ``index``, or None if it may be parallel."""
+        loop = self._loop(as_int(index, "loop index"))
+        if loop.parallel:
+            return "it is parallel already"
+        if loop.var not in self.problem.output:
+            return f"it walks {loop.var!r}, a reduction dimension (threads would add into the same outputs)"
+        for other, lp in enumerate(self.loops):
+            if lp.parallel and lp.nest == loop.nest:
+                return f"loop {other} of the {loop.nest.replace('_', '-')} nest is parallel already (nested parallel loops are refused)"
+        return None
+
+    def serial(self) -> "LoopNest":
+        """This schedule with no parallel loop (its one-thread counterpart)."""
+        if not self.is_parallel:
+            return self
+        unmark = lambda loops: tuple(replace(lp, parallel=False) for lp in loops)  # noqa: E731
+        return replace(self, compute=unmark(self.compute), write_back=unmark(self.write_back))
 
     def _loop(self, index: int) -> Loop:
         """Loop ``index``, a Python int (callers convert with :func:`as_int`)."""
@@ -269,7 +326,7 @@ class LoopNest:
         return replace(self, compute=compute, write_back=write_back)
 
     def apply(self, steps: "list[tuple]") -> "LoopNest":
-        """Apply ``[("split", i, f), ("swap", i), ...]`` in order."""
+        """Apply ``[("split", i, f), ("swap", i), ("parallel", i), ...]`` in order."""
         nest = self
         for step in steps:
             name, *args = step
@@ -277,10 +334,12 @@ class LoopNest:
                 nest = nest.split(*args)
             elif name == "swap":
                 nest = nest.swap(*args)
+            elif name == "parallel":
+                nest = nest.parallel(*args)
             elif name in ("layout_split", "layout_reorder", "layout_fuse", "layout_pad", "layout_pack"):
                 nest = getattr(nest, name)(*args)
             else:
-                raise ValueError(f"unknown transform {name!r}; expected 'split', 'swap' or a layout_* transform")
+                raise ValueError(f"unknown transform {name!r}; expected 'split', 'swap', 'parallel' or a layout_* transform")
         return nest
 
 
@@ -300,6 +359,16 @@ def _check_chains(problem: Problem, loops: list[Loop], dims: tuple[str, ...], wh
             covered = loop.step
         if covered != 1:
             raise ValueError(f"schedule key {key!r} of {problem.name}: the innermost {which} loop of {var!r} has step {covered}, not 1")
+
+
+def _check_parallel(problem: Problem, loops: list[Loop], which: str, key: str) -> None:
+    """Refuse parallel marks that :meth:`LoopNest.parallel` would not have set."""
+    marked = [lp for lp in loops if lp.parallel]
+    if len(marked) > 1:
+        raise ValueError(f"schedule key {key!r} of {problem.name}: the {which} nest has {len(marked)} parallel loops; at most one is allowed")
+    for loop in marked:
+        if loop.var not in problem.output:
+            raise ValueError(f"schedule key {key!r} of {problem.name}: the parallel {which} loop walks the reduction dimension {loop.var!r}")
 
 
 def initial_nest(problem: Problem) -> LoopNest:

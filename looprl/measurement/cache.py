@@ -2,8 +2,10 @@
 
 Keyed by what makes two measurements comparable — the host (CPU model, LLVM, features), the
 target the code was generated for, the code generator's version and the timing protocol (its
-version and budget) — then the problem and the schedule: a value measured under other rules is
-never reused. A value is not final: a state measured again keeps the best of its samples, and
+version and budget), and for a schedule with a parallel loop the thread count it ran on — then
+the problem and the schedule: a value measured under other rules is never reused. A schedule
+without a parallel loop runs on one thread whatever the caller's thread count, so it is stored
+under the one-thread key (the key of every measurement made before threads existed). A value is not final: a state measured again keeps the best of its samples, and
 the row counts them (``samples``), because timing on a shared machine is bimodal and noise only
 ever slows a run down. The default location is ``$LOOPRL_CACHE_DIR`` or the
 per-user cache directory (``$XDG_CACHE_HOME/looprl`` or ``~/.cache/looprl``), read when a
@@ -112,19 +114,40 @@ def measurement_host() -> str:
     return host_fingerprint()
 
 
-@lru_cache(maxsize=64)
-def measurement_key(target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S) -> str:
+def _threads_suffix(threads) -> str:
+    """The key's thread part: nothing for one thread (keys from before threads existed)."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive integer, got {threads!r}")
+    return "" if threads == 1 else f"|threads-{threads}"
+
+
+def measurement_key(target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S, threads: int = 1) -> str:
     """The cache's key for schedules measured on this host for ``target`` (None: the host's)
-    by the timing protocol with ``budget_s`` seconds per state."""
+    by the timing protocol with ``budget_s`` seconds per state, on ``threads`` threads."""
+    return _measurement_key(target, budget_s) + _threads_suffix(threads)  # checked outside the memo: True == 1
+
+
+@lru_cache(maxsize=64)
+def _measurement_key(target: Target | None, budget_s: float) -> str:
     target = Target.resolve(target)
     budget_ms = check_budget(budget_s) * 1000
     return f"{host_fingerprint()}|{target.key}|codegen-{CODEGEN_VERSION}|timing-v{TIMING_PROTOCOL_VERSION}-{budget_ms:g}ms"
 
 
+def peak_key(target: Target | None = None, threads: int = 1) -> str:
+    """The cache's key for the measured peak of ``target`` (None: the host's) on this host,
+    on ``threads`` threads."""
+    return _peak_key(target) + _threads_suffix(threads)
+
+
 @lru_cache(maxsize=16)
-def peak_key(target: Target | None = None) -> str:
-    """The cache's key for the measured peak of ``target`` (None: the host's) on this host."""
+def _peak_key(target: Target | None) -> str:
     return f"{host_fingerprint()}|{Target.resolve(target).key}|peak-timing-v{TIMING_PROTOCOL_VERSION}"
+
+
+def schedule_threads(nest: LoopNest, threads: int) -> int:
+    """The threads ``nest`` runs on when a caller offers ``threads``: 1 without a parallel loop."""
+    return threads if nest.is_parallel else 1
 
 
 @dataclass(frozen=True)
@@ -455,41 +478,46 @@ class MeasurementCache:
 
     # -- schedules ------------------------------------------------------------
     @staticmethod
-    def _key(nest: LoopNest, target: Target | None, budget_s: float) -> tuple[str, str, str]:
+    def _key(nest: LoopNest, target: Target | None, budget_s: float, threads: int = 1) -> tuple[str, str, str]:
         if not isinstance(nest, LoopNest):
             raise ValueError(f"expected a LoopNest, got {type(nest).__name__}")
-        return (measurement_key(target, budget_s), nest.problem.name, nest.key)
+        return (measurement_key(target, budget_s, schedule_threads(nest, threads)), nest.problem.name, nest.key)
 
-    def lookup(self, nest: LoopNest, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S) -> CachedValue | None:
+    def lookup(
+        self, nest: LoopNest, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S, threads: int = 1
+    ) -> CachedValue | None:
         """The stored measurement of ``nest`` for ``target`` (None: the host's) timed with
-        ``budget_s`` per state, or None."""
-        value = self._read("measurements", self._key(nest, target, budget_s))
+        ``budget_s`` per state on ``threads`` threads (one, if it has no parallel loop), or None."""
+        value = self._read("measurements", self._key(nest, target, budget_s, threads))
         if value is None:
             self.misses += 1
         else:
             self.hits += 1
         return value
 
-    def get(self, nest: LoopNest, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S) -> float | None:
+    def get(
+        self, nest: LoopNest, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S, threads: int = 1
+    ) -> float | None:
         """GFLOPS stored for ``nest`` (see :meth:`lookup`), or None."""
-        value = self.lookup(nest, target, budget_s)
+        value = self.lookup(nest, target, budget_s, threads)
         return None if value is None else value.gflops
 
     def put(
-        self, nest: LoopNest, gflops: float, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S, samples: int = 1
+        self, nest: LoopNest, gflops: float, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S, samples: int = 1,
+        threads: int = 1,
     ) -> None:
         """Store ``gflops`` as the best of ``samples`` timings of ``nest`` (replacing what was there)."""
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
             raise ValueError(f"samples must be a positive integer, got {samples!r}")
-        self._write("measurements", self._key(nest, target, budget_s), gflops, samples)
+        self._write("measurements", self._key(nest, target, budget_s, threads), gflops, samples)
 
     def add_sample(
-        self, nest: LoopNest, gflops: float, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S
+        self, nest: LoopNest, gflops: float, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S, threads: int = 1
     ) -> CachedValue:
         """Record one more timing of ``nest``: the row keeps the best of its samples and
         counts them. Read and write happen in one transaction, so concurrent processes that
         add samples of the same state lose none."""
-        key = self._key(nest, target, budget_s)
+        key = self._key(nest, target, budget_s, threads)
         _stored_value(gflops)  # refuse a non-finite value before opening the transaction
         self._one("BEGIN IMMEDIATE")
         try:
@@ -504,12 +532,13 @@ class MeasurementCache:
         return merged
 
     def records(
-        self, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S, exclude_problem: str | None = None
+        self, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S, exclude_problem: str | None = None, threads: int = 1
     ) -> list[tuple[str, str, float]]:
         """Every valid ``(problem name, schedule key, GFLOPS)`` measured on this host for
         ``target`` with ``budget_s`` per state (a learned cost model's training data), in
-        insertion order; rows failing their checksum are skipped."""
-        host = measurement_key(target, budget_s)
+        insertion order; rows failing their checksum are skipped. ``threads`` > 1: the
+        parallel schedules measured on that many threads."""
+        host = measurement_key(target, budget_s, threads)
         rows = self._connection.execute(
             "SELECT problem, schedule, gflops, checksum FROM measurements WHERE host = ? ORDER BY rowid", (host,)
         ).fetchall()
@@ -524,22 +553,24 @@ class MeasurementCache:
         return self._one("SELECT count(*) FROM measurements WHERE host LIKE ? ESCAPE '\\'", (_like_prefix(measurement_host()),))[0]
 
     # -- peak -----------------------------------------------------------------
-    def get_peak(self, target: Target | None = None) -> float | None:
-        """The stored peak of ``target`` (None: the host's) on this host, or None."""
-        value = self._read("peaks", (peak_key(target),))
+    def get_peak(self, target: Target | None = None, threads: int = 1) -> float | None:
+        """The stored peak of ``target`` (None: the host's) on ``threads`` threads of this
+        host, or None."""
+        value = self._read("peaks", (peak_key(target, threads),))
         return None if value is None else value.gflops
 
-    def put_peak(self, gflops: float, target: Target | None = None) -> None:
-        self._write("peaks", (peak_key(target),), gflops)
+    def put_peak(self, gflops: float, target: Target | None = None, threads: int = 1) -> None:
+        self._write("peaks", (peak_key(target, threads),), gflops)
 
     # -- tuned results ---------------------------------------------------------
     def get_tuned(self, problem_name: str, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S,
-                  tuner: str = "") -> tuple[str, float, float] | None:
+                  tuner: str = "", threads: int = 1) -> tuple[str, float, float] | None:
         """``(schedule key, GFLOPS, search budget)`` that :func:`looprl.tune` found for the
-        problem on this host and ``target`` with ``budget_s`` per state, or None (also when
-        the row fails its checksum). ``tuner`` names the tuning procedure's version: an answer
-        stored by another version is not returned."""
-        host = measurement_key(target, budget_s)
+        problem on this host and ``target`` with ``budget_s`` per state and ``threads``
+        threads offered (the answer may be serial), or None (also when the row fails its
+        checksum). ``tuner`` names the tuning procedure's version: an answer stored by
+        another version is not returned."""
+        host = measurement_key(target, budget_s, threads)
         problem_name = _tuned_name(problem_name, tuner)
         row = self._one("SELECT schedule, gflops, budget, checksum FROM tuned WHERE host = ? AND problem = ?", (host, problem_name))
         if row is None:
@@ -554,10 +585,11 @@ class MeasurementCache:
 
     def put_tuned(
         self, nest: LoopNest, gflops: float, search_budget_s: float, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S,
-        tuner: str = "",
+        tuner: str = "", threads: int = 1,
     ) -> None:
-        """Remember ``nest`` as :func:`looprl.tune`'s answer for its problem (and ``tuner``)."""
-        host = measurement_key(target, budget_s)
+        """Remember ``nest`` as :func:`looprl.tune`'s answer for its problem (and ``tuner``)
+        when ``threads`` threads were offered."""
+        host = measurement_key(target, budget_s, threads)
         value, budget = _stored_value(gflops), float(search_budget_s)
         problem_name = _tuned_name(nest.problem.name, tuner)
         checksum = row_checksum("tuned", (host, problem_name, nest.key, repr(budget)), value)

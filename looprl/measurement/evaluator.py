@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from looprl import defaults
 from looprl.backend.kernel import Kernel, compile
 from looprl.backend.target import Target
+from looprl.backend.threads import check_threads
 from looprl.errors import CompileError, KernelError
 from looprl.ir.nest import LoopNest
-from looprl.measurement.cache import MeasurementCache
+from looprl.measurement.cache import MeasurementCache, schedule_threads
 from looprl.measurement.lock import TimingLock, machine_lock
 from looprl.measurement.timing import (
     DEFAULT_BUDGET_S,
@@ -78,7 +79,8 @@ class Evaluator:
     Code is generated for ``target`` (a :class:`~looprl.backend.target.Target`, a target name
     or None for the host); the cache key includes the target and ``budget_s``. A cached state
     with fewer than ``samples`` timings is timed again when it is looked up (``samples=1``:
-    never)."""
+    never). Schedules with a parallel loop run on ``threads`` threads (1 to the cores this
+    process may use), which is part of their cache key; the others run on one."""
 
     def __init__(
         self,
@@ -88,8 +90,10 @@ class Evaluator:
         strict: bool | None = None,
         target: "Target | str | None" = None,
         samples: int = defaults.MEASUREMENT_SAMPLES,
+        threads: int = 1,
     ):
         self.budget_s = check_budget(budget_s)
+        self.threads = check_threads(threads)
         self.target = Target.resolve(target)
         self.target.check_runs_on_host()
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
@@ -109,6 +113,13 @@ class Evaluator:
         self.compile_s = 0.0  # total seconds spent compiling / timing new states
         self.measure_s = 0.0
 
+    def with_threads(self, threads: int) -> "Evaluator":
+        """An evaluator like this one (cache, budget, lock, target, samples, and the same
+        buffers, already paged in) that measures parallel schedules on ``threads`` threads."""
+        other = Evaluator(self.cache, self.budget_s, self.timing_lock, self.strict, self.target, self.samples, threads)
+        other._workspaces = self._workspaces
+        return other
+
     def _workspace(self, problem) -> Workspace:
         workspace = self._workspaces.get(problem.name)
         if workspace is None:
@@ -125,7 +136,7 @@ class Evaluator:
         ``kernel`` is given), time it under the lock and add the timing to the cache."""
         if not isinstance(nest, LoopNest):
             raise ValueError(f"expected a LoopNest, got {type(nest).__name__}")
-        known = self.cache.lookup(nest, self.target, self.budget_s)
+        known = self.cache.lookup(nest, self.target, self.budget_s, self.threads)
         if known is not None and known.samples >= self.samples:
             return Measurement(known.gflops, from_cache=True, samples=known.samples)
         return self._time(nest, kernel, resample=known is not None)
@@ -139,13 +150,14 @@ class Evaluator:
     def _time(self, nest: LoopNest, kernel: Kernel | None, resample: bool) -> Measurement:
         if kernel is not None and kernel.target != self.target:
             raise ValueError(f"the kernel was compiled for {kernel.target.isa}, this evaluator measures {self.target.isa}")
+        threads = schedule_threads(nest, self.threads)
         try:
             with self.timing_lock:
                 started = time.perf_counter()
-                kernel = kernel if kernel is not None else compile(nest, target=self.target)
+                kernel = kernel if kernel is not None else compile(nest, target=self.target, threads=threads)
                 compiled = time.perf_counter()
                 workspace = self._workspace(nest.problem)
-                timing = time_kernel(kernel, self.budget_s, workspace=workspace, lock=self.timing_lock)
+                timing = time_kernel(kernel, self.budget_s, workspace=workspace, lock=self.timing_lock, threads=threads)
         except (CompileError, KernelError, MemoryError) as error:
             if self.strict:
                 raise
@@ -156,7 +168,7 @@ class Evaluator:
         self.resampled += resample
         self.compile_s += compiled - started
         self.measure_s += finished - compiled
-        stored = self.cache.add_sample(nest, timing.gflops, self.target, self.budget_s)
+        stored = self.cache.add_sample(nest, timing.gflops, self.target, self.budget_s, self.threads)
         return Measurement(stored.gflops, False, compiled - started, finished - compiled, samples=stored.samples, sample_gflops=timing.gflops)
 
 
@@ -167,9 +179,11 @@ def measure(
     cache=None,
     target: "Target | str | None" = None,
     samples: int = defaults.MEASUREMENT_SAMPLES,
+    threads: int | None = None,
 ) -> float:
     """GFLOPS (2 x product of loop extents / seconds) of a kernel or a schedule (compiled for
-    ``target``, default the host's), timed under the machine-wide lock.
+    ``target``, default the host's), timed under the machine-wide lock, its parallel loops on
+    ``threads`` threads (None: a kernel's own count, 1 for a schedule).
 
     With a cache (a :class:`~looprl.measurement.cache.MeasurementCache` or a path), a schedule
     is timed until it has ``samples`` timings there (one per call) and the best of them is
@@ -177,13 +191,15 @@ def measure(
     if isinstance(code, Kernel):
         nest, kernel = code.nest, code
         target = kernel.target if target is None else Target.resolve(target)
+        threads = kernel.threads if threads is None else check_threads(threads)
     elif isinstance(code, LoopNest):
         nest, kernel = code, None
         target = Target.resolve(target)
+        threads = 1 if threads is None else check_threads(threads)
     else:
         raise ValueError(f"measure() expects a Kernel or a LoopNest, got {type(code).__name__}")
     budget_s = check_budget(budget_s)
     if cache is not None:
-        return Evaluator(cache, budget_s, strict=True, target=target, samples=samples).measure(nest, kernel).gflops
+        return Evaluator(cache, budget_s, strict=True, target=target, samples=samples, threads=threads).measure(nest, kernel).gflops
     target.check_runs_on_host()
-    return time_kernel(kernel or compile(nest, target=target), budget_s).gflops
+    return time_kernel(kernel or compile(nest, target=target, threads=threads), budget_s, threads=threads).gflops

@@ -1,8 +1,10 @@
-"""numpy's single-thread GFLOPS, timed in a child process.
+"""numpy's GFLOPS on one thread (or ``threads`` BLAS threads), timed in a child process.
 
 OpenBLAS reads ``OPENBLAS_CORETYPE`` and its thread count when numpy is first imported, so the
-baseline needs a fresh interpreter with its own environment. ``numpy_gflops`` starts one; run
-this module directly to time in-process.
+baseline needs a fresh interpreter with its own environment: the thread variables of every
+BLAS (``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``, ...) are set to the thread count, so
+looprl's N-thread kernels are compared with numpy on N BLAS threads. ``numpy_gflops`` starts
+one; run this module directly to time in-process.
 
 Which kernels numpy runs follows the ISA of the code it is compared with: for the host's own
 ISA (``isa=None``, or the host's, e.g. ``"avx512"`` on an AVX-512 machine)
@@ -29,6 +31,7 @@ import subprocess
 import sys
 
 from looprl.backend.target import Target
+from looprl.backend.threads import check_threads
 from looprl.measurement.lock import machine_lock
 from looprl.measurement.timing import best_time, check_budget
 
@@ -55,30 +58,33 @@ def coretype_for(isa: str | None, host_isa: str | None = None) -> str | None:
     return CORETYPES[isa] if widths.index(isa) > widths.index(host_isa) else None
 
 
-def baseline_environment(isa: str | None = None, host_isa: str | None = None) -> dict[str, str]:
-    """The child's environment: one BLAS thread, and ``OPENBLAS_CORETYPE`` as
-    :func:`coretype_for` says (an inherited value is dropped either way)."""
+def baseline_environment(isa: str | None = None, host_isa: str | None = None, threads: int = 1) -> dict[str, str]:
+    """The child's environment: ``threads`` BLAS threads (default one), and
+    ``OPENBLAS_CORETYPE`` as :func:`coretype_for` says (an inherited value is dropped either
+    way)."""
+    threads = check_threads(threads)
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
-    env.update({name: "1" for name in _THREAD_VARIABLES})
+    env.update({name: str(threads) for name in _THREAD_VARIABLES})
     coretype = coretype_for(isa, host_isa)
     if coretype is not None:
         env["OPENBLAS_CORETYPE"] = coretype
     return env
 
 
-def baseline_label(isa: str | None = None, host_isa: str | None = None) -> str:
+def baseline_label(isa: str | None = None, host_isa: str | None = None, threads: int = 1) -> str:
     """What the baseline runs, for reports: e.g. ``"numpy, 1 thread, native kernels"``."""
     coretype = coretype_for(isa, host_isa)
     kernels = "native kernels" if coretype is None else f"OPENBLAS_CORETYPE={coretype} ({isa} kernels)"
-    return f"numpy, 1 thread, {kernels}"
+    return f"numpy, {threads} thread{'s' if threads != 1 else ''}, {kernels}"
 
 
-def numpy_gflops(problems: list, budget_s: float = 0.3, isa: str | None = None) -> list[float]:
+def numpy_gflops(problems: list, budget_s: float = 0.3, isa: str | None = None, threads: int = 1) -> list[float]:
     """GFLOPS of numpy (see the module docstring for the call) for each problem, measured in
-    a child process with one BLAS thread and the OpenBLAS kernels for ``isa`` (None: native),
-    by the common timing rule; this process holds the machine-wide lock meanwhile."""
+    a child process with ``threads`` BLAS threads (default one) and the OpenBLAS kernels for
+    ``isa`` (None: native), by the common timing rule; this process holds the machine-wide
+    lock meanwhile."""
     budget_s = check_budget(budget_s)
-    environment = baseline_environment(isa)
+    environment = baseline_environment(isa, threads=threads)
     request = json.dumps({"problems": [p.name for p in problems], "budget_s": budget_s})
     with machine_lock():
         result = subprocess.run(

@@ -22,6 +22,7 @@ import numpy as np
 from looprl.backend.buffers import aligned_empty
 from looprl.backend.codegen import kernel_tensors
 from looprl.backend.kernel import Kernel
+from looprl.backend.threads import check_threads
 from looprl.measurement.lock import machine_lock
 
 # Part of the measurement cache key: bump when the rule below changes what it reports.
@@ -119,10 +120,15 @@ class Workspace:
             self._point()
 
 
-def time_kernel(kernel: Kernel, budget_s: float = DEFAULT_BUDGET_S, min_runs: int = 3, workspace: Workspace | None = None, lock=None) -> Timing:
-    """Time ``kernel`` on aligned buffers (``workspace``, or new ones) by :func:`best_time`."""
+def time_kernel(
+    kernel: Kernel, budget_s: float = DEFAULT_BUDGET_S, min_runs: int = 3, workspace: Workspace | None = None, lock=None,
+    threads: int | None = None,
+) -> Timing:
+    """Time ``kernel`` on aligned buffers (``workspace``, or new ones) by :func:`best_time`,
+    its parallel loops on ``threads`` threads (None: the kernel's own count)."""
     if not isinstance(kernel, Kernel):
         raise ValueError(f"time_kernel() expects a Kernel, got {type(kernel).__name__}")
+    threads = kernel.threads if threads is None else check_threads(threads)
     ws = workspace if workspace is not None and workspace.problem == kernel.problem else Workspace(kernel.problem)
     ws.ensure(kernel.workspace_elements)  # packed inputs live there: their conversion is timed
     call, pointers = kernel.raw_call, ws.pointers
@@ -131,6 +137,5 @@ def time_kernel(kernel: Kernel, budget_s: float = DEFAULT_BUDGET_S, min_runs: in
         bound = kernel.bind(**{t: ws.inputs[0 if t == "in0" else 1] for t in constant})
         arrays = {t: bound._buffers.get(t, ws.inputs[i]) for i, t in enumerate(("in0", "in1"))}
         pointers = (arrays["in0"].ctypes.data, arrays["in1"].ctypes.data) + ws.pointers[2:]
-        function = bound._function
-        call = lambda ptrs, reps: function(*ptrs, reps)  # noqa: E731
-    return best_time(lambda reps: call(pointers, reps), budget_s, flops=kernel.problem.flops, min_runs=min_runs, lock=lock)
+        call = bound.raw_call
+    return best_time(lambda reps: call(pointers, reps, threads), budget_s, flops=kernel.problem.flops, min_runs=min_runs, lock=lock)

@@ -91,7 +91,7 @@ class DeadlineEvaluator:
     def predicted_s(self, nest: LoopNest) -> float:
         if nest.key in self._known:
             return 0.0
-        known = self.evaluator.cache.lookup(nest, self.evaluator.target, self.evaluator.budget_s)
+        known = self.evaluator.cache.lookup(nest, self.evaluator.target, self.evaluator.budget_s, getattr(self.evaluator, "threads", 1))
         if known is not None and known.samples >= self.evaluator.samples:
             return 0.0
         if self.reference_gflops <= 0:
@@ -120,6 +120,19 @@ class DeadlineEvaluator:
             if measurement.gflops > 0:
                 self.reference_gflops = measurement.gflops
             self.longest_compile_s = max(self.longest_compile_s, measurement.compile_s)
+        return measurement
+
+    def remeasure(self, nest: LoopNest) -> Measurement:
+        """Time ``nest`` again (its samples keep the best), unless predicted to end after the
+        deadline; what it returns replaces the figure this object knew."""
+        if self.deadline is not None and nest.key in self._known:
+            cost = state_cost_s(nest.problem.flops, self._known[nest.key].gflops, self.evaluator.budget_s, 0.0)
+            if time.perf_counter() + cost > self.deadline:
+                self.refused += 1
+                return Measurement(0.0, False, error="not measured: predicted to end after the deadline")
+        measurement = self.evaluator.remeasure(nest)
+        if measurement.ok:
+            self._known[nest.key] = measurement
         return measurement
 
     def remaining_s(self) -> float:

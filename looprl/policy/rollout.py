@@ -59,7 +59,8 @@ def policy_actions(policy: Policy, target: Target | None = None) -> ActionSet:
     layout actions (if any) padding for ``target`` (default: the policy's own, else the host)."""
     meta = policy.metadata
     target = target if target is not None else policy.target or Target.host()
-    actions = ActionSet.for_target(target, meta["split_factors"], meta["observation_shape"][0], layouts=bool(meta.get("layouts", False)))
+    actions = ActionSet.for_target(target, meta["split_factors"], meta["observation_shape"][0], layouts=bool(meta.get("layouts", False)),
+                                   parallel=bool(meta.get("parallel", False)))
     if actions.names != policy.action_names:
         raise ValueError(f"policy actions {policy.action_names} do not match split factors {meta['split_factors']}")
     return actions

@@ -38,6 +38,7 @@ import numpy as np
 from looprl import defaults
 from looprl.backend.kernel import Kernel, compile
 from looprl.backend.target import Target
+from looprl.backend.threads import available_cores, check_threads
 from looprl.env.actions import ActionSet
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, as_problem, matmul
@@ -48,6 +49,7 @@ from looprl.policy.budget import MIN_BUDGET_S, REFINEMENTS, DeadlineEvaluator, s
 from looprl.policy.guided import guided_search
 from looprl.policy.loading import load_policy
 from looprl.policy.numpy_policy import Policy
+from looprl.policy.parallel import parallel_proposals
 from looprl.policy.rollout import greedy_rollout, policy_actions
 from looprl.policy.tiles import measure_tiles, tile_of
 from looprl.policy.twin import carried_back, transposed_twin
@@ -82,6 +84,8 @@ class TuneResult:
     # A constant right operand stored across the output's columns (a linear layer's W) is tuned
     # as its twin (looprl.policy.twin): ``actions`` then replay on this problem, not ``problem``.
     tuned_as: Problem | None = None
+    threads: int = 1  # threads offered: the kernel's parallel loops (if any) run on as many
+    serial_gflops: float | None = None  # the best serial schedule's, when parallel proposals were measured
 
     @property
     def action_set(self) -> ActionSet:
@@ -123,6 +127,7 @@ def tune(
     measure_budget_s: float = defaults.STATE_BUDGET_S,
     target: Target | str | None = None,
     remember: bool = True,
+    threads: int | None = None,
 ) -> TuneResult:
     """Schedule ``problem`` with ``policy`` and compile it for ``target`` (None: this machine).
 
@@ -135,7 +140,15 @@ def tune(
     state of it measured whatever it costs);
     ``measure_budget_s``: timing budget per new schedule. ``cache``: the measurement cache (a
     path, ``":memory:"`` or None for the per-user one). ``remember``: reuse and store the
-    answer for this host, target and problem."""
+    answer for this host, target and problem (and thread count).
+
+    ``threads``: how many threads the kernel may use (None: the cores this process may use,
+    as numpy does; 1: a serial kernel). In measured mode with more than one, the best serial
+    schedules found are proposed again with their outermost eligible loops parallel
+    (:mod:`looprl.policy.parallel`) and measured on that many threads, after the serial
+    search (which keeps its whole budget: the proposals get a quarter of it more); the faster
+    of the serial best and the parallel proposals is returned, so a problem too small for
+    threads to pay gets a serial kernel. Pure policy mode stays serial."""
     started = time.perf_counter()
     problem = as_tunable_problem(problem)
     if steps is not None and (isinstance(steps, (bool, np.bool_)) or not isinstance(steps, (int, np.integer)) or steps < 0):
@@ -144,14 +157,16 @@ def tune(
     measure_budget_s = check_budget(measure_budget_s, "measure_budget_s")
     if not isinstance(policy, (Policy, str, os.PathLike)):
         raise ValueError(f"policy must be a Policy, 'default' or a path to a policy folder, got {type(policy).__name__}")
+    threads = available_cores() if threads is None else check_threads(threads)
     target = Target.resolve(target)
     target.check_runs_on_host()
     twin = transposed_twin(problem)
     if twin is not None:  # tuned with the weight re-laid once, as the kernel binds it (see looprl.policy.twin)
         result = tune(twin, policy, steps, measure, cache=cache, budget_s=budget_s, measure_budget_s=measure_budget_s,
-                      target=target, remember=remember)
-        nest = carried_back(result.nest, problem)
-        return replace(result, problem=problem, nest=nest, kernel=compile(nest, target=target), seconds=time.perf_counter() - started,
+                      target=target, remember=remember, threads=threads)
+        nest = carried_back(result.nest, problem)  # parallel marks included
+        return replace(result, problem=problem, nest=nest, kernel=compile(nest, target=target, threads=threads),
+                       seconds=time.perf_counter() - started,
                        tuned_as=twin)
     loaded = load_policy(policy, target)
     _warn_if_made_for_another_target(loaded, target)
@@ -166,14 +181,14 @@ def tune(
         return TuneResult(problem, nest, kernel, tuple(actions), gflops, initial, time.perf_counter() - started, "policy", target,
                           measured=evaluator.compiled)
     if remember:
-        known = _remembered(evaluator, problem, MIN_BUDGET_S if budget_s is None else budget_s)
+        known = _remembered(evaluator, problem, MIN_BUDGET_S if budget_s is None else budget_s, threads)
         if known is not None:
             nest, gflops = known
             root = initial_nest(problem)
             initial = evaluator.cache.get(root, target, measure_budget_s) or evaluator(root).gflops
-            kernel = compile(nest, target=target)
+            kernel = compile(nest, target=target, threads=threads)
             return TuneResult(problem, nest, kernel, (), gflops, initial, time.perf_counter() - started, "remembered", target,
-                              measured=evaluator.compiled)
+                              measured=evaluator.compiled, threads=threads)
     budgeted = DeadlineEvaluator(evaluator, None)
     untuned = budgeted(initial_nest(problem))
     scaled = budget_s is None
@@ -202,11 +217,23 @@ def tune(
         guided = guided_search(loaded, problem, budgeted, deadline=lambda: budgeted.deadline, start=start, tile_rows=rows)
         if guided.best_gflops > gflops:
             nest, gflops, actions = guided.best_nest, guided.best_gflops, guided.best_actions
+    serial_gflops, measured, team_waited_s = None, evaluator.compiled, 0.0
+    if threads > 1:  # the best serial schedules with their outermost loops parallel, measured on the threads
+        team = DeadlineEvaluator(evaluator.with_threads(threads), None)  # the same buffers, already paged in
+        team.deadline = time.perf_counter() + budget_s / 4 if budget_s > 0 else None
+        candidates = [(nest, gflops, actions), (rollout.best_nest, rollout.best_gflops, rollout.best_actions)]
+        if budget_s > 0:
+            candidates.insert(1, (tiles.nest, tiles.gflops, tiles.actions))
+        chosen = parallel_proposals(sorted(candidates, key=lambda c: -(c[1] or 0.0)), team, threads, target)
+        serial_gflops, measured, team_waited_s = gflops, measured + team.compiled, team.waited_s
+        if chosen is not None and chosen.gflops > gflops:
+            nest, gflops, actions = chosen.nest, chosen.gflops, chosen.actions
     if remember:
-        evaluator.cache.put_tuned(nest, gflops, budget_s, target, measure_budget_s, tuner=TUNER)
-    kernel = compile(nest, target=target)
+        evaluator.cache.put_tuned(nest, gflops, budget_s, target, measure_budget_s, tuner=TUNER, threads=threads)
+    kernel = compile(nest, target=target, threads=threads)
     return TuneResult(problem, nest, kernel, tuple(actions), gflops, rollout.initial_gflops, time.perf_counter() - started, "measured",
-                      target, greedy_gflops=rollout.best_gflops, measured=evaluator.compiled, waited_s=budgeted.waited_s)
+                      target, greedy_gflops=rollout.best_gflops, measured=measured, waited_s=budgeted.waited_s + team_waited_s, threads=threads,
+                      serial_gflops=serial_gflops)
 
 
 def _check_search_budget(budget_s) -> float:
@@ -215,9 +242,10 @@ def _check_search_budget(budget_s) -> float:
     return 0.0 if is_number and budget_s == 0 else check_budget(budget_s, "budget_s")
 
 
-def _remembered(evaluator: Evaluator, problem: Problem, budget_s: float) -> tuple[LoopNest, float] | None:
-    """The remembered answer for ``problem`` if it was found with at least ``budget_s``."""
-    known = evaluator.cache.get_tuned(problem.name, evaluator.target, evaluator.budget_s, tuner=TUNER)
+def _remembered(evaluator: Evaluator, problem: Problem, budget_s: float, threads: int = 1) -> tuple[LoopNest, float] | None:
+    """The remembered answer for ``problem`` on ``threads`` threads if it was found with at
+    least ``budget_s``."""
+    known = evaluator.cache.get_tuned(problem.name, evaluator.target, evaluator.budget_s, tuner=TUNER, threads=threads)
     if known is None:
         return None
     schedule, gflops, spent = known

@@ -15,6 +15,7 @@ from looprl import defaults
 from looprl.backend.codegen import conversions
 from looprl.backend.kernel import compile
 from looprl.backend.target import Target
+from looprl.backend.threads import check_threads
 from looprl.env.actions import ActionSet
 from looprl.errors import CompileError, KernelError
 from looprl.ir.nest import LoopNest, initial_nest
@@ -115,6 +116,7 @@ def run(
     target=None,
     layouts: bool = False,
     layout_stage: float | None = None,
+    threads: int | None = None,
     **options: Any,
 ) -> SearchResult:
     """Search ``problem``'s schedules with ``algo`` (``greedy1``, ``greedy2``, ``beam2dfs``,
@@ -141,6 +143,10 @@ def run(
     gets that share of the budget, then a loops-only search continues from its best schedule
     (layouts kept) with the rest; ``actions`` then lists both stages (``up`` moves return the
     cursor to loop 0 between them).
+
+    ``threads`` (None: the ``evaluator``'s, else 1) > 1 adds the env's ``parallel`` action
+    (mark the cursor loop parallel) and measures parallel schedules on that many threads (an
+    ``evaluator`` given must measure on as many).
 
     Further keyword ``options`` go to the algorithm (``autotvm`` takes ``transfer=True``,
     ``batch_size`` and more: see :func:`looprl.search.autotvm.autotvm`); the others take none."""
@@ -172,11 +178,16 @@ def run(
         if split_factors != "target":
             raise ValueError(f"split_factors must be a sequence of integers or 'target', got {split_factors!r}")
         split_factors = target_split_factors(search_target)
-    actions = ActionSet(split_factors, max_loops)
+    given_threads = getattr(evaluator, "threads", 1) if evaluator is not None else 1
+    threads = given_threads if threads is None else check_threads(threads)
+    if evaluator is not None and threads != given_threads:
+        raise ValueError(f"threads={threads} but the evaluator given measures on {given_threads} thread(s)")
+    parallel = threads > 1
+    actions = ActionSet(split_factors, max_loops, parallel=parallel)
     actions.check_fits(problem)
-    evaluator = evaluator if evaluator is not None else Evaluator(cache, measure_budget_s, target=target)
+    evaluator = evaluator if evaluator is not None else Evaluator(cache, measure_budget_s, target=target, threads=threads)
     if layouts:
-        loop_actions, actions = actions, ActionSet.for_target(search_target, split_factors, max_loops, layouts=True)
+        loop_actions, actions = actions, ActionSet.for_target(search_target, split_factors, max_loops, layouts=True, parallel=parallel)
     stages = [(actions, budget_s, max_evaluations)]
     if layout_stage is not None:
         stages = [(actions, budget_s * layout_stage, max_evaluations), (loop_actions, budget_s * (1 - layout_stage), max_evaluations)]
@@ -242,6 +253,7 @@ def run(
             "seed": seed,
             "verify_s": verify_s,
             **({"layouts": True, "layout_stage": layout_stage} if layouts else {}),
+            **({"threads": threads} if threads > 1 else {}),
             **({"options": options} if function is autotvm else {}),
         },
         graph=graph,

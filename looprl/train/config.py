@@ -63,7 +63,8 @@ def agent_actions(agent: dict[str, Any]):
 
     env = agent.get("env", {})
     return ActionSet.for_target(Target.resolve(env.get("target")), env.get("split_factors", defaults.SPLIT_FACTORS),
-                                env.get("max_loops", defaults.MAX_LOOPS), layouts=bool(env.get("layouts", False)))
+                                env.get("max_loops", defaults.MAX_LOOPS), layouts=bool(env.get("layouts", False)),
+                                parallel=env.get("threads", 1) > 1)
 
 
 RLLIB_ENV_NAME = "looprl-LoopNest"

@@ -44,7 +44,8 @@ def evaluate(policy: Policy, problems, evaluator: Evaluator, *, use_mask: bool =
     if numpy:
         from looprl.measurement.numpy_baseline import numpy_gflops
 
-        numpy_values = numpy_gflops(list(problems), 0.1, isa=evaluator.target.isa)  # numpy's kernels for the same ISA
+        # numpy's kernels for the same ISA, on as many BLAS threads as the evaluator's kernels
+        numpy_values = numpy_gflops(list(problems), 0.1, isa=evaluator.target.isa, threads=getattr(evaluator, "threads", 1))
     rows = []
     print(f"{'problem':>14} {'untuned':>8} {'final':>8} {'speedup':>8} {'numpy':>8}  actions", file=out)
     for problem, numpy_value in zip(problems, numpy_values):

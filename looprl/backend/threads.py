@@ -1,0 +1,119 @@
+"""Threads: how many a kernel may use, and the OpenMP runtime its parallel loops call.
+
+The code generator outlines the body of a parallel loop into a function and the kernel calls
+``GOMP_parallel(body, context, threads, 0)``, the entry point GCC's own OpenMP code calls, in
+**libgomp** (GCC's OpenMP runtime). Why libgomp: it is on the machines users have (Debian and
+Ubuntu's ``libgomp1`` comes with gcc and with numpy/scipy/torch stacks; PyTorch's Linux wheels
+and many others bundle a copy), it keeps a pool of threads per calling thread (so a parallel
+region costs a few microseconds, not a thread start, and a kernel called from several Python
+threads at once gets one team per caller), and its threads run native code only: the GIL is
+released by ctypes for the whole call, nothing of Python runs in the pool. Each thread takes a
+static share of the loop's iterations from ``omp_get_thread_num()`` / ``omp_get_num_threads()``
+(the team the runtime actually formed, so a smaller team still covers every iteration).
+
+The thread count is always an explicit value (never ``OMP_NUM_THREADS``): 1 by default, at
+most the cores this process may run on (``os.sched_getaffinity``), so looprl never
+oversubscribes the machine. A kernel run on one thread calls the outlined body directly
+(libgomp is not involved).
+
+libgomp cannot run parallel regions in a child forked after the forking thread has run one
+(its pool's threads do not exist in the child, and the first region would wait for them
+forever): in such a child a parallel kernel on more than one thread is refused with a
+:class:`~looprl.errors.KernelError` instead of hanging (use threads=1 there, or start child
+processes with the ``spawn`` or ``forkserver`` method).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import threading
+
+import numpy as np
+
+from looprl.errors import CompileError, KernelError
+
+# The symbols the generated code calls (resolved in the JIT from the libgomp found below).
+OPENMP_SYMBOLS = ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")
+
+_runtime_lock = threading.Lock()
+_runtime: list[str] = []  # the library path, once its symbols are registered with LLVM
+_used = threading.local()  # .parallel: this thread has run a parallel region
+_forked_after_use = [False]
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity), the most threads a kernel gets."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no sched_getaffinity on this OS
+        return os.cpu_count() or 1
+
+
+def check_threads(threads, what: str = "threads") -> int:
+    """``threads`` as an int in 1..:func:`available_cores` (a Python or numpy integer, not a
+    bool), or a ValueError naming ``what`` and the limit."""
+    if isinstance(threads, (bool, np.bool_)) or not isinstance(threads, (int, np.integer)):
+        raise ValueError(f"{what} must be a positive integer, got {threads!r}")
+    count = int(threads)
+    cores = available_cores()
+    if count < 1:
+        raise ValueError(f"{what} must be a positive integer, got {count}")
+    if count > cores:
+        raise ValueError(f"{what}={count} is more than the {cores} core(s) this process may use (os.sched_getaffinity)")
+    return count
+
+
+def find_openmp() -> str | None:
+    """The path or soname of libgomp on this machine, or None."""
+    return ctypes.util.find_library("gomp")
+
+
+def ensure_openmp_runtime() -> str:
+    """Load libgomp and register the symbols generated code calls with LLVM (once per
+    process); its path. A machine without libgomp gets a CompileError saying what to install."""
+    with _runtime_lock:
+        if _runtime:
+            return _runtime[0]
+        import llvmlite.binding as llvm
+
+        from looprl.backend.host import initialise_llvm
+
+        path = find_openmp()
+        if path is None:
+            raise CompileError(
+                "a parallel loop needs libgomp (GCC's OpenMP runtime), which is not installed: "
+                "install it (Debian/Ubuntu: apt install libgomp1) or keep every loop serial"
+            )
+        try:
+            library = ctypes.CDLL(path)
+            addresses = {name: ctypes.cast(getattr(library, name), ctypes.c_void_p).value for name in OPENMP_SYMBOLS}
+        except (OSError, AttributeError) as error:
+            raise CompileError(f"cannot use the OpenMP runtime {path}: {error}") from None
+        initialise_llvm()
+        for name, address in addresses.items():
+            llvm.add_symbol(name, address)
+        _runtime.append(path)
+        return path
+
+
+def before_parallel_call(threads: int) -> None:
+    """Called before a parallel kernel runs on ``threads`` threads: refuses what would hang
+    (see the module docstring) and records that this thread has used the runtime."""
+    if threads <= 1:
+        return
+    if _forked_after_use[0]:
+        raise KernelError(
+            "this process was forked from a thread that had run parallel kernels: libgomp cannot run "
+            "parallel regions here (run with threads=1, or start processes with 'spawn' or 'forkserver')"
+        )
+    _used.parallel = True
+
+
+def _after_fork_in_child() -> None:
+    if getattr(_used, "parallel", False):
+        _forked_after_use[0] = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

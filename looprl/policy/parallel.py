@@ -1,0 +1,126 @@
+"""Tune's parallel proposals: the best schedules found on one thread, with their outermost
+eligible loops made parallel, measured on the threads offered.
+
+No policy was trained with the ``parallel`` action: where to divide the work among threads is
+rarely a question of the register tile, and almost always the answer is the outermost loop
+over the output that has enough iterations for every thread (one team per call, each thread
+a contiguous block of the output). So :func:`parallel_proposals` takes tune's best serial
+schedules, marks in each the outermost compute loop over an output dimension with at least
+as many iterations as threads (and, so that the copy to the output is not left to one
+thread, the outermost such write-back loop), and measures them on ``threads`` threads; when
+that loop has few iterations (fewer than :data:`MANY` per thread, where contiguous shares of
+unequal blocks or a tail iteration can leave one thread longer at work), the outermost loop
+with that many is proposed as well; and for the best candidate, the variant that leaves the
+write-back copy serial (a second team per call costs more than a small copy saves). Tune
+keeps whichever is faster, the serial best or a parallel proposal: where parallelism does not
+pay (small problems, where forming a team costs more than it saves) the answer stays serial.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from looprl.env.actions import ActionSet, State
+from looprl.ir.nest import COMPUTE, WRITE_BACK, LoopNest, initial_nest
+
+
+MANY = 4  # iterations per thread from which a loop's shares are taken to be balanced
+
+
+@dataclass(frozen=True)
+class ParallelChoice:
+    nest: LoopNest
+    gflops: float
+    actions: tuple[str, ...]
+    measured: int  # parallel proposals timed
+
+
+def outermost_parallel_loop(nest: LoopNest, which: str, iterations: int) -> int | None:
+    """Index of the outermost loop of nest ``which`` (compute or write-back) that may be made
+    parallel and has at least ``iterations`` iterations, or None."""
+    for index, loop in enumerate(nest.loops):
+        if loop.nest == which and loop.iterations >= iterations and nest.why_not_parallel(index) is None:
+            return index
+    return None
+
+
+def parallel_variants(nest: LoopNest, threads: int, serial_copy: bool = False) -> list[tuple[LoopNest, tuple[int, ...]]]:
+    """:func:`parallel_variant`; with ``serial_copy``, the same with the write-back nest left
+    serial; then, if its compute loop has fewer than :data:`MANY` iterations per thread, the
+    variant whose compute loop is the outermost with that many."""
+    first = parallel_variant(nest, threads)
+    if first is None:
+        return []
+    serial = nest.serial()
+    variants = [first]
+    if serial_copy and len(first[1]) > 1:
+        variants.append((serial.parallel(first[1][0]), first[1][:1]))
+    if serial.loops[first[1][0]].iterations < MANY * threads:
+        balanced = parallel_variant(nest, threads, MANY * threads)
+        if balanced is not None and balanced[0] != first[0]:
+            variants.append(balanced)
+    return variants
+
+
+def parallel_variant(nest: LoopNest, threads: int, iterations: int | None = None) -> tuple[LoopNest, tuple[int, ...]] | None:
+    """``nest`` (made serial first) with its outermost eligible compute loop (at least
+    ``iterations`` iterations, default ``threads``) and write-back loop (at least ``threads``)
+    parallel, and the indices marked; None when no compute loop qualifies."""
+    serial = nest.serial()
+    compute = outermost_parallel_loop(serial, COMPUTE, threads if iterations is None else iterations)
+    if compute is None:
+        return None
+    marked, indices = serial.parallel(compute), (compute,)
+    write_back = outermost_parallel_loop(marked, WRITE_BACK, threads)
+    if write_back is not None:
+        marked, indices = marked.parallel(write_back), indices + (write_back,)
+    return marked, indices
+
+
+def parallel_proposals(candidates, evaluator, threads: int, target=None) -> ParallelChoice | None:
+    """Measure the parallel variant of each of ``candidates`` (``(nest, GFLOPS, actions)``,
+    best first; duplicates skipped) through ``evaluator`` (which measures on ``threads``
+    threads and may refuse what would pass its deadline); the fastest measured, or None. Its
+    actions replay it from the untuned nest: the candidate's, then cursor moves and
+    ``parallel`` at each marked loop.
+
+    A team is slowed by anything else running on its cores, and a large kernel gets one or two
+    executions per timing, so a proposal measured slower than the best serial figure is timed
+    once more (if the evaluator can ``remeasure``) before it loses."""
+    to_beat = max((gflops or 0.0 for nest, gflops, _ in candidates if nest is not None), default=0.0)
+    best, seen, measured = None, set(), 0
+    for nest, _, actions in candidates:
+        if nest is None:  # e.g. no tile was measured
+            continue
+        for marked, indices in parallel_variants(nest, threads, serial_copy=not seen):
+            if marked.key in seen:
+                continue
+            seen.add(marked.key)
+            measurement = evaluator(marked)
+            if not measurement.ok:
+                continue  # failed, or refused by the deadline
+            measured += 1
+            if measurement.gflops < to_beat and hasattr(evaluator, "remeasure"):
+                again = evaluator.remeasure(marked)
+                if again.ok:
+                    measurement, measured = again, measured + 1
+            if best is None or measurement.gflops > best.gflops:
+                best = ParallelChoice(marked, measurement.gflops, _path(nest, tuple(actions), indices, target), 0)
+    return None if best is None else ParallelChoice(best.nest, best.gflops, best.actions, measured)
+
+
+def _path(nest: LoopNest, actions: tuple[str, ...], indices: tuple[int, ...], target) -> tuple[str, ...]:
+    """``actions`` (which reach ``nest`` from the untuned nest) followed by the moves and
+    ``parallel`` actions that mark ``indices``; just ``actions`` if they do not replay."""
+    action_set = ActionSet.covering(list(actions) + ["parallel"], target=target)
+    state = State(initial_nest(nest.problem), 0)
+    for name in actions:
+        if name not in action_set.names:
+            return actions
+        state = action_set.apply(state, action_set.index(name)) or state
+    if state.nest != nest:
+        return actions
+    found = action_set.path(state, [("parallel", index) for index in indices])
+    if found is None:
+        return actions
+    return actions + tuple(action_set.names[a] for a in found[0])

@@ -1,0 +1,162 @@
+"""looprl.tune with threads: parallel proposals of the best serial schedules, the faster kept."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import looprl
+from looprl.backend.threads import available_cores
+from looprl.env.actions import ActionSet, State
+from looprl.ir.nest import COMPUTE, WRITE_BACK
+from looprl.measurement.cache import MeasurementCache
+from looprl.policy.parallel import outermost_parallel_loop, parallel_proposals, parallel_variant
+from tests.policies import random_policy
+
+needs_two = pytest.mark.skipif(available_cores() < 2, reason="needs two cores")
+PROBLEM = looprl.matmul(192, 160, 128)
+
+
+def test_the_outermost_eligible_loops_are_marked():
+    nest = looprl.initial_nest(looprl.matmul(64, 48, 32)).swap(0)  # k, m, n | m, n
+    assert outermost_parallel_loop(nest, COMPUTE, 2) == 1  # m: k is a reduction
+    assert outermost_parallel_loop(nest, WRITE_BACK, 2) == 3
+    marked, indices = parallel_variant(nest, 2)
+    assert indices == (1, 3) and marked == nest.parallel(1).parallel(3)
+    assert parallel_variant(marked, 2)[0] == marked  # a parallel nest is made serial first
+    tiled = looprl.initial_nest(looprl.matmul(64, 48, 32)).split(0, 64)  # m: one iteration of 64, then m64
+    assert outermost_parallel_loop(tiled, COMPUTE, 2) == 1  # too few iterations for two threads
+    vector = looprl.initial_nest(looprl.contraction("k,kn->n", k=5, n=1))
+    assert parallel_variant(vector, 2) is None  # n has one iteration: nothing to divide
+
+
+def test_proposals_replay_from_the_untuned_nest_and_the_fastest_wins():
+    problem = looprl.matmul(64, 48, 32)
+    actions = ("split_4", "down", "swap_down")
+    nest = looprl.initial_nest(problem).split(0, 4).swap(1)
+    values = iter([5.0, 9.0])
+
+    def evaluator(candidate):
+        return looprl.Measurement(next(values), False)
+
+    other = looprl.initial_nest(problem)
+    values = iter([5.0, 4.0, 9.0])  # the first candidate: both nests parallel, then the copy serial
+    chosen = parallel_proposals([(nest, 3.0, actions), (other, 1.0, ())], evaluator, 2)
+    assert chosen.gflops == 9.0 and chosen.nest == other.parallel(0).parallel(3) and chosen.measured == 3
+    replay = ActionSet.covering(chosen.actions)
+    state = State(other, 0)
+    for name in chosen.actions:
+        state = replay.apply(state, replay.index(name))
+    assert state.nest == chosen.nest
+    first = parallel_proposals([(nest, 3.0, actions)], lambda n: looprl.Measurement(7.0, False), 2)
+    assert first.actions[:3] == actions and first.actions.count("parallel") == 2
+
+
+@needs_two
+def test_tune_on_two_threads_is_never_slower_than_its_serial_best(tmp_path):
+    cache = MeasurementCache(str(tmp_path / "c.sqlite"))
+    policy = random_policy(seed=1)
+    result = looprl.tune(PROBLEM, policy, cache=cache, budget_s=0.3, measure_budget_s=0.002, threads=2)
+    assert result.threads == 2 and result.serial_gflops is not None
+    assert result.gflops >= result.serial_gflops
+    assert result.kernel.threads == 2
+    if result.nest.is_parallel:
+        assert result.gflops == pytest.approx(cache.get(result.nest, budget_s=0.002, threads=2))
+    rng = np.random.default_rng(0)
+    a, b = (rng.uniform(-1, 1, s).astype(np.float32) for s in PROBLEM.input_shapes)
+    expected = looprl.compile(result.nest.serial())(a, b)
+    assert np.array_equal(result.kernel(a, b), expected)
+    state = State(looprl.initial_nest(PROBLEM), 0)
+    replay = result.action_set
+    for name in result.actions:
+        state = replay.apply(state, replay.index(name)) or state
+    assert state.nest == result.nest
+    # remembered per thread count: the one-thread answer is another one
+    again = looprl.tune(PROBLEM, policy, cache=cache, budget_s=0.3, measure_budget_s=0.002, threads=2)
+    assert again.mode == "remembered" and again.nest == result.nest and again.kernel.threads == 2
+    serial = looprl.tune(PROBLEM, policy, cache=cache, budget_s=0.3, measure_budget_s=0.002, threads=1)
+    assert serial.mode == "measured" and not serial.nest.is_parallel and serial.serial_gflops is None
+
+
+@needs_two
+def test_a_parallel_schedule_that_does_not_pay_is_not_returned(monkeypatch):
+    """A parallel proposal measured slower than the serial best leaves the serial answer."""
+    import importlib
+
+    tune_module = importlib.import_module("looprl.policy.tune")  # the module, not the function it exports
+
+    def slow(candidates, evaluator, threads, target=None):
+        nest, gflops, actions = candidates[0]
+        return _Choice(parallel_variant(nest, threads)[0], gflops / 2, actions)
+
+    monkeypatch.setattr(tune_module, "parallel_proposals", slow)
+    result = looprl.tune(PROBLEM, random_policy(seed=1), cache=":memory:", budget_s=0.2, measure_budget_s=0.002, threads=2, remember=False)
+    assert not result.nest.is_parallel and result.gflops == result.serial_gflops
+
+
+class _Choice:
+    def __init__(self, nest, gflops, actions):
+        self.nest, self.gflops, self.actions, self.measured = nest, gflops, actions, 1
+
+
+def test_default_threads_are_the_cores():
+    result = looprl.tune((16, 16, 16), random_policy(), cache=":memory:", budget_s=0, measure_budget_s=0.001)
+    assert result.threads == available_cores() and result.kernel.threads == available_cores()
+
+
+@pytest.mark.parametrize("bad", [0, -2, True, 2.0, "2", available_cores() + 1])
+def test_bad_thread_counts_are_refused(bad):
+    with pytest.raises(ValueError, match="threads"):
+        looprl.tune((16, 16, 16), random_policy(), cache=":memory:", threads=bad)
+
+
+def test_the_command_line_takes_threads(tmp_path):
+    folder = random_policy().save(tmp_path / "policy")
+    bad = subprocess.run([sys.executable, "-m", "looprl", "tune", "16", "16", "16", "--policy", str(folder), "--threads", "0",
+                          "--cache", ":memory:"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "threads" in bad.stderr
+    good = subprocess.run([sys.executable, "-m", "looprl", "tune", "32", "32", "32", "--policy", str(folder), "--threads", "1",
+                           "--cache", ":memory:", "--budget", "0"], capture_output=True, text=True, timeout=120)
+    assert good.returncode == 0, good.stderr
+    assert "numpy, 1 thread," in good.stdout
+
+
+def test_a_proposal_slower_than_the_serial_best_is_timed_once_more():
+    problem = looprl.matmul(64, 48, 32)
+    nest = looprl.initial_nest(problem)
+
+    class Noisy:
+        def __init__(self):
+            self.calls = []
+
+        def __call__(self, candidate):
+            self.calls.append("measure")
+            return looprl.Measurement(2.0, False)  # caught a busy moment
+
+        def remeasure(self, candidate):
+            self.calls.append("remeasure")
+            return looprl.Measurement(8.0, False)
+
+    noisy = Noisy()
+    chosen = parallel_proposals([(nest, 5.0, ())], noisy, 2)
+    assert noisy.calls == ["measure", "remeasure"] * 2 and chosen.gflops == 8.0 and chosen.measured == 4  # two variants
+
+
+@needs_two
+def test_an_evaluator_on_more_threads_shares_cache_and_buffers():
+    serial = looprl.Evaluator(":memory:", 0.002)
+    team = serial.with_threads(2)
+    assert team.threads == 2 and team.cache is serial.cache and team._workspaces is serial._workspaces
+    assert (team.budget_s, team.target, team.samples) == (serial.budget_s, serial.target, serial.samples)
+
+
+def test_a_loop_of_few_iterations_gets_a_balanced_alternative():
+    from looprl.policy.parallel import parallel_variants
+
+    nest = looprl.initial_nest(looprl.matmul(64, 96, 32)).split(2, 40)  # m, k, n/40 (2 + tail), n40 | m, n
+    nest = nest.swap(1).swap(0)  # n/40, m, k, n40: 3 iterations, then m with 64
+    variants = parallel_variants(nest, 2)
+    assert [v.parallel_loops for v, _ in variants] == [(0, 4), (1, 4)]
+    assert [v.parallel_loops for v, _ in parallel_variants(nest.swap(0), 2)] == [(0, 4)]  # m first: 64 iterations
+    assert [v.parallel_loops for v, _ in parallel_variants(nest.swap(0), 2, serial_copy=True)] == [(0, 4), (0,)]
