@@ -156,16 +156,15 @@ def _train(args) -> int:
             initial_policy = resolve_policy(args.init_from)
             check_compatible(initial_policy, agent, str(args.init_from))
             arguments["init_from"] = str(args.init_from)
-        run.create(agent, arguments)
-        state = RunState()
-        if agent.get("pretrain") and args.init_from is None:
+        elif agent.get("pretrain"):
             from looprl.train.demonstrations import pretrain_policy
 
             initial_policy = pretrain_policy(agent, seed=args.seed, log=lambda line: print(line, flush=True))
             initial_policy.save(run.path / "pretrained")
             args.init_from = run.path / "pretrained"
             arguments["init_from"] = str(args.init_from)
-            run.create(agent, arguments)  # records where the weights start
+        run.create(agent, arguments)
+        state = RunState()
     limited = time_budget_s is not None or args.env_steps is not None
     iterations = args.iterations if args.iterations is not None else (None if limited else agent.get("run", {}).get("iterations", 100))
     checkpoint_every = args.checkpoint_every or agent.get("run", {}).get("checkpoint_every", 5)

@@ -111,15 +111,8 @@ class ActionSet:
         named in ``names``, the layout actions (for ``target``) if ``names`` has one and the
         parallel action if it is named: the actions that replay a path of ``looprl.tune``,
         whose tiles may split by a target's tile rows."""
-        names = list(names)
-        named = [name[len("split_"):] for name in names if isinstance(name, str) and name.startswith("split_")]
-        layouts = any(name in LAYOUT_ACTIONS for name in names)
-        parallel = PARALLEL in names
-        if target is None:
-            base = cls(split_factors, max_loops, layouts, parallel=parallel)
-        else:
-            base = cls.for_target(target, split_factors, max_loops, layouts, parallel=parallel)
-        return base.with_splits(int(f) for f in named if f.isdigit())
+        base = cls(split_factors, max_loops) if target is None else cls.for_target(target, split_factors, max_loops)
+        return base.extended(names)
 
     def with_splits(self, factors) -> "ActionSet":
         """This action set plus a ``split_<f>`` for each of ``factors`` it lacks, after its own

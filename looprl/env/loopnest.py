@@ -175,8 +175,8 @@ class LoopNestEnv(gym.Env):
         layouts: bool = False,
         threads: int = 1,
     ):
-        self.problems = env_problems(dataset, split, problems)
-        self._groups = dataset_groups(dataset, split) if problems is None and not isinstance(dataset, str) else ()
+        self._groups = dataset_groups(dataset, split) if problems is None else ()  # drawn from by set when several
+        self.problems = tuple(p for group in self._groups for p in group) if problems is None else env_problems(problems=problems)
         self.reward, self.measure_fraction, refit_every = check_reward(reward, model, measure_fraction, refit_every)
         if not isinstance(order, str) or order not in ORDERS:
             raise ValueError(f"unknown order {order!r}; expected one of {', '.join(ORDERS)}")
