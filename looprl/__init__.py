@@ -10,7 +10,8 @@ contract in ``pyproject.toml``)::
     policy       numpy policies, their greedy rollout, policy-guided search, looprl.tune
     search       greedy, beam, random and AutoTVM search
     costmodel    AutoTVM's schedule features and XGBoost cost model
-    env          actions, observations, datasets, LoopNest-v0 (gymnasium)
+    env          observations, datasets, LoopNest-v0 (gymnasium)
+    actions      actions as data and the one transition rule
     measurement  timing, peak, numpy baseline, cache, evaluator
     backend      looprl.Target, code generator, JIT, kernels
     ir           problems, loop nests, hand-written schedules
@@ -21,10 +22,9 @@ This module re-exports the public API and registers ``LoopNest-v0`` with gymnasi
 import gymnasium as _gymnasium
 
 from looprl.backend import Kernel, Target, aligned_empty, aligned_zeros, compile
+from looprl.actions import ActionSet, State
 from looprl.env import (
-    ActionSet,
     DatasetEntry,
-    State,
     dataset_entries,
     dataset_names,
     dataset_problems,

@@ -152,7 +152,7 @@ def test_diverse_pick_prefers_uncovered_components():
 
 
 def test_context_visit_refuses_another_problems_nest():
-    from looprl.env.actions import ActionSet
+    from looprl.actions import ActionSet
     from looprl.search.context import SearchContext
 
     context = SearchContext(SMALL, ActionSet(), FakeEvaluator(), None, None)

@@ -10,7 +10,7 @@ import pytest
 
 import looprl
 from looprl import search
-from looprl.env.actions import ActionSet
+from looprl.actions import ActionSet
 from looprl.env.loopnest import LoopNestEnv
 from looprl.ir.problem import as_problem
 from looprl.measurement import peak as peak_module

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import looprl
-from looprl.env.actions import ActionSet, State
+from looprl.actions import ActionSet, State
 from looprl.measurement.evaluator import Evaluator
 from looprl.policy.rollout import greedy_rollout
 from looprl.train.config import load_agent

@@ -10,7 +10,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import looprl
-from looprl.env.actions import ActionSet, State
+from looprl.actions import ActionSet, State
 from looprl.env.features import nest_graph, observation, stride_bin
 from looprl.env.loopnest import LoopNestEnv
 from looprl.errors import CompileError

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import looprl
 import looprl.search
-from looprl.env.actions import ActionSet, State
+from looprl.actions import ActionSet, State
 from looprl.env.features import nest_graph, observation
 from looprl.ir.layout import Layout
 from looprl.ir.nest import LoopNest

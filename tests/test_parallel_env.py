@@ -8,7 +8,7 @@ from gymnasium.utils.env_checker import check_env
 import looprl
 from looprl import search
 from looprl.backend.threads import available_cores
-from looprl.env.actions import ActionSet, State
+from looprl.actions import ActionSet, State
 
 needs_two = pytest.mark.skipif(available_cores() < 2, reason="needs two cores")
 

@@ -8,7 +8,8 @@ import pytest
 
 import looprl
 from looprl.backend.threads import available_cores
-from looprl.env.actions import ActionSet, State
+from looprl.actions import ActionSet, State, reach
+from looprl.search.context import SearchContext
 from looprl.ir.nest import COMPUTE, WRITE_BACK
 from looprl.measurement.cache import MeasurementCache
 from looprl.policy.parallel import outermost_parallel_loop, parallel_proposals, parallel_variant
@@ -42,14 +43,11 @@ def test_proposals_replay_from_the_untuned_nest_and_the_fastest_wins():
 
     other = looprl.initial_nest(problem)
     values = iter([5.0, 4.0, 9.0])  # the first candidate: both nests parallel, then the copy serial
-    chosen = parallel_proposals([(nest, 3.0, actions), (other, 1.0, ())], evaluator, 2)
+    chosen = parallel_proposals([(nest, 3.0, actions), (other, 1.0, ())], SearchContext(problem, ActionSet(), evaluator), 2)
     assert chosen.gflops == 9.0 and chosen.nest == other.parallel(0).parallel(3) and chosen.measured == 3
     replay = ActionSet.covering(chosen.actions)
-    state = State(other, 0)
-    for name in chosen.actions:
-        state = replay.apply(state, replay.index(name))
-    assert state.nest == chosen.nest
-    first = parallel_proposals([(nest, 3.0, actions)], lambda n: looprl.Measurement(7.0, False), 2)
+    assert reach(replay, State(other, 0), chosen.actions).nest == chosen.nest
+    first = parallel_proposals([(nest, 3.0, actions)], SearchContext(problem, ActionSet(), lambda n: looprl.Measurement(7.0, False)), 2)
     assert first.actions[:3] == actions and first.actions.count("parallel") == 2
 
 
@@ -67,11 +65,7 @@ def test_tune_on_two_threads_is_never_slower_than_its_serial_best(tmp_path):
     a, b = (rng.uniform(-1, 1, s).astype(np.float32) for s in PROBLEM.input_shapes)
     expected = looprl.compile(result.nest.serial())(a, b)
     assert np.array_equal(result.kernel(a, b), expected)
-    state = State(looprl.initial_nest(PROBLEM), 0)
-    replay = result.action_set
-    for name in result.actions:
-        state = replay.apply(state, replay.index(name)) or state
-    assert state.nest == result.nest
+    assert reach(result.action_set, State(looprl.initial_nest(PROBLEM), 0), result.actions).nest == result.nest
     # remembered per thread count: the one-thread answer is another one
     again = looprl.tune(PROBLEM, policy, cache=cache, budget_s=0.3, measure_budget_s=0.002, threads=2)
     assert again.mode == "remembered" and again.nest == result.nest and again.kernel.threads == 2
@@ -86,7 +80,7 @@ def test_a_parallel_schedule_that_does_not_pay_is_not_returned(monkeypatch):
 
     tune_module = importlib.import_module("looprl.policy.tune")  # the module, not the function it exports
 
-    def slow(candidates, evaluator, threads, target=None):
+    def slow(candidates, context, threads):
         nest, gflops, actions = candidates[0]
         return _Choice(parallel_variant(nest, threads)[0], gflops / 2, actions)
 
@@ -139,7 +133,7 @@ def test_a_proposal_slower_than_the_serial_best_is_timed_once_more():
             return looprl.Measurement(8.0, False)
 
     noisy = Noisy()
-    chosen = parallel_proposals([(nest, 5.0, ())], noisy, 2)
+    chosen = parallel_proposals([(nest, 5.0, ())], SearchContext(problem, ActionSet(), noisy), 2)
     assert noisy.calls == ["measure", "remeasure"] * 2 and chosen.gflops == 8.0 and chosen.measured == 4  # two variants
 
 

@@ -12,7 +12,7 @@ import pytest
 
 import looprl
 from looprl import search
-from looprl.env.actions import ActionSet, State
+from looprl.actions import ActionSet, State
 from looprl.env.loopnest import LoopNestEnv
 from looprl.measurement.evaluator import Evaluator, Measurement
 

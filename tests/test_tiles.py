@@ -9,10 +9,11 @@ from hypothesis import strategies as st
 
 import looprl
 from looprl.backend.target import Target
-from looprl.env.actions import ActionSet, State
+from looprl.actions import ActionSet, State
 from looprl.measurement.cache import MeasurementCache
 from looprl.measurement.evaluator import Evaluator
-from looprl.policy.budget import MAX_BUDGET_S, MIN_BUDGET_S, DeadlineEvaluator, scaled_budget
+from looprl.search.budget import MAX_BUDGET_S, MIN_BUDGET_S, scaled_budget
+from looprl.search.context import BudgetExhausted, SearchContext
 from looprl.policy.rollout import replay
 from looprl.policy.tiles import measure_tiles, tile_of
 from looprl.ir.schedules import cache_blocks, tile_shapes, tile_steps
@@ -119,20 +120,47 @@ def test_the_budget_grows_with_the_problem_within_its_bounds():
     assert scaled_budget(2 * 1024**3, 90.0, 0.008) < medium  # a faster untuned nest needs less
 
 
-def test_a_deadline_evaluator_refuses_what_would_end_late_and_measures_each_schedule_once():
+def test_a_search_context_refuses_what_would_end_late_and_measures_each_schedule_once():
     problem = looprl.matmul(256, 256, 256)
     evaluator = Evaluator(":memory:", 0.002, samples=1)
-    budgeted = DeadlineEvaluator(evaluator, None)
+    context = SearchContext(problem, ActionSet(), evaluator)
     root = looprl.initial_nest(problem)
-    first = budgeted(root)
-    assert first.ok and budgeted(root) is first and evaluator.compiled == 1
-    budgeted.deadline = time.perf_counter() + 1e-4  # nothing new fits
+    first = context.measure(root)
+    assert first.ok and context.measure(root).gflops == first.gflops and evaluator.compiled == 1
     tile = root.apply(tile_steps(problem, 4, 32))
-    refused = budgeted(tile)
-    assert not refused.ok and "deadline" in refused.error and budgeted.refused == 1 and evaluator.compiled == 1
-    assert budgeted(root).ok  # known: costs nothing, never refused
+    context.deadline = time.perf_counter() + 0.01  # not passed, but a compile (~20 ms predicted) does not fit
+    with pytest.raises(BudgetExhausted):
+        context.measure(tile)
+    assert context.budget.refused == 1 and evaluator.compiled == 1
+    assert context.measure(root).ok  # known: costs nothing, never refused
     evaluator(tile)  # in the cache now: free
-    assert budgeted.predicted_s(tile) == 0.0 and budgeted(tile).ok
+    context.deadline = time.perf_counter() + 0.01
+    assert context.measure(tile).ok and evaluator.compiled == 2
+
+
+def test_a_failed_schedule_is_no_node_and_is_not_measured_twice(monkeypatch):
+    from looprl.errors import CompileError
+    from looprl.measurement import evaluator as evaluator_module
+
+    monkeypatch.setenv("LOOPRL_STRICT", "0")
+    problem = looprl.matmul(32, 32, 32)
+    real_compile = evaluator_module.compile
+
+    def failing(nest, *args, **kwargs):
+        if nest != looprl.initial_nest(problem):
+            raise CompileError("simulated compile failure")
+        return real_compile(nest, *args, **kwargs)
+
+    monkeypatch.setattr(evaluator_module, "compile", failing)
+    evaluator = Evaluator(":memory:", 0.001, samples=1)
+    actions = ActionSet()
+    context = SearchContext(problem, actions, evaluator)
+    root = context.root()
+    assert context.child(root, actions.index("split_4")) is None  # not a 0-GFLOPS node beam search could expand
+    assert context.child(root, actions.index("down")) is not None  # a cursor move measures nothing
+    assert context.child(root, actions.index("split_4")) is None and evaluator.failures == 1
+    assert [node.state.nest for node in context.children(root)] == [root.state.nest]  # only the move
+    assert context.best is root and context.failures == evaluator.failures == 4  # swap_down, split_4/8/16: once each
 
 
 def test_measured_tiles_replay_in_the_env_and_tune_returns_at_least_the_best_tile():
@@ -142,7 +170,7 @@ def test_measured_tiles_replay_in_the_env_and_tune_returns_at_least_the_best_til
     policy = random_policy(seed=0)
     from looprl.policy.rollout import policy_actions
 
-    tiles = measure_tiles(problem, DeadlineEvaluator(evaluator, None), policy_actions(policy), looprl.Target.host())
+    tiles = measure_tiles(SearchContext(problem, ActionSet(), evaluator), policy_actions(policy))
     assert tile_of(tiles.nest) is not None
     assert tiles.tried >= 2 and tiles.gflops > 0
     values = replay(problem, tiles.actions, evaluator, ActionSet().extended(tiles.actions))
@@ -177,9 +205,9 @@ def test_time_spent_waiting_for_another_process_s_timing_moves_the_deadline(tmp_
 
     path = tmp_path / "timing.lock"
     evaluator = Evaluator(":memory:", 0.001, samples=1, timing_lock=TimingLock(path))
-    budgeted = DeadlineEvaluator(evaluator, None)
     problem = looprl.matmul(64, 64, 64)
-    budgeted(looprl.initial_nest(problem))  # compiled once: the JIT is warm
+    context = SearchContext(problem, ActionSet(), evaluator)
+    context.measure(looprl.initial_nest(problem))  # compiled once: the JIT is warm
     other = TimingLock(path)  # another holder of the same file lock, as another process would be
     held = threading.Event()
 
@@ -191,11 +219,11 @@ def test_time_spent_waiting_for_another_process_s_timing_moves_the_deadline(tmp_
     thread = threading.Thread(target=hold)
     thread.start()
     held.wait()
-    budgeted.deadline = time.perf_counter() + 10.0
-    before = budgeted.deadline
-    assert budgeted(looprl.initial_nest(problem).split(2, 16)).ok
+    context.deadline = time.perf_counter() + 10.0
+    before = context.deadline
+    assert context.measure(looprl.initial_nest(problem).split(2, 16)).ok
     thread.join()
-    assert 0.2 < budgeted.deadline - before < 1.0 and budgeted.waited_s == pytest.approx(budgeted.deadline - before)
-    budgeted.deadline = None  # without a deadline the wait is still counted
-    waited = budgeted.waited_s
-    assert budgeted(looprl.initial_nest(problem).split(2, 8)).ok and budgeted.waited_s >= waited
+    assert 0.2 < context.deadline - before < 1.0 and context.budget.waited_s == pytest.approx(context.deadline - before)
+    context.deadline = None  # without a deadline the wait is still counted
+    waited = context.budget.waited_s
+    assert context.measure(looprl.initial_nest(problem).split(2, 8)).ok and context.budget.waited_s >= waited

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import looprl
-from looprl.env.actions import State
+from looprl.actions import State, reach
 from tests.policies import random_policy
 
 
@@ -32,10 +32,7 @@ def test_tuned_kernels_match_numpy(problem, measure, policy_dir):
     # The reported actions lead from the untuned nest to the returned one (tiles may have
     # split by a target's tile rows, e.g. split_9 with AVX-512: the result's action set has them).
     actions = result.action_set
-    state = State(looprl.initial_nest(result.problem), 0)
-    for name in result.actions:
-        state = actions.apply(state, actions.index(name))
-    assert state.nest == result.nest
+    assert reach(actions, State(looprl.initial_nest(result.problem), 0), result.actions).nest == result.nest
     if measure:
         assert result.gflops >= result.initial_gflops  # the best state seen, the start included
 

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 import looprl
+from looprl.actions import ActionSet, reach
+from looprl.search.context import SearchContext
 from looprl.env.features import observation
 from looprl.measurement.cache import MeasurementCache
 from looprl.measurement.evaluator import Evaluator
@@ -37,10 +39,10 @@ def test_guided_search_measures_more_than_the_rollout_and_respects_its_deadline(
     policy = random_policy(seed=1)
     evaluator = Evaluator(":memory:", 0.001, samples=1)
     rollout = greedy_rollout(policy, PROBLEM, evaluator)
-    guided = guided_search(policy, PROBLEM, evaluator, deadline=time.perf_counter() + 10, depth=3, start=(rollout.best_actions, rollout.best_gflops))
+    context = SearchContext(PROBLEM, ActionSet(), evaluator, budget_s=10)
+    guided = guided_search(policy, context, depth=3, start=(rollout.best_actions, rollout.best_gflops))
     assert guided.best_gflops >= rollout.best_gflops and guided.measured > 0 and guided.stopped in ("depth", "exhausted")
-    started = time.perf_counter()
-    late = guided_search(policy, PROBLEM, Evaluator(":memory:", 0.001, samples=1), deadline=started)  # already past
+    late = guided_search(policy, SearchContext(PROBLEM, ActionSet(), Evaluator(":memory:", 0.001, samples=1), budget_s=0))  # already past
     assert late.stopped == "deadline" and late.measured == 1  # only the untuned nest
 
 
@@ -131,7 +133,7 @@ def test_a_policy_refuses_observations_of_the_other_kind():
 
 
 def test_guided_proposals_change_the_schedule_and_reach_every_part_of_the_nest():
-    from looprl.env.actions import ActionSet, State
+    from looprl.actions import ActionSet, State
     from looprl.policy.guided import _proposals
 
     actions = ActionSet()
@@ -141,16 +143,13 @@ def test_guided_proposals_change_the_schedule_and_reach_every_part_of_the_nest()
     reached = [following for _, _, following in proposals if following is not None]
     assert reached and all(following.nest != state.nest for following in reached)
     for _, path, following in proposals:  # each path replays to the state it claims
-        replayed = state
-        for action in path:
-            replayed = actions.apply(replayed, action) or replayed
-        assert following is None or replayed == following
+        assert following is None or reach(actions, state, path) == following
     split_loops = {following.cursor for following in reached}
     assert len(split_loops) >= 2  # not only where the cursor was
 
 
 def test_guided_proposals_include_tiles_a_policy_would_not_reach_one_action_at_a_time():
-    from looprl.env.actions import ActionSet, State
+    from looprl.actions import ActionSet, State
     from looprl.policy.guided import _proposals
 
     actions = ActionSet()
@@ -161,14 +160,11 @@ def test_guided_proposals_include_tiles_a_policy_would_not_reach_one_action_at_a
     tile = root.nest.split(0, 4).swap(1)  # m/4, k, m4, n: four output rows in registers
     assert tile in reached
     for _, path, following in proposals:
-        replayed = root
-        for action in path:
-            replayed = actions.apply(replayed, action) or replayed
-        assert following is None or replayed == following
+        assert following is None or reach(actions, root, path) == following
 
 
 def test_guided_proposals_try_the_target_s_register_tiles_over_output_rows():
-    from looprl.env.actions import ActionSet, State
+    from looprl.actions import ActionSet, State
     from looprl.policy.guided import _proposals
 
     actions = ActionSet((4, 8, 16, 6, 14))  # the policy's splits keep their indices; the target's rows follow
@@ -194,7 +190,7 @@ def test_replay_takes_the_tile_rows_tune_may_name():
 
 
 def test_the_action_set_covering_a_tune_path_keeps_the_env_s_indices():
-    from looprl.env.actions import ActionSet
+    from looprl.actions import ActionSet
 
     covering = ActionSet.covering(["split_4", "down", "split_9", "swap_down", "split_9", "split_6"])
     assert covering.names[: len(ActionSet())] == ActionSet().names
@@ -203,7 +199,7 @@ def test_the_action_set_covering_a_tune_path_keeps_the_env_s_indices():
 
 
 def test_a_layout_policy_pads_for_the_target_and_keeps_its_scores_by_name_when_tile_rows_are_added():
-    from looprl.env.actions import State
+    from looprl.actions import State
     from looprl.policy.guided import _scores
     from looprl.policy.rollout import policy_actions
 
@@ -218,7 +214,7 @@ def test_a_layout_policy_pads_for_the_target_and_keeps_its_scores_by_name_when_t
 
 
 def test_a_layout_policy_s_proposals_include_its_layout_actions_and_tune_replays_them():
-    from looprl.env.actions import State
+    from looprl.actions import State
     from looprl.policy.guided import _proposals
     from looprl.policy.rollout import policy_actions, replay
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import looprl
-from looprl.env.actions import State
+from looprl.actions import State, reach
 from looprl.policy.twin import carried_back, transposed_twin
 from tests.policies import random_policy
 
@@ -42,10 +42,7 @@ def test_tuned_linear_layers_compute_the_layer(policy_dir, activation, residual)
     np.testing.assert_allclose(bound(*((x, r) if residual else (x,))), expected, rtol=1e-5, atol=1e-4)
     # The actions replay on the twin, whose schedule is the result's with W re-laid.
     actions = result.action_set
-    state = State(looprl.initial_nest(result.tuned_as), 0)
-    for name in result.actions:
-        state = actions.apply(state, actions.index(name))
-    assert carried_back(state.nest, problem) == result.nest
+    assert carried_back(reach(actions, State(looprl.initial_nest(result.tuned_as), 0), result.actions).nest, problem) == result.nest
     assert "in1" in looprl.backend.codegen.layouts_applied(result.nest)  # W is never read across its rows
 
 

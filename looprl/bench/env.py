@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from looprl import defaults
-from looprl.env.actions import MOVES
+from looprl.actions import MOVES
 from looprl.env.datasets import dataset_problems
 from looprl.env.loopnest import LoopNestEnv
 from looprl.measurement.cache import MeasurementCache

@@ -1,12 +1,9 @@
-"""LoopNest-v0: LoopTune's actions, observations (state graph and features), benchmark sets
-and the Gymnasium environment."""
+"""LoopNest-v0: LoopTune's observations (state graph and features), benchmark sets and the
+Gymnasium environment (the actions live in :mod:`looprl.actions`)."""
 
-from looprl.env.actions import ActionSet, State
 from looprl.env.datasets import dataset_entries, dataset_names, dataset_problems
 from looprl.env.entries import DatasetEntry
 from looprl.env.features import nest_graph, observation
 from looprl.env.loopnest import LoopNestEnv
 
-__all__ = [
-    "ActionSet", "DatasetEntry", "LoopNestEnv", "State", "dataset_entries", "dataset_names", "dataset_problems", "nest_graph", "observation",
-]
+__all__ = ["DatasetEntry", "LoopNestEnv", "dataset_entries", "dataset_names", "dataset_problems", "nest_graph", "observation"]

@@ -1,7 +1,8 @@
 """``LoopNest-v0``: LoopTune's loop-nest tuning environment (DESIGN.md section 1).
 
 An episode starts from a problem's untiled nest with the cursor on the outermost loop. Each
-step applies one discrete action (see :mod:`looprl.actions`): ``up``, ``down``, ``swap_up``,
+step applies one discrete action (see :mod:`looprl.actions`; the transition is
+:func:`looprl.actions.step`, the rule every search and rollout follows): ``up``, ``down``, ``swap_up``,
 ``swap_down`` and ``split_<f>`` for each split factor (4, 8 and 16 by default, as in the paper).
 
 * **Observation**: ``Box(max_loops, 20)`` float32, one row per loop in depth-first order
@@ -47,7 +48,7 @@ from looprl import defaults
 from looprl.backend.codegen import conversions
 from looprl.backend.target import Target
 from looprl.backend.threads import check_threads
-from looprl.env.actions import ActionSet, State
+from looprl.actions import ActionSet, State, step
 from looprl.env.datasets import dataset_names, dataset_problems
 from looprl.env.features import (
     FEATURES_PER_LOOP,
@@ -136,7 +137,7 @@ class LoopNestEnv(gym.Env):
             the cache) is measured rather than predicted.
         refit_every: with ``reward="model"``, new measurements between refits of the model.
         layouts: add the data-layout actions ``pack`` and ``pad`` after the splits (see
-            :mod:`looprl.env.actions`; pad rounds to the target's vector width). Off by
+            :mod:`looprl.actions`; pad rounds to the target's vector width). Off by
             default: the paper's action space. The observation keeps its shape; its stride
             histograms show the strides of the layouts the kernel uses. A packed input's
             conversion is measured as part of the kernel unless the problem declares it
@@ -219,6 +220,7 @@ class LoopNestEnv(gym.Env):
         self._state: State | None = None
         self._gflops = 0.0
         self._steps = 0
+        self._predicted = False  # whether the last step's GFLOPS came from the reward model
 
     # -- spaces ----------------------------------------------------------------
     def _observation_space(self) -> spaces.Box:
@@ -319,18 +321,13 @@ class LoopNestEnv(gym.Env):
             logger.warning("step() called after the episode was truncated; call reset()")
         action = self.actions.validate(action)
         self._steps += 1
-        reward, measurement, predicted = 0.0, None, False
-        following = self.actions.apply(self._state, action)
-        valid = following is not None
-        if valid and not self.actions.is_structural(action):
-            self._state = following  # a cursor move: nothing to measure
-        elif valid:
-            gflops, measurement, predicted = self._evaluate(following.nest)
-            if gflops is not None:
-                reward = (gflops - self._gflops) / self.peak
-                self._state, self._gflops = following, gflops
+        self._predicted = False
+        transition = step(self.actions, self._state, self._gflops, action, self._value)
+        reward = (transition.gflops - self._gflops) / self.peak if transition.changed else 0.0
+        self._state, self._gflops = transition.state, transition.gflops
         truncated = self._steps >= self.episode_length
-        return self._observe(), float(reward), False, truncated, self._info(action, valid, measurement, predicted)
+        measurement = None if self._predicted else transition.measurement
+        return self._observe(), float(reward), False, truncated, self._info(action, transition.valid, measurement, self._predicted)
 
     def render(self):
         if self.render_mode != "ansi":
@@ -343,25 +340,25 @@ class LoopNestEnv(gym.Env):
         )
 
     # -- helpers ---------------------------------------------------------------------
-    def _evaluate(self, nest: LoopNest) -> tuple[float | None, Measurement | None, bool]:
-        """``(GFLOPS, measurement, predicted)`` of a new state; GFLOPS None if it failed.
-        With ``reward="model"`` a cached state costs a lookup (no resampling), and one not in
-        the cache is predicted unless drawn for measurement (or the model cannot predict yet)."""
+    def _value(self, nest: LoopNest) -> Measurement:
+        """The GFLOPS of a new state, as :func:`looprl.actions.step` asks for them. With
+        ``reward="model"`` a cached state costs a lookup (no resampling), and one not in the
+        cache is predicted (``self._predicted``) unless drawn for measurement (or the model
+        cannot predict yet)."""
         if self.surrogate is not None:
             known = self.evaluator.cache.lookup(nest, self.target, self.evaluator.budget_s, self.threads)
             if known is not None:
                 self.surrogate.observe(nest, known.gflops)
-                return known.gflops, Measurement(known.gflops, from_cache=True, samples=known.samples), False
+                return Measurement(known.gflops, from_cache=True, samples=known.samples)
             if self._draws.random() >= self.measure_fraction:
                 predicted = float(self.surrogate.predict([nest])[0])
                 if math.isfinite(predicted):
-                    return min(max(predicted, 0.0), self.peak), None, True
+                    self._predicted = True
+                    return Measurement(min(max(predicted, 0.0), self.peak), from_cache=False)
         measurement = self._measure(nest)
-        if not measurement.ok:
-            return None, measurement, False
-        if self.surrogate is not None:
+        if measurement.ok and self.surrogate is not None:
             self.surrogate.observe(nest, measurement.gflops)
-        return measurement.gflops, measurement, False
+        return measurement
 
     def _measure(self, nest: LoopNest) -> Measurement:
         measurement = self.evaluator(nest)

@@ -170,25 +170,30 @@ class Layout:
             raise ValueError(f"cannot {what} dimension {i} of layout {self.key!r}: it has {len(self.dims)} dimensions")
         return i
 
-    def _single(self, i: int, what: str) -> Atom:
-        if len(self.dims[i]) != 1:
-            raise ValueError(f"cannot {what} dimension {i} of layout {self.key!r}: it is fused")
-        return self.dims[i][0]
-
     def split(self, i: int, factor: int) -> "Layout":
         i = self._dim(i, "split")
-        atom = self._single(i, "split")
         factor = as_int(factor, "layout split factor")
-        if factor < 2 or factor >= atom.count:
-            raise ValueError(f"cannot split dimension {i} ({atom.key}) of layout {self.key!r} by {factor}: need 2 <= factor < {atom.count}")
-        if not atom.outer and atom.count % factor:
-            raise ValueError(f"cannot split dimension {i} ({atom.key}) of layout {self.key!r} by {factor}: it does not divide {atom.count}")
-        if atom.extent != atom.count:
-            raise ValueError(f"cannot split dimension {i} ({atom.key}) of layout {self.key!r}: it is padded")
+        why = self.why_not_split(i, factor)
+        if why is not None:
+            raise ValueError(why)
+        atom = self.dims[i][0]
         count = -(-atom.count // factor)
         outer = Atom(atom.var, atom.step * factor, count, count, atom.outer)
         inner = Atom(atom.var, atom.step, factor, factor, False)
         return Layout(self.index, self.sizes, self.dims[:i] + ((outer,), (inner,)) + self.dims[i + 1 :])
+
+    def why_not_split(self, i: int, factor: int) -> str | None:
+        """Why :meth:`split` refuses physical dimension ``i`` (in range) by ``factor``, or None."""
+        if len(self.dims[i]) != 1:
+            return f"cannot split dimension {i} of layout {self.key!r}: it is fused"
+        atom = self.dims[i][0]
+        if factor < 2 or factor >= atom.count:
+            return f"cannot split dimension {i} ({atom.key}) of layout {self.key!r} by {factor}: need 2 <= factor < {atom.count}"
+        if not atom.outer and atom.count % factor:
+            return f"cannot split dimension {i} ({atom.key}) of layout {self.key!r} by {factor}: it does not divide {atom.count}"
+        if atom.extent != atom.count:
+            return f"cannot split dimension {i} ({atom.key}) of layout {self.key!r}: it is padded"
+        return None
 
     def reorder(self, perm) -> "Layout":
         try:
@@ -207,15 +212,25 @@ class Layout:
 
     def pad(self, i: int, multiple: int) -> "Layout":
         i = self._dim(i, "pad")
-        atom = self._single(i, "pad")
         multiple = as_int(multiple, "pad multiple")
-        if multiple < 2:
-            raise ValueError(f"pad multiple must be >= 2, got {multiple}")
+        why = self.why_not_pad(i, multiple)
+        if why is not None:
+            raise ValueError(why)
+        atom = self.dims[i][0]
         extent = -(-atom.extent // multiple) * multiple
-        if extent == atom.extent:
-            raise ValueError(f"dimension {i} ({atom.key}) of layout {self.key!r} already has a multiple of {multiple} places")
         padded = Atom(atom.var, atom.step, atom.count, extent, atom.outer)
         return Layout(self.index, self.sizes, self.dims[:i] + ((padded,),) + self.dims[i + 1 :])
+
+    def why_not_pad(self, i: int, multiple: int) -> str | None:
+        """Why :meth:`pad` refuses physical dimension ``i`` (in range), or None."""
+        if len(self.dims[i]) != 1:
+            return f"cannot pad dimension {i} of layout {self.key!r}: it is fused"
+        if multiple < 2:
+            return f"pad multiple must be >= 2, got {multiple}"
+        atom = self.dims[i][0]
+        if atom.extent % multiple == 0:
+            return f"dimension {i} ({atom.key}) of layout {self.key!r} already has a multiple of {multiple} places"
+        return None
 
     def outer_dim(self, var: str) -> int | None:
         """Index of the physical dimension holding ``var``'s outer atom alone, or None."""
@@ -230,12 +245,11 @@ class Layout:
         inner piece into the tile (the physical dimensions holding inner pieces, innermost):
         before the tile's pieces of ``var`` (larger steps outside), else at the tile's start.
         B[k, n] packed by 16 on n is B[n/16, k, 16]; B[n, k] is B[n/16, k, 16] too."""
+        why = self.why_not_pack(var, step)
+        if why is not None:
+            raise ValueError(why)
         i = self.outer_dim(var)
-        if i is None:
-            raise ValueError(f"cannot pack {var!r} of layout {self.key!r}: its outer piece is fused")
         atom = self.dims[i][0]
-        if step % atom.step or step // atom.step < 2:
-            raise ValueError(f"cannot pack {var!r} of layout {self.key!r} by a step of {step}: not a multiple (>= 2x) of {atom.step}")
         split = self.split(i, step // atom.step)
         outer, inner = split.dims[i], split.dims[i + 1]
         rest = [d for j, d in enumerate(split.dims) if j not in (i, i + 1)]
@@ -244,3 +258,13 @@ class Layout:
         same = [j for j, d in enumerate(tile) if any(a.var == var for a in d)]
         tile.insert(same[0] if same else 0, inner)
         return Layout(self.index, self.sizes, (outer, *untiled, *tile))
+
+    def why_not_pack(self, var: str, step: int) -> str | None:
+        """Why :meth:`pack` refuses ``var`` by ``step``, or None."""
+        i = self.outer_dim(var)
+        if i is None:
+            return f"cannot pack {var!r} of layout {self.key!r}: its outer piece is fused"
+        atom = self.dims[i][0]
+        if step % atom.step or step // atom.step < 2:
+            return f"cannot pack {var!r} of layout {self.key!r} by a step of {step}: not a multiple (>= 2x) of {atom.step}"
+        return self.why_not_split(i, step // atom.step)

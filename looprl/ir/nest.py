@@ -198,11 +198,9 @@ class LoopNest:
         index = self.tensor_index(tensor)
         if not isinstance(layout, Layout) or layout.index != index or layout.sizes != self.problem.shape(index):
             raise ValueError(f"{layout!r:.200} is not a layout of {tensor} ({index}, shape {self.problem.shape(index)})")
-        if layout.elements * FLOAT32_BYTES > defaults.MAX_BUFFER_BYTES:
-            raise ValueError(
-                f"layout {layout.key!r} of {tensor} takes {layout.elements} floats, more than "
-                f"looprl.defaults.MAX_BUFFER_BYTES = {defaults.MAX_BUFFER_BYTES} bytes"
-            )
+        why = self.why_not_layout(tensor, layout)
+        if why is not None:
+            raise ValueError(why)
         layouts = dict(self.layouts)
         layouts.pop(tensor, None)
         if not layout.is_row_major:
@@ -223,6 +221,25 @@ class LoopNest:
 
     def layout_pack(self, tensor: str, var: str, step: int) -> "LoopNest":
         return self.with_layout(tensor, self.layout(tensor).pack(var, step))
+
+    def why_not_layout(self, tensor: str, layout: Layout) -> str | None:
+        """Why :meth:`with_layout` refuses ``layout`` for ``tensor`` (a layout of it), or None."""
+        if layout.elements * FLOAT32_BYTES > defaults.MAX_BUFFER_BYTES:
+            return (f"layout {layout.key!r} of {tensor} takes {layout.elements} floats, more than "
+                    f"looprl.defaults.MAX_BUFFER_BYTES = {defaults.MAX_BUFFER_BYTES} bytes")
+        return None
+
+    def why_not_layout_pack(self, tensor: str, var: str, step: int) -> str | None:
+        """Why :meth:`layout_pack` refuses, or None if it applies."""
+        layout = self.layout(tensor)
+        why = layout.why_not_pack(var, step)
+        return why if why is not None else self.why_not_layout(tensor, layout.pack(var, step))
+
+    def why_not_layout_pad(self, tensor: str, dim: int, multiple: int) -> str | None:
+        """Why :meth:`layout_pad` refuses, or None if it applies."""
+        layout = self.layout(tensor)
+        why = layout.why_not_pad(dim, multiple)
+        return why if why is not None else self.why_not_layout(tensor, layout.pad(dim, multiple))
 
     def to_text(self, cursor: int | None = None) -> str:
         """Readable pseudo-code; ``cursor`` marks one loop index with ``<-``."""
@@ -260,26 +277,43 @@ class LoopNest:
         index = as_int(index, "loop index")
         loop = self._loop(index)
         factor = as_int(factor, "split factor")
-        if factor < 2:
-            raise ValueError(f"split factor must be >= 2, got {factor}")
-        if factor > loop.size:
-            raise ValueError(f"cannot split loop {index} ({loop.describe()}) by {factor}: factor exceeds its size")
+        why = self.why_not_split(index, factor)
+        if why is not None:
+            raise ValueError(why)
         outer = Loop(loop.var, loop.size // factor, loop.step * factor, (loop.size % factor) * loop.step + loop.tail, loop.nest, loop.parallel)
         inner = Loop(loop.var, factor, loop.step, 0, loop.nest)  # a parallel loop's mark stays on the outer part
         return self._replace_range(index, index + 1, (outer, inner))
 
+    def why_not_split(self, index: int, factor: int) -> str | None:
+        """Why :meth:`split` refuses loop ``index`` by ``factor``, or None if it applies."""
+        loop = self._loop(as_int(index, "loop index"))
+        if factor < 2:
+            return f"split factor must be >= 2, got {factor}"
+        if factor > loop.size:
+            return f"cannot split loop {index} ({loop.describe()}) by {factor}: factor exceeds its size"
+        return None
+
     def swap(self, index: int) -> "LoopNest":
         """Exchange loop ``index`` with loop ``index + 1`` of the same nest."""
         index = as_int(index, "loop index")
-        first = self._loop(index)
+        self._loop(index)
+        why = self.why_not_swap(index)
+        if why is not None:
+            raise ValueError(why)
+        return self._replace_range(index, index + 2, (self.loops[index + 1], self.loops[index]))  # marks move with their loops
+
+    def why_not_swap(self, index: int) -> str | None:
+        """Why :meth:`swap` refuses loop ``index`` (exchanging it with the next), or None.
+        An index outside the nest is refused too (the cursor's neighbour may not exist)."""
+        index = as_int(index, "loop index")
+        if not 0 <= index < len(self):
+            return f"loop index {index} out of range: the nest has {len(self)} loops"
+        first = self.loops[index]
         if index + 1 >= len(self) or self.loops[index + 1].nest != first.nest:
-            raise ValueError(f"cannot swap loop {index}: it is the innermost loop of the {first.nest} nest")
-        second = self.loops[index + 1]
-        if first.var == second.var:
-            raise ValueError(
-                f"cannot swap loops {index} and {index + 1}: both walk {first.var!r}, and the inner one covers the outer one's step"
-            )
-        return self._replace_range(index, index + 2, (second, first))  # marks move with their loops
+            return f"cannot swap loop {index}: it is the innermost loop of the {first.nest} nest"
+        if first.var == self.loops[index + 1].var:
+            return f"cannot swap loops {index} and {index + 1}: both walk {first.var!r}, and the inner one covers the outer one's step"
+        return None
 
     def parallel(self, index: int) -> "LoopNest":
         """Mark loop ``index`` parallel: its iterations (the tail iteration included) are

@@ -141,14 +141,12 @@ def random_schedule(problem: Problem, rng, steps: int = 10, factors=(4, 8, 16), 
     nest = initial_nest(problem)
     for _ in range(steps):
         index = rng.randrange(len(nest))
-        try:
-            if rng.random() < 0.5:
-                if len(nest) < max_loops:
-                    nest = nest.split(index, rng.choice(factors))
-            else:
-                nest = nest.swap(index)
-        except ValueError:
-            pass
+        if rng.random() < 0.5:
+            factor = rng.choice(factors)
+            if len(nest) < max_loops and nest.why_not_split(index, factor) is None:
+                nest = nest.split(index, factor)
+        elif nest.why_not_swap(index) is None:
+            nest = nest.swap(index)
     return nest
 
 
@@ -163,10 +161,11 @@ def tile_steps(problem: Problem, rows: int, columns: int, k_block: int | None = 
     k_block, m_rows, n_columns``: a k_block x n_block panel of the right operand is reused by
     every row tile (it stays in L2), a rows x k_block panel of the left one by every column
     tile of the panel (in L1). Sizes the factors do not divide leave tails. Raises ValueError
-    when the problem has no row and column dimension or a factor does not fit."""
+    with :func:`why_not_tile`'s reason when there is no such tile."""
+    why = why_not_tile(problem, rows, columns, k_block, n_block)
+    if why is not None:
+        raise ValueError(why)
     out = problem.output
-    if len(out) < 2 or not problem.reduction_dims:
-        raise ValueError(f"{problem.name}: a register tile needs two output dimensions and a reduction")
     row, col = out[-2], out[-1]
     red = problem.reduction_dims[0]
     nest = initial_nest(problem)
@@ -183,10 +182,6 @@ def tile_steps(problem: Problem, rows: int, columns: int, k_block: int | None = 
         names.insert(index + 1, inner)
 
     blocked = k_block is not None and n_block is not None
-    if rows < 1 or columns < 1:
-        raise ValueError(f"tile {rows}x{columns}: rows and columns must be positive")
-    if blocked and (n_block % columns or n_block <= columns):
-        raise ValueError(f"n_block {n_block} must be a multiple of columns {columns}, larger than it")
     pending: dict[str, list[tuple[int, str]]] = {}  # dimension -> splits of its outer loop, in order
     if 2 <= columns < problem.size(col):  # a 1-wide tile keeps the whole loop outside
         pending[col] = [(columns, f"{col}_in")]
@@ -225,6 +220,17 @@ def tile_steps(problem: Problem, rows: int, columns: int, k_block: int | None = 
             names[index - 1], names[index] = names[index], names[index - 1]
             index -= 1
     return steps
+
+
+def why_not_tile(problem: Problem, rows: int, columns: int, k_block: int | None = None, n_block: int | None = None) -> str | None:
+    """Why :func:`tile_steps` has no such tile of ``problem``, or None."""
+    if len(problem.output) < 2 or not problem.reduction_dims:
+        return f"{problem.name}: a register tile needs two output dimensions and a reduction"
+    if rows < 1 or columns < 1:
+        return f"tile {rows}x{columns}: rows and columns must be positive"
+    if k_block is not None and n_block is not None and (n_block % columns or n_block <= columns):
+        return f"n_block {n_block} must be a multiple of columns {columns}, larger than it"
+    return None
 
 
 def tile_shapes(problem: Problem, target=None, *, vector_width: int | None = None, registers: int | None = None) -> list[tuple[int, int]]:

@@ -46,6 +46,7 @@ class Measurement:
     error: str | None = None
     samples: int = 0  # timings behind ``gflops`` (over all processes that shared the cache)
     sample_gflops: float | None = None  # this call's new timing, if one was made
+    waited_s: float = 0.0  # spent waiting for the machine-wide timing lock (another process timing)
 
     @property
     def ok(self) -> bool:
@@ -141,6 +142,11 @@ class Evaluator:
             return Measurement(known.gflops, from_cache=True, samples=known.samples)
         return self._time(nest, kernel, resample=known is not None)
 
+    def is_final(self, nest: LoopNest) -> bool:
+        """Whether :meth:`measure` would answer ``nest`` from the cache, timing nothing."""
+        known = self.cache.lookup(nest, self.target, self.budget_s, self.threads)
+        return known is not None and known.samples >= self.samples
+
     def remeasure(self, nest: LoopNest, kernel: Kernel | None = None) -> Measurement:
         """Time ``nest`` again whatever the cache holds, and add the timing to it."""
         if not isinstance(nest, LoopNest):
@@ -152,6 +158,7 @@ class Evaluator:
             raise ValueError(f"the kernel was compiled for {kernel.target.isa}, this evaluator measures {self.target.isa}")
         threads = schedule_threads(nest, self.threads)
         try:
+            asked = time.perf_counter()
             with self.timing_lock:
                 started = time.perf_counter()
                 kernel = kernel if kernel is not None else compile(nest, target=self.target, threads=threads)
@@ -169,7 +176,8 @@ class Evaluator:
         self.compile_s += compiled - started
         self.measure_s += finished - compiled
         stored = self.cache.add_sample(nest, timing.gflops, self.target, self.budget_s, self.threads)
-        return Measurement(stored.gflops, False, compiled - started, finished - compiled, samples=stored.samples, sample_gflops=timing.gflops)
+        return Measurement(stored.gflops, False, compiled - started, finished - compiled, samples=stored.samples, sample_gflops=timing.gflops,
+                           waited_s=started - asked)
 
 
 def measure(

@@ -13,25 +13,23 @@ that measures one action at a time drops the split before the move that makes it
 *tiles* are proposed as one step: at each loop the policy's favourite split, with the inner
 loop sunk one level, and, at the output-row loop the policy most wants to split, the target's
 register-tile rows (which the policy may never have been trained with, e.g. 6 on AVX2). The
-search follows the env's transition rules (a schedule that fails leaves no successor) and
-never measures a schedule twice in one search.
+search is a strategy over a :class:`~looprl.search.context.SearchContext`: it proposes, the
+context measures (its memo: never twice; its budget: the deadline and predicted costs), and
+a schedule that fails leaves no successor, as in the env.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
-from looprl.env.actions import State
+from looprl.actions import State, replay
 from looprl.env.features import observation
 from looprl.ir.nest import LoopNest, initial_nest
-from looprl.ir.problem import Problem
-from looprl.measurement.evaluator import Evaluator
 from looprl.policy.numpy_policy import Policy
 from looprl.policy.rollout import policy_actions
+from looprl.search.context import BudgetExhausted, SearchContext
 
 
 @dataclass(frozen=True)
@@ -54,86 +52,69 @@ class _Node:
 
 def guided_search(
     policy: Policy,
-    problem: Problem,
-    evaluator: Evaluator,
+    context: SearchContext,
     *,
-    deadline: "float | Callable[[], float]",
     top_k: int = 3,
     beam: int = 3,
     depth: int = 20,
     start: tuple[tuple[str, ...], float] | None = None,
     tile_rows: tuple[int, ...] = (),
 ) -> GuidedResult:
-    """Search from ``problem``'s untiled nest until ``time.perf_counter()`` passes ``deadline``
-    (a time, or a function returning the current one: a deadline that moves, e.g. by the time
-    spent waiting for another process's timing)
+    """Search from the context problem's untiled nest until the context's budget is spent
     or ``depth`` levels are done. ``start`` (actions, GFLOPS) seeds the beam with a known good
     path as well, e.g. the policy's greedy rollout, so the search refines what it found."""
     # Splits the policy was not trained with come after its own (scores map by name).
-    current_deadline = deadline if callable(deadline) else (lambda: deadline)
-    actions = policy_actions(policy, evaluator.target).with_splits(tile_rows)
+    actions = policy_actions(policy, context.target).with_splits(tile_rows)
     if start is not None:  # e.g. a register tile's wide splits, or pack
         actions = actions.extended(start[0])
     normalized = policy.observation_kind == "normalized"
-    before = evaluator.compiled
-    root_state = State(initial_nest(problem), 0)
-    root = _Node(root_state, evaluator(root_state.nest).gflops, 0.0, ())
-    values: dict[str, float] = {root_state.nest.key: root.gflops}
+    before = context.new_measurements
+    root_state = State(initial_nest(context.problem), 0)
+    root = _Node(root_state, context.measure(root_state.nest, force=True).gflops, 0.0, ())
     best = root
     frontier = [root]
-    if start is not None:
-        names, _ = start
-        node = root
-        for name in names:  # replay the path (values come from the cache)
-            following = actions.apply(node.state, actions.index(name))
-            if following is None:
-                continue
-            gflops = _value(following.nest, values, evaluator)
-            if gflops is None:
-                continue
-            node = _Node(following, gflops, 0.0, node.path + (actions.index(name),))
-            if node.gflops > best.gflops:
-                best = node
-        if node is not root:
-            frontier.append(node)
-    seen = {node.state.key for node in frontier}
     expanded = 0
     stopped = "depth"
-    for _ in range(depth):
-        children: list[_Node] = []
-        for node in frontier:
-            if time.perf_counter() >= current_deadline():
-                stopped = "deadline"
+    try:
+        if start is not None:
+            node = root
+            for transition, index in zip(replay(actions, root.state, root.gflops, start[0], context.measure), start[0]):
+                if transition.applied:  # replay the path (values come from the memo or the cache)
+                    node = _Node(transition.state, transition.gflops, 0.0, node.path + (actions.index(index),))
+                    if node.gflops > best.gflops:
+                        best = node
+            if node is not root:
+                frontier.append(node)
+        seen = {node.state.key for node in frontier}
+        for _ in range(depth):
+            children: list[_Node] = []
+            for node in frontier:
+                if context.exhausted():
+                    raise BudgetExhausted("time budget")
+                expanded += 1
+                for preference, path, following in _proposals(policy, actions, node.state, normalized, top_k, tile_rows):
+                    if following is None or following.key in seen:
+                        continue
+                    seen.add(following.key)
+                    measurement = context.measure(following.nest)
+                    if not measurement.ok:
+                        continue  # failed to compile or run: no successor, as in the env
+                    child = _Node(following, measurement.gflops, preference, node.path + path)
+                    children.append(child)
+                    if child.gflops > best.gflops:
+                        best = child
+            if not children:
+                stopped = "exhausted"
                 break
-            expanded += 1
-            for preference, path, following in _proposals(policy, actions, node.state, normalized, top_k, tile_rows):
-                if following is None or following.key in seen:
-                    continue
-                if time.perf_counter() >= current_deadline() and following.nest.key not in values:
-                    stopped = "deadline"
-                    break
-                seen.add(following.key)
-                gflops = _value(following.nest, values, evaluator)
-                if gflops is None:
-                    continue  # failed to compile or run: no successor, as in the env
-                child = _Node(following, gflops, preference, node.path + path)
-                children.append(child)
-                if child.gflops > best.gflops:
-                    best = child
-            if stopped == "deadline":
-                break
-        if stopped == "deadline":
-            break
-        if not children:
-            stopped = "exhausted"
-            break
-        children.sort(key=lambda child: (-child.gflops, -child.preference))
-        frontier = children[:beam]
+            children.sort(key=lambda child: (-child.gflops, -child.preference))
+            frontier = children[:beam]
+    except BudgetExhausted:
+        stopped = "deadline"
     return GuidedResult(
         best_nest=best.state.nest,
         best_gflops=best.gflops,
         best_actions=tuple(actions.names[a] for a in best.path),
-        measured=evaluator.compiled - before,
+        measured=context.new_measurements - before,
         expanded=expanded,
         stopped=stopped,
     )
@@ -157,11 +138,6 @@ def _scores(policy: Policy, actions, states: list[State], normalized: bool) -> n
     return scores
 
 
-def _moves(actions, start: int, cursor: int) -> tuple[int, ...]:
-    """The cursor moves from loop ``start`` to loop ``cursor``."""
-    return (actions.index("up"),) * (start - cursor) if cursor < start else (actions.index("down"),) * (cursor - start)
-
-
 def _proposals(policy: Policy, actions, state: State, normalized: bool, top_k: int, tile_rows: tuple[int, ...] = ()):
     """The policy's ``top_k`` schedule changes from ``state``: its best valid actions, with a
     proposed cursor move followed by its greedy choices until the schedule changes; the
@@ -183,7 +159,7 @@ def _proposals(policy: Policy, actions, state: State, normalized: bool, top_k: i
         structural = [a for a in there_ranked if actions.is_structural(a)]
         if structural:
             best = structural[0]
-            elsewhere.append((float(there_scores[best]), _moves(actions, state.cursor, there.cursor) + (best,), actions.apply(there, best)))
+            elsewhere.append((float(there_scores[best]), actions.moves(state.cursor, there.cursor) + (best,), actions.apply(there, best)))
     elsewhere.sort(key=lambda item: -item[0])
     policy_tiles, register_tiles = _tiles(actions, state, scores_at, top_k, tile_rows)
     # Measured in this order until the deadline: register tiles pay most often, so they go early.
@@ -236,7 +212,7 @@ def _tile(actions, state: State, cursor: int, split: int) -> tuple[tuple[int, ..
         sunk = actions.apply(sunk, actions.index(move)) if sunk is not None else None
     if sunk is None:
         return None
-    return _moves(actions, state.cursor, cursor) + (split, actions.index("down"), actions.index("swap_down")), sunk
+    return actions.moves(state.cursor, cursor) + (split, actions.index("down"), actions.index("swap_down")), sunk
 
 
 def _until_structural(policy: Policy, actions, state: State, action: int, normalized: bool) -> tuple[tuple[int, ...], State | None]:
@@ -256,15 +232,3 @@ def _until_structural(policy: Policy, actions, state: State, action: int, normal
         path += (ranked[0],)
         following = actions.apply(following, ranked[0])
     return path, following
-
-
-def _value(nest: LoopNest, values: dict[str, float], evaluator: Evaluator) -> float | None:
-    """GFLOPS of ``nest``, measured at most once per search (a cursor move reaches a known
-    schedule); None if it failed."""
-    if nest.key in values:
-        return values[nest.key]
-    measurement = evaluator(nest)
-    if not measurement.ok:
-        return None
-    values[nest.key] = measurement.gflops
-    return measurement.gflops

@@ -18,10 +18,13 @@ pay (small problems, where forming a team costs more than it saves) the answer s
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from looprl.env.actions import ActionSet, State
+from looprl.actions import ActionSet, State, replay
+from looprl.actions.action_set import PARALLEL
 from looprl.ir.nest import COMPUTE, WRITE_BACK, LoopNest, initial_nest
+from looprl.search.context import BudgetExhausted, SearchContext
 
 
 MANY = 4  # iterations per thread from which a loop's shares are taken to be balanced
@@ -77,50 +80,52 @@ def parallel_variant(nest: LoopNest, threads: int, iterations: int | None = None
     return marked, indices
 
 
-def parallel_proposals(candidates, evaluator, threads: int, target=None) -> ParallelChoice | None:
+def parallel_proposals(candidates, context: SearchContext, threads: int) -> ParallelChoice | None:
     """Measure the parallel variant of each of ``candidates`` (``(nest, GFLOPS, actions)``,
-    best first; duplicates skipped) through ``evaluator`` (which measures on ``threads``
-    threads and may refuse what would pass its deadline); the fastest measured, or None. Its
+    best first; duplicates skipped) through ``context`` (whose evaluator measures on
+    ``threads`` threads, and whose budget ends the stage); the fastest measured, or None. Its
     actions replay it from the untuned nest: the candidate's, then cursor moves and
     ``parallel`` at each marked loop.
 
     A team is slowed by anything else running on its cores, and a large kernel gets one or two
     executions per timing, so a proposal measured slower than the best serial figure is timed
-    once more (if the evaluator can ``remeasure``) before it loses."""
+    once more before it loses."""
     to_beat = max((gflops or 0.0 for nest, gflops, _ in candidates if nest is not None), default=0.0)
     best, seen, measured = None, set(), 0
-    for nest, _, actions in candidates:
-        if nest is None:  # e.g. no tile was measured
-            continue
-        for marked, indices in parallel_variants(nest, threads, serial_copy=not seen):
-            if marked.key in seen:
+    try:
+        for nest, _, actions in candidates:
+            if nest is None:  # e.g. no tile was measured
                 continue
-            seen.add(marked.key)
-            measurement = evaluator(marked)
-            if not measurement.ok:
-                continue  # failed, or refused by the deadline
-            measured += 1
-            if measurement.gflops < to_beat and hasattr(evaluator, "remeasure"):
-                again = evaluator.remeasure(marked)
-                if again.ok:
-                    measurement, measured = again, measured + 1
-            if best is None or measurement.gflops > best.gflops:
-                best = ParallelChoice(marked, measurement.gflops, _path(nest, tuple(actions), indices, target), 0)
+            for marked, indices in parallel_variants(nest, threads, serial_copy=not seen):
+                if marked.key in seen:
+                    continue
+                seen.add(marked.key)
+                measurement = context.measure(marked)
+                if not measurement.ok:
+                    continue
+                measured += 1
+                if measurement.gflops < to_beat:
+                    again = context.remeasure(marked)
+                    if again.ok:
+                        measurement, measured = again, measured + 1
+                if best is None or measurement.gflops > best.gflops:
+                    best = ParallelChoice(marked, measurement.gflops, _path(nest, tuple(actions), indices, context.target), 0)
+    except BudgetExhausted:
+        pass  # the stage ends at the deadline with what it measured
     return None if best is None else ParallelChoice(best.nest, best.gflops, best.actions, measured)
 
 
 def _path(nest: LoopNest, actions: tuple[str, ...], indices: tuple[int, ...], target) -> tuple[str, ...]:
-    """``actions`` (which reach ``nest`` from the untuned nest) followed by the moves and
-    ``parallel`` actions that mark ``indices``; just ``actions`` if they do not replay."""
-    action_set = ActionSet.covering(list(actions) + ["parallel"], target=target)
-    state = State(initial_nest(nest.problem), 0)
-    for name in actions:
-        if name not in action_set.names:
-            return actions
-        state = action_set.apply(state, action_set.index(name)) or state
+    """``actions`` (which reach ``nest`` from the untuned nest under the transition rule)
+    followed by the moves and ``parallel`` actions that mark ``indices``; just ``actions`` if
+    they do not replay."""
+    action_set = ActionSet.covering(list(actions) + [PARALLEL], target=target)
+    start = State(initial_nest(nest.problem), 0)
+    transitions = replay(action_set, start, math.nan, actions)
+    state = transitions[-1].state if transitions else start
     if state.nest != nest:
         return actions
-    found = action_set.path(state, [("parallel", index) for index in indices])
+    found = action_set.path(state, [(PARALLEL, index) for index in indices])
     if found is None:
         return actions
     return actions + tuple(action_set.names[a] for a in found[0])

@@ -1,10 +1,10 @@
 """The one greedy rollout of a numpy :class:`~looprl.policy.Policy`, without Gymnasium or Ray.
 
 Evaluation, validation during training, :func:`looprl.tune` and the experiments all run
-:func:`greedy_rollout`. It follows ``LoopNest-v0``'s transition rules exactly: the actions
-and observations are the env's own (:class:`~looprl.env.actions.ActionSet`,
-:func:`~looprl.env.features.observation`); an action that cannot apply is a no-op; a cursor
-move measures nothing; a schedule that fails to compile or run leaves the state as it was.
+:func:`greedy_rollout`. It moves by the env's one transition rule
+(:func:`looprl.actions.step`: an action that cannot apply is a no-op, a cursor move measures
+nothing, a schedule that fails to compile or run leaves the state as it was) and observes as
+the env does (:func:`~looprl.env.features.observation`).
 
 A greedy policy is deterministic and its observation depends only on the state, so once a
 state comes back the rest of the episode repeats: the rollout stops there and works out the
@@ -18,7 +18,9 @@ import math
 from dataclasses import dataclass
 
 from looprl.backend.target import Target
-from looprl.env.actions import ActionSet, State
+from looprl.actions import ActionSet, State, step
+from looprl.actions import replay as replay_actions
+from looprl.actions.transition import FAILED
 from looprl.env.features import observation
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
@@ -69,13 +71,15 @@ def policy_actions(policy: Policy, target: Target | None = None) -> ActionSet:
 def greedy_rollout(
     policy: Policy,
     problem: Problem,
-    evaluator: Evaluator | None,
+    evaluator,
     *,
     length: int | None = None,
     use_mask: bool = False,
 ) -> Rollout:
     """Run ``policy`` greedily for ``length`` actions (its training episode length by default)
-    from ``problem``'s untiled nest, measuring every new schedule through ``evaluator``.
+    from ``problem``'s untiled nest, measuring every new schedule through ``evaluator`` (an
+    :class:`Evaluator`, or a :class:`~looprl.search.context.SearchContext` whose memo and
+    budget then apply: :class:`~looprl.search.context.BudgetExhausted` propagates).
 
     ``evaluator=None`` follows the policy without measuring anything (every transition then
     succeeds, as nothing is compiled). ``use_mask`` restricts choices to valid actions;
@@ -88,16 +92,16 @@ def greedy_rollout(
     actions = policy_actions(policy, evaluator.target if evaluator is not None else None)
     actions.check_fits(problem)
     normalized = policy.metadata["observation"] == "normalized"
-    before = evaluator.compiled if evaluator is not None else 0
+    measured = 0
 
-    def value(nest: LoopNest) -> tuple[float, bool]:
-        if evaluator is None:
-            return math.nan, True
-        measurement = evaluator(nest)
-        return measurement.gflops, measurement.ok
+    def value(nest: LoopNest):
+        nonlocal measured
+        measurement = evaluator.measure(nest)
+        measured += not measurement.from_cache
+        return measurement
 
     state = State(initial_nest(problem), 0)
-    gflops, _ = value(state.nest)
+    gflops = value(state.nest).gflops if evaluator is not None else math.nan
     initial = gflops
     best_nest, best, best_length = state.nest, initial, 0
     history: list[tuple[State, float]] = [(state, gflops)]  # the state before each action
@@ -109,17 +113,11 @@ def greedy_rollout(
         obs = observation(state.nest, state.cursor, actions.max_loops, normalized)
         action = policy.act(obs, actions.mask(state) if use_mask else None)
         taken.append(actions.names[action])
-        following = actions.apply(state, action)
-        if following is not None and following.nest is not state.nest:
-            new_gflops, ok = value(following.nest)
-            if ok:
-                state, gflops = following, new_gflops
-                if new_gflops > best:
-                    best_nest, best, best_length = state.nest, new_gflops, len(taken)
-            else:
-                failures += 1
-        elif following is not None:
-            state = following  # a cursor move: same schedule, same GFLOPS
+        transition = step(actions, state, gflops, action, value if evaluator is not None else None)
+        failures += transition.outcome == FAILED
+        state, gflops = transition.state, transition.gflops
+        if transition.changed and gflops > best:
+            best_nest, best, best_length = state.nest, gflops, len(taken)
         if len(taken) == length:
             break
         if state.key in seen:
@@ -146,7 +144,7 @@ def greedy_rollout(
         best_nest=best_nest,
         best_gflops=best,
         best_actions=tuple(taken[:best_length]),
-        measured=(evaluator.compiled - before) if evaluator is not None else 0,
+        measured=measured,
         failures=failures,
         stopped=stopped,
     )
@@ -154,20 +152,10 @@ def greedy_rollout(
 
 def replay(problem: Problem, names, evaluator: Evaluator, actions: ActionSet | None = None) -> list[float]:
     """GFLOPS of the initial state and after each action of ``names``, under the env's rules
-    (a failed schedule leaves the state as it was). Without ``actions``: the default action set
-    plus any other ``split_<f>`` in ``names`` (tune's tiles may split by a target's tile rows)."""
+    (:func:`looprl.actions.step`). Without ``actions``: the default action set plus any other
+    ``split_<f>`` in ``names`` (tune's tiles may split by a target's tile rows)."""
     if actions is None:
         actions = ActionSet.covering(names, target=evaluator.target)
     state = State(initial_nest(problem), 0)
     gflops = evaluator(state.nest).gflops
-    values = [gflops]
-    for name in names:
-        following = actions.apply(state, actions.index(name))
-        if following is not None and following.nest is not state.nest:
-            measurement = evaluator(following.nest)
-            if measurement.ok:
-                state, gflops = following, measurement.gflops
-        elif following is not None:
-            state = following
-        values.append(gflops)
-    return values
+    return [gflops] + [t.gflops for t in replay_actions(actions, state, gflops, names, evaluator)]

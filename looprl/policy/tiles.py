@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from looprl.env.actions import ActionSet, State
+from looprl.actions import ActionSet, State, follow
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
-from looprl.ir.schedules import cache_blocks, tile_shapes, tile_steps
+from looprl.ir.schedules import cache_blocks, tile_shapes, tile_steps, why_not_tile
+from looprl.search.context import BudgetExhausted, SearchContext
 
 
 @dataclass(frozen=True)
@@ -51,86 +52,78 @@ def tile_of(nest: LoopNest) -> tuple[int, int] | None:
     return rows, inner.size
 
 
-def measure_tiles(problem: Problem, evaluator, actions: ActionSet, target, shapes=None) -> TileResult:
-    """Measure register tiles of ``problem`` through ``evaluator`` (e.g. a
-    :class:`~looprl.policy.budget.DeadlineEvaluator`, which may refuse some) and return the
-    fastest as a path of action names from the untiled nest (``actions`` extended as needed).
-    ``shapes``: the (rows, columns) tiles to start from (default: the target's
+def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None) -> TileResult:
+    """Measure register tiles of the context's problem (until its budget is spent) and return
+    the fastest as a path of action names from the untiled nest (``actions`` extended as
+    needed). ``shapes``: the (rows, columns) tiles to start from (default: the target's
     :func:`~looprl.ir.schedules.tile_shapes`); each is measured in the canonical order, then
     the fastest with cache blocks and packed."""
+    problem, target = context.problem, context.target
     root = State(initial_nest(problem), 0)
     best: tuple = (0.0, (), 0, None)  # gflops, names, columns, nest
     tried = 0
 
-    def attempt(steps, columns: int) -> None:
+    def attempt(names: tuple[str, ...], state: State, columns: int) -> bool:
+        """Measure ``state``; whether it is the best so far."""
         nonlocal best, tried
-        names = [f"split_{step[2]}" for step in steps if step[0] == "split"]
-        extended = actions.extended(names)
-        planned = extended.path(root, steps)
-        if planned is None:
-            return  # e.g. more loops than max_loops
-        path, state = planned
-        names = tuple(extended.names[a] for a in path)
-        if transposed:  # gathers across B's rows unless B is packed into column panels
-            packed = _packed(problem, names, actions)
-            if packed is None:
-                return
-            names, state = packed
         tried += 1
-        measurement = evaluator(state.nest)
+        measurement = context.measure(state.nest)
         if measurement.ok and measurement.gflops > best[0]:
             best = (measurement.gflops, names, columns, state.nest)
+            return True
+        return False
+
+    def planned(rows: int, columns: int, blocks=(None, None)) -> tuple[tuple[str, ...], State] | None:
+        """The tile's path and state (packed when the right operand is transposed), or None."""
+        if why_not_tile(problem, rows, columns, *blocks) is not None:
+            return None
+        steps = tile_steps(problem, rows, columns, *blocks)
+        extended = actions.extended([f"split_{step[2]}" for step in steps if step[0] == "split"])
+        found = extended.path(root, steps)
+        if found is None:
+            return None  # e.g. more loops than max_loops
+        names = tuple(extended.names[a] for a in found[0])
+        return _packed(problem, names, actions) if transposed else (names, found[1])
 
     if len(problem.output) < 2 or not problem.reduction_dims:
         return TileResult((), None, 0.0, 0)
     # The output's columns are the vectors' lanes: if they are not the right operand's
     # contiguous dimension (A @ B.T, attention's q . k^T), every tile is measured packed.
     transposed = problem.operands[1][-1] != problem.output[-1]
-    flat = {}
-    for rows, columns in (tile_shapes(problem, target) if shapes is None else shapes):
-        try:
-            steps = tile_steps(problem, rows, columns)
-        except ValueError:
-            continue
-        before = best
-        attempt(steps, columns)
-        if best is not before:
-            flat = {"rows": rows, "columns": columns}
-    if flat:
-        for k_block, n_block in cache_blocks(problem, flat["columns"]):
-            try:
-                steps = tile_steps(problem, flat["rows"], flat["columns"], k_block, n_block)
-            except ValueError:
-                continue
-            attempt(steps, flat["columns"])
-    if best[1] and not transposed:
-        packed = _packed(problem, best[1], actions)
-        if packed is not None:
-            names, state = packed
-            tried += 1
-            measurement = evaluator(state.nest)
-            if measurement.ok and measurement.gflops > best[0]:
-                best = (measurement.gflops, names, best[2], state.nest)
+    flat = None
+    try:
+        for rows, columns in (tile_shapes(problem, target) if shapes is None else shapes):
+            tile = planned(rows, columns)
+            if tile is not None and attempt(*tile, columns):
+                flat = (rows, columns)
+        if flat is not None:
+            for blocks in cache_blocks(problem, flat[1]):
+                tile = planned(*flat, blocks)
+                if tile is not None:
+                    attempt(*tile, flat[1])
+        if best[1] and not transposed:
+            packed = _packed(problem, best[1], actions)
+            if packed is not None:
+                attempt(*packed, best[2])
+    except BudgetExhausted:
+        pass  # the stage ends at the deadline with what it measured
     return TileResult(best[1], best[3], best[0], tried)
 
 
-def _packed(problem: Problem, names: tuple[str, ...], actions: ActionSet):
+def _packed(problem: Problem, names: tuple[str, ...], actions: ActionSet) -> tuple[tuple[str, ...], State] | None:
     """The path ``names`` followed by packing the right operand along the output's columns at
     the innermost column loop (its tile width), or None if that does not apply."""
     extended = actions.extended(list(names) + ["pack"])
-    state = State(initial_nest(problem), 0)
-    for name in names:
-        state = extended.apply(state, extended.index(name))
-        if state is None:
-            return None
+    state = follow(extended, State(initial_nest(problem), 0), names)
+    if state is None:
+        return None
     column = problem.output[-1]
     inner = max(i for i, loop in enumerate(state.nest.compute) if loop.var == column)
-    moves = ["up" if inner < state.cursor else "down"] * abs(state.cursor - inner)
-    for name in moves + ["pack"]:
-        state = extended.apply(state, extended.index(name))
-        if state is None:
-            return None
-    return tuple(names) + tuple(moves) + ("pack",), state
+    tail = extended.moves(state.cursor, inner) + (extended.index("pack"),)
+    state = follow(extended, state, tail)
+    if state is None:
+        return None
+    return tuple(names) + tuple(extended.names[a] for a in tail), state
 
 
 def all_tiles(problem: Problem, target) -> list[LoopNest]:
@@ -143,10 +136,9 @@ def all_tiles(problem: Problem, target) -> list[LoopNest]:
     column = problem.output[-1]
     for rows, columns in tile_shapes(problem, target):
         for blocks in [(None, None)] + cache_blocks(problem, columns):
-            try:
-                nest = initial_nest(problem).apply(tile_steps(problem, rows, columns, *blocks))
-            except ValueError:
+            if why_not_tile(problem, rows, columns, *blocks) is not None:
                 continue
+            nest = initial_nest(problem).apply(tile_steps(problem, rows, columns, *blocks))
             for variant in (nest, _pack_right(nest, column)):
                 if variant is not None and variant not in nests:
                     nests.append(variant)
@@ -157,9 +149,6 @@ def _pack_right(nest: LoopNest, column: str) -> LoopNest | None:
     """``nest`` with the right operand packed by its innermost column loop's tile width."""
     loops = [loop for loop in nest.compute if loop.var == column]
     width = loops[-2].step if len(loops) > 1 else 1
-    if width < 2:
+    if width < 2 or nest.why_not_layout_pack("in1", column, width) is not None:
         return None
-    try:
-        return nest.layout_pack("in1", column, width)
-    except ValueError:
-        return None
+    return nest.layout_pack("in1", column, width)

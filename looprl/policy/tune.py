@@ -6,7 +6,7 @@ Two modes:
 * measured (``measure=True``, the default): a policy-guided search. The policy's greedy
   rollout (:func:`~looprl.policy.rollout.greedy_rollout`, the env's transition rules) comes
   first; then, until ``budget_s`` is spent (by default scaled to the problem:
-  :mod:`looprl.policy.budget`), the register tile the policy built is refined
+  :mod:`looprl.search.budget`), the register tile the policy built is refined
   (:mod:`looprl.policy.tiles`: canonical order, cache blocks, packed right operand) and
   :func:`~looprl.policy.guided.guided_search` measures the policy's few best actions and
   tiles from a small beam of states, so a policy
@@ -39,13 +39,12 @@ from looprl import defaults
 from looprl.backend.kernel import Kernel, compile
 from looprl.backend.target import Target
 from looprl.backend.threads import available_cores, check_threads
-from looprl.env.actions import ActionSet
+from looprl.actions import ActionSet
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, as_problem, matmul
 from looprl.ir.schedules import register_tiles
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.timing import check_budget
-from looprl.policy.budget import MIN_BUDGET_S, REFINEMENTS, DeadlineEvaluator, scaled_budget
 from looprl.policy.guided import guided_search
 from looprl.policy.loading import load_policy
 from looprl.policy.numpy_policy import Policy
@@ -53,9 +52,11 @@ from looprl.policy.parallel import parallel_proposals
 from looprl.policy.rollout import greedy_rollout, policy_actions
 from looprl.policy.tiles import measure_tiles, tile_of
 from looprl.policy.twin import carried_back, transposed_twin
+from looprl.search.budget import MIN_BUDGET_S, REFINEMENTS, Budget, scaled_budget
+from looprl.search.context import SearchContext
 
 # Search time of measured tune by default: None scales it with the problem
-# (:func:`~looprl.policy.budget.scaled_budget`: 0.4 s up to ~256^3, where a new state costs
+# (:func:`~looprl.search.budget.scaled_budget`: 0.4 s up to ~256^3, where a new state costs
 # ~15-25 ms to compile and time, up to 1.5 s for the largest real-model GEMMs).
 TUNE_BUDGET_S = None
 # Remembered answers are keyed by this: bump it when what tune finds changes (an upgrade must not
@@ -136,7 +137,7 @@ def tune(
     ``policy``: ``"default"`` (the shipped policy made for the target's ISA, else the closest,
     with a warning), a policy folder or a :class:`Policy`. ``steps``: actions of the greedy
     rollout (None: the policy's training episode length). ``budget_s``: seconds the measured search may take, counted from the call
-    (None: scaled to the problem, see :mod:`looprl.policy.budget`; 0: the rollout only, every
+    (None: scaled to the problem, see :mod:`looprl.search.budget`; 0: the rollout only, every
     state of it measured whatever it costs);
     ``measure_budget_s``: timing budget per new schedule. ``cache``: the measurement cache (a
     path, ``":memory:"`` or None for the per-user one). ``remember``: reuse and store the
@@ -153,6 +154,7 @@ def tune(
     problem = as_tunable_problem(problem)
     if steps is not None and (isinstance(steps, (bool, np.bool_)) or not isinstance(steps, (int, np.integer)) or steps < 0):
         raise ValueError(f"steps must be a non-negative integer or None, got {steps!r}")
+    steps = None if steps is None else int(steps)
     budget_s = None if budget_s is None else _check_search_budget(budget_s)
     measure_budget_s = check_budget(measure_budget_s, "measure_budget_s")
     if not isinstance(policy, (Policy, str, os.PathLike)):
@@ -166,74 +168,107 @@ def tune(
                       target=target, remember=remember, threads=threads)
         nest = carried_back(result.nest, problem)  # parallel marks included
         return replace(result, problem=problem, nest=nest, kernel=compile(nest, target=target, threads=threads),
-                       seconds=time.perf_counter() - started,
-                       tuned_as=twin)
+                       seconds=time.perf_counter() - started, tuned_as=twin)
     loaded = load_policy(policy, target)
     _warn_if_made_for_another_target(loaded, target)
     policy_actions(loaded, target).check_fits(problem)  # before anything is measured
     evaluator = Evaluator(cache, measure_budget_s, target=target)
     if not measure:
-        rollout = greedy_rollout(loaded, problem, None, length=None if steps is None else int(steps))
-        nest, actions = rollout.final_nest, rollout.final_actions
-        initial = evaluator(initial_nest(problem)).gflops
-        gflops = evaluator(nest).gflops
-        kernel = compile(nest, target=target)
-        return TuneResult(problem, nest, kernel, tuple(actions), gflops, initial, time.perf_counter() - started, "policy", target,
-                          measured=evaluator.compiled)
+        return _follow_policy(loaded, problem, evaluator, steps, started)
     if remember:
         known = _remembered(evaluator, problem, MIN_BUDGET_S if budget_s is None else budget_s, threads)
         if known is not None:
-            nest, gflops = known
-            root = initial_nest(problem)
-            initial = evaluator.cache.get(root, target, measure_budget_s) or evaluator(root).gflops
-            kernel = compile(nest, target=target, threads=threads)
-            return TuneResult(problem, nest, kernel, (), gflops, initial, time.perf_counter() - started, "remembered", target,
-                              measured=evaluator.compiled, threads=threads)
-    budgeted = DeadlineEvaluator(evaluator, None)
-    untuned = budgeted(initial_nest(problem))
+            return _remembered_result(problem, known, evaluator, threads, started)
+    found = _search(loaded, problem, evaluator, steps, budget_s, threads, started)
+    if remember:
+        evaluator.cache.put_tuned(found.nest, found.gflops, found.budget_s, target, measure_budget_s, tuner=TUNER, threads=threads)
+    kernel = compile(found.nest, target=target, threads=threads)
+    return TuneResult(problem, found.nest, kernel, found.actions, found.gflops, found.initial_gflops, time.perf_counter() - started,
+                      "measured", target, greedy_gflops=found.greedy_gflops, measured=found.measured, waited_s=found.waited_s,
+                      threads=threads, serial_gflops=found.serial_gflops)
+
+
+def _follow_policy(policy: Policy, problem: Problem, evaluator: Evaluator, steps: int | None, started: float) -> TuneResult:
+    """Pure policy mode: the greedy actions, unmeasured; the state they end in is timed once."""
+    rollout = greedy_rollout(policy, problem, None, length=steps)
+    nest = rollout.final_nest
+    initial = evaluator(initial_nest(problem)).gflops
+    gflops = evaluator(nest).gflops
+    kernel = compile(nest, target=evaluator.target)
+    return TuneResult(problem, nest, kernel, tuple(rollout.final_actions), gflops, initial, time.perf_counter() - started, "policy",
+                      evaluator.target, measured=evaluator.compiled)
+
+
+def _remembered_result(problem: Problem, known: tuple[LoopNest, float], evaluator: Evaluator, threads: int, started: float) -> TuneResult:
+    """The answer an earlier measured tune remembered, compiled."""
+    nest, gflops = known
+    root = initial_nest(problem)
+    initial = evaluator.cache.get(root, evaluator.target, evaluator.budget_s) or evaluator(root).gflops
+    kernel = compile(nest, target=evaluator.target, threads=threads)
+    return TuneResult(problem, nest, kernel, (), gflops, initial, time.perf_counter() - started, "remembered", evaluator.target,
+                      measured=evaluator.compiled, threads=threads)
+
+
+@dataclass(frozen=True)
+class _Found:
+    """What the measured search found."""
+
+    nest: LoopNest
+    gflops: float
+    actions: tuple[str, ...]
+    initial_gflops: float
+    greedy_gflops: float
+    budget_s: float  # the search budget it had (scaled, when none was given)
+    measured: int
+    waited_s: float
+    serial_gflops: float | None
+
+
+def _search(policy: Policy, problem: Problem, evaluator: Evaluator, steps: int | None, budget_s: float | None, threads: int,
+            started: float) -> _Found:
+    """Measured tune: stages over one search context. The untuned nest; the policy's greedy
+    rollout, always measured whole (a dozen actions at most: a bounded cost, and tune is never
+    below the rollout); then, until the deadline (a measurement predicted to end after it is
+    not started), the rollout's register tile refined and the policy-guided search; with
+    threads, the best serial schedules made parallel, in a quarter of the budget more. The
+    budget counts from ``started`` (tune's call)."""
+    context = SearchContext(problem, policy_actions(policy, evaluator.target), evaluator)
+    untuned = context.root()
     scaled = budget_s is None
     if scaled:
-        budget_s = scaled_budget(problem.flops, untuned.gflops, measure_budget_s)
-    # The policy's rollout is always measured whole (a dozen actions at most: a bounded cost, and
-    # tune is never below the rollout); what follows stops at the deadline and refuses a
-    # measurement predicted to end after it.
-    rollout = greedy_rollout(loaded, problem, budgeted, length=None if steps is None else int(steps))
-    budgeted.reference_gflops = max(rollout.best_gflops, budgeted.reference_gflops)  # refinements start from its best
-    budgeted.deadline = started + budget_s if budget_s > 0 else None
-    if scaled and budgeted.deadline is not None:
+        budget_s = scaled_budget(problem.flops, untuned.gflops, evaluator.budget_s)
+    rollout = greedy_rollout(policy, problem, context, length=steps)
+    context.budget.reference_gflops = max(rollout.best_gflops, context.budget.reference_gflops)  # refinements start from its best
+    context.deadline = started + budget_s if budget_s > 0 else None
+    if scaled and context.deadline is not None:
         # However long the rollout took, its tile gets a few refinements (budget.REFINEMENTS).
-        floor = REFINEMENTS * budgeted.predicted_cost_s(problem.flops)
-        budgeted.deadline = max(budgeted.deadline, time.perf_counter() + floor)
-    nest, gflops, actions = rollout.best_nest, rollout.best_gflops, rollout.best_actions
+        context.deadline = max(context.deadline, time.perf_counter() + REFINEMENTS * context.predicted_cost_s())
+    best = (rollout.best_nest, rollout.best_gflops, rollout.best_actions)
+    candidates = [best]
     if budget_s > 0:
         # The policy's tile, refined: canonical order, cache blocks, a packed right operand.
-        shape = tile_of(nest)
-        tiles = measure_tiles(problem, budgeted, policy_actions(loaded, target), target, shapes=[shape] if shape else [])
-        start = (actions, gflops)
-        if tiles.gflops > gflops:
-            start = (tiles.actions, tiles.gflops)
-            nest, gflops, actions = tiles.nest, tiles.gflops, tiles.actions
-        rows = tuple(rows for rows, _ in register_tiles(target))  # e.g. 6 on AVX2: the policy may lack split_6
-        guided = guided_search(loaded, problem, budgeted, deadline=lambda: budgeted.deadline, start=start, tile_rows=rows)
-        if guided.best_gflops > gflops:
-            nest, gflops, actions = guided.best_nest, guided.best_gflops, guided.best_actions
-    serial_gflops, measured, team_waited_s = None, evaluator.compiled, 0.0
+        shape = tile_of(rollout.best_nest)
+        tiles = measure_tiles(context, policy_actions(policy, evaluator.target), shapes=[shape] if shape else [])
+        candidates.append((tiles.nest, tiles.gflops, tiles.actions))
+        if tiles.gflops > best[1]:
+            best = (tiles.nest, tiles.gflops, tiles.actions)
+        rows = tuple(rows for rows, _ in register_tiles(evaluator.target))  # e.g. 6 on AVX2: the policy may lack split_6
+        guided = guided_search(policy, context, start=(best[2], best[1]), tile_rows=rows)
+        if guided.best_gflops > best[1]:
+            best = (guided.best_nest, guided.best_gflops, guided.best_actions)
+    serial_gflops, waited_s = None, 0.0
     if threads > 1:  # the best serial schedules with their outermost loops parallel, measured on the threads
-        team = DeadlineEvaluator(evaluator.with_threads(threads), None)  # the same buffers, already paged in
-        team.deadline = time.perf_counter() + budget_s / 4 if budget_s > 0 else None
-        candidates = [(nest, gflops, actions), (rollout.best_nest, rollout.best_gflops, rollout.best_actions)]
-        if budget_s > 0:
-            candidates.insert(1, (tiles.nest, tiles.gflops, tiles.actions))
-        chosen = parallel_proposals(sorted(candidates, key=lambda c: -(c[1] or 0.0)), team, threads, target)
-        serial_gflops, measured, team_waited_s = gflops, measured + team.compiled, team.waited_s
-        if chosen is not None and chosen.gflops > gflops:
-            nest, gflops, actions = chosen.nest, chosen.gflops, chosen.actions
-    if remember:
-        evaluator.cache.put_tuned(nest, gflops, budget_s, target, measure_budget_s, tuner=TUNER, threads=threads)
-    kernel = compile(nest, target=target, threads=threads)
-    return TuneResult(problem, nest, kernel, tuple(actions), gflops, rollout.initial_gflops, time.perf_counter() - started, "measured",
-                      target, greedy_gflops=rollout.best_gflops, measured=measured, waited_s=budgeted.waited_s + team_waited_s, threads=threads,
-                      serial_gflops=serial_gflops)
+        context.evaluator = evaluator.with_threads(threads)  # the same buffers, already paged in
+        waited_s += context.budget.waited_s
+        context.budget = Budget(time.perf_counter() + budget_s / 4 if budget_s > 0 else None)  # a team's costs are its own
+        ranked = sorted([best, *candidates[1:], candidates[0]], key=lambda c: -(c[1] or 0.0))
+        chosen = parallel_proposals(ranked, context, threads)
+        serial_gflops = best[1]
+        if chosen is not None and chosen.gflops > best[1]:
+            best = (chosen.nest, chosen.gflops, chosen.actions)
+    nest, gflops, actions = best
+    return _Found(nest, gflops, tuple(actions), rollout.initial_gflops, rollout.best_gflops, budget_s, context.new_measurements,
+                  waited_s + context.budget.waited_s, serial_gflops)
 
 
 def _check_search_budget(budget_s) -> float:

@@ -94,7 +94,7 @@ def random_walks(context: SearchContext, depth: int, rng: np.random.Generator) -
             valid = np.flatnonzero(context.actions.mask(node.state))
             if valid.size == 0:
                 break
-            node = context.child(node, int(rng.choice(valid)))
+            node = context.child(node, int(rng.choice(valid))) or node  # a failed schedule: the walk stays
         walks += 1
         reason = context.exhausted()
         if reason is not None:

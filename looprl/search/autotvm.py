@@ -39,7 +39,7 @@ import numpy as np
 from looprl import defaults
 from looprl.costmodel.features import DEFAULT_TARGET, features_batch
 from looprl.costmodel.model import CostModel, TransferModel, import_xgboost
-from looprl.env.actions import State
+from looprl.actions import State
 from looprl.ir.nest import COMPUTE, Loop, LoopNest
 from looprl.measurement.cache import measured_nests
 from looprl.search.context import BudgetExhausted, SearchContext
@@ -55,10 +55,6 @@ MAX_TRANSFER_RECORDS = 20000  # global model: at most this many cached measureme
 def _replace_loops(nest: LoopNest, loops: tuple[Loop, ...]) -> LoopNest:
     compute = tuple(lp for lp in loops if lp.nest == COMPUTE)
     return replace(nest, compute=compute, write_back=tuple(lp for lp in loops if lp.nest != COMPUTE))
-
-
-def _can_swap(loops: tuple[Loop, ...], i: int) -> bool:
-    return 0 <= i < len(loops) - 1 and loops[i].nest == loops[i + 1].nest and loops[i].var != loops[i + 1].var
 
 
 def _can_merge(loops: tuple[Loop, ...], i: int) -> bool:
@@ -125,7 +121,7 @@ class ScheduleSpace:
 
     def _swap(self, nest: LoopNest, rng) -> LoopNest | None:
         i = self._index(nest, rng, True)
-        return nest.swap(i) if _can_swap(nest.loops, i) else None
+        return nest.swap(i) if nest.why_not_swap(i) is None else None
 
     def _merge(self, nest: LoopNest, rng) -> LoopNest | None:
         i = self._index(nest, rng, True)
@@ -358,7 +354,8 @@ class _Tuner:
                 return
             for nest in batch:
                 node = context.visit(nest)
-                self.measured[nest.key] = (nest, node.gflops)
+                # AutoTVM's rule: a schedule that fails to build or run teaches the model zero throughput.
+                self.measured[nest.key] = (nest, 0.0 if node is None else node.gflops)
             self._refit()
 
 

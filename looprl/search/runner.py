@@ -16,9 +16,9 @@ from looprl.backend.codegen import conversions
 from looprl.backend.kernel import compile
 from looprl.backend.target import Target
 from looprl.backend.threads import check_threads
-from looprl.env.actions import ActionSet
+from looprl.actions import ActionSet
 from looprl.errors import CompileError, KernelError
-from looprl.ir.nest import LoopNest, initial_nest
+from looprl.ir.nest import LoopNest
 from looprl.ir.problem import Problem, as_problem
 from looprl.ir.schedules import target_split_factors
 from looprl.measurement.evaluator import Evaluator
@@ -137,7 +137,7 @@ def run(
     new timings are added to the winner's samples in the cache.
 
     ``layouts=True`` searches loops and data layouts jointly: the actions include ``pack`` and
-    ``pad`` (:mod:`looprl.env.actions`; a packed input's conversion is part of the measured
+    ``pad`` (:mod:`looprl.actions`; a packed input's conversion is part of the measured
     kernel unless the problem declares it constant). ``layout_stage`` (a fraction in (0, 1),
     with ``layouts=True`` and a ``budget_s``) is ALT's two-stage budget: the joint search
     gets that share of the budget, then a loops-only search continues from its best schedule
@@ -194,11 +194,13 @@ def run(
     start, path_names, offset_s, offset_evals, new_measurements, failures = None, [], 0.0, 0, 0, 0
     curve, graph = [], None
     values: dict[str, float] = {}
+    failed: dict[str, str] = {}
     previous_cursor = 0  # where the previous stage's best state left the cursor
     for stage_actions, stage_budget, stage_evals in stages:
         context = SearchContext(problem, stage_actions, evaluator, stage_budget, stage_evals, progress, start=start)
         context.values.update(values)  # schedules the first stage evaluated count once
-        context.root()
+        context.failed.update(failed)
+        root = context.root()
         stopped = "done"
         try:
             function(context, depth, np.random.default_rng(seed), **options)
@@ -208,7 +210,7 @@ def run(
             stopped = "interrupted"
         best = context.best
         if start is None:
-            root_value = context.values[initial_nest(problem).key]
+            root_value = root.gflops
         else:
             path_names += ["up"] * previous_cursor
         path_names += [stage_actions.names[a] for a in best.path]
@@ -216,7 +218,7 @@ def run(
         curve += [(offset_s + t, e, g) for t, e, g in context.curve]
         offset_s += context.elapsed_s
         offset_evals = context.evaluations
-        values = context.values
+        values, failed = context.values, context.failed
         new_measurements += context.new_measurements
         failures += context.failures
         graph = context.graph if graph is None else nx.compose(graph, context.graph)

@@ -59,7 +59,7 @@ def validate_agent(agent: Any, where: str = "agent configuration") -> dict[str, 
 def agent_actions(agent: dict[str, Any]):
     """The env's action set an agent configuration trains with (env defaults filled in)."""
     from looprl.backend.target import Target
-    from looprl.env.actions import ActionSet
+    from looprl.actions import ActionSet
 
     env = agent.get("env", {})
     return ActionSet.for_target(Target.resolve(env.get("target")), env.get("split_factors", defaults.SPLIT_FACTORS),

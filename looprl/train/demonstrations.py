@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from looprl.env.actions import ActionSet, State
+from looprl.actions import ActionSet, State, step
 from looprl.env.features import observation
 from looprl.ir.nest import initial_nest
 from looprl.ir.problem import Problem
-from looprl.ir.schedules import tile_shapes, tile_steps
+from looprl.ir.schedules import tile_shapes, tile_steps, why_not_tile
 from looprl.measurement.evaluator import Evaluator
 
 
@@ -60,10 +60,9 @@ def demonstrate(problem: Problem, actions: ActionSet, evaluator: Evaluator, epis
     initial = evaluator(root.nest).gflops
     best: tuple[float, tuple[int, ...]] = (initial, ())
     for rows, columns in candidate_tiles(problem, actions, evaluator.target):
-        try:
-            planned = actions.path(root, tile_steps(problem, rows, columns))
-        except ValueError:
+        if why_not_tile(problem, rows, columns) is not None:
             continue
+        planned = actions.path(root, tile_steps(problem, rows, columns))
         if planned is None or len(planned[0]) >= episode_length:
             continue  # a factor outside the action set, or too long to leave a step to stay
         path, state = planned
@@ -81,7 +80,7 @@ def demonstration_pairs(demo: Demonstration, actions: ActionSet, normalized: boo
     for action in demo.actions:
         observations.append(observation(state.nest, state.cursor, actions.max_loops, normalized))
         labels.append(action)
-        state = actions.apply(state, action)
+        state = step(actions, state, math.nan, action, None).state
     invalid = np.flatnonzero(actions.mask(state) == 0)
     if invalid.size:
         observations.append(observation(state.nest, state.cursor, actions.max_loops, normalized))

@@ -1,7 +1,7 @@
-"""LoopTune's actions on a (nest, cursor) state, shared by the environment and the searches.
+"""LoopTune's actions as data, and the set of them an env, a search or a policy acts with.
 
-The cursor is an index into :attr:`LoopNest.loops` (depth-first: compute loops, then
-write-back loops). The actions, in this order:
+A state is a schedule (:class:`~looprl.ir.nest.LoopNest`) and a cursor: an index into
+:attr:`LoopNest.loops` (depth-first: compute loops, then write-back loops). The actions:
 
 * ``up`` / ``down``: move the cursor to the previous / next loop;
 * ``swap_up`` / ``swap_down``: exchange the cursor loop with the loop above / below it in the
@@ -23,10 +23,11 @@ With ``parallel=True`` (an env or search on more than one thread) one more actio
 * ``parallel``: mark the cursor loop parallel (:meth:`LoopNest.parallel`: a loop over an
   output dimension, no other parallel loop in its nest); the cursor stays.
 
-An action that cannot apply (moving past either end, a swap :meth:`LoopNest.swap` refuses, a
-factor larger than the loop, a split that would exceed ``max_loops``, or a layout action that
-changes no tensor) is invalid: :meth:`ActionSet.apply` returns None and the caller keeps the
-state.
+An action that cannot apply (moving past either end, a swap :meth:`LoopNest.why_not_swap`
+refuses, a factor larger than the loop, a split that would exceed ``max_loops``, or a layout
+action that changes no tensor) is invalid: :meth:`ActionSet.why_not` says why,
+:meth:`ActionSet.apply` returns None. What a caller then does (keep the state) is the one
+transition rule of :mod:`looprl.actions.transition`.
 """
 
 from __future__ import annotations
@@ -40,10 +41,50 @@ from looprl.ir.nest import LAYOUT_TENSORS, LoopNest
 from looprl.ir.problem import Problem
 
 MOVES = ("up", "down")
-PARALLEL = "parallel"
 SWAPS = ("swap_up", "swap_down")
 LAYOUT_ACTIONS = ("pack", "pad")
+PARALLEL = "parallel"
+SPLIT = "split"
+KINDS = MOVES + SWAPS + (SPLIT,) + LAYOUT_ACTIONS + (PARALLEL,)
 MIN_FACTOR, MAX_FACTOR = 2, 512  # wide enough for cache blocks (k blocks of 256, n blocks of 512)
+
+
+@dataclass(frozen=True)
+class Action:
+    """One action as data: its kind and, for a split, its factor."""
+
+    kind: str
+    factor: int = 0  # split factor (splits only)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown action kind {self.kind!r}; expected one of {', '.join(KINDS)}")
+        if (self.kind == SPLIT) != (self.factor != 0):
+            raise ValueError(f"only a split has a factor: {self.kind!r} with factor {self.factor}")
+
+    @property
+    def name(self) -> str:
+        return f"split_{self.factor}" if self.kind == SPLIT else self.kind
+
+    @property
+    def is_move(self) -> bool:
+        """Whether the action only moves the cursor (it changes no schedule, measures nothing)."""
+        return self.kind in MOVES
+
+    @classmethod
+    def parse(cls, name: str) -> "Action | None":
+        """The action named ``name`` (``"split_16"``, ``"up"``, ...), or None for no such name."""
+        if not isinstance(name, str):
+            return None
+        if name.startswith("split_") and name[len("split_"):].isdigit():
+            factor = int(name[len("split_"):])
+            return cls(SPLIT, factor) if factor > 0 else None
+        return cls(name) if name in KINDS and name != SPLIT else None
+
+
+def split_factors_named(names) -> list[int]:
+    """The factors of the ``split_<f>`` actions among ``names``."""
+    return [action.factor for action in map(Action.parse, names) if action is not None and action.kind == SPLIT]
 
 
 @dataclass(frozen=True)
@@ -57,9 +98,14 @@ class State:
     def key(self) -> tuple[str, int]:
         return (self.nest.key, self.cursor)
 
+    def at(self, cursor: int) -> "State":
+        """The same schedule with the cursor on loop ``cursor``."""
+        return State(self.nest, cursor)
+
 
 class ActionSet:
-    """The discrete actions for a given set of split factors and loop bound."""
+    """The discrete actions for a given set of split factors and loop bound: ``actions[i]`` is
+    what the agent's action ``i`` does."""
 
     def __init__(
         self, split_factors=defaults.SPLIT_FACTORS, max_loops: int = defaults.MAX_LOOPS, layouts: bool = False, pad_multiple: int = 16,
@@ -79,24 +125,24 @@ class ActionSet:
             raise ValueError(f"split factors must be distinct, got {factors}")
         if isinstance(max_loops, bool) or not isinstance(max_loops, (int, np.integer)) or max_loops < 1:
             raise ValueError(f"max_loops must be a positive integer, got {max_loops!r}")
-        self.split_factors = tuple(int(f) for f in factors)
-        self.max_loops = int(max_loops)
         if not isinstance(layouts, (bool, np.bool_)):
             raise ValueError(f"layouts must be True or False, got {layouts!r}")
         if isinstance(pad_multiple, bool) or not isinstance(pad_multiple, (int, np.integer)) or pad_multiple < 2:
             raise ValueError(f"pad_multiple must be an integer >= 2, got {pad_multiple!r}")
-        self.layouts = bool(layouts)
-        self.pad_multiple = int(pad_multiple)
-        self.names = MOVES + SWAPS + tuple(f"split_{f}" for f in self.split_factors)
-        self._first_layout = len(self.names)
-        if self.layouts:
-            self.names += LAYOUT_ACTIONS
         if not isinstance(parallel, (bool, np.bool_)):
             raise ValueError(f"parallel must be True or False, got {parallel!r}")
+        self.split_factors = tuple(int(f) for f in factors)
+        self.max_loops = int(max_loops)
+        self.layouts = bool(layouts)
+        self.pad_multiple = int(pad_multiple)
         self.parallel = bool(parallel)
-        self._parallel = len(self.names) if self.parallel else None  # the parallel action's index
-        if self.parallel:
-            self.names += (PARALLEL,)
+        self.actions: tuple[Action, ...] = (
+            tuple(Action(kind) for kind in MOVES + SWAPS)
+            + tuple(Action(SPLIT, f) for f in self.split_factors)
+            + (tuple(Action(kind) for kind in LAYOUT_ACTIONS) if self.layouts else ())
+            + ((Action(PARALLEL),) if self.parallel else ())
+        )
+        self.names = tuple(action.name for action in self.actions)
 
     @classmethod
     def for_target(
@@ -129,8 +175,7 @@ class ActionSet:
         named and the parallel action if it is. Moves, swaps and its own splits keep their
         indices."""
         names = list(names)
-        factors = [int(n[len("split_"):]) for n in names if isinstance(n, str) and n.startswith("split_") and n[len("split_"):].isdigit()]
-        extended = self.with_splits(factors)
+        extended = self.with_splits(split_factors_named(names))
         layouts = extended.layouts or any(n in LAYOUT_ACTIONS for n in names)
         parallel = extended.parallel or PARALLEL in names
         if (layouts, parallel) != (extended.layouts, extended.parallel):
@@ -138,7 +183,7 @@ class ActionSet:
         return extended
 
     def __len__(self) -> int:
-        return len(self.names)
+        return len(self.actions)
 
     def index(self, name: str) -> int:
         try:
@@ -148,48 +193,56 @@ class ActionSet:
 
     def is_structural(self, action: int) -> bool:
         """Whether the action changes the schedule (and so needs a measurement)."""
-        return self.validate(action) >= len(MOVES)
+        return not self.actions[self.validate(action)].is_move
+
+    def why_not(self, state: State, action: int) -> str | None:
+        """Why ``action`` cannot apply in ``state`` (checked without building the new nest),
+        or None if it applies."""
+        act = self.actions[self.validate(action)]
+        nest, cursor = state.nest, state.cursor
+        if act.kind == "up":
+            return None if cursor > 0 else "the cursor is on the first loop"
+        if act.kind == "down":
+            return None if cursor + 1 < len(nest) else "the cursor is on the last loop"
+        if act.kind in SWAPS:
+            return nest.why_not_swap(cursor - 1 if act.kind == "swap_up" else cursor)
+        if act.kind == PARALLEL:
+            return nest.why_not_parallel(cursor)
+        if act.kind in LAYOUT_ACTIONS:
+            return None if self._layout_nest(nest, cursor, act.kind) is not None else f"{act.kind} changes no tensor here"
+        if len(nest) + 1 > self.max_loops:
+            return f"a split would make more than max_loops={self.max_loops} loops"
+        return nest.why_not_split(cursor, act.factor)
 
     def can_apply(self, state: State, action: int) -> bool:
-        """Whether ``action`` applies in ``state`` (checked without building the new nest)."""
-        action = self.validate(action)
-        nest, cursor = state.nest, state.cursor
-        if action == 0:  # up
-            return cursor > 0
-        if action == 1:  # down
-            return cursor + 1 < len(nest)
-        if action in (2, 3):  # swap_up, swap_down
-            return _can_swap(nest, cursor - 1 if action == 2 else cursor)
-        if action == self._parallel:
-            return nest.why_not_parallel(cursor) is None
-        if action >= self._first_layout:
-            return self._layout_nest(nest, cursor, action) is not None
-        return len(nest) + 1 <= self.max_loops and self.split_factors[action - 4] <= nest.loops[cursor].size
+        """Whether ``action`` applies in ``state``."""
+        return self.why_not(state, action) is None
 
     def apply(self, state: State, action: int) -> State | None:
         """The state after ``action``, or None when the action cannot apply."""
-        if not self.can_apply(state, action):
+        if self.why_not(state, action) is not None:
             return None
+        act = self.actions[int(action)]
         nest, cursor = state.nest, state.cursor
-        if action == 0:
+        if act.kind == "up":
             return State(nest, cursor - 1)
-        if action == 1:
+        if act.kind == "down":
             return State(nest, cursor + 1)
-        if action == 2:  # the cursor follows its loop
+        if act.kind == "swap_up":  # the cursor follows its loop
             return State(nest.swap(cursor - 1), cursor - 1)
-        if action == 3:
+        if act.kind == "swap_down":
             return State(nest.swap(cursor), cursor + 1)
-        if action == self._parallel:
+        if act.kind == PARALLEL:
             return State(nest.parallel(cursor), cursor)
-        if action >= self._first_layout:
-            return State(self._layout_nest(nest, cursor, action), cursor)
-        return State(nest.split(cursor, self.split_factors[action - 4]), cursor)
+        if act.kind in LAYOUT_ACTIONS:
+            return State(self._layout_nest(nest, cursor, act.kind), cursor)
+        return State(nest.split(cursor, act.factor), cursor)
 
-    def _layout_nest(self, nest: LoopNest, cursor: int, action: int) -> LoopNest | None:
-        """The nest after layout action ``action`` at ``cursor``, or None if it changes nothing."""
+    def _layout_nest(self, nest: LoopNest, cursor: int, kind: str) -> LoopNest | None:
+        """The nest after layout action ``kind`` at ``cursor``, or None if it changes nothing."""
         loop = nest.loops[cursor]
         result = nest
-        if LAYOUT_ACTIONS[action - self._first_layout] == "pack":
+        if kind == "pack":
             step = loop.step
             if step == 1:  # the tile this loop walks: the step of the loop of its dimension around it
                 around = [lp for lp in nest.compute[:cursor] if lp.var == loop.var]
@@ -197,22 +250,22 @@ class ActionSet:
             if loop.is_write_back or step < 2:
                 return None
             for tensor in ("in0", "in1"):
-                if loop.var in nest.tensor_index(tensor):
-                    try:
-                        result = result.layout_pack(tensor, loop.var, step)
-                    except ValueError:
-                        pass
+                if loop.var in nest.tensor_index(tensor) and result.why_not_layout_pack(tensor, loop.var, step) is None:
+                    result = result.layout_pack(tensor, loop.var, step)
         else:  # pad
             for tensor in LAYOUT_TENSORS:
                 if loop.var not in nest.tensor_index(tensor):
                     continue
                 dim = result.layout(tensor).outer_dim(loop.var)
-                if dim:  # padding the outermost dimension would change no stride
-                    try:
-                        result = result.layout_pad(tensor, dim, self.pad_multiple)
-                    except ValueError:
-                        pass
+                # padding the outermost dimension would change no stride
+                if dim and result.why_not_layout_pad(tensor, dim, self.pad_multiple) is None:
+                    result = result.layout_pad(tensor, dim, self.pad_multiple)
         return None if result is nest else result
+
+    def moves(self, start: int, cursor: int) -> tuple[int, ...]:
+        """The cursor moves (action indices) from loop ``start`` to loop ``cursor``."""
+        move = self.index("up" if cursor < start else "down")
+        return (move,) * abs(start - cursor)
 
     def path(self, state: State, steps) -> tuple[tuple[int, ...], State] | None:
         """The actions that carry out the IR ``steps`` (``("split", i, f)``, ``("swap", i)``,
@@ -228,16 +281,14 @@ class ActionSet:
             elif name == "swap":  # from loop index (swap_down) or from the loop below it (swap_up)
                 action = "swap_down" if abs(state.cursor - index) <= abs(state.cursor - index - 1) else "swap_up"
                 index = index if action == "swap_down" else index + 1
-            elif name == "parallel":
+            elif name == PARALLEL:
                 action = PARALLEL
             else:
                 return None
             if action not in self.names:
                 return None
-            move = self.names.index("up" if index < state.cursor else "down")
-            path += [move] * abs(state.cursor - index)
-            state = State(state.nest, index)
-            following = self.apply(state, self.names.index(action))
+            path += self.moves(state.cursor, index)
+            following = self.apply(state.at(index), self.names.index(action))
             if following is None:
                 return None
             path.append(self.names.index(action))
@@ -265,13 +316,3 @@ class ActionSet:
         if not 0 <= action < len(self):
             raise ValueError(f"action {action} out of range 0..{len(self) - 1}")
         return int(action)
-
-
-def _can_swap(nest: LoopNest, upper: int) -> bool:
-    """Whether ``nest.swap(upper)`` is allowed (same rules, no exception)."""
-    loops = nest.loops
-    if upper < 0 or upper + 1 >= len(loops):
-        return False
-    first, second = loops[upper], loops[upper + 1]
-    return first.nest == second.nest and first.var != second.var
-
