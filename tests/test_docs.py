@@ -1,0 +1,246 @@
+"""The README and docs/ say only what runs: every Python block runs, every command line parses.
+
+- A ```python block runs in a fresh interpreter (this checkout first on the path, the tests'
+  private measurement cache, a temporary working folder). A block whose first line is
+  ``# not run`` is an illustration only; few may be.
+- Every command in a ```bash / ```console block that starts a looprl command line
+  (``.venv/bin/looprl-*``, ``python -m looprl...``) or an experiment script is parsed by that
+  command's own argparse parser, stopped right after parsing: a renamed or mistyped flag fails
+  here, and nothing trains or benchmarks.
+- Relative links point at files that exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import runpy
+import shlex
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+NOT_RUN = "# not run"
+MAX_NOT_RUN = 3  # illustrations that must not run; the rest of the manual's code runs
+SNIPPET_TIMEOUT_S = 120
+SHELLS = {"bash", "sh", "console", "shell"}
+# Python blocks that take seconds each (torch, searches): marked slow, so that the unmarked
+# blocks run in about ten seconds.
+SLOW_WORDS = ("import torch", "search.run(")
+
+
+def fenced_blocks(path: Path) -> list[tuple[str, int, str]]:
+    """(language, line of the opening fence, text) of each fenced block in ``path``."""
+    blocks, language, start, body = [], None, 0, []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.startswith("```"):
+            if language is None:
+                language, start, body = line[3:].strip().lower(), number, []
+            else:
+                blocks.append((language, start, "\n".join(body) + "\n"))
+                language = None
+        elif language is not None:
+            body.append(line)
+    assert language is None, f"{path.name}: the block opened on line {start} is never closed"
+    return blocks
+
+
+def _label(path: Path, line: int) -> str:
+    return f"{path.relative_to(ROOT)}:{line}"
+
+
+PYTHON_BLOCKS = [(path, line, text) for path in DOCUMENTS for language, line, text in fenced_blocks(path) if language == "python"]
+SHELL_BLOCKS = [(path, line, text) for path in DOCUMENTS for language, line, text in fenced_blocks(path) if language in SHELLS]
+
+
+def _python_params():
+    for path, line, text in PYTHON_BLOCKS:
+        marks = [pytest.mark.slow] if any(word in text for word in SLOW_WORDS) else []
+        yield pytest.param(path, line, text, id=_label(path, line), marks=marks)
+
+
+def test_the_documents_hold_code():
+    assert (ROOT / "docs").is_dir()
+    assert len(PYTHON_BLOCKS) >= 5 and len(SHELL_BLOCKS) >= 5
+
+
+def test_few_blocks_are_left_unrun():
+    not_run = [_label(path, line) for path, line, text in PYTHON_BLOCKS if text.startswith(NOT_RUN)]
+    assert len(not_run) <= MAX_NOT_RUN, f"too many blocks marked {NOT_RUN!r}: {not_run}"
+
+
+@pytest.mark.parametrize(("path", "line", "text"), list(_python_params()))
+def test_python_block_runs(path, line, text, tmp_path):
+    if text.startswith(NOT_RUN):
+        pytest.skip(f"marked {NOT_RUN!r}")
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    started = time.monotonic()
+    completed = subprocess.run([sys.executable, "-c", text], cwd=tmp_path, env=environment,
+                               capture_output=True, text=True, timeout=SNIPPET_TIMEOUT_S)
+    assert completed.returncode == 0, (
+        f"{_label(path, line)} failed after {time.monotonic() - started:.1f} s:\n{completed.stderr[-3000:]}")
+
+
+# ---- command lines ----------------------------------------------------------------------
+
+
+def command_lines(text: str) -> list[list[str]]:
+    """The commands of a shell block: comments and prompts dropped, continuations joined,
+    ``&&`` / ``;`` chains split, each command as its words."""
+    joined = re.sub(r"\\\n", " ", text)
+    commands = []
+    for line in joined.splitlines():
+        line = line.strip()
+        if line.startswith("$ "):
+            line = line[2:]
+        if not line or line.startswith("#"):
+            continue
+        words = shlex.split(line, comments=True)
+        command: list[str] = []
+        for word in words + ["&&"]:
+            if word in ("&&", ";", "||"):
+                if command:
+                    commands.append(command)
+                command = []
+            else:
+                command.append(word)
+    return commands
+
+
+def _console_scripts() -> dict[str, str]:
+    with open(ROOT / "pyproject.toml", "rb") as file:
+        return tomllib.load(file)["project"]["scripts"]
+
+
+CONSOLE_SCRIPTS = _console_scripts()
+# The modules `python -m` starts a command line with; any other module would run for real.
+COMMAND_MODULES = ("looprl", "looprl.search", "looprl.train", "looprl.bench")
+
+
+class _Parsed(Exception):
+    """Raised by the patched parse_args once a command line has parsed: nothing runs."""
+
+
+def _how_to_run(words: list[str]):
+    """(callable that runs the command's entry point, argv) for a looprl or experiment command;
+    None for other commands (pip, venv, pytest)."""
+    program, *arguments = words
+    name = program.removeprefix(".venv/bin/")
+    if name in CONSOLE_SCRIPTS:
+        module, function = CONSOLE_SCRIPTS[name].split(":")
+
+        def entry():
+            __import__(module)
+            return getattr(sys.modules[module], function)()
+        return entry, [name, *arguments]
+    if name in ("python", "python3") and arguments[:1] == ["-m"] and arguments[1] in COMMAND_MODULES:
+        module = arguments[1]
+        return (lambda: runpy.run_module(module, run_name="__main__", alter_sys=True)), [module, *arguments[2:]]
+    if name in ("python", "python3") and arguments and arguments[0].startswith("experiments/"):
+        script = ROOT / arguments[0]
+        assert script.is_file(), f"no script {arguments[0]}"
+        return (lambda: runpy.run_path(str(script), run_name="__main__")), [str(script), *arguments[1:]]
+    return None
+
+
+INLINE_COMMAND = re.compile(r"`(\.venv/bin/[^`]+)`")
+# An inline command holding one of these is a pattern (optional parts, placeholders), not a command.
+PATTERN_SIGNS = ("[", "<", "...", "POLICY")
+
+
+def inline_commands(path: Path) -> list[tuple[int, list[str]]]:
+    """(line, words) of each `.venv/bin/...` command in the prose of ``path`` (a span may wrap lines)."""
+    text = path.read_text()
+    found = []
+    for match in INLINE_COMMAND.finditer(text):
+        if text[:match.start()].count("```") % 2 or any(sign in match.group(1) for sign in PATTERN_SIGNS):
+            continue
+        found.append((text[:match.start()].count("\n") + 1, shlex.split(match.group(1))))
+    return found
+
+
+def _looprl_commands():
+    for path, line, text in SHELL_BLOCKS:
+        for words in command_lines(text):
+            if _how_to_run(words) is not None:
+                yield pytest.param(words, id=f"{_label(path, line)}:{' '.join(words[:3])}")
+    for path in DOCUMENTS:
+        for line, words in inline_commands(path):
+            if _how_to_run(words) is not None:
+                yield pytest.param(words, id=f"{_label(path, line)}:{' '.join(words[:3])}")
+
+
+LOOPRL_COMMANDS = list(_looprl_commands())
+
+
+def test_the_documents_show_command_lines():
+    shown = {words[0].removeprefix(".venv/bin/") for words in (param.values[0] for param in LOOPRL_COMMANDS)}
+    assert set(CONSOLE_SCRIPTS) <= shown, f"command lines never shown: {set(CONSOLE_SCRIPTS) - shown}"
+
+
+@pytest.mark.parametrize("words", LOOPRL_COMMANDS)
+def test_command_line_parses(words, monkeypatch, capsys):
+    assert not words[0].startswith("looprl-"), f"{' '.join(words)}: run it from the set-up's .venv/bin/"
+    entry, argv = _how_to_run(words)
+    original = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):
+        original(self, args, namespace)
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.chdir(ROOT)
+    with pytest.raises((_Parsed, SystemExit)) as stopped:
+        entry()
+    if stopped.type is SystemExit:
+        pytest.fail(f"{' '.join(words)} does not parse: {capsys.readouterr().err.strip().splitlines()[-1]}")
+
+
+def test_no_bare_python_in_commands():
+    """The set-up makes .venv; commands use its interpreter, not whatever `python` is on the PATH."""
+    bare = [f"{_label(path, line)}: {' '.join(words)}" for path, line, text in SHELL_BLOCKS
+            for words in command_lines(text) if words[0] in ("python", "pip", "pytest")]
+    assert not bare, bare
+
+
+def test_readme_test_command_is_what_ci_runs():
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.startswith("python3 -m venv")]
+    assert len(ci) == 1
+    readme = [text for _, _, text in fenced_blocks(ROOT / "README.md")]
+    assert any(text.strip() == ci[0].strip() for text in readme), "README's test command differs from .ci/run's"
+
+
+# ---- links ------------------------------------------------------------------------------
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _relative_links():
+    for path in DOCUMENTS:
+        text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+        for target in LINK.findall(text):
+            if not re.match(r"[a-z]+:", target) and not target.startswith("#"):
+                yield path, target
+
+
+def test_relative_links_exist():
+    links = list(_relative_links())
+    readme_to_docs = [target for path, target in links if path.name == "README.md" and target.startswith("docs/")]
+    assert len(readme_to_docs) >= 10
+    missing = [f"{path.relative_to(ROOT)} -> {target}" for path, target in links
+               if not (path.parent / target.split("#")[0]).exists()]
+    assert not missing, missing
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+    readme = (ROOT / "README.md").read_text()
+    unlinked = [page.name for page in (ROOT / "docs").glob("*.md") if f"(docs/{page.name})" not in readme]
+    assert not unlinked, unlinked
