@@ -43,7 +43,7 @@ from torch import nn
 
 from looprl.backend.buffers import aligned_empty
 from looprl.ir.layers import linear
-from looprl.policy.tune import TuneResult, tune
+from looprl.policy.tuner import TuneResult, tune
 
 __all__ = ["TunedLinear", "tune_module", "tuned_layers"]
 
@@ -64,7 +64,7 @@ class TunedLinear(nn.Module):
     row counts it was tuned for and is the original layer for anything else (see the module
     docstring). It holds the original's ``weight`` and ``bias`` parameters themselves, so its
     ``state_dict`` has the original's keys. ``results`` maps a row count to its
-    :class:`~looprl.policy.tune.TuneResult`."""
+    :class:`~looprl.policy.tuner.TuneResult`."""
 
     def __init__(self, original: nn.Linear, activation: nn.Module | None, results: dict[int, TuneResult]):
         super().__init__()

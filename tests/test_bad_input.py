@@ -11,7 +11,7 @@ import pytest
 import looprl
 from looprl import search
 from looprl.actions import ActionSet
-from looprl.env.loopnest import LoopNestEnv
+from looprl.env.loopnest_env import LoopNestEnv
 from looprl.ir.problem import as_problem
 from looprl.measurement import peak as peak_module
 from looprl.measurement.cache import MeasurementCache

@@ -78,7 +78,7 @@ def test_a_parallel_schedule_that_does_not_pay_is_not_returned(monkeypatch):
     """A parallel proposal measured slower than the serial best leaves the serial answer."""
     import importlib
 
-    tune_module = importlib.import_module("looprl.policy.tune")  # the module, not the function it exports
+    tune_module = importlib.import_module("looprl.policy.tuner")  # the module, not the function it exports
 
     def slow(candidates, context, threads):
         nest, gflops, actions = candidates[0]

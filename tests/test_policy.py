@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import looprl
-from looprl.env.loopnest import LoopNestEnv
+from looprl.env.loopnest_env import LoopNestEnv
 from looprl.errors import CompileError
 from looprl.measurement.evaluator import Evaluator
 from looprl.policy.numpy_policy import Policy

@@ -13,7 +13,7 @@ import pytest
 import looprl
 from looprl import search
 from looprl.actions import ActionSet, State
-from looprl.env.loopnest import LoopNestEnv
+from looprl.env.loopnest_env import LoopNestEnv
 from looprl.measurement.evaluator import Evaluator, Measurement
 
 SMALL = looprl.matmul(m=48, n=40, k=36)

@@ -14,7 +14,7 @@ import looprl  # noqa: F401  (registers LoopNest-v0)
 from looprl.costmodel.features import features_batch
 from looprl.costmodel.model import CostModel
 from looprl.costmodel.surrogate import SurrogateReward, _isotonic
-from looprl.env.loopnest import LoopNestEnv
+from looprl.env.loopnest_env import LoopNestEnv
 from looprl.ir.nest import initial_nest
 from looprl.ir.problem import as_problem
 

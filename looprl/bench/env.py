@@ -18,9 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from looprl import defaults
-from looprl.actions import MOVES
 from looprl.env.datasets import dataset_problems
-from looprl.env.loopnest import LoopNestEnv
+from looprl.env.loopnest_env import LoopNestEnv
 from looprl.measurement.cache import MeasurementCache
 from looprl.measurement.peak import peak_gflops
 
@@ -41,7 +40,7 @@ def _action_sequence(env: LoopNestEnv, steps: int, seed: int) -> list[tuple]:
     done = 0
     while done < steps:
         mask = env.action_mask()
-        structural = [a for a in range(len(MOVES), len(mask)) if mask[a]]
+        structural = [a for a in range(len(mask)) if mask[a] and env.actions.is_structural(a)]
         if not structural:  # nothing left to change: start another problem
             env.reset()
             events.append(("reset", env.problem.name))

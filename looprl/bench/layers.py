@@ -33,7 +33,7 @@ from looprl.ir.layers import linear
 from looprl.measurement.numpy_baseline import baseline_label, numpy_gflops
 from looprl.measurement.numpy_epilogue import erf_source
 from looprl.measurement.timing import best_time, time_kernel
-from looprl.policy.tune import tune
+from looprl.policy.tuner import tune
 
 # (name, batch, in, out, activation, residual): layers of ViT-S/16 (197 tokens) and BERT-base.
 DEFAULT_LAYERS = (

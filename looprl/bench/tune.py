@@ -36,7 +36,7 @@ from looprl.measurement.numpy_baseline import baseline_label, numpy_gflops
 from looprl.measurement.peak import measure_peak_gflops
 from looprl.measurement.timing import time_kernel
 from looprl.policy.loading import load_policy
-from looprl.policy.tune import TUNE_BUDGET_S, tune
+from looprl.policy.tuner import TUNE_BUDGET_S, tune
 
 
 def add_arguments(parser) -> None:

@@ -226,7 +226,7 @@ def _train(args) -> int:
 
 def _validator(agent: dict, count: int):
     """Greedy validation on ``count`` of the agent's training problems, measured like the env."""
-    from looprl.env.loopnest import env_problems
+    from looprl.env.loopnest_env import env_problems
     from looprl.train.validation import Validator, spread
 
     env = agent.get("env", {})

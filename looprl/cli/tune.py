@@ -1,6 +1,6 @@
 """``python -m looprl.tune``: tune one contraction with the shipped policy and report it.
 
-(The library function is :func:`looprl.tune`, defined in :mod:`looprl.policy.tune`; this
+(The library function is :func:`looprl.tune`, defined in :mod:`looprl.policy.tuner`; this
 module is its command line.)
 
     python -m looprl.tune 256 256 256                    # a matmul, m n k
@@ -19,7 +19,7 @@ from looprl.cli.common import cache_path, run_command
 from looprl.ir.epilogue import ACTIVATIONS
 from looprl.ir.layers import linear
 from looprl.ir.problem import contraction, matmul
-from looprl.policy.tune import TUNE_BUDGET_S, tune
+from looprl.policy.tuner import TUNE_BUDGET_S, tune
 
 
 def build_parser() -> argparse.ArgumentParser:

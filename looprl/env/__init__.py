@@ -4,6 +4,6 @@ Gymnasium environment (the actions live in :mod:`looprl.actions`)."""
 from looprl.env.datasets import dataset_entries, dataset_names, dataset_problems
 from looprl.env.entries import DatasetEntry
 from looprl.env.features import nest_graph, observation
-from looprl.env.loopnest import LoopNestEnv
+from looprl.env.loopnest_env import LoopNestEnv
 
 __all__ = ["DatasetEntry", "LoopNestEnv", "dataset_entries", "dataset_names", "dataset_problems", "nest_graph", "observation"]

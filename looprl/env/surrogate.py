@@ -1,7 +1,7 @@
 """The environment's side of ``reward="model"``: what a surrogate reward model must do, and
 how the ``model`` argument becomes one.
 
-With ``reward="model"``, :class:`~looprl.env.loopnest.LoopNestEnv` measures only some new
+With ``reward="model"``, :class:`~looprl.env.loopnest_env.LoopNestEnv` measures only some new
 states and asks a *reward model* for the GFLOPS of the others. A reward model is any object
 with two methods (:class:`RewardModel`):
 

@@ -14,7 +14,6 @@ import re
 
 import numpy as np
 
-from looprl.search.autotvm import autotvm
 from looprl.search.context import BudgetExhausted, Node, SearchContext, node_id
 
 
@@ -117,6 +116,8 @@ def parse_algorithm(name: str):
             f"or autotvm-regression (e.g. {', '.join(PAPER_ALGORITHMS)})"
         )
     if match["autotvm"]:
+        from looprl.search.autotvm import autotvm  # the cost model (and XGBoost) only when asked for
+
         return autotvm, {"objective": match["objective"] or "rank"}
     if match["lookahead"]:
         lookahead = int(match["lookahead"])

@@ -24,7 +24,6 @@ from looprl.ir.schedules import target_split_factors
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.timing import check_budget, time_kernel
 from looprl.search.algorithms import check_options, parse_algorithm
-from looprl.search.autotvm import autotvm
 from looprl.search.context import BudgetExhausted, SearchContext
 
 DEFAULT_BUDGET_S = 60.0
@@ -256,7 +255,7 @@ def run(
             "verify_s": verify_s,
             **({"layouts": True, "layout_stage": layout_stage} if layouts else {}),
             **({"threads": threads} if threads > 1 else {}),
-            **({"options": options} if function is autotvm else {}),
+            **({"options": options} if function.__name__ == "autotvm" else {}),
         },
         graph=graph,
     )

@@ -72,7 +72,7 @@ RLLIB_ENV_NAME = "looprl-LoopNest"
 
 def make_env(env_context):
     """RLlib's env creator: it passes the env config as one mapping."""
-    from looprl.env.loopnest import LoopNestEnv
+    from looprl.env.loopnest_env import LoopNestEnv
 
     return LoopNestEnv(**dict(env_context))
 
