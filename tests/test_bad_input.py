@@ -252,7 +252,7 @@ def test_a_problem_larger_than_the_observation_is_refused_clearly():
 
 
 def test_too_many_loops_are_refused_before_anything_is_measured(monkeypatch, policy_dir):
-    from looprl.env import loopnest
+    from looprl.env import loopnest_env as loopnest
 
     monkeypatch.setattr(loopnest, "peak_gflops", lambda cache: pytest.fail("measured the peak"))
     monkeypatch.setattr(Evaluator, "measure", lambda self, nest, kernel=None: pytest.fail("measured a schedule"))
