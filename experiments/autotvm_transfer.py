@@ -35,7 +35,7 @@ import tempfile
 from pathlib import Path
 
 from looprl import defaults
-from looprl.env.datasets import dataset_problems
+from looprl.workloads.datasets import dataset_problems
 from looprl.measurement.cache import MeasurementCache
 from looprl.measurement.evaluator import Evaluator
 from looprl.search import run

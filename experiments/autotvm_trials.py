@@ -33,7 +33,7 @@ from pathlib import Path
 
 from looprl import defaults
 from looprl.backend.target import Target
-from looprl.env.datasets import dataset_problems
+from looprl.workloads.datasets import dataset_problems
 from looprl.ir.problem import parse_problems
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.numpy_baseline import numpy_gflops

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from looprl import defaults
 from looprl.backend.target import TARGET_CHOICES, Target
-from looprl.env.datasets import dataset_problems
+from looprl.workloads.datasets import dataset_problems
 from looprl.ir.problem import parse_problems
 from looprl.measurement.evaluator import Evaluator
 from looprl.search import run

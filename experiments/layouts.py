@@ -32,7 +32,7 @@ from looprl import defaults
 from looprl.backend.codegen import conversions
 from looprl.backend.host import cpu_model_name
 from looprl.backend.target import Target
-from looprl.env.datasets import dataset_problems
+from looprl.workloads.datasets import dataset_problems
 from looprl.ir.problem import as_problem
 from looprl.measurement.numpy_baseline import numpy_gflops
 

@@ -42,8 +42,8 @@ import numpy as np
 
 from looprl.backend.kernel import compile
 from looprl.backend.target import TARGET_CHOICES, Target
-from looprl.env.datasets import dataset_entries
-from looprl.env.entries import DatasetEntry
+from looprl.workloads.datasets import dataset_entries
+from looprl.workloads.entries import DatasetEntry
 from looprl.ir.problem import parse_problem
 from looprl.measurement.peak import peak_gflops
 from looprl.ir.nest import initial_nest

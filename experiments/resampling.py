@@ -22,7 +22,7 @@ from pathlib import Path
 
 from looprl import defaults
 from looprl.backend.target import Target
-from looprl.env.datasets import dataset_problems
+from looprl.workloads.datasets import dataset_problems
 from looprl.ir.nest import initial_nest
 from looprl.ir.schedules import random_schedule
 from looprl.measurement.evaluator import Evaluator

@@ -42,7 +42,7 @@ from pathlib import Path
 import yaml
 
 from looprl import defaults
-from looprl.env.datasets import dataset_problems
+from looprl.workloads.datasets import dataset_problems
 from looprl.measurement.cache import MeasurementCache
 from looprl.measurement.evaluator import Evaluator
 from looprl.train.config import load_agent

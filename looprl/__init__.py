@@ -10,10 +10,11 @@ contract in ``pyproject.toml``)::
     policy       numpy policies, their greedy rollout, policy-guided search, looprl.tune
     search       greedy, beam, random and AutoTVM search
     costmodel    AutoTVM's schedule features and XGBoost cost model
-    env          observations, datasets, LoopNest-v0 (gymnasium)
+    env          LoopNest-v0 (gymnasium) and its observations
     actions      actions as data and the one transition rule
     measurement  timing, peak, numpy baseline, cache, evaluator
     backend      looprl.Target, code generator, JIT, kernels
+    workloads    benchmark sets and real models' contractions (the problems)
     ir           problems, loop nests, hand-written schedules
 
 This module re-exports the public API and registers ``LoopNest-v0`` with gymnasium.
@@ -23,14 +24,7 @@ import gymnasium as _gymnasium
 
 from looprl.backend import Kernel, Target, aligned_empty, aligned_zeros, compile
 from looprl.actions import ActionSet, State
-from looprl.env import (
-    DatasetEntry,
-    dataset_entries,
-    dataset_names,
-    dataset_problems,
-    nest_graph,
-    observation,
-)
+from looprl.env import nest_graph, observation
 from looprl.ir import (
     ACTIVATIONS,
     Epilogue,
@@ -52,6 +46,7 @@ from looprl.measurement import (
     peak_gflops,
 )
 from looprl.policy import Policy, TuneResult, tune
+from looprl.workloads import DatasetEntry, dataset_entries, dataset_names, dataset_problems
 
 ENV_ID = "LoopNest-v0"
 

@@ -3,7 +3,7 @@ import json
 import pytest
 
 import looprl
-from looprl.env.datasets import (
+from looprl.workloads.datasets import (
     build_dataset,
     dataset_names,
     dataset_path,

@@ -84,7 +84,7 @@ def test_bad_epilogues_are_value_errors():
 
 
 def test_dataset_entries_carry_epilogues():
-    from looprl.env.entries import DatasetEntry
+    from looprl.workloads.entries import DatasetEntry
 
     entry = DatasetEntry("mk,nk->mn", (("m", 4), ("k", 8), ("n", 6)), "vit-s16", "mlp.fc1", "4 tokens", "bias+gelu")
     assert entry.problem.epilogue == Epilogue(bias=True, activation="gelu")

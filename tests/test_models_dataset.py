@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import looprl
-from looprl.env import architectures
-from looprl.env.architectures import MAX_MACS, MAX_NK, MODEL_NAMES, TEST_MODELS, excluded_entries
-from looprl.env.datasets import dataset_entries, dataset_path, dataset_problems, load_dataset
+from looprl.workloads import architectures
+from looprl.workloads.architectures import MAX_MACS, MAX_NK, MODEL_NAMES, TEST_MODELS, excluded_entries
+from looprl.workloads.datasets import dataset_entries, dataset_path, dataset_problems, load_dataset
 from looprl.ir.nest import initial_nest
 from looprl.ir.problem import parse_problem
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from looprl import defaults
-from looprl.env.datasets import dataset_problems
+from looprl.workloads.datasets import dataset_problems
 from looprl.env.loopnest_env import LoopNestEnv
 from looprl.measurement.cache import MeasurementCache
 from looprl.measurement.peak import peak_gflops

@@ -29,7 +29,7 @@ from looprl.backend.host import cpu_model_name
 from looprl.backend.kernel import compile
 from looprl.backend.target import Target
 from looprl.backend.threads import check_threads
-from looprl.env.datasets import SPLITS, dataset_entries
+from looprl.workloads.datasets import SPLITS, dataset_entries
 from looprl.ir.nest import initial_nest
 from looprl.ir.problem import parse_problems
 from looprl.measurement.numpy_baseline import baseline_label, numpy_gflops

@@ -21,7 +21,7 @@ from looprl import defaults
 from looprl.backend.target import TARGET_CHOICES, Target
 from looprl.backend.threads import check_threads
 from looprl.cli.common import cache_path, run_command, writable_file, writable_folder
-from looprl.env.datasets import SPLITS, dataset_problems
+from looprl.workloads.datasets import SPLITS, dataset_problems
 from looprl.measurement.evaluator import Evaluator
 from looprl.train.config import ALGORITHMS, load_agent, validate_agent
 from looprl.train.loop import BEST_POLICY, RunDirectory, RunState, parse_duration, train
@@ -226,7 +226,7 @@ def _train(args) -> int:
 
 def _validator(agent: dict, count: int):
     """Greedy validation on ``count`` of the agent's training problems, measured like the env."""
-    from looprl.env.loopnest_env import env_problems
+    from looprl.workloads.datasets import env_problems
     from looprl.train.validation import Validator, spread
 
     env = agent.get("env", {})

@@ -49,7 +49,7 @@ from looprl.backend.codegen import conversions
 from looprl.backend.target import Target
 from looprl.backend.threads import check_threads
 from looprl.actions import ActionSet, State, step
-from looprl.env.datasets import dataset_names, dataset_problems
+from looprl.workloads.datasets import dataset_groups, env_problems
 from looprl.env.features import (
     FEATURES_PER_LOOP,
     HISTOGRAM_BINS,
@@ -68,34 +68,6 @@ logger = logging.getLogger("looprl.env")
 
 OBSERVATION_KINDS = ("raw", "normalized")
 ORDERS = ("cycle", "random")
-
-
-def env_problems(dataset: str = defaults.DATASET, split: str = "train", problems=None) -> tuple[Problem, ...]:
-    """The problems an env with these arguments draws from: ``problems`` when given, else the
-    dataset's split."""
-    if problems is None:
-        return tuple(p for group in dataset_groups(dataset, split) for p in group)
-    if isinstance(problems, (str, Problem)):
-        problems = [problems]
-    if not hasattr(problems, "__iter__"):
-        raise ValueError(f"problems must be a list of Problems or problem strings, got {type(problems).__name__}")
-    resolved = []
-    for index, item in enumerate(problems):
-        try:
-            resolved.append(as_problem(item))
-        except ValueError as error:
-            raise ValueError(f"problems[{index}]: {error}") from None
-    if not resolved:
-        raise ValueError("problems must not be empty")
-    return tuple(resolved)
-
-
-def dataset_groups(dataset, split: str = "train") -> tuple[tuple[Problem, ...], ...]:
-    """The split of each dataset ``dataset`` names: one name or a list of names."""
-    names = [dataset] if isinstance(dataset, str) else dataset
-    if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) for n in names):
-        raise ValueError(f"unknown dataset {dataset!r}; known datasets: {', '.join(dataset_names())} (or a non-empty list of them)")
-    return tuple(dataset_problems(name, split) for name in dict.fromkeys(names))
 
 
 class LoopNestEnv(gym.Env):

@@ -13,7 +13,7 @@ searches and the cost model than the L2-resident mm64-256).
 
 ``models`` is the GEMMs and attention products of published models (BERT, GPT-2, SmolLM,
 TinyLlama, ViT-S/16, ResNet-50, MobileNetV2), derived from their configurations in
-:mod:`looprl.env.architectures` (which says how, the bounds, what is left out and why) and
+:mod:`looprl.workloads.architectures` (which says how, the bounds, what is left out and why) and
 split by model: the test split is whole models that no training problem comes from. Its rows
 carry ``model``, ``layer``, ``derivation``, ``spec`` and ``sizes``; :func:`dataset_entries`
 returns them, :func:`dataset_problems` the problems alone.
@@ -27,9 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-from looprl.env.architectures import MODEL_NAMES, TEST_MODELS, model_entries
-from looprl.env.entries import DatasetEntry
-from looprl.ir.problem import Problem
+from looprl import defaults
+
+from looprl.workloads.architectures import MODEL_NAMES, TEST_MODELS, model_entries
+from looprl.workloads.entries import DatasetEntry
+from looprl.ir.problem import Problem, as_problem
 from looprl.resources import shipped_path
 
 SPLITS = ("train", "test", "all")
@@ -51,7 +53,7 @@ _DEFINITIONS = {
     },
     "models": {
         "description": "GEMMs and attention products of published models, derived from their configurations "
-                       "(looprl.env.architectures); split by model",
+                       "(looprl.workloads.architectures); split by model",
     },
 }
 
@@ -147,6 +149,34 @@ def _definition(name: str) -> dict:
     return _DEFINITIONS[name]
 
 
-if __name__ == "__main__":  # python -m looprl.env.datasets: rewrite the stored files
+if __name__ == "__main__":  # python -m looprl.workloads.datasets: rewrite the stored files
     for dataset in dataset_names():
         print(write_dataset(dataset))
+
+
+def env_problems(dataset: str = defaults.DATASET, split: str = "train", problems=None) -> tuple[Problem, ...]:
+    """The problems an env with these arguments draws from: ``problems`` when given, else the
+    dataset's split."""
+    if problems is None:
+        return tuple(p for group in dataset_groups(dataset, split) for p in group)
+    if isinstance(problems, (str, Problem)):
+        problems = [problems]
+    if not hasattr(problems, "__iter__"):
+        raise ValueError(f"problems must be a list of Problems or problem strings, got {type(problems).__name__}")
+    resolved = []
+    for index, item in enumerate(problems):
+        try:
+            resolved.append(as_problem(item))
+        except ValueError as error:
+            raise ValueError(f"problems[{index}]: {error}") from None
+    if not resolved:
+        raise ValueError("problems must not be empty")
+    return tuple(resolved)
+
+
+def dataset_groups(dataset, split: str = "train") -> tuple[tuple[Problem, ...], ...]:
+    """The split of each dataset ``dataset`` names: one name or a list of names."""
+    names = [dataset] if isinstance(dataset, str) else dataset
+    if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"unknown dataset {dataset!r}; known datasets: {', '.join(dataset_names())} (or a non-empty list of them)")
+    return tuple(dataset_problems(name, split) for name in dict.fromkeys(names))

@@ -2,7 +2,7 @@
 
 Each model is described by its configuration (hidden size, heads, key/value heads, FFN or
 intermediate size, channels and kernel sizes per stage) and the code below turns it into the
-contractions one inference runs, one :class:`~looprl.env.entries.DatasetEntry` per distinct
+contractions one inference runs, one :class:`~looprl.workloads.entries.DatasetEntry` per distinct
 shape of a model (layers that share a shape are listed together in ``layer``):
 
 * a linear layer or a 1x1 convolution is ``mk,kn->mn``: m rows (tokens, output pixels, or the
@@ -55,7 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import cache
 
-from looprl.env.entries import MATMUL_SPEC, DatasetEntry
+from looprl.workloads.entries import MATMUL_SPEC, DatasetEntry
 
 MAX_NK = 4096  # bound on n and k
 MAX_MACS = 2**31  # bound on the product of all extents (one untuned run well under a second)
