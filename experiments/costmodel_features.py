@@ -36,7 +36,8 @@ from looprl.costmodel.features import features_batch
 from looprl.costmodel.model import OBJECTIVES, fit_booster, predict_booster
 from looprl.env.features import observation
 from looprl.ir.nest import LoopNest
-from looprl.measurement.cache import MeasurementCache, measured_nests
+from looprl.measurement.cache import MeasurementCache
+from looprl.measurement.records import measured_nests
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BATCH = 32

@@ -11,7 +11,9 @@ import warnings
 import pytest
 
 import looprl
-from looprl.measurement.cache import APPLICATION_ID, MeasurementCache, measurement_key, peak_key
+from looprl.measurement.cache import MeasurementCache
+from looprl.measurement.keys import measurement_key, peak_key
+from looprl.measurement.store import APPLICATION_ID
 
 
 def _nests(count):

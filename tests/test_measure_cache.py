@@ -2,11 +2,14 @@ import multiprocessing
 import os
 import sqlite3
 import sys
+import warnings
 
 import pytest
 
 import looprl
-from looprl.measurement.cache import MeasurementCache, measured_nests, measurement_key, peak_key
+from looprl.measurement.cache import MeasurementCache
+from looprl.measurement.keys import measurement_key, peak_key
+from looprl.measurement.records import measured_nests, stored_nest
 from looprl.measurement.timing import time_kernel
 
 
@@ -76,12 +79,29 @@ def test_samples_keep_the_best_and_are_counted():
         assert cache.records(exclude_problem=nest.problem.name) == []
 
 
-def test_records_become_nests_and_unparsable_ones_are_skipped():
+def test_records_become_nests_and_unparsable_ones_are_skipped_with_a_warning():
     nest = looprl.initial_nest(looprl.matmul(16, 24, 8)).split(0, 4)
     other = looprl.initial_nest(looprl.matmul(8, 8, 8))
     rows = [(nest.problem.name, nest.key, 5.0), ("not a problem", other.key, 2.0), (other.problem.name, "m99s1|junk", 3.0),
-            (other.problem.name, other.key, 7.0)]
-    assert measured_nests(rows) == [(nest, 5.0), (other, 7.0)]
+            (other.problem.name, other.key, 7.0), ("not a problem", nest.key, 1.0)]
+    with pytest.warns(RuntimeWarning, match=r"skipped 3 of 5 measurement records .*; the first: problem 'not a problem': cannot parse"):
+        assert measured_nests(rows) == [(nest, 5.0), (other, 7.0)]
+
+
+def test_readable_records_raise_no_warning():
+    nest = looprl.initial_nest(looprl.matmul(16, 24, 8)).split(0, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert measured_nests([(nest.problem.name, nest.key, 5.0)]) == [(nest, 5.0)]
+
+
+def test_stored_nest_gives_the_reason_a_row_cannot_be_read():
+    nest = looprl.initial_nest(looprl.matmul(8, 8, 8))
+    assert stored_nest(nest.problem.name, nest.key) == nest
+    assert stored_nest(nest.problem.name, "m8s1,k8s1,n8s1|junk").startswith("bad loop 'junk' in schedule key")
+    problems = {}
+    assert stored_nest("abc", nest.key, problems).startswith("problem 'abc': cannot parse problem 'abc'")
+    assert isinstance(problems["abc"], str)
 
 
 def test_corrupt_cache_is_rebuilt_with_a_warning(cache_path):

@@ -5,7 +5,8 @@ import pytest
 import looprl
 from looprl.backend.threads import available_cores
 from looprl.measurement import peak as peak_module
-from looprl.measurement.cache import MeasurementCache, measurement_key, peak_key
+from looprl.measurement.cache import MeasurementCache
+from looprl.measurement.keys import measurement_key, peak_key
 from looprl.measurement.numpy_baseline import baseline_environment, baseline_label
 
 CORES = available_cores()

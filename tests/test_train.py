@@ -190,6 +190,7 @@ def write_tiny_config(tmp_path, algo="dqn"):
     return path
 
 
+@pytest.mark.slow
 def test_cli_trains_checkpoints_resumes_and_evaluates(tmp_path):
     run = tmp_path / "run"
     config = write_tiny_config(tmp_path)
@@ -231,6 +232,7 @@ def test_cli_trains_checkpoints_resumes_and_evaluates(tmp_path):
     assert "1 problems" in out
 
 
+@pytest.mark.slow
 def test_a_run_with_a_pretrain_section_starts_from_its_clone_and_keeps_it_unless_rl_validates_better(tmp_path):
     import yaml
 

@@ -50,7 +50,7 @@ from looprl import defaults
 from looprl.costmodel.features import features_batch
 from looprl.costmodel.model import CostModel, TransferModel, import_xgboost
 from looprl.ir.nest import LoopNest, initial_nest
-from looprl.measurement.cache import measured_nests
+from looprl.measurement.records import measured_nests
 
 logger = logging.getLogger("looprl.costmodel")
 

@@ -25,7 +25,8 @@ from looprl.backend.target import Target
 from looprl.backend.threads import check_threads
 from looprl.errors import CompileError, KernelError
 from looprl.ir.nest import LoopNest
-from looprl.measurement.cache import MeasurementCache, schedule_threads
+from looprl.measurement.cache import MeasurementCache
+from looprl.measurement.keys import schedule_threads
 from looprl.measurement.lock import TimingLock, machine_lock
 from looprl.measurement.timing import (
     DEFAULT_BUDGET_S,

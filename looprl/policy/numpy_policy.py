@@ -166,6 +166,35 @@ class Policy:
         described = self.metadata.get("target")
         return None if described is None else Target.from_dict(described)
 
+    @property
+    def env_kwargs(self) -> dict[str, Any]:
+        """The ``LoopNest-v0`` keyword arguments of the env this policy acts in, from its
+        metadata: ``gym.make("LoopNest-v0", **policy.env_kwargs)`` gives observations of the
+        policy's kind and shape and the policy's actions, in its order. Also the problems it
+        was trained on (``dataset``/``split`` or ``problems``) and its target's ISA (the
+        named target, so the env's code runs on any host with that ISA; a policy without a
+        target: the host's) when its file records them. Override any of them by keyword
+        after the unpacking (``problems=...``, ``cache=...``, ``target=...``)."""
+        meta = self.metadata
+        kwargs: dict[str, Any] = {
+            "split_factors": list(meta["split_factors"]),
+            "max_loops": self.observation_shape[0],
+            "episode_length": meta["episode_length"],
+            "observation": self.observation_kind,
+            "layouts": bool(meta.get("layouts", False)),
+        }
+        if meta.get("parallel"):  # the parallel action exists with threads > 1; older files may not say how many
+            kwargs["threads"] = meta.get("threads", 2)
+        trained_on = meta.get("training_problems")
+        if isinstance(trained_on, dict) and "dataset" in trained_on:
+            kwargs["dataset"] = trained_on["dataset"]
+            kwargs["split"] = trained_on.get("split", "train")
+        elif isinstance(trained_on, list) and trained_on:
+            kwargs["problems"] = list(trained_on)
+        if self.target is not None:
+            kwargs["target"] = self.target.isa
+        return kwargs
+
     def check_observation(self, observation: np.ndarray) -> None:
         """ValueError if ``observation`` (one, or a batch) is visibly of the other kind than
         the policy's: both kinds have the same shape, and a policy fed the wrong one would

@@ -41,7 +41,7 @@ from looprl.costmodel.features import DEFAULT_TARGET, features_batch
 from looprl.costmodel.model import CostModel, TransferModel, import_xgboost
 from looprl.actions import State
 from looprl.ir.nest import COMPUTE, Loop, LoopNest
-from looprl.measurement.cache import measured_nests
+from looprl.measurement.records import measured_nests
 from looprl.search.context import BudgetExhausted, SearchContext
 
 logger = logging.getLogger("looprl.search")

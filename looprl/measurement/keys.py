@@ -1,0 +1,69 @@
+"""The measurement cache's keys: what makes two measurements comparable.
+
+A key holds the host (CPU model, LLVM, features), the target the code was generated for, the
+code generator's version and the timing protocol (its version and budget), and for a schedule
+with a parallel loop the thread count it ran on: a value measured under other rules is never
+reused. A schedule without a parallel loop runs on one thread whatever the caller's thread
+count, so it is stored under the one-thread key (the key of every measurement made before
+threads existed).
+
+These strings are stored in users' cache files: changing their form orphans every stored
+measurement (tests/test_cache_schema.py pins it).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from looprl import defaults
+from looprl.backend.codegen import CODEGEN_VERSION
+from looprl.backend.host import host_fingerprint
+from looprl.backend.target import Target
+from looprl.ir.nest import LoopNest
+from looprl.measurement.timing import TIMING_PROTOCOL_VERSION, check_budget
+
+
+def measurement_host() -> str:
+    """The machine part of every key (CPU model, LLVM CPU and features, llvmlite)."""
+    return host_fingerprint()
+
+
+def _threads_suffix(threads) -> str:
+    """The key's thread part: nothing for one thread (keys from before threads existed)."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive integer, got {threads!r}")
+    return "" if threads == 1 else f"|threads-{threads}"
+
+
+def measurement_key(target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S, threads: int = 1) -> str:
+    """The cache's key for schedules measured on this host for ``target`` (None: the host's)
+    by the timing protocol with ``budget_s`` seconds per state, on ``threads`` threads."""
+    return _measurement_key(target, budget_s) + _threads_suffix(threads)  # checked outside the memo: True == 1
+
+
+@lru_cache(maxsize=64)
+def _measurement_key(target: Target | None, budget_s: float) -> str:
+    target = Target.resolve(target)
+    budget_ms = check_budget(budget_s) * 1000
+    return f"{host_fingerprint()}|{target.key}|codegen-{CODEGEN_VERSION}|timing-v{TIMING_PROTOCOL_VERSION}-{budget_ms:g}ms"
+
+
+def peak_key(target: Target | None = None, threads: int = 1) -> str:
+    """The cache's key for the measured peak of ``target`` (None: the host's) on this host,
+    on ``threads`` threads."""
+    return _peak_key(target) + _threads_suffix(threads)
+
+
+@lru_cache(maxsize=16)
+def _peak_key(target: Target | None) -> str:
+    return f"{host_fingerprint()}|{Target.resolve(target).key}|peak-timing-v{TIMING_PROTOCOL_VERSION}"
+
+
+def schedule_threads(nest: LoopNest, threads: int) -> int:
+    """The threads ``nest`` runs on when a caller offers ``threads``: 1 without a parallel loop."""
+    return threads if nest.is_parallel else 1
+
+
+def tuned_problem(problem_name: str, tuner: str) -> str:
+    """The tuned table's problem column: the problem, and the tuner's version if given."""
+    return f"{problem_name}|{tuner}" if tuner else problem_name
