@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from looprl import defaults
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.costmodel.features import features_batch
 from looprl.costmodel.model import OBJECTIVES, fit_booster, predict_booster
 from looprl.env.features import observation

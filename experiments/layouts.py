@@ -31,7 +31,7 @@ import looprl.search
 from looprl import defaults
 from looprl.backend.codegen import conversions
 from looprl.backend.host import cpu_model_name
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.env.datasets import dataset_problems
 from looprl.ir.problem import as_problem
 from looprl.measurement.numpy_baseline import numpy_gflops

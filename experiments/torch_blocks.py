@@ -34,7 +34,7 @@ import torch.nn.functional as functional
 from torch import nn
 
 from looprl.backend.host import cpu_model_name
-from looprl.backend.target import TARGET_CHOICES, Target
+from looprl.target import TARGET_CHOICES, Target
 from looprl.measurement.timing import best_time
 from looprl.torch import tune_module, tuned_layers
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import looprl
 from looprl.backend import codegen
-from looprl.backend.target import TARGET_NAMES, Target
+from looprl.target import TARGET_NAMES, Target
 from tests.guarded import GuardedArray
 
 PROBLEMS = [

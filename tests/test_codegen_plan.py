@@ -2,7 +2,7 @@
 
 import looprl
 from looprl.backend.codegen import FMA_CHAINS, generate_ir, plan
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.ir.schedules import expert_matmul
 
 AVX512 = Target.named("avx512")

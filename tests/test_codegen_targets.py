@@ -9,9 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import looprl
-from looprl.backend import codegen, host, jit
+from looprl import target as target_module
+from looprl.backend import codegen, jit
 from looprl.backend import kernel as kernel_module
-from looprl.backend.target import TARGET_NAMES, Target
+from looprl.target import TARGET_NAMES, Target
 from looprl.ir.schedules import expert_candidates, expert_matmul, register_tiles
 from tests.test_codegen_correctness import PROBLEMS, actions, apply_actions, assert_matches, random_inputs
 
@@ -114,7 +115,7 @@ def test_named_targets_resolve_from_strings():
 
 
 def _pretend_host(monkeypatch, features: str) -> None:
-    monkeypatch.setattr(host, "host_cpu", lambda: ("x86-64-v3", features))
+    monkeypatch.setattr(target_module, "host_cpu", lambda: ("x86-64-v3", features))
     monkeypatch.setattr(kernel_module, "_host", [])
 
 

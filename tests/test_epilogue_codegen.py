@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import looprl
-from looprl.backend.target import TARGET_NAMES, Target
+from looprl.target import TARGET_NAMES, Target
 from looprl.ir import ACTIVATIONS, Epilogue, linear
 from tests.guarded import GuardedArray
 from tests.test_codegen_correctness import actions, apply_actions

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import looprl
 from looprl.backend import codegen
-from looprl.backend.target import TARGET_NAMES, Target
+from looprl.target import TARGET_NAMES, Target
 from looprl.ir.nest import LAYOUT_TENSORS
 from tests.guarded import GuardedArray
 from tests.test_codegen_correctness import actions, apply_actions, assert_matches, random_inputs, reference

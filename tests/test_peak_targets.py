@@ -3,7 +3,7 @@
 import pytest
 
 import looprl
-from looprl.backend.target import TARGET_NAMES, Target
+from looprl.target import TARGET_NAMES, Target
 from looprl.measurement import peak as peak_module
 from looprl.measurement.cache import MeasurementCache
 
@@ -37,9 +37,9 @@ def test_measure_peak_compiles_for_the_target(name, monkeypatch):
 
 
 def test_measure_peak_refuses_a_target_the_host_cannot_run(monkeypatch):
-    from looprl.backend import host
+    from looprl import target as target_module
 
-    monkeypatch.setattr(host, "host_cpu", lambda: ("x86-64-v2", "+sse4.2,-avx,-avx2,-fma,-avx512f"))
+    monkeypatch.setattr(target_module, "host_cpu", lambda: ("x86-64-v2", "+sse4.2,-avx,-avx2,-fma,-avx512f"))
     with pytest.raises(ValueError, match="cannot run code for target 'avx2'"):
         peak_module.measure_peak_gflops("avx2", budget_s=0.05)
 

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import looprl
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.env.actions import ActionSet, State
 from looprl.measurement.cache import MeasurementCache
 from looprl.measurement.evaluator import Evaluator

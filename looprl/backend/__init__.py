@@ -4,6 +4,6 @@ Imports nothing of gymnasium, Ray or torch (checked by the layering contract in 
 
 from looprl.backend.buffers import aligned_empty, aligned_zeros
 from looprl.backend.kernel import Kernel, compile
-from looprl.backend.target import Target, host_target
+from looprl.target import Target, host_target
 
 __all__ = ["Kernel", "Target", "aligned_empty", "aligned_zeros", "compile", "host_target"]

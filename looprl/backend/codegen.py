@@ -36,7 +36,7 @@ like the copy; the bias and the residual are extra pointer arguments of the kern
 accumulator (:func:`kernel_tensors`).
 
 Every number that depends on the CPU (lanes, registers, FMA) comes from the
-:class:`~looprl.backend.target.Target`.
+:class:`~looprl.target.Target`.
 
 No LLVM IR passes run: the IR is already vectorised and in SSA form, so only the backend's
 code generation is needed (fast, and it avoids the O3 pipeline's memory leak).
@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from looprl.backend.epilogue_ir import EpilogueIR
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.ir.layout import Layout
 from looprl.ir.nest import Loop, LoopNest
 from looprl.ir.problem import Problem

@@ -1,7 +1,7 @@
 """llvmlite plumbing: IR text -> native function address, for a target.
 
 One target machine per execution engine (sharing one between MCJIT engines crashes on
-close), created with the :class:`~looprl.backend.target.Target`'s LLVM CPU and feature
+close), created with the :class:`~looprl.target.Target`'s LLVM CPU and feature
 string; several modules per engine (see :class:`_Engine`), one pool of engines per target;
 no IR pass pipeline (the IR arrives vectorised; the O3 pipeline leaks memory).
 """
@@ -17,7 +17,7 @@ from looprl.backend.host import initialise_llvm
 from looprl.errors import CompileError
 
 if TYPE_CHECKING:
-    from looprl.backend.target import Target
+    from looprl.target import Target
 
 
 class _Engine:
@@ -67,7 +67,7 @@ def _target_machine(target: "Target", **options):
 
 
 def _resolve(target: "Target | None") -> "Target":
-    from looprl.backend.target import Target  # target.py imports this module lazily too
+    from looprl.target import Target  # target.py imports this module lazily too
 
     return Target.resolve(target)
 

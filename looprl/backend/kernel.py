@@ -10,7 +10,7 @@ import numpy as np
 from looprl.backend import codegen, jit
 from looprl.backend.buffers import aligned_empty
 from looprl.backend.jit import CompiledModule
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.backend.threads import before_parallel_call, check_threads, ensure_openmp_runtime
 from looprl.ir.integers import as_int
 from looprl.ir.nest import LoopNest
@@ -33,7 +33,7 @@ class Kernel:
     :meth:`run` writes into a given one (and can repeat the computation, for timing).
 
     Inputs must be C-contiguous float32 arrays of the problem's shapes. ``target`` is the
-    :class:`~looprl.backend.target.Target` the code was generated and compiled for.
+    :class:`~looprl.target.Target` the code was generated and compiled for.
 
     When the schedule stores inputs in other layouts (:attr:`packed_inputs`), every call
     converts them into the workspace first: the conversion is part of the kernel and of its
@@ -257,7 +257,7 @@ def _check_reps(reps) -> int:
 
 def compile(nest: LoopNest, target: Target | str | None = None, threads: int = 1) -> Kernel:  # noqa: A001 - public API name
     """Generate LLVM IR for ``nest`` and JIT-compile it for ``target``: a
-    :class:`~looprl.backend.target.Target`, a target name (``"avx512"``, ``"avx2"``,
+    :class:`~looprl.target.Target`, a target name (``"avx512"``, ``"avx2"``,
     ``"sse4"``, ``"host"``) or None for this host. A target this host cannot run is refused
     with a ValueError naming the missing CPU features, before anything is compiled.
     ``threads`` (1 to the cores this process may use) is the kernel's default thread count

@@ -24,7 +24,7 @@ import time
 
 from looprl.backend.host import cpu_model_name
 from looprl.backend.kernel import compile
-from looprl.backend.target import TARGET_NAMES, Target
+from looprl.target import TARGET_NAMES, Target
 from looprl.bench.compile_stats import compile_stats
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, matmul

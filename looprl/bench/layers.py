@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from looprl.backend.host import cpu_model_name
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.ir.epilogue import ACTIVATIONS
 from looprl.ir.layers import linear
 from looprl.measurement.numpy_baseline import baseline_label, numpy_gflops

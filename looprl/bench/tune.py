@@ -27,7 +27,7 @@ from pathlib import Path
 from looprl import defaults
 from looprl.backend.host import cpu_model_name
 from looprl.backend.kernel import compile
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.backend.threads import check_threads
 from looprl.env.datasets import SPLITS, dataset_entries
 from looprl.ir.nest import initial_nest

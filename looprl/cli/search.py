@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from looprl import defaults
-from looprl.backend.target import TARGET_CHOICES
+from looprl.target import TARGET_CHOICES
 from looprl.cli.common import cache_path, run_command, writable_file, writable_folder
 from looprl.env.datasets import SPLITS, dataset_problems
 from looprl.interrupts import terminate_as_interrupt

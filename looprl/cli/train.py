@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from looprl import defaults
-from looprl.backend.target import TARGET_CHOICES, Target
+from looprl.target import TARGET_CHOICES, Target
 from looprl.backend.threads import check_threads
 from looprl.cli.common import cache_path, run_command, writable_file, writable_folder
 from looprl.env.datasets import SPLITS, dataset_problems

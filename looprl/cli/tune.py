@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from looprl.backend.target import TARGET_CHOICES
+from looprl.target import TARGET_CHOICES
 from looprl.cli.common import cache_path, run_command
 from looprl.ir.epilogue import ACTIVATIONS
 from looprl.ir.layers import linear

@@ -40,7 +40,7 @@ import numpy as np
 
 from looprl import defaults
 from looprl.backend.codegen import CODEGEN_VERSION, ComputePlan, plan
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.ir.nest import WRITE_BACK, Loop, LoopNest
 
 FEATURE_VERSION = 1  # with the code generator's version: its register planning is a feature

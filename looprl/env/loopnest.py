@@ -45,7 +45,7 @@ from gymnasium import spaces
 
 from looprl import defaults
 from looprl.backend.codegen import conversions
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.backend.threads import check_threads
 from looprl.env.actions import ActionSet, State
 from looprl.env.datasets import dataset_names, dataset_problems

@@ -56,7 +56,7 @@ from pathlib import Path
 from looprl import defaults
 from looprl.backend.codegen import CODEGEN_VERSION
 from looprl.backend.host import host_fingerprint
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.ir.nest import LoopNest
 from looprl.ir.problem import Problem, parse_problem
 from looprl.measurement.timing import TIMING_PROTOCOL_VERSION, check_budget

@@ -30,7 +30,7 @@ import os
 import subprocess
 import sys
 
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.backend.threads import check_threads
 from looprl.measurement.lock import machine_lock
 from looprl.measurement.timing import best_time, check_budget

@@ -14,7 +14,7 @@ import ctypes
 import math
 
 from looprl.backend.jit import CompiledModule
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.backend.threads import before_parallel_call, check_threads, ensure_openmp_runtime
 from looprl.measurement.lock import machine_lock
 from looprl.measurement.timing import best_time, check_budget
@@ -92,7 +92,7 @@ def _team_ir(lanes: int, chains: int, fma: bool = True) -> str:
 
 def measure_peak_gflops(target: Target | str | None = None, budget_s: float = 0.5, threads: int = 1) -> float:
     """Best GFLOPS over 8 to 16 independent chains (as many as the register file holds) of
-    full-width vector multiply-adds for ``target`` (a :class:`~looprl.backend.target.Target`,
+    full-width vector multiply-adds for ``target`` (a :class:`~looprl.target.Target`,
     a target name, None for the host), compiled for that target: one FMA, or one multiply plus
     one add where the target has no FMA, counts 2 flops per lane. Each is timed by the common
     rule (:func:`~looprl.measurement.timing.best_time`) on a share of the budget, in two

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.env.actions import ActionSet, State
 from looprl.env.features import observation
 from looprl.ir.nest import LoopNest, initial_nest

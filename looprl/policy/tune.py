@@ -37,7 +37,7 @@ import numpy as np
 
 from looprl import defaults
 from looprl.backend.kernel import Kernel, compile
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.backend.threads import available_cores, check_threads
 from looprl.env.actions import ActionSet
 from looprl.ir.nest import LoopNest, initial_nest

@@ -14,7 +14,7 @@ import numpy as np
 from looprl import defaults
 from looprl.backend.codegen import conversions
 from looprl.backend.kernel import compile
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.backend.threads import check_threads
 from looprl.env.actions import ActionSet
 from looprl.errors import CompileError, KernelError

@@ -150,7 +150,7 @@ def pretrain_policy(agent: dict, seed: int = 0, log=print):
     split, ``epochs``, ``lr``, ``margin``). Measured with the env's target, cache and
     per-state budget."""
     from looprl import defaults
-    from looprl.backend.target import Target
+    from looprl.target import Target
     from looprl.env.loopnest import dataset_groups, env_problems
     from looprl.policy.numpy_policy import Policy
     from looprl.train.config import agent_actions

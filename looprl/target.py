@@ -1,8 +1,10 @@
-"""The CPU a kernel is generated for: one frozen value that every target decision reads.
+"""The CPU a kernel is generated for: one frozen value that answers every target question.
 
-The code generator's register planning, the JIT's target machine, expert schedules, the peak
-measurement, the measurement cache key and policy metadata all take the vector ISA from a
-:class:`Target`; nothing else in looprl holds an ISA constant.
+Lanes, registers, FMA and what fits the register file (:meth:`Target.holds`,
+:meth:`Target.fits`, :meth:`Target.register_tiles`) are read from a :class:`Target` by the code
+generator's register planning, the JIT's target machine, expert schedules, the peak
+measurement, the measurement cache key and policy metadata; nothing else in looprl holds an
+ISA constant or a register-fit rule. This is the bottom layer: it imports nothing of looprl.
 
 ``Target.host()`` describes this machine (its LLVM CPU name and full feature string, so LLVM
 schedules for the real micro-architecture). ``Target.named("avx2")`` and the other names
@@ -13,10 +15,11 @@ code is developed and measured on an AVX-512 host.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 
-from looprl.backend import host
+import llvmlite.binding as llvm
 
 # name -> (float32 lanes, vector registers, FMA, LLVM CPU, features that must be on, features switched off)
 _AVX512_FEATURES = ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
@@ -33,6 +36,12 @@ _NAMED = {
 }
 TARGET_NAMES = tuple(_NAMED)  # widest first
 TARGET_CHOICES = ("host", *TARGET_NAMES)  # what command lines accept
+
+
+@functools.cache
+def host_cpu() -> tuple[str, str]:
+    """(LLVM CPU name, LLVM feature string) of this machine."""
+    return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
 
 
 def _enabled(features: str) -> set[str]:
@@ -59,7 +68,7 @@ class Target:
     @classmethod
     def host(cls) -> "Target":
         """This machine: its widest vector ISA, with its own LLVM CPU name and features."""
-        cpu, features = host.host_cpu()
+        cpu, features = host_cpu()
         enabled = _enabled(features)
         isa = "avx512" if "avx512f" in enabled else "avx2" if {"avx2", "avx"} <= enabled else "sse4"
         width, registers, _, _, _, _ = _NAMED[isa]
@@ -99,7 +108,7 @@ class Target:
 
     def missing_on_host(self) -> tuple[str, ...]:
         """Required features this machine lacks (empty when it can run the code)."""
-        enabled = _enabled(host.host_cpu()[1])
+        enabled = _enabled(host_cpu()[1])
         return tuple(f for f in self.required_features if f not in enabled)
 
     def check_runs_on_host(self) -> None:
