@@ -100,6 +100,38 @@ class Target:
             return cls.named(target)
         raise ValueError(f"target must be a looprl Target, a target name or None, got {type(target).__name__} {target!r}")
 
+    # -- what fits the register file: the one rule the code generator plans with and the
+    # schedules, tiles and demonstrations choose tiles by ----------------------------------
+    def holds(self, accumulators: int, row_vectors: int = 1) -> bool:
+        """Whether an output tile of ``accumulators`` registers, in rows of ``row_vectors``
+        registers, stays in the register file with the inputs it needs live: the row's input
+        vectors, which every row of the tile reuses (one register when the tile is a single
+        row: each input vector is then used once), and one broadcast of the other operand."""
+        shared = row_vectors if accumulators > row_vectors else 1
+        return accumulators + shared + 1 <= self.registers
+
+    def fits(self, rows: int, vectors: int) -> bool:
+        """Whether a register tile of ``rows`` rows of ``vectors`` vectors fits (:meth:`holds`)."""
+        return self.holds(rows * vectors, vectors)
+
+    def most_rows(self, vectors: int) -> int:
+        """The most rows of ``vectors`` vectors that fit (0: not even one)."""
+        return max((rows for rows in range(1, self.registers + 1) if self.fits(rows, vectors)), default=0)
+
+    def most_vectors(self, rows: int) -> int:
+        """The most vectors per row that fit in a tile of ``rows`` rows (0: not even one)."""
+        return max((vectors for vectors in range(1, self.registers + 1) if self.fits(rows, vectors)), default=0)
+
+    def register_tiles(self) -> list[tuple[int, int]]:
+        """Register tiles (rows, vectors) for expert schedules and tile searches, most
+        accumulators first: for 2, 3 and 4 vectors per row the most rows that fit (at least
+        two), and the widest tile of 4 rows."""
+        tiles = [(self.most_rows(vectors), vectors) for vectors in (2, 3, 4) if self.most_rows(vectors) >= 2]
+        if self.most_vectors(4):
+            tiles.append((4, self.most_vectors(4)))
+        tiles = sorted(set(tiles), key=lambda t: (-t[0] * t[1], -t[1]))
+        return tiles or [(1, 1)]
+
     @property
     def required_features(self) -> tuple[str, ...]:
         """The CPU features a host needs to run code compiled for this target."""

@@ -13,7 +13,7 @@ from looprl import target as target_module
 from looprl.backend import codegen, jit
 from looprl.backend import kernel as kernel_module
 from looprl.target import TARGET_NAMES, Target
-from looprl.ir.schedules import expert_candidates, expert_matmul, register_tiles
+from looprl.ir.schedules import expert_candidates, expert_matmul
 from tests.test_codegen_correctness import PROBLEMS, actions, apply_actions, assert_matches, random_inputs
 
 RUNNABLE = [name for name in TARGET_NAMES if not Target.named(name).missing_on_host()]
@@ -140,11 +140,11 @@ def test_sse_host_refuses_avx2_and_names_the_missing_features(monkeypatch):
 @pytest.mark.parametrize("name", TARGET_NAMES)
 def test_register_tiles_fit_the_register_file(name):
     target = Target.named(name)
-    tiles = register_tiles(target)
-    assert tiles == register_tiles(vector_width=target.vector_width, registers=target.registers)
+    tiles = target.register_tiles()
     assert tiles
     for rows, vectors in tiles:
-        assert rows * vectors + vectors + 1 <= target.registers
+        assert rows * vectors + vectors + 1 <= target.registers and target.fits(rows, vectors)
+        assert not target.fits(rows + 1, vectors) or vectors == target.most_vectors(4)
         assert rows * vectors >= codegen.FMA_CHAINS
     problem = looprl.matmul(256, 256, 256)
     candidates = expert_candidates(problem, target)
@@ -158,11 +158,10 @@ def test_register_tiles_fit_the_register_file(name):
 
 def test_expert_candidates_need_a_target():
     problem = looprl.matmul(64, 64, 64)
-    with pytest.raises(ValueError, match="need the target"):
-        expert_candidates(problem)
-    with pytest.raises(ValueError, match="vector_width and registers"):
+    with pytest.raises(ValueError, match="need the target: a looprl Target, got int 16"):
         expert_candidates(problem, 16)
-    assert expert_candidates(problem, vector_width=8, registers=16) == expert_candidates(problem, Target.named("avx2"))
+    with pytest.raises(ValueError, match="need the target"):
+        expert_candidates(problem, "avx2")
 
 
 def test_codegen_has_no_isa_constants():

@@ -399,13 +399,13 @@ class _ComputeEmitter(_NestEmitter):
             vector_var = innermost.var if problem.output[-1] == innermost.var else None
         if self.floor == n - 1:  # a parallel innermost loop runs element by element
             vector_var = None
-        registers = self.module.target.registers
+        target = self.module.target
         self.vector_var = vector_var
         if vector_var is None:
             start, tile = n, 1
             for level in range(n - 1, self.floor, -1):
                 size = self.tile_size(level, self.entry_budgets(level), vector_var)
-                if size + 2 > registers:
+                if not target.holds(size):
                     break
                 start, tile = level, size
             streaming = False
@@ -414,8 +414,7 @@ class _ComputeEmitter(_NestEmitter):
             inner_chunks = -(-innermost.budget // _lanes_for(innermost.budget, self.width))
             for level in range(n - 1, self.floor, -1):
                 size = self.tile_size(level, self.entry_budgets(level), vector_var)
-                live_inputs = 1 + (inner_chunks if size > inner_chunks else 1)
-                if size + live_inputs > registers:
+                if not target.holds(size, inner_chunks):
                     break
                 start, tile, streaming = level, size, False
         # Register blocking: reach out to the outermost reduction loop whose tile is at most a
@@ -466,11 +465,10 @@ class _ComputeEmitter(_NestEmitter):
         grid = self.rows(level, budgets, 0)
         size = sum(len(row) for row in grid)
         longest = max(len(row) for row in grid)
-        registers = self.module.target.registers
-        live_inputs = 1 + (longest if size > longest and self.vector_var is not None else 1)  # as in _plan
-        if size + live_inputs <= registers:
+        target = self.module.target
+        if target.holds(size, longest if self.vector_var is not None else 1):  # as in _plan
             return [[slot for row in grid for slot in row]]
-        rows_per, cols_per = _block_shape(len(grid), longest, registers)
+        rows_per, cols_per = _block_shape(len(grid), longest, target)
         result = []
         for r0, r1 in _balanced(len(grid), rows_per):
             for c0, c1 in _balanced(longest, cols_per):
@@ -722,18 +720,17 @@ def _balanced(count: int, most: int) -> list[tuple[int, int]]:
 
 
 @lru_cache(maxsize=4096)
-def _block_shape(rows: int, cols: int, registers: int) -> tuple[int, int]:
+def _block_shape(rows: int, cols: int, target: Target) -> tuple[int, int]:
     """Rows x vectors of the register blocks of a ``rows`` x ``cols`` tile that does not fit.
 
-    A block of r rows and v vectors needs r*v accumulators, v input vectors reused across
-    its rows (or one, for a single row) and a broadcast: r*v + v + 1 registers. Among the
-    shapes that fit, take the one whose balanced blocks cost least per reduction step: a
+    Among the block shapes that fit (:meth:`Target.fits`), take the one whose balanced blocks
+    cost least per reduction step: a
     block issues max(r*v, FMA_CHAINS) multiply-add slots (fewer accumulators than that wait
     on latency) and r + v loads, weighted at a quarter of a slot."""
     best = None
-    for v in range(1, min(cols, registers) + 1):
-        for r in range(1, min(rows, registers) + 1):
-            if r * v + (v if r > 1 else 1) + 1 > registers:
+    for v in range(1, min(cols, target.registers) + 1):
+        for r in range(1, min(rows, target.registers) + 1):
+            if not target.fits(r, v):
                 break
             cost = 0.0
             for r0, r1 in _balanced(rows, r):

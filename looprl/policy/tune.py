@@ -42,7 +42,6 @@ from looprl.backend.threads import available_cores, check_threads
 from looprl.env.actions import ActionSet
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, as_problem, matmul
-from looprl.ir.schedules import register_tiles
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.timing import check_budget
 from looprl.policy.budget import MIN_BUDGET_S, REFINEMENTS, DeadlineEvaluator, scaled_budget
@@ -213,7 +212,7 @@ def tune(
         if tiles.gflops > gflops:
             start = (tiles.actions, tiles.gflops)
             nest, gflops, actions = tiles.nest, tiles.gflops, tiles.actions
-        rows = tuple(rows for rows, _ in register_tiles(target))  # e.g. 6 on AVX2: the policy may lack split_6
+        rows = tuple(rows for rows, _ in target.register_tiles())  # e.g. 6 on AVX2: the policy may lack split_6
         guided = guided_search(loaded, problem, budgeted, deadline=lambda: budgeted.deadline, start=start, tile_rows=rows)
         if guided.best_gflops > gflops:
             nest, gflops, actions = guided.best_nest, guided.best_gflops, guided.best_actions

@@ -39,7 +39,7 @@ def candidate_tiles(problem: Problem, actions: ActionSet, target) -> list[tuple[
     """(rows, columns) tiles for ``problem`` that ``actions`` can build: the target's register
     tiles plus every pair of the action set's factors (rows up to 16, columns a multiple of
     the vector width) whose accumulators, input row and broadcast fit the register file."""
-    lanes, registers = target.vector_width, target.registers
+    lanes = target.vector_width
     out = problem.output
     if len(out) < 2 or not problem.reduction_dims:
         return []
@@ -49,7 +49,7 @@ def candidate_tiles(problem: Problem, actions: ActionSet, target) -> list[tuple[
     for rows in sorted(f for f in factors | {1} if f <= 16):
         for columns in sorted(f for f in factors if f % lanes == 0):
             vectors = columns // lanes
-            if rows * vectors + vectors + 1 <= registers:
+            if target.fits(rows, vectors):
                 tiles.append((min(rows, row_size), min(columns, col_size)))
     return list(dict.fromkeys(tiles))
 
