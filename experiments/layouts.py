@@ -29,7 +29,7 @@ from pathlib import Path
 import looprl
 import looprl.search
 from looprl import defaults
-from looprl.backend.codegen import conversions
+from looprl.backend.layouts import conversions
 from looprl.backend.host import cpu_model_name
 from looprl.target import Target
 from looprl.env.datasets import dataset_problems

@@ -1,7 +1,8 @@
 """What the generator decides for known nests (host-independent: targets are explicit)."""
 
 import looprl
-from looprl.backend.codegen import FMA_CHAINS, generate_ir, plan
+from looprl.backend.codegen import generate_ir
+from looprl.backend.register_plan import FMA_CHAINS, plan
 from looprl.target import Target
 from looprl.ir.schedules import expert_matmul
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import looprl
 from looprl import target as target_module
-from looprl.backend import codegen, jit
+from looprl.backend import codegen, jit, register_plan
 from looprl.backend import kernel as kernel_module
 from looprl.target import TARGET_NAMES, Target
 from looprl.ir.schedules import expert_candidates, expert_matmul
@@ -145,14 +145,14 @@ def test_register_tiles_fit_the_register_file(name):
     for rows, vectors in tiles:
         assert rows * vectors + vectors + 1 <= target.registers and target.fits(rows, vectors)
         assert not target.fits(rows + 1, vectors) or vectors == target.most_vectors(4)
-        assert rows * vectors >= codegen.FMA_CHAINS
+        assert rows * vectors >= register_plan.FMA_CHAINS
     problem = looprl.matmul(256, 256, 256)
     candidates = expert_candidates(problem, target)
     assert candidates
     for nest in candidates:
         n_tile = nest.compute[-1].budget
         assert n_tile % target.vector_width == 0 and n_tile // target.vector_width <= max(v for _, v in tiles)
-        decision = codegen.plan(nest, target)
+        decision = register_plan.plan(nest, target)
         assert decision.blocks == 1 and decision.zero_init  # expert tiles fit their target whole
 
 
@@ -186,11 +186,11 @@ def test_results_are_bit_identical_whether_blocked_or_not(monkeypatch, name):
     target = Target.named(name)
     problem = looprl.matmul(32, 5 * target.vector_width + 3, 48)
     nest = expert_matmul(problem, 6, 5 * target.vector_width)
-    assert codegen.plan(nest, target).blocks > 1
+    assert register_plan.plan(nest, target).blocks > 1
     a, b = random_inputs(problem, 9)
     blocked = looprl.compile(nest, target)(a, b)
-    monkeypatch.setattr(codegen, "BLOCKED_TILE_FLOATS", 0)  # no blocking: k runs outside the register scope
-    assert codegen.plan(nest, target).blocks == 1 and not codegen.plan(nest, target).zero_init
+    monkeypatch.setattr(register_plan, "BLOCKED_TILE_FLOATS", 0)  # no blocking: k runs outside the register scope
+    assert register_plan.plan(nest, target).blocks == 1 and not register_plan.plan(nest, target).zero_init
     np.testing.assert_array_equal(looprl.compile(nest, target)(a, b), blocked)
 
 
@@ -201,6 +201,6 @@ def test_a_tile_of_four_rows_across_a_wide_row_is_register_blocked_on_avx2_as_on
     used to stream this tile through memory)."""
     target = Target.named(name)
     nest = looprl.initial_nest(looprl.matmul(67, 139, 229)).split(0, 4).swap(1)
-    plan = codegen.plan(nest, target)
+    plan = register_plan.plan(nest, target)
     assert plan.blocks > 1 and not plan.streaming
     assert plan.scope_start == 1  # the scope reaches out to k

@@ -4,7 +4,7 @@ generator's register planning and the tile choices of schedules both follow."""
 import pytest
 
 import looprl
-from looprl.backend.codegen import plan
+from looprl.backend.register_plan import plan
 from looprl.ir.schedules import expert_matmul, tile_shapes
 from looprl.target import TARGET_NAMES, Target
 

@@ -46,7 +46,7 @@ def test_tuned_linear_layers_compute_the_layer(policy_dir, activation, residual)
     for name in result.actions:
         state = actions.apply(state, actions.index(name))
     assert carried_back(state.nest, problem) == result.nest
-    assert "in1" in looprl.backend.codegen.layouts_applied(result.nest)  # W is never read across its rows
+    assert "in1" in looprl.backend.layouts.layouts_applied(result.nest)  # W is never read across its rows
 
 
 def test_only_constant_weights_across_the_columns_have_a_twin():

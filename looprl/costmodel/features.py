@@ -15,7 +15,7 @@ the write-back loops) a *context* row (AutoTVM, appendix A.2.1):
 
 Counts are scaled with ``log2(1 + x)``; the rows are padded (or cut) to ``max_levels`` rows and
 flattened. Vectorisation and the register scope are the code generator's own decisions
-(:func:`looprl.backend.codegen.plan` for a target's vector width and register count): the
+(:func:`looprl.backend.register_plan.plan` for a target's vector width and register count): the
 innermost loop of a nest is vectorised when it walks the output's last dimension; the loops
 of the register scope keep the output tile in registers.
 
@@ -39,7 +39,8 @@ from typing import Iterable
 import numpy as np
 
 from looprl import defaults
-from looprl.backend.codegen import CODEGEN_VERSION, ComputePlan, plan
+from looprl.backend.codegen import CODEGEN_VERSION
+from looprl.backend.register_plan import ComputePlan, plan
 from looprl.target import Target
 from looprl.ir.nest import WRITE_BACK, Loop, LoopNest
 
@@ -100,7 +101,7 @@ def _register_plan(problem, compute: tuple[Loop, ...], target: Target) -> Comput
 
 def register_plan(nest: LoopNest, target: "Target | str | None" = None) -> ComputePlan:
     """The code generator's register planning of ``nest``'s compute loops for ``target``
-    (:func:`looprl.backend.codegen.plan`), memoised."""
+    (:func:`looprl.backend.register_plan.plan`), memoised."""
     target = feature_target(target)
     return _register_plan(nest.problem, nest.compute, target)
 

@@ -44,7 +44,7 @@ import numpy as np
 from gymnasium import spaces
 
 from looprl import defaults
-from looprl.backend.codegen import conversions
+from looprl.backend.layouts import conversions
 from looprl.target import Target
 from looprl.backend.threads import check_threads
 from looprl.env.actions import ActionSet, State
