@@ -32,12 +32,12 @@ from collections import defaultdict
 from pathlib import Path
 
 from looprl import defaults
-from looprl.target import Target
 from looprl.env.datasets import dataset_problems
 from looprl.ir.problem import parse_problems
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.numpy_baseline import numpy_gflops
 from looprl.search import run
+from looprl.target import Target
 from looprl.train.validation import spread
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -28,11 +28,11 @@ import sys
 from pathlib import Path
 
 from looprl import defaults
-from looprl.target import TARGET_CHOICES, Target
 from looprl.env.datasets import dataset_problems
 from looprl.ir.problem import parse_problems
 from looprl.measurement.evaluator import Evaluator
 from looprl.search import run
+from looprl.target import TARGET_CHOICES, Target
 from looprl.train.validation import spread
 
 RESULTS = Path(__file__).resolve().parent / "results"

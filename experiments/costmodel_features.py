@@ -31,12 +31,12 @@ from pathlib import Path
 import numpy as np
 
 from looprl import defaults
-from looprl.target import Target
 from looprl.costmodel.features import features_batch
 from looprl.costmodel.model import OBJECTIVES, fit_booster, predict_booster
 from looprl.env.features import observation
 from looprl.ir.nest import LoopNest
 from looprl.measurement.cache import MeasurementCache, measured_nests
+from looprl.target import Target
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BATCH = 32

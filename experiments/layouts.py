@@ -29,12 +29,12 @@ from pathlib import Path
 import looprl
 import looprl.search
 from looprl import defaults
-from looprl.backend.layouts import conversions
 from looprl.backend.host import cpu_model_name
-from looprl.target import Target
+from looprl.backend.layouts import conversions
 from looprl.env.datasets import dataset_problems
 from looprl.ir.problem import as_problem
 from looprl.measurement.numpy_baseline import numpy_gflops
+from looprl.target import Target
 
 PROBLEMS = ("128x256x64", "256x256x256", "384x128x64", "67x139x229", "mk,nk->mn:m=128,k=64,n=256")  # the last: A @ B.T
 MODES = {"loops": {}, "joint": {"layouts": True}, "two-stage": {"layouts": True, "layout_stage": 0.3}}

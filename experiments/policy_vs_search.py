@@ -26,7 +26,6 @@ from pathlib import Path
 
 from looprl import defaults
 from looprl.backend.kernel import compile
-from looprl.target import TARGET_CHOICES, Target
 from looprl.env.datasets import dataset_problems
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.timing import time_kernel
@@ -34,6 +33,7 @@ from looprl.policy.loading import load_policy
 from looprl.policy.rollout import replay
 from looprl.policy.tune import tune
 from looprl.search import PAPER_ALGORITHMS, run
+from looprl.target import TARGET_CHOICES, Target
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FIELDS = ["problem", "m", "n", "k", "method", "seconds", "initial_gflops", "found_gflops", "gflops", "actions"]

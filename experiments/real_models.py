@@ -41,18 +41,18 @@ from pathlib import Path
 import numpy as np
 
 from looprl.backend.kernel import compile
-from looprl.target import TARGET_CHOICES, Target
 from looprl.env.datasets import dataset_entries
 from looprl.env.entries import DatasetEntry
-from looprl.ir.problem import parse_problem
-from looprl.measurement.peak import peak_gflops
 from looprl.ir.nest import initial_nest
+from looprl.ir.problem import parse_problem
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.numpy_baseline import numpy_gflops
+from looprl.measurement.peak import peak_gflops
 from looprl.measurement.timing import time_kernel
 from looprl.policy.loading import load_policy
 from looprl.policy.tiles import all_tiles
 from looprl.policy.tune import tune
+from looprl.target import TARGET_CHOICES, Target
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FIELDS = ["model", "layer", "problem", "method", "seconds", "gflops", "numpy_gflops", "ratio", "peak_gflops", "actions"]

@@ -21,12 +21,12 @@ import statistics
 from pathlib import Path
 
 from looprl import defaults
-from looprl.target import Target
 from looprl.env.datasets import dataset_problems
 from looprl.ir.nest import initial_nest
 from looprl.ir.schedules import random_schedule
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.peak import peak_gflops
+from looprl.target import Target
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -3,8 +3,8 @@
 import looprl
 from looprl.backend.codegen import generate_ir
 from looprl.backend.register_plan import FMA_CHAINS, plan
-from looprl.target import Target
 from looprl.ir.schedules import expert_matmul
+from looprl.target import Target
 
 AVX512 = Target.named("avx512")
 AVX2 = Target.named("avx2")

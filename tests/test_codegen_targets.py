@@ -12,8 +12,8 @@ import looprl
 from looprl import target as target_module
 from looprl.backend import codegen, jit, register_plan
 from looprl.backend import kernel as kernel_module
-from looprl.target import TARGET_NAMES, Target
 from looprl.ir.schedules import expert_candidates, expert_matmul
+from looprl.target import TARGET_NAMES, Target
 from tests.test_codegen_correctness import PROBLEMS, actions, apply_actions, assert_matches, random_inputs
 
 RUNNABLE = [name for name in TARGET_NAMES if not Target.named(name).missing_on_host()]

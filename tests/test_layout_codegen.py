@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 import looprl
 from looprl.backend import codegen
 from looprl.backend.layouts import layout_applies, workspace_elements
-from looprl.target import TARGET_NAMES, Target
 from looprl.ir.nest import LAYOUT_TENSORS
+from looprl.target import TARGET_NAMES, Target
 from tests.guarded import GuardedArray
 from tests.test_codegen_correctness import actions, apply_actions, assert_matches, random_inputs, reference
 

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 import looprl
 from looprl.backend import codegen, register_plan
-from looprl.target import TARGET_NAMES, Target
 from looprl.backend.threads import available_cores
+from looprl.target import TARGET_NAMES, Target
 from tests.guarded import GuardedArray
 
 PROBLEMS = [

@@ -8,14 +8,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import looprl
-from looprl.target import Target
 from looprl.env.actions import ActionSet, State
+from looprl.ir.schedules import cache_blocks, tile_shapes, tile_steps
 from looprl.measurement.cache import MeasurementCache
 from looprl.measurement.evaluator import Evaluator
 from looprl.policy.budget import MAX_BUDGET_S, MIN_BUDGET_S, DeadlineEvaluator, scaled_budget
 from looprl.policy.rollout import replay
 from looprl.policy.tiles import measure_tiles, tile_of
-from looprl.ir.schedules import cache_blocks, tile_shapes, tile_steps
+from looprl.target import Target
 from tests.guarded import GuardedArray
 from tests.policies import random_policy
 

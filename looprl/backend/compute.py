@@ -12,7 +12,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from looprl.backend.layouts import strides
-from looprl.backend.llvm_text import Function, load, store, vector_type
+from looprl.backend.llvm_text import Function, load, multiply_add, store, vector_type
 from looprl.backend.loops import KernelModule, NestEmitter
 from looprl.backend.register_plan import RegisterScope, lanes_for, tile_walk, with_budget
 from looprl.ir.nest import LoopNest
@@ -136,13 +136,7 @@ class ComputeEmitter(NestEmitter):
         a = self.operand(fn, "in0", ptrs, consts, lanes, active, var)
         b = self.operand(fn, "in1", ptrs, consts, lanes, active, var)
         key = consts["acc"]
-        typ = vector_type(lanes)
-        if self.module.target.fma:
-            intrinsic = self.module.fma(lanes)
-            tile[key] = fn.value(f"call {typ} @{intrinsic}({typ} {a}, {typ} {b}, {typ} {tile[key]})", "f")
-        else:  # no FMA instructions: llvm.fma would be a call to fmaf per lane
-            product = fn.value(f"fmul {typ} {a}, {b}", "m")
-            tile[key] = fn.value(f"fadd {typ} {tile[key]}, {product}", "f")
+        tile[key] = multiply_add(self.module, fn, a, b, tile[key], lanes, self.module.target.fma)
 
     def operand(self, fn, tensor, ptrs, consts, lanes, active, var) -> str:
         stride = self.delta(tensor, var, 1) if lanes > 1 else 0

@@ -8,13 +8,13 @@ import time
 import numpy as np
 
 from looprl.backend import abi, codegen, jit
-from looprl.backend.layouts import layouts_applied, workspace_elements
 from looprl.backend.buffers import aligned_empty
 from looprl.backend.jit import CompiledModule
-from looprl.target import Target
+from looprl.backend.layouts import layouts_applied, workspace_elements
 from looprl.backend.threads import before_parallel_call, check_threads, ensure_openmp_runtime
 from looprl.ir.integers import as_int
 from looprl.ir.nest import LoopNest
+from looprl.target import Target
 
 MAX_REPS = 2**31 - 1  # reps reach the kernel as an i64 loop count; keep far from any wrap-around
 

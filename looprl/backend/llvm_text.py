@@ -145,6 +145,12 @@ class Module:
             self.declarations[name] = f"declare void @{name}({typ}, ptr, <{lanes} x i1>)"
         return name
 
+    def declare_openmp(self) -> None:
+        """The OpenMP runtime functions parallel code calls (libgomp's)."""
+        self.declarations["GOMP_parallel"] = "declare void @GOMP_parallel(ptr, ptr, i32, i32)"
+        self.declarations["omp_get_thread_num"] = "declare i32 @omp_get_thread_num() nounwind"
+        self.declarations["omp_get_num_threads"] = "declare i32 @omp_get_num_threads() nounwind"
+
     def text(self) -> str:
         parts = list(self.declarations.values())
         for fn in self.functions:
@@ -184,6 +190,16 @@ def load(module: Module, fn: Function, ptr: str, offset: int, lanes: int, active
 def splat(fn: Function, scalar: str, lanes: int) -> str:
     one = fn.value(f"insertelement <{lanes} x float> poison, float {scalar}, i64 0", "b")
     return fn.value(f"shufflevector <{lanes} x float> {one}, <{lanes} x float> poison, <{lanes} x i32> zeroinitializer", "b")
+
+
+def multiply_add(module: Module, fn: Function, a: str, b: str, c: str, lanes: int, fma: bool) -> str:
+    """``a * b + c`` on ``lanes`` floats: ``llvm.fma`` where the target has FMA instructions,
+    else a multiply, then an add (there ``llvm.fma`` would be a call to ``fmaf`` per lane)."""
+    typ = vector_type(lanes)
+    if fma:
+        return fn.value(f"call {typ} @{module.fma(lanes)}({typ} {a}, {typ} {b}, {typ} {c})", "f")
+    product = fn.value(f"fmul {typ} {a}, {b}", "m")
+    return fn.value(f"fadd {typ} {c}, {product}", "f")
 
 
 def store(module: Module, fn: Function, ptr: str, offset: int, lanes: int, active: int, value: str) -> None:

@@ -36,11 +36,6 @@ class KernelModule(Module):
         """Arguments of a call to an internal function taking :meth:`parameters`."""
         return ", ".join(f"ptr {ptrs.get(t, 'null')}" for t in self.tensors) + (", i32 %nthreads" if self.threaded else "")
 
-    def declare_openmp(self) -> None:
-        self.declarations["GOMP_parallel"] = "declare void @GOMP_parallel(ptr, ptr, i32, i32)"
-        self.declarations["omp_get_thread_num"] = "declare i32 @omp_get_thread_num() nounwind"
-        self.declarations["omp_get_num_threads"] = "declare i32 @omp_get_num_threads() nounwind"
-
 
 class NestEmitter:
     """Shared machinery of both nests: budgets, runtime loops, memoised tail functions and

@@ -40,9 +40,9 @@ def _run(count: int, seed: int, target_json: str | None = None) -> dict:
     import numpy as np
 
     import looprl
-    from looprl.target import Target
     from looprl.ir.nest import initial_nest
     from looprl.ir.schedules import random_schedule
+    from looprl.target import Target
 
     target = Target.from_dict(json.loads(target_json)) if target_json else Target.host()
     rng = random.Random(seed)

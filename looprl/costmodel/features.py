@@ -41,8 +41,8 @@ import numpy as np
 from looprl import defaults
 from looprl.backend.codegen import CODEGEN_VERSION
 from looprl.backend.register_plan import ComputePlan, plan
-from looprl.target import Target
 from looprl.ir.nest import WRITE_BACK, Loop, LoopNest
+from looprl.target import Target
 
 FEATURE_VERSION = 1  # with the code generator's version: its register planning is a feature
 FEATURE_KEY = f"{FEATURE_VERSION}.codegen{CODEGEN_VERSION}"

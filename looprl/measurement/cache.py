@@ -56,10 +56,10 @@ from pathlib import Path
 from looprl import defaults
 from looprl.backend.codegen import CODEGEN_VERSION
 from looprl.backend.host import host_fingerprint
-from looprl.target import Target
 from looprl.ir.nest import LoopNest
 from looprl.ir.problem import Problem, parse_problem
 from looprl.measurement.timing import TIMING_PROTOCOL_VERSION, check_budget
+from looprl.target import Target
 
 APPLICATION_ID = 0x4C4F4F50  # b"LOOP": the mark of looprl's databases
 _SQLITE_MAGIC = b"SQLite format 3\x00"

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 from looprl import defaults
 from looprl.backend.kernel import Kernel, compile
-from looprl.target import Target
 from looprl.backend.threads import check_threads
 from looprl.errors import CompileError, KernelError
 from looprl.ir.nest import LoopNest
 from looprl.measurement.cache import MeasurementCache, schedule_threads
 from looprl.measurement.lock import TimingLock, machine_lock
+from looprl.target import Target
 from looprl.measurement.timing import (
     DEFAULT_BUDGET_S,
     Workspace,
