@@ -57,7 +57,7 @@ def load(cache_path: str | None, target: Target, min_records: int, limit: int) -
 
 def representations(nests: list[LoopNest], isa: str) -> dict[str, np.ndarray]:
     return {
-        "autotvm": features_batch(nests, defaults.MAX_LOOPS, isa),
+        "autotvm": features_batch(nests, defaults.MAX_LOOPS, target=Target.named(isa)),
         "observation": np.stack([observation(n, 0, defaults.MAX_LOOPS, normalized=True).reshape(-1) for n in nests]),
     }
 

@@ -80,17 +80,10 @@ def _strides(problem, term: str) -> dict[str, int]:
     return result
 
 
-def feature_target(target: "Target | str | None" = None) -> Target:
-    """The target whose register planning the features describe: a :class:`Target`, a
-    target name, or None for :data:`DEFAULT_TARGET` (not the host: features must not depend
-    on the machine that computes them)."""
-    if target is None:
-        return Target.named(DEFAULT_TARGET)
-    if isinstance(target, str):
-        return Target.named(target)
-    if isinstance(target, Target):
-        return target
-    raise ValueError(f"target must be a looprl Target, a target name or None, got {type(target).__name__}")
+def _checked(target) -> Target:
+    if not isinstance(target, Target):
+        raise ValueError(f"features describe one target's register planning: pass a looprl Target, got {type(target).__name__} {target!r}")
+    return target
 
 
 @functools.lru_cache(maxsize=8192)
@@ -99,11 +92,10 @@ def _register_plan(problem, compute: tuple[Loop, ...], target: Target) -> Comput
     return plan(LoopNest(problem, compute, ()), target)
 
 
-def register_plan(nest: LoopNest, target: "Target | str | None" = None) -> ComputePlan:
+def register_plan(nest: LoopNest, target: Target) -> ComputePlan:
     """The code generator's register planning of ``nest``'s compute loops for ``target``
     (:func:`looprl.backend.register_plan.plan`), memoised."""
-    target = feature_target(target)
-    return _register_plan(nest.problem, nest.compute, target)
+    return _register_plan(nest.problem, nest.compute, _checked(target))
 
 
 def _log(x: float) -> float:
@@ -153,7 +145,7 @@ def _context_rows(loops: tuple[Loop, ...], terms: dict[str, tuple[str, dict[str,
     return rows
 
 
-def context_matrix(nest: LoopNest, target: "Target | str | None" = None) -> tuple[np.ndarray, np.ndarray]:
+def context_matrix(nest: LoopNest, target: Target) -> tuple[np.ndarray, np.ndarray]:
     """``(rows, globals)``: one log-scaled context row per loop (``len(nest)`` x
     ``len(CONTEXT_NAMES)``, compute loops first) and the whole-schedule values."""
     if not isinstance(nest, LoopNest):
@@ -182,24 +174,16 @@ def _check_levels(max_levels) -> int:
     return int(max_levels)
 
 
-def features(
-    nest: LoopNest,
-    max_levels: int = defaults.MAX_LOOPS,
-    target: "Target | str | None" = None,
-) -> np.ndarray:
+def features(nest: LoopNest, max_levels: int = defaults.MAX_LOOPS, *, target: Target) -> np.ndarray:
     """The float32 feature vector of ``nest`` (length :func:`feature_length`) for ``target``'s
-    register planning (default :data:`DEFAULT_TARGET`)."""
-    return features_batch([nest], max_levels, target)[0]
+    register planning."""
+    return features_batch([nest], max_levels, target=target)[0]
 
 
-def features_batch(
-    nests: Iterable[LoopNest],
-    max_levels: int = defaults.MAX_LOOPS,
-    target: "Target | str | None" = None,
-) -> np.ndarray:
+def features_batch(nests: Iterable[LoopNest], max_levels: int = defaults.MAX_LOOPS, *, target: Target) -> np.ndarray:
     """``(len(nests), feature_length(max_levels))`` float32: one :func:`features` row each."""
     max_levels = _check_levels(max_levels)
-    target = feature_target(target)
+    target = _checked(target)
     nests = list(nests)
     width = len(CONTEXT_NAMES)
     count = len(nests)
