@@ -132,6 +132,14 @@ class Target:
         tiles = sorted(set(tiles), key=lambda t: (-t[0] * t[1], -t[1]))
         return tiles or [(1, 1)]
 
+    @staticmethod
+    def required(value, what: str) -> "Target":
+        """``value``, which must already be a Target (inner functions take a resolved one:
+        :meth:`resolve` runs once at each public entry); else a ValueError naming ``what``."""
+        if not isinstance(value, Target):
+            raise ValueError(f"{what}: expected a looprl Target, got {type(value).__name__} {value!r}")
+        return value
+
     @property
     def required_features(self) -> tuple[str, ...]:
         """The CPU features a host needs to run code compiled for this target."""

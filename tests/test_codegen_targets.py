@@ -158,9 +158,9 @@ def test_register_tiles_fit_the_register_file(name):
 
 def test_expert_candidates_need_a_target():
     problem = looprl.matmul(64, 64, 64)
-    with pytest.raises(ValueError, match="need the target: a looprl Target, got int 16"):
+    with pytest.raises(ValueError, match="expert_candidates: expected a looprl Target, got int 16"):
         expert_candidates(problem, 16)
-    with pytest.raises(ValueError, match="need the target"):
+    with pytest.raises(ValueError, match="expected a looprl Target"):
         expert_candidates(problem, "avx2")
 
 

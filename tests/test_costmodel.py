@@ -55,7 +55,7 @@ def test_features_have_one_length_for_every_problem_and_are_deterministic():
 def test_features_take_a_resolved_target():
     nest = initial_nest(looprl.matmul(64, 64, 64))
     for wrong in (None, "avx512"):
-        with pytest.raises(ValueError, match="pass a looprl Target"):
+        with pytest.raises(ValueError, match="features .of one target.s register planning.: expected a looprl Target"):
             features(nest, target=wrong)
     tiled = nest.split(0, 4).swap(1)  # a register tile of 4 rows x 64 columns: fits AVX-512 only
     assert not np.array_equal(features(tiled, target=AVX512), features(tiled, target=Target.named("sse4")))

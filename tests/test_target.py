@@ -44,3 +44,10 @@ def test_a_single_row_tile_is_widened_to_what_fits():
     avx2 = Target.named("avx2")
     assert tile_shapes(looprl.matmul(1, 4096, 256), avx2) == [(1, avx2.most_vectors(1) * 8)]
     assert tile_shapes(looprl.matmul(2, 4096, 256), avx2)[0] == (2, avx2.most_vectors(2) * 8)
+
+
+def test_inner_functions_refuse_a_target_that_is_not_resolved():
+    assert Target.required(Target.named("sse4"), "x") == Target.named("sse4")
+    for wrong in (None, "avx2", 16):
+        with pytest.raises(ValueError, match="tile_shapes: expected a looprl Target"):
+            tile_shapes(looprl.matmul(8, 8, 8), wrong)

@@ -9,29 +9,15 @@ vector through memory."""
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from looprl.backend.layouts import strides
 from looprl.backend.llvm_text import Function, load, multiply_add, store, vector_type
 from looprl.backend.loops import KernelModule, NestEmitter
-from looprl.backend.register_plan import RegisterScope, lanes_for, tile_walk, with_budget
+from looprl.backend.register_plan import RegisterScope, leaf_count, vector_chunks
 from looprl.ir.nest import LoopNest
 
 # Unroll a reduction loop inside the register scope while the unrolled body has at most this
 # many multiply-adds (the reference backend used ~320).
 UNROLL_LIMIT = 64
-
-
-@lru_cache(maxsize=4096)
-def unrolled_ops(loops, vector_var, width, level, budgets) -> int:
-    """Multiply-adds in the body from ``level`` down if every loop were unrolled."""
-    if level == len(loops):
-        return 1
-    loop = loops[level]
-    budget = dict(budgets)[loop.var]
-    if level == len(loops) - 1 and vector_var is not None:
-        return -(-budget // lanes_for(budget, width))
-    return sum(count * unrolled_ops(loops, vector_var, width, level + 1, with_budget(budgets, loop.var, elements)) for elements, count in tile_walk(budget, loop.step))
 
 
 class ComputeEmitter(NestEmitter):
@@ -96,17 +82,16 @@ class ComputeEmitter(NestEmitter):
         loop = self.loops[level]
         budget = budgets[loop.var]
         if level == self.depth - 1 and self.vector_var is not None:
-            lanes = lanes_for(budget, self.width)
-            for c in range(0, budget, lanes):
+            for c, lanes, active in vector_chunks(budget, self.width):
                 moved = {t: consts[t] + self.delta(t, loop.var, c) for t in consts}
                 if moved["acc"] in tile:
-                    self.leaf(fn, ptrs, moved, tile, lanes, min(lanes, budget - c))
+                    self.leaf(fn, ptrs, moved, tile, lanes, active)
             return
         full, rem = divmod(budget, loop.step)
         child = dict(budgets, **{loop.var: loop.step})
         unroll = (
             loop.var in self.output_dims
-            or copies * unrolled_ops(self.loops, self.vector_var, self.width, level, tuple(sorted(budgets.items()))) <= UNROLL_LIMIT
+            or copies * self.unrolled_ops(level, budgets) <= UNROLL_LIMIT
         )
         if unroll or full == 1:
             for i in range(full):
@@ -130,6 +115,11 @@ class ComputeEmitter(NestEmitter):
             tail = dict(budgets, **{loop.var: rem})
             if loop.var not in self.output_dims or self.scope.touches(level + 1, tail, moved["acc"], tile):
                 self.emit_in_scope(fn, level + 1, tail, ptrs, moved, tile, types, copies * (full + 1 if unroll else 2))
+
+    def unrolled_ops(self, level: int, budgets: dict[str, int]) -> int:
+        """Multiply-adds in the scope's body from ``level`` down if every loop were unrolled."""
+        every = frozenset(lp.var for lp in self.loops)
+        return leaf_count(self.loops, every, self.width, self.vector_var, level, tuple(sorted(budgets.items())))
 
     def leaf(self, fn, ptrs, consts, tile, lanes, active) -> None:
         var = self.vector_var

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from looprl.backend.llvm_text import Function, load, store
 from looprl.backend.loops import KernelModule
-from looprl.backend.register_plan import lanes_for
+from looprl.backend.register_plan import vector_chunks
 from looprl.ir.layout import Layout
 
 PACK_CHUNK = 256  # elements of the innermost dimension copied by one unrolled block
@@ -55,10 +55,9 @@ def emit_pack(module: KernelModule, name: str, index: str, sizes: tuple[int, ...
 
     def block(src_ptr: str, dst_ptr: str, count: int) -> None:
         if step == 1 and row[var] == 1:
-            lanes = lanes_for(count, width)
-            for c in range(0, count, lanes):
-                value = load(module, fn, src_ptr, c, lanes, min(lanes, count - c), 1, cache=False)
-                store(module, fn, dst_ptr, c, lanes, min(lanes, count - c), value)
+            for c, lanes, active in vector_chunks(count, width):
+                value = load(module, fn, src_ptr, c, lanes, active, 1, cache=False)
+                store(module, fn, dst_ptr, c, lanes, active, value)
         else:
             for c in range(count):
                 value = load(module, fn, src_ptr, c * row[var], 1, 1, 0, cache=False)

@@ -54,6 +54,13 @@ def lanes_for(budget: int, width: int) -> int:
     return lanes
 
 
+def vector_chunks(count: int, width: int) -> list[tuple[int, int, int]]:
+    """``count`` consecutive floats as vectors of :func:`lanes_for` lanes: (first element, lanes,
+    active lanes) of each, the last one masked when the lanes do not divide ``count``."""
+    lanes = lanes_for(count, width)
+    return [(c, lanes, min(lanes, count - c)) for c in range(0, count, lanes)]
+
+
 def tile_walk(budget: int, step: int) -> tuple[tuple[int, int], ...]:
     """How a loop of ``step`` covers ``budget`` elements: (elements, iterations) groups, the
     full steps first, then the tail (a group is left out when it has no iteration)."""
@@ -84,9 +91,13 @@ def with_budget(budgets, var: str, elements: int) -> tuple[tuple[str, int], ...]
     return tuple(sorted({**dict(budgets), var: elements}.items()))
 
 
-@lru_cache(maxsize=4096)
-def tile_size(loops, output_dims, width, vector_var, level, budgets) -> int:
-    """Registers of the output tile of the scope starting at ``level``."""
+@lru_cache(maxsize=8192)
+def leaf_count(loops, repeated, width, vector_var, level, budgets) -> int:
+    """Leaves (vectors of the innermost loop, or scalars) the loops from ``level`` down run
+    through, every iteration of a loop over a dimension in ``repeated`` counted, one iteration
+    of the others: with ``repeated`` the output's dimensions, the registers of the output tile
+    of a scope starting at ``level``; with every dimension, the multiply-adds of its body fully
+    unrolled."""
     if level == len(loops):
         return 1
     loop = loops[level]
@@ -94,9 +105,9 @@ def tile_size(loops, output_dims, width, vector_var, level, budgets) -> int:
     if level == len(loops) - 1 and vector_var is not None:
         return -(-budget // lanes_for(budget, width))
     walk = tile_walk(budget, loop.step)
-    if loop.var not in output_dims:  # every iteration updates the same registers
-        return tile_size(loops, output_dims, width, vector_var, level + 1, with_budget(budgets, loop.var, walk[0][0]))
-    return sum(count * tile_size(loops, output_dims, width, vector_var, level + 1, with_budget(budgets, loop.var, elements)) for elements, count in walk)
+    if loop.var not in repeated:  # every iteration runs through the same leaves
+        walk = ((walk[0][0], 1),)
+    return sum(count * leaf_count(loops, repeated, width, vector_var, level + 1, with_budget(budgets, loop.var, elements)) for elements, count in walk)
 
 
 def balanced(count: int, most: int) -> list[tuple[int, int]]:
@@ -202,7 +213,7 @@ class RegisterScope:
 
     def tile_size(self, level: int) -> int:
         """Registers of the tile of a scope starting at ``level`` (in the full context)."""
-        return tile_size(self.loops, frozenset(self.output_dims), self.width, self.vector_var, level, entry_budgets(self.loops, level))
+        return leaf_count(self.loops, frozenset(self.output_dims), self.width, self.vector_var, level, entry_budgets(self.loops, level))
 
     def rows(self, level: int, budgets: dict[str, int], acc_offset: int) -> list[list[Slot]]:
         """The tile's registers as rows: one row per instance of the innermost loop (its
@@ -213,8 +224,7 @@ class RegisterScope:
         loop = self.loops[level]
         budget = budgets[loop.var]
         if level == self.depth - 1 and self.vector_var is not None:
-            lanes = lanes_for(budget, self.width)
-            return [[(acc_offset + self.acc_delta(loop.var, c), lanes, min(lanes, budget - c)) for c in range(0, budget, lanes)]]
+            return [[(acc_offset + self.acc_delta(loop.var, c), lanes, active) for c, lanes, active in vector_chunks(budget, self.width)]]
         walk = iterations(budget, loop.step)
         if loop.var not in self.output_dims:  # every iteration updates the same registers
             return self.rows(level + 1, dict(budgets, **{loop.var: walk[0][1]}), acc_offset)

@@ -10,7 +10,7 @@ from looprl.backend.epilogue_ir import EpilogueIR
 from looprl.backend.layouts import strides
 from looprl.backend.llvm_text import Function, load, store
 from looprl.backend.loops import KernelModule, NestEmitter
-from looprl.backend.register_plan import lanes_for
+from looprl.backend.register_plan import vector_chunks
 from looprl.ir.nest import LoopNest
 
 # Write-back: unroll the copy of the innermost loop up to this many vectors.
@@ -57,9 +57,8 @@ class WriteBackEmitter(NestEmitter):
             done = groups * group
         else:
             done = 0
-        lanes = lanes_for(budget - done, width)
-        for c in range(done, budget, lanes):
-            self.copy(fn, ptrs, c, lanes, min(lanes, budget - c))
+        for c, lanes, active in vector_chunks(budget - done, width):
+            self.copy(fn, ptrs, done + c, lanes, active)
 
     def copy(self, fn: Function, ptrs: dict[str, str], offset: int, lanes: int, active: int) -> None:
         """Store the output's ``lanes`` (``active`` of them) elements at ``offset`` along the

@@ -40,6 +40,7 @@ import numpy as np
 
 from looprl import defaults
 from looprl.backend.codegen import CODEGEN_VERSION
+from looprl.backend.layouts import strides
 from looprl.backend.register_plan import ComputePlan, plan
 from looprl.ir.nest import WRITE_BACK, Loop, LoopNest
 from looprl.target import Target
@@ -72,18 +73,7 @@ def feature_length(max_levels: int = defaults.MAX_LOOPS) -> int:
     return max_levels * len(CONTEXT_NAMES) + len(_PAIRS) * len(RELATION_THRESHOLDS) + len(GLOBAL_NAMES)
 
 
-def _strides(problem, term: str) -> dict[str, int]:
-    result, stride = {}, 1
-    for dim in reversed(term):
-        result[dim] = stride
-        stride *= problem.size(dim)
-    return result
-
-
-def _checked(target) -> Target:
-    if not isinstance(target, Target):
-        raise ValueError(f"features describe one target's register planning: pass a looprl Target, got {type(target).__name__} {target!r}")
-    return target
+_FEATURES_OF = "features (of one target's register planning)"
 
 
 @functools.lru_cache(maxsize=8192)
@@ -95,7 +85,7 @@ def _register_plan(problem, compute: tuple[Loop, ...], target: Target) -> Comput
 def register_plan(nest: LoopNest, target: Target) -> ComputePlan:
     """The code generator's register planning of ``nest``'s compute loops for ``target``
     (:func:`looprl.backend.register_plan.plan`), memoised."""
-    return _register_plan(nest.problem, nest.compute, _checked(target))
+    return _register_plan(nest.problem, nest.compute, Target.required(target, _FEATURES_OF))
 
 
 def _log(x: float) -> float:
@@ -154,9 +144,9 @@ def context_matrix(nest: LoopNest, target: Target) -> tuple[np.ndarray, np.ndarr
     output = problem.output
     planned = register_plan(nest, target)
     scope, streaming = planned.scope_start, planned.streaming
-    out = (output, _strides(problem, output))
+    out = (output, strides(problem, output))
     in0, in1 = problem.operands
-    compute_terms = {"in0": (in0, _strides(problem, in0)), "in1": (in1, _strides(problem, in1)), "out": out}
+    compute_terms = {"in0": (in0, strides(problem, in0)), "in1": (in1, strides(problem, in1)), "out": out}
     rows = _context_rows(nest.compute, compute_terms, output, scope, streaming)
     rows += _context_rows(nest.write_back, {"out": out}, output, None, False)
     matrix = np.asarray(rows, dtype=np.float64)
@@ -183,7 +173,7 @@ def features(nest: LoopNest, max_levels: int = defaults.MAX_LOOPS, *, target: Ta
 def features_batch(nests: Iterable[LoopNest], max_levels: int = defaults.MAX_LOOPS, *, target: Target) -> np.ndarray:
     """``(len(nests), feature_length(max_levels))`` float32: one :func:`features` row each."""
     max_levels = _check_levels(max_levels)
-    target = _checked(target)
+    target = Target.required(target, _FEATURES_OF)
     nests = list(nests)
     width = len(CONTEXT_NAMES)
     count = len(nests)

@@ -63,18 +63,12 @@ def expert_matmul(problem: Problem, m_tile: int, n_tile: int, k_unroll: int | No
     return reorder_compute(nest, [names.index(w) for w in wanted])
 
 
-def _checked(target) -> Target:
-    if not isinstance(target, Target):
-        raise ValueError(f"expert schedules need the target: a looprl Target, got {type(target).__name__} {target!r}")
-    return target
-
-
 def target_split_factors(target: Target, base=(4, 8, 16), largest: int = 64) -> tuple[int, ...]:
     """Split factors that can form ``target``'s register tiles: ``base`` (the paper's 4, 8, 16)
     plus the rows and the vector widths (vectors x lanes) of :meth:`Target.register_tiles`, up
     to ``largest``. With 4, 8 and 16 alone an AVX2 tile (16 registers of 8 lanes) is at best
     4 rows x 16 columns, 8 accumulators; 6 x 16 and 4 x 24 need splits by 6 and 24."""
-    lanes = _checked(target).vector_width
+    lanes = Target.required(target, "target_split_factors").vector_width
     factors = set(base)
     for rows, vectors in target.register_tiles():
         factors.update(f for f in (rows, vectors * lanes) if 2 <= f <= largest)
@@ -85,7 +79,7 @@ def expert_candidates(problem: Problem, target: Target) -> list[LoopNest]:
     """A handful of register-blocked schedules for ``target``: its
     :meth:`~looprl.target.Target.register_tiles` as ``n/nt, m/mt, k, mt, nt`` with and without
     the k loop split by 4. Benchmarks keep the fastest."""
-    lanes = _checked(target).vector_width
+    lanes = Target.required(target, "expert_candidates").vector_width
     result = []
     for rows, vectors in target.register_tiles():
         m_tile = min(rows, problem.size("m"))
@@ -198,7 +192,7 @@ def tile_shapes(problem: Problem, target: Target) -> list[tuple[int, int]]:
     fewer rows than a tile (a GEMV-like m), the tile is widened instead to the most vectors that
     fit with those rows, so that it still keeps most registers busy. Columns are a whole number
     of vectors; a tile wider than the output is clipped to it."""
-    lanes = _checked(target).vector_width
+    lanes = Target.required(target, "tile_shapes").vector_width
     if len(problem.output) < 2:
         raise ValueError(f"{problem.name}: register tiles need two output dimensions")
     row_size, col_size = problem.size(problem.output[-2]), problem.size(problem.output[-1])
