@@ -1,4 +1,5 @@
-"""The code generator: target description, LLVM IR emission, JIT, compiled kernels, buffers.
+"""The code generator (LLVM IR emission: :mod:`looprl.backend.codegen` and its parts), JIT,
+compiled kernels, buffers. The target description is :mod:`looprl.target` (re-exported here).
 
 Imports nothing of gymnasium, Ray or torch (checked by the layering contract in pyproject)."""
 
