@@ -32,7 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from looprl import defaults
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.workloads.datasets import dataset_problems
 from looprl.ir.problem import parse_problems
 from looprl.measurement.evaluator import Evaluator

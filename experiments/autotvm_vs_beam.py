@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from looprl import defaults
-from looprl.backend.target import TARGET_CHOICES, Target
+from looprl.target import TARGET_CHOICES, Target
 from looprl.workloads.datasets import dataset_problems
 from looprl.ir.problem import parse_problems
 from looprl.measurement.evaluator import Evaluator

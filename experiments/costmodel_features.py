@@ -31,13 +31,13 @@ from pathlib import Path
 import numpy as np
 
 from looprl import defaults
-from looprl.backend.target import Target
 from looprl.costmodel.features import features_batch
 from looprl.costmodel.model import OBJECTIVES, fit_booster, predict_booster
 from looprl.env.features import observation
 from looprl.ir.nest import LoopNest
 from looprl.measurement.cache import MeasurementCache
 from looprl.measurement.records import measured_nests
+from looprl.target import Target
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BATCH = 32
@@ -58,7 +58,7 @@ def load(cache_path: str | None, target: Target, min_records: int, limit: int) -
 
 def representations(nests: list[LoopNest], isa: str) -> dict[str, np.ndarray]:
     return {
-        "autotvm": features_batch(nests, defaults.MAX_LOOPS, isa),
+        "autotvm": features_batch(nests, defaults.MAX_LOOPS, target=Target.named(isa)),
         "observation": np.stack([observation(n, 0, defaults.MAX_LOOPS, normalized=True).reshape(-1) for n in nests]),
     }
 

@@ -29,10 +29,10 @@ from pathlib import Path
 import looprl
 import looprl.search
 from looprl import defaults
-from looprl.backend.codegen import conversions
 from looprl.backend.host import cpu_model_name
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.workloads.datasets import dataset_problems
+from looprl.backend.layouts import conversions
 from looprl.ir.problem import as_problem
 from looprl.measurement.numpy_baseline import numpy_gflops
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from looprl import defaults
 from looprl.backend.kernel import compile
-from looprl.backend.target import TARGET_CHOICES, Target
+from looprl.target import TARGET_CHOICES, Target
 from looprl.workloads.datasets import dataset_problems
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.timing import time_kernel

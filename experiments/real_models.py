@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from looprl.backend.kernel import compile
-from looprl.backend.target import TARGET_CHOICES, Target
+from looprl.target import TARGET_CHOICES, Target
 from looprl.workloads.datasets import dataset_entries
 from looprl.workloads.entries import DatasetEntry
 from looprl.ir.problem import parse_problem

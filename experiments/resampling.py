@@ -21,7 +21,7 @@ import statistics
 from pathlib import Path
 
 from looprl import defaults
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.workloads.datasets import dataset_problems
 from looprl.ir.nest import initial_nest
 from looprl.ir.schedules import random_schedule

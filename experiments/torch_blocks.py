@@ -34,8 +34,8 @@ import torch.nn.functional as functional
 from torch import nn
 
 from looprl.backend.host import cpu_model_name
-from looprl.backend.target import TARGET_CHOICES, Target
 from looprl.measurement.timing import best_time
+from looprl.target import TARGET_CHOICES, Target
 from looprl.torch import tune_module, tuned_layers
 
 RESULTS = Path(__file__).resolve().parent / "results"

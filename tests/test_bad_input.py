@@ -114,7 +114,7 @@ def test_tune_evaluator_and_peak_measurement_refuse_bad_budgets(bad, policy_dir)
     with pytest.raises(ValueError, match="budget_s must be a positive"):
         Evaluator(":memory:", budget_s=bad)
     with pytest.raises(ValueError, match="budget_s must be a positive"):
-        peak_module.measure_peak_gflops(budget_s=bad)
+        peak_module.measure_peak_gflops(looprl.Target.host(), budget_s=bad)
 
 
 @pytest.mark.parametrize("stored", [math.inf, 0.0, -5.0, math.nan])

@@ -10,7 +10,7 @@ import pytest
 import looprl
 from looprl.backend.codegen import CODEGEN_VERSION
 from looprl.backend.host import host_fingerprint
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.measurement.cache import MeasurementCache
 from looprl.measurement.keys import measurement_key, peak_key, tuned_problem
 from looprl.measurement.store import APPLICATION_ID, row_checksum

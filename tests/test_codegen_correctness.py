@@ -6,8 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import looprl
-from looprl.backend import codegen
-from looprl.backend.target import TARGET_NAMES, Target
+from looprl.backend import register_plan
+from looprl.target import TARGET_NAMES, Target
 from tests.guarded import GuardedArray
 
 PROBLEMS = [
@@ -120,7 +120,7 @@ def test_repetitions_give_the_same_result(target):
     target whose plan is asserted (AVX-512 code runs only where the host has AVX-512)."""
     problem = looprl.matmul(20, 200, 30)
     nest = looprl.initial_nest(problem).swap(0)  # k outermost, a tile of 20 x 200 outputs: the reduction stays outside
-    assert not codegen.plan(nest, target).zero_init
+    assert not register_plan.plan(nest, target).zero_init
     if target.missing_on_host():
         pytest.skip(f"the host lacks {target.missing_on_host()}: the plan is checked, the kernel cannot run")
     kernel = looprl.compile(nest, target=target)

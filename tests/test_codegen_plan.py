@@ -1,9 +1,10 @@
 """What the generator decides for known nests (host-independent: targets are explicit)."""
 
 import looprl
-from looprl.backend.codegen import FMA_CHAINS, generate_ir, plan
-from looprl.backend.target import Target
+from looprl.backend.codegen import generate_ir
+from looprl.backend.register_plan import FMA_CHAINS, plan
 from looprl.ir.schedules import expert_matmul
+from looprl.target import Target
 
 AVX512 = Target.named("avx512")
 AVX2 = Target.named("avx2")

@@ -9,10 +9,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import looprl
-from looprl.backend import codegen, host, jit
+from looprl import target as target_module
+from looprl.backend import codegen, jit, register_plan
 from looprl.backend import kernel as kernel_module
-from looprl.backend.target import TARGET_NAMES, Target
-from looprl.ir.schedules import expert_candidates, expert_matmul, register_tiles
+from looprl.ir.schedules import expert_candidates, expert_matmul
+from looprl.target import TARGET_NAMES, Target
 from tests.test_codegen_correctness import PROBLEMS, actions, apply_actions, assert_matches, random_inputs
 
 RUNNABLE = [name for name in TARGET_NAMES if not Target.named(name).missing_on_host()]
@@ -114,7 +115,7 @@ def test_named_targets_resolve_from_strings():
 
 
 def _pretend_host(monkeypatch, features: str) -> None:
-    monkeypatch.setattr(host, "host_cpu", lambda: ("x86-64-v3", features))
+    monkeypatch.setattr(target_module, "host_cpu", lambda: ("x86-64-v3", features))
     monkeypatch.setattr(kernel_module, "_host", [])
 
 
@@ -139,29 +140,28 @@ def test_sse_host_refuses_avx2_and_names_the_missing_features(monkeypatch):
 @pytest.mark.parametrize("name", TARGET_NAMES)
 def test_register_tiles_fit_the_register_file(name):
     target = Target.named(name)
-    tiles = register_tiles(target)
-    assert tiles == register_tiles(vector_width=target.vector_width, registers=target.registers)
+    tiles = target.register_tiles()
     assert tiles
     for rows, vectors in tiles:
-        assert rows * vectors + vectors + 1 <= target.registers
-        assert rows * vectors >= codegen.FMA_CHAINS
+        assert rows * vectors + vectors + 1 <= target.registers and target.fits(rows, vectors)
+        assert not target.fits(rows + 1, vectors) or vectors == target.most_vectors(4)
+        assert rows * vectors >= register_plan.FMA_CHAINS
     problem = looprl.matmul(256, 256, 256)
     candidates = expert_candidates(problem, target)
     assert candidates
     for nest in candidates:
         n_tile = nest.compute[-1].budget
         assert n_tile % target.vector_width == 0 and n_tile // target.vector_width <= max(v for _, v in tiles)
-        decision = codegen.plan(nest, target)
+        decision = register_plan.plan(nest, target)
         assert decision.blocks == 1 and decision.zero_init  # expert tiles fit their target whole
 
 
 def test_expert_candidates_need_a_target():
     problem = looprl.matmul(64, 64, 64)
-    with pytest.raises(ValueError, match="need the target"):
-        expert_candidates(problem)
-    with pytest.raises(ValueError, match="vector_width and registers"):
+    with pytest.raises(ValueError, match="expert_candidates: expected a looprl Target, got int 16"):
         expert_candidates(problem, 16)
-    assert expert_candidates(problem, vector_width=8, registers=16) == expert_candidates(problem, Target.named("avx2"))
+    with pytest.raises(ValueError, match="expected a looprl Target"):
+        expert_candidates(problem, "avx2")
 
 
 def test_codegen_has_no_isa_constants():
@@ -186,11 +186,11 @@ def test_results_are_bit_identical_whether_blocked_or_not(monkeypatch, name):
     target = Target.named(name)
     problem = looprl.matmul(32, 5 * target.vector_width + 3, 48)
     nest = expert_matmul(problem, 6, 5 * target.vector_width)
-    assert codegen.plan(nest, target).blocks > 1
+    assert register_plan.plan(nest, target).blocks > 1
     a, b = random_inputs(problem, 9)
     blocked = looprl.compile(nest, target)(a, b)
-    monkeypatch.setattr(codegen, "BLOCKED_TILE_FLOATS", 0)  # no blocking: k runs outside the register scope
-    assert codegen.plan(nest, target).blocks == 1 and not codegen.plan(nest, target).zero_init
+    monkeypatch.setattr(register_plan, "BLOCKED_TILE_FLOATS", 0)  # no blocking: k runs outside the register scope
+    assert register_plan.plan(nest, target).blocks == 1 and not register_plan.plan(nest, target).zero_init
     np.testing.assert_array_equal(looprl.compile(nest, target)(a, b), blocked)
 
 
@@ -201,6 +201,6 @@ def test_a_tile_of_four_rows_across_a_wide_row_is_register_blocked_on_avx2_as_on
     used to stream this tile through memory)."""
     target = Target.named(name)
     nest = looprl.initial_nest(looprl.matmul(67, 139, 229)).split(0, 4).swap(1)
-    plan = codegen.plan(nest, target)
+    plan = register_plan.plan(nest, target)
     assert plan.blocks > 1 and not plan.streaming
     assert plan.scope_start == 1  # the scope reaches out to k

@@ -11,6 +11,7 @@ from looprl.costmodel import FEATURE_KEY, feature_length, feature_names, feature
 from looprl.costmodel.features import CONTEXT_NAMES, context_matrix, register_plan
 from looprl.costmodel.model import CostModel, TransferModel, import_xgboost
 from looprl.ir.nest import LoopNest, initial_nest
+from looprl.target import Target
 
 PROBLEMS = [
     looprl.matmul(32, 48, 40),
@@ -18,6 +19,8 @@ PROBLEMS = [
     looprl.contraction("bmk,bkn->bmn", b=3, m=16, k=24, n=20),
     looprl.contraction("mk,nk->mn", m=20, n=36, k=12),
 ]
+
+AVX512 = Target.named("avx512")  # features describe one target's register planning
 
 
 def random_nests(problem, count, seed=0, max_loops=10):
@@ -40,24 +43,33 @@ def test_features_have_one_length_for_every_problem_and_are_deterministic():
     assert len(feature_names()) == length
     for problem in PROBLEMS:
         for nest in random_nests(problem, 6):
-            row = features(nest)
+            row = features(nest, target=AVX512)
             assert row.shape == (length,) and row.dtype == np.float32
             assert np.all(np.isfinite(row)) and np.all(row >= 0)
-            assert np.array_equal(row, features(nest))
-    batch = features_batch([n for p in PROBLEMS for n in random_nests(p, 3)])
+            assert np.array_equal(row, features(nest, target=AVX512))
+    batch = features_batch([n for p in PROBLEMS for n in random_nests(p, 3)], target=AVX512)
     assert batch.shape == (12, length)
-    assert np.array_equal(batch[0], features(random_nests(PROBLEMS[0], 1)[0]))
+    assert np.array_equal(batch[0], features(random_nests(PROBLEMS[0], 1)[0], target=AVX512))
+
+
+def test_features_take_a_resolved_target():
+    nest = initial_nest(looprl.matmul(64, 64, 64))
+    for wrong in (None, "avx512"):
+        with pytest.raises(ValueError, match="features .of one target.s register planning.: expected a looprl Target"):
+            features(nest, target=wrong)
+    tiled = nest.split(0, 4).swap(1)  # a register tile of 4 rows x 64 columns: fits AVX-512 only
+    assert not np.array_equal(features(tiled, target=AVX512), features(tiled, target=Target.named("sse4")))
 
 
 def test_features_distinguish_schedules_and_follow_the_code_generator():
     problem = looprl.matmul(64, 64, 64)
     root = initial_nest(problem)  # m, k, n: n (the output's last dimension) innermost
     tiled = root.split(0, 4).swap(1)  # m/4, k, m4, n: a register tile of 4 rows
-    assert not np.array_equal(features(root), features(tiled))
-    rows, _ = context_matrix(tiled)
+    assert not np.array_equal(features(root, target=AVX512), features(tiled, target=AVX512))
+    rows, _ = context_matrix(tiled, AVX512)
     vectorised = CONTEXT_NAMES.index("vectorised")
     assert rows[:, vectorised].tolist() == [0, 0, 0, 1, 0, 1]  # innermost compute and write-back loops on n
-    plan = register_plan(tiled)
+    plan = register_plan(tiled, AVX512)
     in_scope = rows[: len(tiled.compute), CONTEXT_NAMES.index("register_scope")]
     assert in_scope.tolist() == [float(i >= plan.scope_start and not plan.streaming) for i in range(len(tiled.compute))]
     # length, top-down and bottom-up are log2(1 + x) of 16, 16*64, 16*64*4*64 for the outer loop
@@ -87,10 +99,10 @@ def synthetic(problem, count, seed):
 def test_model_ranks_a_clearly_better_set_above_a_worse_one(objective):
     problem = PROBLEMS[1]
     nests, gflops, _ = synthetic(problem, 120, 0)
-    model = CostModel(objective).fit(features_batch(nests), gflops)
+    model = CostModel(objective).fit(features_batch(nests, target=AVX512), gflops)
     test_nests, _, good = synthetic(problem, 60, 1)
     assert good.any() and not good.all()
-    scores = model.predict(features_batch(test_nests))
+    scores = model.predict(features_batch(test_nests, target=AVX512))
     assert scores.shape == (60,)
     ordered = (scores[good][:, None] > scores[~good][None, :]).mean()  # pairs ranked right
     assert ordered > 0.9
@@ -99,19 +111,19 @@ def test_model_ranks_a_clearly_better_set_above_a_worse_one(objective):
 
 def test_transfer_model_starts_from_the_global_model():
     nests, gflops, _ = synthetic(PROBLEMS[1], 80, 0)
-    global_model = CostModel().fit(features_batch(nests), gflops, groups=[n.problem.name for n in nests])
+    global_model = CostModel().fit(features_batch(nests, target=AVX512), gflops, groups=[n.problem.name for n in nests])
     transfer = TransferModel(global_model)
-    x = features_batch(random_nests(PROBLEMS[0], 20, 2))
+    x = features_batch(random_nests(PROBLEMS[0], 20, 2), target=AVX512)
     assert np.array_equal(transfer.predict(x), global_model.predict(x))
     local, local_gflops, good = synthetic(PROBLEMS[0], 40, 3)
-    transfer.fit(features_batch(local), local_gflops)
-    scores = transfer.predict(features_batch(local))
+    transfer.fit(features_batch(local, target=AVX512), local_gflops)
+    scores = transfer.predict(features_batch(local, target=AVX512))
     assert scores[good].mean() > scores[~good].mean()
 
 
 def test_save_and_load_round_trip(tmp_path):
     nests, gflops, _ = synthetic(PROBLEMS[0], 60, 0)
-    x = features_batch(nests)
+    x = features_batch(nests, target=AVX512)
     model = CostModel("regression", target="host-key").fit(x, gflops)
     path = model.save(tmp_path / "model.json")
     loaded = CostModel.load(path, target="host-key", objective="regression")
@@ -121,7 +133,7 @@ def test_save_and_load_round_trip(tmp_path):
 
 def test_corrupt_or_mismatched_model_files_are_value_errors_naming_the_file(tmp_path):
     nests, gflops, _ = synthetic(PROBLEMS[0], 30, 0)
-    path = CostModel(target="host-key").fit(features_batch(nests), gflops).save(tmp_path / "model.json")
+    path = CostModel(target="host-key").fit(features_batch(nests, target=AVX512), gflops).save(tmp_path / "model.json")
     data = json.loads(path.read_text())
 
     def written(name, content):

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import looprl
-from looprl.backend.target import TARGET_NAMES, Target
 from looprl.ir import ACTIVATIONS, Epilogue, linear
+from looprl.target import TARGET_NAMES, Target
 from tests.guarded import GuardedArray
 from tests.test_codegen_correctness import actions, apply_actions
 from tests.test_layout_codegen import apply_layouts, layout_steps

@@ -9,7 +9,7 @@ import pytest
 
 from looprl.backend.epilogue_ir import ELEMENTWISE_NAME, elementwise_ir
 from looprl.backend.jit import CompiledModule
-from looprl.backend.target import TARGET_NAMES, Target
+from looprl.target import TARGET_NAMES, Target
 
 _SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
 

@@ -50,4 +50,4 @@ def test_same_ir_twice_in_one_engine_gives_two_working_kernels():
 
 def test_module_without_the_entry_point_is_an_error():
     with pytest.raises(CompileError, match="no function"):
-        jit.CompiledModule("define void @other() {\n ret void\n}\n", "looprl_kernel")
+        jit.CompiledModule("define void @other() {\n ret void\n}\n", "looprl_kernel", looprl.Target.host())

@@ -5,8 +5,8 @@ import pytest
 
 import looprl
 from looprl.backend.buffers import aligned_copy, is_aligned
-from looprl.backend.host import host_cpu
-from looprl.backend.target import Target
+from looprl.target import host_cpu
+from looprl.target import Target
 
 
 @pytest.fixture(scope="module")

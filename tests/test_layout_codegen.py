@@ -8,8 +8,9 @@ from hypothesis import strategies as st
 
 import looprl
 from looprl.backend import codegen
-from looprl.backend.target import TARGET_NAMES, Target
+from looprl.backend.layouts import layout_applies, workspace_elements
 from looprl.ir.nest import LAYOUT_TENSORS
+from looprl.target import TARGET_NAMES, Target
 from tests.guarded import GuardedArray
 from tests.test_codegen_correctness import actions, apply_actions, assert_matches, random_inputs, reference
 
@@ -168,7 +169,7 @@ def test_a_packed_schedule_uses_its_layouts_and_converts_inside_the_kernel():
 def test_a_layout_the_loops_do_not_walk_affinely_is_inert_and_correct():
     problem = looprl.matmul(40, 64, 24)
     nest = looprl.initial_nest(problem).layout_pack("in1", "n", 16)  # n walked by one unsplit loop
-    assert not codegen.layout_applies(nest, "in1")
+    assert not layout_applies(nest, "in1")
     kernel = looprl.compile(nest)
     assert kernel.packed_inputs == () and kernel.workspace_elements == 40 * 64
     a, b = random_inputs(problem, 3)
@@ -180,7 +181,7 @@ def test_row_major_schedules_generate_the_same_code_as_before_layouts():
     nest = looprl.initial_nest(looprl.matmul(67, 100, 50)).split(2, 16).swap(1)
     ir = codegen.generate_ir(nest, Target.host())
     assert "looprl_pack" not in ir and "looprl_body" not in ir and ir.count("define void") == 1
-    assert codegen.workspace_elements(nest) == 67 * 100
+    assert workspace_elements(nest) == 67 * 100
 
 
 @pytest.mark.parametrize("which", ["a", "b", "both"])

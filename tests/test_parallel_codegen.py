@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import looprl
-from looprl.backend import codegen
-from looprl.backend.target import TARGET_NAMES, Target
+from looprl.backend import codegen, register_plan
 from looprl.backend.threads import available_cores
+from looprl.target import TARGET_NAMES, Target
 from tests.guarded import GuardedArray
 
 PROBLEMS = [
@@ -166,8 +166,8 @@ def test_serial_code_does_not_depend_on_threads():
 def test_a_parallel_register_tile_stays_outside_the_register_scope():
     nest = looprl.initial_nest(looprl.matmul(8, 64, 32)).split(2, 16).swap(0).swap(1)  # k, n/16, m, n16
     nest = nest.swap(0)  # n/16, k, m, n16: m x n16 is a register tile under k
-    plan = codegen.plan(nest, Target.named("avx512"))
-    marked = codegen.plan(nest.parallel(2), Target.named("avx512"))
+    plan = register_plan.plan(nest, Target.named("avx512"))
+    marked = register_plan.plan(nest.parallel(2), Target.named("avx512"))
     assert marked.scope_start > 2 >= plan.scope_start
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import looprl
-from looprl.env.datasets import dataset_problems
+from looprl.workloads.datasets import dataset_problems
 from looprl.policy.loading import default_policies, load_policy
 from looprl.policy.numpy_policy import Policy
 from looprl.resources import shipped_path

@@ -267,13 +267,13 @@ def test_cli_rejects_bad_input(tmp_path):
 
 
 def test_target_split_factors_form_each_target_s_register_tiles():
-    from looprl.ir.schedules import register_tiles, target_split_factors
+    from looprl.ir.schedules import target_split_factors
 
     for name in ("avx512", "avx2", "sse4"):
         target = looprl.Target.named(name)
         factors = target_split_factors(target)
         assert {4, 8, 16} <= set(factors) and all(2 <= f <= 64 for f in factors) and list(factors) == sorted(set(factors))
-        for rows, vectors in register_tiles(target):
+        for rows, vectors in target.register_tiles():
             assert rows in factors or rows < 2
             assert vectors * target.vector_width in factors or vectors * target.vector_width > 64
     assert {6, 24} <= set(target_split_factors(looprl.Target.named("avx2")))  # 6 x 2 and 4 x 3 vectors of 8

@@ -74,7 +74,7 @@ def fitted_model():
             nests.append(nest)
             values.append(env.evaluator(nest).gflops)
     model = CostModel("rank", rounds=10, isa=env.target.isa, target=env.target.key)
-    model.fit(features_batch(nests, target=env.target.isa), values, [n.problem.name for n in nests])
+    model.fit(features_batch(nests, target=env.target), values, [n.problem.name for n in nests])
     return model
 
 

@@ -1,4 +1,5 @@
-"""What this machine is, as LLVM and the OS see it (no code generation here)."""
+"""LLVM set-up and what this machine is, as the OS sees it, for reports and cache keys (its
+LLVM CPU name and features are :func:`looprl.target.host_cpu`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import platform
 import llvmlite
 import llvmlite.binding as llvm
 
+from looprl.target import host_cpu
+
 
 @functools.cache
 def initialise_llvm() -> None:
@@ -18,13 +21,6 @@ def initialise_llvm() -> None:
     # only costs compile time here and, measured, made the register-tiled loops slower.
     # (This is an LLVM-wide option: it also applies to other llvmlite users in the process.)
     llvm.set_option("", "--disable-lsr")
-
-
-@functools.cache
-def host_cpu() -> tuple[str, str]:
-    """(LLVM CPU name, LLVM feature string) of this machine."""
-    initialise_llvm()
-    return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
 
 
 @functools.cache

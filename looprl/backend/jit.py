@@ -1,7 +1,7 @@
 """llvmlite plumbing: IR text -> native function address, for a target.
 
 One target machine per execution engine (sharing one between MCJIT engines crashes on
-close), created with the :class:`~looprl.backend.target.Target`'s LLVM CPU and feature
+close), created with the :class:`~looprl.target.Target`'s LLVM CPU and feature
 string; several modules per engine (see :class:`_Engine`), one pool of engines per target;
 no IR pass pipeline (the IR arrives vectorised; the O3 pipeline leaks memory).
 """
@@ -9,15 +9,12 @@ no IR pass pipeline (the IR arrives vectorised; the O3 pipeline leaks memory).
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
 
 import llvmlite.binding as llvm
 
 from looprl.backend.host import initialise_llvm
 from looprl.errors import CompileError
-
-if TYPE_CHECKING:
-    from looprl.backend.target import Target
+from looprl.target import Target
 
 
 class _Engine:
@@ -66,23 +63,17 @@ def _target_machine(target: "Target", **options):
     return llvm.Target.from_default_triple().create_target_machine(cpu=target.cpu, features=target.features, opt=3, **options)
 
 
-def _resolve(target: "Target | None") -> "Target":
-    from looprl.backend.target import Target  # target.py imports this module lazily too
-
-    return Target.resolve(target)
-
-
 _engine_lock = threading.Lock()
 _current_engines: dict[str, _Engine] = {}  # per target key: the engine that takes its next module
 
 
 class CompiledModule:
-    """A JIT-compiled module for ``target`` (default the host); keeps its engine alive for as
-    long as code may run. Code for a target is compiled by that target's own engines."""
+    """A JIT-compiled module for ``target``; keeps its engine alive for as long as code may
+    run. Code for a target is compiled by that target's own engines."""
 
-    def __init__(self, ir_text: str, function: str, target: "Target | None" = None, extra: tuple[str, ...] = ()):
+    def __init__(self, ir_text: str, function: str, target: Target, extra: tuple[str, ...] = ()):
         initialise_llvm()
-        self.target = _resolve(target)
+        self.target = target
         try:
             module = llvm.parse_assembly(ir_text)
             module.verify()
@@ -98,7 +89,7 @@ class CompiledModule:
             raise CompileError(f"JIT produced no code for {function!r}")
 
 
-def assembly(ir_text: str, target: "Target | None" = None) -> str:
-    """Native assembly of ``ir_text`` for ``target`` (default the host), for inspection."""
-    machine = _target_machine(_resolve(target))
+def assembly(ir_text: str, target: Target) -> str:
+    """Native assembly of ``ir_text`` for ``target``, for inspection."""
+    machine = _target_machine(target)
     return machine.emit_assembly(llvm.parse_assembly(ir_text))

@@ -7,13 +7,14 @@ import time
 
 import numpy as np
 
-from looprl.backend import codegen, jit
+from looprl.backend import abi, codegen, jit
 from looprl.backend.buffers import aligned_empty
 from looprl.backend.jit import CompiledModule
-from looprl.backend.target import Target
+from looprl.backend.layouts import layouts_applied, workspace_elements
 from looprl.backend.threads import before_parallel_call, check_threads, ensure_openmp_runtime
 from looprl.ir.integers import as_int
 from looprl.ir.nest import LoopNest
+from looprl.target import Target
 
 MAX_REPS = 2**31 - 1  # reps reach the kernel as an i64 loop count; keep far from any wrap-around
 
@@ -33,7 +34,7 @@ class Kernel:
     :meth:`run` writes into a given one (and can repeat the computation, for timing).
 
     Inputs must be C-contiguous float32 arrays of the problem's shapes. ``target`` is the
-    :class:`~looprl.backend.target.Target` the code was generated and compiled for.
+    :class:`~looprl.target.Target` the code was generated and compiled for.
 
     When the schedule stores inputs in other layouts (:attr:`packed_inputs`), every call
     converts them into the workspace first: the conversion is part of the kernel and of its
@@ -57,12 +58,12 @@ class Kernel:
         self.compile_seconds = compile_seconds
         self.threads = check_threads(threads)
         self._module = module  # keeps the machine code alive
-        self.tensors = codegen.kernel_tensors(self.problem)  # the entry points' pointer arguments
+        self.tensors = abi.kernel_tensors(self.problem)  # the entry points' pointer arguments
         signature = _signature(len(self.tensors), nest.is_parallel)
         self._function = signature(module.address)
-        self.layouts = codegen.layouts_applied(nest)  # tensor -> Layout the code stores it in
-        self.packed_inputs = tuple(t for t in ("in0", "in1") if t in self.layouts)
-        self.workspace_elements = codegen.workspace_elements(nest)
+        self.layouts = layouts_applied(nest)  # tensor -> Layout the code stores it in
+        self.packed_inputs = abi.packed_inputs(nest)
+        self.workspace_elements = workspace_elements(nest)
         self._entries = {name: signature(address) for name, address in module.addresses.items() if "_bound_" in name}
         self._packers = {name: _PACK_SIGNATURE(address) for name, address in module.addresses.items() if "_pack_" in name}
         shapes = dict(zip(("in0", "in1"), self.problem.input_shapes))
@@ -209,13 +210,13 @@ class BoundKernel:
         for tensor, array in bound.items():
             if tensor in kernel.packed_inputs:
                 packed = aligned_empty(kernel.layouts[tensor].elements)
-                kernel._packers[codegen.pack_function_name(tensor)](array.ctypes.data, packed.ctypes.data)
+                kernel._packers[abi.pack_function_name(tensor)](array.ctypes.data, packed.ctypes.data)
                 self._buffers[tensor] = packed
                 converted.append(tensor)
             else:  # used as given: keep a private copy
                 self._buffers[tensor] = np.array(array, dtype=np.float32, order="C", copy=True)
         self.converted = tuple(sorted(converted))  # bound inputs converted once, here
-        self._function = kernel._entries[codegen.bound_kernel_name(self.converted)] if self.converted else kernel._function
+        self._function = kernel._entries[abi.bound_kernel_name(self.converted)] if self.converted else kernel._function
 
     def __call__(self, *inputs: np.ndarray) -> np.ndarray:
         out = aligned_empty(self.kernel.problem.output_shape)
@@ -257,7 +258,7 @@ def _check_reps(reps) -> int:
 
 def compile(nest: LoopNest, target: Target | str | None = None, threads: int = 1) -> Kernel:  # noqa: A001 - public API name
     """Generate LLVM IR for ``nest`` and JIT-compile it for ``target``: a
-    :class:`~looprl.backend.target.Target`, a target name (``"avx512"``, ``"avx2"``,
+    :class:`~looprl.target.Target`, a target name (``"avx512"``, ``"avx2"``,
     ``"sse4"``, ``"host"``) or None for this host. A target this host cannot run is refused
     with a ValueError naming the missing CPU features, before anything is compiled.
     ``threads`` (1 to the cores this process may use) is the kernel's default thread count
@@ -273,10 +274,7 @@ def compile(nest: LoopNest, target: Target | str | None = None, threads: int = 1
     ir = codegen.generate_ir(nest, target)
     if "@GOMP_parallel" in ir:
         ensure_openmp_runtime()
-    packed = [t for t in ("in0", "in1") if t in codegen.layouts_applied(nest)]
-    extra = [codegen.pack_function_name(t) for t in packed]
-    extra += [codegen.bound_kernel_name(s) for s in ([(t,) for t in packed] + ([tuple(packed)] if len(packed) == 2 else []))]
-    module = CompiledModule(ir, codegen.KERNEL_NAME, target, extra=tuple(extra))
+    module = CompiledModule(ir, abi.KERNEL_NAME, target, extra=abi.extra_entry_points(nest))
     return Kernel(nest, ir, module, time.perf_counter() - start, threads)
 
 

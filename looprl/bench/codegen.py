@@ -24,7 +24,6 @@ import time
 
 from looprl.backend.host import cpu_model_name
 from looprl.backend.kernel import compile
-from looprl.backend.target import TARGET_NAMES, Target
 from looprl.bench.compile_stats import compile_stats
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, matmul
@@ -33,6 +32,7 @@ from looprl.measurement.numpy_baseline import numpy_gflops
 from looprl.measurement.peak import measure_peak_gflops
 from looprl.measurement.timing import time_kernel
 from looprl.policy.parallel import parallel_variant
+from looprl.target import TARGET_NAMES, Target
 
 DEFAULT_SHAPES = [(64, 64, 64), (128, 128, 128), (192, 192, 192), (256, 256, 256), (128, 256, 64), (256, 64, 192), (100, 72, 200)]
 _WIDTH_ORDER = {name: i for i, name in enumerate(TARGET_NAMES)}  # widest first

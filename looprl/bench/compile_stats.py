@@ -19,7 +19,7 @@ def compile_stats(count: int, seed: int = 0, target=None) -> dict:
     """Compile ``count`` random-walk schedules of matmuls 64..256 (step 16) for ``target``
     (a Target, a target name or None for the host) in a new process; returns per-compile
     seconds (median, p95) and resident-memory growth in MB."""
-    from looprl.backend.target import Target
+    from looprl.target import Target
 
     target = Target.resolve(target)
     result = subprocess.run(
@@ -40,9 +40,9 @@ def _run(count: int, seed: int, target_json: str | None = None) -> dict:
     import numpy as np
 
     import looprl
-    from looprl.backend.target import Target
     from looprl.ir.nest import initial_nest
     from looprl.ir.schedules import random_schedule
+    from looprl.target import Target
 
     target = Target.from_dict(json.loads(target_json)) if target_json else Target.host()
     rng = random.Random(seed)

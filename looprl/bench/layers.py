@@ -27,13 +27,13 @@ import sys
 from pathlib import Path
 
 from looprl.backend.host import cpu_model_name
-from looprl.backend.target import Target
 from looprl.ir.epilogue import ACTIVATIONS
 from looprl.ir.layers import linear
 from looprl.measurement.numpy_baseline import baseline_label, numpy_gflops
 from looprl.measurement.numpy_epilogue import erf_source
 from looprl.measurement.timing import best_time, time_kernel
 from looprl.policy.tuner import tune
+from looprl.target import Target
 
 # (name, batch, in, out, activation, residual): layers of ViT-S/16 (197 tokens) and BERT-base.
 DEFAULT_LAYERS = (

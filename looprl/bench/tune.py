@@ -27,7 +27,6 @@ from pathlib import Path
 from looprl import defaults
 from looprl.backend.host import cpu_model_name
 from looprl.backend.kernel import compile
-from looprl.backend.target import Target
 from looprl.backend.threads import check_threads
 from looprl.workloads.datasets import SPLITS, dataset_entries
 from looprl.ir.nest import initial_nest
@@ -37,6 +36,7 @@ from looprl.measurement.peak import measure_peak_gflops
 from looprl.measurement.timing import time_kernel
 from looprl.policy.loading import load_policy
 from looprl.policy.tuner import TUNE_BUDGET_S, tune
+from looprl.target import Target
 
 
 def add_arguments(parser) -> None:

@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 from looprl import defaults
-from looprl.backend.target import TARGET_CHOICES
 from looprl.cli.common import cache_path, run_command, writable_file, writable_folder
 from looprl.workloads.datasets import SPLITS, dataset_problems
 from looprl.interrupts import terminate_as_interrupt
@@ -31,6 +30,7 @@ from looprl.ir.problem import as_problem
 from looprl.measurement.evaluator import Evaluator
 from looprl.search.algorithms import PAPER_ALGORITHMS, parse_algorithm
 from looprl.search.runner import DEFAULT_BUDGET_S, DEFAULT_DEPTH, SearchResult, run
+from looprl.target import TARGET_CHOICES
 
 CSV_FIELDS = [
     "problem", "m", "n", "k", "algorithm", "initial_gflops", "best_gflops", "speedup", "evaluations",

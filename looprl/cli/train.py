@@ -18,11 +18,11 @@ import sys
 from pathlib import Path
 
 from looprl import defaults
-from looprl.backend.target import TARGET_CHOICES, Target
 from looprl.backend.threads import check_threads
 from looprl.cli.common import cache_path, run_command, writable_file, writable_folder
 from looprl.workloads.datasets import SPLITS, dataset_problems
 from looprl.measurement.evaluator import Evaluator
+from looprl.target import TARGET_CHOICES, Target
 from looprl.train.config import ALGORITHMS, load_agent, validate_agent
 from looprl.train.loop import BEST_POLICY, RunDirectory, RunState, parse_duration, train
 

@@ -14,12 +14,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from looprl.backend.target import TARGET_CHOICES
 from looprl.cli.common import cache_path, run_command
 from looprl.ir.epilogue import ACTIVATIONS
 from looprl.ir.layers import linear
 from looprl.ir.problem import contraction, matmul
 from looprl.policy.tuner import TUNE_BUDGET_S, tune
+from looprl.target import TARGET_CHOICES
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,7 +15,7 @@ the write-back loops) a *context* row (AutoTVM, appendix A.2.1):
 
 Counts are scaled with ``log2(1 + x)``; the rows are padded (or cut) to ``max_levels`` rows and
 flattened. Vectorisation and the register scope are the code generator's own decisions
-(:func:`looprl.backend.codegen.plan` for a target's vector width and register count): the
+(:func:`looprl.backend.register_plan.plan` for a target's vector width and register count): the
 innermost loop of a nest is vectorised when it walks the output's last dimension; the loops
 of the register scope keep the output tile in registers.
 
@@ -39,9 +39,11 @@ from typing import Iterable
 import numpy as np
 
 from looprl import defaults
-from looprl.backend.codegen import CODEGEN_VERSION, ComputePlan, plan
-from looprl.backend.target import Target
+from looprl.backend.codegen import CODEGEN_VERSION
+from looprl.backend.layouts import strides
+from looprl.backend.register_plan import ComputePlan, plan
 from looprl.ir.nest import WRITE_BACK, Loop, LoopNest
+from looprl.target import Target
 
 FEATURE_VERSION = 1  # with the code generator's version: its register planning is a feature
 FEATURE_KEY = f"{FEATURE_VERSION}.codegen{CODEGEN_VERSION}"
@@ -71,25 +73,7 @@ def feature_length(max_levels: int = defaults.MAX_LOOPS) -> int:
     return max_levels * len(CONTEXT_NAMES) + len(_PAIRS) * len(RELATION_THRESHOLDS) + len(GLOBAL_NAMES)
 
 
-def _strides(problem, term: str) -> dict[str, int]:
-    result, stride = {}, 1
-    for dim in reversed(term):
-        result[dim] = stride
-        stride *= problem.size(dim)
-    return result
-
-
-def feature_target(target: "Target | str | None" = None) -> Target:
-    """The target whose register planning the features describe: a :class:`Target`, a
-    target name, or None for :data:`DEFAULT_TARGET` (not the host: features must not depend
-    on the machine that computes them)."""
-    if target is None:
-        return Target.named(DEFAULT_TARGET)
-    if isinstance(target, str):
-        return Target.named(target)
-    if isinstance(target, Target):
-        return target
-    raise ValueError(f"target must be a looprl Target, a target name or None, got {type(target).__name__}")
+_FEATURES_OF = "features (of one target's register planning)"
 
 
 @functools.lru_cache(maxsize=8192)
@@ -98,11 +82,10 @@ def _register_plan(problem, compute: tuple[Loop, ...], target: Target) -> Comput
     return plan(LoopNest(problem, compute, ()), target)
 
 
-def register_plan(nest: LoopNest, target: "Target | str | None" = None) -> ComputePlan:
+def register_plan(nest: LoopNest, target: Target) -> ComputePlan:
     """The code generator's register planning of ``nest``'s compute loops for ``target``
-    (:func:`looprl.backend.codegen.plan`), memoised."""
-    target = feature_target(target)
-    return _register_plan(nest.problem, nest.compute, target)
+    (:func:`looprl.backend.register_plan.plan`), memoised."""
+    return _register_plan(nest.problem, nest.compute, Target.required(target, _FEATURES_OF))
 
 
 def _log(x: float) -> float:
@@ -152,7 +135,7 @@ def _context_rows(loops: tuple[Loop, ...], terms: dict[str, tuple[str, dict[str,
     return rows
 
 
-def context_matrix(nest: LoopNest, target: "Target | str | None" = None) -> tuple[np.ndarray, np.ndarray]:
+def context_matrix(nest: LoopNest, target: Target) -> tuple[np.ndarray, np.ndarray]:
     """``(rows, globals)``: one log-scaled context row per loop (``len(nest)`` x
     ``len(CONTEXT_NAMES)``, compute loops first) and the whole-schedule values."""
     if not isinstance(nest, LoopNest):
@@ -161,9 +144,9 @@ def context_matrix(nest: LoopNest, target: "Target | str | None" = None) -> tupl
     output = problem.output
     planned = register_plan(nest, target)
     scope, streaming = planned.scope_start, planned.streaming
-    out = (output, _strides(problem, output))
+    out = (output, strides(problem, output))
     in0, in1 = problem.operands
-    compute_terms = {"in0": (in0, _strides(problem, in0)), "in1": (in1, _strides(problem, in1)), "out": out}
+    compute_terms = {"in0": (in0, strides(problem, in0)), "in1": (in1, strides(problem, in1)), "out": out}
     rows = _context_rows(nest.compute, compute_terms, output, scope, streaming)
     rows += _context_rows(nest.write_back, {"out": out}, output, None, False)
     matrix = np.asarray(rows, dtype=np.float64)
@@ -181,24 +164,16 @@ def _check_levels(max_levels) -> int:
     return int(max_levels)
 
 
-def features(
-    nest: LoopNest,
-    max_levels: int = defaults.MAX_LOOPS,
-    target: "Target | str | None" = None,
-) -> np.ndarray:
+def features(nest: LoopNest, max_levels: int = defaults.MAX_LOOPS, *, target: Target) -> np.ndarray:
     """The float32 feature vector of ``nest`` (length :func:`feature_length`) for ``target``'s
-    register planning (default :data:`DEFAULT_TARGET`)."""
-    return features_batch([nest], max_levels, target)[0]
+    register planning."""
+    return features_batch([nest], max_levels, target=target)[0]
 
 
-def features_batch(
-    nests: Iterable[LoopNest],
-    max_levels: int = defaults.MAX_LOOPS,
-    target: "Target | str | None" = None,
-) -> np.ndarray:
+def features_batch(nests: Iterable[LoopNest], max_levels: int = defaults.MAX_LOOPS, *, target: Target) -> np.ndarray:
     """``(len(nests), feature_length(max_levels))`` float32: one :func:`features` row each."""
     max_levels = _check_levels(max_levels)
-    target = feature_target(target)
+    target = Target.required(target, _FEATURES_OF)
     nests = list(nests)
     width = len(CONTEXT_NAMES)
     count = len(nests)

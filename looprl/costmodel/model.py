@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from looprl import defaults
-from looprl.costmodel.features import DEFAULT_TARGET, FEATURE_KEY, feature_length, feature_target
+from looprl.costmodel.features import DEFAULT_TARGET, FEATURE_KEY, feature_length
+from looprl.target import Target
 
 OBJECTIVES = {"rank": "rank:pairwise", "regression": "reg:squarederror"}
 FILE_FORMAT = "looprl-costmodel"
@@ -95,7 +96,7 @@ class CostModel:
         self.params = {**DEFAULT_PARAMS, **(params or {})}
         self.seed = int(seed)
         self.target = target
-        feature_target(isa)  # a known target name
+        Target.named(isa)  # a known target name
         self.layout = {"max_levels": int(max_levels), "isa": isa}
         self.length = feature_length(self.layout["max_levels"])
         self.booster = None

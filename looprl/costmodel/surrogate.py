@@ -51,6 +51,7 @@ from looprl.costmodel.features import features_batch
 from looprl.costmodel.model import CostModel, TransferModel, import_xgboost
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.measurement.records import measured_nests
+from looprl.target import Target
 
 logger = logging.getLogger("looprl.costmodel")
 
@@ -190,12 +191,12 @@ class SurrogateReward:
     def _features(self, keys) -> np.ndarray:
         missing = [k for k in keys if k not in self._rows]
         if missing:
-            rows = features_batch([self.measured[k][0] for k in missing], self.layout["max_levels"], self.layout["isa"])
+            rows = features_batch([self.measured[k][0] for k in missing], self.layout["max_levels"], target=Target.named(self.layout["isa"]))
             self._rows.update(zip(missing, rows))
         return np.stack([self._rows[k] for k in keys])
 
     def _scores(self, nests: list[LoopNest]) -> np.ndarray:
-        return self.model.predict(features_batch(nests, self.layout["max_levels"], self.layout["isa"]))
+        return self.model.predict(features_batch(nests, self.layout["max_levels"], target=Target.named(self.layout["isa"])))
 
     def _scores_of(self, keys) -> np.ndarray:
         return self.model.predict(self._features(keys))
@@ -244,7 +245,7 @@ def reward_model(model, *, evaluator, refit_every: int = 32, seed: int | None = 
         if len(records) >= refit_every:
             base = CostModel(objective, seed=0 if seed is None else int(seed), target=evaluator.target.key, isa=isa)
             base.fit(
-                features_batch([n for n, _ in records], base.layout["max_levels"], isa),
+                features_batch([n for n, _ in records], base.layout["max_levels"], target=evaluator.target),
                 [g for _, g in records],
                 [n.problem.name for n, _ in records],
             )

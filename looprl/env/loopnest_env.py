@@ -45,8 +45,8 @@ import numpy as np
 from gymnasium import spaces
 
 from looprl import defaults
-from looprl.backend.codegen import conversions
-from looprl.backend.target import Target
+from looprl.backend.layouts import conversions
+from looprl.target import Target
 from looprl.backend.threads import check_threads
 from looprl.actions import ActionSet, State, step
 from looprl.workloads.datasets import dataset_groups, env_problems

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
+from looprl.target import Target
 
 
 def reorder_compute(nest: LoopNest, order: list[int]) -> LoopNest:
@@ -62,67 +63,25 @@ def expert_matmul(problem: Problem, m_tile: int, n_tile: int, k_unroll: int | No
     return reorder_compute(nest, [names.index(w) for w in wanted])
 
 
-def _vector_isa(target, vector_width, registers) -> tuple[int, int]:
-    """(lanes, registers) from a target-like object (anything with ``vector_width`` and
-    ``registers``, e.g. a :class:`looprl.Target`) or from the two integers. This layer
-    imports nothing of the backend: callers pass the target's numbers."""
-    if target is not None:
-        if vector_width is not None or registers is not None:
-            raise ValueError("give a target or vector_width and registers, not both")
-        try:
-            vector_width, registers = target.vector_width, target.registers
-        except AttributeError:
-            raise ValueError(
-                f"target must have vector_width and registers (a looprl Target), got {type(target).__name__} {target!r}"
-            ) from None
-    if vector_width is None or registers is None:
-        raise ValueError("expert schedules need the target: pass a looprl Target (or vector_width and registers)")
-    for name, value in (("vector_width", vector_width), ("registers", registers)):
-        if type(value) is not int or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return vector_width, registers
-
-
-def register_tiles(target=None, *, vector_width: int | None = None, registers: int | None = None) -> list[tuple[int, int]]:
-    """Register tiles (rows, vectors) for ``target``'s register file, most accumulators first.
-
-    A rows x vectors tile of the output keeps rows*vectors accumulators, the vectors of the
-    input row they all share and one broadcast in registers: rows*vectors + vectors + 1 must
-    not exceed the register count. For 2, 3 and 4 vectors per row take the most rows that
-    fit, and also the widest tile of 4 rows."""
-    _, registers = _vector_isa(target, vector_width, registers)
-    tiles = []
-    for vectors in (2, 3, 4):
-        rows = (registers - 1 - vectors) // vectors
-        if rows >= 2:
-            tiles.append((rows, vectors))
-    widest = (registers - 1) // 5  # 4 rows: 4v + v + 1 <= registers
-    if widest >= 1:
-        tiles.append((4, widest))
-    tiles = sorted(set(tiles), key=lambda t: (-t[0] * t[1], -t[1]))
-    return tiles or [(1, 1)]
-
-
-def target_split_factors(target=None, *, vector_width: int | None = None, registers: int | None = None,
-                         base=(4, 8, 16), largest: int = 64) -> tuple[int, ...]:
+def target_split_factors(target: Target, base=(4, 8, 16), largest: int = 64) -> tuple[int, ...]:
     """Split factors that can form ``target``'s register tiles: ``base`` (the paper's 4, 8, 16)
-    plus the rows and the vector widths (vectors x lanes) of :func:`register_tiles`, up to
-    ``largest``. With 4, 8 and 16 alone an AVX2 tile (16 registers of 8 lanes) is at best
+    plus the rows and the vector widths (vectors x lanes) of :meth:`Target.register_tiles`, up
+    to ``largest``. With 4, 8 and 16 alone an AVX2 tile (16 registers of 8 lanes) is at best
     4 rows x 16 columns, 8 accumulators; 6 x 16 and 4 x 24 need splits by 6 and 24."""
-    lanes, registers = _vector_isa(target, vector_width, registers)
+    lanes = Target.required(target, "target_split_factors").vector_width
     factors = set(base)
-    for rows, vectors in register_tiles(vector_width=lanes, registers=registers):
+    for rows, vectors in target.register_tiles():
         factors.update(f for f in (rows, vectors * lanes) if 2 <= f <= largest)
     return tuple(sorted(factors))
 
 
-def expert_candidates(problem: Problem, target=None, *, vector_width: int | None = None, registers: int | None = None) -> list[LoopNest]:
-    """A handful of register-blocked schedules for ``target`` (a :class:`looprl.Target`, or
-    ``vector_width`` and ``registers``): :func:`register_tiles` as ``n/nt, m/mt, k, mt, nt``
-    with and without the k loop split by 4. Benchmarks keep the fastest."""
-    lanes, registers = _vector_isa(target, vector_width, registers)
+def expert_candidates(problem: Problem, target: Target) -> list[LoopNest]:
+    """A handful of register-blocked schedules for ``target``: its
+    :meth:`~looprl.target.Target.register_tiles` as ``n/nt, m/mt, k, mt, nt`` with and without
+    the k loop split by 4. Benchmarks keep the fastest."""
+    lanes = Target.required(target, "expert_candidates").vector_width
     result = []
-    for rows, vectors in register_tiles(vector_width=lanes, registers=registers):
+    for rows, vectors in target.register_tiles():
         m_tile = min(rows, problem.size("m"))
         n_tile = min(vectors * lanes, problem.size("n"))
         for k_unroll in (None, 4):
@@ -233,20 +192,21 @@ def why_not_tile(problem: Problem, rows: int, columns: int, k_block: int | None 
     return None
 
 
-def tile_shapes(problem: Problem, target=None, *, vector_width: int | None = None, registers: int | None = None) -> list[tuple[int, int]]:
+def tile_shapes(problem: Problem, target: Target) -> list[tuple[int, int]]:
     """(rows, columns) register tiles of ``problem``'s output for ``target``: each of
-    :func:`register_tiles`, clipped to the output; when the output has fewer rows than a tile
-    (a GEMV-like m), the tile is widened instead so that it still keeps most registers busy.
-    Columns are a whole number of vectors; a tile wider than the output is clipped to it."""
-    lanes, registers = _vector_isa(target, vector_width, registers)
+    :meth:`~looprl.target.Target.register_tiles`, clipped to the output; when the output has
+    fewer rows than a tile (a GEMV-like m), the tile is widened instead to the most vectors that
+    fit with those rows, so that it still keeps most registers busy. Columns are a whole number
+    of vectors; a tile wider than the output is clipped to it."""
+    lanes = Target.required(target, "tile_shapes").vector_width
     if len(problem.output) < 2:
         raise ValueError(f"{problem.name}: register tiles need two output dimensions")
     row_size, col_size = problem.size(problem.output[-2]), problem.size(problem.output[-1])
     shapes = []
-    for rows, vectors in register_tiles(vector_width=lanes, registers=registers):
+    for rows, vectors in target.register_tiles():
         if row_size < rows:
             rows = row_size
-            vectors = max(1, (registers - 1) // (rows + 1))
+            vectors = max(1, target.most_vectors(rows))
         columns = min(vectors * lanes, col_size)
         if (rows, columns) not in shapes:
             shapes.append((rows, columns))

@@ -17,7 +17,7 @@ import os
 import time
 
 from looprl import defaults
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.ir.nest import LoopNest
 from looprl.measurement.keys import measurement_host, measurement_key, peak_key, schedule_threads, tuned_problem
 from looprl.measurement.store import CachedValue, CacheStore, row_checksum, stored_value

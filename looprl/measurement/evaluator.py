@@ -21,13 +21,13 @@ from dataclasses import dataclass
 
 from looprl import defaults
 from looprl.backend.kernel import Kernel, compile
-from looprl.backend.target import Target
 from looprl.backend.threads import check_threads
 from looprl.errors import CompileError, KernelError
 from looprl.ir.nest import LoopNest
 from looprl.measurement.cache import MeasurementCache
 from looprl.measurement.keys import schedule_threads
 from looprl.measurement.lock import TimingLock, machine_lock
+from looprl.target import Target
 from looprl.measurement.timing import (
     DEFAULT_BUDGET_S,
     Workspace,
@@ -78,7 +78,7 @@ class Evaluator:
     :class:`Measurement`; with ``strict`` (default: ``$LOOPRL_STRICT``) it raises instead.
     Any other exception is a bug and always propagates.
 
-    Code is generated for ``target`` (a :class:`~looprl.backend.target.Target`, a target name
+    Code is generated for ``target`` (a :class:`~looprl.target.Target`, a target name
     or None for the host); the cache key includes the target and ``budget_s``. A cached state
     with fewer than ``samples`` timings is timed again when it is looked up (``samples=1``:
     never). Schedules with a parallel loop run on ``threads`` threads (1 to the cores this

@@ -18,7 +18,7 @@ from functools import lru_cache
 from looprl import defaults
 from looprl.backend.codegen import CODEGEN_VERSION
 from looprl.backend.host import host_fingerprint
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.ir.nest import LoopNest
 from looprl.measurement.timing import TIMING_PROTOCOL_VERSION, check_budget
 

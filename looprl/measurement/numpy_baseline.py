@@ -30,10 +30,10 @@ import os
 import subprocess
 import sys
 
-from looprl.backend.target import Target
 from looprl.backend.threads import check_threads
 from looprl.measurement.lock import machine_lock
 from looprl.measurement.timing import best_time, check_budget
+from looprl.target import Target
 
 _THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
 # OpenBLAS core type whose kernels use at most this vector ISA (widest first, as TARGET_NAMES)

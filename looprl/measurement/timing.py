@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 
 from looprl.backend.buffers import aligned_empty
-from looprl.backend.codegen import kernel_tensors
+from looprl.backend.abi import kernel_tensors
 from looprl.backend.kernel import Kernel
 from looprl.backend.threads import check_threads
 from looprl.measurement.lock import machine_lock
@@ -90,7 +90,7 @@ class Workspace:
     """Aligned, randomly initialised buffers for one problem (its operands, the epilogue's
     inputs, the output and the accumulator), reusable across kernels. :attr:`pointers` are
     their addresses in the order a kernel's entry point takes them
-    (:func:`~looprl.backend.codegen.kernel_tensors`)."""
+    (:func:`~looprl.backend.abi.kernel_tensors`)."""
 
     def __init__(self, problem, seed: int = 0):
         rng = np.random.default_rng(seed)

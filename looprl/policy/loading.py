@@ -13,7 +13,7 @@ import json
 import warnings
 from pathlib import Path
 
-from looprl.backend.target import TARGET_NAMES, Target
+from looprl.target import TARGET_NAMES, Target
 from looprl.env.features import FEATURES_PER_LOOP, OBSERVATION_LAYOUT_VERSION
 from looprl.policy.numpy_policy import Policy
 from looprl.policy.rollout import policy_actions

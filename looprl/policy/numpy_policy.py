@@ -29,7 +29,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from looprl.backend.target import Target
+from looprl.target import Target
 
 POLICY_FORMAT = "looprl-policy"
 POLICY_FORMAT_VERSION = 1

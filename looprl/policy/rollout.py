@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.actions import ActionSet, State, step
 from looprl.actions import replay as replay_actions
 from looprl.actions.transition import FAILED

@@ -37,12 +37,11 @@ import numpy as np
 
 from looprl import defaults
 from looprl.backend.kernel import Kernel, compile
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.backend.threads import available_cores, check_threads
 from looprl.actions import ActionSet
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, as_problem, matmul
-from looprl.ir.schedules import register_tiles
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.timing import check_budget
 from looprl.policy.guided import guided_search
@@ -252,7 +251,7 @@ def _search(policy: Policy, problem: Problem, evaluator: Evaluator, steps: int |
         candidates.append((tiles.nest, tiles.gflops, tiles.actions))
         if tiles.gflops > best[1]:
             best = (tiles.nest, tiles.gflops, tiles.actions)
-        rows = tuple(rows for rows, _ in register_tiles(evaluator.target))  # e.g. 6 on AVX2: the policy may lack split_6
+        rows = tuple(rows for rows, _ in evaluator.target.register_tiles())  # e.g. 6 on AVX2: the policy may lack split_6
         guided = guided_search(policy, context, start=(best[2], best[1]), tile_rows=rows)
         if guided.best_gflops > best[1]:
             best = (guided.best_nest, guided.best_gflops, guided.best_actions)

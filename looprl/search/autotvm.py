@@ -43,6 +43,7 @@ from looprl.actions import State
 from looprl.ir.nest import COMPUTE, Loop, LoopNest
 from looprl.measurement.records import measured_nests
 from looprl.search.context import BudgetExhausted, SearchContext
+from looprl.target import Target
 
 logger = logging.getLogger("looprl.search")
 
@@ -246,7 +247,7 @@ class _Tuner:
 
     # -- model ---------------------------------------------------------------------------
     def _features(self, nests: list[LoopNest]) -> np.ndarray:
-        return features_batch(nests, self.layout["max_levels"], self.layout["isa"])
+        return features_batch(nests, self.layout["max_levels"], target=Target.named(self.layout["isa"]))
 
     def _predict(self, nests: list[LoopNest]) -> np.ndarray:
         """This round's scores of ``nests`` (memoised by schedule)."""

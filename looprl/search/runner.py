@@ -12,9 +12,9 @@ import networkx as nx
 import numpy as np
 
 from looprl import defaults
-from looprl.backend.codegen import conversions
+from looprl.backend.layouts import conversions
 from looprl.backend.kernel import compile
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.backend.threads import check_threads
 from looprl.actions import ActionSet
 from looprl.errors import CompileError, KernelError

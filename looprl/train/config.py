@@ -58,7 +58,7 @@ def validate_agent(agent: Any, where: str = "agent configuration") -> dict[str, 
 
 def agent_actions(agent: dict[str, Any]):
     """The env's action set an agent configuration trains with (env defaults filled in)."""
-    from looprl.backend.target import Target
+    from looprl.target import Target
     from looprl.actions import ActionSet
 
     env = agent.get("env", {})

@@ -39,7 +39,7 @@ def candidate_tiles(problem: Problem, actions: ActionSet, target) -> list[tuple[
     """(rows, columns) tiles for ``problem`` that ``actions`` can build: the target's register
     tiles plus every pair of the action set's factors (rows up to 16, columns a multiple of
     the vector width) whose accumulators, input row and broadcast fit the register file."""
-    lanes, registers = target.vector_width, target.registers
+    lanes = target.vector_width
     out = problem.output
     if len(out) < 2 or not problem.reduction_dims:
         return []
@@ -49,7 +49,7 @@ def candidate_tiles(problem: Problem, actions: ActionSet, target) -> list[tuple[
     for rows in sorted(f for f in factors | {1} if f <= 16):
         for columns in sorted(f for f in factors if f % lanes == 0):
             vectors = columns // lanes
-            if rows * vectors + vectors + 1 <= registers:
+            if target.fits(rows, vectors):
                 tiles.append((min(rows, row_size), min(columns, col_size)))
     return list(dict.fromkeys(tiles))
 
@@ -149,7 +149,7 @@ def pretrain_policy(agent: dict, seed: int = 0, log=print):
     split, ``epochs``, ``lr``, ``margin``). Measured with the env's target, cache and
     per-state budget."""
     from looprl import defaults
-    from looprl.backend.target import Target
+    from looprl.target import Target
     from looprl.workloads.datasets import dataset_groups, env_problems
     from looprl.policy.numpy_policy import Policy
     from looprl.train.config import agent_actions

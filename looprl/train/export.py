@@ -18,7 +18,7 @@ import numpy as np
 
 from looprl import defaults
 from looprl.backend.host import cpu_model_name
-from looprl.backend.target import Target
+from looprl.target import Target
 from looprl.env.features import FEATURES_PER_LOOP, OBSERVATION_LAYOUT_VERSION
 from looprl.policy.numpy_policy import POLICY_FORMAT, POLICY_FORMAT_VERSION, Policy
 

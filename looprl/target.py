@@ -1,8 +1,10 @@
-"""The CPU a kernel is generated for: one frozen value that every target decision reads.
+"""The CPU a kernel is generated for: one frozen value that answers every target question.
 
-The code generator's register planning, the JIT's target machine, expert schedules, the peak
-measurement, the measurement cache key and policy metadata all take the vector ISA from a
-:class:`Target`; nothing else in looprl holds an ISA constant.
+Lanes, registers, FMA and what fits the register file (:meth:`Target.holds`,
+:meth:`Target.fits`, :meth:`Target.register_tiles`) are read from a :class:`Target` by the code
+generator's register planning, the JIT's target machine, expert schedules, the peak
+measurement, the measurement cache key and policy metadata; nothing else in looprl holds an
+ISA constant or a register-fit rule. This is the bottom layer: it imports nothing of looprl.
 
 ``Target.host()`` describes this machine (its LLVM CPU name and full feature string, so LLVM
 schedules for the real micro-architecture). ``Target.named("avx2")`` and the other names
@@ -13,10 +15,11 @@ code is developed and measured on an AVX-512 host.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 
-from looprl.backend import host
+import llvmlite.binding as llvm
 
 # name -> (float32 lanes, vector registers, FMA, LLVM CPU, features that must be on, features switched off)
 _AVX512_FEATURES = ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
@@ -33,6 +36,12 @@ _NAMED = {
 }
 TARGET_NAMES = tuple(_NAMED)  # widest first
 TARGET_CHOICES = ("host", *TARGET_NAMES)  # what command lines accept
+
+
+@functools.cache
+def host_cpu() -> tuple[str, str]:
+    """(LLVM CPU name, LLVM feature string) of this machine."""
+    return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
 
 
 def _enabled(features: str) -> set[str]:
@@ -59,7 +68,7 @@ class Target:
     @classmethod
     def host(cls) -> "Target":
         """This machine: its widest vector ISA, with its own LLVM CPU name and features."""
-        cpu, features = host.host_cpu()
+        cpu, features = host_cpu()
         enabled = _enabled(features)
         isa = "avx512" if "avx512f" in enabled else "avx2" if {"avx2", "avx"} <= enabled else "sse4"
         width, registers, _, _, _, _ = _NAMED[isa]
@@ -91,6 +100,46 @@ class Target:
             return cls.named(target)
         raise ValueError(f"target must be a looprl Target, a target name or None, got {type(target).__name__} {target!r}")
 
+    # -- what fits the register file: the one rule the code generator plans with and the
+    # schedules, tiles and demonstrations choose tiles by ----------------------------------
+    def holds(self, accumulators: int, row_vectors: int = 1) -> bool:
+        """Whether an output tile of ``accumulators`` registers, in rows of ``row_vectors``
+        registers, stays in the register file with the inputs it needs live: the row's input
+        vectors, which every row of the tile reuses (one register when the tile is a single
+        row: each input vector is then used once), and one broadcast of the other operand."""
+        shared = row_vectors if accumulators > row_vectors else 1
+        return accumulators + shared + 1 <= self.registers
+
+    def fits(self, rows: int, vectors: int) -> bool:
+        """Whether a register tile of ``rows`` rows of ``vectors`` vectors fits (:meth:`holds`)."""
+        return self.holds(rows * vectors, vectors)
+
+    def most_rows(self, vectors: int) -> int:
+        """The most rows of ``vectors`` vectors that fit (0: not even one)."""
+        return max((rows for rows in range(1, self.registers + 1) if self.fits(rows, vectors)), default=0)
+
+    def most_vectors(self, rows: int) -> int:
+        """The most vectors per row that fit in a tile of ``rows`` rows (0: not even one)."""
+        return max((vectors for vectors in range(1, self.registers + 1) if self.fits(rows, vectors)), default=0)
+
+    def register_tiles(self) -> list[tuple[int, int]]:
+        """Register tiles (rows, vectors) for expert schedules and tile searches, most
+        accumulators first: for 2, 3 and 4 vectors per row the most rows that fit (at least
+        two), and the widest tile of 4 rows."""
+        tiles = [(self.most_rows(vectors), vectors) for vectors in (2, 3, 4) if self.most_rows(vectors) >= 2]
+        if self.most_vectors(4):
+            tiles.append((4, self.most_vectors(4)))
+        tiles = sorted(set(tiles), key=lambda t: (-t[0] * t[1], -t[1]))
+        return tiles or [(1, 1)]
+
+    @staticmethod
+    def required(value, what: str) -> "Target":
+        """``value``, which must already be a Target (inner functions take a resolved one:
+        :meth:`resolve` runs once at each public entry); else a ValueError naming ``what``."""
+        if not isinstance(value, Target):
+            raise ValueError(f"{what}: expected a looprl Target, got {type(value).__name__} {value!r}")
+        return value
+
     @property
     def required_features(self) -> tuple[str, ...]:
         """The CPU features a host needs to run code compiled for this target."""
@@ -99,7 +148,7 @@ class Target:
 
     def missing_on_host(self) -> tuple[str, ...]:
         """Required features this machine lacks (empty when it can run the code)."""
-        enabled = _enabled(host.host_cpu()[1])
+        enabled = _enabled(host_cpu()[1])
         return tuple(f for f in self.required_features if f not in enabled)
 
     def check_runs_on_host(self) -> None:

@@ -1,0 +1,135 @@
+"""The compute nest's register scope, emitted: per register block, the tile is loaded (or
+zeroed) once, the scope's loops run with the tile in SSA values (loops over output dimensions
+unrolled, since register indices must be static; reduction loops unrolled while the unrolled
+body stays under :data:`UNROLL_LIMIT` multiply-adds, else runtime loops whose phis carry the
+registers they update), and the tile is stored once. Each leaf is a multiply-add of the target's
+width: ``llvm.fma``, or a multiply then an add where the target has no FMA (``llvm.fma`` would
+be a libcall). When even one vector of the innermost loop does not fit, it streams vector by
+vector through memory."""
+
+from __future__ import annotations
+
+from looprl.backend.layouts import strides
+from looprl.backend.llvm_text import Function, load, multiply_add, store, vector_type
+from looprl.backend.loops import KernelModule, NestEmitter
+from looprl.backend.register_plan import RegisterScope, leaf_count, vector_chunks
+from looprl.ir.nest import LoopNest
+
+# Unroll a reduction loop inside the register scope while the unrolled body has at most this
+# many multiply-adds (the reference backend used ~320).
+UNROLL_LIMIT = 64
+
+
+class ComputeEmitter(NestEmitter):
+    """``acc += in0 * in1`` over the compute loops: runtime loops down to the register scope
+    (:mod:`looprl.backend.register_plan`), then the scope once per register block."""
+
+    def __init__(self, module: KernelModule, nest: LoopNest, layouts=None):
+        problem = nest.problem
+        in0, in1 = problem.operands
+        coefs = {"in0": strides(problem, in0), "in1": strides(problem, in1), "acc": strides(problem, problem.output)}
+        renamed = {("acc" if t == "out" else t): layout for t, layout in (layouts or {}).items()}
+        super().__init__(module, nest.compute, coefs, "compute", renamed)
+        self.output_dims = set(problem.output)
+        self.scope = RegisterScope(nest, module.target, layouts)
+        self.plan = self.scope.plan
+        self.vector_var = self.plan.vector_var
+        self.inner_start = self.plan.scope_start
+
+    # -- the register scope ------------------------------------------------------
+    def emit_inner_part(self, fn: Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
+        plan = self.plan
+        if plan.streaming:
+            # One vector at a time through memory: runtime loop over full vectors + a masked tail.
+            loop = self.loops[level]
+            full, rem = divmod(budgets[loop.var], self.width)
+            if full == 1:
+                self.emit_scope(fn, level, dict(budgets, **{loop.var: self.width}), ptrs)
+            elif full > 1:
+                with fn.loop(full) as lp:
+                    moved = {t: fn.advance(p, lp.iv, self.delta(t, loop.var, self.width)) for t, p in ptrs.items()}
+                    self.emit_scope(fn, level, dict(budgets, **{loop.var: self.width}), moved)
+            if rem:
+                tail_ptrs = {t: fn.offset(p, self.delta(t, loop.var, self.width * full)) for t, p in ptrs.items()}
+                self.emit_scope(fn, level, dict(budgets, **{loop.var: rem}), tail_ptrs)
+            return
+        self.emit_scope(fn, level, budgets, ptrs)
+
+    def emit_scope(self, fn: Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
+        """The scope once per register block: load (or zero) the block, run the scope's loops
+        updating only its registers, store it."""
+        for block in self.scope.blocks(level, budgets):
+            tile: dict[int, str] = {}
+            types: dict[int, tuple[int, int]] = {}
+            for offset, lanes, active in block:
+                types[offset] = (lanes, active)
+                if self.plan.zero_init:
+                    tile[offset] = "0.0" if lanes == 1 else "zeroinitializer"
+                else:
+                    tile[offset] = load(self.module, fn, ptrs["acc"], offset, lanes, active, 1, cache=False)
+            self.emit_in_scope(fn, level, budgets, ptrs, {t: 0 for t in ptrs}, tile, types, 1)
+            for offset, (lanes, active) in types.items():
+                store(self.module, fn, ptrs["acc"], offset, lanes, active, tile[offset])
+
+    def emit_in_scope(self, fn, level, budgets, ptrs, consts, tile, types, copies) -> None:
+        """Emit the scope body from ``level``, updating the registers in ``tile`` (one register
+        block: the tile's other registers are skipped); ``copies`` counts how many times the
+        enclosing unrolled loops replicate this code (bounds unrolling of reduction loops)."""
+        if level == self.depth:
+            if consts["acc"] in tile:
+                self.leaf(fn, ptrs, consts, tile, 1, 1)
+            return
+        loop = self.loops[level]
+        budget = budgets[loop.var]
+        if level == self.depth - 1 and self.vector_var is not None:
+            for c, lanes, active in vector_chunks(budget, self.width):
+                moved = {t: consts[t] + self.delta(t, loop.var, c) for t in consts}
+                if moved["acc"] in tile:
+                    self.leaf(fn, ptrs, moved, tile, lanes, active)
+            return
+        full, rem = divmod(budget, loop.step)
+        child = dict(budgets, **{loop.var: loop.step})
+        unroll = (
+            loop.var in self.output_dims
+            or copies * self.unrolled_ops(level, budgets) <= UNROLL_LIMIT
+        )
+        if unroll or full == 1:
+            for i in range(full):
+                moved = {t: consts[t] + self.delta(t, loop.var, i * loop.step) for t in consts}
+                if loop.var in self.output_dims and not self.scope.touches(level + 1, child, moved["acc"], tile):
+                    continue  # none of this block's registers down there
+                self.emit_in_scope(fn, level + 1, child, ptrs, moved, tile, types, copies * (full + (rem > 0)))
+        elif full > 1:
+            # Carry (as phis) only the registers this loop updates.
+            carried = {key: (vector_type(types[key][0]), tile[key]) for key in self.scope.touches(level + 1, child, consts["acc"], tile)}
+            with fn.loop(full, carried) as lp:
+                moved_ptrs = {t: fn.advance(p, lp.iv, self.delta(t, loop.var, loop.step)) for t, p in ptrs.items()}
+                inner_tile = dict(lp.values)
+                self.emit_in_scope(fn, level + 1, child, moved_ptrs, consts, inner_tile, types, copies * (1 + (rem > 0)))
+                lp.values.update(inner_tile)
+            tile.update({key: lp.values[key] for key in carried})
+            # After the loop, the carried registers hold the phis' last updates: reading a phi's
+            # update outside the loop is valid SSA because the latch dominates the exit.
+        if rem:
+            moved = {t: consts[t] + self.delta(t, loop.var, full * loop.step) for t in consts}
+            tail = dict(budgets, **{loop.var: rem})
+            if loop.var not in self.output_dims or self.scope.touches(level + 1, tail, moved["acc"], tile):
+                self.emit_in_scope(fn, level + 1, tail, ptrs, moved, tile, types, copies * (full + 1 if unroll else 2))
+
+    def unrolled_ops(self, level: int, budgets: dict[str, int]) -> int:
+        """Multiply-adds in the scope's body from ``level`` down if every loop were unrolled."""
+        every = frozenset(lp.var for lp in self.loops)
+        return leaf_count(self.loops, every, self.width, self.vector_var, level, tuple(sorted(budgets.items())))
+
+    def leaf(self, fn, ptrs, consts, tile, lanes, active) -> None:
+        var = self.vector_var
+        a = self.operand(fn, "in0", ptrs, consts, lanes, active, var)
+        b = self.operand(fn, "in1", ptrs, consts, lanes, active, var)
+        key = consts["acc"]
+        tile[key] = multiply_add(self.module, fn, a, b, tile[key], lanes, self.module.target.fma)
+
+    def operand(self, fn, tensor, ptrs, consts, lanes, active, var) -> str:
+        stride = self.delta(tensor, var, 1) if lanes > 1 else 0
+        return load(self.module, fn, ptrs[tensor], consts[tensor], lanes, active, stride)
+
+

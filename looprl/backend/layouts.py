@@ -1,0 +1,109 @@
+"""Which data layouts a kernel uses and where its scratch buffers sit: a tensor's layout applies
+when every loop that addresses it walks the layout affinely (else the tensor stays row-major);
+the accumulator and the packed inputs share one workspace. No IR is emitted here."""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+from looprl.ir.layout import Layout
+from looprl.ir.nest import Loop, LoopNest
+from looprl.ir.problem import Problem
+
+
+def strides(problem: Problem, term: str) -> dict[str, int]:
+    """Element stride of each dimension of a row-major tensor indexed by ``term``."""
+    result, stride = {}, 1
+    for dim in reversed(term):
+        result[dim] = stride
+        stride *= problem.size(dim)
+    return result
+
+
+
+@lru_cache(maxsize=65536)
+def _layout_offset(layout: Layout, var: str, elements: int) -> int:
+    return layout.offset(var, elements)
+
+
+def offset_along(row_major: dict[str, int], layout: Layout | None, var: str, elements: int) -> int:
+    """Offset in a tensor of moving ``elements`` along ``var``: by its row-major ``row_major``,
+    or through its ``layout`` when it has one (within a range the schedule walks affinely: see
+    :func:`layouts_applied`)."""
+    if layout is None:
+        return row_major.get(var, 0) * elements
+    return _layout_offset(layout, var, elements)
+
+
+def _walks_affinely(loops: tuple[Loop, ...], size: int, var: str, breakpoints: tuple[int, ...]) -> bool:
+    """Whether every loop of ``var`` moves through ``g_var`` affinely: for each breakpoint b,
+    the loop's step is a multiple of b, or the range the loop covers (its parent's step, or
+    the whole extent for the outermost loop) lies inside one block of b elements."""
+    parent = None
+    for loop in (lp for lp in loops if lp.var == var):
+        for point in breakpoints:
+            if loop.step % point == 0:
+                continue
+            if (size > point) if parent is None else (point % parent.step):
+                return False
+        parent = loop
+    return True
+
+
+def layout_applies(nest: LoopNest, tensor: str) -> bool:
+    """Whether the kernel stores ``tensor`` (``in0``, ``in1`` or ``out``, whose layout is the
+    accumulator's) in its layout: the loops that address it (compute loops; for ``out`` the
+    write-back loops too) must walk the layout affinely. Otherwise the layout is inert: the
+    tensor is used row-major, as if it had no layout. Always False for row-major tensors."""
+    layouts = dict(nest.layouts)
+    if tensor not in layouts:
+        return False
+    layout = layouts[tensor]
+    problem = nest.problem
+    nests = (nest.compute, nest.write_back) if tensor == "out" else (nest.compute,)
+    return all(
+        _walks_affinely(loops, problem.size(var), var, layout.breakpoints(var)) for loops in nests for var in layout.index
+    )
+
+
+def layouts_applied(nest: LoopNest) -> dict[str, Layout]:
+    """The layouts the kernel of ``nest`` uses (see :func:`layout_applies`)."""
+    return {t: layout for t, layout in nest.layouts if layout_applies(nest, t)}
+
+
+def conversions(nest: LoopNest) -> dict[str, list[str]]:
+    """What a measured figure of ``nest`` includes: ``per_call``, the inputs the timed kernel
+    converts to their layouts on every call; ``once``, the constant inputs (declared by the
+    problem) converted once when bound, outside the timing; ``output``, ["out"] when the
+    accumulator's layout is unpacked by the write-back nest (always timed)."""
+    applied = layouts_applied(nest)
+    inputs = [t for t in ("in0", "in1") if t in applied]
+    return {
+        "per_call": [t for t in inputs if t not in nest.problem.constant],
+        "once": [t for t in inputs if t in nest.problem.constant],
+        "output": ["out"] if "out" in applied else [],
+    }
+
+
+def _round_up(count: int, multiple: int = 16) -> int:  # 16 floats: 64-byte alignment
+    return -(-count // multiple) * multiple
+
+
+def workspace_layout(nest: LoopNest) -> dict[str, tuple[int, int]]:
+    """Where the kernel's scratch buffers sit in its workspace: tensor -> (offset, elements)
+    for the accumulator ``acc`` and each packed input. Offsets are 64-byte aligned."""
+    applied = layouts_applied(nest)
+    acc = applied["out"].elements if "out" in applied else math.prod(nest.problem.output_shape)
+    result, offset = {"acc": (0, acc)}, _round_up(acc)
+    for tensor in ("in0", "in1"):
+        if tensor in applied:
+            result[tensor] = (offset, applied[tensor].elements)
+            offset = _round_up(offset + applied[tensor].elements)
+    return result
+
+
+def workspace_elements(nest: LoopNest) -> int:
+    """float32 elements of workspace the kernel needs (the output's size without layouts)."""
+    return max(offset + count for offset, count in workspace_layout(nest).values())
+

@@ -1,0 +1,210 @@
+"""The runtime loops of a nest, outside its register scope: counted loops, tail iterations as
+internal functions specialised on the remaining sizes (memoised, so tails never multiply the
+code), and a parallel loop's body outlined into a function that every thread of an OpenMP team
+runs on its share of the iterations (:mod:`looprl.backend.threads`). The module these functions
+go into takes the kernel's pointers (and the thread count when the schedule has a parallel
+loop)."""
+
+from __future__ import annotations
+
+from looprl.backend.layouts import offset_along
+from looprl.backend.llvm_text import Function, Module
+from looprl.backend.register_plan import entry_budgets
+from looprl.ir.layout import Layout
+from looprl.ir.nest import Loop
+from looprl.target import Target
+
+
+class KernelModule(Module):
+    """The kernel's module: its functions take the kernel's pointer arguments (``tensors``) and,
+    when the schedule has a parallel loop, ``i32 %nthreads``; tail functions and parallel
+    regions are memoised here."""
+
+    def __init__(self, target: Target, tensors: tuple[str, ...], threaded: bool = False):
+        super().__init__()
+        self.target = target
+        self.tensors = tensors  # pointer parameters of the kernel and its internal functions
+        self.threaded = threaded  # the schedule has a parallel loop: functions take %nthreads
+        self.tails: dict[tuple, str] = {}
+        self.regions: dict[tuple, str] = {}
+
+    def parameters(self) -> str:
+        """Parameters of the kernel's internal functions (and of its entry points, before reps)."""
+        return ", ".join(f"ptr noalias %{t}" for t in self.tensors) + (", i32 %nthreads" if self.threaded else "")
+
+    def arguments(self, ptrs: dict[str, str]) -> str:
+        """Arguments of a call to an internal function taking :meth:`parameters`."""
+        return ", ".join(f"ptr {ptrs.get(t, 'null')}" for t in self.tensors) + (", i32 %nthreads" if self.threaded else "")
+
+
+class NestEmitter:
+    """Shared machinery of both nests: budgets, runtime loops, memoised tail functions and
+    parallel regions. Subclasses emit the part of the nest from :attr:`inner_start` down."""
+
+    def __init__(self, module: KernelModule, loops: tuple[Loop, ...], coefs: dict[str, dict[str, int]], name: str, layouts=None):
+        self.module, self.loops, self.coefs, self.name = module, loops, coefs, name
+        self.layouts: dict[str, Layout] = dict(layouts or {})  # tensors addressed through a layout
+        self.depth = len(loops)
+        self.width = module.target.vector_width
+
+    def entry_budgets(self, level: int) -> tuple[tuple[str, int], ...]:
+        """Budgets (full context) of the vars that still have loops at ``level`` or below."""
+        return entry_budgets(self.loops, level)
+
+    def delta(self, tensor: str, var: str, elements: int) -> int:
+        """Offset in ``tensor`` of moving ``elements`` along ``var``."""
+        return offset_along(self.coefs.get(tensor, {}), self.layouts.get(tensor), var, elements)
+
+    def emit_outer(self, fn: Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
+        if level >= self.inner_start:
+            self.emit_inner_part(fn, level, budgets, ptrs)
+            return
+        loop = self.loops[level]
+        full, rem = divmod(budgets[loop.var], loop.step)
+        child = dict(budgets, **{loop.var: loop.step})
+        if loop.parallel and full + (rem > 0) > 1:
+            self.emit_parallel(fn, level, budgets, ptrs)
+            return
+        if full == 1:
+            self.emit_outer(fn, level + 1, child, ptrs)
+        elif full > 1:
+            with fn.loop(full) as lp:
+                moved = {t: fn.advance(p, lp.iv, self.delta(t, loop.var, loop.step)) for t, p in ptrs.items()}
+                self.emit_outer(fn, level + 1, child, moved)
+        if rem:
+            self.emit_tail_call(fn, level, budgets, ptrs)
+
+    def emit_tail_call(self, fn: Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
+        """Call the function that runs the tail iteration of loop ``level``."""
+        loop = self.loops[level]
+        full, rem = divmod(budgets[loop.var], loop.step)
+        tail_ptrs = {t: fn.offset(p, self.delta(t, loop.var, loop.step * full)) for t, p in ptrs.items()}
+        callee = self.tail_function(level + 1, dict(budgets, **{loop.var: rem}))
+        fn.emit(f"call void @{callee}({self.module.arguments(tail_ptrs)})")
+
+    def emit_parallel(self, fn: Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
+        """Run parallel loop ``level`` (two or more iterations here) on ``%nthreads`` threads:
+        its pointers go into a context on the stack, and the outlined body runs once per thread
+        of an OpenMP team (or directly, on one thread)."""
+        loop = self.loops[level]
+        full, rem = divmod(budgets[loop.var], loop.step)
+        body = self.region_function(level, budgets)
+        tensors = self.module.tensors
+        context = fn.alloca(f"[{len(tensors)} x ptr]")
+        for slot, tensor in enumerate(tensors):
+            place = fn.value(f"getelementptr inbounds [{len(tensors)} x ptr], ptr {context}, i64 0, i64 {slot}", "p")
+            fn.emit(f"store ptr {ptrs.get(tensor, 'null')}, ptr {place}, align 8")
+        iterations = full + (rem > 0)
+        more = fn.value(f"icmp ugt i32 %nthreads, {iterations}", "more")
+        team = fn.value(f"select i1 {more}, i32 {iterations}, i32 %nthreads", "team")  # no idle threads
+        many = fn.value(f"icmp ugt i32 {team}, 1", "many")
+        threaded, single, joined = fn.label("team"), fn.label("single"), fn.label("joined")
+        fn.emit(f"br i1 {many}, label %{threaded}, label %{single}")
+        fn.start_block(threaded)
+        self.module.declare_openmp()
+        fn.emit(f"call void @GOMP_parallel(ptr @{body}, ptr {context}, i32 {team}, i32 0)")
+        fn.emit(f"br label %{joined}")
+        fn.start_block(single)
+        fn.emit(f"call void @{body}(ptr {context})")
+        fn.emit(f"br label %{joined}")
+        fn.start_block(joined)
+
+    def emit_region(self, fn: Function, level: int, budgets: dict[str, int]) -> None:
+        """The outlined body of parallel loop ``level``: this thread's share of its iterations
+        (contiguous, balanced by elements, the last thread's ending with the tail iteration)."""
+        loop = self.loops[level]
+        budget = budgets[loop.var]
+        full, rem = divmod(budget, loop.step)
+        iterations = full + (rem > 0)
+        ptrs = {}
+        tensors = self.module.tensors
+        for slot, tensor in enumerate(tensors):
+            place = fn.value(f"getelementptr inbounds [{len(tensors)} x ptr], ptr %ctx, i64 0, i64 {slot}", "p")
+            loaded = fn.value(f"load ptr, ptr {place}, align 8", "q")
+            if tensor in self.coefs:
+                ptrs[tensor] = loaded
+        thread = fn.value("call i32 @omp_get_thread_num()", "tid")
+        fn.emit("%nthreads = call i32 @omp_get_num_threads()")
+        thread64 = fn.value(f"zext i32 {thread} to i64", "tid")
+        team64 = fn.value("zext i32 %nthreads to i64", "team")
+        # Thread t starts at iteration round(t * budget / team / step) (at most the last one).
+        half = fn.value(f"mul nuw nsw i64 {team64}, {loop.step}", "h")
+        denominator = fn.value(f"mul nuw nsw i64 {half}, 2", "d")
+
+        def boundary(index: str) -> str:
+            scaled = fn.value(f"mul nuw nsw i64 {index}, {2 * budget}", "x")
+            numerator = fn.value(f"add nuw nsw i64 {scaled}, {half}", "x")
+            rounded = fn.value(f"udiv i64 {numerator}, {denominator}", "b")
+            over = fn.value(f"icmp ugt i64 {rounded}, {iterations}", "b")
+            return fn.value(f"select i1 {over}, i64 {iterations}, i64 {rounded}", "b")
+
+        start = boundary(thread64)
+        following = fn.value(f"add nuw nsw i64 {thread64}, 1", "next")
+        last = fn.value(f"icmp uge i64 {following}, {team64}", "last")
+        inner = boundary(following)
+        stop = fn.value(f"select i1 {last}, i64 {iterations}, i64 {inner}", "stop")
+        capped = fn.value(f"icmp ugt i64 {stop}, {full}", "cap")
+        full_stop = fn.value(f"select i1 {capped}, i64 {full}, i64 {stop}", "stop")
+        count = fn.value(f"sub nsw i64 {full_stop}, {start}", "count")
+        if full:
+            work, idle = fn.label("work"), fn.label("idle")
+            busy = fn.value(f"icmp sgt i64 {count}, 0", "busy")
+            fn.emit(f"br i1 {busy}, label %{work}, label %{idle}")
+            fn.start_block(work)
+            child = dict(budgets, **{loop.var: loop.step})
+            with fn.loop(count) as lp:
+                index = fn.value(f"add nuw nsw i64 {start}, {lp.iv}", "it")
+                moved = {t: fn.advance(p, index, self.delta(t, loop.var, loop.step)) for t, p in ptrs.items()}
+                self.emit_outer(fn, level + 1, child, moved)
+            fn.emit(f"br label %{idle}")
+            fn.start_block(idle)
+        if rem:  # the thread whose share reaches the end runs the tail iteration
+            owner = fn.value(f"icmp eq i64 {stop}, {iterations}", "own")
+            started = fn.value(f"icmp ult i64 {start}, {iterations}", "own")
+            owns = fn.value(f"and i1 {owner}, {started}", "own")
+            tail, done = fn.label("tail"), fn.label("done")
+            fn.emit(f"br i1 {owns}, label %{tail}, label %{done}")
+            fn.start_block(tail)
+            self.emit_tail_call(fn, level, budgets, ptrs)
+            fn.emit(f"br label %{done}")
+            fn.start_block(done)
+
+    def context_key(self, level: int, budgets: dict[str, int]) -> tuple:
+        """What code emitted from ``level`` in a context of ``budgets`` depends on."""
+        relevant = {lp.var for lp in self.loops[level:]}
+        return (self.name, level, tuple(sorted((v, b) for v, b in budgets.items() if v in relevant)))
+
+    def tail_function(self, level: int, budgets: dict[str, int]) -> str:
+        """An internal function that runs the loops from ``level`` in a context of
+        ``budgets`` (memoised per module)."""
+        module = self.module
+        key = self.context_key(level, budgets)
+        if key not in module.tails:
+            name = f"tail{len(module.tails)}_{self.name}_l{level}"
+            module.tails[key] = name
+            fn = Function(f"define internal void @{name}({module.parameters()}) nounwind {{")
+            self.emit_outer(fn, level, budgets, {t: f"%{t}" for t in self.coefs})
+            fn.close()
+            module.functions.append(fn)
+        return module.tails[key]
+
+    def region_function(self, level: int, budgets: dict[str, int]) -> str:
+        """The outlined body of parallel loop ``level`` in a context of ``budgets`` (memoised)."""
+        module = self.module
+        key = self.context_key(level, budgets)
+        if key not in module.regions:
+            name = f"region{len(module.regions)}_{self.name}_l{level}"
+            module.regions[key] = name
+            module.declare_openmp()
+            fn = Function(f"define internal void @{name}(ptr noalias %ctx) nounwind {{")
+            module.functions.append(fn)
+            self.emit_region(fn, level, budgets)
+            fn.close()
+        return module.regions[key]
+
+    # Subclasses define inner_start and emit_inner_part.
+    inner_start: int
+
+    def emit_inner_part(self, fn: Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
+        raise NotImplementedError
+
