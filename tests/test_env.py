@@ -408,7 +408,7 @@ def test_a_list_of_datasets_draws_each_dataset_equally_often():
     import collections
 
     env = looprl.env.LoopNestEnv(dataset=["mm64-256", "mm384-1024"], order="random", cache=":memory:", peak=100.0)
-    sizes = looprl.env.dataset_problems("mm64-256", "train"), looprl.env.dataset_problems("mm384-1024", "train")
+    sizes = looprl.dataset_problems("mm64-256", "train"), looprl.dataset_problems("mm384-1024", "train")
     assert len(env.unwrapped.problems) == len(sizes[0]) + len(sizes[1])
     counts = collections.Counter()
     env.reset(seed=3)
