@@ -81,6 +81,7 @@ class SurrogateReward:
         self.refit_every = int(refit_every)
         self.seed = 0 if seed is None else int(seed)
         self.model = TransferModel(base) if base is not None else CostModel(self.objective, seed=self.seed, **self.layout)
+        self.target = Target.named(self.layout["isa"])  # what the features describe
         self.measured: dict[tuple[str, str], tuple[LoopNest, float]] = {}  # (problem, key) -> (nest, GFLOPS)
         self.observed: set[tuple[str, str]] = set()  # of which the env's own measurements
         self._rows: dict[tuple[str, str], np.ndarray] = {}  # feature rows, memoised
@@ -191,12 +192,12 @@ class SurrogateReward:
     def _features(self, keys) -> np.ndarray:
         missing = [k for k in keys if k not in self._rows]
         if missing:
-            rows = features_batch([self.measured[k][0] for k in missing], self.layout["max_levels"], target=Target.named(self.layout["isa"]))
+            rows = features_batch([self.measured[k][0] for k in missing], self.layout["max_levels"], target=self.target)
             self._rows.update(zip(missing, rows))
         return np.stack([self._rows[k] for k in keys])
 
     def _scores(self, nests: list[LoopNest]) -> np.ndarray:
-        return self.model.predict(features_batch(nests, self.layout["max_levels"], target=Target.named(self.layout["isa"])))
+        return self.model.predict(features_batch(nests, self.layout["max_levels"], target=self.target))
 
     def _scores_of(self, keys) -> np.ndarray:
         return self.model.predict(self._features(keys))

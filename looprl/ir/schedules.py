@@ -26,15 +26,23 @@ def reorder_compute(nest: LoopNest, order: list[int]) -> LoopNest:
     return nest
 
 
+def why_not_expert(problem: Problem, m_tile: int, n_tile: int) -> str | None:
+    """Why :func:`expert_matmul` has no such schedule of ``problem``, or None."""
+    if problem.spec != "mk,kn->mn":
+        return f"expert_matmul needs a 'mk,kn->mn' problem, got {problem.spec!r}"
+    if not (1 <= m_tile <= problem.size("m") and 1 <= n_tile <= problem.size("n")):
+        return f"tiles {m_tile}x{n_tile} do not fit the problem {problem.name}"
+    return None
+
+
 def expert_matmul(problem: Problem, m_tile: int, n_tile: int, k_unroll: int | None = None) -> LoopNest:
     """The classic register-blocked order ``n/n_tile, m/m_tile, k, m_tile, n_tile`` (with the k
     loop split by ``k_unroll`` when given) for ``mk,kn->mn``."""
-    if problem.spec != "mk,kn->mn":
-        raise ValueError(f"expert_matmul needs a 'mk,kn->mn' problem, got {problem.spec!r}")
+    why = why_not_expert(problem, m_tile, n_tile)
+    if why is not None:
+        raise ValueError(why)
     nest = initial_nest(problem)  # m, k, n
     m, n, k = problem.size("m"), problem.size("n"), problem.size("k")
-    if not (1 <= m_tile <= m and 1 <= n_tile <= n):
-        raise ValueError(f"tiles {m_tile}x{n_tile} do not fit the problem {problem.name}")
     m_split = m_tile < m and m_tile > 1
     n_split = n_tile < n and n_tile > 1
     k_split = k_unroll is not None and 1 < k_unroll <= k
@@ -84,11 +92,10 @@ def expert_candidates(problem: Problem, target: Target) -> list[LoopNest]:
     for rows, vectors in target.register_tiles():
         m_tile = min(rows, problem.size("m"))
         n_tile = min(vectors * lanes, problem.size("n"))
+        if why_not_expert(problem, m_tile, n_tile) is not None:
+            continue
         for k_unroll in (None, 4):
-            try:
-                nest = expert_matmul(problem, m_tile, n_tile, k_unroll)
-            except ValueError:
-                continue
+            nest = expert_matmul(problem, m_tile, n_tile, k_unroll)
             if nest not in result:
                 result.append(nest)
     return result

@@ -43,6 +43,7 @@ from looprl.actions import ActionSet
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, as_problem, matmul
 from looprl.measurement.evaluator import Evaluator
+from looprl.measurement.records import stored_nest
 from looprl.measurement.timing import check_budget
 from looprl.policy.guided import guided_search
 from looprl.policy.loading import load_policy
@@ -285,10 +286,8 @@ def _remembered(evaluator: Evaluator, problem: Problem, budget_s: float, threads
     schedule, gflops, spent = known
     if spent < budget_s:
         return None
-    try:
-        return LoopNest.from_key(problem, schedule), gflops
-    except ValueError:  # written by another version of the IR: tune again
-        return None
+    nest = stored_nest(problem.name, schedule, {problem.name: problem})
+    return (nest, gflops) if isinstance(nest, LoopNest) else None  # else another IR version wrote it: tune again
 
 
 def _warn_if_made_for_another_target(policy: Policy, target: Target) -> None:

@@ -37,13 +37,12 @@ from dataclasses import replace
 import numpy as np
 
 from looprl import defaults
-from looprl.costmodel.features import DEFAULT_TARGET, features_batch
+from looprl.costmodel.features import features_batch
 from looprl.costmodel.model import CostModel, TransferModel, import_xgboost
 from looprl.actions import State
 from looprl.ir.nest import COMPUTE, Loop, LoopNest
 from looprl.measurement.records import measured_nests
 from looprl.search.context import BudgetExhausted, SearchContext
-from looprl.target import Target
 
 logger = logging.getLogger("looprl.search")
 
@@ -214,9 +213,9 @@ class _Tuner:
         self.measured: dict[str, tuple[LoopNest, float]] = {self.root.state.nest.key: (self.root.state.nest, self.root.gflops)}
         self.features: dict[str, np.ndarray] = {}  # measured schedules' feature rows
         self.chains: list[LoopNest] = []
-        # Features describe the register planning for the evaluator's target (its ISA).
-        isa = getattr(getattr(context.evaluator, "target", None), "isa", DEFAULT_TARGET)
-        self.layout = {"max_levels": defaults.MAX_LOOPS, "isa": isa}
+        # Features describe the register planning for the search's target (its ISA).
+        self.target = context.target
+        self.layout = {"max_levels": defaults.MAX_LOOPS, "isa": self.target.isa}
         seed = int(rng.integers(2**31))
         self.local = CostModel(options["objective"], seed=seed, **self.layout)
         self.model = self.local
@@ -247,7 +246,7 @@ class _Tuner:
 
     # -- model ---------------------------------------------------------------------------
     def _features(self, nests: list[LoopNest]) -> np.ndarray:
-        return features_batch(nests, self.layout["max_levels"], target=Target.named(self.layout["isa"]))
+        return features_batch(nests, self.layout["max_levels"], target=self.target)
 
     def _predict(self, nests: list[LoopNest]) -> np.ndarray:
         """This round's scores of ``nests`` (memoised by schedule)."""

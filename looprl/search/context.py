@@ -63,8 +63,11 @@ class SearchContext:
         progress: Callable[["SearchContext"], None] | None = None,
         progress_every_s: float = 5.0,
         start: LoopNest | None = None,
+        target=None,
     ):
         self.problem = problem
+        # What code is generated for: the evaluator's (a stand-in evaluator may have none: give it).
+        self.target = target if target is not None else getattr(evaluator, "target", None)
         self.start = start if start is not None else initial_nest(problem)  # the root's schedule
         self.actions = actions
         self.evaluator = evaluator
@@ -103,11 +106,6 @@ class SearchContext:
     @property
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.started
-
-    @property
-    def target(self):
-        """The target the evaluator generates code for."""
-        return getattr(self.evaluator, "target", None)  # a stand-in evaluator may have none
 
     @property
     def measure_budget_s(self) -> float:

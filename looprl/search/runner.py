@@ -196,7 +196,7 @@ def run(
     failed: dict[str, str] = {}
     previous_cursor = 0  # where the previous stage's best state left the cursor
     for stage_actions, stage_budget, stage_evals in stages:
-        context = SearchContext(problem, stage_actions, evaluator, stage_budget, stage_evals, progress, start=start)
+        context = SearchContext(problem, stage_actions, evaluator, stage_budget, stage_evals, progress, start=start, target=search_target)
         context.values.update(values)  # schedules the first stage evaluated count once
         context.failed.update(failed)
         root = context.root()

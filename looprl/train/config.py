@@ -56,13 +56,21 @@ def validate_agent(agent: Any, where: str = "agent configuration") -> dict[str, 
     return copy.deepcopy(agent)
 
 
-def agent_actions(agent: dict[str, Any]):
-    """The env's action set an agent configuration trains with (env defaults filled in)."""
+def agent_target(agent: dict[str, Any]):
+    """The :class:`~looprl.Target` an agent configuration's env generates code for (its
+    ``env.target`` name; none: this host)."""
     from looprl.target import Target
+
+    return Target.resolve(agent.get("env", {}).get("target"))
+
+
+def agent_actions(agent: dict[str, Any], target=None):
+    """The env's action set an agent configuration trains with (env defaults filled in), for
+    ``target`` (default: :func:`agent_target`)."""
     from looprl.actions import ActionSet
 
     env = agent.get("env", {})
-    return ActionSet.for_target(Target.resolve(env.get("target")), env.get("split_factors", defaults.SPLIT_FACTORS),
+    return ActionSet.for_target(target if target is not None else agent_target(agent), env.get("split_factors", defaults.SPLIT_FACTORS),
                                 env.get("max_loops", defaults.MAX_LOOPS), layouts=bool(env.get("layouts", False)),
                                 parallel=env.get("threads", 1) > 1)
 

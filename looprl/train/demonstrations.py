@@ -149,10 +149,9 @@ def pretrain_policy(agent: dict, seed: int = 0, log=print):
     split, ``epochs``, ``lr``, ``margin``). Measured with the env's target, cache and
     per-state budget."""
     from looprl import defaults
-    from looprl.target import Target
     from looprl.workloads.datasets import dataset_groups, env_problems
     from looprl.policy.numpy_policy import Policy
-    from looprl.train.config import agent_actions
+    from looprl.train.config import agent_actions, agent_target
     from looprl.train.export import policy_metadata
     from looprl.train.validation import spread
 
@@ -167,8 +166,8 @@ def pretrain_policy(agent: dict, seed: int = 0, log=print):
     else:
         groups = dataset_groups(env.get("dataset", defaults.DATASET), env.get("split", "train"))
     problems = [p for group in groups for p in spread(group, min(count, len(group)))]
-    actions = agent_actions(agent)
-    target = Target.resolve(env.get("target"))
+    target = agent_target(agent)
+    actions = agent_actions(agent, target)
     evaluator = Evaluator(env.get("cache"), env.get("measure_budget_s", defaults.STATE_BUDGET_S), target=target, samples=1)
     normalized = env.get("observation", defaults.TRAINING_OBSERVATION) == "normalized"
     episode_length = int(env.get("episode_length", defaults.EPISODE_LENGTH))

@@ -18,7 +18,6 @@ import numpy as np
 
 from looprl import defaults
 from looprl.backend.host import cpu_model_name
-from looprl.target import Target
 from looprl.env.features import FEATURES_PER_LOOP, OBSERVATION_LAYOUT_VERSION
 from looprl.policy.numpy_policy import POLICY_FORMAT, POLICY_FORMAT_VERSION, Policy
 
@@ -98,10 +97,11 @@ def policy_from_module(module, agent: dict[str, Any], extra: dict[str, Any] | No
 
 def policy_metadata(agent: dict[str, Any], network: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """A policy file's metadata for a network trained with ``agent``'s configuration."""
-    from looprl.train.config import agent_actions
+    from looprl.train.config import agent_actions, agent_target
 
     env = agent.get("env", {})
-    actions = agent_actions(agent)
+    target = agent_target(agent)
+    actions = agent_actions(agent, target)
     metadata = {
         "format": POLICY_FORMAT,
         "format_version": POLICY_FORMAT_VERSION,
@@ -116,7 +116,7 @@ def policy_metadata(agent: dict[str, Any], network: dict[str, Any], extra: dict[
         "algorithm": agent.get("algorithm"),
         "apex": bool(agent.get("apex", False)),
         "training_problems": _training_problems(env),
-        "target": Target.resolve(env.get("target")).to_dict(),
+        "target": target.to_dict(),
         "host_cpu": cpu_model_name(),
         "network": network,
         "exported": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
