@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import datetime
 import os
+import signal
 import socket
 import sys
 import threading
@@ -190,7 +191,7 @@ def _train(args) -> int:
         arguments = {"algo": args.algo, "seed": args.seed, "num_env_runners": args.num_env_runners}
         if args.init_from is not None:
             arguments["init_from"] = str(args.init_from)
-        starting = True
+        state, starting = RunState(), True
     where = str(run.agent_path if args.resume else (args.config or f"agents/{args.algo}.yaml"))
     Target.resolve(agent["env"].get("target")).check_runs_on_host()
     check_env(agent, where)
@@ -339,6 +340,11 @@ def _start(agent: dict, seed: int, num_env_runners: int | None, address: str | N
 
     from looprl.train.config import build_config
 
+    # The processes Ray starts (GCS, raylet, their workers) inherit this thread's signal mask:
+    # with SIGTERM blocked they outlive a SIGTERM to the process group (a scheduler stopping the
+    # job), so this process can save its final checkpoint and then stop them itself. (Ray blocks
+    # SIGINT in them for the same reason.)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
         if address:
             ray.init(address=address, include_dashboard=False)
@@ -346,6 +352,8 @@ def _start(agent: dict, seed: int, num_env_runners: int | None, address: str | N
             ray.init(include_dashboard=False, configure_logging=True, logging_level="warning")
     except ConnectionError as error:
         raise ValueError(f"--address {address}: cannot attach to the Ray cluster: {one_line(error)}") from None
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     try:
         return build_config(agent, seed=seed, num_env_runners=num_env_runners).build_algo()
     except BaseException:
