@@ -117,6 +117,9 @@ def test_starting_an_unstarted_folder_again_discards_what_its_first_start_left(t
     (folder / "notes.txt").write_text("mine")
     RunDirectory(folder).discard_unstarted()
     assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]  # only the run's own files go
+    (folder / "checkpoints").mkdir()
+    RunDirectory(folder).discard_unstarted()
+    assert (folder / "checkpoints").exists()  # not a run folder (no run.json): nothing is removed
 
 
 def test_a_run_with_a_checkpoint_is_still_only_resumed(tmp_path):

@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--time-budget", default=None, help="total training time, e.g. 45m or 2h")
     parser.add_argument("--env-steps", type=int, default=None, help="total env steps to sample")
     parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/<algo>__s<seed>__<time>)")
-    parser.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint (a run that has none starts again)")
     parser.add_argument("--init-from", type=Path, default=None, metavar="POLICY",
                         help="start a new run from an exported policy's weights (policy folder or run folder)")
     parser.add_argument("--address", default=None, help="attach to an existing Ray cluster: its head node, HOST:PORT (GCS port, usually 6379)")

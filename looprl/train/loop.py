@@ -86,7 +86,10 @@ class RunDirectory:
             raise ValueError(f"{self.path} holds an unreadable run.json ({error}); choose another --out") from None
 
     def discard_unstarted(self) -> None:
-        """Remove what a start that reached no checkpoint left (this class's files only)."""
+        """Remove what a start that reached no checkpoint left (this class's files only, and
+        only in a run folder: an ``--out`` that holds no run.json is left as it is)."""
+        if not self.exists():
+            return
         if self.checkpointed():
             raise ValueError(f"{self.path} holds a run with a checkpoint; it can only be resumed")
         for name in ("run.json", "agent.yaml", "metrics.csv"):
