@@ -1,4 +1,4 @@
-"""``python -m looprl.bench <benchmark> [options]``."""
+"""``looprl-bench <benchmark> [options]`` (or ``python -m looprl bench``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ BENCHMARKS = {"codegen": codegen, "env": env, "tune": tune, "layers": layers}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m looprl.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="looprl-bench", description=__doc__)
     sub = parser.add_subparsers(dest="benchmark", required=True)
     for name, module in BENCHMARKS.items():
         module.add_arguments(sub.add_parser(name, help=module.__doc__.splitlines()[0]))

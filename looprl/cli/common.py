@@ -3,6 +3,7 @@
 Every command runs its body through :func:`run_command`: a ``ValueError`` from anywhere inside
 (a bad policy, problem, size or path) prints ``looprl-tune: error: <message>`` and exits with
 status 2, argparse's status for bad usage. argparse's own usage errors are left as they are.
+A command stopped by Ctrl-C or SIGTERM saves what it has done and exits with status 130.
 The output and cache paths are checked before a run starts (:func:`writable_file`,
 :func:`writable_folder`, :func:`cache_path`), so that a long run does not fail at its end.
 """
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
 

@@ -1,13 +1,13 @@
-"""``python -m looprl.search``: run search baselines on one problem or on part of a dataset.
+"""``looprl-search`` (or ``python -m looprl search``): run search baselines on one problem or on part of a dataset.
 
 One problem (prints a summary, writes JSON)::
 
-    python -m looprl.search --algo greedy2 --problem 128x256x64 --budget 60
+    looprl-search --algo greedy2 --problem 128x256x64 --budget 60
 
 Part of a dataset (one CSV row per problem and algorithm, appended as each search ends; an
 existing CSV is resumed: pairs already in it are skipped)::
 
-    python -m looprl.search --algo greedy1,beam4dfs,random --split test --limit 25 --csv out.csv
+    looprl-search --algo greedy1,beam4dfs,random --split test --limit 25 --csv out.csv
 
 ``--cold`` starts every search from an empty cache, as the paper's timed searches did; by
 default all searches share the persistent measurement cache (fast, but later searches then
@@ -18,12 +18,16 @@ from __future__ import annotations
 
 import argparse
 import csv
+import fcntl
+import math
 import sys
 import time
 from pathlib import Path
 
 from looprl import defaults
-from looprl.cli.common import cache_path, run_command, writable_file, writable_folder
+from looprl.target import TARGET_CHOICES
+from looprl.cli.common import EXIT_INTERRUPTED, cache_path, run_command, writable_file, writable_folder
+from looprl.costmodel.model import import_xgboost
 from looprl.workloads.datasets import SPLITS, dataset_problems
 from looprl.interrupts import terminate_as_interrupt
 from looprl.ir.problem import as_problem
@@ -48,7 +52,7 @@ def _factors(text: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m looprl.search", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="looprl-search", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algo", default="greedy1", help=f"comma-separated algorithms, or 'paper' for {','.join(PAPER_ALGORITHMS)}")
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--problem", help="one problem: MxNxK (a matmul) or 'spec:m=..,k=..,n=..'")
@@ -84,7 +88,18 @@ def _algorithms(text: str) -> list[str]:
         raise ValueError("--algo is empty")
     for name in names:
         parse_algorithm(name)
+    if any(name.startswith("autotvm") for name in names):
+        try:  # its cost model is XGBoost: say so now, not in a traceback after the first measurements
+            import_xgboost()
+        except ImportError as error:
+            raise ValueError(f"--algo autotvm: {error}") from None
     return names
+
+
+def _check_seconds(value: float, flag: str, *, zero: bool) -> None:
+    """A finite number >= 0 (> 0 unless ``zero`` may be given) for ``flag``."""
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        raise ValueError(f"{flag} must be a finite number {'>= 0' if zero else '> 0'}, got {value}")
 
 
 def _slug(result: SearchResult) -> str:
@@ -139,12 +154,29 @@ def _done_pairs(path: Path) -> set[tuple[str, str]]:
         return set()
     try:
         with path.open(newline="", encoding="utf-8") as handle:
+            fcntl.flock(handle, fcntl.LOCK_SH)  # not while another process appends a row
+            if not handle.read(1):
+                return set()  # created by another search that has not written its first row yet
+            handle.seek(0)
             reader = csv.DictReader(handle)
             if reader.fieldnames != CSV_FIELDS:
                 raise ValueError(f"{path} exists but is not a looprl.search CSV (columns differ); choose another --csv")
             return {(row["problem"], row["algorithm"]) for row in reader if row["stopped"] != "interrupted"}
     except (OSError, UnicodeDecodeError, csv.Error) as error:
         raise ValueError(f"--csv {path} exists but cannot be read as a looprl.search CSV: {error}") from error
+
+
+def append_row(path: Path, row: dict) -> None:
+    """Append one row to the CSV at ``path``, and the header first if the file is empty. Under
+    an exclusive lock, so that several searches may share one CSV: the header stays the first
+    line and no two rows mix."""
+    with path.open("a", newline="", encoding="utf-8") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
+        if handle.seek(0, 2) == 0:
+            writer.writeheader()
+        writer.writerow(row)
+        handle.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,19 +190,18 @@ def _interruptible(args) -> int:
             return _main(args)
     except KeyboardInterrupt:  # outside a search (which handles it itself): nothing is lost
         print("interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 def _main(args) -> int:
     algorithms = _algorithms(args.algo)
-    if args.budget < 0:
-        raise ValueError(f"--budget must be >= 0, got {args.budget}")
+    _check_seconds(args.budget, "--budget", zero=True)
+    _check_seconds(args.verify_ms, "--verify-ms", zero=True)
+    _check_seconds(args.measure_budget_ms, "--measure-budget-ms", zero=False)
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be positive, got {args.limit}")
     if args.offset < 0:
         raise ValueError(f"--offset must be >= 0, got {args.offset}")
-    if not args.measure_budget_ms > 0:
-        raise ValueError(f"--measure-budget-ms must be positive, got {args.measure_budget_ms}")
     settings = dict(
         budget_s=args.budget or None,
         max_evaluations=args.evaluations,
@@ -214,35 +245,29 @@ def _main(args) -> int:
             if result.stopped == "interrupted":
                 interrupted = True
                 break
-        return 130 if interrupted else 0
+        return EXIT_INTERRUPTED if interrupted else 0
 
     problems = dataset_problems(args.dataset, args.split)[args.offset:]
     if args.limit is not None:
         problems = problems[: args.limit]
     path.parent.mkdir(parents=True, exist_ok=True)
-    fresh = not path.exists()
     total = len(problems) * len(algorithms)
     started = time.perf_counter()
     finished = 0
-    with path.open("a", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
-        if fresh:
-            writer.writeheader()
-        for index, problem in enumerate(problems):
-            for algo in algorithms:
-                finished += 1
-                if (problem.name, algo) in done:
-                    continue
-                label = f"{finished}/{total} {algo} {problem.name}"
-                result = run(problem, algo, evaluator=evaluator(), progress=_progress_printer(args.quiet, label), **settings)
-                writer.writerow(_csv_row(result))
-                handle.flush()
-                if args.graph_dir is not None:
-                    result.save_graph(args.graph_dir / f"{_slug(result)}.json")
-                print(f"[{finished}/{total}, {time.perf_counter() - started:.0f} s] {_summary(result)}", flush=True)
-                if result.stopped == "interrupted":
-                    print(f"interrupted; results so far are in {path} (run again to resume)", file=sys.stderr)
-                    return 130
+    for problem in problems:
+        for algo in algorithms:
+            finished += 1
+            if (problem.name, algo) in done:
+                continue
+            label = f"{finished}/{total} {algo} {problem.name}"
+            result = run(problem, algo, evaluator=evaluator(), progress=_progress_printer(args.quiet, label), **settings)
+            append_row(path, _csv_row(result))
+            if args.graph_dir is not None:
+                result.save_graph(args.graph_dir / f"{_slug(result)}.json")
+            print(f"[{finished}/{total}, {time.perf_counter() - started:.0f} s] {_summary(result)}", flush=True)
+            if result.stopped == "interrupted":
+                print(f"interrupted; results so far are in {path} (run again to resume)", file=sys.stderr)
+                return EXIT_INTERRUPTED
     print(f"wrote {path}")
     return 0
 

@@ -1,11 +1,11 @@
-"""``python -m looprl.tune``: tune one contraction with the shipped policy and report it.
+"""``looprl-tune`` (or ``python -m looprl tune``): tune one contraction with the shipped policy and report it.
 
 (The library function is :func:`looprl.tune`, defined in :mod:`looprl.policy.tuner`; this
 module is its command line.)
 
-    python -m looprl.tune 256 256 256                    # a matmul, m n k
-    python -m looprl.tune --spec "bmk,bkn->bmn" --sizes b=4,m=128,k=64,n=96
-    python -m looprl.tune --linear 197,384,1536 --activation gelu   # torch.nn.Linear + GELU, fused
+    looprl-tune 256 256 256                    # a matmul, m n k
+    looprl-tune --spec "bmk,bkn->bmn" --sizes b=4,m=128,k=64,n=96
+    looprl-tune --linear 197,384,1536 --activation gelu   # torch.nn.Linear + GELU, fused
 """
 
 from __future__ import annotations
@@ -21,9 +21,13 @@ from looprl.ir.problem import contraction, matmul
 from looprl.policy.tuner import TUNE_BUDGET_S, tune
 from looprl.target import TARGET_CHOICES
 
+# Past this much work one run of an untuned kernel (a few GFLOPS) takes about a second or more:
+# tuning then takes far longer than a small --budget, and the command says why before it starts.
+LONG_KERNEL_FLOPS = 2e9
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m looprl.tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="looprl-tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mnk", nargs="*", type=int, help="matmul sizes: m n k")
     parser.add_argument("--spec", default=None, help="einsum-style contraction, e.g. bmk,bkn->bmn")
     parser.add_argument("--sizes", default=None, help="dimension sizes for --spec, e.g. b=4,m=128,k=64,n=96")
@@ -90,6 +94,10 @@ def _main(args) -> int:
     problem = _problem(args)
     cache = cache_path(args.cache)
     policy = args.policy if args.policy == "default" else Path(args.policy)
+    if not args.no_measure and problem.flops >= LONG_KERNEL_FLOPS:
+        print(f"looprl-tune: {problem.name} is {problem.flops / 1e9:.0f} GFLOP of work: timing it runs the whole kernel, "
+              f"so measuring the untuned nest and each state of the policy's rollout (measured whole, whatever --budget says) "
+              f"takes seconds each, then the best schedule is compiled", file=sys.stderr, flush=True)
     result = tune(problem, policy, steps=args.steps, measure=not args.no_measure, cache=cache, budget_s=args.budget,
                   target=args.target, remember=not args.fresh, threads=args.threads)
     print(result.nest.to_text())

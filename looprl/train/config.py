@@ -16,8 +16,6 @@ import copy
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from looprl import defaults
 from looprl.resources import shipped_path
 
@@ -33,6 +31,8 @@ def load_agent(algo: str, path: str | Path | None = None) -> dict[str, Any]:
     path = Path(path) if path is not None else shipped_path("agents", f"{algo}.yaml")
     if not path.exists():
         raise ValueError(f"agent configuration {path} not found (pass --config PATH)")
+    import yaml  # the [train] extra: imported here so that the command line's help needs none of it
+
     try:
         agent = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as error:
@@ -85,6 +85,32 @@ def make_env(env_context):
     return LoopNestEnv(**dict(env_context))
 
 
+def env_config(agent: dict[str, Any]) -> dict[str, Any]:
+    """The ``LoopNestEnv`` arguments of an agent configuration, as every env runner gets them."""
+    config = dict(agent.get("env", {}))
+    config.setdefault("observation", defaults.TRAINING_OBSERVATION)
+    return config
+
+
+def check_env(agent: dict[str, Any], where: str = "agent configuration") -> None:
+    """Build the agent's env once in this process, as each env runner will, so that a bad
+    setting (``episode_length: -3``, a problem that is not one) is a ValueError naming it
+    here, before a run folder or Ray exists, instead of an env runner's traceback. With no
+    ``peak`` in the settings this measures the target's peak (cached), which the runners reuse."""
+    import inspect
+
+    from looprl.env.loopnest_env import LoopNestEnv
+
+    config = env_config(agent)
+    unknown = sorted(set(config) - set(inspect.signature(LoopNestEnv).parameters))
+    if unknown:
+        raise ValueError(f"{where}: section 'env': unknown settings {unknown}")
+    try:
+        LoopNestEnv(**config).close()
+    except ValueError as error:
+        raise ValueError(f"{where}: section 'env': {error}") from None
+
+
 def build_config(agent: dict[str, Any], *, seed: int, num_env_runners: int | None = None):
     """The RLlib ``AlgorithmConfig`` for an agent configuration (new API stack, torch)."""
     from ray.rllib.connectors.env_to_module import FlattenObservations
@@ -102,11 +128,9 @@ def build_config(agent: dict[str, Any], *, seed: int, num_env_runners: int | Non
         env_runners["num_env_runners"] = num_env_runners
     env_runners.setdefault("num_env_runners", 1)
     env_runners.setdefault("rollout_fragment_length", 20)  # "auto" means n_step for DQN: tiny rounds
-    env_config = dict(agent.get("env", {}))
-    env_config.setdefault("observation", defaults.TRAINING_OBSERVATION)
     config = (
         config.framework("torch")
-        .environment(RLLIB_ENV_NAME, env_config=env_config)
+        .environment(RLLIB_ENV_NAME, env_config=env_config(agent))
         .env_runners(
             # The observation is (max_loops, 20); the default MLP encoder wants a flat vector.
             env_to_module_connector=lambda env, spaces=None, device=None: FlattenObservations(),

@@ -27,6 +27,9 @@ def resolve_policy(path: str | Path) -> Policy:
     if (path / "rllib_checkpoint.json").exists() and (path.parent.parent / "agent.yaml").exists():
         import tempfile
 
+        from looprl.train.extra import require_training_extra
+
+        require_training_extra(f"reading the RLlib checkpoint {path}")
         import yaml
 
         from looprl.train.export import export_policy
@@ -47,20 +50,29 @@ def evaluate(policy: Policy, problems, evaluator: Evaluator, *, use_mask: bool =
         # numpy's kernels for the same ISA, on as many BLAS threads as the evaluator's kernels
         numpy_values = numpy_gflops(list(problems), 0.1, isa=evaluator.target.isa, threads=getattr(evaluator, "threads", 1))
     rows = []
-    print(f"{'problem':>14} {'untuned':>8} {'final':>8} {'speedup':>8} {'numpy':>8}  actions", file=out)
-    for problem, numpy_value in zip(problems, numpy_values):
-        episode = greedy_rollout(policy, problem, evaluator, use_mask=use_mask)
-        sizes = dict(problem.sizes)
-        row = {
-            "problem": problem.name, "m": sizes.get("m", ""), "n": sizes.get("n", ""), "k": sizes.get("k", ""),
-            "initial_gflops": episode.initial_gflops, "final_gflops": episode.final_gflops, "best_gflops": episode.best_gflops,
-            "speedup": episode.speedup, "numpy_gflops": numpy_value,
-            "final_vs_numpy": episode.final_gflops / numpy_value if numpy_value and not math.isnan(numpy_value) else math.nan,
-            "failures": episode.failures, "stopped": episode.stopped, "actions": " ".join(episode.actions),
-        }
-        rows.append(row)
-        label = "x".join(str(sizes.get(d, "?")) for d in ("m", "n", "k"))
-        print(f"{label:>14} {episode.initial_gflops:8.1f} {episode.final_gflops:8.1f} {episode.speedup:8.2f} {numpy_value:8.1f}  {row['actions']}", file=out, flush=True)
+    table = _RowFile(csv_path)  # each row written (and flushed) when its episode ends: an interrupt keeps them
+    try:
+        print(f"{'problem':>14} {'untuned':>8} {'final':>8} {'speedup':>8} {'numpy':>8}  actions", file=out)
+        for problem, numpy_value in zip(problems, numpy_values):
+            episode = greedy_rollout(policy, problem, evaluator, use_mask=use_mask)
+            sizes = dict(problem.sizes)
+            row = {
+                "problem": problem.name, "m": sizes.get("m", ""), "n": sizes.get("n", ""), "k": sizes.get("k", ""),
+                "initial_gflops": episode.initial_gflops, "final_gflops": episode.final_gflops, "best_gflops": episode.best_gflops,
+                "speedup": episode.speedup, "numpy_gflops": numpy_value,
+                "final_vs_numpy": episode.final_gflops / numpy_value if numpy_value and not math.isnan(numpy_value) else math.nan,
+                "failures": episode.failures, "stopped": episode.stopped, "actions": " ".join(episode.actions),
+            }
+            rows.append(row)
+            table.write(row)
+            label = "x".join(str(sizes.get(d, "?")) for d in ("m", "n", "k"))
+            print(f"{label:>14} {episode.initial_gflops:8.1f} {episode.final_gflops:8.1f} {episode.speedup:8.2f} {numpy_value:8.1f}  {row['actions']}", file=out, flush=True)
+    except KeyboardInterrupt:
+        if csv_path is not None:
+            print(f"interrupted: the {len(rows)} problems evaluated are in {csv_path}", file=out, flush=True)
+        raise
+    finally:
+        table.close()
     summary = {
         "problems": len(rows),
         # Every episode counts: a failed schedule leaves its state as it was (the env's rule),
@@ -83,10 +95,28 @@ def evaluate(policy: Policy, problems, evaluator: Evaluator, *, use_mask: bool =
         file=out,
     )
     if csv_path is not None:
-        csv_path.parent.mkdir(parents=True, exist_ok=True)
-        with csv_path.open("w", newline="", encoding="utf-8") as handle:
-            writer = csv.DictWriter(handle, fieldnames=FIELDS)
-            writer.writeheader()
-            writer.writerows(rows)
         print(f"wrote {csv_path}", file=out)
     return summary
+
+
+class _RowFile:
+    """The per-problem CSV, written a row at a time (nothing when ``path`` is None)."""
+
+    def __init__(self, path: Path | None):
+        self.handle = self.writer = None
+        if path is not None:
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.handle = path.open("w", newline="", encoding="utf-8")
+            self.writer = csv.DictWriter(self.handle, fieldnames=FIELDS)
+            self.writer.writeheader()
+            self.handle.flush()
+
+    def write(self, row: dict) -> None:
+        if self.writer is not None:
+            self.writer.writerow(row)
+            self.handle.flush()
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()

@@ -11,6 +11,10 @@ A run directory holds::
                       replay buffer when ``store_buffer_in_checkpoints`` is set
     policy/           the newest checkpoint exported as a numpy policy (policy.json + .npz)
     policy-best/      the policy that scored best in validation (see ``validation.py``)
+    pretrained/       the policy cloned from demonstrations, when the agent has a ``pretrain`` section
+
+A folder whose run never reached a checkpoint (its start failed or was interrupted) holds no
+training to lose: starting it again, with or without ``--resume``, starts over.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import csv
 import dataclasses
 import json
 import math
+import numbers
 import os
 import pickle
 import shutil
@@ -27,8 +32,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from looprl.interrupts import check_interrupt, terminate_as_interrupt
 from looprl.train import metric_names as metrics
@@ -40,6 +43,7 @@ METRICS = [
 KEEP_CHECKPOINTS = 2
 REPLAY_BUFFER_FILE = "replay_buffer.pkl"
 BEST_POLICY = "policy-best"
+PRETRAINED_POLICY = "pretrained"
 
 
 @dataclass
@@ -70,13 +74,40 @@ class RunDirectory:
     def exists(self) -> bool:
         return (self.path / "run.json").exists()
 
+    def checkpointed(self) -> bool:
+        """Whether the folder holds a run that reached a checkpoint: that run can only be
+        resumed. A run folder without one (its start failed or was interrupted) can be started again."""
+        if not self.exists():
+            return False
+        try:
+            record = json.loads((self.path / "run.json").read_text(encoding="utf-8"))
+            return record["state"].get("checkpoint") is not None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            raise ValueError(f"{self.path} holds an unreadable run.json ({error}); choose another --out") from None
+
+    def discard_unstarted(self) -> None:
+        """Remove what a start that reached no checkpoint left (this class's files only, and
+        only in a run folder: an ``--out`` that holds no run.json is left as it is)."""
+        if not self.exists():
+            return
+        if self.checkpointed():
+            raise ValueError(f"{self.path} holds a run with a checkpoint; it can only be resumed")
+        for name in ("run.json", "agent.yaml", "metrics.csv"):
+            (self.path / name).unlink(missing_ok=True)
+        for name in ("checkpoints", "tb", "policy", BEST_POLICY, PRETRAINED_POLICY):
+            shutil.rmtree(self.path / name, ignore_errors=True)
+
     def create(self, agent: dict, arguments: dict) -> None:
+        import yaml  # the [train] extra, as everything that writes a run
+
         self.path.mkdir(parents=True, exist_ok=True)
         self.checkpoints.mkdir(exist_ok=True)
         _atomic_write(self.agent_path, yaml.safe_dump(agent, sort_keys=False))
         self.save_state(RunState(), arguments)
 
     def load(self) -> tuple[dict, RunState, dict]:
+        import yaml
+
         try:
             record = json.loads((self.path / "run.json").read_text(encoding="utf-8"))
             agent = yaml.safe_load(self.agent_path.read_text(encoding="utf-8"))
@@ -95,6 +126,9 @@ class RunDirectory:
         final = self.checkpoints / name
         temporary = self.checkpoints / f".{name}.tmp"
         shutil.rmtree(temporary, ignore_errors=True)
+        # run.json's count is the one this checkpoint holds: an interrupt inside an iteration
+        # leaves the algorithm (and its replay buffer) past the last finished iteration's count.
+        sampled = sampled_env_steps(algo)
         algo.save_to_path(str(temporary.resolve()))
         buffer = getattr(algo, "local_replay_buffer", None)
         if buffer is not None and getattr(algo.config, "store_buffer_in_checkpoints", False):
@@ -104,6 +138,8 @@ class RunDirectory:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(temporary, final)
         state.checkpoint = name
+        if sampled is not None:
+            state.env_steps = sampled
         self.save_state(state, arguments)
         for old in sorted(p for p in self.checkpoints.iterdir() if p.name.startswith("iter_"))[:-KEEP_CHECKPOINTS]:
             shutil.rmtree(old, ignore_errors=True)
@@ -141,6 +177,18 @@ class RunDirectory:
             writer = csv.DictWriter(handle, fieldnames=METRICS)
             writer.writeheader()
             writer.writerows(rows)
+
+
+def sampled_env_steps(algo) -> int | None:
+    """The env steps an RLlib algorithm has counted so far (what a checkpoint of it holds and
+    its next iteration continues from); None when it keeps no such count."""
+    metrics_logger = getattr(algo, "metrics", None)
+    if metrics_logger is None or not hasattr(metrics_logger, "peek"):
+        return None
+    from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME
+
+    value = metrics_logger.peek((ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=None)
+    return int(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else None
 
 
 def metrics_row(result: dict[str, Any], state: RunState, iteration_s: float) -> dict[str, Any]:
@@ -205,8 +253,8 @@ def parse_duration(text: str) -> float:
             value = float(text)
     except ValueError:
         raise ValueError(f"bad duration {text!r}; expected e.g. 90s, 30m or 1.5h") from None
-    if not value > 0:
-        raise ValueError(f"duration must be positive, got {text!r}")
+    if not value > 0 or not math.isfinite(value):
+        raise ValueError(f"duration must be a positive, finite number of seconds, minutes (m) or hours (h), got {text!r}")
     return value
 
 
@@ -216,7 +264,8 @@ def train(algo, run: RunDirectory, state: RunState, arguments: dict, *, iteratio
     """Iterate until ``iterations``, ``time_budget_s`` (total training time, validation
     included) or ``env_steps`` is reached (all totals across resumes); checkpoint every
     ``checkpoint_every`` iterations, at the end and on Ctrl-C or SIGTERM.
-    ``export(checkpoint_path)`` writes the numpy policy of a checkpoint. Every
+    ``export(checkpoint_path)`` writes the numpy policy of a checkpoint; after the one saved
+    on an interrupt, KeyboardInterrupt is raised again. Every
     ``validate_every`` iterations ``validate()`` returns (score, numpy policy of the current
     weights); a policy that beats the run's best so far is saved in ``policy-best/``."""
     from tensorboardX import SummaryWriter
@@ -233,6 +282,7 @@ def train(algo, run: RunDirectory, state: RunState, arguments: dict, *, iteratio
         last_saved = state.iteration
         print(f"  checkpoint {path}", file=out, flush=True)
 
+    interrupted = False
     try:
         with terminate_as_interrupt(), metrics_path.open("a", newline="", encoding="utf-8") as handle:
             table = csv.DictWriter(handle, fieldnames=METRICS)
@@ -262,11 +312,14 @@ def train(algo, run: RunDirectory, state: RunState, arguments: dict, *, iteratio
                 if state.iteration % checkpoint_every == 0:
                     checkpoint()
     except KeyboardInterrupt:
+        interrupted = True
         print("interrupted: saving a final checkpoint", file=out, flush=True)
     finally:
         writer.close()
     if state.iteration > last_saved or state.checkpoint is None:
         checkpoint()
+    if interrupted:
+        raise KeyboardInterrupt  # saved; the caller reports the interrupt (exit status 130)
     return state
 
 
