@@ -303,8 +303,8 @@ def test_help_names_a_command_that_exists(name):
 def test_evaluating_an_avx512_policy_on_an_avx2_host_uses_the_host_target(tmp_path):
     policy = random_policy(target=Target.named("avx512")).save(tmp_path / "policy")
     as_avx2_host = (
-        "import sys; import looprl.backend.host as host; name, features = host.host_cpu();"
-        "host.host_cpu = lambda: ('haswell', features.replace('+avx512', '-avx512'));"
+        "import sys; import looprl.target as target; name, features = target.host_cpu();"
+        "target.host_cpu = lambda: ('haswell', features.replace('+avx512', '-avx512'));"
         "from looprl.cli.train import main; sys.exit(main(sys.argv[1:]))"
     )
     result = python(as_avx2_host, "--evaluate", str(policy), *SMALL, "--limit", "1", "--cache", ":memory:")
