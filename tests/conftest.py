@@ -32,3 +32,25 @@ def strict_evaluation():
 @pytest.fixture
 def cache_path(tmp_path):
     return os.path.join(tmp_path, "measurements.sqlite")
+
+
+@pytest.fixture
+def failing_compiles(monkeypatch):
+    """``failing_compiles(fails)``: from now on, evaluators fail (non-strict) to compile every
+    nest for which ``fails(nest)`` is true, as a code generator bug would."""
+    from looprl.errors import CompileError
+    from looprl.measurement import evaluator as evaluator_module
+
+    real_compile = evaluator_module.compile
+
+    def install(fails):
+        monkeypatch.setenv("LOOPRL_STRICT", "0")
+
+        def compile_or_fail(nest, *args, **kwargs):
+            if fails(nest):
+                raise CompileError("simulated compile failure")
+            return real_compile(nest, *args, **kwargs)
+
+        monkeypatch.setattr(evaluator_module, "compile", compile_or_fail)
+
+    return install

@@ -5,7 +5,6 @@ import pytest
 
 import looprl
 from looprl.env.loopnest_env import LoopNestEnv
-from looprl.errors import CompileError
 from looprl.measurement.evaluator import Evaluator
 from looprl.policy.numpy_policy import Policy
 from looprl.policy.rollout import greedy_rollout
@@ -106,22 +105,13 @@ def test_greedy_rollout_stops_at_its_first_cycle():
     assert rollout.stopped == "cycle" and len(rollout.actions) < 100
 
 
-def test_greedy_rollout_keeps_the_state_when_a_schedule_fails(monkeypatch):
-    from looprl.measurement import evaluator as evaluator_module
-
+def test_greedy_rollout_keeps_the_state_when_a_schedule_fails(monkeypatch, failing_compiles):
     monkeypatch.setenv("LOOPRL_STRICT", "0")
     policy = random_policy(bias=[0, 0, 0, 0, 9, 0, 0])  # always split_4
     problem = looprl.matmul(24, 16, 20)
     reference = greedy_rollout(policy, problem, Evaluator(":memory:", budget_s=0.001), length=10)
     assert reference.final_nest != looprl.initial_nest(problem)
-    real_compile = evaluator_module.compile
-
-    def failing(nest, *args, **kwargs):
-        if nest != looprl.initial_nest(problem):
-            raise CompileError("simulated compile failure")
-        return real_compile(nest, *args, **kwargs)
-
-    monkeypatch.setattr(evaluator_module, "compile", failing)
+    failing_compiles(lambda nest: nest != looprl.initial_nest(problem))
     rollout = greedy_rollout(policy, problem, Evaluator(":memory:", budget_s=0.001), length=10)
     assert rollout.final_nest == looprl.initial_nest(problem)  # never moved to a failed state
     assert rollout.failures == 1 and rollout.stopped == "cycle" and rollout.final_actions == ()

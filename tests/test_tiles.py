@@ -138,20 +138,9 @@ def test_a_search_context_refuses_what_would_end_late_and_measures_each_schedule
     assert context.measure(tile).ok and evaluator.compiled == 2
 
 
-def test_a_failed_schedule_is_no_node_and_is_not_measured_twice(monkeypatch):
-    from looprl.errors import CompileError
-    from looprl.measurement import evaluator as evaluator_module
-
-    monkeypatch.setenv("LOOPRL_STRICT", "0")
+def test_a_failed_schedule_is_no_node_and_is_not_measured_twice(failing_compiles):
     problem = looprl.matmul(32, 32, 32)
-    real_compile = evaluator_module.compile
-
-    def failing(nest, *args, **kwargs):
-        if nest != looprl.initial_nest(problem):
-            raise CompileError("simulated compile failure")
-        return real_compile(nest, *args, **kwargs)
-
-    monkeypatch.setattr(evaluator_module, "compile", failing)
+    failing_compiles(lambda nest: nest != looprl.initial_nest(problem))
     evaluator = Evaluator(":memory:", 0.001, samples=1)
     actions = ActionSet()
     context = SearchContext(problem, actions, evaluator)

@@ -13,8 +13,6 @@ from hypothesis import strategies as st
 import looprl
 from looprl.actions import Action, ActionSet, State, replay, step
 from looprl.env.loopnest_env import LoopNestEnv
-from looprl.errors import CompileError
-from looprl.measurement import evaluator as evaluator_module
 from looprl.measurement.evaluator import Evaluator, Measurement
 from looprl.search.context import SearchContext
 
@@ -26,22 +24,10 @@ def _fails(nest) -> bool:
     return nest != looprl.initial_nest(nest.problem) and zlib.crc32(nest.key.encode()) % 3 == 0
 
 
-@pytest.fixture
-def failing_compile(monkeypatch):
-    monkeypatch.setenv("LOOPRL_STRICT", "0")
-    real = evaluator_module.compile
-
-    def compile_or_fail(nest, *args, **kwargs):
-        if _fails(nest):
-            raise CompileError("simulated failure")
-        return real(nest, *args, **kwargs)
-
-    monkeypatch.setattr(evaluator_module, "compile", compile_or_fail)
-
-
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(problem=st.sampled_from(PROBLEMS), path=st.lists(st.integers(0, 6), min_size=1, max_size=12))
-def test_env_replay_and_search_context_move_alike(failing_compile, problem, path):
+def test_env_replay_and_search_context_move_alike(failing_compiles, problem, path):
+    failing_compiles(_fails)
     cache = looprl.MeasurementCache(":memory:")
     env = LoopNestEnv(problems=[problem], cache=cache, measure_samples=1, measure_budget_s=0.001, peak=100.0,
                       episode_length=len(path))
