@@ -1,5 +1,7 @@
-"""Search baselines over LoopNest-v0's actions: greedy (lookahead L), beam search (width W,
-depth- or breadth-first) and random walks, as compared against in the LoopTune paper.
+"""The one search engine: a :class:`SearchContext` (memo, budget, graph) that strategies
+propose to — the baselines over LoopNest-v0's actions (greedy with lookahead L, beam search of
+width W depth- or breadth-first, random walks, as in the LoopTune paper), AutoTVM, and the
+policy-guided search and stages of ``looprl.tune``.
 
 >>> from looprl import search
 >>> result = search.run("128x256x64", algo="beam4dfs", budget_s=60)
