@@ -11,9 +11,13 @@ EPISODE_LENGTH = 10  # actions per episode
 ENV_OBSERVATION = "raw"  # what LoopNest-v0 returns unless asked otherwise (the paper's numbers)
 TRAINING_OBSERVATION = "normalized"  # what training feeds the networks, and policies expect
 STATE_BUDGET_S = 0.008  # timing budget per new schedule in the env, searches and tune
-# A cached state revisited with fewer samples than this is timed again (the best is kept):
-# on a shared machine timing is bimodal, and a state's first sample may have caught the slow mode.
+# Timings a measured value needs before it is final: a state met again with fewer is timed
+# again and the cache keeps the best (on a shared machine timing is bimodal, and a first timing
+# may have caught the slow mode). 3 where a decision is made (tune, search, looprl.measure);
+# 1 in LoopNest-v0, whose revisits must be lookups for training to run at thousands of steps
+# per second: there the first timing is the reward (docs/measurement.md: what that costs).
 MEASUREMENT_SAMPLES = 3
+ENV_MEASUREMENT_SAMPLES = 1
 # Largest problem accepted, in bytes of its float32 buffers (two inputs, output, accumulator).
 # Every measurement allocates and fills all four in this process, so a typo such as
 # "100000x100000x100000" must fail at once with a message, not as an out-of-memory kill or a

@@ -87,7 +87,9 @@ class LoopNestEnv(gym.Env):
         observation: ``"raw"`` or ``"normalized"``.
         measure_budget_s: timing budget per new schedule (compile time excluded).
         measure_samples: a state revisited with fewer timings than this is timed again and
-            keeps the best (timing on a shared machine is bimodal); 1 makes the first final.
+            keeps the best (timing on a shared machine is bimodal). 1 (the default) makes the
+            first timing final: a revisit is a cache lookup, which training needs; 3 is what
+            tune and the searches use.
         cache: a :class:`~looprl.MeasurementCache`, a path (``":memory:"`` for a private one) or
             None for the per-user persistent cache.
         peak: GFLOPS used to normalise rewards; None measures the target's peak on this host
@@ -140,7 +142,7 @@ class LoopNestEnv(gym.Env):
         peak: float | None = None,
         render_mode: str | None = None,
         target: "Target | str | None" = None,
-        measure_samples: int = defaults.MEASUREMENT_SAMPLES,
+        measure_samples: int = defaults.ENV_MEASUREMENT_SAMPLES,
         reward: str = "measured",
         model=None,
         measure_fraction: float = DEFAULT_MEASURE_FRACTION,
