@@ -30,6 +30,7 @@ from looprl.ir.problem import Problem, matmul
 from looprl.ir.schedules import expert_candidates
 from looprl.measurement.numpy_baseline import numpy_gflops
 from looprl.measurement.peak import measure_peak_gflops
+from looprl.measurement.roofline import roofline
 from looprl.measurement.timing import time_kernel
 from looprl.policy.parallel import parallel_variant
 from looprl.target import TARGET_NAMES, Target
@@ -115,6 +116,11 @@ def run(shapes: list[tuple[int, int, int]], budget_s: float, compiles: int, out=
         section["compile"] = compile_stats(compiles, target=target) if compiles else None
         peak = max(peaks[target.key], measure_peak_gflops(target))
         section["peak_gflops"] = peak
+        ceilings = roofline(peak, target, ":memory:", fresh=True)
+        section["roofline"] = ceilings.describe()
+        for r, problem in zip(section["rows"], problems):
+            bound = ceilings.bound(problem)
+            r.update(bound_gflops=bound.gflops, bound=bound.limit, expert_vs_bound=r["expert_gflops"] / bound.gflops)
         for r, numpy_gf in zip(section["rows"], numpy):
             r["numpy_gflops"] = numpy_gf
             r["expert_vs_numpy"] = r["expert_gflops"] / numpy_gf
@@ -152,13 +158,15 @@ def _print(report: dict, out) -> None:
         target = Target.from_dict(section["target"])
         peak = section["peak_gflops"]
         print(f"\n== target {section['label']}: {target}", file=out)
-        print(f"measured peak: {peak:.1f} GFLOPS (fp32, one core, {target.isa} code)", file=out)
-        header = f"{'m x n x k':>13} {'numpy':>7} {'untuned':>8} {'expert':>7} {'exp/numpy':>10} {'exp/peak':>9} {'untuned/peak':>13}  expert schedule"
+        print(f"measured peak: {peak:.1f} GFLOPS (fp32, one core, {target.isa} code); {section['roofline']}", file=out)
+        header = (f"{'m x n x k':>13} {'numpy':>7} {'untuned':>8} {'expert':>7} {'exp/numpy':>10} {'exp/peak':>9} {'untuned/peak':>13}"
+                  f" {'bound':>7} {'exp/bound':>9}  expert schedule")
         print(header, file=out)
         for r in section["rows"]:
             print(
                 f"{r['problem']:>13} {r['numpy_gflops']:7.1f} {r['untuned_gflops']:8.1f} {r['expert_gflops']:7.1f}"
-                f" {r['expert_vs_numpy']:10.2f} {r['expert_vs_peak']:9.2f} {r['untuned_vs_peak']:13.2f}  {r['expert_schedule']}",
+                f" {r['expert_vs_numpy']:10.2f} {r['expert_vs_peak']:9.2f} {r['untuned_vs_peak']:13.2f}"
+                f" {r['bound_gflops']:6.1f}{r['bound'][0].upper()} {r['expert_vs_bound']:9.2f}  {r['expert_schedule']}",
                 file=out,
             )
         print(

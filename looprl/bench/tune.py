@@ -33,6 +33,7 @@ from looprl.ir.nest import initial_nest
 from looprl.ir.problem import parse_problems
 from looprl.measurement.numpy_baseline import baseline_label, numpy_gflops
 from looprl.measurement.peak import measure_peak_gflops
+from looprl.measurement.roofline import roofline
 from looprl.measurement.timing import time_kernel
 from looprl.policy.loading import load_policy
 from looprl.policy.tuner import TUNE_BUDGET_S, tune
@@ -138,6 +139,7 @@ def main(args, out=sys.stdout) -> dict:
         problems = [entry.problem for entry in entries]
         source = f"{args.dataset}/{args.split}"
     peak = measure_peak_gflops(target, threads=first)
+    ceilings = roofline(peak, target, ":memory:", threads=first, fresh=True)
     numpy = numpy_gflops(problems, args.budget, isa=target.isa, threads=first)
     numpy_label = baseline_label(target.isa, threads=first)
     others = {n: numpy_gflops(problems, args.budget, isa=target.isa, threads=n) for n in counts[1:]}
@@ -145,9 +147,10 @@ def main(args, out=sys.stdout) -> dict:
     made_for = policy.target.isa if policy.target is not None else "unknown"
     print(f"target {target}; peak {peak:.1f} GFLOPS; policy made for {made_for}; {len(problems)} problems ({source}); "
           f"{args.mode} mode, search budget {'scaled to the problem' if args.tune_budget is None else f'{args.tune_budget} s'}; CPU {cpu_model_name()}", file=out)
+    print(ceilings.describe(), file=out)
     print(f"compared with {numpy_label}" + "".join(f"; on {n} threads with {baseline_label(target.isa, threads=n)} "
                                                     f"(peak {peaks[n]:.1f})" for n in counts[1:]), file=out)
-    print(f"{'problem':>14} {'tune ms':>8} {'untuned':>8} {'tuned':>8} {'numpy':>8} {'tuned/numpy':>11}"
+    print(f"{'problem':>14} {'tune ms':>8} {'untuned':>8} {'tuned':>8} {'numpy':>8} {'tuned/numpy':>11} {'bound':>7} {'of bound':>8}"
           + (f" {'search':>8}" if args.search else "")
           + "".join(f" {f'tuned@{n}':>9} {f'numpy@{n}':>9} {f'@{n}/numpy':>9} {f'@{n}/@1':>7} {f'serial@{n}':>9}" for n in counts[1:]),
           file=out)
@@ -157,8 +160,10 @@ def main(args, out=sys.stdout) -> dict:
                       threads=first)
         tuned = time_kernel(result.kernel, args.budget).gflops
         untuned = time_kernel(compile(initial_nest(problem), target=target), args.budget).gflops
+        bound = ceilings.bound(problem)
         row = {"problem": problem.name, "tune_s": result.seconds, "waited_s": result.waited_s, "untuned_gflops": untuned, "tuned_gflops": tuned,
-               "numpy_gflops": numpy_value, "actions": list(result.actions), "schedule": result.nest.key}
+               "numpy_gflops": numpy_value, "bound_gflops": bound.gflops, "bound": bound.limit, "actions": list(result.actions),
+               "schedule": result.nest.key}
         if entry is not None and entry.model is not None:
             row.update(model=entry.model, layer=entry.layer)
         if args.search:
@@ -180,6 +185,7 @@ def main(args, out=sys.stdout) -> dict:
         rows.append(row)
         label = _label(problem)
         print(f"{label:>14} {1000 * result.seconds:8.0f} {untuned:8.1f} {tuned:8.1f} {numpy_value:8.1f} {tuned / numpy_value:11.2f}"
+              f" {bound.gflops:6.1f}{bound.limit[0].upper()} {tuned / bound.gflops:8.2f}"
               + (f" {row['search_gflops']:8.1f}" if args.search else "") + columns, file=out, flush=True)
     times = sorted(r["tune_s"] for r in rows)
     summary = {
@@ -190,6 +196,8 @@ def main(args, out=sys.stdout) -> dict:
         "tuned_vs_numpy_geomean": _geomean(r["tuned_gflops"] / r["numpy_gflops"] for r in rows),
         "tuned_vs_untuned_geomean": _geomean(r["tuned_gflops"] / r["untuned_gflops"] for r in rows),
         "tuned_vs_peak_geomean": _geomean(r["tuned_gflops"] / peak for r in rows),
+        "tuned_vs_bound_geomean": _geomean(r["tuned_gflops"] / r["bound_gflops"] for r in rows),
+        "roofline": {"llc_gbs": ceilings.llc_gbs, "dram_gbs": ceilings.dram_gbs, "l2_bytes": ceilings.l2_bytes, "llc_bytes": ceilings.llc_bytes},
         "tuned_gflops_mean": statistics.fmean(r["tuned_gflops"] for r in rows),
         "numpy_gflops_mean": statistics.fmean(r["numpy_gflops"] for r in rows),
         "untuned_gflops_mean": statistics.fmean(r["untuned_gflops"] for r in rows),
@@ -201,7 +209,8 @@ def main(args, out=sys.stdout) -> dict:
     print(
         f"tune time: median {1000 * summary['tune_s_median']:.0f} ms, p95 {1000 * summary['tune_s_p95']:.0f} ms; "
         f"geomean tuned/numpy {summary['tuned_vs_numpy_geomean']:.2f}, tuned/untuned {summary['tuned_vs_untuned_geomean']:.2f}, "
-        f"tuned/peak {summary['tuned_vs_peak_geomean']:.2f}" + (f" ({first} thread{'s' if first > 1 else ''})" if len(counts) > 1 else ""),
+        f"tuned/peak {summary['tuned_vs_peak_geomean']:.2f}, tuned/bound {summary['tuned_vs_bound_geomean']:.2f} "
+        f"(bound: P peak, L last-level cache or D DRAM bandwidth x flops per byte)" + (f" ({first} thread{'s' if first > 1 else ''})" if len(counts) > 1 else ""),
         file=out,
     )
     for n in counts[1:]:

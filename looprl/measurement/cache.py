@@ -19,7 +19,7 @@ import time
 from looprl import defaults
 from looprl.target import Target
 from looprl.ir.nest import LoopNest
-from looprl.measurement.keys import measurement_host, measurement_key, peak_key, schedule_threads, tuned_problem
+from looprl.measurement.keys import bandwidth_key, measurement_host, measurement_key, peak_key, schedule_threads, tuned_problem
 from looprl.measurement.store import CachedValue, CacheStore, row_checksum, stored_value
 
 
@@ -122,6 +122,14 @@ class MeasurementCache:
 
     def put_peak(self, gflops: float, target: Target | None = None, threads: int = 1) -> None:
         self._store.write("peaks", (peak_key(target, threads),), gflops)
+
+    def get_bandwidth(self, level: str, target: Target, threads: int = 1) -> float | None:
+        """The stored bandwidth (GB/s) from ``level`` of this host, or None."""
+        value = self._store.read("peaks", (bandwidth_key(level, target, threads),))
+        return None if value is None else value.gflops
+
+    def put_bandwidth(self, gbs: float, level: str, target: Target, threads: int = 1) -> None:
+        self._store.write("peaks", (bandwidth_key(level, target, threads),), gbs)
 
     # -- tuned results ---------------------------------------------------------
     def get_tuned(self, problem_name: str, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S,

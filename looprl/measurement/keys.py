@@ -59,6 +59,13 @@ def _peak_key(target: Target | None) -> str:
     return f"{host_fingerprint()}|{Target.resolve(target).key}|peak-timing-v{TIMING_PROTOCOL_VERSION}"
 
 
+def bandwidth_key(level: str, target: Target, threads: int = 1) -> str:
+    """The cache's key for this host's measured bandwidth from ``level`` (``"llc"`` or
+    ``"dram"``) with ``target``'s vector loads, on ``threads`` threads (stored in the peaks
+    table: a ceiling of this host, in GB/s)."""
+    return f"{host_fingerprint()}|{target.key}|bandwidth-{level}-timing-v{TIMING_PROTOCOL_VERSION}" + _threads_suffix(threads)
+
+
 def schedule_threads(nest: LoopNest, threads: int) -> int:
     """The threads ``nest`` runs on when a caller offers ``threads``: 1 without a parallel loop."""
     return threads if nest.is_parallel else 1
