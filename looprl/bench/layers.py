@@ -31,6 +31,8 @@ from looprl.ir.epilogue import ACTIVATIONS
 from looprl.ir.layers import linear
 from looprl.measurement.numpy_baseline import baseline_label, numpy_gflops
 from looprl.measurement.numpy_epilogue import erf_source
+from looprl.measurement.peak import measure_peak_gflops
+from looprl.measurement.roofline import roofline
 from looprl.measurement.timing import best_time, time_kernel
 from looprl.policy.tuner import tune
 from looprl.target import Target
@@ -127,10 +129,12 @@ def main(args, out=sys.stdout) -> dict:
     target.check_runs_on_host()
     problems = [linear(b, i, o, bias=bias, activation=act, residual=res) for _, b, i, o, act, res, bias in layers]
     numpy = numpy_gflops(problems, args.budget, isa=target.isa)
+    ceilings = roofline(measure_peak_gflops(target), target, ":memory:", fresh=True)
     print(f"target {target}; CPU {cpu_model_name()}; one thread; compared with {baseline_label(target.isa)} "
           f"(gelu's erf: {erf_source()}){'' if args.no_torch else ' and torch'}", file=out)
+    print(ceilings.describe(), file=out)
     print(f"{'layer':>38} {'m x k -> n':>16} {'tune s':>6} {'fused ms':>8} {'numpy ms':>8} {'torch ms':>8} {'GFLOPS':>7} "
-          f"{'x numpy':>7} {'x torch':>7}", file=out)
+          f"{'x numpy':>7} {'x torch':>7} {'bound':>7} {'of bound':>8}", file=out)
     rows = []
     for (name, *_), problem, numpy_value in zip(layers, problems, numpy):
         result = tune(problem, args.policy if args.policy == "default" else Path(args.policy), cache=":memory:", target=target,
@@ -138,13 +142,15 @@ def main(args, out=sys.stdout) -> dict:
         fused = time_kernel(result.kernel, args.budget)
         numpy_s = problem.flops / numpy_value / 1e9
         torch_s = math.nan if args.no_torch else torch_seconds(problem, args.budget)
+        bound = ceilings.bound(problem)
         row = {"layer": name, "problem": problem.name, "tune_s": result.seconds, "fused_s": fused.seconds, "numpy_s": numpy_s,
                "torch_s": torch_s, "fused_gflops": fused.gflops, "vs_numpy": numpy_s / fused.seconds, "vs_torch": torch_s / fused.seconds,
-               "schedule": result.nest.key}
+               "bound_gflops": bound.gflops, "bound": bound.limit, "schedule": result.nest.key}
         rows.append(row)
         shape = f"{problem.size('m')}x{problem.size('k')}->{problem.size('n')}"
         print(f"{name:>38} {shape:>16} {result.seconds:6.2f} {1e3 * fused.seconds:8.3f} {1e3 * numpy_s:8.3f} {1e3 * torch_s:8.3f} "
-              f"{fused.gflops:7.1f} {row['vs_numpy']:7.2f} {row['vs_torch']:7.2f}", file=out, flush=True)
+              f"{fused.gflops:7.1f} {row['vs_numpy']:7.2f} {row['vs_torch']:7.2f} {bound.gflops:6.1f}{bound.limit[0].upper()}"
+              f" {fused.gflops / bound.gflops:8.2f}", file=out, flush=True)
     activated = [r for r, p in zip(rows, problems) if p.epilogue.activation is not None]
     summary = {
         "vs_numpy_geomean": _geomean(r["vs_numpy"] for r in rows),
