@@ -18,7 +18,7 @@ def test_peak_ir_without_fma_multiplies_then_adds():
     assert "llvm.fma" not in without
     assert without.count("fmul <4 x float>") == 12 and without.count("fadd <4 x float>") >= 12
     team = peak_ir(Target.named("avx2"), 10, team=True)
-    assert "define void @peak_team(" in team and "@GOMP_parallel(ptr @peak_body" in team
+    assert "define void @peak_team(" in team and "@GOMP_parallel(ptr @peak_team_body" in team
 
 
 def test_peak_chains_fit_the_register_file_with_their_two_operands():

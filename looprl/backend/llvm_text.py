@@ -192,6 +192,41 @@ def splat(fn: Function, scalar: str, lanes: int) -> str:
     return fn.value(f"shufflevector <{lanes} x float> {one}, <{lanes} x float> poison, <{lanes} x i32> zeroinitializer", "b")
 
 
+def emit_team(module: "Module", name: str, serial: str, params: list[tuple[str, str]], shares) -> None:
+    """Emit ``void @<name>(<params>, i32 %nthreads)``, which runs ``@<serial>`` on every thread
+    of an OpenMP team (``GOMP_parallel``): the parameters (``(type, name)`` pairs, each 8 bytes)
+    travel to the threads in a context, and ``shares(body, args, thread)`` returns the serial
+    call's argument list for the thread numbered by the i64 SSA value ``thread`` (``args``: the
+    parameters' SSA values by name)."""
+    module.declare_openmp()
+    body = Function(f"define internal void @{name}_body(ptr %ctx) nounwind {{")
+    module.functions.append(body)
+    args = {}
+    for slot, (kind, param) in enumerate(params):
+        place = body.value(f"getelementptr inbounds i64, ptr %ctx, i64 {slot}", "f")
+        args[param] = body.value(f"load {kind}, ptr {place}, align 8", param)
+    number = body.value("call i32 @omp_get_thread_num()", "tid")
+    thread = body.value(f"zext i32 {number} to i64", "t")
+    body.emit(f"call void @{serial}({', '.join(shares(body, args, thread))})")
+    body.close()
+    entry = Function(f"define void @{name}({', '.join(f'{kind} %{param}' for kind, param in params)}, i32 %nthreads) nounwind {{")
+    module.functions.append(entry)
+    context = entry.alloca(f"[{len(params)} x i64]")
+    for slot, (kind, param) in enumerate(params):
+        place = entry.value(f"getelementptr inbounds i64, ptr {context}, i64 {slot}", "f")
+        entry.emit(f"store {kind} %{param}, ptr {place}, align 8")
+    entry.emit(f"call void @GOMP_parallel(ptr @{name}_body, ptr {context}, i32 %nthreads, i32 0)")
+    entry.close()
+
+
+def vector_sum(fn: Function, values: list[str], typ: str) -> str:
+    """The sum of ``values`` (SSA vectors of ``typ``), added in order."""
+    total = values[0]
+    for value in values[1:]:
+        total = fn.value(f"fadd {typ} {total}, {value}", "s")
+    return total
+
+
 def multiply_add(module: Module, fn: Function, a: str, b: str, c: str, lanes: int, fma: bool) -> str:
     """``a * b + c`` on ``lanes`` floats: ``llvm.fma`` where the target has FMA instructions,
     else a multiply, then an add (there ``llvm.fma`` would be a call to ``fmaf`` per lane)."""

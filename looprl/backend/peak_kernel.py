@@ -9,7 +9,7 @@ team, thread t on its own two vectors at ``io + 2 t`` vectors."""
 
 from __future__ import annotations
 
-from looprl.backend.llvm_text import Function, Module, multiply_add, vector_type
+from looprl.backend.llvm_text import Function, Module, emit_team, multiply_add, vector_sum, vector_type
 from looprl.target import Target
 
 PEAK_ITERATIONS = 4096  # loop trips per rep; each runs one multiply-add per chain
@@ -39,34 +39,15 @@ def peak_ir(target: Target, chains: int, team: bool = False) -> str:
     with fn.loop(trips, {chain: (typ, x) for chain in range(chains)}) as loop:
         for chain in range(chains):
             loop.values[chain] = multiply_add(module, fn, loop.values[chain], y, x, lanes, target.fma)
-    total = loop.values[0]
-    for chain in range(1, chains):
-        total = fn.value(f"fadd {typ} {total}, {loop.values[chain]}", "s")
-    fn.emit(f"store {typ} {total}, ptr %io, align 4")
+    fn.emit(f"store {typ} {vector_sum(fn, [loop.values[c] for c in range(chains)], typ)}, ptr %io, align 4")
     fn.close()
     if team:
-        _emit_team(module, typ)
+        emit_team(module, "peak_team", "peak", [("ptr", "io"), ("i64", "reps")], lambda body, args, thread: _share(body, args, thread, typ))
     return module.text()
 
 
-def _emit_team(module: Module, typ: str) -> None:
-    module.declare_openmp()
-    body = Function("define internal void @peak_body(ptr %ctx) nounwind {")
-    module.functions.append(body)
-    io = body.value("load ptr, ptr %ctx, align 8", "io")
-    place = body.value("getelementptr inbounds ptr, ptr %ctx, i64 1", "p")
-    reps = body.value(f"load i64, ptr {place}, align 8", "reps")
-    thread = body.value("call i32 @omp_get_thread_num()", "tid")
-    wide = body.value(f"zext i32 {thread} to i64", "t")
-    slot = body.value(f"mul i64 {wide}, 2", "slot")
-    mine = body.value(f"getelementptr inbounds {typ}, ptr {io}, i64 {slot}", "mine")
-    body.emit(f"call void @peak(ptr {mine}, i64 {reps})")
-    body.close()
-    entry = Function("define void @peak_team(ptr %io, i64 %reps, i32 %nthreads) nounwind {")
-    module.functions.append(entry)
-    context = entry.alloca("[2 x i64]")
-    entry.emit(f"store ptr %io, ptr {context}, align 8")
-    place = entry.value(f"getelementptr inbounds ptr, ptr {context}, i64 1", "p")
-    entry.emit(f"store i64 %reps, ptr {place}, align 8")
-    entry.emit(f"call void @GOMP_parallel(ptr @peak_body, ptr {context}, i32 %nthreads, i32 0)")
-    entry.close()
+def _share(body: Function, args: dict, thread: str, typ: str) -> list[str]:
+    """Thread ``thread`` runs the chains on its own two vectors, at ``io + 2 thread``."""
+    slot = body.value(f"mul i64 {thread}, 2", "slot")
+    mine = body.value(f"getelementptr inbounds {typ}, ptr {args['io']}, i64 {slot}", "mine")
+    return [f"ptr {mine}", f"i64 {args['reps']}"]

@@ -11,7 +11,7 @@ at ``out + t``."""
 
 from __future__ import annotations
 
-from looprl.backend.llvm_text import Function, Module, vector_type
+from looprl.backend.llvm_text import Function, Module, emit_team, vector_sum, vector_type
 from looprl.target import Target
 
 STREAM_ACCUMULATORS = 8  # independent vector sums: enough loads in flight for any ISA
@@ -35,37 +35,18 @@ def stream_ir(target: Target, team: bool = False) -> str:
                 inner.values[a] = fn.value(f"fadd {typ} {inner.values[a]}, {loaded}", "s")
         for a in range(STREAM_ACCUMULATORS):
             outer.values[a] = inner.values[a]
-    total = outer.values[0]
-    for a in range(1, STREAM_ACCUMULATORS):
-        total = fn.value(f"fadd {typ} {total}, {outer.values[a]}", "t")
-    fn.emit(f"store {typ} {total}, ptr %out, align 4")
+    fn.emit(f"store {typ} {vector_sum(fn, [outer.values[a] for a in range(STREAM_ACCUMULATORS)], typ)}, ptr %out, align 4")
     fn.close()
     if team:
-        _emit_team(module, typ)
+        params = [("ptr", "data"), ("i64", "blocks"), ("i64", "reps"), ("ptr", "out")]
+        emit_team(module, "stream_team", "stream", params, lambda body, args, thread: _share(body, args, thread, typ))
     return module.text()
 
 
-def _emit_team(module: Module, typ: str) -> None:
-    module.declare_openmp()
-    body = Function("define internal void @stream_body(ptr %ctx) nounwind {")
-    module.functions.append(body)
-    fields = {}
-    for slot, (name, kind) in enumerate((("data", "ptr"), ("blocks", "i64"), ("reps", "i64"), ("out", "ptr"))):
-        place = body.value(f"getelementptr inbounds i64, ptr %ctx, i64 {slot}", "f")
-        fields[name] = body.value(f"load {kind}, ptr {place}, align 8", name)
-    thread = body.value("call i32 @omp_get_thread_num()", "tid")
-    wide = body.value(f"zext i32 {thread} to i64", "t")
-    first = body.value(f"mul i64 {wide}, {fields['blocks']}", "first")
+def _share(body: Function, args: dict, thread: str, typ: str) -> list[str]:
+    """Thread ``thread`` streams its own contiguous ``blocks`` and sums into its own vector."""
+    first = body.value(f"mul i64 {thread}, {args['blocks']}", "first")
     start = body.value(f"mul i64 {first}, {STREAM_ACCUMULATORS}", "start")
-    mine = body.value(f"getelementptr inbounds {typ}, ptr {fields['data']}, i64 {start}", "mine")
-    result = body.value(f"getelementptr inbounds {typ}, ptr {fields['out']}, i64 {wide}", "res")
-    body.emit(f"call void @stream(ptr {mine}, i64 {fields['blocks']}, i64 {fields['reps']}, ptr {result})")
-    body.close()
-    entry = Function("define void @stream_team(ptr %data, i64 %blocks, i64 %reps, ptr %out, i32 %nthreads) nounwind {")
-    module.functions.append(entry)
-    context = entry.alloca("[4 x i64]")
-    for slot, (value, kind) in enumerate((("%data", "ptr"), ("%blocks", "i64"), ("%reps", "i64"), ("%out", "ptr"))):
-        place = entry.value(f"getelementptr inbounds i64, ptr {context}, i64 {slot}", "f")
-        entry.emit(f"store {kind} {value}, ptr {place}, align 8")
-    entry.emit(f"call void @GOMP_parallel(ptr @stream_body, ptr {context}, i32 %nthreads, i32 0)")
-    entry.close()
+    mine = body.value(f"getelementptr inbounds {typ}, ptr {args['data']}, i64 {start}", "mine")
+    result = body.value(f"getelementptr inbounds {typ}, ptr {args['out']}, i64 {thread}", "res")
+    return [f"ptr {mine}", f"i64 {args['blocks']}", f"i64 {args['reps']}", f"ptr {result}"]
