@@ -25,7 +25,8 @@ a wrong answer:
   backward), e.g. training;
 * a tensor subclass, a zero-size input.
 
-Non-contiguous inputs are copied into a contiguous tensor first. When the layer's weight or
+:func:`stats` counts, per layer and in all, the calls a looprl kernel served and the calls that
+fell back, by reason. Non-contiguous inputs are copied into a contiguous tensor first. When the layer's weight or
 bias changes (in place, e.g. ``load_state_dict`` or an optimiser step, or replaced), the kernels
 bind the new values on the next call. A module may be called from several threads at once.
 """
@@ -45,7 +46,7 @@ from looprl.backend.buffers import aligned_empty
 from looprl.ir.layers import linear
 from looprl.policy.tuner import TuneResult, tune
 
-__all__ = ["TunedLinear", "tune_module", "tuned_layers"]
+__all__ = ["TunedLinear", "stats", "tune_module", "tuned_layers"]
 
 
 def _activation_of(module: nn.Module) -> str | None:
@@ -77,6 +78,8 @@ class TunedLinear(nn.Module):
         self._bound_to: tuple | None = None
         self._bind_lock = threading.Lock()
         self._local = threading.local()  # per thread: workspaces by row count
+        self._stats_lock = threading.Lock()
+        self.calls: dict[str, int] = {}  # "looprl" or a fallback's reason -> calls (see stats())
 
     def extra_repr(self) -> str:
         fused = f", activation={_activation_of(self.activation)}" if self.activation is not None else ""
@@ -106,20 +109,32 @@ class TunedLinear(nn.Module):
                     self._bound_to = state
         return self._bound
 
-    def _usable(self, x) -> bool:
+    def why_not(self, x) -> str | None:
+        """Why a call on ``x`` falls back to the original layer (a short reason, the key of
+        :func:`stats`' ``fallbacks``), or None if a looprl kernel computes it."""
         weight, bias = self.weight, self.bias
         if type(x) is not torch.Tensor or x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() < 1:
-            return False
-        if x.shape[-1] != self.in_features or x.numel() == 0:
-            return False
+            return "input not a float32 CPU tensor"
+        if x.shape[-1] != self.in_features:
+            return "input's last dimension is not in_features"
+        if x.numel() == 0:
+            return "empty input"
         if weight.dtype != torch.float32 or weight.device.type != "cpu" or (bias is not None and (bias.dtype != torch.float32 or bias.device.type != "cpu")):
-            return False
+            return "parameters not float32 on the CPU"
         if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
-            return False
-        return math.prod(x.shape[:-1]) in self.results
+            return "autograd"
+        if math.prod(x.shape[:-1]) not in self.results:
+            return "row count not tuned"
+        return None
+
+    def _count(self, why: str | None) -> None:
+        with self._stats_lock:
+            self.calls[why or "looprl"] = self.calls.get(why or "looprl", 0) + 1
 
     def forward(self, x):
-        if not self._usable(x):
+        why = self.why_not(x)
+        self._count(why)
+        if why is not None:
             return self._fallback(x)
         rows = math.prod(x.shape[:-1])
         kernel = self._kernels()[rows]
@@ -240,3 +255,22 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
 def tuned_layers(module: nn.Module) -> list[tuple[str, TunedLinear]]:
     """The :class:`TunedLinear` layers of ``module``, with their names."""
     return [(name, layer) for name, layer in module.named_modules() if isinstance(layer, TunedLinear)]
+
+
+def stats(module: nn.Module) -> dict:
+    """How the tuned layers of ``module`` served their calls so far: ``looprl_calls`` (a looprl
+    kernel computed the call), ``fallback_calls`` (the original layer did) and ``fallbacks``
+    (why: ``{reason: calls}``, the reasons of :meth:`TunedLinear.why_not`), in all and per
+    layer (``layers``: name -> the same three)."""
+    layers = {}
+    for name, layer in tuned_layers(module):
+        with layer._stats_lock:
+            calls = dict(layer.calls)
+        fallbacks = {why: count for why, count in calls.items() if why != "looprl"}
+        layers[name] = {"looprl_calls": calls.get("looprl", 0), "fallback_calls": sum(fallbacks.values()), "fallbacks": fallbacks}
+    total: dict[str, int] = {}
+    for entry in layers.values():
+        for why, count in entry["fallbacks"].items():
+            total[why] = total.get(why, 0) + count
+    return {"looprl_calls": sum(e["looprl_calls"] for e in layers.values()), "fallback_calls": sum(total.values()),
+            "fallbacks": total, "layers": layers}

@@ -128,3 +128,24 @@ def test_importing_looprl_does_not_import_torch():
     code = "import sys, looprl; looprl.linear(2, 3, 4); assert 'torch' not in sys.modules, 'torch imported'"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_stats_count_looprl_calls_and_fallbacks_by_reason(options):
+    from looprl.torch import stats
+
+    module = block()
+    x = torch.randn(5, 24)
+    tuned = tune_module(module, x, **options)
+    assert stats(tuned)["looprl_calls"] == 0 and stats(tuned)["fallback_calls"] == 0
+    with torch.no_grad():
+        tuned(x)  # both linear layers: looprl
+        tuned(torch.randn(7, 24))  # a row count not tuned: both fall back
+    tuned(x.clone().requires_grad_())  # autograd: both fall back
+    counted = stats(tuned)
+    layers = len(tuned_layers(tuned))
+    assert layers == 2
+    assert counted["looprl_calls"] == layers and counted["fallback_calls"] == 2 * layers
+    assert counted["fallbacks"] == {"row count not tuned": layers, "autograd": layers}
+    assert set(counted["layers"]) == {name for name, _ in tuned_layers(tuned)}
+    assert all(entry["looprl_calls"] == 1 and entry["fallback_calls"] == 2 for entry in counted["layers"].values())
+    assert stats(nn.Linear(3, 4)) == {"looprl_calls": 0, "fallback_calls": 0, "fallbacks": {}, "layers": {}}
