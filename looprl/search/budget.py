@@ -16,7 +16,6 @@ machine takes longer rather than returning whatever it had measured.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -108,6 +107,3 @@ class Budget:
         if measurement.gflops > 0:
             self.reference_gflops = measurement.gflops
         self.longest_compile_s = max(self.longest_compile_s, measurement.compile_s)
-
-    def remaining_s(self) -> float:
-        return math.inf if self.deadline is None else self.deadline - time.perf_counter()
