@@ -185,6 +185,10 @@ class ActionSet:
     def __len__(self) -> int:
         return len(self.actions)
 
+    def as_index(self, action) -> int:
+        """An action given by name or by index, as its index."""
+        return self.index(action) if isinstance(action, str) else self.validate(action)
+
     def index(self, name: str) -> int:
         try:
             return self.names.index(name)

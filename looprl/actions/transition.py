@@ -58,10 +58,9 @@ class Transition:
 
 def step(actions: ActionSet, state: State, gflops: float, action: int, value: Callable | None) -> Transition:
     """Apply ``action`` (an index into ``actions``) in ``state`` (whose speed is ``gflops``)."""
-    why = actions.why_not(state, action)
-    if why is not None:
-        return Transition(state, gflops, INVALID, why=why)
     following = actions.apply(state, action)
+    if following is None:
+        return Transition(state, gflops, INVALID, why=actions.why_not(state, action))
     if not actions.is_structural(action):
         return Transition(following, gflops, MOVED)
     if value is None:
@@ -77,8 +76,7 @@ def replay(actions: ActionSet, state: State, gflops: float, path: Iterable, valu
     each from where the previous one left."""
     transitions = []
     for action in path:
-        index = actions.index(action) if isinstance(action, str) else action
-        transition = step(actions, state, gflops, index, value)
+        transition = step(actions, state, gflops, actions.as_index(action), value)
         transitions.append(transition)
         state, gflops = transition.state, transition.gflops
     return transitions
@@ -96,8 +94,7 @@ def follow(actions: ActionSet, state: State, path: Iterable) -> State | None:
     """The state ``path`` (indices or names) reaches from ``state`` without measuring, or None
     if one of its actions cannot apply where it is taken (a path that must replay exactly)."""
     for action in path:
-        index = actions.index(action) if isinstance(action, str) else action
-        state = actions.apply(state, index)
+        state = actions.apply(state, actions.as_index(action))
         if state is None:
             return None
     return state

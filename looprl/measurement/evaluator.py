@@ -139,13 +139,16 @@ class Evaluator:
         if not isinstance(nest, LoopNest):
             raise ValueError(f"expected a LoopNest, got {type(nest).__name__}")
         known = self.cache.lookup(nest, self.target, self.budget_s, self.threads)
-        if known is not None and known.samples >= self.samples:
+        if self._final(known):
             return Measurement(known.gflops, from_cache=True, samples=known.samples)
         return self._time(nest, kernel, resample=known is not None)
 
     def is_final(self, nest: LoopNest) -> bool:
         """Whether :meth:`measure` would answer ``nest`` from the cache, timing nothing."""
-        known = self.cache.lookup(nest, self.target, self.budget_s, self.threads)
+        return self._final(self.cache.lookup(nest, self.target, self.budget_s, self.threads))
+
+    def _final(self, known) -> bool:
+        """Whether a cached value (or None) has the timings it needs."""
         return known is not None and known.samples >= self.samples
 
     def remeasure(self, nest: LoopNest, kernel: Kernel | None = None) -> Measurement:

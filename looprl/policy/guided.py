@@ -89,8 +89,9 @@ def guided_search(
         for _ in range(depth):
             children: list[_Node] = []
             for node in frontier:
-                if context.exhausted():
-                    raise BudgetExhausted("time budget")
+                reason = context.exhausted()
+                if reason is not None:
+                    raise BudgetExhausted(reason)
                 expanded += 1
                 for preference, path, following in _proposals(policy, actions, node.state, normalized, top_k, tile_rows):
                     if following is None or following.key in seen:

@@ -232,7 +232,8 @@ def _search(policy: Policy, problem: Problem, evaluator: Evaluator, steps: int |
     not started), the rollout's register tile refined and the policy-guided search; with
     threads, the best serial schedules made parallel, in a quarter of the budget more. The
     budget counts from ``started`` (tune's call)."""
-    context = SearchContext(problem, policy_actions(policy, evaluator.target), evaluator)
+    action_set = policy_actions(policy, evaluator.target)
+    context = SearchContext(problem, action_set, evaluator)
     untuned = context.root()
     scaled = budget_s is None
     if scaled:
@@ -248,7 +249,7 @@ def _search(policy: Policy, problem: Problem, evaluator: Evaluator, steps: int |
     if budget_s > 0:
         # The policy's tile, refined: canonical order, cache blocks, a packed right operand.
         shape = tile_of(rollout.best_nest)
-        tiles = measure_tiles(context, policy_actions(policy, evaluator.target), shapes=[shape] if shape else [])
+        tiles = measure_tiles(context, action_set, shapes=[shape] if shape else [])
         candidates.append((tiles.nest, tiles.gflops, tiles.actions))
         if tiles.gflops > best[1]:
             best = (tiles.nest, tiles.gflops, tiles.actions)

@@ -208,8 +208,7 @@ class SearchContext:
         transition rule: an action that cannot apply or whose schedule fails leaves the node."""
         node = parent
         for action in path:
-            index = self.actions.index(action) if isinstance(action, str) else action
-            node = self.child(node, index) or node
+            node = self.child(node, self.actions.as_index(action)) or node
         return node
 
     def visit(self, nest: LoopNest) -> Node | None:
