@@ -209,7 +209,7 @@ def test_none_problems_are_refused_clearly():
         make_env(problems=[None])
     with pytest.raises(ValueError, match=r"problems\[1\]"):
         make_env(problems=[SMALL, None])
-    with pytest.raises(ValueError, match="unknown dataset None; known datasets: mm384-1024, mm64-256"):
+    with pytest.raises(ValueError, match="unknown dataset None; known datasets: gemm-shapes, mm384-1024, mm64-256"):
         make_env(problems=None, dataset=None)
     with pytest.raises(ValueError, match="problem is None"):
         run(None)
@@ -219,7 +219,7 @@ def test_none_problems_are_refused_clearly():
 
 def test_unknown_datasets_and_splits_list_the_known_ones():
     for dataset in ("mm1-2", ["mm64-256", "mm1-2"], 3, []):
-        with pytest.raises(ValueError, match="unknown dataset .*known datasets: mm384-1024, mm64-256"):
+        with pytest.raises(ValueError, match="unknown dataset .*known datasets: gemm-shapes, mm384-1024, mm64-256"):
             make_env(problems=None, dataset=dataset)
     for split in ("validation", None, ["train"], np.array(["train"])):
         with pytest.raises(ValueError, match="unknown split .*expected one of train, test, all"):

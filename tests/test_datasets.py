@@ -1,4 +1,5 @@
 import json
+import math
 
 import pytest
 
@@ -39,7 +40,7 @@ def test_split_sizes_disjoint_and_complete(name, values, sizes):
 
 
 def test_the_datasets_are_known_by_name():
-    assert dataset_names() == ["mm384-1024", "mm64-256", "models"]
+    assert dataset_names() == ["gemm-shapes", "mm384-1024", "mm64-256", "models"]
 
 
 def test_dimensions_are_named_explicitly(tmp_path):
@@ -55,3 +56,14 @@ def test_unknown_names_are_rejected():
         dataset_problems("mm1-2")
     with pytest.raises(ValueError, match="unknown split"):
         dataset_problems("mm64-256", "dev")
+
+
+def test_gemm_shapes_cover_real_layer_variety_without_the_models_test_shapes():
+    train, test = dataset_problems("gemm-shapes", "train"), dataset_problems("gemm-shapes", "test")
+    assert (len(train), len(test)) == (480, 120) and not set(train) & set(test)
+    held_out = set(dataset_problems("models", "test"))
+    assert not (set(train) | set(test)) & held_out
+    everything = train + test
+    assert all(math.prod(p.size(d) for d in p.dims) <= 2 ** 26 for p in everything)
+    assert any(p.size("m") <= 4 for p in everything) and any(p.size("m") >= 2048 for p in everything)
+    assert any(p.size("n") % 8 for p in everything) and any("b" in p.dims for p in everything)

@@ -17,6 +17,14 @@ TinyLlama, ViT-S/16, ResNet-50, MobileNetV2), derived from their configurations 
 split by model: the test split is whole models that no training problem comes from. Its rows
 carry ``model``, ``layer``, ``derivation``, ``spec`` and ``sizes``; :func:`dataset_entries`
 returns them, :func:`dataset_problems` the problems alone.
+
+``gemm-shapes`` is a seeded random draw of contractions with the variety of real layers that
+the grids lack: each extent log-uniform (rows 1..4096, so decode rows of 1-16 and odd counts such
+as 197 or 12544-like long thin GEMMs; columns and reductions 8..4096, half of them multiples
+of 8), a quarter of them batched (``bmk,bkn->bmn`` or the attention-score ``bmk,bnk->bmn``),
+at most 2^26 multiply-adds each, and no shape of the ``models`` test split. It is a training
+set for policies meant for models they never saw: the grids teach only square-ish L2-sized
+problems.
 """
 
 from __future__ import annotations
@@ -51,6 +59,14 @@ _DEFINITIONS = {
         "seed": 20261124,
         "test_fraction": 0.2,
     },
+    "gemm-shapes": {
+        "description": "seeded random GEMM and batched-GEMM shapes with log-uniform extents (rows 1..4096, "
+                       "columns and reductions 8..4096), at most 2^26 multiply-adds, none of the models test split",
+        "count": 600,
+        "seed": 20261125,
+        "test_fraction": 0.2,
+        "max_macs": 2 ** 26,
+    },
     "models": {
         "description": "GEMMs and attention products of published models, derived from their configurations "
                        "(looprl.workloads.architectures); split by model",
@@ -66,6 +82,8 @@ def build_dataset(name: str) -> dict:
     """The dataset's JSON content, generated from its definition and seed (or, for
     ``models``, from the models' configurations)."""
     definition = _definition(name)
+    if "count" in definition:
+        return _shapes_content(name, definition)
     if "values" not in definition:
         return _models_content(name, definition)
     values = definition["values"]
@@ -81,6 +99,39 @@ def build_dataset(name: str) -> dict:
         "seed": definition["seed"],
         "train": train,
         "test": test,
+    }
+
+
+def _shapes_content(name: str, definition: dict) -> dict:
+    rng = np.random.default_rng(definition["seed"])
+    held_out = {(e.spec, e.sizes) for e in model_entries() if e.model in TEST_MODELS}
+
+    def extent(low_exponent: float, high_exponent: float, aligned: bool) -> int:
+        value = int(round(2.0 ** rng.uniform(low_exponent, high_exponent)))
+        return max(8, value // 8 * 8) if aligned else value
+
+    rows, seen = [], set()
+    while len(rows) < definition["count"]:
+        kind = rng.uniform()
+        spec = "mk,kn->mn" if kind < 0.75 else ("bmk,bkn->bmn" if kind < 0.875 else "bmk,bnk->bmn")
+        aligned = bool(rng.uniform() < 0.5)
+        sizes = {"m": extent(0, 12, False), "n": extent(3, 12, aligned), "k": extent(3, 12, aligned)}
+        if spec != "mk,kn->mn":
+            sizes = {"b": int(rng.integers(2, 17)), **sizes}
+        macs = math.prod(sizes.values())
+        key = (spec, tuple(sizes.items()))
+        if macs > definition["max_macs"] or macs < 4096 or key in held_out or key in seen:
+            continue
+        seen.add(key)
+        rows.append({"spec": spec, "sizes": sizes})
+    test_count = math.ceil(len(rows) * definition["test_fraction"])
+    order = rng.permutation(len(rows))
+    return {
+        "name": name,
+        "description": definition["description"],
+        "seed": definition["seed"],
+        "train": [rows[i] for i in sorted(order[test_count:])],
+        "test": [rows[i] for i in sorted(order[:test_count])],
     }
 
 
