@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import json
 import os
 import signal
 import socket
@@ -154,7 +155,7 @@ def _train(args) -> int:
         check_threads(args.threads, "--threads")
     require_training_extra("training")
     from looprl.train.config import agent_target, check_env, load_agent, validate_agent
-    from looprl.train.loop import PRETRAINED_POLICY, RunDirectory, RunState
+    from looprl.train.loop import DEMONSTRATIONS_FILE, PRETRAINED_POLICY, RunDirectory, RunState
 
     cache_path(args.cache)
     writable_folder(args.out, "--out")
@@ -217,10 +218,15 @@ def _train(args) -> int:
             initial_policy = pretrain_policy(agent, seed=arguments["seed"], log=lambda line: print(line, flush=True))
             initial_policy.save(run.path / PRETRAINED_POLICY)
             arguments["init_from"] = str(run.path / PRETRAINED_POLICY)
+        elif initial_policy is not None:
+            initial_policy.save(run.path / PRETRAINED_POLICY)  # the run folder holds the policy it started from
+        if agent.get("demonstrations"):
+            _demonstrate(agent, run, initial_policy, arguments["seed"])
         run.create(agent, arguments)
     else:
         run.trim_metrics(state.iteration)
-    algo = _start(agent, arguments["seed"], num_env_runners, address)
+    demonstrations = run.path / DEMONSTRATIONS_FILE if agent.get("demonstrations") else None
+    algo = _start(agent, arguments["seed"], num_env_runners, address, demonstrations)
     try:
         return _run(args, algo, run, state, agent, arguments, settings, time_budget_s, validator, initial_policy, starting)
     except KeyboardInterrupt:
@@ -330,7 +336,37 @@ def _reachable(address: str) -> str:
     return address
 
 
-def _start(agent: dict, seed: int, num_env_runners: int | None, address: str | None):
+def _demonstrate(agent: dict, run, policy, seed: int) -> None:
+    """Expert iteration's demonstrations for the DQfD learner (the agent's ``demonstrations``
+    section), in the run folder: the pairs, a summary, and, to report beside the RL, the policy
+    cloned from them alone."""
+    from looprl.train.demonstrations import cloned_policy, gather_demonstrations, training_problems
+    from looprl.train.loop import DEMONSTRATIONS_CLONE, DEMONSTRATIONS_FILE, DEMONSTRATIONS_SUMMARY
+    from looprl.train.dqfd import loss_settings, save_demonstrations
+
+    section = dict(agent["demonstrations"])
+    unknown = set(section) - {"problems_per_dataset", "search_budget_s", "margin", "weight", "batch_size"}
+    if unknown:
+        raise ValueError(f"demonstrations: unknown settings {sorted(unknown)}; expected problems_per_dataset, search_budget_s, "
+                         "margin, weight, batch_size")
+    loss_settings(section)
+    budget = section.get("search_budget_s", 0.5)
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0:
+        raise ValueError(f"demonstrations.search_budget_s must be a non-negative number of seconds, got {budget!r}")
+    count = section.get("problems_per_dataset", 200)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"demonstrations.problems_per_dataset must be a positive integer, got {count!r}")
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    problems = training_problems(agent, count)
+    x, y, summary = gather_demonstrations(agent, problems, policy, budget if policy is not None else 0.0, log=log)
+    save_demonstrations(run.path / DEMONSTRATIONS_FILE, x, y)
+    (run.path / DEMONSTRATIONS_SUMMARY).write_text(json.dumps({**summary, "settings": section}, indent=1) + "\n", encoding="utf-8")
+    clone_settings = dict(agent.get("pretrain") or {})
+    extra = {"demonstrations_clone": {**summary, "note": "cross-entropy clone of the run's demonstrations alone (no RL), to compare"}}
+    cloned_policy(agent, x, y, clone_settings, seed, extra, log).save(run.path / DEMONSTRATIONS_CLONE)
+
+
+def _start(agent: dict, seed: int, num_env_runners: int | None, address: str | None, demonstrations=None):
     """Start (or attach to) Ray and build the algorithm."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import torch
@@ -355,7 +391,7 @@ def _start(agent: dict, seed: int, num_env_runners: int | None, address: str | N
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     try:
-        return build_config(agent, seed=seed, num_env_runners=num_env_runners).build_algo()
+        return build_config(agent, seed=seed, num_env_runners=num_env_runners, demonstrations=demonstrations).build_algo()
     except BaseException:
         _shutdown_ray(quickly=True)
         raise

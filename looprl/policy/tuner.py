@@ -3,7 +3,8 @@ under a second, without Ray or torch.
 
 Two modes:
 
-* measured (``measure=True``, the default): a policy-guided search. The policy's greedy
+* measured (``measure=True``, the default): a policy-guided search
+  (:func:`measured_search`, also the expert of training's demonstrations). The policy's greedy
   rollout (:func:`~looprl.policy.rollout.greedy_rollout`, the env's transition rules) comes
   first; then, until ``budget_s`` is spent (by default scaled to the problem:
   :mod:`looprl.search.budget`), the register tile the policy built is refined
@@ -179,7 +180,7 @@ def tune(
         known = _remembered(evaluator, problem, MIN_BUDGET_S if budget_s is None else budget_s, threads)
         if known is not None:
             return _remembered_result(problem, known, evaluator, threads, started)
-    found = _search(loaded, problem, evaluator, steps, budget_s, threads, started)
+    found = measured_search(loaded, problem, evaluator, steps, budget_s, threads, started)
     if remember:
         evaluator.cache.put_tuned(found.nest, found.gflops, found.budget_s, target, measure_budget_s, tuner=TUNER, threads=threads)
     kernel = compile(found.nest, target=target, threads=threads)
@@ -210,7 +211,7 @@ def _remembered_result(problem: Problem, known: tuple[LoopNest, float], evaluato
 
 
 @dataclass(frozen=True)
-class _Found:
+class Found:
     """What the measured search found."""
 
     nest: LoopNest
@@ -224,8 +225,8 @@ class _Found:
     serial_gflops: float | None
 
 
-def _search(policy: Policy, problem: Problem, evaluator: Evaluator, steps: int | None, budget_s: float | None, threads: int,
-            started: float) -> _Found:
+def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, steps: int | None, budget_s: float | None, threads: int,
+                    started: float) -> Found:
     """Measured tune: stages over one search context. The untuned nest; the policy's greedy
     rollout, always measured whole (a dozen actions at most: a bounded cost, and tune is never
     below the rollout); then, until the deadline (a measurement predicted to end after it is
@@ -268,7 +269,7 @@ def _search(policy: Policy, problem: Problem, evaluator: Evaluator, steps: int |
         if chosen is not None and chosen.gflops > best[1]:
             best = (chosen.nest, chosen.gflops, chosen.actions)
     nest, gflops, actions = best
-    return _Found(nest, gflops, tuple(actions), rollout.initial_gflops, rollout.best_gflops, budget_s, context.new_measurements,
+    return Found(nest, gflops, tuple(actions), rollout.initial_gflops, rollout.best_gflops, budget_s, context.new_measurements,
                   waited_s + context.budget.waited_s, serial_gflops)
 
 

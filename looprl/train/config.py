@@ -6,8 +6,10 @@ fixed epsilon per env runner), ``env`` (``LoopNestEnv`` arguments), ``model``
 ``reporting`` (passed to the config methods of the same name), ``run`` (``iterations``,
 ``checkpoint_every``, ``validate_every``, ``validation_problems``) and, optionally,
 ``pretrain`` (start from a policy cloned from measured demonstrations:
-:mod:`looprl.train.demonstrations`). Everything here is plain data until :func:`build_config`, which is
-the only function that imports Ray.
+:mod:`looprl.train.demonstrations`) and ``demonstrations`` (DQN only: demonstrations found by
+measured search that stay with the learner under DQfD's large-margin loss,
+:mod:`looprl.train.dqfd`). Everything here is plain data until :func:`build_config`, which
+is the only function that imports Ray.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from looprl.resources import shipped_path
 
 ALGORITHMS = ("apex-dqn", "dqn", "ppo", "impala", "appo")
 _RLLIB_ALGORITHMS = ("dqn", "ppo", "impala", "appo")
-_SECTIONS = {"algorithm", "apex", "env", "model", "env_runners", "learners", "training", "reporting", "run", "pretrain"}
+_SECTIONS = {"algorithm", "apex", "env", "model", "env_runners", "learners", "training", "reporting", "run", "pretrain", "demonstrations"}
 
 
 def load_agent(algo: str, path: str | Path | None = None) -> dict[str, Any]:
@@ -50,6 +52,8 @@ def validate_agent(agent: Any, where: str = "agent configuration") -> dict[str, 
         raise ValueError(f"{where}: 'algorithm' must be one of {', '.join(_RLLIB_ALGORITHMS)}")
     if agent.get("apex") and agent["algorithm"] != "dqn":
         raise ValueError(f"{where}: 'apex: true' needs algorithm dqn")
+    if agent.get("demonstrations") and agent["algorithm"] != "dqn":
+        raise ValueError(f"{where}: a 'demonstrations' section needs algorithm dqn (its margin loss acts on Q-values)")
     for section in _SECTIONS - {"algorithm", "apex"}:
         if not isinstance(agent.get(section, {}), dict):
             raise ValueError(f"{where}: section {section!r} must be a mapping")
@@ -111,8 +115,9 @@ def check_env(agent: dict[str, Any], where: str = "agent configuration") -> None
         raise ValueError(f"{where}: section 'env': {error}") from None
 
 
-def build_config(agent: dict[str, Any], *, seed: int, num_env_runners: int | None = None):
-    """The RLlib ``AlgorithmConfig`` for an agent configuration (new API stack, torch)."""
+def build_config(agent: dict[str, Any], *, seed: int, num_env_runners: int | None = None, demonstrations=None):
+    """The RLlib ``AlgorithmConfig`` for an agent configuration (new API stack, torch).
+    ``demonstrations``: the run's demonstrations file, for an agent with that section."""
     from ray.rllib.connectors.env_to_module import FlattenObservations
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
     from ray.tune.registry import register_env
@@ -145,6 +150,13 @@ def build_config(agent: dict[str, Any], *, seed: int, num_env_runners: int | Non
     )
     if agent.get("apex"):
         config = config.training(epsilon=[[0, 0.4], [1, 0.4]])  # each runner replaces it (callbacks)
+    if agent.get("demonstrations"):
+        if demonstrations is None:
+            raise ValueError("the agent has a 'demonstrations' section but the run has no demonstrations file")
+        from looprl.train.dqfd import DQfDTorchLearner, loss_settings
+
+        settings = {**loss_settings(agent["demonstrations"]), "path": str(demonstrations), "seed": seed}
+        config = config.learners(learner_class=DQfDTorchLearner, learner_config_dict={"demonstrations": settings})
     return config
 
 

@@ -10,11 +10,19 @@ measured demonstrations: for each training problem, the fastest of the target's 
 tiles (:func:`~looprl.ir.schedules.tile_shapes`, and the tiles the action set's split
 factors can form) whose path fits in an episode, then a no-op (an invalid action) to stay.
 Reinforcement learning then continues from that policy with measured rewards.
+
+Expert iteration (:func:`expert_demonstrations`): a policy's own measured search
+(:func:`~looprl.policy.tuner.measured_search`, what ``looprl.tune`` runs: its rollout, the
+tile refined, the policy-guided search) finds schedules better than its greedy rollout; on
+each training problem the better of that and the planner's tile, when its path fits an
+episode in the agent's actions, is the demonstration that DQfD's margin loss
+(:mod:`looprl.train.dqfd`) keeps in front while DQN learns.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,6 +78,22 @@ def demonstrate(problem: Problem, actions: ActionSet, evaluator: Evaluator, epis
         if measurement.ok and measurement.gflops > best[0]:
             best = (measurement.gflops, path)
     return Demonstration(problem, best[1], best[0], initial)
+
+
+def expert_demonstration(problem: Problem, actions: ActionSet, evaluator: Evaluator, episode_length: int, policy=None,
+                         search_budget_s: float = 0.0) -> tuple[Demonstration, bool]:
+    """The planner's demonstration, or the schedule ``policy``'s measured search finds in
+    ``search_budget_s`` when that is faster and its path uses only ``actions`` and leaves an
+    episode a step to stay. Returns it and whether the search's schedule was taken."""
+    planned = demonstrate(problem, actions, evaluator, episode_length)
+    if policy is None or not search_budget_s > 0:
+        return planned, False
+    from looprl.policy.tuner import measured_search
+
+    found = measured_search(policy, problem, evaluator, episode_length, search_budget_s, 1, time.perf_counter())
+    if not found.gflops > planned.gflops or len(found.actions) >= episode_length or not all(a in actions.names for a in found.actions):
+        return planned, False
+    return Demonstration(problem, tuple(actions.as_index(a) for a in found.actions), found.gflops, planned.initial_gflops), True
 
 
 def demonstration_pairs(demo: Demonstration, actions: ActionSet, normalized: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -143,56 +167,98 @@ def accuracy(arrays: dict[str, np.ndarray], observations: np.ndarray, labels: np
     return float(np.mean(chosen == labels)) if len(labels) else math.nan
 
 
-def pretrain_policy(agent: dict, seed: int = 0, log=print):
-    """The policy cloned from demonstrations on ``agent``'s training problems, as its
-    ``pretrain`` section says (``problems_per_dataset``: problems spread over each dataset's
-    split, ``epochs``, ``lr``, ``margin``). Measured with the env's target, cache and
-    per-state budget."""
+def training_problems(agent: dict, per_dataset: int) -> list[Problem]:
+    """``per_dataset`` problems spread over each of the agent's training datasets (or its own
+    ``problems``)."""
     from looprl import defaults
-    from looprl.workloads.datasets import dataset_groups, env_problems
-    from looprl.policy.numpy_policy import Policy
-    from looprl.train.config import agent_actions, agent_target
-    from looprl.train.export import policy_metadata
     from looprl.train.validation import spread
+    from looprl.workloads.datasets import dataset_groups, env_problems
 
-    settings = dict(agent.get("pretrain") or {})
-    unknown = set(settings) - {"problems_per_dataset", "epochs", "lr", "margin"}
-    if unknown:
-        raise ValueError(f"pretrain: unknown settings {sorted(unknown)}; expected problems_per_dataset, epochs, lr, margin")
     env = agent.get("env", {})
-    count = int(settings.get("problems_per_dataset", 300))
     if env.get("problems"):
         groups = (env_problems(problems=env["problems"]),)
     else:
         groups = dataset_groups(env.get("dataset", defaults.DATASET), env.get("split", "train"))
-    problems = [p for group in groups for p in spread(group, min(count, len(group)))]
+    return [p for group in groups for p in spread(group, min(per_dataset, len(group)))]
+
+
+def gather_demonstrations(agent: dict, problems: list[Problem], policy=None, search_budget_s: float = 0.0,
+                          log=print) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Demonstrations on ``problems`` (:func:`expert_demonstration`), measured with the env's
+    target, cache and per-state budget, as (observations, actions, summary)."""
+    from looprl import defaults
+    from looprl.train.config import agent_actions, agent_target
+
+    env = agent.get("env", {})
     target = agent_target(agent)
     actions = agent_actions(agent, target)
     evaluator = Evaluator(env.get("cache"), env.get("measure_budget_s", defaults.STATE_BUDGET_S), target=target, samples=1)
     normalized = env.get("observation", defaults.TRAINING_OBSERVATION) == "normalized"
     episode_length = int(env.get("episode_length", defaults.EPISODE_LENGTH))
-    observations, labels, speedups = [], [], []
+    observations, labels, speedups, searched = [], [], [], 0
     for index, problem in enumerate(problems):
-        demo = demonstrate(problem, actions, evaluator, episode_length)
+        demo, from_search = expert_demonstration(problem, actions, evaluator, episode_length, policy, search_budget_s)
+        searched += from_search
         obs, acts = demonstration_pairs(demo, actions, normalized)
         observations.append(obs)
         labels.append(acts)
         if demo.initial_gflops > 0:
             speedups.append(demo.gflops / demo.initial_gflops)
         if (index + 1) % 50 == 0 or index + 1 == len(problems):
-            log(f"[pretrain] demonstrations: {index + 1}/{len(problems)} problems, "
-                f"tile over untuned {math.exp(np.mean(np.log(speedups))):.2f}x (geomean)")
-    x, y = np.concatenate(observations), np.concatenate(labels)
+            log(f"[demonstrations] {index + 1}/{len(problems)} problems, over untuned {math.exp(np.mean(np.log(speedups))):.2f}x "
+                f"(geomean); the search's schedule taken on {searched}")
+    summary = {"problems": len(problems), "pairs": int(sum(len(a) for a in labels)), "from_search": searched,
+               "speedup_geomean": round(math.exp(float(np.mean(np.log(speedups)))), 3) if speedups else None}
+    return np.concatenate(observations), np.concatenate(labels), summary
+
+
+def pretrain_policy(agent: dict, seed: int = 0, log=print):
+    """The policy cloned from the tile planner's demonstrations on ``agent``'s training
+    problems, as its ``pretrain`` section says (``problems_per_dataset``: problems spread over
+    each dataset's split, ``epochs``, ``lr``, ``margin``), measured with the env's target,
+    cache and per-state budget; or, when the section names a ``policy`` (a folder, e.g. a
+    shipped clone), that policy."""
+    settings = dict(agent.get("pretrain") or {})
+    unknown = set(settings) - {"problems_per_dataset", "epochs", "lr", "margin", "policy"}
+    if unknown:
+        raise ValueError(f"pretrain: unknown settings {sorted(unknown)}; expected problems_per_dataset, epochs, lr, margin, policy")
+    if settings.get("policy") is not None:  # an earlier clone, shipped: start from it as it is
+        from looprl.train.evaluate import resolve_policy
+        from looprl.train.warm_start import check_compatible
+
+        from pathlib import Path
+
+        from looprl.resources import shipped_path
+
+        where = Path(settings["policy"])
+        if not where.exists() and not where.is_absolute() and where.parts and where.parts[0] == "checkpoints":
+            where = shipped_path(*where.parts)  # a shipped policy, wherever the package is installed
+        policy = resolve_policy(where)
+        check_compatible(policy, agent, f"pretrain.policy {settings['policy']}")
+        log(f"[pretrain] starting from {settings['policy']} ({policy.metadata.get('algorithm', '?')}, "
+            f"{'a clone' if 'pretrained' in policy.metadata else 'trained'})")
+        return policy
+    problems = training_problems(agent, int(settings.get("problems_per_dataset", 300)))
+    x, y, _ = gather_demonstrations(agent, problems, log=log)
+    extra = {"pretrained": {"problems": len(problems), "pairs": int(len(y)), "settings": settings}}
+    return cloned_policy(agent, x, y, settings, seed, extra, log)
+
+
+def cloned_policy(agent: dict, x: np.ndarray, y: np.ndarray, settings: dict, seed: int, extra: dict, log=print):
+    """A policy of ``agent``'s network cloned from the pairs ``(x, y)`` (:func:`clone` with the
+    ``epochs``, ``lr`` and ``margin`` of ``settings``), its metadata holding ``extra``."""
+    from looprl.policy.numpy_policy import Policy
+    from looprl.train.config import agent_actions
+    from looprl.train.export import policy_metadata
+
     hidden = list(agent.get("model", {}).get("fcnet_hiddens", [256, 256]))
-    arrays = clone(x, y, hidden, len(actions), epochs=int(settings.get("epochs", 200)), lr=float(settings.get("lr", 1e-3)),
+    arrays = clone(x, y, hidden, len(agent_actions(agent)), epochs=int(settings.get("epochs", 200)), lr=float(settings.get("lr", 1e-3)),
                    seed=seed, margin=float(settings.get("margin", 0.05)))
-    log(f"[pretrain] cloned {len(y)} state-action pairs; greedy action matches the demonstration on "
-        f"{accuracy(arrays, x, y, len(hidden)):.1%}")
+    log(f"[clone] {len(y)} state-action pairs; greedy action matches the demonstration on {accuracy(arrays, x, y, len(hidden)):.1%}")
     network = {
         "trunk": [{"weight": f"trunk.{i}.weight", "bias": f"trunk.{i}.bias", "activation": "relu"} for i in range(len(hidden))],
         "heads": {"advantages": [{"weight": "advantages.0.weight", "bias": "advantages.0.bias", "activation": "linear"}],
                   "value": [{"weight": "value.0.weight", "bias": "value.0.bias", "activation": "linear"}]},
         "greedy": "advantages",
     }
-    extra = {"pretrained": {"problems": len(problems), "pairs": int(len(y)), "settings": settings}}
     return Policy.from_arrays(policy_metadata(agent, network, extra), arrays)

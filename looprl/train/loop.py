@@ -11,7 +11,11 @@ A run directory holds::
                       replay buffer when ``store_buffer_in_checkpoints`` is set
     policy/           the newest checkpoint exported as a numpy policy (policy.json + .npz)
     policy-best/      the policy that scored best in validation (see ``validation.py``)
-    pretrained/       the policy cloned from demonstrations, when the agent has a ``pretrain`` section
+    pretrained/       the policy the run started from: cloned from demonstrations (a ``pretrain``
+                      section) or given (``--init-from``, ``pretrain.policy``)
+    demonstrations.npz, demonstrations.json   expert iteration's demonstrations for the DQfD
+                      learner and their summary (a ``demonstrations`` section)
+    demonstrations-clone/   the policy cloned from those demonstrations alone, to compare with the RL
 
 A folder whose run never reached a checkpoint (its start failed or was interrupted) holds no
 training to lose: starting it again, with or without ``--resume``, starts over.
@@ -39,11 +43,13 @@ from looprl.train import metric_names as metrics
 METRICS = [
     "iteration", "env_steps", "episodes", "episode_reward_mean", "speedup_mean", "speedup_geomean", "final_gflops_mean",
     "cache_hit_rate", "invalid_rate", "epsilon_mean", "env_steps_per_s", "iteration_s", "elapsed_s", "validation_speedup",
+    "demonstration_agreement",
 ]
 KEEP_CHECKPOINTS = 2
 REPLAY_BUFFER_FILE = "replay_buffer.pkl"
 BEST_POLICY = "policy-best"
 PRETRAINED_POLICY = "pretrained"
+DEMONSTRATIONS_FILE, DEMONSTRATIONS_SUMMARY, DEMONSTRATIONS_CLONE = "demonstrations.npz", "demonstrations.json", "demonstrations-clone"
 
 
 @dataclass
@@ -92,9 +98,9 @@ class RunDirectory:
             return
         if self.checkpointed():
             raise ValueError(f"{self.path} holds a run with a checkpoint; it can only be resumed")
-        for name in ("run.json", "agent.yaml", "metrics.csv"):
+        for name in ("run.json", "agent.yaml", "metrics.csv", DEMONSTRATIONS_FILE, DEMONSTRATIONS_SUMMARY):
             (self.path / name).unlink(missing_ok=True)
-        for name in ("checkpoints", "tb", "policy", BEST_POLICY, PRETRAINED_POLICY):
+        for name in ("checkpoints", "tb", "policy", BEST_POLICY, PRETRAINED_POLICY, DEMONSTRATIONS_CLONE):
             shutil.rmtree(self.path / name, ignore_errors=True)
 
     def create(self, agent: dict, arguments: dict) -> None:
@@ -209,6 +215,8 @@ def metrics_row(result: dict[str, Any], state: RunState, iteration_s: float) -> 
         "iteration_s": iteration_s,
         "elapsed_s": state.elapsed_s,
         "validation_speedup": math.nan,
+        # DQfD runs: the share of a demonstration minibatch whose greedy action is the demonstrated one
+        "demonstration_agreement": result.get("learners", {}).get("default_policy", {}).get("demonstration_agreement", math.nan),
     }
 
 
