@@ -243,7 +243,7 @@ def test_a_run_with_a_pretrain_section_starts_from_its_clone_and_keeps_it_unless
     run = tmp_path / "run"
     out = run_cli("--algo", "dqn", "--config", str(config), "--iterations", "1", "--out", str(run), "--num-env-runners", "0",
                   "--validate-every", "1", "--validation-problems", "2")
-    assert "[pretrain] cloned" in out and "validation of the starting policy" in out
+    assert "[clone]" in out and "validation of the starting policy" in out
     clone = Policy.load(run / "pretrained")
     assert clone.metadata["pretrained"]["problems"] == 2
     assert json.loads((run / "run.json").read_text())["arguments"]["init_from"] == str(run / "pretrained")

@@ -189,7 +189,8 @@ def _train(args) -> int:
         run = RunDirectory(args.out if args.out is not None else Path("runs") / f"{args.algo}__s{args.seed}__{stamp}")
         if run.checkpointed():
             raise ValueError(f"{run.path} already holds a run; pass --resume to continue it or choose another --out")
-        arguments = {"algo": args.algo, "seed": args.seed, "num_env_runners": args.num_env_runners}
+        arguments = {"algo": args.algo, "seed": args.seed, "num_env_runners": args.num_env_runners,
+                     "config": str(args.config) if args.config is not None else f"agents/{args.algo}.yaml"}
         if args.init_from is not None:
             arguments["init_from"] = str(args.init_from)
         state, starting = RunState(), True
@@ -298,10 +299,29 @@ def _run(args, algo, run, state, agent, arguments, settings, time_budget_s, vali
         if score > run.best_validation():
             validation = {"speedup_geomean": score, "iteration": 0, "env_steps": 0, "policy": "the starting policy"}
             dataclasses.replace(initial_policy, metadata={**initial_policy.metadata, "validation": validation}).save(run.path / BEST_POLICY)
+        arguments["start_validation"] = round(score, 4)  # the level a learning curve is drawn against
+        run.save_state(state, arguments)
         print(f"  validation of the starting policy: greedy speed-up {score:.3f}x (geomean)", flush=True)
-    train(algo, run, state, arguments, iterations=settings["iterations"], time_budget_s=time_budget_s,
-          checkpoint_every=settings["checkpoint_every"], export=export, env_steps=args.env_steps,
-          validate=validate if validator else None, validate_every=settings["validate_every"])
+    rounds, round_iterations = _rounds(agent)
+    for round_number in range(arguments.get("demonstration_round", 1), rounds + 1):
+        last = round_number == rounds
+        until = settings["iterations"] if last else round_iterations * round_number
+        if not last and settings["iterations"] is not None:
+            until = min(until, settings["iterations"])
+        train(algo, run, state, arguments, iterations=until, time_budget_s=time_budget_s,
+              checkpoint_every=settings["checkpoint_every"], export=export, env_steps=args.env_steps,
+              validate=validate if validator else None, validate_every=settings["validate_every"])
+        if last or state.iteration < round_iterations * round_number:
+            break  # the run's own limit came first
+        # Expert iteration's next round: the best policy so far searches, its finds are the new demonstrations.
+        from looprl.policy.numpy_policy import JSON_NAME, Policy
+
+        expert = run.path / BEST_POLICY if (run.path / BEST_POLICY / JSON_NAME).exists() else run.path / "policy"
+        print(f"round {round_number + 1} of expert iteration: demonstrations from {expert}'s measured search", flush=True)
+        _demonstrate(agent, run, Policy.load(expert), arguments["seed"], round_number + 1)
+        algo.learner_group.foreach_learner(lambda learner: learner.reload_demonstrations())
+        arguments["demonstration_round"] = round_number + 1
+        run.save_state(state, arguments)
     best = run.best_validation()
     kept = f"; best validated policy ({best:.3f}x) in {run.path / BEST_POLICY}" if best > 0 else ""
     print(f"done: {state.iteration} iterations, {state.env_steps} env steps; newest policy in {run.path / 'policy'}{kept}")
@@ -336,20 +356,34 @@ def _reachable(address: str) -> str:
     return address
 
 
-def _demonstrate(agent: dict, run, policy, seed: int) -> None:
+def _rounds(agent: dict) -> tuple[int, int | None]:
+    """Expert iteration's rounds and the RL iterations of each but the last (the agent's
+    ``demonstrations`` section: ``rounds``, ``round_iterations``)."""
+    section = agent.get("demonstrations") or {}
+    rounds = section.get("rounds", 1)
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"demonstrations.rounds must be a positive integer, got {rounds!r}")
+    per_round = section.get("round_iterations")
+    if rounds > 1 and (isinstance(per_round, bool) or not isinstance(per_round, int) or per_round < 1):
+        raise ValueError(f"demonstrations.round_iterations must be a positive integer with rounds > 1, got {per_round!r}")
+    return rounds, per_round
+
+
+def _demonstrate(agent: dict, run, policy, seed: int, round_number: int = 1) -> None:
     """Expert iteration's demonstrations for the DQfD learner (the agent's ``demonstrations``
-    section), in the run folder: the pairs, a summary, and, to report beside the RL, the policy
-    cloned from them alone."""
+    section), in the run folder: the pairs and a summary per round, and, in the first round, to
+    report beside the RL, the policy cloned from them alone."""
     from looprl.train.demonstrations import cloned_policy, gather_demonstrations, training_problems
-    from looprl.train.loop import DEMONSTRATIONS_CLONE, DEMONSTRATIONS_FILE, DEMONSTRATIONS_SUMMARY
     from looprl.train.dqfd import loss_settings, save_demonstrations
+    from looprl.train.loop import DEMONSTRATIONS_CLONE, DEMONSTRATIONS_FILE, DEMONSTRATIONS_SUMMARY
 
     section = dict(agent["demonstrations"])
-    unknown = set(section) - {"problems_per_dataset", "search_budget_s", "margin", "weight", "batch_size"}
+    allowed = {"problems_per_dataset", "search_budget_s", "margin", "weight", "batch_size", "rounds", "round_iterations"}
+    unknown = set(section) - allowed
     if unknown:
-        raise ValueError(f"demonstrations: unknown settings {sorted(unknown)}; expected problems_per_dataset, search_budget_s, "
-                         "margin, weight, batch_size")
+        raise ValueError(f"demonstrations: unknown settings {sorted(unknown)}; expected {', '.join(sorted(allowed))}")
     loss_settings(section)
+    _rounds(agent)
     budget = section.get("search_budget_s", 0.5)
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0:
         raise ValueError(f"demonstrations.search_budget_s must be a non-negative number of seconds, got {budget!r}")
@@ -360,10 +394,13 @@ def _demonstrate(agent: dict, run, policy, seed: int) -> None:
     problems = training_problems(agent, count)
     x, y, summary = gather_demonstrations(agent, problems, policy, budget if policy is not None else 0.0, log=log)
     save_demonstrations(run.path / DEMONSTRATIONS_FILE, x, y)
-    (run.path / DEMONSTRATIONS_SUMMARY).write_text(json.dumps({**summary, "settings": section}, indent=1) + "\n", encoding="utf-8")
-    clone_settings = dict(agent.get("pretrain") or {})
-    extra = {"demonstrations_clone": {**summary, "note": "cross-entropy clone of the run's demonstrations alone (no RL), to compare"}}
-    cloned_policy(agent, x, y, clone_settings, seed, extra, log).save(run.path / DEMONSTRATIONS_CLONE)
+    summary_path = run.path / DEMONSTRATIONS_SUMMARY
+    earlier = json.loads(summary_path.read_text(encoding="utf-8"))["rounds"][: round_number - 1] if round_number > 1 else []
+    record = {"settings": section, "rounds": [*earlier, {"round": round_number, **summary}]}
+    summary_path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    if round_number == 1:
+        extra = {"demonstrations_clone": {**summary, "note": "cross-entropy clone of the run's first demonstrations alone (no RL), to compare"}}
+        cloned_policy(agent, x, y, dict(agent.get("pretrain") or {}), seed, extra, log).save(run.path / DEMONSTRATIONS_CLONE)
 
 
 def _start(agent: dict, seed: int, num_env_runners: int | None, address: str | None, demonstrations=None):

@@ -14,7 +14,8 @@ by measurement may still overtake a demonstrated one where the TD loss pulls har
 margin; where nothing was learned, the demonstration holds.
 
 The demonstrations are the run's ``demonstrations.npz`` (flat observations and action indices;
-:mod:`looprl.train.demonstrations` makes them). :class:`DQfDTorchLearner` is RLlib's DQN learner
+:mod:`looprl.train.demonstrations` makes them; a later round of expert iteration rewrites the
+file and :meth:`DQfDTorchLearner.reload_demonstrations` reads it again). :class:`DQfDTorchLearner` is RLlib's DQN learner
 with that loss added; the agent's ``demonstrations`` section sets ``margin`` (on the scale of
 rewards: fractions of the peak), ``weight`` (lambda_E) and ``batch_size``.
 """
@@ -82,11 +83,17 @@ class DQfDTorchLearner(DQNTorchLearner):
     def build(self) -> None:
         super().build()
         settings = self.config.learner_config_dict["demonstrations"]
-        observations, actions = load_demonstrations(settings["path"])
-        self._demo_observations = torch.as_tensor(observations, dtype=torch.float32, device=self._device)
-        self._demo_actions = torch.as_tensor(actions, dtype=torch.long, device=self._device)
         self._demo_settings = loss_settings(settings)
         self._demo_generator = torch.Generator().manual_seed(int(settings.get("seed", 0)))
+        self.reload_demonstrations()
+
+    def reload_demonstrations(self) -> int:
+        """Read the run's demonstrations file again (expert iteration's next round rewrote
+        it); returns the number of pairs."""
+        observations, actions = load_demonstrations(self.config.learner_config_dict["demonstrations"]["path"])
+        self._demo_observations = torch.as_tensor(observations, dtype=torch.float32, device=self._device)
+        self._demo_actions = torch.as_tensor(actions, dtype=torch.long, device=self._device)
+        return len(actions)
 
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
         td_loss = super().compute_loss_for_module(module_id=module_id, config=config, batch=batch, fwd_out=fwd_out)

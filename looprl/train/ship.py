@@ -1,0 +1,95 @@
+"""A training run made a shipped one: ``python -m looprl.train.ship RUN --to checkpoints/NAME``.
+
+Copies what a user of the policy needs and what reproduces and judges it, never the RLlib
+checkpoints (hundreds of MB of replay buffer): ``agent.yaml``, ``run.json``, ``metrics.csv``,
+the best validated policy as ``policy/`` (the newest one when the run never validated),
+``pretrained/`` (the policy the run started from), and, for a DQfD run,
+``demonstrations.json`` and ``demonstrations-clone/``. The shipped ``policy.json`` gets a
+``training`` record written from the run's own files, so that its name is honest: the
+algorithm that trained it, the policy it started from (and where that came from), the RL
+iterations and env steps of the snapshot shipped, and the demonstrations it was fine-tuned
+with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from looprl.policy.numpy_policy import JSON_NAME, Policy
+from looprl.train.loop import BEST_POLICY, DEMONSTRATIONS_CLONE, DEMONSTRATIONS_SUMMARY, PRETRAINED_POLICY
+
+_FILES = ("agent.yaml", "run.json", "metrics.csv", DEMONSTRATIONS_SUMMARY, "learning_curve.png")
+
+
+def training_record(run: Path, policy: Policy, config: str | None = None) -> dict:
+    """What trained ``policy`` (a snapshot of ``run``), from the run's files."""
+    import yaml
+
+    agent = yaml.safe_load((run / "agent.yaml").read_text(encoding="utf-8"))
+    arguments = json.loads((run / "run.json").read_text(encoding="utf-8"))["arguments"]
+    snapshot = policy.metadata.get("validation") or policy.metadata.get("metrics") or {}
+    algorithm = "APEX-DQN (RLlib DQN with Ape-X per-runner epsilons)" if agent.get("apex") else agent["algorithm"].upper()
+    record = {
+        "algorithm": algorithm,
+        "rl_iterations": snapshot.get("iteration"),
+        "rl_env_steps": snapshot.get("env_steps"),
+        "started_from": (agent.get("pretrain") or {}).get("policy") or arguments.get("init_from"),
+        "starting_validation": arguments.get("start_validation"),
+        "validation": snapshot.get("speedup_geomean"),
+        "reproduce": f"python -m looprl.train --config {config or arguments.get('config') or 'agent.yaml'} --seed {arguments.get('seed', 0)}"
+                     + (f" --iterations {snapshot['iteration']}" if snapshot.get("iteration") else ""),
+    }
+    if agent.get("demonstrations"):
+        summary = json.loads((run / DEMONSTRATIONS_SUMMARY).read_text(encoding="utf-8"))
+        record["loss"] = "n-step double-Q TD (dueling) + DQfD large-margin loss on demonstrations"
+        record["demonstrations"] = {
+            "expert": "per problem the better of the tile planner's tile and the measured search of the starting policy "
+                      "(round 1) or of the best validated policy so far (later rounds)",
+            "settings": summary.get("settings"),
+            "rounds": summary.get("rounds") or [{"round": 1, **{k: v for k, v in summary.items() if k != "settings"}}],
+        }
+    if snapshot.get("iteration") == 0:
+        record["note"] = "no RL snapshot validated above the starting policy: this is the starting policy"
+    return record
+
+
+def ship(run: Path, to: Path, config: str | None = None) -> Path:
+    run, to = Path(run), Path(to)
+    source = run / BEST_POLICY if (run / BEST_POLICY / JSON_NAME).exists() else run / "policy"
+    policy = Policy.load(source)
+    if to.exists():
+        shutil.rmtree(to)
+    to.mkdir(parents=True)
+    for name in _FILES:
+        if (run / name).exists():
+            shutil.copy2(run / name, to / name)
+    for name in (PRETRAINED_POLICY, DEMONSTRATIONS_CLONE):
+        if (run / name).exists():
+            Policy.load(run / name).save(to / name)
+    metadata = {**policy.metadata, "training": training_record(run, policy, config)}
+    dataclasses.replace(policy, metadata=metadata).save(to / "policy")
+    return to
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m looprl.train.ship", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", type=Path)
+    parser.add_argument("--to", type=Path, required=True)
+    parser.add_argument("--config", default=None, help="the agent YAML the run was started with (default: the one run.json names)")
+    args = parser.parse_args(argv)
+    try:
+        print("shipped", ship(args.run, args.to, args.config))
+    except (OSError, ValueError, KeyError) as error:
+        print(f"python -m looprl.train.ship: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,158 @@
+"""DQfD fine-tuning: the large-margin loss, the demonstrations file, expert iteration's choice
+of demonstration, and a DQN learner that trains with both losses."""
+
+import math
+
+import numpy as np
+import pytest
+
+from looprl.actions import ActionSet, State, replay
+from looprl.ir.nest import initial_nest
+from looprl.ir.problem import matmul
+from looprl.measurement.evaluator import Evaluator
+from looprl.policy import tuner
+from looprl.target import Target
+from looprl.train import demonstrations as demos
+from looprl.train.dqfd import load_demonstrations, loss_settings, margin_loss, save_demonstrations
+
+torch = pytest.importorskip("torch")
+
+
+def test_margin_loss_is_zero_only_when_the_demonstrated_action_leads_by_the_margin():
+    q = torch.tensor([[1.0, 0.5, 0.2], [1.0, 0.98, 0.0], [0.0, 1.0, 0.0]])
+    actions = torch.tensor([0, 0, 0])
+    per_row = [0.0, (0.98 + 0.05) - 1.0, (1.0 + 0.05) - 0.0]
+    assert margin_loss(q, actions, 0.05).item() == pytest.approx(sum(per_row) / 3)
+    assert margin_loss(q[:1], actions[:1], 0.05).item() == 0.0
+    # The gradient raises the demonstrated action and lowers the one that beats it.
+    q = q.clone().requires_grad_(True)
+    margin_loss(q, actions, 0.05).backward()
+    assert q.grad[2, 0] < 0 < q.grad[2, 1]
+
+
+def test_demonstrations_file_round_trips_and_bad_files_are_named(tmp_path):
+    path = tmp_path / "demonstrations.npz"
+    observations = np.arange(2 * 10 * 20, dtype=np.float32).reshape(2, 10, 20)
+    save_demonstrations(path, observations, np.array([3, 1]))
+    x, y = load_demonstrations(path, action_count=4)
+    assert x.shape == (2, 200) and y.tolist() == [3, 1]
+    with pytest.raises(ValueError, match="outside 0..1"):
+        load_demonstrations(path, action_count=2)
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match="unreadable demonstrations .*bad.npz"):
+        load_demonstrations(tmp_path / "bad.npz")
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"margin": 0}, "margin must be a positive"), ({"weight": -1}, "weight must be a non-negative"),
+    ({"batch_size": True}, "batch_size must be a positive integer"),
+])
+def test_loss_settings_are_checked(settings, message):
+    with pytest.raises(ValueError, match=message):
+        loss_settings(settings)
+
+
+def _found(actions, gflops):
+    return tuner.Found(None, gflops, tuple(actions), 1.0, 1.0, 0.5, 1, 0.0, None)
+
+
+@pytest.mark.parametrize(("names", "gflops", "taken"), [
+    (("down", "down", "split_8"), 1e9, True),        # faster, in the action set, fits the episode
+    (("down", "down", "split_8"), 1e-9, False),      # slower than the planner's tile
+    (("down", "split_5"), 1e9, False),               # an action the agent does not have
+    (("down",) * 12, 1e9, False),                    # leaves no step to stay in a 12-action episode
+])
+def test_expert_demonstration_takes_the_search_only_when_it_is_faster_and_replayable(monkeypatch, names, gflops, taken):
+    problem = matmul(m=32, n=32, k=32)
+    actions = ActionSet.for_target(Target.resolve("avx2"), (4, 8, 16), 10)
+    evaluator = Evaluator(":memory:", 0.001, target="avx2", samples=1)
+    monkeypatch.setattr(tuner, "measured_search", lambda *args: _found(names, gflops))
+    demo, from_search = demos.expert_demonstration(problem, actions, evaluator, 12, policy=object(), search_budget_s=0.5)
+    assert from_search == taken
+    if taken:
+        assert demo.actions == tuple(actions.as_index(n) for n in names) and demo.gflops == gflops
+        assert all(t.valid for t in replay(actions, State(initial_nest(problem), 0), math.nan, demo.actions))
+    else:
+        assert demo == demos.demonstrate(problem, actions, evaluator, 12)
+    # Without a search budget the planner's tile is the demonstration.
+    assert demos.expert_demonstration(problem, actions, evaluator, 12, policy=object(), search_budget_s=0)[1] is False
+
+
+def test_a_dqfd_learner_trains_with_the_margin_loss_and_reports_agreement(ray_session, tmp_path):
+    from looprl.train.config import build_config
+    from tests.test_train import tiny_agent
+
+    agent = tiny_agent("apex-dqn", str(tmp_path / "cache.sqlite"))
+    agent["demonstrations"] = {"margin": 0.05, "weight": 1.0, "batch_size": 8}
+    rng = np.random.default_rng(0)
+    path = tmp_path / "demonstrations.npz"
+    save_demonstrations(path, rng.random((40, 10, 20), dtype=np.float32), rng.integers(0, 7, 40))
+    with pytest.raises(ValueError, match="no demonstrations file"):
+        build_config(agent, seed=1, num_env_runners=0)
+    built = build_config(agent, seed=1, num_env_runners=0, demonstrations=path).build_algo()
+    try:
+        agreements = [built.train()["learners"]["default_policy"].get("demonstration_agreement") for _ in range(3)]
+    finally:
+        built.stop()
+    measured = [a for a in agreements if a is not None]
+    assert measured and all(0.0 <= a <= 1.0 for a in measured)
+    assert not math.isnan(measured[-1])
+
+
+def test_demonstrations_need_dqn():
+    from looprl.train.config import load_agent, validate_agent
+
+    agent = load_agent("ppo")
+    agent["demonstrations"] = {}
+    with pytest.raises(ValueError, match="'demonstrations' section needs algorithm dqn"):
+        validate_agent(agent)
+
+
+@pytest.mark.slow
+def test_a_dqfd_run_gathers_demonstrations_repeats_expert_iteration_and_ships_an_honest_record(tmp_path):
+    import json
+
+    import yaml
+
+    from looprl.policy.numpy_policy import Policy
+    from looprl.train.ship import ship
+    from tests.test_train import run_cli, tiny_agent
+
+    agent = tiny_agent("dqn", str(tmp_path / "cache.sqlite"))
+    agent["pretrain"] = {"problems_per_dataset": 2, "epochs": 20}
+    agent["demonstrations"] = {"problems_per_dataset": 2, "search_budget_s": 0.05, "rounds": 2, "round_iterations": 1, "batch_size": 8}
+    config = tmp_path / "dqfd.yaml"
+    config.write_text(yaml.safe_dump(agent))
+    run = tmp_path / "run"
+    out = run_cli("--algo", "dqn", "--config", str(config), "--iterations", "2", "--out", str(run), "--num-env-runners", "0",
+                  "--validate-every", "1", "--validation-problems", "2")
+    assert "[demonstrations] 2/2 problems" in out and "round 2 of expert iteration" in out and "[iter 2/2]" in out
+    summary = json.loads((run / "demonstrations.json").read_text())
+    assert [r["round"] for r in summary["rounds"]] == [1, 2] and all(r["pairs"] >= 2 for r in summary["rounds"])
+    x, y = load_demonstrations(run / "demonstrations.npz")
+    assert len(y) == summary["rounds"][-1]["pairs"]
+    assert (run / "pretrained" / "policy.json").exists() and (run / "demonstrations-clone" / "policy.json").exists()
+    arguments = json.loads((run / "run.json").read_text())["arguments"]
+    assert arguments["demonstration_round"] == 2 and arguments["start_validation"] > 0
+    import csv
+
+    rows = list(csv.DictReader((run / "metrics.csv").open()))
+    assert [int(r["iteration"]) for r in rows] == [1, 2] and 0 <= float(rows[-1]["demonstration_agreement"]) <= 1
+
+    shipped = ship(run, tmp_path / "shipped", config=str(config))
+    assert not (shipped / "checkpoints").exists() and (shipped / "pretrained" / "policy.json").exists()
+    record = Policy.load(shipped / "policy").metadata["training"]
+    assert record["started_from"] == arguments["init_from"] and record["starting_validation"] == arguments["start_validation"]
+    assert record["rl_iterations"] in (0, 1, 2) and len(record["demonstrations"]["rounds"]) == 2
+    assert record["reproduce"].startswith(f"python -m looprl.train --config {config}")
+
+
+def test_rounds_are_checked():
+    from looprl.cli.train import _rounds
+
+    assert _rounds({}) == (1, None)
+    assert _rounds({"demonstrations": {"rounds": 3, "round_iterations": 40}}) == (3, 40)
+    with pytest.raises(ValueError, match="round_iterations must be a positive integer"):
+        _rounds({"demonstrations": {"rounds": 2}})
+    with pytest.raises(ValueError, match="rounds must be a positive integer"):
+        _rounds({"demonstrations": {"rounds": 0}})
