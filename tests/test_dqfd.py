@@ -156,3 +156,8 @@ def test_rounds_are_checked():
         _rounds({"demonstrations": {"rounds": 2}})
     with pytest.raises(ValueError, match="rounds must be a positive integer"):
         _rounds({"demonstrations": {"rounds": 0}})
+
+
+def test_summary_rounds_reads_both_layouts_of_demonstrations_json():
+    assert demos.summary_rounds({"settings": {"rounds": 2}, "rounds": [{"round": 1, "pairs": 3}]}) == [{"round": 1, "pairs": 3}]
+    assert demos.summary_rounds({"problems": 4, "pairs": 9, "settings": {}}) == [{"round": 1, "problems": 4, "pairs": 9}]

@@ -373,7 +373,7 @@ def _demonstrate(agent: dict, run, policy, seed: int, round_number: int = 1) -> 
     """Expert iteration's demonstrations for the DQfD learner (the agent's ``demonstrations``
     section), in the run folder: the pairs and a summary per round, and, in the first round, to
     report beside the RL, the policy cloned from them alone."""
-    from looprl.train.demonstrations import cloned_policy, gather_demonstrations, training_problems
+    from looprl.train.demonstrations import cloned_policy, gather_demonstrations, summary_rounds, training_problems
     from looprl.train.dqfd import loss_settings, save_demonstrations
     from looprl.train.loop import DEMONSTRATIONS_CLONE, DEMONSTRATIONS_FILE, DEMONSTRATIONS_SUMMARY
 
@@ -395,7 +395,7 @@ def _demonstrate(agent: dict, run, policy, seed: int, round_number: int = 1) -> 
     x, y, summary = gather_demonstrations(agent, problems, policy, budget if policy is not None else 0.0, log=log)
     save_demonstrations(run.path / DEMONSTRATIONS_FILE, x, y)
     summary_path = run.path / DEMONSTRATIONS_SUMMARY
-    earlier = json.loads(summary_path.read_text(encoding="utf-8"))["rounds"][: round_number - 1] if round_number > 1 else []
+    earlier = summary_rounds(json.loads(summary_path.read_text(encoding="utf-8")))[: round_number - 1] if round_number > 1 else []
     record = {"settings": section, "rounds": [*earlier, {"round": round_number, **summary}]}
     summary_path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     if round_number == 1:

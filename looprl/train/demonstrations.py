@@ -212,6 +212,14 @@ def gather_demonstrations(agent: dict, problems: list[Problem], policy=None, sea
     return np.concatenate(observations), np.concatenate(labels), summary
 
 
+def summary_rounds(record: dict) -> list[dict]:
+    """The per-round summaries of a run's ``demonstrations.json`` (a file of one round, as the
+    first DQfD runs wrote it, holds its summary at the top level)."""
+    if "rounds" in record:
+        return list(record["rounds"])
+    return [{"round": 1, **{key: value for key, value in record.items() if key != "settings"}}]
+
+
 def pretrain_policy(agent: dict, seed: int = 0, log=print):
     """The policy cloned from the tile planner's demonstrations on ``agent``'s training
     problems, as its ``pretrain`` section says (``problems_per_dataset``: problems spread over

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from looprl.policy.numpy_policy import JSON_NAME, Policy
+from looprl.train.demonstrations import summary_rounds
 from looprl.train.loop import BEST_POLICY, DEMONSTRATIONS_CLONE, DEMONSTRATIONS_SUMMARY, PRETRAINED_POLICY
 
 _FILES = ("agent.yaml", "run.json", "metrics.csv", DEMONSTRATIONS_SUMMARY, "learning_curve.png")
@@ -51,7 +52,7 @@ def training_record(run: Path, policy: Policy, config: str | None = None) -> dic
             "expert": "per problem the better of the tile planner's tile and the measured search of the starting policy "
                       "(round 1) or of the best validated policy so far (later rounds)",
             "settings": summary.get("settings"),
-            "rounds": summary.get("rounds") or [{"round": 1, **{k: v for k, v in summary.items() if k != "settings"}}],
+            "rounds": summary_rounds(summary),
         }
     if snapshot.get("iteration") == 0:
         record["note"] = "no RL snapshot validated above the starting policy: this is the starting policy"
