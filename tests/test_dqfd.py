@@ -14,6 +14,7 @@ from looprl.policy import tuner
 from looprl.target import Target
 from looprl.train import demonstrations as demos
 from looprl.train.dqfd import load_demonstrations, loss_settings, margin_loss, save_demonstrations
+from tests.test_train import ray_session  # noqa: F401  (the module's Ray, started once)
 
 torch = pytest.importorskip("torch")
 
@@ -103,7 +104,7 @@ def test_demonstrations_need_dqn():
     from looprl.train.config import load_agent, validate_agent
 
     agent = load_agent("ppo")
-    agent["demonstrations"] = {}
+    agent["demonstrations"] = {"margin": 0.05}
     with pytest.raises(ValueError, match="'demonstrations' section needs algorithm dqn"):
         validate_agent(agent)
 

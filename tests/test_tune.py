@@ -136,8 +136,11 @@ def test_default_policy_is_shipped_and_compatible():
     assert (default_policy_dir("avx512") / "policy.npz").exists()
     assert policy.target.isa == "avx512" and "EPYC" in policy.metadata["host_cpu"]
     assert policy.metadata["algorithm"] == "dqn" and policy.metadata["apex"] is True
-    assert policy.metadata["training_problems"] == {"dataset": ["models", "mm64-256"], "split": "train"}
-    assert policy.metadata["pretrained"]["problems"] > 100  # cloned from demonstrations on both sets
+    assert policy.metadata["training_problems"] == {"dataset": ["models", "mm64-256", "gemm-shapes"], "split": "train"}
+    assert policy.metadata["pretrained"]["problems"] > 100  # the clone it started from: demonstrations on both sets
+    training = policy.metadata["training"]  # fine-tuned by RL from that clone, and says so
+    assert training["algorithm"].startswith("APEX-DQN") and training["rl_env_steps"] > 0
+    assert training["started_from"] == "checkpoints/apex-dqn-models/policy" and training["validation"] > training["starting_validation"]
     for problem in [(128, 96, 160), looprl.contraction("bmk,bkn->bmn", b=2, m=40, k=24, n=56)]:
         result = looprl.tune(problem, cache=":memory:")
         check_kernel(result, np.random.default_rng(1))

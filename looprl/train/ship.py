@@ -48,12 +48,18 @@ def training_record(run: Path, policy: Policy, config: str | None = None) -> dic
     if agent.get("demonstrations"):
         summary = json.loads((run / DEMONSTRATIONS_SUMMARY).read_text(encoding="utf-8"))
         record["loss"] = "n-step double-Q TD (dueling) + DQfD large-margin loss on demonstrations"
+        rounds = summary_rounds(summary)
+        per_round = agent["demonstrations"].get("round_iterations")
+        iteration = snapshot.get("iteration") or 0
+        used = [r for r in rounds if r["round"] == 1 or (per_round and iteration > per_round * (r["round"] - 1))]
         record["demonstrations"] = {
             "expert": "per problem the better of the tile planner's tile and the measured search of the starting policy "
                       "(round 1) or of the best validated policy so far (later rounds)",
             "settings": summary.get("settings"),
-            "rounds": summary_rounds(summary),
+            "rounds": used,  # the rounds this snapshot was trained with
         }
+        if len(used) < len(rounds):
+            record["demonstrations"]["later_rounds"] = f"{len(rounds) - len(used)} later round(s) ran and validated no higher"
     if snapshot.get("iteration") == 0:
         record["note"] = "no RL snapshot validated above the starting policy: this is the starting policy"
     return record
