@@ -13,7 +13,8 @@ from looprl.measurement.evaluator import Evaluator
 from looprl.policy import tuner
 from looprl.target import Target
 from looprl.train import demonstrations as demos
-from looprl.train.dqfd import load_demonstrations, loss_settings, margin_loss, save_demonstrations
+from looprl.train.dqfd import load_demonstrations, margin_loss, save_demonstrations
+from looprl.train.expert_iteration import loss_settings, rounds, settings
 from tests.test_train import ray_session  # noqa: F401  (the module's Ray, started once)
 
 torch = pytest.importorskip("torch")
@@ -148,15 +149,16 @@ def test_a_dqfd_run_gathers_demonstrations_repeats_expert_iteration_and_ships_an
     assert record["reproduce"].startswith(f"python -m looprl.train --config {config}")
 
 
-def test_rounds_are_checked():
-    from looprl.cli.train import _rounds
-
-    assert _rounds({}) == (1, None)
-    assert _rounds({"demonstrations": {"rounds": 3, "round_iterations": 40}}) == (3, 40)
-    with pytest.raises(ValueError, match="round_iterations must be a positive integer"):
-        _rounds({"demonstrations": {"rounds": 2}})
-    with pytest.raises(ValueError, match="rounds must be a positive integer"):
-        _rounds({"demonstrations": {"rounds": 0}})
+def test_rounds_and_settings_are_checked():
+    assert rounds({}) == (1, None)
+    assert rounds({"demonstrations": {"rounds": 3, "round_iterations": 40}}) == (3, 40)
+    assert settings({"demonstrations": {"margin": 0.1}})["problems_per_dataset"] == 200
+    for section, message in [({"rounds": 2}, "round_iterations must be a positive integer"),
+                             ({"rounds": 0}, "rounds must be a positive integer"),
+                             ({"search_budget_s": -1}, "search_budget_s must be a non-negative"),
+                             ({"margin": 0.05, "epochs": 3}, "unknown settings \\['epochs'\\]")]:
+        with pytest.raises(ValueError, match=message):
+            settings({"demonstrations": section})
 
 
 def test_summary_rounds_reads_both_layouts_of_demonstrations_json():

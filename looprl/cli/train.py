@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
 import os
 import signal
 import socket
@@ -198,6 +197,13 @@ def _train(args) -> int:
     agent_target(agent).check_runs_on_host()
     check_env(agent, where)
     settings = _run_settings(args, agent)
+    if agent.get("demonstrations"):
+        from looprl.train import expert_iteration
+
+        try:
+            expert_iteration.settings(agent)  # checked before minutes of demonstrations
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from None
     validator = _validator(agent, settings["validation_count"]) if settings["validate_every"] else None
     initial_policy = None
     if starting and arguments.get("init_from"):
@@ -222,7 +228,9 @@ def _train(args) -> int:
         elif initial_policy is not None:
             initial_policy.save(run.path / PRETRAINED_POLICY)  # the run folder holds the policy it started from
         if agent.get("demonstrations"):
-            _demonstrate(agent, run, initial_policy, arguments["seed"])
+            from looprl.train import expert_iteration
+
+            expert_iteration.gather_round(agent, run.path, initial_policy, arguments["seed"], log=lambda line: print(line, flush=True))
         run.create(agent, arguments)
     else:
         run.trim_metrics(state.iteration)
@@ -302,7 +310,10 @@ def _run(args, algo, run, state, agent, arguments, settings, time_budget_s, vali
         arguments["start_validation"] = round(score, 4)  # the level a learning curve is drawn against
         run.save_state(state, arguments)
         print(f"  validation of the starting policy: greedy speed-up {score:.3f}x (geomean)", flush=True)
-    rounds, round_iterations = _rounds(agent)
+
+    from looprl.train import expert_iteration
+
+    rounds, round_iterations = expert_iteration.rounds(agent)
     for round_number in range(arguments.get("demonstration_round", 1), rounds + 1):
         last = round_number == rounds
         until = settings["iterations"] if last else round_iterations * round_number
@@ -314,11 +325,10 @@ def _run(args, algo, run, state, agent, arguments, settings, time_budget_s, vali
         if last or state.iteration < round_iterations * round_number:
             break  # the run's own limit came first
         # Expert iteration's next round: the best policy so far searches, its finds are the new demonstrations.
-        from looprl.policy.numpy_policy import JSON_NAME, Policy
-
-        expert = run.path / BEST_POLICY if (run.path / BEST_POLICY / JSON_NAME).exists() else run.path / "policy"
-        print(f"round {round_number + 1} of expert iteration: demonstrations from {expert}'s measured search", flush=True)
-        _demonstrate(agent, run, Policy.load(expert), arguments["seed"], round_number + 1)
+        print(f"round {round_number + 1} of expert iteration: demonstrations from the best validated policy's measured search",
+              flush=True)
+        expert_iteration.gather_round(agent, run.path, expert_iteration.expert(run.path), arguments["seed"], round_number + 1,
+                                      log=lambda line: print(line, flush=True))
         algo.learner_group.foreach_learner(lambda learner: learner.reload_demonstrations())
         arguments["demonstration_round"] = round_number + 1
         run.save_state(state, arguments)
@@ -354,53 +364,6 @@ def _reachable(address: str) -> str:
     except OSError as error:
         raise ValueError(f"--address {address}: no Ray cluster answers there ({error.strerror or error})") from None
     return address
-
-
-def _rounds(agent: dict) -> tuple[int, int | None]:
-    """Expert iteration's rounds and the RL iterations of each but the last (the agent's
-    ``demonstrations`` section: ``rounds``, ``round_iterations``)."""
-    section = agent.get("demonstrations") or {}
-    rounds = section.get("rounds", 1)
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"demonstrations.rounds must be a positive integer, got {rounds!r}")
-    per_round = section.get("round_iterations")
-    if rounds > 1 and (isinstance(per_round, bool) or not isinstance(per_round, int) or per_round < 1):
-        raise ValueError(f"demonstrations.round_iterations must be a positive integer with rounds > 1, got {per_round!r}")
-    return rounds, per_round
-
-
-def _demonstrate(agent: dict, run, policy, seed: int, round_number: int = 1) -> None:
-    """Expert iteration's demonstrations for the DQfD learner (the agent's ``demonstrations``
-    section), in the run folder: the pairs and a summary per round, and, in the first round, to
-    report beside the RL, the policy cloned from them alone."""
-    from looprl.train.demonstrations import cloned_policy, gather_demonstrations, summary_rounds, training_problems
-    from looprl.train.dqfd import loss_settings, save_demonstrations
-    from looprl.train.loop import DEMONSTRATIONS_CLONE, DEMONSTRATIONS_FILE, DEMONSTRATIONS_SUMMARY
-
-    section = dict(agent["demonstrations"])
-    allowed = {"problems_per_dataset", "search_budget_s", "margin", "weight", "batch_size", "rounds", "round_iterations"}
-    unknown = set(section) - allowed
-    if unknown:
-        raise ValueError(f"demonstrations: unknown settings {sorted(unknown)}; expected {', '.join(sorted(allowed))}")
-    loss_settings(section)
-    _rounds(agent)
-    budget = section.get("search_budget_s", 0.5)
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0:
-        raise ValueError(f"demonstrations.search_budget_s must be a non-negative number of seconds, got {budget!r}")
-    count = section.get("problems_per_dataset", 200)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"demonstrations.problems_per_dataset must be a positive integer, got {count!r}")
-    log = lambda line: print(line, flush=True)  # noqa: E731
-    problems = training_problems(agent, count)
-    x, y, summary = gather_demonstrations(agent, problems, policy, budget if policy is not None else 0.0, log=log)
-    save_demonstrations(run.path / DEMONSTRATIONS_FILE, x, y)
-    summary_path = run.path / DEMONSTRATIONS_SUMMARY
-    earlier = summary_rounds(json.loads(summary_path.read_text(encoding="utf-8")))[: round_number - 1] if round_number > 1 else []
-    record = {"settings": section, "rounds": [*earlier, {"round": round_number, **summary}]}
-    summary_path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    if round_number == 1:
-        extra = {"demonstrations_clone": {**summary, "note": "cross-entropy clone of the run's first demonstrations alone (no RL), to compare"}}
-        cloned_policy(agent, x, y, dict(agent.get("pretrain") or {}), seed, extra, log).save(run.path / DEMONSTRATIONS_CLONE)
 
 
 def _start(agent: dict, seed: int, num_env_runners: int | None, address: str | None, demonstrations=None):

@@ -153,7 +153,8 @@ def build_config(agent: dict[str, Any], *, seed: int, num_env_runners: int | Non
     if agent.get("demonstrations"):
         if demonstrations is None:
             raise ValueError("the agent has a 'demonstrations' section but the run has no demonstrations file")
-        from looprl.train.dqfd import DQfDTorchLearner, loss_settings
+        from looprl.train.dqfd import DQfDTorchLearner
+        from looprl.train.expert_iteration import loss_settings
 
         settings = {**loss_settings(agent["demonstrations"]), "path": str(demonstrations), "seed": seed}
         config = config.learners(learner_class=DQfDTorchLearner, learner_config_dict={"demonstrations": settings})

@@ -30,7 +30,8 @@ from ray.rllib.algorithms.dqn.dqn_learner import QF_PREDS
 from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
 from ray.rllib.core.columns import Columns
 
-LOSS_SETTINGS = {"margin": 0.05, "weight": 1.0, "batch_size": 64}
+from looprl.train.expert_iteration import loss_settings
+
 
 
 def save_demonstrations(path: Path, observations: np.ndarray, actions: np.ndarray) -> None:
@@ -54,18 +55,6 @@ def load_demonstrations(path: Path, action_count: int | None = None) -> tuple[np
     if action_count is not None and (actions.min() < 0 or actions.max() >= action_count):
         raise ValueError(f"demonstrations {path}: action indices outside 0..{action_count - 1}")
     return observations, actions
-
-
-def loss_settings(section: dict) -> dict:
-    """The margin-loss settings of an agent's ``demonstrations`` section, defaults filled in and checked."""
-    settings = {name: section.get(name, default) for name, default in LOSS_SETTINGS.items()}
-    if not (isinstance(settings["margin"], (int, float)) and settings["margin"] > 0):
-        raise ValueError(f"demonstrations.margin must be a positive number, got {settings['margin']!r}")
-    if not (isinstance(settings["weight"], (int, float)) and settings["weight"] >= 0):
-        raise ValueError(f"demonstrations.weight must be a non-negative number, got {settings['weight']!r}")
-    if isinstance(settings["batch_size"], bool) or not isinstance(settings["batch_size"], int) or settings["batch_size"] < 1:
-        raise ValueError(f"demonstrations.batch_size must be a positive integer, got {settings['batch_size']!r}")
-    return settings
 
 
 def margin_loss(q_values, actions, margin: float):
