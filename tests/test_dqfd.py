@@ -164,3 +164,14 @@ def test_rounds_and_settings_are_checked():
 def test_summary_rounds_reads_both_layouts_of_demonstrations_json():
     assert demos.summary_rounds({"settings": {"rounds": 2}, "rounds": [{"round": 1, "pairs": 3}]}) == [{"round": 1, "pairs": 3}]
     assert demos.summary_rounds({"problems": 4, "pairs": 9, "settings": {}}) == [{"round": 1, "problems": 4, "pairs": 9}]
+
+
+def test_validation_and_demonstrations_draw_each_training_dataset_equally():
+    from looprl.train.validation import spread_over_datasets
+    from looprl.workloads.datasets import dataset_problems
+
+    agent = {"env": {"dataset": ["models", "mm64-256", "gemm-shapes"], "split": "train"}}
+    problems = spread_over_datasets(agent, 4)
+    for name in ("models", "mm64-256", "gemm-shapes"):
+        assert len(set(problems) & set(dataset_problems(name, "train"))) == 4
+    assert spread_over_datasets({"env": {"problems": ["16x16x16", "8x8x8"]}}, 5) == [matmul(16, 16, 16), matmul(8, 8, 8)]

@@ -167,21 +167,6 @@ def accuracy(arrays: dict[str, np.ndarray], observations: np.ndarray, labels: np
     return float(np.mean(chosen == labels)) if len(labels) else math.nan
 
 
-def training_problems(agent: dict, per_dataset: int) -> list[Problem]:
-    """``per_dataset`` problems spread over each of the agent's training datasets (or its own
-    ``problems``)."""
-    from looprl import defaults
-    from looprl.train.validation import spread
-    from looprl.workloads.datasets import dataset_groups, env_problems
-
-    env = agent.get("env", {})
-    if env.get("problems"):
-        groups = (env_problems(problems=env["problems"]),)
-    else:
-        groups = dataset_groups(env.get("dataset", defaults.DATASET), env.get("split", "train"))
-    return [p for group in groups for p in spread(group, min(per_dataset, len(group)))]
-
-
 def gather_demonstrations(agent: dict, problems: list[Problem], policy=None, search_budget_s: float = 0.0,
                           log=print) -> tuple[np.ndarray, np.ndarray, dict]:
     """Demonstrations on ``problems`` (:func:`expert_demonstration`), measured with the env's
@@ -246,7 +231,9 @@ def pretrain_policy(agent: dict, seed: int = 0, log=print):
         log(f"[pretrain] starting from {settings['policy']} ({policy.metadata.get('algorithm', '?')}, "
             f"{'a clone' if 'pretrained' in policy.metadata else 'trained'})")
         return policy
-    problems = training_problems(agent, int(settings.get("problems_per_dataset", 300)))
+    from looprl.train.validation import spread_over_datasets
+
+    problems = spread_over_datasets(agent, int(settings.get("problems_per_dataset", 300)))
     x, y, _ = gather_demonstrations(agent, problems, log=log)
     extra = {"pretrained": {"problems": len(problems), "pairs": int(len(y)), "settings": settings}}
     return cloned_policy(agent, x, y, settings, seed, extra, log)

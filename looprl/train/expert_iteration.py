@@ -75,12 +75,13 @@ def expert(run_path: Path) -> Policy:
 def gather_round(agent: dict, run_path: Path, policy: Policy | None, seed: int, round_number: int = 1, log=print) -> dict:
     """Round ``round_number``'s demonstrations from ``policy``'s measured search (None: the
     tile planner alone) into the run folder; returns the round's summary."""
-    from looprl.train.demonstrations import cloned_policy, gather_demonstrations, summary_rounds, training_problems
+    from looprl.train.demonstrations import cloned_policy, gather_demonstrations, summary_rounds
+    from looprl.train.validation import spread_over_datasets
     from looprl.train.dqfd import save_demonstrations
 
     checked = settings(agent)
     run_path = Path(run_path)
-    problems = training_problems(agent, checked["problems_per_dataset"])
+    problems = spread_over_datasets(agent, checked["problems_per_dataset"])
     budget = checked["search_budget_s"] if policy is not None else 0.0
     x, y, summary = gather_demonstrations(agent, problems, policy, budget, log=log)
     save_demonstrations(run_path / DEMONSTRATIONS_FILE, x, y)
