@@ -14,10 +14,11 @@ by measurement may still overtake a demonstrated one where the TD loss pulls har
 margin; where nothing was learned, the demonstration holds.
 
 The demonstrations are the run's ``demonstrations.npz`` (flat observations and action indices;
-:mod:`looprl.train.demonstrations` makes them; a later round of expert iteration rewrites the
-file and :meth:`DQfDTorchLearner.reload_demonstrations` reads it again). :class:`DQfDTorchLearner` is RLlib's DQN learner
-with that loss added; the agent's ``demonstrations`` section sets ``margin`` (on the scale of
-rewards: fractions of the peak), ``weight`` (lambda_E) and ``batch_size``.
+:mod:`looprl.train.expert_iteration` writes them; a later round of expert iteration rewrites
+the file and :meth:`DQfDTorchLearner.reload_demonstrations` reads it again).
+:class:`DQfDTorchLearner` is RLlib's DQN learner with that loss added; the agent's
+``demonstrations`` section sets ``margin`` (on the scale of rewards: fractions of the peak),
+``weight`` (lambda_E) and ``batch_size``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
 from ray.rllib.core.columns import Columns
 
 from looprl.train.expert_iteration import loss_settings
-
 
 
 def save_demonstrations(path: Path, observations: np.ndarray, actions: np.ndarray) -> None:
