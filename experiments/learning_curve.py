@@ -4,10 +4,8 @@ the policy the run started from drawn across.
     python experiments/learning_curve.py checkpoints/apex-dqn-dqfd
 
 Reads ``<run>/metrics.csv`` (the validation column, and the DQfD learner's agreement with the
-demonstrations when it has one) and the starting policy's validation score from
-``<run>/policy/policy.json`` or ``<run>/policy-best/policy.json`` when that is the start
-(iteration 0), else from the run's log line kept in ``run.json``; writes
-``<run>/learning_curve.png``.
+demonstrations when it has one) and the starting policy's validation score
+(``start_validation`` in ``run.json``, or ``--start``); writes ``<run>/learning_curve.png``.
 """
 
 from __future__ import annotations

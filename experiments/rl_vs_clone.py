@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import argparse
 import csv
-import platform
 import statistics
 from pathlib import Path
 
+from looprl.backend.host import cpu_model_name
 from looprl.backend.kernel import compile
 from looprl.ir.nest import initial_nest
 from looprl.measurement.evaluator import Evaluator
@@ -33,16 +33,6 @@ from looprl.workloads.datasets import dataset_problems
 RESULTS = Path(__file__).resolve().parent / "results"
 POLICIES = {"clone (start)": "pretrained", "demonstrations clone": "demonstrations-clone", "RL (shipped)": "policy-best"}
 SPLITS = "models:test:57,mm64-256:test:110,gemm-shapes:test:120"
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else RESULTS / f"rl_vs_clone_{target.isa}"
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = []
-    print(f"target {target.isa} ({target.cpu}); CPU {cpu_name()}; run {args.run}", flush=True)
+    print(f"target {target.isa} ({target.cpu}); CPU {cpu_model_name()}; run {args.run}", flush=True)
     for item in args.splits.split(","):
         dataset, split, count = item.split(":")
         problems = spread(dataset_problems(dataset, split), int(count))
@@ -82,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    plot(rows, out.with_suffix(".png"), f"{target.isa} code on {cpu_name()}")
+    plot(rows, out.with_suffix(".png"), f"{target.isa} code on {cpu_model_name()}")
     print(f"wrote {out.with_suffix('.csv')} and {out.with_suffix('.png')}")
     return 0
 

@@ -341,12 +341,10 @@ def _run(args, algo, run, state, agent, arguments, settings, time_budget_s, vali
 def _validator(agent: dict, count: int):
     """Greedy validation on ``count`` of the agent's training problems (as many from each
     training dataset), measured like the env."""
-    from looprl.train.validation import Validator, spread_over_datasets
-    from looprl.workloads.datasets import dataset_groups
+    from looprl.train.validation import Validator, spread_over_datasets, training_groups
 
     env = agent.get("env", {})
-    datasets = 1 if env.get("problems") else len(dataset_groups(env.get("dataset", defaults.DATASET), env.get("split", "train")))
-    problems = spread_over_datasets(agent, -(-count // datasets))
+    problems = spread_over_datasets(agent, -(-count // len(training_groups(agent))))
     evaluator = Evaluator(env.get("cache"), env.get("measure_budget_s", defaults.STATE_BUDGET_S), target=env.get("target"),
                           threads=env.get("threads", 1))
     return Validator(problems, evaluator)

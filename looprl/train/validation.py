@@ -32,18 +32,21 @@ def spread(problems: Sequence[Problem], count: int) -> list[Problem]:
     return [problems[int(i * len(problems) / count)] for i in range(count)]
 
 
-def spread_over_datasets(agent: dict, per_dataset: int) -> list[Problem]:
-    """``per_dataset`` problems spread over each of the agent's training datasets (or over its
-    own ``problems``): the validation set, and the problems demonstrations are gathered on."""
+def training_groups(agent: dict) -> tuple[tuple[Problem, ...], ...]:
+    """The agent's training problems, one group per dataset (or its own ``problems`` as one)."""
     from looprl import defaults
     from looprl.workloads.datasets import dataset_groups, env_problems
 
     env = agent.get("env", {})
     if env.get("problems"):
-        groups = (env_problems(problems=env["problems"]),)
-    else:
-        groups = dataset_groups(env.get("dataset", defaults.DATASET), env.get("split", "train"))
-    return [p for group in groups for p in spread(group, min(per_dataset, len(group)))]
+        return (env_problems(problems=env["problems"]),)
+    return dataset_groups(env.get("dataset", defaults.DATASET), env.get("split", "train"))
+
+
+def spread_over_datasets(agent: dict, per_dataset: int) -> list[Problem]:
+    """``per_dataset`` problems spread over each of the agent's training datasets (or over its
+    own ``problems``): the validation set, and the problems demonstrations are gathered on."""
+    return [p for group in training_groups(agent) for p in spread(group, min(per_dataset, len(group)))]
 
 
 class Validator:
