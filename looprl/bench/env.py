@@ -26,7 +26,8 @@ from looprl.measurement.peak import peak_gflops
 
 def add_arguments(parser) -> None:
     parser.add_argument("--steps", type=int, default=300, help="structural steps per workload (default 300)")
-    parser.add_argument("--budget-ms", type=float, default=defaults.STATE_BUDGET_S * 1000, help="timing budget per new state")
+    parser.add_argument("--budget-ms", type=float, default=defaults.ENV_STATE_BUDGET_S * 1000,
+                        help="timing budget per new state (default: LoopNest-v0's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON")
 

@@ -345,7 +345,7 @@ def _validator(agent: dict, count: int):
 
     env = agent.get("env", {})
     problems = spread_over_datasets(agent, -(-count // len(training_groups(agent))))
-    evaluator = Evaluator(env.get("cache"), env.get("measure_budget_s", defaults.STATE_BUDGET_S), target=env.get("target"),
+    evaluator = Evaluator(env.get("cache"), env.get("measure_budget_s", defaults.ENV_STATE_BUDGET_S), target=env.get("target"),
                           threads=env.get("threads", 1))
     return Validator(problems, evaluator)
 

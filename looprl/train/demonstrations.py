@@ -177,7 +177,7 @@ def gather_demonstrations(agent: dict, problems: list[Problem], policy=None, sea
     env = agent.get("env", {})
     target = agent_target(agent)
     actions = agent_actions(agent, target)
-    evaluator = Evaluator(env.get("cache"), env.get("measure_budget_s", defaults.STATE_BUDGET_S), target=target, samples=1)
+    evaluator = Evaluator(env.get("cache"), env.get("measure_budget_s", defaults.ENV_STATE_BUDGET_S), target=target, samples=1)
     normalized = env.get("observation", defaults.TRAINING_OBSERVATION) == "normalized"
     episode_length = int(env.get("episode_length", defaults.EPISODE_LENGTH))
     observations, labels, speedups, searched = [], [], [], 0
