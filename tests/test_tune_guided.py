@@ -232,3 +232,75 @@ def test_a_layout_policy_s_proposals_include_its_layout_actions_and_tune_replays
     assert result.action_set.layouts == any(name in ("pack", "pad") for name in result.actions)
     values = replay(problem, result.actions, Evaluator(cache, 0.001, samples=1, target="avx2"), result.action_set)
     assert values[-1] == pytest.approx(result.gflops)  # the same schedule, from the cache
+
+
+class _ScriptedEvaluator:
+    """Stand-in evaluator: each schedule's first value, then the values its re-timings give
+    (the best of its samples is kept, as the real evaluator does)."""
+
+    budget_s = 0.001
+
+    def __init__(self, scripts):
+        self.scripts = {key: list(values) for key, values in scripts.items()}
+        self.best = {}
+        self.retimed = []
+
+    def __call__(self, nest):
+        from looprl.measurement.evaluator import Measurement
+
+        self.best[nest.key] = self.scripts[nest.key].pop(0)
+        return Measurement(self.best[nest.key], from_cache=False, samples=1)
+
+    def remeasure(self, nest):
+        from looprl.measurement.evaluator import Measurement
+
+        self.retimed.append(nest.key)
+        self.best[nest.key] = max(self.best[nest.key], self.scripts[nest.key].pop(0))
+        return Measurement(self.best[nest.key], from_cache=False)
+
+
+def _two_schedules():
+    first = looprl.initial_nest(PROBLEM)
+    return first, first.split(0, 4)
+
+
+def test_close_contenders_are_retimed_together_before_one_wins():
+    from looprl.policy.tuner import CONTENDER_ROUNDS, settle
+
+    a, b = _two_schedules()
+    # b's first timing caught a slow phase (95 against a's 100); timed again it is the faster
+    evaluator = _ScriptedEvaluator({a.key: [100.0, 99.0, 100.0], b.key: [95.0, 110.0, 108.0]})
+    context = SearchContext(PROBLEM, ActionSet(), evaluator)
+    candidates = [(n, context.measure(n).gflops, ()) for n in (a, b)]
+    settled = settle(context, candidates + [candidates[0]], budget_s=10.0)
+    assert [c[0].key for c in settled] == [b.key, a.key] and settled[0][1] == 110.0
+    assert evaluator.retimed == [a.key, b.key] * CONTENDER_ROUNDS  # interleaved rounds
+
+
+def test_far_apart_or_too_costly_contenders_are_not_retimed():
+    from looprl.policy.tuner import settle
+
+    a, b = _two_schedules()
+    evaluator = _ScriptedEvaluator({a.key: [100.0], b.key: [50.0]})
+    context = SearchContext(PROBLEM, ActionSet(), evaluator)
+    settled = settle(context, [(n, context.measure(n).gflops, ()) for n in (a, b)], budget_s=10.0)
+    assert [c[0].key for c in settled] == [a.key, b.key] and evaluator.retimed == []  # 50 is not a contender
+    evaluator = _ScriptedEvaluator({a.key: [100.0], b.key: [99.0]})
+    context = SearchContext(PROBLEM, ActionSet(), evaluator)
+    settled = settle(context, [(n, context.measure(n).gflops, ()) for n in (a, b)], budget_s=0.001)  # rounds cost more than a quarter
+    assert [c[0].key for c in settled] == [a.key, b.key] and evaluator.retimed == []
+
+
+def test_tune_measures_the_targets_own_tiles_when_the_rollout_builds_none():
+    from looprl.ir.schedules import tile_shapes, tile_steps
+    from looprl.policy.tiles import tile_of
+    from looprl.target import Target
+
+    stay = random_policy(bias=[10.0, 0, 0, 0, 0, 0, 0])  # always "up": invalid at the first loop, the rollout stays put
+    cache = MeasurementCache(":memory:")
+    result = looprl.tune(PROBLEM, stay, cache=cache, budget_s=0.5, measure_budget_s=0.001, remember=False, threads=1)
+    assert result.greedy_gflops == pytest.approx(result.initial_gflops)  # the rollout built nothing
+    rows, columns = tile_shapes(PROBLEM, Target.host())[0]
+    tile = looprl.initial_nest(PROBLEM).apply(tile_steps(PROBLEM, rows, columns))
+    assert tile_of(tile) == (rows, columns) and cache.get(tile, budget_s=0.001) is not None  # the target's first tile was measured
+    assert result.gflops > result.initial_gflops

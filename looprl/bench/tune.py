@@ -14,6 +14,11 @@ from a cold cache), times the returned kernel on N threads and numpy on N BLAS t
 prints the figures side by side; for N > 1 also the returned schedule made serial, on one
 thread (its one-thread counterpart). The first count's figures keep the one-count names in
 the JSON rows and summary; the others get a ``_t<N>`` suffix.
+
+``--repeat`` tunes every problem a second time, from another cold cache, at each thread count,
+and re-times the two answers together (``REPEAT_ROUNDS`` interleaved rounds, best of each):
+how far two ``tune`` calls on the same problem agree (``agreement`` = slower / faster), and how
+many agree within 5%.
 """
 
 from __future__ import annotations
@@ -55,7 +60,13 @@ def add_arguments(parser) -> None:
                         help="also run beam4bfs for S seconds per problem (the paper's baseline: 60) and report its best, re-timed (default 0: no search)")
     parser.add_argument("--threads", default="1",
                         help="comma-separated thread counts, e.g. 1,2: tune and time for each, numpy with as many BLAS threads (default 1)")
+    parser.add_argument("--repeat", action="store_true",
+                        help="tune every problem twice from cold caches and report how far the two answers agree (re-timed together)")
     parser.add_argument("--json", type=Path, default=None)
+
+
+REPEAT_ROUNDS = 3
+AGREEMENT = 0.95  # two answers within 5% of each other agree
 
 
 def thread_counts(text: str) -> list[int]:
@@ -118,6 +129,24 @@ def print_per_model(models: list[dict], out) -> None:
               f"{m['tune_s_median']:13.3f} {m['tune_s_max']:10.3f} {'-' if math.isnan(search) else f'{search:.2f}':>12}", file=out)
 
 
+def agreement(first, problem, policy, args, target, threads: int) -> dict:
+    """Tune ``problem`` again from a cold cache on ``threads`` threads and time the two answers
+    (``first`` and the new one) in interleaved rounds: their GFLOPS and slower / faster."""
+    again = tune(problem, policy, measure=args.mode == "measured", cache=":memory:", target=target, budget_s=args.tune_budget,
+                 threads=threads)
+    best = [0.0, 0.0]
+    for _ in range(REPEAT_ROUNDS):
+        for i, kernel in enumerate((first.kernel, again.kernel)):
+            best[i] = max(best[i], time_kernel(kernel, args.budget, threads=threads).gflops)
+    return {"first_gflops": best[0], "second_gflops": best[1], "agreement": min(best) / max(best), "second_schedule": again.nest.key}
+
+
+def summarise_agreement(rows: list[dict], key: str) -> dict:
+    values = [r[key]["agreement"] for r in rows]
+    return {"agreement_geomean": _geomean(values), "agreement_min": min(values), "within_5pct": sum(v >= AGREEMENT for v in values),
+            "problems": len(values)}
+
+
 def main(args, out=sys.stdout) -> dict:
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be positive, got {args.limit}")
@@ -166,6 +195,8 @@ def main(args, out=sys.stdout) -> dict:
                "schedule": result.nest.key}
         if entry is not None and entry.model is not None:
             row.update(model=entry.model, layer=entry.layer)
+        if getattr(args, "repeat", False):
+            row["repeat"] = agreement(result, problem, policy, args, target, first)
         if args.search:
             from looprl.search import run
 
@@ -181,6 +212,8 @@ def main(args, out=sys.stdout) -> dict:
             row.update({f"tune_s{suffix}": threaded.seconds, f"tuned_gflops{suffix}": gflops, f"numpy_gflops{suffix}": others[n][index],
                         f"serial_counterpart_gflops{suffix}": serial, f"actions{suffix}": list(threaded.actions),
                         f"schedule{suffix}": threaded.nest.key})
+            if getattr(args, "repeat", False):
+                row[f"repeat{suffix}"] = agreement(threaded, problem, policy, args, target, n)
             columns += f" {gflops:9.1f} {others[n][index]:9.1f} {gflops / others[n][index]:9.2f} {gflops / tuned:7.2f} {serial:9.1f}"
         rows.append(row)
         label = _label(problem)
@@ -230,6 +263,13 @@ def main(args, out=sys.stdout) -> dict:
         )
     result = {"mode": args.mode, "split": None if args.problems else args.split, "target": target.to_dict(), "cpu": cpu_model_name(),
               "tune_budget_s": args.tune_budget, "policy_target": made_for, "numpy": numpy_label, "summary": summary, "rows": rows}
+    if getattr(args, "repeat", False):
+        for n in counts:
+            s = _suffix(n, first)
+            summary[f"repeat{s}"] = agreed = summarise_agreement(rows, f"repeat{s}")
+            print(f"two tune calls on {n} thread{'s' if n > 1 else ''}, re-timed together: {agreed['within_5pct']} of "
+                  f"{agreed['problems']} agree within 5%; slower/faster geomean {agreed['agreement_geomean']:.3f}, "
+                  f"worst {agreed['agreement_min']:.3f}", file=out)
     if any("model" in row for row in rows):
         result["models"] = per_model(rows)
         print_per_model(result["models"], out)

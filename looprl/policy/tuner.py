@@ -53,7 +53,8 @@ from looprl.policy.parallel import parallel_proposals
 from looprl.policy.rollout import greedy_rollout, policy_actions
 from looprl.policy.tiles import measure_tiles, tile_of
 from looprl.policy.twin import carried_back, transposed_twin
-from looprl.search.budget import MIN_BUDGET_S, REFINEMENTS, Budget, scaled_budget
+from looprl.search.budget import MIN_BUDGET_S, REFINEMENTS, Budget, scaled_budget, state_cost_s
+from looprl.ir.schedules import tile_shapes
 from looprl.search.context import SearchContext
 
 # Search time of measured tune by default: None scales it with the problem
@@ -63,7 +64,8 @@ TUNE_BUDGET_S = None
 # Remembered answers are keyed by this: bump it when what tune finds changes (an upgrade must not
 # return an older version's weaker answer). 2: register tiles at the output-row loop.
 # 3: two-dimensional register tiles, cache blocks and packing; budgets scaled to the problem.
-TUNER = "tune-v3"
+# 4: the target's own register tiles measured after the policy's (decode GEMMs, q.k^T).
+TUNER = "tune-v4"
 _warned_mismatch: set[tuple[str, str]] = set()
 
 
@@ -230,7 +232,8 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, step
     """Measured tune: stages over one search context. The untuned nest; the policy's greedy
     rollout, always measured whole (a dozen actions at most: a bounded cost, and tune is never
     below the rollout); then, until the deadline (a measurement predicted to end after it is
-    not started), the rollout's register tile refined and the policy-guided search; with
+    not started), the rollout's register tile and the target's own register tiles refined
+    (:func:`~looprl.policy.tiles.measure_tiles`) and the policy-guided search; with
     threads, the best serial schedules made parallel, in a quarter of the budget more. The
     budget counts from ``started`` (tune's call)."""
     action_set = policy_actions(policy, evaluator.target)
@@ -246,31 +249,71 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, step
         # However long the rollout took, its tile gets a few refinements (budget.REFINEMENTS).
         context.deadline = max(context.deadline, time.perf_counter() + REFINEMENTS * context.predicted_cost_s())
     best = (rollout.best_nest, rollout.best_gflops, rollout.best_actions)
-    candidates = [best]
+    candidates = [best]  # the best of each stage
     if budget_s > 0:
-        # The policy's tile, refined: canonical order, cache blocks, a packed right operand.
+        # The policy's tile, then the target's own register tiles (a rollout may build none,
+        # or a one-row tile on a decode GEMM), refined: canonical order, cache blocks, packed.
         shape = tile_of(rollout.best_nest)
-        tiles = measure_tiles(context, action_set, shapes=[shape] if shape else [])
+        own = tile_shapes(problem, evaluator.target) if len(problem.output) >= 2 else []
+        shapes = ([shape] if shape else []) + [s for s in own if s != shape]
+        tiles = measure_tiles(context, action_set, shapes=shapes)
         candidates.append((tiles.nest, tiles.gflops, tiles.actions))
         if tiles.gflops > best[1]:
             best = (tiles.nest, tiles.gflops, tiles.actions)
         rows = tuple(rows for rows, _ in evaluator.target.register_tiles())  # e.g. 6 on AVX2: the policy may lack split_6
         guided = guided_search(policy, context, start=(best[2], best[1]), tile_rows=rows)
-        if guided.best_gflops > best[1]:
-            best = (guided.best_nest, guided.best_gflops, guided.best_actions)
+        candidates.append((guided.best_nest, guided.best_gflops, guided.best_actions))
+        candidates = settle(context, candidates, budget_s)
+        best = candidates[0]
     serial_gflops, waited_s = None, 0.0
     if threads > 1:  # the best serial schedules with their outermost loops parallel, measured on the threads
         context.evaluator = evaluator.with_threads(threads)  # the same buffers, already paged in
         waited_s += context.budget.waited_s
         context.budget = Budget(time.perf_counter() + budget_s / 4 if budget_s > 0 else None)  # a team's costs are its own
-        ranked = sorted([best, *candidates[1:], candidates[0]], key=lambda c: -(c[1] or 0.0))
-        chosen = parallel_proposals(ranked, context, threads)
+        chosen = parallel_proposals(candidates, context, threads)
         serial_gflops = best[1]
-        if chosen is not None and chosen.gflops > best[1]:
-            best = (chosen.nest, chosen.gflops, chosen.actions)
+        if chosen is not None:  # the team against the serial best, re-timed together when close
+            best = settle(context, [best, (chosen.nest, chosen.gflops, chosen.actions)], budget_s, within=TEAM_WITHIN)[0]
+            serial_gflops = context.values.get(candidates[0][0].key, serial_gflops)
     nest, gflops, actions = best
     return Found(nest, gflops, tuple(actions), rollout.initial_gflops, rollout.best_gflops, budget_s, context.new_measurements,
                   waited_s + context.budget.waited_s, serial_gflops)
+
+
+# Stage winners this close to the best are timed again together before one is returned: a
+# first timing that caught the machine's slow phase must not decide (two tune calls on one
+# problem should return kernels of the same speed).
+CONTENDER_WITHIN = 0.9
+CONTENDER_ROUNDS = 2
+# A team and the serial best it was made from are re-timed together unless one is more than
+# twice the other: a team is slowed by anything on any of its cores, and one disturbed timing
+# (timed again once by parallel_proposals) must not send a problem that threads speed up 1.8x
+# back to one thread.
+TEAM_WITHIN = 0.5
+
+
+def settle(context: SearchContext, candidates: list[tuple], budget_s: float, within: float = CONTENDER_WITHIN) -> list[tuple]:
+    """``candidates`` ((nest, gflops, actions), each measured in ``context``) without repeats,
+    fastest first, after those within ``within`` of the fastest were re-timed in
+    :data:`CONTENDER_ROUNDS` interleaved rounds (each keeps the best of its samples). The rounds
+    run after the search's deadline, but only when predicted to cost at most a quarter of
+    ``budget_s``; else the first timings decide."""
+    unique: dict[str, tuple] = {}
+    for nest, gflops, actions in candidates:
+        if nest is not None and gflops > 0 and (nest.key not in unique or gflops > unique[nest.key][1]):
+            unique[nest.key] = (nest, gflops, tuple(actions))
+    ranked = sorted(unique.values(), key=lambda c: -c[1])
+    if len(ranked) < 2:
+        return ranked or [c for c in candidates[:1]]
+    close = [c for c in ranked if c[1] >= within * ranked[0][1]]
+    cost = CONTENDER_ROUNDS * sum(state_cost_s(context.problem.flops, g, context.measure_budget_s, 0.0) for _, g, _ in close)
+    if len(close) < 2 or cost > budget_s / 4:
+        return ranked
+    for _ in range(CONTENDER_ROUNDS):
+        for nest, _, _ in close:
+            context.remeasure(nest, force=True)
+    settled = [(nest, context.values.get(nest.key, gflops), actions) for nest, gflops, actions in ranked]
+    return sorted(settled, key=lambda c: -c[1])
 
 
 def _check_search_budget(budget_s) -> float:

@@ -149,12 +149,12 @@ class SearchContext:
         self._report_progress()
         return measurement
 
-    def remeasure(self, nest: LoopNest) -> Measurement:
+    def remeasure(self, nest: LoopNest, force: bool = False) -> Measurement:
         """Time ``nest`` (measured before) again, unless predicted to end after the deadline
-        (:class:`BudgetExhausted`); its samples keep the best, and this search takes the new
-        figure."""
+        (:class:`BudgetExhausted`; ``force``: whatever the budget); its samples keep the best,
+        and this search takes the new figure."""
         known = self.values.get(nest.key)
-        if known is not None and self.budget.refuses_again(nest.problem.flops, known, self.measure_budget_s):
+        if not force and known is not None and self.budget.refuses_again(nest.problem.flops, known, self.measure_budget_s):
             raise BudgetExhausted("time budget")
         remeasure = getattr(self.evaluator, "remeasure", None)
         if remeasure is None:  # a stand-in evaluator that cannot time again: the figure stays
