@@ -155,6 +155,7 @@ def main(args, out=sys.stdout) -> dict:
     if not (args.search >= 0 and math.isfinite(args.search)):
         raise ValueError(f"--search must be a non-negative number of seconds, got {args.search}")
     counts = thread_counts(getattr(args, "threads", "1"))
+    repeat = getattr(args, "repeat", False)
     first = counts[0]
     target = Target.resolve(args.target)
     target.check_runs_on_host()
@@ -195,7 +196,7 @@ def main(args, out=sys.stdout) -> dict:
                "schedule": result.nest.key}
         if entry is not None and entry.model is not None:
             row.update(model=entry.model, layer=entry.layer)
-        if getattr(args, "repeat", False):
+        if repeat:
             row["repeat"] = agreement(result, problem, policy, args, target, first)
         if args.search:
             from looprl.search import run
@@ -212,7 +213,7 @@ def main(args, out=sys.stdout) -> dict:
             row.update({f"tune_s{suffix}": threaded.seconds, f"tuned_gflops{suffix}": gflops, f"numpy_gflops{suffix}": others[n][index],
                         f"serial_counterpart_gflops{suffix}": serial, f"actions{suffix}": list(threaded.actions),
                         f"schedule{suffix}": threaded.nest.key})
-            if getattr(args, "repeat", False):
+            if repeat:
                 row[f"repeat{suffix}"] = agreement(threaded, problem, policy, args, target, n)
             columns += f" {gflops:9.1f} {others[n][index]:9.1f} {gflops / others[n][index]:9.2f} {gflops / tuned:7.2f} {serial:9.1f}"
         rows.append(row)
@@ -263,7 +264,7 @@ def main(args, out=sys.stdout) -> dict:
         )
     result = {"mode": args.mode, "split": None if args.problems else args.split, "target": target.to_dict(), "cpu": cpu_model_name(),
               "tune_budget_s": args.tune_budget, "policy_target": made_for, "numpy": numpy_label, "summary": summary, "rows": rows}
-    if getattr(args, "repeat", False):
+    if repeat:
         for n in counts:
             s = _suffix(n, first)
             summary[f"repeat{s}"] = agreed = summarise_agreement(rows, f"repeat{s}")

@@ -341,11 +341,12 @@ def _run(args, algo, run, state, agent, arguments, settings, time_budget_s, vali
 def _validator(agent: dict, count: int):
     """Greedy validation on ``count`` of the agent's training problems (as many from each
     training dataset), measured like the env."""
+    from looprl.train.config import agent_measure_budget_s
     from looprl.train.validation import Validator, spread_over_datasets, training_groups
 
     env = agent.get("env", {})
     problems = spread_over_datasets(agent, -(-count // len(training_groups(agent))))
-    evaluator = Evaluator(env.get("cache"), env.get("measure_budget_s", defaults.ENV_STATE_BUDGET_S), target=env.get("target"),
+    evaluator = Evaluator(env.get("cache"), agent_measure_budget_s(agent), target=env.get("target"),
                           threads=env.get("threads", 1))
     return Validator(problems, evaluator)
 

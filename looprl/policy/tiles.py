@@ -52,12 +52,13 @@ def tile_of(nest: LoopNest) -> tuple[int, int] | None:
     return rows, inner.size
 
 
-def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None) -> TileResult:
+def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=None) -> TileResult:
     """Measure register tiles of the context's problem (until its budget is spent) and return
     the fastest as a path of action names from the untiled nest (``actions`` extended as
     needed). ``shapes``: the (rows, columns) tiles to start from (default: the target's
-    :func:`~looprl.ir.schedules.tile_shapes`); each is measured in the canonical order, then
-    the fastest with cache blocks and packed."""
+    :func:`~looprl.ir.schedules.tile_shapes`), after ``lead`` (e.g. the tile a policy built)
+    when given; each is measured in the canonical order, then the fastest with cache blocks
+    and packed."""
     problem, target = context.problem, context.target
     root = State(initial_nest(problem), 0)
     best: tuple = (0.0, (), 0, None)  # gflops, names, columns, nest
@@ -92,7 +93,8 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None) -> Ti
     transposed = problem.operands[1][-1] != problem.output[-1]
     flat = None
     try:
-        for rows, columns in (tile_shapes(problem, target) if shapes is None else shapes):
+        shapes = tile_shapes(problem, target) if shapes is None else list(shapes)
+        for rows, columns in ([lead] if lead else []) + [s for s in shapes if s != lead]:
             tile = planned(rows, columns)
             if tile is not None and attempt(*tile, columns):
                 flat = (rows, columns)

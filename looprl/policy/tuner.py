@@ -54,7 +54,6 @@ from looprl.policy.rollout import greedy_rollout, policy_actions
 from looprl.policy.tiles import measure_tiles, tile_of
 from looprl.policy.twin import carried_back, transposed_twin
 from looprl.search.budget import MIN_BUDGET_S, REFINEMENTS, Budget, scaled_budget, state_cost_s
-from looprl.ir.schedules import tile_shapes
 from looprl.search.context import SearchContext
 
 # Search time of measured tune by default: None scales it with the problem
@@ -253,10 +252,7 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, step
     if budget_s > 0:
         # The policy's tile, then the target's own register tiles (a rollout may build none,
         # or a one-row tile on a decode GEMM), refined: canonical order, cache blocks, packed.
-        shape = tile_of(rollout.best_nest)
-        own = tile_shapes(problem, evaluator.target) if len(problem.output) >= 2 else []
-        shapes = ([shape] if shape else []) + [s for s in own if s != shape]
-        tiles = measure_tiles(context, action_set, shapes=shapes)
+        tiles = measure_tiles(context, action_set, lead=tile_of(rollout.best_nest))
         candidates.append((tiles.nest, tiles.gflops, tiles.actions))
         if tiles.gflops > best[1]:
             best = (tiles.nest, tiles.gflops, tiles.actions)
@@ -304,7 +300,7 @@ def settle(context: SearchContext, candidates: list[tuple], budget_s: float, wit
             unique[nest.key] = (nest, gflops, tuple(actions))
     ranked = sorted(unique.values(), key=lambda c: -c[1])
     if len(ranked) < 2:
-        return ranked or [c for c in candidates[:1]]
+        return ranked or candidates[:1]
     close = [c for c in ranked if c[1] >= within * ranked[0][1]]
     cost = CONTENDER_ROUNDS * sum(state_cost_s(context.problem.flops, g, context.measure_budget_s, 0.0) for _, g, _ in close)
     if len(close) < 2 or cost > budget_s / 4:

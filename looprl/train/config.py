@@ -60,6 +60,13 @@ def validate_agent(agent: Any, where: str = "agent configuration") -> dict[str, 
     return copy.deepcopy(agent)
 
 
+def agent_measure_budget_s(agent: dict[str, Any]) -> float:
+    """The timing budget per new state of an agent configuration's env (its
+    ``env.measure_budget_s``, else LoopNest-v0's default): what its validation and
+    demonstrations measure with, so that they share the env's cache key."""
+    return agent.get("env", {}).get("measure_budget_s", defaults.ENV_STATE_BUDGET_S)
+
+
 def agent_target(agent: dict[str, Any]):
     """The :class:`~looprl.Target` an agent configuration's env generates code for (its
     ``env.target`` name; none: this host)."""

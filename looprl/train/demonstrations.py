@@ -172,12 +172,12 @@ def gather_demonstrations(agent: dict, problems: list[Problem], policy=None, sea
     """Demonstrations on ``problems`` (:func:`expert_demonstration`), measured with the env's
     target, cache and per-state budget, as (observations, actions, summary)."""
     from looprl import defaults
-    from looprl.train.config import agent_actions, agent_target
+    from looprl.train.config import agent_actions, agent_measure_budget_s, agent_target
 
     env = agent.get("env", {})
     target = agent_target(agent)
     actions = agent_actions(agent, target)
-    evaluator = Evaluator(env.get("cache"), env.get("measure_budget_s", defaults.ENV_STATE_BUDGET_S), target=target, samples=1)
+    evaluator = Evaluator(env.get("cache"), agent_measure_budget_s(agent), target=target, samples=1)
     normalized = env.get("observation", defaults.TRAINING_OBSERVATION) == "normalized"
     episode_length = int(env.get("episode_length", defaults.EPISODE_LENGTH))
     observations, labels, speedups, searched = [], [], [], 0
