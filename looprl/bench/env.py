@@ -22,12 +22,15 @@ from looprl.workloads.datasets import dataset_problems
 from looprl.env.loopnest_env import LoopNestEnv
 from looprl.measurement.cache import MeasurementCache
 from looprl.measurement.peak import peak_gflops
+from looprl.backend.host import cpu_model_name
+from looprl.target import Target
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--steps", type=int, default=300, help="structural steps per workload (default 300)")
     parser.add_argument("--budget-ms", type=float, default=defaults.ENV_STATE_BUDGET_S * 1000,
                         help="timing budget per new state (default: LoopNest-v0's)")
+    parser.add_argument("--target", default=None, help="host (default), avx512, avx2 or sse4: the code the env generates")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON")
 
@@ -64,10 +67,10 @@ def _replay(env: LoopNestEnv, events: list[tuple]) -> None:
             env.step(value)
 
 
-def _workload(name: str, problems, args, peak: float, out) -> dict:
+def _workload(name: str, problems, args, peak: float, out, target=None) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         cache = MeasurementCache(Path(folder) / "bench.sqlite")
-        env = LoopNestEnv(problems=problems, order="random", cache=cache, peak=peak, measure_budget_s=args.budget_ms / 1000)
+        env = LoopNestEnv(problems=problems, order="random", cache=cache, peak=peak, measure_budget_s=args.budget_ms / 1000, target=target)
         evaluator = env.evaluator
         started = time.perf_counter()
         events = _action_sequence(env, args.steps, args.seed)
@@ -102,14 +105,16 @@ def main(args, out=sys.stdout) -> dict:
         raise ValueError(f"--steps must be positive, got {args.steps}")
     if not args.budget_ms > 0:
         raise ValueError(f"--budget-ms must be positive, got {args.budget_ms}")
-    peak = peak_gflops()
-    print(f"peak {peak:.1f} GFLOPS; timing budget {args.budget_ms:g} ms per new state", file=out)
+    target = Target.resolve(getattr(args, "target", None))
+    target.check_runs_on_host()
+    peak = peak_gflops(target=target)
+    print(f"target {target.isa}; peak {peak:.1f} GFLOPS; timing budget {args.budget_ms:g} ms per new state; CPU {cpu_model_name()}", file=out)
     print("      workload  steps  cold/s    warm/s    new  compile  measure (ms/state)", file=out)
     rows = [
-        _workload(f"{defaults.DATASET} train", dataset_problems(defaults.DATASET, "train"), args, peak, out),
-        _workload("256x256x256", ["256x256x256"], args, peak, out),
+        _workload(f"{defaults.DATASET} train", dataset_problems(defaults.DATASET, "train"), args, peak, out, target),
+        _workload("256x256x256", ["256x256x256"], args, peak, out, target),
     ]
-    result = {"peak_gflops": peak, "budget_ms": args.budget_ms, "rows": rows}
+    result = {"target": target.isa, "cpu": cpu_model_name(), "peak_gflops": peak, "budget_ms": args.budget_ms, "rows": rows}
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
