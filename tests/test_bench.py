@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -113,15 +114,21 @@ def test_benchmarks_print_one_and_two_thread_figures_side_by_side(tmp_path):
     path = tmp_path / "tune.json"
     result = subprocess.run(
         [sys.executable, "-m", "looprl.bench", "tune", "--problems", "48x64x32", "--budget", "0.01", "--tune-budget", "0.1",
-         "--threads", "1,2", "--json", str(path)],
+         "--threads", "1,2", "--neighbour", "bursty", "--json", str(path)],
         capture_output=True, text=True, timeout=300, env=env,
     )
     assert result.returncode == 0, result.stderr
     assert "numpy@2" in result.stdout and "2 threads: geomean tuned@2/numpy@2" in result.stdout
+    assert "tuned on 2 threads beside a bursty BLAS neighbour" in result.stdout
     report = json.loads(path.read_text())
     row = report["rows"][0]
     assert row["tuned_gflops"] > 0 and row["tuned_gflops_t2"] > 0 and row["numpy_gflops_t2"] > 0 and row["serial_counterpart_gflops_t2"] > 0
     assert report["summary"]["threads"] == [1, 2] and report["summary"]["tuned_vs_numpy_geomean_t2"] > 0
+    for key in ("neighbour", "neighbour_t2"):  # the answer tuned beside the neighbour, re-timed with the quiet one
+        beside = row[key]
+        assert beside["quiet_gflops"] > 0 and beside["neighbour_gflops"] > 0
+        assert beside["ratio"] == pytest.approx(beside["neighbour_gflops"] / beside["quiet_gflops"])
+        assert report["summary"][key]["problems"] == 1
     path = tmp_path / "codegen.json"
     result = subprocess.run(
         [sys.executable, "-m", "looprl.bench", "codegen", "--shapes", "32x48x16", "--budget", "0.02", "--compiles", "0",
@@ -135,3 +142,25 @@ def test_benchmarks_print_one_and_two_thread_figures_side_by_side(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "looprl.bench", "tune", "--problems", "8x8x8", "--threads", "1,x"],
                          capture_output=True, text=True, timeout=60, env=env)
     assert bad.returncode == 2 and "--threads" in bad.stderr
+
+
+def test_a_neighbour_runs_blas_work_only_while_its_block_runs():
+    from looprl.bench.neighbour import Neighbour
+
+    with pytest.raises(ValueError, match="kind"):
+        Neighbour("noisy")
+    with pytest.raises(ValueError, match="threads"):
+        Neighbour("steady", threads=0)
+    with Neighbour("steady") as neighbour:
+        process = neighbour.process
+        assert process.poll() is None  # computing
+        cpu = lambda: sum(int(v) for v in open(f"/proc/{process.pid}/stat").read().rsplit(")", 1)[1].split()[11:13])
+        before = cpu()
+        time.sleep(0.3)
+        assert cpu() > before  # it uses the CPU (user + system clock ticks)
+    assert process.poll() is not None and neighbour.process is None  # gone with the block
+    with pytest.raises(KeyboardInterrupt):
+        with Neighbour("bursty") as neighbour:
+            process = neighbour.process
+            raise KeyboardInterrupt
+    assert process.poll() is not None

@@ -51,6 +51,7 @@ def test_the_mixed_benchmark_reports_alone_and_mixed_times(tmp_path):
     report = json.loads(out.read_text())
     row = report["rows"][0]
     assert row["alone_s"] > 0 and row["mixed_s"] > 0 and row["ratio"] == pytest.approx(row["mixed_s"] / row["alone_s"])
+    assert row["paused_s"] > 0 and row["ratio_to_paused"] == pytest.approx(row["mixed_s"] / row["paused_s"])
 
 
 def test_bad_thread_counts_are_refused():

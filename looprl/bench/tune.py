@@ -32,7 +32,8 @@ from pathlib import Path
 from looprl import defaults
 from looprl.backend.host import cpu_model_name
 from looprl.backend.kernel import compile
-from looprl.backend.threads import check_threads
+from looprl.backend.threads import available_cores, check_threads
+from looprl.bench.neighbour import KINDS, Neighbour
 from looprl.workloads.datasets import SPLITS, dataset_entries
 from looprl.ir.nest import initial_nest
 from looprl.ir.problem import parse_problems
@@ -62,6 +63,9 @@ def add_arguments(parser) -> None:
                         help="comma-separated thread counts, e.g. 1,2: tune and time for each, numpy with as many BLAS threads (default 1)")
     parser.add_argument("--repeat", action="store_true",
                         help="tune every problem twice from cold caches and report how far the two answers agree (re-timed together)")
+    parser.add_argument("--neighbour", choices=KINDS, default=None,
+                        help="also tune every problem while another process does steady or bursty BLAS work, and re-time that "
+                             "answer quietly together with the quiet one")
     parser.add_argument("--json", type=Path, default=None)
 
 
@@ -141,6 +145,28 @@ def agreement(first, problem, policy, args, target, threads: int) -> dict:
     return {"first_gflops": best[0], "second_gflops": best[1], "agreement": min(best) / max(best), "second_schedule": again.nest.key}
 
 
+def beside_neighbour(quiet, problem, policy, args, target, threads: int) -> dict:
+    """Tune ``problem`` again from a cold cache on ``threads`` threads while a neighbour process
+    does ``args.neighbour`` BLAS work on the cores left over (at least one), then, the neighbour
+    gone, time that answer and the quiet one (``quiet``) in interleaved rounds: their GFLOPS and
+    ``ratio`` = the neighbour's answer / the quiet answer."""
+    with Neighbour(args.neighbour, threads=max(1, available_cores() - threads)):
+        disturbed = tune(problem, policy, measure=args.mode == "measured", cache=":memory:", target=target,
+                         budget_s=args.tune_budget, threads=threads)
+    best = [0.0, 0.0]
+    for _ in range(REPEAT_ROUNDS):
+        for i, kernel in enumerate((quiet.kernel, disturbed.kernel)):
+            best[i] = max(best[i], time_kernel(kernel, args.budget, threads=threads).gflops)
+    return {"quiet_gflops": best[0], "neighbour_gflops": best[1], "ratio": best[1] / best[0], "tune_s": disturbed.seconds,
+            "neighbour_schedule": disturbed.nest.key}
+
+
+def summarise_neighbour(rows: list[dict], key: str) -> dict:
+    values = [r[key]["ratio"] for r in rows]
+    return {"ratio_geomean": _geomean(values), "ratio_min": min(values), "below_0.9": sum(v < 0.9 for v in values),
+            "problems": len(values)}
+
+
 def summarise_agreement(rows: list[dict], key: str) -> dict:
     values = [r[key]["agreement"] for r in rows]
     return {"agreement_geomean": _geomean(values), "agreement_min": min(values), "within_5pct": sum(v >= AGREEMENT for v in values),
@@ -156,6 +182,7 @@ def main(args, out=sys.stdout) -> dict:
         raise ValueError(f"--search must be a non-negative number of seconds, got {args.search}")
     counts = thread_counts(getattr(args, "threads", "1"))
     repeat = getattr(args, "repeat", False)
+    neighbour = getattr(args, "neighbour", None)
     first = counts[0]
     target = Target.resolve(args.target)
     target.check_runs_on_host()
@@ -198,6 +225,8 @@ def main(args, out=sys.stdout) -> dict:
             row.update(model=entry.model, layer=entry.layer)
         if repeat:
             row["repeat"] = agreement(result, problem, policy, args, target, first)
+        if neighbour:
+            row["neighbour"] = beside_neighbour(result, problem, policy, args, target, first)
         if args.search:
             from looprl.search import run
 
@@ -215,6 +244,8 @@ def main(args, out=sys.stdout) -> dict:
                         f"schedule{suffix}": threaded.nest.key})
             if repeat:
                 row[f"repeat{suffix}"] = agreement(threaded, problem, policy, args, target, n)
+            if neighbour:
+                row[f"neighbour{suffix}"] = beside_neighbour(threaded, problem, policy, args, target, n)
             columns += f" {gflops:9.1f} {others[n][index]:9.1f} {gflops / others[n][index]:9.2f} {gflops / tuned:7.2f} {serial:9.1f}"
         rows.append(row)
         label = _label(problem)
@@ -271,6 +302,15 @@ def main(args, out=sys.stdout) -> dict:
             print(f"two tune calls on {n} thread{'s' if n > 1 else ''}, re-timed together: {agreed['within_5pct']} of "
                   f"{agreed['problems']} agree within 5%; slower/faster geomean {agreed['agreement_geomean']:.3f}, "
                   f"worst {agreed['agreement_min']:.3f}", file=out)
+    if neighbour:
+        summary["neighbour_kind"] = neighbour
+        for n in counts:
+            s = _suffix(n, first)
+            summary[f"neighbour{s}"] = beside = summarise_neighbour(rows, f"neighbour{s}")
+            print(f"tuned on {n} thread{'s' if n > 1 else ''} beside a {neighbour} BLAS neighbour on "
+                  f"{max(1, available_cores() - n)} thread(s), re-timed quietly against the quiet answer: geomean "
+                  f"{beside['ratio_geomean']:.3f}, worst {beside['ratio_min']:.3f}, {beside['below_0.9']} of "
+                  f"{beside['problems']} below 0.9", file=out)
     if any("model" in row for row in rows):
         result["models"] = per_model(rows)
         print_per_model(result["models"], out)
