@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import looprl
 from looprl.target import Target
 from looprl.actions import ActionSet, State
-from looprl.ir.schedules import cache_blocks, tile_shapes, tile_steps
+from looprl.ir.schedules import STREAM_ROWS, STREAM_TILES, cache_blocks, stream_steps, tile_shapes, tile_steps, why_not_stream
 from looprl.measurement.cache import MeasurementCache
 from looprl.measurement.evaluator import Evaluator
 from looprl.search.budget import MAX_BUDGET_S, MIN_BUDGET_S, scaled_budget
@@ -110,6 +110,66 @@ def test_an_action_path_builds_exactly_the_nest_the_steps_build(rows, columns, b
     assert replayed == state
     assert ActionSet().path(State(looprl.initial_nest(problem), 0), steps) is None or all(
         f"split_{s[2]}" in ActionSet().names for s in steps if s[0] == "split")
+
+
+def test_a_streaming_tile_reads_k_inner_rows_of_a_panel_inside_the_output_rows():
+    problem = looprl.matmul(4, 1000, 2050)
+    nest = looprl.initial_nest(problem).apply(stream_steps(problem, 8, 64))
+    assert [(lp.var, lp.size, lp.step, lp.tail) for lp in nest.compute] == [
+        ("k", 256, 8, 2), ("n", 15, 64, 40), ("m", 4, 1, 0), ("k", 8, 1, 0), ("n", 64, 1, 0)]
+    batched = looprl.contraction("bmk,bkn->bmn", b=3, m=2, k=64, n=128)
+    assert [lp.var for lp in looprl.initial_nest(batched).apply(stream_steps(batched, 4, 16)).compute] == ["b", "k", "n", "m", "k", "n"]
+    assert "at most" in why_not_stream(looprl.matmul(STREAM_ROWS + 1, 256, 256), 8, 16)
+    assert "k_inner" in why_not_stream(looprl.matmul(4, 256, 8), 8, 16)
+    assert "columns" in why_not_stream(looprl.matmul(4, 16, 256), 8, 16)
+    assert "one reduction" in why_not_stream(looprl.contraction("mkl,kln->mn", m=2, k=4, l=4, n=32), 2, 16)
+    with pytest.raises(ValueError, match="at most"):
+        stream_steps(looprl.matmul(64, 256, 256), 8, 16)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    m=st.integers(1, STREAM_ROWS), n=st.integers(3, 150), k=st.integers(3, 70),
+    tile=st.sampled_from(STREAM_TILES + ((2, 8), (3, 5))), target=st.sampled_from(RUNNABLE), side=st.sampled_from(["start", "end"]),
+)
+def test_streaming_tiles_with_tails_compute_what_numpy_does_and_stay_in_bounds(m, n, k, tile, target, side):
+    problem = looprl.matmul(m, n, k)
+    k_inner, columns = tile
+    if why_not_stream(problem, k_inner, columns) is not None:
+        k_inner, columns = min(k_inner, k - 1), min(columns, n - 1)
+    nest = looprl.initial_nest(problem).apply(stream_steps(problem, k_inner, columns))
+    kernel = looprl.compile(nest, target=target)
+    guards = [GuardedArray(shape, side) for shape in (*problem.input_shapes, problem.output_shape)]
+    try:
+        a, b, out = (g.array for g in guards)
+        rng = np.random.default_rng(m * n + k)
+        a[...] = rng.uniform(-1, 1, a.shape)
+        b[...] = rng.uniform(-1, 1, b.shape)
+        kernel.run(a, b, out, reps=1)
+        np.testing.assert_allclose(out, _reference(problem, a, b), atol=1e-4 * k)
+    finally:
+        for g in guards:
+            g.release()
+
+
+def test_measured_tiles_include_the_streaming_tiles_of_a_decode_problem():
+    problem = looprl.matmul(2, 256, 512)
+    measured = []
+
+    class Recording(Evaluator):
+        def __call__(self, nest):
+            measured.append(nest.key)
+            return super().__call__(nest)
+
+    evaluator = Recording(MeasurementCache(":memory:"), 0.001, samples=1)
+    measure_tiles(SearchContext(problem, ActionSet(), evaluator), ActionSet())
+    for k_inner, columns in STREAM_TILES:
+        wanted = looprl.initial_nest(problem).apply(stream_steps(problem, k_inner, columns)).key
+        assert wanted in measured
+    prefill = looprl.matmul(STREAM_ROWS + 1, 256, 512)
+    measured.clear()
+    measure_tiles(SearchContext(prefill, ActionSet(), evaluator), ActionSet())
+    assert measured and not any(key.startswith("k") for key in measured)  # no streaming tile beyond STREAM_ROWS
 
 
 def test_the_budget_grows_with_the_problem_within_its_bounds():

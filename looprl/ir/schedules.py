@@ -233,3 +233,58 @@ def cache_blocks(problem: Problem, columns: int) -> list[tuple[int, int]]:
         if k_block < k_size and n_block < n_size:
             blocks.append((k_block, n_block))
     return blocks
+
+
+# Decode-sized problems (few output rows) whose right operand outgrows the caches are bound by
+# how fast that operand streams in. A register tile reads it a few vectors per row of the
+# reduction, rows far apart in memory, faster than the prefetchers follow; a streaming tile
+# reads a whole cache line or a few per row, of k_inner rows at a time (see stream_steps).
+# At most this many output rows: at 16 rows the 4-line tile (which the rows make the fastest in
+# tune's timing more often) ran at 35-77 GFLOPS from one timing to the next in one process, where
+# at 4 rows it held at 85-100 (AVX2 code on a Zen 4, 16x2048x2048 and 4x2048x2048).
+STREAM_ROWS = 8
+STREAM_TILES = ((8, 16), (8, 64), (4, 64))  # (k_inner, columns): columns of 1 and 4 64-byte lines
+
+
+def why_not_stream(problem: Problem, k_inner: int, columns: int) -> str | None:
+    """Why :func:`stream_steps` has no such schedule of ``problem``, or None."""
+    if len(problem.output) < 2 or len(problem.reduction_dims) != 1:
+        return f"{problem.name}: a streaming tile needs two output dimensions and one reduction"
+    row, col, red = problem.output[-2], problem.output[-1], problem.reduction_dims[0]
+    if problem.size(row) > STREAM_ROWS:
+        return f"{problem.name}: a streaming tile is for at most {STREAM_ROWS} output rows, not {problem.size(row)}"
+    if not 2 <= k_inner < problem.size(red):
+        return f"{problem.name}: k_inner {k_inner} must be at least 2 and less than {red}={problem.size(red)}"
+    if not 2 <= columns < problem.size(col):
+        return f"{problem.name}: columns {columns} must be at least 2 and less than {col}={problem.size(col)}"
+    return None
+
+
+def stream_steps(problem: Problem, k_inner: int, columns: int) -> list[tuple]:
+    """IR steps (``nest.apply``) from ``problem``'s untiled nest to a streaming tile:
+    ``b..., k/k_inner, n/columns, m, k_inner, n_columns``. For each block of ``k_inner``
+    reduction rows, each ``columns``-wide panel of them is read once, every output row's
+    accumulators for the panel stay in registers across the block's rows, and the output
+    (a few rows, small) is reloaded once per block. Sizes the factors do not divide leave
+    tails. Raises ValueError with :func:`why_not_stream`'s reason when there is none."""
+    why = why_not_stream(problem, k_inner, columns)
+    if why is not None:
+        raise ValueError(why)
+    row, col, red = problem.output[-2], problem.output[-1], problem.reduction_dims[0]
+    nest = initial_nest(problem)
+    names = [loop.var for loop in nest.compute]  # one loop per dimension
+    steps: list[tuple] = []
+    for var, factor in ((red, k_inner), (col, columns)):
+        index = names.index(var)
+        nest = nest.split(index, factor)
+        steps.append(("split", index, factor))
+        names.insert(index + 1, f"{var}_in")
+    wanted = [d for d in problem.output[:-2]] + [red, col, row, f"{red}_in", f"{col}_in"]
+    for place, name in enumerate(wanted):
+        index = names.index(name)
+        while index > place:
+            nest = nest.swap(index - 1)
+            steps.append(("swap", index - 1))
+            names[index - 1], names[index] = names[index], names[index - 1]
+            index -= 1
+    return steps

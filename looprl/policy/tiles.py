@@ -7,7 +7,9 @@ episode of a dozen actions cannot also build. ``looprl.tune`` takes the tile the
 (:func:`tile_of` its best state) and :func:`measure_tiles` refines it; given no tile shapes it
 proposes the target's own in order of how often they pay (the flat register tiles of
 :func:`~looprl.ir.schedules.tile_shapes`, then :func:`~looprl.ir.schedules.cache_blocks`
-around the fastest, then that fastest with the right operand packed into column panels; when
+around the fastest; for a problem of a few output rows, the streaming tiles of
+:func:`~looprl.ir.schedules.stream_steps`; then the fastest with the right operand packed into
+column panels; when
 the output's columns are not the right operand's contiguous dimension, as in ``A @ B.T``,
 every tile is packed, since unpacked it gathers lane by lane), each
 as the actions that build it, so the answer replays in the env like any other path.
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from looprl.actions import ActionSet, State, follow
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
-from looprl.ir.schedules import cache_blocks, tile_shapes, tile_steps, why_not_tile
+from looprl.ir.schedules import STREAM_TILES, cache_blocks, stream_steps, tile_shapes, tile_steps, why_not_stream, why_not_tile
 from looprl.search.context import BudgetExhausted, SearchContext
 
 
@@ -78,7 +80,10 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
         """The tile's path and state (packed when the right operand is transposed), or None."""
         if why_not_tile(problem, rows, columns, *blocks) is not None:
             return None
-        steps = tile_steps(problem, rows, columns, *blocks)
+        return reached(tile_steps(problem, rows, columns, *blocks))
+
+    def reached(steps: list[tuple]) -> tuple[tuple[str, ...], State] | None:
+        """The path of actions that takes the untiled nest through IR ``steps``, and its state."""
         extended = actions.extended([f"split_{step[2]}" for step in steps if step[0] == "split"])
         found = extended.path(root, steps)
         if found is None:
@@ -103,6 +108,12 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
                 tile = planned(*flat, blocks)
                 if tile is not None:
                     attempt(*tile, flat[1])
+        if not transposed:  # few output rows: stream the right operand (measured after the tiles)
+            for k_inner, columns in STREAM_TILES:
+                if why_not_stream(problem, k_inner, columns) is None:
+                    tile = reached(stream_steps(problem, k_inner, columns))
+                    if tile is not None:
+                        attempt(*tile, columns)
         if best[1] and not transposed:
             packed = _packed(problem, best[1], actions)
             if packed is not None:

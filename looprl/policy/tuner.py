@@ -64,7 +64,8 @@ TUNE_BUDGET_S = None
 # return an older version's weaker answer). 2: register tiles at the output-row loop.
 # 3: two-dimensional register tiles, cache blocks and packing; budgets scaled to the problem.
 # 4: the target's own register tiles measured after the policy's (decode GEMMs, q.k^T).
-TUNER = "tune-v4"
+# 5: streaming tiles for problems of few output rows (decode GEMMs whose weights outgrow L2).
+TUNER = "tune-v5"
 _warned_mismatch: set[tuple[str, str]] = set()
 
 
