@@ -5,10 +5,25 @@ This module imports torch (nothing else of looprl does, outside :mod:`looprl.tra
 
 ``tune_module(module, example_inputs)`` runs the module once per example under
 ``torch.no_grad()``, recording with forward hooks the input shape every ``torch.nn.Linear``
-sees; then each float32 CPU ``nn.Linear`` that saw float32 CPU inputs gets a looprl kernel
-tuned (:func:`looprl.tune` of :func:`looprl.linear`) for each batch size it saw (the leading
+sees; then each float32 CPU ``nn.Linear`` that saw float32 CPU inputs gets looprl kernels
+tuned (:func:`looprl.tune` of :func:`looprl.linear`) for a set of row counts (the leading
 dimensions of its input flattened: a ``(batch, seq, features)`` input is ``batch * seq`` rows),
-with its weight and bias bound once as constants. In an ``nn.Sequential``, an ``nn.ReLU``,
+with its weight and bias bound once as constants.
+
+**Any row count.** The row counts tuned are every power of two up to ``max_rows`` (default:
+the largest row count the examples gave the layer) and the examples' own counts. A call on
+``r`` rows runs on consecutive row blocks, each computed by one kernel (:func:`row_plan`):
+the plan of least time by the kernels' measured times, a block either a slice of the input
+and output (no copy) or, for a block shorter than the kernel's count, padded into a buffer of
+that count (a decode-sized remainder costs about as much padded to 8 rows as at 5, since the
+weights dominate, while 4 + 1 rows would read the weights twice); a count the examples gave is
+one call. Why blocks and not one kernel
+whose row count is a run-time value: a schedule tuned for 1 row (a decode step streams the
+weights) is not the schedule for 64 or 4096 rows (register tiles, cache blocks), and the
+kernels' sizes are compile-time constants the code generator specialises on (tails included);
+a block's rows are contiguous in the input and the output, so splitting costs only a call
+(microseconds) and padding a copy of the block's rows. The cost is tuning: one tune per power of two, ``log2(max_rows) + 1`` per
+distinct layer shape. In an ``nn.Sequential``, an ``nn.ReLU``,
 ``nn.GELU`` (either approximation) or ``nn.SiLU`` right after such a linear layer is fused into
 its kernel's epilogue (the activation module is replaced by ``nn.Identity``, the linear layer
 applies it). Everything else stays as it was. The module returned is a copy (the given one is
@@ -18,7 +33,6 @@ A tuned layer runs its kernel only when that gives exactly the layer's function 
 otherwise it falls back to the original ``nn.Linear`` (and activation), so a call never gives
 a wrong answer:
 
-* an input whose row count was not seen at tuning time (nothing is tuned on first use);
 * an input that is not float32, not on the CPU, or whose last dimension is not
   ``in_features`` (the original layer then raises what it raises);
 * autograd: grad mode on and the input or a parameter requiring grad (the kernels have no
@@ -44,9 +58,11 @@ from torch import nn
 
 from looprl.backend.buffers import aligned_empty
 from looprl.ir.layers import linear
+from looprl.measurement.evaluator import open_cache
+from looprl.measurement.tuned_records import read_tuned_records, write_tuned_records
 from looprl.policy.tuner import TuneResult, tune
 
-__all__ = ["TunedLinear", "stats", "tune_module", "tuned_layers"]
+__all__ = ["TunedLinear", "row_plan", "save_records", "stats", "tune_module", "tuned_layers"]
 
 
 def _activation_of(module: nn.Module) -> str | None:
@@ -60,20 +76,80 @@ def _activation_of(module: nn.Module) -> str | None:
     return None
 
 
-class TunedLinear(nn.Module):
-    """An ``nn.Linear`` (and the activation fused after it) that runs looprl kernels for the
-    row counts it was tuned for and is the original layer for anything else (see the module
-    docstring). It holds the original's ``weight`` and ``bias`` parameters themselves, so its
-    ``state_dict`` has the original's keys. ``results`` maps a row count to its
-    :class:`~looprl.policy.tuner.TuneResult`."""
+CALL_S = 4e-6  # what one more block costs besides its kernel: address_call took 3.4 us for a 1x8x8 kernel (Zen 4)
 
-    def __init__(self, original: nn.Linear, activation: nn.Module | None, results: dict[int, TuneResult]):
+
+def row_plan(rows: int, seconds: dict[int, float]) -> list[tuple[int, int, int]]:
+    """How to compute ``rows`` rows with kernels for the row counts of ``seconds`` (count ->
+    measured seconds per call; 1 must be one): ``(start, length, count)`` blocks that cover
+    the rows in order, each computed by the kernel for ``count`` rows, ``count >= length``
+    (more: the block is padded to the kernel's count). The plan of least total time, the
+    kernels' measured times added up: a decode-sized remainder is usually one padded call
+    (the weights are read once) rather than several small ones (read again by each)."""
+    counts = sorted(seconds)
+    if not counts or counts[0] != 1:
+        raise ValueError(f"row counts must include 1, got {counts}")
+    largest = counts[-1]
+    blocks, start = [], 0
+    while rows - start > 2 * largest:  # whole blocks of the largest count, then the best plan for the rest
+        blocks.append((start, largest, largest))
+        start += largest
+    left = rows - start
+    best = [0.0] + [math.inf] * left  # best[r]: least time for r rows; choice[r]: the block that ends it
+    choice = [0] * (left + 1)
+    for r in range(1, left + 1):
+        for count in counts:
+            cost = CALL_S + seconds[count] + (best[r - count] if count <= r else 0.0)
+            if cost < best[r]:
+                best[r], choice[r] = cost, count
+            if count >= r:
+                break  # a larger count pads more for the same one call
+    tail = []
+    r = left
+    while r > 0:
+        count = choice[r]
+        length = min(count, r)
+        tail.append((length, count))
+        r -= length
+    for length, count in reversed(tail):
+        blocks.append((start, length, count))
+        start += length
+    return blocks
+
+
+def _row_counts(seen: set[int], max_rows: int | None) -> list[int]:
+    """The row counts to tune a layer for: powers of two up to ``max_rows`` (default: the
+    largest seen) and the counts seen."""
+    top = max(seen) if max_rows is None else max_rows
+    powers, size = [], 1
+    while size <= top:
+        powers.append(size)
+        size *= 2
+    return sorted(set(powers) | set(seen))
+
+
+class TunedLinear(nn.Module):
+    """An ``nn.Linear`` (and the activation fused after it) that runs looprl kernels on any
+    number of rows, in row blocks of the counts it was tuned for, and is the original layer
+    where a kernel would not compute the layer's function (see the module docstring). It holds
+    the original's ``weight`` and ``bias`` parameters themselves, so its ``state_dict`` has the
+    original's keys. ``results`` maps a row count to its :class:`~looprl.policy.tuner.TuneResult`
+    (1 must be one of them); ``records``, their answers as the cache exported them
+    (:func:`save_records`)."""
+
+    def __init__(self, original: nn.Linear, activation: nn.Module | None, results: dict[int, TuneResult], records=()):
         super().__init__()
         self.in_features, self.out_features = original.in_features, original.out_features
         self.weight = original.weight
         self.bias = original.bias  # None registers no parameter, as in nn.Linear(bias=False)
         self.activation = activation  # the fused activation module (for the fallback), or None
+        if 1 not in results:
+            raise ValueError(f"a TunedLinear needs a kernel for 1 row (so that any row count is covered), got rows {sorted(results)}")
         self.results = dict(results)
+        self.records = list(records)  # the tuned answers as exported records (save_records)
+        flops = 2 * self.in_features * self.out_features
+        self._seconds = {rows: flops * rows / (result.gflops * 1e9) for rows, result in self.results.items()}
+        self._plans: dict[int, list[tuple[int, int, int]]] = {}  # row count -> its row plan
         self._bound: dict[int, object] = {}
         self._bound_to: tuple | None = None
         self._bind_lock = threading.Lock()
@@ -123,8 +199,6 @@ class TunedLinear(nn.Module):
             return "parameters not float32 on the CPU"
         if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
             return "autograd"
-        if math.prod(x.shape[:-1]) not in self.results:
-            return "row count not tuned"
         return None
 
     def _count(self, why: str | None) -> None:
@@ -137,18 +211,38 @@ class TunedLinear(nn.Module):
         if why is not None:
             return self._fallback(x)
         rows = math.prod(x.shape[:-1])
-        kernel = self._kernels()[rows]
-        flat = x.reshape(rows, self.in_features)
+        kernels = self._kernels()
+        plan = self._plans.get(rows)
+        if plan is None:
+            plan = self._plans[rows] = row_plan(rows, self._seconds)
+        flat = x.detach().reshape(rows, self.in_features)
         if not flat.is_contiguous():
             flat = flat.contiguous()
         out = torch.empty((rows, self.out_features), dtype=torch.float32)
-        workspaces = self._local.__dict__.setdefault("workspaces", {})
-        workspace = workspaces.get(rows)
-        if workspace is None:
-            workspace = workspaces[rows] = aligned_empty(kernel.kernel.workspace_elements)
-        with torch.no_grad():
-            kernel.run(flat.detach().numpy(), out=out.numpy(), workspace=workspace)
+        # Checked above (float32, CPU, contiguous, the shapes): the kernels are called on addresses.
+        source, target = flat.data_ptr(), out.data_ptr()
+        in_row, out_row = 4 * self.in_features, 4 * self.out_features
+        for start, length, count in plan:
+            kernel = kernels[count]
+            workspace, padded_in, padded_out = self._scratch(count, kernel)
+            if length == count:
+                kernel.address_call(target + start * out_row, workspace.ctypes.data, source + start * in_row)
+            else:  # padded: the rows into the first rows of a buffer of the kernel's count, and back
+                a = flat[start:start + length].numpy()
+                padded_in[:length] = a
+                kernel.address_call(padded_out.ctypes.data, workspace.ctypes.data, padded_in.ctypes.data)
+                out[start:start + length].numpy()[...] = padded_out[:length]
         return out.reshape(*x.shape[:-1], self.out_features)
+
+    def _scratch(self, count: int, kernel) -> tuple:
+        """This thread's workspace for the kernel of ``count`` rows, and its padded input and
+        output (zeros: the padding rows stay zero)."""
+        buffers = self._local.__dict__.setdefault("buffers", {})
+        found = buffers.get(count)
+        if found is None:
+            found = buffers[count] = (aligned_empty(kernel.kernel.workspace_elements),
+                                      np.zeros((count, self.in_features), np.float32), np.zeros((count, self.out_features), np.float32))
+        return found
 
 
 def _as_examples(example_inputs) -> list[tuple]:
@@ -214,7 +308,7 @@ def _fusions(module: nn.Module) -> dict[nn.Linear, tuple[nn.Sequential, int]]:
 
 
 def tune_module(module: nn.Module, example_inputs, *, policy="default", target=None, budget_s=None, cache=None,
-                fuse: bool = True, threads: int = 1) -> nn.Module:
+                fuse: bool = True, threads: int = 1, max_rows: int | None = None, records=None) -> nn.Module:
     """A copy of ``module`` whose float32 CPU ``nn.Linear`` layers run looprl kernels tuned for
     the shapes ``example_inputs`` give them (see the module docstring).
 
@@ -223,10 +317,20 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
     :func:`looprl.tune` (one tune per distinct layer shape; tuning again is a lookup in the
     measurement cache). ``fuse``: fuse ReLU/GELU/SiLU following a linear layer in an
     ``nn.Sequential`` into its kernel. ``threads``: as in :func:`looprl.tune`, but 1 by
-    default (torch runs its own threads around the layers)."""
+    default (torch runs its own threads around the layers). ``max_rows``: kernels are tuned for
+    every power of two up to it (default: the largest row count a layer saw) and for the row
+    counts seen; any row count is served in blocks of these (see the module docstring).
+    ``records``: a file :func:`save_records` wrote; its answers are imported into ``cache``
+    first, so on a CPU of the kind they were tuned on nothing is tuned again (each kernel is
+    compiled from its remembered schedule), and elsewhere the layers are tuned as usual."""
     if not isinstance(module, nn.Module):
         raise ValueError(f"tune_module() expects a torch.nn.Module, got {type(module).__name__}")
+    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1):
+        raise ValueError(f"max_rows must be a positive integer or None, got {max_rows!r}")
     examples = _as_examples(example_inputs)
+    cache = open_cache(cache)  # one cache for every layer (a ":memory:" one included)
+    if records is not None:
+        cache.import_tuned(read_tuned_records(records))
     tuned = copy.deepcopy(module)
     rows_seen = _record_rows(tuned, examples)
     fusions = _fusions(tuned) if fuse else {}
@@ -236,12 +340,12 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
         activation_module = fusions[layer][0][fusions[layer][1]] if layer in fusions else None
         activation = _activation_of(activation_module) if activation_module is not None else None
         per_rows = {}
-        for count in sorted(rows):
+        for count in _row_counts(rows, max_rows):
             problem = linear(count, layer.in_features, layer.out_features, bias=layer.bias is not None, activation=activation)
             if problem.name not in results:
                 results[problem.name] = tune(problem, policy, cache=cache, budget_s=budget_s, target=target, threads=threads)
             per_rows[count] = results[problem.name]
-        replacements[layer] = TunedLinear(layer, activation_module, per_rows)
+        replacements[layer] = TunedLinear(layer, activation_module, per_rows, cache.export_tuned(_tuned_names(per_rows.values())))
     for parent in list(tuned.modules()):
         for name, child in list(parent._modules.items()):  # every registration, a shared layer's too
             if child is not None and child in replacements:
@@ -250,6 +354,30 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
         if layer in replacements:
             parent[index] = nn.Identity()
     return tuned
+
+
+def _tuned_names(results) -> set[str]:
+    """The problems tune remembered answers under for ``results`` (a linear layer's is tuned
+    as its transposed twin)."""
+    names = set()
+    for result in results:
+        names.add(result.problem.name)
+        if result.tuned_as is not None:
+            names.add(result.tuned_as.name)
+    return names
+
+
+def save_records(module: nn.Module, path) -> int:
+    """Write what was tuned for ``module``'s tuned layers (the answers :func:`tune_module`
+    found or remembered, as its cache held them) to ``path``, a JSON file of
+    :mod:`looprl.measurement.tuned_records`; how many records. Load it with
+    ``tune_module(model, example, records=path)``, in another process or on another machine."""
+    unique = {}
+    for _, layer in tuned_layers(module):
+        for record in layer.records:
+            unique[(record["host"], record["problem"])] = record
+    write_tuned_records(path, list(unique.values()))
+    return len(unique)
 
 
 def tuned_layers(module: nn.Module) -> list[tuple[str, TunedLinear]]:

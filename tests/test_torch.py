@@ -35,13 +35,13 @@ def test_a_tuned_block_computes_what_the_block_computes(options, activation):
     tuned = tune_module(module, x, **options)
     layers = dict(tuned_layers(tuned))
     assert set(layers) == {"0", "2"} and isinstance(tuned[1], nn.Identity)  # the activation fused into layer 0
-    assert sorted(layers["0"].results) == [14] and layers["0"].activation is not None
+    assert sorted(layers["0"].results) == [1, 2, 4, 8, 14] and layers["0"].activation is not None  # powers of two up to 14, and 14
     assert isinstance(tuned[3], nn.LayerNorm) and isinstance(module[0], nn.Linear)  # the original is untouched
     assert tuned.state_dict().keys() == module.state_dict().keys()  # the original's parameters, under their names
     with torch.no_grad():
         close(tuned(x), module(x))
         close(tuned(x.transpose(0, 1).contiguous().transpose(0, 1)), module(x))  # non-contiguous
-        close(tuned(x[:1]), module(x[:1]))  # 7 rows, not tuned: the original layers
+        close(tuned(x[:1]), module(x[:1]))  # 7 rows: blocks of 4, 2 and 1
     with torch.inference_mode():
         close(tuned(x), module(x))
 
@@ -50,7 +50,7 @@ def test_every_other_call_falls_back_to_the_original_layer(options):
     module = block()
     x = torch.randn(5, 24)
     tuned = tune_module(module, [x, torch.randn(3, 24)], **options)  # two shapes
-    assert sorted(dict(tuned_layers(tuned))["0"].results) == [3, 5]
+    assert sorted(dict(tuned_layers(tuned))["0"].results) == [1, 2, 3, 4, 5]
     with pytest.raises(RuntimeError):  # float64 input: the original layer's own error
         tuned(x.double())
     with pytest.raises(RuntimeError):
@@ -139,13 +139,103 @@ def test_stats_count_looprl_calls_and_fallbacks_by_reason(options):
     assert stats(tuned)["looprl_calls"] == 0 and stats(tuned)["fallback_calls"] == 0
     with torch.no_grad():
         tuned(x)  # both linear layers: looprl
-        tuned(torch.randn(7, 24))  # a row count not tuned: both fall back
+        tuned(torch.randn(7, 24))  # a row count not tuned: looprl, in row blocks (4 + 2 + 1)
+        tuned(torch.randn(0, 24))  # empty: both fall back
     tuned(x.clone().requires_grad_())  # autograd: both fall back
     counted = stats(tuned)
     layers = len(tuned_layers(tuned))
     assert layers == 2
-    assert counted["looprl_calls"] == layers and counted["fallback_calls"] == 2 * layers
-    assert counted["fallbacks"] == {"row count not tuned": layers, "autograd": layers}
+    assert counted["looprl_calls"] == 2 * layers and counted["fallback_calls"] == 2 * layers
+    assert counted["fallbacks"] == {"empty input": layers, "autograd": layers}
     assert set(counted["layers"]) == {name for name, _ in tuned_layers(tuned)}
-    assert all(entry["looprl_calls"] == 1 and entry["fallback_calls"] == 2 for entry in counted["layers"].values())
+    assert all(entry["looprl_calls"] == 2 and entry["fallback_calls"] == 2 for entry in counted["layers"].values())
     assert stats(nn.Linear(3, 4)) == {"looprl_calls": 0, "fallback_calls": 0, "fallbacks": {}, "layers": {}}
+
+
+def test_a_row_plan_covers_every_row_once_at_the_least_measured_time():
+    from looprl.torch import row_plan
+
+    def covered(plan, rows):
+        assert [start for start, _, _ in plan] == list(__import__("itertools").accumulate([0] + [n for _, n, _ in plan][:-1]))
+        assert sum(length for _, length, _ in plan) == rows and all(length <= count for _, length, count in plan)
+
+    weights_bound = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.5, 32: 2.2, 64: 4.0}  # seconds: reading the weights dominates
+    plan = row_plan(5, weights_bound)
+    assert plan == [(0, 5, 8)]  # one padded call, not 4 + 1 (two reads of the weights)
+    covered(row_plan(100, weights_bound), 100)
+    compute_bound = {count: float(count) for count in (1, 2, 4, 8, 16)}
+    seven = row_plan(7, compute_bound)
+    covered(seven, 7)
+    assert sorted(length for _, length, _ in seven) == [1, 2, 4] and all(length == count for _, length, count in seven)  # padding would compute rows for nothing
+    big = row_plan(1000, compute_bound)
+    covered(big, 1000)
+    assert all(count == 16 for _, _, count in big[:-1])
+    assert row_plan(0, {1: 1.0}) == []
+    with pytest.raises(ValueError, match="include 1"):
+        row_plan(5, {2: 1.0, 4: 2.0})
+
+
+@pytest.mark.parametrize("rows", [1, 3, 5, 16, 31, 37, 100])
+def test_any_row_count_is_computed_by_kernels_in_row_blocks(options, rows):
+    from looprl.torch import stats
+
+    module = block()
+    tuned = tune_module(module, torch.randn(4, 8, 24), max_rows=32, **options)
+    assert sorted(dict(tuned_layers(tuned))["0"].results) == [1, 2, 4, 8, 16, 32]
+    x = torch.randn(rows, 24)
+    with torch.no_grad():
+        close(tuned(x), module(x))
+        close(tuned(x.reshape(1, rows, 24)), module(x.reshape(1, rows, 24)))
+    assert stats(tuned)["fallback_calls"] == 0 and stats(tuned)["looprl_calls"] == 2 * 2
+    with pytest.raises(ValueError, match="max_rows"):
+        tune_module(module, x, max_rows=0, **options)
+
+
+def test_a_tuned_module_s_records_load_without_tuning_on_the_same_cpu_and_tune_again_elsewhere(options, tmp_path):
+    import json
+
+    from looprl.torch import save_records
+
+    module = block()
+    x = torch.randn(3, 24)
+    settings = dict(options, cache=":memory:")  # one private cache for the whole module
+    tuned = tune_module(module, x, **settings)
+    assert all(r.mode == "measured" for _, layer in tuned_layers(tuned) for r in layer.results.values())
+    path = tmp_path / "records.json"
+    count = save_records(tuned, path)
+    assert count == len({r.problem.name for _, layer in tuned_layers(tuned) for r in layer.results.values()})  # one per shape
+    loaded = tune_module(module, x, records=path, **settings)  # a new private cache: only the file's answers
+    for (_, before), (_, after) in zip(tuned_layers(tuned), tuned_layers(loaded)):
+        assert all(result.mode == "remembered" for result in after.results.values())
+        assert {rows: r.nest for rows, r in after.results.items()} == {rows: r.nest for rows, r in before.results.items()}
+    with torch.no_grad():
+        close(loaded(x), module(x))
+    document = json.loads(path.read_text())
+    for record in document["records"]:
+        record["host"] = "another CPU|" + record["host"]
+    path.write_text(json.dumps(document))
+    elsewhere = tune_module(module, x, records=path, **settings)
+    assert all(r.mode == "measured" for _, layer in tuned_layers(elsewhere) for r in layer.results.values())
+    path.write_text("{}")
+    with pytest.raises(ValueError, match="not a looprl-tuned-records file"):
+        tune_module(module, x, records=path, **settings)
+    with pytest.raises(ValueError, match="no such file"):
+        tune_module(module, x, records=tmp_path / "missing.json", **settings)
+
+
+def test_the_cache_exports_and_imports_tuned_answers_and_refuses_bad_records():
+    import looprl
+    from looprl.measurement.cache import MeasurementCache
+
+    source, destination = MeasurementCache(":memory:"), MeasurementCache(":memory:")
+    problem = looprl.matmul(8, 16, 8)
+    nest = looprl.initial_nest(problem).split(2, 8)
+    source.put_tuned(nest, 12.5, 0.4, tuner="tune-vX")
+    exported = source.export_tuned()
+    assert len(exported) == 1 and exported[0]["schedule"] == nest.key and exported[0]["gflops"] == pytest.approx(12.5)
+    assert source.export_tuned(["another problem"]) == []
+    assert destination.import_tuned(exported) == 1
+    assert destination.get_tuned(problem.name, tuner="tune-vX") == (nest.key, pytest.approx(12.5), 0.4)
+    for bad, what in (({**exported[0], "gflops": -1.0}, "positive"), ({**exported[0], "schedule": 3}, "schedule"), ("row", "not a dict")):
+        with pytest.raises(ValueError, match=what):
+            MeasurementCache(":memory:").import_tuned([exported[0], bad])

@@ -217,6 +217,10 @@ class BoundKernel:
                 self._buffers[tensor] = np.array(array, dtype=np.float32, order="C", copy=True)
         self.converted = tuple(sorted(converted))  # bound inputs converted once, here
         self._function = kernel._entries[abi.bound_kernel_name(self.converted)] if self.converted else kernel._function
+        # For address_call: each kernel argument is a bound buffer's address, or which given address it takes.
+        slots = {"out": 0, "acc": 1, **{tensor: 2 + i for i, tensor in enumerate(self.free)}}
+        self._arguments = tuple(self._buffers[t].ctypes.data if t in self._buffers else slots[t] for t in kernel.tensors)
+        self._given = tuple(t not in self._buffers for t in kernel.tensors)
 
     def __call__(self, *inputs: np.ndarray) -> np.ndarray:
         out = aligned_empty(self.kernel.problem.output_shape)
@@ -236,6 +240,16 @@ class BoundKernel:
         if workspace is None:
             workspace = aligned_empty(kernel.workspace_elements)
         kernel._call(self._function, kernel._pointers({**self._buffers, **given}, out, workspace), reps, threads)
+
+    def address_call(self, out: int, workspace: int, *free: int) -> None:
+        """One call on addresses the caller has checked: the output's, the workspace's and the
+        free inputs' (in :attr:`free`'s order), each float32, C-contiguous, of the problem's
+        shape (the workspace at least :attr:`Kernel.workspace_elements`), not overlapping. The
+        path of a caller that calls many times on buffers it manages (``looprl.torch``): what
+        :meth:`run` checks on every call costs more than a small kernel."""
+        given = (out, workspace, *free)
+        pointers = tuple(given[a] if g else a for a, g in zip(self._arguments, self._given))
+        self.kernel._call(self._function, pointers, 1, self.kernel.threads)
 
     def raw_call(self, pointers: tuple[int, ...], reps: int, threads: int | None = None) -> None:
         """As :meth:`Kernel.raw_call`, with the bound inputs' buffers among ``pointers``."""

@@ -13,6 +13,7 @@ cache is created. How the file is opened, recognised, migrated and checksummed:
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -166,6 +167,50 @@ class MeasurementCache:
             "INSERT OR REPLACE INTO tuned (host, problem, schedule, gflops, budget, created, checksum) VALUES (?, ?, ?, ?, ?, ?, ?)",
             (host, problem_name, nest.key, value, budget, time.time(), checksum),
         )
+
+    def export_tuned(self, problem_names=None) -> list[dict]:
+        """:func:`looprl.tune`'s remembered answers as plain records (every host's, or only
+        those of ``problem_names``): ``{"host", "problem", "schedule", "gflops", "budget_s"}``
+        with the stored text as it is (``host`` names the CPU, the target, the code generator's
+        and the timing's versions and the threads; ``problem`` the problem and the tuner's
+        version). Rows failing their checksum are left out. :meth:`import_tuned` stores them in
+        another cache, where an answer is returned only on a host whose key is the same."""
+        wanted = None if problem_names is None else set(problem_names)
+        rows = self._store.rows("SELECT host, problem, schedule, gflops, budget, checksum FROM tuned ORDER BY rowid")
+        records = []
+        for host, problem, schedule, gflops, budget, checksum in rows:
+            if not (isinstance(gflops, float) and isinstance(budget, float) and isinstance(schedule, str)):
+                continue
+            if checksum != row_checksum("tuned", (host, problem, schedule, repr(budget)), gflops):
+                continue
+            if wanted is not None and problem.split("|")[0] not in wanted:
+                continue
+            records.append({"host": host, "problem": problem, "schedule": schedule, "gflops": gflops, "budget_s": budget})
+        return records
+
+    def import_tuned(self, records) -> int:
+        """Store records of :meth:`export_tuned` (replacing this cache's answer for the same
+        host and problem); how many were stored. A record that is not such a dict is a
+        ValueError naming what is wrong with it, and nothing is stored."""
+        checked = []
+        for index, record in enumerate(records):
+            if not isinstance(record, dict):
+                raise ValueError(f"tuned record {index} is not a dict: {record!r}")
+            for key, kind in (("host", str), ("problem", str), ("schedule", str), ("gflops", (int, float)), ("budget_s", (int, float))):
+                if isinstance(record.get(key), bool) or not isinstance(record.get(key), kind):
+                    raise ValueError(f"tuned record {index}: {key!r} must be a {getattr(kind, '__name__', 'number')}, got {record.get(key)!r}")
+            gflops, budget = float(record["gflops"]), float(record["budget_s"])
+            if not (math.isfinite(gflops) and gflops > 0 and math.isfinite(budget) and budget >= 0):
+                raise ValueError(f"tuned record {index}: gflops and budget_s must be finite and positive, got {gflops!r} and {budget!r}")
+            checked.append((record["host"], record["problem"], record["schedule"], stored_value(gflops), budget))
+        with self._store.transaction():
+            for host, problem, schedule, value, budget in checked:
+                checksum = row_checksum("tuned", (host, problem, schedule, repr(budget)), value)
+                self._store.one(
+                    "INSERT OR REPLACE INTO tuned (host, problem, schedule, gflops, budget, created, checksum) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (host, problem, schedule, value, budget, time.time(), checksum),
+                )
+        return len(checked)
 
     def close(self) -> None:
         self._store.close()

@@ -1,0 +1,154 @@
+"""A decoder block tuned once, run at every sequence length: looprl against torch eager, one thread.
+
+    python experiments/decoder_lengths.py [--target avx2] [--tokens 1,5,64,100,333] [--example 64]
+        [--max-rows 512] [--rounds 5] [--records FILE] [--out experiments/results/decoder_lengths]
+
+The block is a pre-norm transformer decoder block built from ``torch.nn`` (random weights,
+nothing downloaded): width 640, 10 heads, causal self-attention
+(``F.scaled_dot_product_attention(is_causal=True)``) between a qkv ``Linear(640, 1920)`` and an
+output ``Linear(640, 640)``, then an MLP ``Linear(640, 2560) -> GELU -> Linear(2560, 640)``, each
+with its residual. It is tuned once (``looprl.torch.tune_module``) with one example of
+``--example`` tokens and ``max_rows=--max-rows``, so that every row count is served in row
+blocks of the powers of two tuned (see ``looprl.torch``); then, at each length of
+``--tokens``, the original and the tuned block are checked equal (float32 tolerance) and timed
+in interleaved rounds (``torch.set_num_threads(1)``, ``torch.inference_mode()``, looprl's
+timing rule, best of the rounds). ``looprl.torch.stats`` must show no call that fell back.
+Writes ``<out>.csv`` and prints a table with the geometric mean over the lengths. With
+``--records FILE`` the tuned records are saved there, or, if the file exists, loaded instead
+of tuning (``tune_module(records=)``; the time printed is then the load and compile time).
+
+torch's own kernels follow the host (AVX-512 where it has it). To compare AVX2 code with torch
+on AVX2 on such a host, restrict torch too (its ATen kernels, MKL and oneDNN read these when
+torch loads)::
+
+    ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
+        python experiments/decoder_lengths.py --target avx2 --out experiments/results/decoder_lengths_avx2code
+
+The CSV's ``torch_isa`` column is what torch reports it uses (``torch.backends.cpu.get_cpu_capability()``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as functional
+from torch import nn
+
+from looprl.backend.host import cpu_model_name
+from looprl.measurement.timing import best_time
+from looprl.target import TARGET_CHOICES, Target
+from looprl.torch import save_records, stats, tune_module, tuned_layers
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FIELDS = ["tokens", "target", "torch_isa", "cpu", "torch_ms", "looprl_ms", "speedup", "max_abs_diff", "allclose"]
+
+
+class DecoderBlock(nn.Module):
+    """A pre-norm transformer decoder block with causal self-attention."""
+
+    def __init__(self, dim: int = 640, heads: int = 10, hidden: int = 2560):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+    def forward(self, x):
+        batch, tokens, dim = x.shape
+        q, k, v = self.qkv(self.norm1(x)).reshape(batch, tokens, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
+        attended = functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attended.transpose(1, 2).reshape(batch, tokens, dim))
+        return x + self.mlp(self.norm2(x))
+
+
+def seconds(module, x, budget_s: float) -> float:
+    def repeat(reps: int) -> None:
+        for _ in range(reps):
+            module(x)
+
+    with torch.inference_mode():
+        return best_time(repeat, budget_s).seconds
+
+
+def lengths(text: str) -> list[int]:
+    try:
+        values = [int(item) for item in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"--tokens: expected comma-separated positive integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise SystemExit(f"--tokens: expected comma-separated positive integers, got {text!r}")
+    return values
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default=None, choices=TARGET_CHOICES)
+    parser.add_argument("--tokens", default="1,5,64,100,333")
+    parser.add_argument("--example", type=int, default=64, help="tokens of the one example the block is tuned with (default 64)")
+    parser.add_argument("--max-rows", type=int, default=512, help="tune_module's max_rows (default 512)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--budget", type=float, default=0.1, help="seconds per timing (default 0.1)")
+    parser.add_argument("--records", type=Path, default=None,
+                        help="tuned records: load them if the file exists (no tuning on the same CPU kind), else save them there")
+    parser.add_argument("--out", type=Path, default=RESULTS / "decoder_lengths")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    target = Target.resolve(args.target)
+    torch.manual_seed(0)
+    block = DecoderBlock().eval()
+    with tempfile.TemporaryDirectory() as folder:
+        started = time.perf_counter()
+        load = args.records if args.records is not None and args.records.exists() else None
+        tuned = tune_module(block, torch.randn(1, args.example, 640), target=target, max_rows=args.max_rows,
+                            cache=str(Path(folder) / "decoder.sqlite"), records=load)
+        tune_s = time.perf_counter() - started
+    modes = sorted({result.mode for _, layer in tuned_layers(tuned) for result in layer.results.values()})
+    if args.records is not None and load is None:
+        print(f"saved {save_records(tuned, args.records)} tuned records to {args.records}")
+    counts = sorted(next(iter(tuned_layers(tuned)))[1].results)
+    print(f"CPU {cpu_model_name()}; target {target.isa}; torch's kernels {torch.backends.cpu.get_cpu_capability()}; tuned with {args.example} tokens, max_rows {args.max_rows}: "
+          f"{len(tuned_layers(tuned))} layers, row counts {counts}, {tune_s:.1f} s ({', '.join(modes)})")
+    rows = []
+    for tokens in lengths(args.tokens):
+        x = torch.randn(1, tokens, 640)
+        with torch.no_grad():
+            expected, got = block(x), tuned(x)
+        best = {"torch": math.inf, "looprl": math.inf}
+        for _ in range(args.rounds):
+            best["torch"] = min(best["torch"], seconds(block, x, args.budget))
+            best["looprl"] = min(best["looprl"], seconds(tuned, x, args.budget))
+        rows.append({
+            "tokens": tokens, "target": target.isa, "torch_isa": torch.backends.cpu.get_cpu_capability(), "cpu": cpu_model_name(),
+            "torch_ms": round(1e3 * best["torch"], 4), "looprl_ms": round(1e3 * best["looprl"], 4),
+            "speedup": round(best["torch"] / best["looprl"], 3),
+            "max_abs_diff": float((expected - got).abs().max()), "allclose": bool(torch.allclose(expected, got, rtol=1e-4, atol=1e-4)),
+        })
+        row = rows[-1]
+        print(f"{tokens:5d} tokens: torch {row['torch_ms']:.3f} ms, looprl {row['looprl_ms']:.3f} ms, {row['speedup']:.2f}x; "
+              f"max |diff| {row['max_abs_diff']:.2e} ({'allclose' if row['allclose'] else 'NOT allclose'})", flush=True)
+    served = stats(tuned)
+    geomean = statistics.geometric_mean(row["speedup"] for row in rows)
+    print(f"geomean {geomean:.3f}x torch eager, worst {min(row['speedup'] for row in rows):.3f}x; "
+          f"looprl calls {served['looprl_calls']}, fallbacks {served['fallback_calls']} {served['fallbacks']}; tune {tune_s:.1f} s")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    path = args.out.with_suffix(".csv")
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {path}")
+    return 0 if all(row["allclose"] for row in rows) and served["fallback_calls"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
