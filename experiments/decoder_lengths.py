@@ -13,6 +13,8 @@ blocks of the powers of two tuned (see ``looprl.torch``); then, at each length o
 ``--tokens``, the original and the tuned block are checked equal (float32 tolerance) and timed
 in interleaved rounds (``torch.set_num_threads(1)``, ``torch.inference_mode()``, looprl's
 timing rule, best of the rounds). ``looprl.torch.stats`` must show no call that fell back.
+With ``--compile``, ``torch.compile(block, dynamic=True)`` (inductor) and
+``torch.compile(block, backend="looprl", dynamic=True)`` (the same tuning options) are timed too.
 Writes ``<out>.csv`` and prints a table with the geometric mean over the lengths. With
 ``--records FILE`` the tuned records are saved there, or, if the file exists, loaded instead
 of tuning (``tune_module(records=)``; the time printed is then the load and compile time).
@@ -48,7 +50,8 @@ from looprl.target import TARGET_CHOICES, Target
 from looprl.torch import save_records, stats, tune_module, tuned_layers
 
 RESULTS = Path(__file__).resolve().parent / "results"
-FIELDS = ["tokens", "target", "torch_isa", "cpu", "torch_ms", "looprl_ms", "speedup", "max_abs_diff", "allclose"]
+FIELDS = ["tokens", "target", "torch_isa", "cpu", "torch_ms", "looprl_ms", "speedup", "max_abs_diff", "allclose",
+          "inductor_ms", "compiled_looprl_ms", "compiled_looprl_speedup", "compiled_allclose"]
 
 
 class DecoderBlock(nn.Module):
@@ -98,6 +101,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-rows", type=int, default=512, help="tune_module's max_rows (default 512)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--budget", type=float, default=0.1, help="seconds per timing (default 0.1)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time torch.compile(block, dynamic=True) with inductor and with backend='looprl' (same tuning options)")
     parser.add_argument("--records", type=Path, default=None,
                         help="tuned records: load them if the file exists (no tuning on the same CPU kind), else save them there")
     parser.add_argument("--out", type=Path, default=RESULTS / "decoder_lengths")
@@ -118,15 +123,28 @@ def main(argv=None) -> int:
     counts = sorted(next(iter(tuned_layers(tuned)))[1].results)
     print(f"CPU {cpu_model_name()}; target {target.isa}; torch's kernels {torch.backends.cpu.get_cpu_capability()}; tuned with {args.example} tokens, max_rows {args.max_rows}: "
           f"{len(tuned_layers(tuned))} layers, row counts {counts}, {tune_s:.1f} s ({', '.join(modes)})")
+    compiled = {}
+    if args.compile:
+        from looprl import dynamo
+
+        compiled["inductor"] = torch.compile(block, dynamic=True)
+        compiled["compiled_looprl"] = torch.compile(block, backend="looprl", dynamic=True,
+                                           options={"target": target, "max_rows": args.max_rows, "cache": ":memory:"})
+        started = time.perf_counter()
+        with torch.no_grad():
+            for fn in compiled.values():
+                fn(torch.randn(1, args.example, 640))
+        print(f"torch.compile (inductor, and backend='looprl' with its tuning): {time.perf_counter() - started:.1f} s")
     rows = []
     for tokens in lengths(args.tokens):
         x = torch.randn(1, tokens, 640)
         with torch.no_grad():
             expected, got = block(x), tuned(x)
-        best = {"torch": math.inf, "looprl": math.inf}
+        best = {"torch": math.inf, "looprl": math.inf, **{name: math.inf for name in compiled}}
+        runs = {"torch": block, "looprl": tuned, **compiled}
         for _ in range(args.rounds):
-            best["torch"] = min(best["torch"], seconds(block, x, args.budget))
-            best["looprl"] = min(best["looprl"], seconds(tuned, x, args.budget))
+            for name, fn in runs.items():
+                best[name] = min(best[name], seconds(fn, x, args.budget))
         rows.append({
             "tokens": tokens, "target": target.isa, "torch_isa": torch.backends.cpu.get_cpu_capability(), "cpu": cpu_model_name(),
             "torch_ms": round(1e3 * best["torch"], 4), "looprl_ms": round(1e3 * best["looprl"], 4),
@@ -134,10 +152,23 @@ def main(argv=None) -> int:
             "max_abs_diff": float((expected - got).abs().max()), "allclose": bool(torch.allclose(expected, got, rtol=1e-4, atol=1e-4)),
         })
         row = rows[-1]
+        if compiled:
+            with torch.no_grad():
+                compiled_out = compiled["compiled_looprl"](x)
+            row.update(inductor_ms=round(1e3 * best["inductor"], 4), compiled_looprl_ms=round(1e3 * best["compiled_looprl"], 4),
+                       compiled_looprl_speedup=round(best["torch"] / best["compiled_looprl"], 3),
+                       compiled_allclose=bool(torch.allclose(expected, compiled_out, rtol=1e-4, atol=1e-4)))
         print(f"{tokens:5d} tokens: torch {row['torch_ms']:.3f} ms, looprl {row['looprl_ms']:.3f} ms, {row['speedup']:.2f}x; "
-              f"max |diff| {row['max_abs_diff']:.2e} ({'allclose' if row['allclose'] else 'NOT allclose'})", flush=True)
+              f"max |diff| {row['max_abs_diff']:.2e} ({'allclose' if row['allclose'] else 'NOT allclose'})"
+              + (f"; inductor {row['inductor_ms']:.3f} ms, backend='looprl' {row['compiled_looprl_ms']:.3f} ms "
+                 f"({row['compiled_looprl_speedup']:.2f}x eager, {'allclose' if row['compiled_allclose'] else 'NOT allclose'})" if compiled else ""),
+              flush=True)
     served = stats(tuned)
     geomean = statistics.geometric_mean(row["speedup"] for row in rows)
+    if compiled:
+        print(f"torch.compile(backend='looprl'): geomean {statistics.geometric_mean(row['compiled_looprl_speedup'] for row in rows):.3f}x eager, "
+              f"{statistics.geometric_mean(row['inductor_ms'] / row['compiled_looprl_ms'] for row in rows):.3f}x inductor; "
+              f"operator calls {dynamo.stats()['looprl_calls']}, fallbacks {dynamo.stats()['fallback_calls']}")
     print(f"geomean {geomean:.3f}x torch eager, worst {min(row['speedup'] for row in rows):.3f}x; "
           f"looprl calls {served['looprl_calls']}, fallbacks {served['fallback_calls']} {served['fallbacks']}; tune {tune_s:.1f} s")
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -147,7 +178,7 @@ def main(argv=None) -> int:
         writer.writeheader()
         writer.writerows(rows)
     print(f"wrote {path}")
-    return 0 if all(row["allclose"] for row in rows) and served["fallback_calls"] == 0 else 1
+    return 0 if all(row["allclose"] and row.get("compiled_allclose", True) for row in rows) and served["fallback_calls"] == 0 else 1
 
 
 if __name__ == "__main__":

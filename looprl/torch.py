@@ -62,7 +62,7 @@ from looprl.measurement.evaluator import open_cache
 from looprl.measurement.tuned_records import read_tuned_records, write_tuned_records
 from looprl.policy.tuner import TuneResult, tune
 
-__all__ = ["TunedLinear", "row_plan", "save_records", "stats", "tune_module", "tuned_layers"]
+__all__ = ["LinearKernels", "TunedLinear", "row_plan", "save_records", "stats", "tune_module", "tuned_layers"]
 
 
 def _activation_of(module: nn.Module) -> str | None:
@@ -117,7 +117,7 @@ def row_plan(rows: int, seconds: dict[int, float]) -> list[tuple[int, int, int]]
     return blocks
 
 
-def _row_counts(seen: set[int], max_rows: int | None) -> list[int]:
+def tuned_row_counts(seen: set[int], max_rows: int | None) -> list[int]:
     """The row counts to tune a layer for: powers of two up to ``max_rows`` (default: the
     largest seen) and the counts seen."""
     top = max(seen) if max_rows is None else max_rows
@@ -128,75 +128,79 @@ def _row_counts(seen: set[int], max_rows: int | None) -> list[int]:
     return sorted(set(powers) | set(seen))
 
 
-class TunedLinear(nn.Module):
-    """An ``nn.Linear`` (and the activation fused after it) that runs looprl kernels on any
-    number of rows, in row blocks of the counts it was tuned for, and is the original layer
-    where a kernel would not compute the layer's function (see the module docstring). It holds
-    the original's ``weight`` and ``bias`` parameters themselves, so its ``state_dict`` has the
-    original's keys. ``results`` maps a row count to its :class:`~looprl.policy.tuner.TuneResult`
-    (1 must be one of them); ``records``, their answers as the cache exported them
-    (:func:`save_records`)."""
+_ACTIVATIONS = {
+    "relu": functional.relu,
+    "silu": functional.silu,
+    "gelu": lambda y: functional.gelu(y, approximate="none"),
+    "gelu_tanh": lambda y: functional.gelu(y, approximate="tanh"),
+}
 
-    def __init__(self, original: nn.Linear, activation: nn.Module | None, results: dict[int, TuneResult], records=()):
-        super().__init__()
-        self.in_features, self.out_features = original.in_features, original.out_features
-        self.weight = original.weight
-        self.bias = original.bias  # None registers no parameter, as in nn.Linear(bias=False)
-        self.activation = activation  # the fused activation module (for the fallback), or None
+
+class LinearKernels:
+    """looprl kernels for one linear layer's shape, ``y = activation(x @ weight.T + bias)``, on
+    any number of rows (row plans of the counts in ``results``: row count ->
+    :class:`~looprl.policy.tuner.TuneResult`, 1 among them), with the weight and bias given on
+    each call and bound to the kernels again when they change. A call a kernel would not
+    compute exactly (see :meth:`why_not`) is computed by torch (``functional.linear``, then the
+    activation). Used by :class:`TunedLinear` and by the ``torch.compile`` backend
+    (:mod:`looprl.dynamo`); safe to call from several threads at once."""
+
+    def __init__(self, in_features: int, out_features: int, activation: str | None, results: dict[int, TuneResult], records=()):
         if 1 not in results:
-            raise ValueError(f"a TunedLinear needs a kernel for 1 row (so that any row count is covered), got rows {sorted(results)}")
+            raise ValueError(f"a tuned linear layer needs a kernel for 1 row (so that any row count is covered), got rows {sorted(results)}")
+        if activation is not None and activation not in _ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)} or None, got {activation!r}")
+        self.in_features, self.out_features, self.activation = in_features, out_features, activation
         self.results = dict(results)
         self.records = list(records)  # the tuned answers as exported records (save_records)
-        flops = 2 * self.in_features * self.out_features
+        flops = 2 * in_features * out_features
         self._seconds = {rows: flops * rows / (result.gflops * 1e9) for rows, result in self.results.items()}
         self._plans: dict[int, list[tuple[int, int, int]]] = {}  # row count -> its row plan
         self._bound: dict[int, object] = {}
         self._bound_to: tuple | None = None
         self._bind_lock = threading.Lock()
-        self._local = threading.local()  # per thread: workspaces by row count
+        self._local = threading.local()  # per thread: workspaces and padded buffers by row count
         self._stats_lock = threading.Lock()
         self.calls: dict[str, int] = {}  # "looprl" or a fallback's reason -> calls (see stats())
 
-    def extra_repr(self) -> str:
-        fused = f", activation={_activation_of(self.activation)}" if self.activation is not None else ""
-        return f"in_features={self.in_features}, out_features={self.out_features}{fused}, rows={sorted(self.results)}"
+    def counted(self) -> dict[str, int]:
+        with self._stats_lock:
+            return dict(self.calls)
 
-    def _fallback(self, x):
-        y = functional.linear(x, self.weight, self.bias)
-        return self.activation(y) if self.activation is not None else y
+    def fallback(self, x, weight, bias):
+        y = functional.linear(x, weight, bias)
+        return _ACTIVATIONS[self.activation](y) if self.activation is not None else y
 
-    def _parameters_state(self) -> tuple:
-        weight, bias = self.weight, self.bias
-        return (id(weight), weight._version, None if bias is None else id(bias), None if bias is None else bias._version)
-
-    def _kernels(self) -> dict[int, object]:
-        """The bound kernels, bound again if the weight or the bias changed since."""
-        state = self._parameters_state()
+    def bound(self, weight, bias) -> dict[int, object]:
+        """The kernels bound to ``weight`` and ``bias``, bound again if either is another
+        tensor or was changed in place since."""
+        state = (id(weight), weight._version, None if bias is None else id(bias), None if bias is None else bias._version)
         if state != self._bound_to:
             with self._bind_lock:
                 if state != self._bound_to:
                     with torch.no_grad():
-                        weight = self.weight.detach().contiguous().numpy()
-                        bias = self.bias
-                        constants = {"b": weight}
+                        constants = {"b": weight.detach().contiguous().numpy()}
                         if bias is not None:
                             constants["bias"] = bias.detach().contiguous().numpy()
                     self._bound = {rows: result.kernel.bind(**constants) for rows, result in self.results.items()}
                     self._bound_to = state
         return self._bound
 
-    def why_not(self, x) -> str | None:
-        """Why a call on ``x`` falls back to the original layer (a short reason, the key of
-        :func:`stats`' ``fallbacks``), or None if a looprl kernel computes it."""
-        weight, bias = self.weight, self.bias
+    def why_not(self, x, weight, bias) -> str | None:
+        """Why a call on ``x`` falls back to torch (a short reason, the key of :func:`stats`'
+        ``fallbacks``), or None if looprl kernels compute it."""
         if type(x) is not torch.Tensor or x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() < 1:
             return "input not a float32 CPU tensor"
         if x.shape[-1] != self.in_features:
             return "input's last dimension is not in_features"
         if x.numel() == 0:
             return "empty input"
-        if weight.dtype != torch.float32 or weight.device.type != "cpu" or (bias is not None and (bias.dtype != torch.float32 or bias.device.type != "cpu")):
+        if (type(weight) not in (torch.Tensor, nn.Parameter) or weight.dtype != torch.float32 or weight.device.type != "cpu"
+                or tuple(weight.shape) != (self.out_features, self.in_features)
+                or (bias is not None and (bias.dtype != torch.float32 or bias.device.type != "cpu" or tuple(bias.shape) != (self.out_features,)))):
             return "parameters not float32 on the CPU"
+        if (bias is None) != ("bias" not in self.results[1].problem.epilogue.inputs):
+            return "bias given or not as tuned"
         if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
             return "autograd"
         return None
@@ -205,13 +209,13 @@ class TunedLinear(nn.Module):
         with self._stats_lock:
             self.calls[why or "looprl"] = self.calls.get(why or "looprl", 0) + 1
 
-    def forward(self, x):
-        why = self.why_not(x)
+    def __call__(self, x, weight, bias):
+        why = self.why_not(x, weight, bias)
         self._count(why)
         if why is not None:
-            return self._fallback(x)
+            return self.fallback(x, weight, bias)
         rows = math.prod(x.shape[:-1])
-        kernels = self._kernels()
+        kernels = self.bound(weight, bias)
         plan = self._plans.get(rows)
         if plan is None:
             plan = self._plans[rows] = row_plan(rows, self._seconds)
@@ -228,8 +232,7 @@ class TunedLinear(nn.Module):
             if length == count:
                 kernel.address_call(target + start * out_row, workspace.ctypes.data, source + start * in_row)
             else:  # padded: the rows into the first rows of a buffer of the kernel's count, and back
-                a = flat[start:start + length].numpy()
-                padded_in[:length] = a
+                padded_in[:length] = flat[start:start + length].numpy()
                 kernel.address_call(padded_out.ctypes.data, workspace.ctypes.data, padded_in.ctypes.data)
                 out[start:start + length].numpy()[...] = padded_out[:length]
         return out.reshape(*x.shape[:-1], self.out_features)
@@ -243,6 +246,44 @@ class TunedLinear(nn.Module):
             found = buffers[count] = (aligned_empty(kernel.kernel.workspace_elements),
                                       np.zeros((count, self.in_features), np.float32), np.zeros((count, self.out_features), np.float32))
         return found
+
+
+class TunedLinear(nn.Module):
+    """An ``nn.Linear`` (and the activation fused after it) that runs looprl kernels on any
+    number of rows (:class:`LinearKernels`) and is the original layer where a kernel would not
+    compute the layer's function (see the module docstring). It holds the original's
+    ``weight`` and ``bias`` parameters themselves, so its ``state_dict`` has the original's
+    keys. ``results`` maps a row count to its :class:`~looprl.policy.tuner.TuneResult` (1 must
+    be one of them); ``records``, their answers as the cache exported them (:func:`save_records`)."""
+
+    def __init__(self, original: nn.Linear, activation: nn.Module | None, results: dict[int, TuneResult], records=()):
+        super().__init__()
+        self.in_features, self.out_features = original.in_features, original.out_features
+        self.weight = original.weight
+        self.bias = original.bias  # None registers no parameter, as in nn.Linear(bias=False)
+        self.activation = activation  # the fused activation module, or None
+        self.kernels = LinearKernels(self.in_features, self.out_features, None if activation is None else _activation_of(activation),
+                                     results, records)
+
+    @property
+    def results(self) -> dict[int, TuneResult]:
+        return self.kernels.results
+
+    @property
+    def records(self) -> list[dict]:
+        return self.kernels.records
+
+    def extra_repr(self) -> str:
+        fused = f", activation={_activation_of(self.activation)}" if self.activation is not None else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}{fused}, rows={sorted(self.results)}"
+
+    def why_not(self, x) -> str | None:
+        """Why a call on ``x`` falls back to the original layer (a short reason, the key of
+        :func:`stats`' ``fallbacks``), or None if a looprl kernel computes it."""
+        return self.kernels.why_not(x, self.weight, self.bias)
+
+    def forward(self, x):
+        return self.kernels(x, self.weight, self.bias)
 
 
 def _as_examples(example_inputs) -> list[tuple]:
@@ -340,7 +381,7 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
         activation_module = fusions[layer][0][fusions[layer][1]] if layer in fusions else None
         activation = _activation_of(activation_module) if activation_module is not None else None
         per_rows = {}
-        for count in _row_counts(rows, max_rows):
+        for count in tuned_row_counts(rows, max_rows):
             problem = linear(count, layer.in_features, layer.out_features, bias=layer.bias is not None, activation=activation)
             if problem.name not in results:
                 results[problem.name] = tune(problem, policy, cache=cache, budget_s=budget_s, target=target, threads=threads)
@@ -392,8 +433,7 @@ def stats(module: nn.Module) -> dict:
     layer (``layers``: name -> the same three)."""
     layers = {}
     for name, layer in tuned_layers(module):
-        with layer._stats_lock:
-            calls = dict(layer.calls)
+        calls = layer.kernels.counted()
         fallbacks = {why: count for why, count in calls.items() if why != "looprl"}
         layers[name] = {"looprl_calls": calls.get("looprl", 0), "fallback_calls": sum(fallbacks.values()), "fallbacks": fallbacks}
     total: dict[str, int] = {}

@@ -1,0 +1,68 @@
+"""torch.compile(model, backend="looprl"): linear calls become tuned kernels, everything else stays torch's."""
+
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+from tests.policies import random_policy  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def options(tmp_path_factory):
+    folder = random_policy(seed=5).save(tmp_path_factory.mktemp("policy") / "policy")
+    return {"policy": str(folder), "budget_s": 0.05, "cache": ":memory:"}
+
+
+def model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(24, 40), nn.GELU(approximate="tanh"), nn.Linear(40, 24), nn.LayerNorm(24), nn.Linear(24, 8, bias=False),
+                         nn.ReLU()).eval()
+
+
+def test_a_compiled_model_computes_what_the_model_computes_at_any_row_count(options):
+    from looprl import dynamo
+
+    module = model()
+    before = dynamo.stats()
+    compiled = torch.compile(module, backend="looprl", dynamic=True, options=dict(options, rest="eager", max_rows=16))
+    with torch.no_grad():
+        for rows in (4, 1, 7, 16, 37):
+            x = torch.randn(rows, 24)
+            torch.testing.assert_close(compiled(x), module(x), rtol=1e-5, atol=1e-5)
+            x = torch.randn(2, rows, 24)
+            torch.testing.assert_close(compiled(x), module(x), rtol=1e-5, atol=1e-5)
+    after = dynamo.stats()
+    assert after["looprl_calls"] - before["looprl_calls"] == 3 * 10  # three linear layers, ten calls, none fell back
+    assert after["fallback_calls"] == before["fallback_calls"]
+    # grad mode on: compiled again, the linear calls left to torch, gradients as torch computes them
+    x = torch.randn(5, 24, requires_grad=True)
+    compiled(x).sum().backward()
+    reference = x.detach().clone().requires_grad_()
+    module(reference).sum().backward()
+    torch.testing.assert_close(x.grad, reference.grad)
+    assert dynamo.stats()["looprl_calls"] == after["looprl_calls"]
+
+
+def test_the_rest_of_the_graph_goes_to_inductor(options):
+    module = nn.Sequential(nn.Linear(16, 16), nn.SiLU()).eval()
+    compiled = torch.compile(module, backend="looprl", options=dict(options, max_rows=4))
+    with torch.no_grad():
+        x = torch.randn(4, 16)
+        torch.testing.assert_close(compiled(x), module(x), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_options_are_refused_with_their_names(options):
+    compiled = torch.compile(nn.Linear(4, 4).eval(), backend="looprl", options={"rows": 3})
+    with pytest.raises(Exception, match="unknown looprl backend option"):
+        with torch.no_grad():
+            compiled(torch.randn(2, 4))
+
+
+def test_the_backend_is_found_by_name_without_importing_looprl():
+    code = "import torch, sys; assert 'looprl' in torch._dynamo.list_backends(); assert 'looprl' not in sys.modules"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
