@@ -17,7 +17,8 @@ def _check(kernel, m, n, k, seed):
     np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-4, atol=1e-4)
 
 
-def test_kernels_spanning_several_engines_stay_correct():
+def test_kernels_spanning_several_engines_stay_correct(monkeypatch):
+    monkeypatch.setattr(jit._Engine, "capacity", 6)  # several engines from few compiles (a full gc.collect each)
     count = 2 * jit._Engine.capacity + 5
     problems = [looprl.matmul(8 + i % 7, 16 + i % 5, 4 + i % 3) for i in range(count)]
     kept = []

@@ -1,0 +1,180 @@
+"""A GPT-2-small-shaped decoder generating text: looprl against torch eager and torch.compile.
+
+    python experiments/gpt2_generate.py [--threads 1,2] [--prefill 128] [--generate 64] [--runs 3]
+        [--modes eager,looprl,inductor,max-autotune,backend] [--out experiments/results/gpt2_generate]
+
+The model is built from ``torch.nn`` with random weights (nothing is downloaded) in GPT-2
+small's shape: 12 pre-norm blocks of width 768 with 12 heads (a qkv ``Linear(768, 2304)``, causal
+attention, an output ``Linear(768, 768)``, an MLP ``Linear(768, 3072) -> GELU(tanh) ->
+Linear(3072, 768)``), token and position embeddings (50,257 and 1,024), a final LayerNorm and
+an LM head ``Linear(768, 50257)`` applied to the last position only. Generation is greedy: a
+prefill of ``--prefill`` tokens, then ``--generate`` tokens one at a time with a KV cache (the
+keys and values of earlier positions, concatenated).
+
+Modes, each at every ``--threads`` count (``torch.set_num_threads``):
+
+* ``eager``: the model as built;
+* ``looprl``: ``looprl.torch.tune_module(model, [a prefill call, a decode call], threads=N)``;
+* ``inductor``: ``torch.compile(model, dynamic=True)``;
+* ``max-autotune``: ``torch.compile(model, dynamic=True, mode="max-autotune")``;
+* ``backend``: ``torch.compile(model, backend="looprl", dynamic=True, options={"threads": N})``.
+
+Every mode must generate the same tokens as eager (greedy, so a wrong answer shows); its
+time to prepare (tuning, compiling: the first generation) is reported, then the best of
+``--runs`` generations, the modes interleaved run by run: prefill milliseconds and generated
+tokens per second. Writes
+``<out>.csv`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as functional
+from torch import nn
+
+from looprl.backend.host import cpu_model_name
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODES = ("eager", "looprl", "inductor", "max-autotune", "backend")
+FIELDS = ["mode", "threads", "cpu", "prepare_s", "prefill_ms", "decode_tokens_per_s", "vs_eager", "same_tokens"]
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(approximate="tanh"), nn.Linear(4 * dim, dim))
+
+    def forward(self, x, past_k, past_v):
+        batch, tokens, dim = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(dim, dim=2)
+        q, k, v = (t.reshape(batch, tokens, self.heads, dim // self.heads).transpose(1, 2) for t in (q, k, v))
+        if past_k is not None:
+            k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+        else:  # the cache's tensors always contiguous: one layout, so a compiled model is not compiled again per step
+            k, v = k.contiguous(), v.contiguous()
+        attended = functional.scaled_dot_product_attention(q, k, v, is_causal=past_k is None)
+        x = x + self.proj(attended.transpose(1, 2).reshape(batch, tokens, dim))
+        return x + self.mlp(self.ln2(x)), k, v
+
+
+class GPT2Shaped(nn.Module):
+    def __init__(self, layers: int = 12, dim: int = 768, heads: int = 12, vocab: int = 50257, positions: int = 1024):
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(vocab, dim), nn.Embedding(positions, dim)
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, idx, past: tuple | None = None):
+        start = 0 if past is None else past[0][0].shape[2]
+        x = self.tokens(idx) + self.positions(torch.arange(start, start + idx.shape[1]))
+        present = []
+        for i, block in enumerate(self.blocks):
+            x, k, v = block(x, None if past is None else past[i][0], None if past is None else past[i][1])
+            present.append((k, v))
+        return self.head(self.ln(x[:, -1:, :])), tuple(present)
+
+
+def generate(model, prompt, steps: int) -> tuple[list[int], float, float]:
+    """Greedy tokens after ``prompt``, prefill seconds and seconds of the ``steps`` decode steps."""
+    with torch.inference_mode():
+        started = time.perf_counter()
+        logits, past = model(prompt)
+        token = logits[:, -1].argmax(-1, keepdim=True)
+        prefill = time.perf_counter() - started
+        out = [int(token)]
+        started = time.perf_counter()
+        for _ in range(steps - 1):
+            logits, past = model(token, past)
+            token = logits[:, -1].argmax(-1, keepdim=True)
+            out.append(int(token))
+        return out, prefill, time.perf_counter() - started
+
+
+def prepared(mode: str, model, prompt, threads: int):
+    """The model of ``mode`` for ``threads`` threads."""
+    if mode == "eager":
+        return model
+    if mode == "looprl":
+        from looprl.torch import tune_module
+
+        with torch.inference_mode():
+            _, past = model(prompt)
+        return tune_module(model, [(prompt,), (prompt[:, :1], past)], threads=threads, cache=":memory:")
+    if mode == "inductor":
+        return torch.compile(model, dynamic=True)
+    if mode == "max-autotune":
+        return torch.compile(model, dynamic=True, mode="max-autotune")
+    if mode == "backend":
+        return torch.compile(model, backend="looprl", dynamic=True, options={"threads": threads, "cache": ":memory:"})
+    raise ValueError(f"unknown mode {mode!r}; modes: {', '.join(MODES)}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--prefill", type=int, default=128)
+    parser.add_argument("--generate", type=int, default=64)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--out", type=Path, default=RESULTS / "gpt2_generate")
+    args = parser.parse_args(argv)
+    modes = args.modes.split(",")
+    for mode in modes:
+        if mode not in MODES:
+            parser.error(f"--modes: unknown mode {mode!r}; modes: {', '.join(MODES)}")
+    counts = [int(t) for t in args.threads.split(",")]
+    torch.manual_seed(0)
+    model = GPT2Shaped().eval()
+    prompt = torch.randint(0, 50257, (1, args.prefill))
+    rows = []
+    for threads in counts:
+        torch.set_num_threads(threads)
+        torch._dynamo.reset()  # the compiled modes compile afresh for this thread count
+        reference, _, _ = generate(model, prompt, args.generate)
+        runners, prepare = {}, {}
+        for mode in modes:
+            started = time.perf_counter()
+            runners[mode] = prepared(mode, model, prompt, threads)
+            generate(runners[mode], prompt, args.generate)  # the first generation: compiles, warms
+            prepare[mode] = time.perf_counter() - started
+        best = {mode: [math.inf, math.inf, None] for mode in modes}  # prefill s, decode s, tokens
+        for _ in range(args.runs):  # interleaved: a slow phase of the machine hits every mode alike
+            for mode in modes:
+                tokens, prefill, decode = generate(runners[mode], prompt, args.generate)
+                entry = best[mode]
+                entry[0], entry[1], entry[2] = min(entry[0], prefill), min(entry[1], decode), tokens
+        eager_rate = (args.generate - 1) / best["eager"][1] if "eager" in best else None
+        for mode in modes:
+            prefill, decode, tokens = best[mode]
+            rate = (args.generate - 1) / decode
+            rows.append({"mode": mode, "threads": threads, "cpu": cpu_model_name(), "prepare_s": round(prepare[mode], 2),
+                         "prefill_ms": round(1e3 * prefill, 2), "decode_tokens_per_s": round(rate, 2),
+                         "vs_eager": round(rate / eager_rate, 3) if eager_rate else None, "same_tokens": tokens == reference})
+            row = rows[-1]
+            print(f"{threads} thread(s) {mode:>12}: prepare {row['prepare_s']:7.1f} s, prefill {row['prefill_ms']:8.1f} ms, "
+                  f"decode {row['decode_tokens_per_s']:6.2f} tokens/s ({row['vs_eager']}x eager), "
+                  f"{'same tokens' if row['same_tokens'] else 'OTHER TOKENS'}", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    path = args.out.with_suffix(".csv")
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {path}")
+    return 0 if all(row["same_tokens"] for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
