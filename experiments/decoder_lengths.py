@@ -32,7 +32,6 @@ The CSV's ``torch_isa`` column is what torch reports it uses (``torch.backends.c
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import statistics
 import sys
@@ -44,8 +43,9 @@ import torch
 import torch.nn.functional as functional
 from torch import nn
 
+from _torch_timing import seconds, write_csv
+
 from looprl.backend.host import cpu_model_name
-from looprl.measurement.timing import best_time
 from looprl.target import TARGET_CHOICES, Target
 from looprl.torch import save_records, stats, tune_module, tuned_layers
 
@@ -73,14 +73,6 @@ class DecoderBlock(nn.Module):
         x = x + self.proj(attended.transpose(1, 2).reshape(batch, tokens, dim))
         return x + self.mlp(self.norm2(x))
 
-
-def seconds(module, x, budget_s: float) -> float:
-    def repeat(reps: int) -> None:
-        for _ in range(reps):
-            module(x)
-
-    with torch.inference_mode():
-        return best_time(repeat, budget_s).seconds
 
 
 def lengths(text: str) -> list[int]:
@@ -171,13 +163,7 @@ def main(argv=None) -> int:
               f"operator calls {dynamo.stats()['looprl_calls']}, fallbacks {dynamo.stats()['fallback_calls']}")
     print(f"geomean {geomean:.3f}x torch eager, worst {min(row['speedup'] for row in rows):.3f}x; "
           f"looprl calls {served['looprl_calls']}, fallbacks {served['fallback_calls']} {served['fallbacks']}; tune {tune_s:.1f} s")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    path = args.out.with_suffix(".csv")
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {path}")
+    write_csv(args.out, FIELDS, rows)
     return 0 if all(row["allclose"] and row.get("compiled_allclose", True) for row in rows) and served["fallback_calls"] == 0 else 1
 
 

@@ -29,7 +29,6 @@ tokens per second. Writes
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import sys
 import time
@@ -38,6 +37,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as functional
 from torch import nn
+
+from _torch_timing import write_csv
 
 from looprl.backend.host import cpu_model_name
 
@@ -166,13 +167,7 @@ def main(argv=None) -> int:
             print(f"{threads} thread(s) {mode:>12}: prepare {row['prepare_s']:7.1f} s, prefill {row['prefill_ms']:8.1f} ms, "
                   f"decode {row['decode_tokens_per_s']:6.2f} tokens/s ({row['vs_eager']}x eager), "
                   f"{'same tokens' if row['same_tokens'] else 'OTHER TOKENS'}", flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    path = args.out.with_suffix(".csv")
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {path}")
+    write_csv(args.out, FIELDS, rows)
     return 0 if all(row["same_tokens"] for row in rows) else 1
 
 

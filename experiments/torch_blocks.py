@@ -22,7 +22,6 @@ the machine-wide lock; best of the rounds kept). Writes ``<out>.csv`` and prints
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import sys
 import tempfile
@@ -33,8 +32,9 @@ import torch
 import torch.nn.functional as functional
 from torch import nn
 
+from _torch_timing import seconds, write_csv
+
 from looprl.backend.host import cpu_model_name
-from looprl.measurement.timing import best_time
 from looprl.target import TARGET_CHOICES, Target
 from looprl.torch import tune_module, tuned_layers
 
@@ -80,14 +80,6 @@ def blocks():
     yield "bert-base-ffn", nn.Sequential(nn.Linear(768, 3072), nn.GELU(), nn.Linear(3072, 768)), torch.randn(1, 128, 768)
 
 
-def seconds(module, x, budget_s: float) -> float:
-    def repeat(reps: int) -> None:
-        for _ in range(reps):
-            module(x)
-
-    with torch.inference_mode():
-        return best_time(repeat, budget_s).seconds
-
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -122,13 +114,7 @@ def main(argv=None) -> int:
             print(f"{name:>16} {row['input']:>10} tune {row['tune_s']:5.2f} s, {row['tuned_layers']} layers tuned: torch {row['torch_ms']:.3f} ms, "
                   f"looprl {row['looprl_ms']:.3f} ms, {row['speedup']:.2f}x; max |diff| {row['max_abs_diff']:.2e} "
                   f"({'allclose' if row['allclose'] else 'NOT allclose'})", flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    path = args.out.with_suffix(".csv")
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {path}")
+    write_csv(args.out, FIELDS, rows)
     return 0 if all(row["allclose"] for row in rows) else 1
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = sorted((Path(__file__).resolve().parent.parent / "experiments").glob("*.py"))
+SCRIPTS = sorted(p for p in (Path(__file__).resolve().parent.parent / "experiments").glob("*.py") if not p.name.startswith("_"))
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.name)

@@ -82,18 +82,25 @@ def test_tiles_with_tails_compute_what_numpy_does_and_stay_in_bounds(m, n, k, ro
         return  # a factor that does not fit (e.g. a 1-wide split)
     nest = looprl.initial_nest(problem).apply(steps)
     for variant in (nest, nest.layout_pack("in1", "n", columns) if 2 <= columns < n else nest):
-        kernel = looprl.compile(variant, target=target)
-        guards = [GuardedArray(shape, side) for shape in (*problem.input_shapes, problem.output_shape)]
-        try:
-            a, b, out = (g.array for g in guards)
-            rng = np.random.default_rng(m * n + k)
-            a[...] = rng.uniform(-1, 1, a.shape)
-            b[...] = rng.uniform(-1, 1, b.shape)
-            kernel.run(a, b, out, reps=1)
-            np.testing.assert_allclose(out, _reference(problem, a, b), atol=1e-4 * k)
-        finally:
-            for g in guards:
-                g.release()
+        _check_against_guard_pages(variant, target, side)
+
+
+def _check_against_guard_pages(nest, target, side):
+    """The kernel of ``nest`` computes numpy's answer on operands that end (or start) at a guard page."""
+    problem = nest.problem
+    k = problem.size(problem.reduction_dims[0])
+    kernel = looprl.compile(nest, target=target)
+    guards = [GuardedArray(shape, side) for shape in (*problem.input_shapes, problem.output_shape)]
+    try:
+        a, b, out = (g.array for g in guards)
+        rng = np.random.default_rng(problem.size("m") * problem.size("n") + k)
+        a[...] = rng.uniform(-1, 1, a.shape)
+        b[...] = rng.uniform(-1, 1, b.shape)
+        kernel.run(a, b, out, reps=1)
+        np.testing.assert_allclose(out, _reference(problem, a, b), atol=1e-4 * k)
+    finally:
+        for g in guards:
+            g.release()
 
 
 @settings(max_examples=30, deadline=None)
@@ -137,19 +144,7 @@ def test_streaming_tiles_with_tails_compute_what_numpy_does_and_stay_in_bounds(m
     k_inner, columns = tile
     if why_not_stream(problem, k_inner, columns) is not None:
         k_inner, columns = min(k_inner, k - 1), min(columns, n - 1)
-    nest = looprl.initial_nest(problem).apply(stream_steps(problem, k_inner, columns))
-    kernel = looprl.compile(nest, target=target)
-    guards = [GuardedArray(shape, side) for shape in (*problem.input_shapes, problem.output_shape)]
-    try:
-        a, b, out = (g.array for g in guards)
-        rng = np.random.default_rng(m * n + k)
-        a[...] = rng.uniform(-1, 1, a.shape)
-        b[...] = rng.uniform(-1, 1, b.shape)
-        kernel.run(a, b, out, reps=1)
-        np.testing.assert_allclose(out, _reference(problem, a, b), atol=1e-4 * k)
-    finally:
-        for g in guards:
-            g.release()
+    _check_against_guard_pages(looprl.initial_nest(problem).apply(stream_steps(problem, k_inner, columns)), target, side)
 
 
 def test_measured_tiles_include_the_streaming_tiles_of_a_decode_problem():

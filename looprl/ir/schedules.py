@@ -179,13 +179,19 @@ def tile_steps(problem: Problem, rows: int, columns: int, k_block: int | None = 
     for place, name in enumerate(wanted):
         for factor, inner in pending.pop(name[0], []):
             split(f"{name[0]}0", factor, inner)
-        index = names.index(name)
-        while index > place:
-            nest = nest.swap(index - 1)
-            steps.append(("swap", index - 1))
-            names[index - 1], names[index] = names[index], names[index - 1]
-            index -= 1
+        nest = _lift(nest, names, steps, name, place)
     return steps
+
+
+def _lift(nest: LoopNest, names: list[str], steps: list[tuple], name: str, place: int) -> LoopNest:
+    """Swap the loop called ``name`` up to position ``place`` (``names`` and ``steps`` follow)."""
+    index = names.index(name)
+    while index > place:
+        nest = nest.swap(index - 1)
+        steps.append(("swap", index - 1))
+        names[index - 1], names[index] = names[index], names[index - 1]
+        index -= 1
+    return nest
 
 
 def why_not_tile(problem: Problem, rows: int, columns: int, k_block: int | None = None, n_block: int | None = None) -> str | None:
@@ -281,10 +287,5 @@ def stream_steps(problem: Problem, k_inner: int, columns: int) -> list[tuple]:
         names.insert(index + 1, f"{var}_in")
     wanted = [d for d in problem.output[:-2]] + [red, col, row, f"{red}_in", f"{col}_in"]
     for place, name in enumerate(wanted):
-        index = names.index(name)
-        while index > place:
-            nest = nest.swap(index - 1)
-            steps.append(("swap", index - 1))
-            names[index - 1], names[index] = names[index], names[index - 1]
-            index -= 1
+        nest = _lift(nest, names, steps, name, place)
     return steps
