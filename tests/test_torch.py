@@ -175,20 +175,21 @@ def test_a_row_plan_covers_every_row_once_at_the_least_measured_time():
         row_plan(5, {2: 1.0, 4: 2.0})
 
 
-@pytest.mark.parametrize("rows", [1, 3, 5, 16, 31, 37, 100])
-def test_any_row_count_is_computed_by_kernels_in_row_blocks(options, rows):
+def test_any_row_count_is_computed_by_kernels_in_row_plans(options):
     from looprl.torch import stats
 
     module = block()
     tuned = tune_module(module, torch.randn(4, 8, 24), max_rows=32, **options)
     assert sorted(dict(tuned_layers(tuned))["0"].results) == [1, 2, 4, 8, 16, 32]
-    x = torch.randn(rows, 24)
-    with torch.no_grad():
-        close(tuned(x), module(x))
-        close(tuned(x.reshape(1, rows, 24)), module(x.reshape(1, rows, 24)))
-    assert stats(tuned)["fallback_calls"] == 0 and stats(tuned)["looprl_calls"] == 2 * 2
+    counts = [1, 3, 5, 16, 31, 37, 100]
+    for rows in counts:
+        x = torch.randn(rows, 24)
+        with torch.no_grad():
+            close(tuned(x), module(x))
+            close(tuned(x.reshape(1, rows, 24)), module(x.reshape(1, rows, 24)))
+    assert stats(tuned)["fallback_calls"] == 0 and stats(tuned)["looprl_calls"] == 2 * 2 * len(counts)
     with pytest.raises(ValueError, match="max_rows"):
-        tune_module(module, x, max_rows=0, **options)
+        tune_module(module, torch.randn(2, 24), max_rows=0, **options)
 
 
 def test_a_tuned_module_s_records_load_without_tuning_on_the_same_cpu_and_tune_again_elsewhere(options, tmp_path):
