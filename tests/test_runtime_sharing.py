@@ -57,3 +57,14 @@ def test_the_mixed_benchmark_reports_alone_and_mixed_times(tmp_path):
 def test_bad_thread_counts_are_refused():
     result = subprocess.run([sys.executable, "-m", "looprl.bench", "mixed", "--threads", "1"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "--threads" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.skipif(available_cores() < 2 or not os.path.exists("/proc/self/maps"), reason="needs two cores and /proc")
+def test_inside_torch_the_kernels_share_torch_s_libgomp():
+    pytest.importorskip("torch")
+    code = "import torch; torch.ones(4).sum(); " + CODE  # torch loads its libgomp first
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    path, settings = result.stdout.strip().splitlines()
+    assert "already loaded in this process" in path and "private copy" not in path and settings == "[]"
