@@ -17,32 +17,50 @@ backend; ``options={"rest": "eager"}`` runs it as captured instead).
 
 Options (``torch.compile(..., options={...})``): ``max_rows``, ``policy``, ``target``,
 ``budget_s``, ``cache``, ``threads`` (as :func:`looprl.torch.tune_module`; threads 1 by
-default), ``rest`` (``"inductor"`` or ``"eager"``).
+default), ``rest`` (``"inductor"`` or ``"eager"``), ``bmm`` (``"faster"``: batched products
+replaced where the tuned kernel timed clearly faster than torch's; ``"always"``; ``"never"``).
 
 Grad mode on at compile time leaves every linear call to torch (the kernels have no backward;
 Dynamo guards on grad mode, so a model compiled for inference and later called with grad mode on
 is compiled again, untouched). :func:`stats` counts the calls the operators served and the
-fallbacks, as :func:`looprl.torch.stats` does for a module. Attention's batched products
-(``bmm``, ``matmul``) are left to torch here.
+fallbacks, as :func:`looprl.torch.stats` does for a module.
+
+**Batched products** (``matmul``, ``bmm``, ``@`` on two float32 CPU tensors of three or more
+dimensions with the same batch dimensions, as attention's ``q @ k.transpose(-2, -1)`` and
+``p @ v``) of fixed shapes (not symbolic: ``dynamic=False``, or a fixed sequence length) become
+``looprl::matmul``: the contraction is tuned (``bmk,bnk->bmn`` when the right operand is the
+transpose of a contiguous tensor, else ``bmk,bkn->bmn``), then the kernel and ``torch.matmul``
+are timed on operands of those shapes and layouts, called from Python as the graph calls them,
+and the product is replaced only where the kernel took at most :data:`PAYS_MARGIN` of torch's
+time (option ``bmm``). A call on other shapes or layouts is ``torch.matmul``'s.
+``scaled_dot_product_attention`` is one operator: its products are not seen.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 import threading
 
 import torch
 import torch.nn.functional as functional
 
+from looprl.backend.buffers import aligned_empty
 from looprl.ir.layers import linear
+from looprl.ir.problem import contraction
 from looprl.measurement.evaluator import open_cache
+from looprl.measurement.timing import best_time
 from looprl.policy.tuner import tune
 from looprl.torch import LinearKernels, tuned_row_counts
 
 __all__ = ["looprl_backend", "stats"]
 
-OPTIONS = ("max_rows", "policy", "target", "budget_s", "cache", "threads", "rest")
+OPTIONS = ("max_rows", "policy", "target", "budget_s", "cache", "threads", "rest", "bmm")
+BMM_CHOICES = ("faster", "always", "never")
 LINEAR_TARGETS = (torch._C._nn.linear, functional.linear)
+MATMUL_TARGETS = (operator.matmul, torch.matmul, torch.bmm)
+PAYS_BUDGET_S = 0.02  # seconds to time the kernel, and torch, on a batched product before choosing
+PAYS_MARGIN = 0.9  # replaced only when the kernel took at most this fraction of torch's time (timing noise)
 RELU = (torch.relu, functional.relu)
 SILU = (functional.silu,)
 GELU = (functional.gelu, torch._C._nn.gelu)
@@ -76,11 +94,75 @@ def _(x, weight, bias, layer):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
+class BatchedProduct:
+    """A tuned kernel for one batched product of fixed shapes, ``a @ b`` with ``a`` of shape
+    ``(*batch, m, k)`` and ``b`` of ``(*batch, k, n)``, stored as given or (``transposed``) as
+    the transpose of a contiguous ``(*batch, n, k)`` (attention's ``q @ k.transpose(-2, -1)``).
+    A call on other shapes, layouts or dtypes, or under autograd, is ``torch.matmul``'s."""
+
+    def __init__(self, batch: tuple[int, ...], m: int, k: int, n: int, transposed: bool, result):
+        self.batch, self.m, self.k, self.n, self.transposed = batch, m, k, n, transposed
+        self.count = math.prod(batch)
+        self.kernel = result.kernel
+        self.result = result
+        self._local = threading.local()
+        self._stats_lock = threading.Lock()
+        self.calls: dict[str, int] = {}
+
+    def counted(self) -> dict[str, int]:
+        with self._stats_lock:
+            return dict(self.calls)
+
+    def why_not(self, a, b) -> str | None:
+        for x in (a, b):
+            if type(x) is not torch.Tensor or x.dtype != torch.float32 or x.device.type != "cpu":
+                return "input not a float32 CPU tensor"
+        if tuple(a.shape) != (*self.batch, self.m, self.k) or tuple(b.shape) != (*self.batch, self.k, self.n):
+            return "shapes not as tuned"
+        if not (b.transpose(-2, -1) if self.transposed else b).is_contiguous():
+            return "right operand's layout not as tuned"
+        if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+            return "autograd"
+        return None
+
+    def __call__(self, a, b):
+        why = self.why_not(a, b)
+        with self._stats_lock:
+            self.calls[why or "looprl"] = self.calls.get(why or "looprl", 0) + 1
+        return torch.matmul(a, b) if why is not None else self.compute(a, b)
+
+    def compute(self, a, b):
+        """The product by the kernel, for operands :meth:`why_not` accepts (not checked here)."""
+        left = a.detach().contiguous()
+        right = b.detach().transpose(-2, -1) if self.transposed else b.detach()  # contiguous, as checked
+        out = torch.empty((*self.batch, self.m, self.n), dtype=torch.float32)
+        workspace = self._local.__dict__.get("workspace")
+        if workspace is None:
+            workspace = self._local.workspace = aligned_empty(self.kernel.workspace_elements)
+        places = {"in0": left.data_ptr(), "in1": right.data_ptr(), "out": out.data_ptr(), "acc": workspace.ctypes.data}
+        self.kernel.raw_call(tuple(places[t] for t in self.kernel.tensors), 1)
+        return out
+
+
+_products: list[BatchedProduct] = []
+
+
+@torch.library.custom_op("looprl::matmul", mutates_args=())
+def _matmul(a: torch.Tensor, b: torch.Tensor, product: int) -> torch.Tensor:
+    return _products[product](a, b)
+
+
+@_matmul.register_fake
+def _(a, b, product):
+    return a.new_empty((*a.shape[:-1], b.shape[-1]))
+
+
 def stats() -> dict:
-    """Calls served by looprl kernels and fallbacks (by reason) of every layer compiled by the
-    backend in this process: ``{"looprl_calls", "fallback_calls", "fallbacks", "layers"}``."""
+    """Calls served by looprl kernels and fallbacks (by reason) of every linear layer and batched
+    product the backend replaced in this process: ``{"looprl_calls", "fallback_calls",
+    "fallbacks", "layers"}`` (``layers``: the linear layers, then the batched products)."""
     with _layers_lock:
-        layers = list(_layers)
+        layers = list(_layers) + list(_products)
     per_layer, total = [], {}
     for kernels in layers:
         calls = kernels.counted()
@@ -109,8 +191,12 @@ def looprl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     rest = options.pop("rest", "inductor")
     if rest not in ("inductor", "eager"):
         raise ValueError(f"option rest must be 'inductor' or 'eager', got {rest!r}")
+    if options.get("bmm", "faster") not in BMM_CHOICES:
+        raise ValueError(f"option bmm must be one of {', '.join(BMM_CHOICES)}, got {options.get('bmm')!r}")
     if not torch.is_grad_enabled():
         _replace_linear_calls(gm, example_inputs, options)
+        if options.get("bmm", "faster") != "never":
+            _replace_batched_products(gm, options)
     if rest == "eager":
         return gm.forward
     from torch._inductor.compile_fx import compile_fx
@@ -163,6 +249,71 @@ def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, options: dic
         gm.graph.erase_node(end)
         if end is not node:
             gm.graph.erase_node(node)
+        replaced += 1
+    if replaced:
+        gm.graph.lint()
+        gm.recompile()
+    return replaced
+
+
+def _static(shape) -> tuple[int, ...] | None:
+    """``shape`` as ints, or None if any size is symbolic."""
+    return None if any(isinstance(size, torch.SymInt) for size in shape) else tuple(int(size) for size in shape)
+
+
+def _seconds(product, a, b) -> float:
+    """Best seconds of one ``product(a, b)`` called from Python, by looprl's timing rule."""
+
+    def repeat(reps: int) -> None:
+        for _ in range(reps):
+            product(a, b)
+
+    with torch.inference_mode():
+        return best_time(repeat, PAYS_BUDGET_S).seconds
+
+
+def _replace_batched_products(gm: torch.fx.GraphModule, options: dict) -> int:
+    """Replace the graph's batched products of fixed shapes (``matmul``, ``bmm``, ``@`` on two
+    float32 CPU tensors of at least three dimensions, the same batch dimensions) by
+    ``looprl::matmul`` where the tuned kernel, timed against ``torch.matmul`` on operands of the
+    same shapes and layouts, is faster; how many."""
+    tune_options = {"policy": options.get("policy", "default"), "target": options.get("target"), "budget_s": options.get("budget_s"),
+                    "threads": options.get("threads", 1)}
+    cache = open_cache(options.get("cache"))
+    replaced = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in MATMUL_TARGETS or len(node.args) != 2 or node.kwargs:
+            continue
+        a_value, b_value = (getattr(arg, "meta", {}).get("example_value") for arg in node.args)
+        if not all(isinstance(v, torch.Tensor) and v.dtype == torch.float32 and v.device.type == "cpu" for v in (a_value, b_value)):
+            continue
+        a_shape, b_shape = _static(a_value.shape), _static(b_value.shape)
+        if a_shape is None or b_shape is None or len(a_shape) < 3 or len(a_shape) != len(b_shape) or a_shape[:-2] != b_shape[:-2]:
+            continue
+        (m, k), (k2, n), batch = a_shape[-2:], b_shape[-2:], a_shape[:-2]
+        if k != k2 or min(m, k, n, *batch) < 1:
+            continue
+        if b_value.transpose(-2, -1).is_contiguous() and not b_value.is_contiguous():
+            transposed, spec = True, "bmk,bnk->bmn"
+        elif b_value.is_contiguous():
+            transposed, spec = False, "bmk,bkn->bmn"
+        else:
+            continue
+        problem = contraction(spec, b=math.prod(batch), m=m, k=k, n=n)
+        product = BatchedProduct(batch, m, k, n, transposed, tune(problem, cache=cache, **tune_options))
+        a = torch.randn(a_shape)
+        b = torch.randn((*batch, n, k)).transpose(-2, -1) if transposed else torch.randn(b_shape)
+        ours = _seconds(product.compute, a, b)  # called as the graph will call it, Python's part included
+        if options.get("bmm", "faster") == "faster" and ours > PAYS_MARGIN * _seconds(torch.matmul, a, b):
+            continue  # not clearly faster than torch's: left to torch
+        with _layers_lock:
+            _products.append(product)
+            index = len(_products) - 1
+        with gm.graph.inserting_after(node):
+            call = gm.graph.call_function(torch.ops.looprl.matmul.default, (node.args[0], node.args[1], index))
+        call.meta.update(node.meta)
+        node.replace_all_uses_with(call)
+        gm.graph.erase_node(node)
         replaced += 1
     if replaced:
         gm.graph.lint()

@@ -66,3 +66,33 @@ def test_the_backend_is_found_by_name_without_importing_looprl():
     code = "import torch, sys; assert 'looprl' in torch._dynamo.list_backends(); assert 'looprl' not in sys.modules"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+class Attention(nn.Module):
+    def forward(self, q, k, v):
+        return torch.matmul((q @ k.transpose(-2, -1)).softmax(-1), v)
+
+
+def test_attention_s_batched_products_become_tuned_kernels_of_their_shapes(options):
+    from looprl import dynamo
+
+    module = Attention()
+    compiled = torch.compile(module, backend="looprl", options=dict(options, rest="eager", bmm="always"))
+    q, k, v = (torch.randn(2, 3, 10, 8) for _ in range(3))
+    before = dynamo.stats()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(q, k, v), module(q, k, v), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(compiled(q, k, v.contiguous()), module(q, k, v), rtol=1e-5, atol=1e-5)
+    after = dynamo.stats()
+    assert after["looprl_calls"] - before["looprl_calls"] == 4 and after["fallback_calls"] == before["fallback_calls"]
+    product = dynamo._products[-2]  # q @ k^T: the transposed right operand is read in place
+    assert product.transposed and product.result.problem.spec == "bmk,bnk->bmn"
+    with torch.no_grad():  # a layout other than the tuned one: torch's answer
+        wide = torch.randn(2, 3, 8, 20)[..., :10]
+        torch.testing.assert_close(dynamo._products[-2](q, wide), torch.matmul(q, wide))
+    assert dynamo.stats()["fallbacks"].get("right operand's layout not as tuned", 0) >= 1
+    never = torch.compile(Attention(), backend="looprl", options=dict(options, rest="eager", bmm="never"))
+    counted = len(dynamo._products)
+    with torch.no_grad():
+        torch.testing.assert_close(never(q, k, v), module(q, k, v), rtol=1e-5, atol=1e-5)
+    assert len(dynamo._products) == counted
