@@ -51,7 +51,7 @@ from looprl.ir.problem import contraction
 from looprl.measurement.evaluator import open_cache
 from looprl.measurement.timing import best_time
 from looprl.policy.tuner import tune
-from looprl.torch import LinearKernels, tuned_row_counts
+from looprl.torch import GELU_NAMES, LinearKernels, summarise_calls, tuned_row_counts
 
 __all__ = ["looprl_backend", "stats"]
 
@@ -76,7 +76,7 @@ def _activation_name(node) -> str | None:
     if target in SILU and not kwargs.get("inplace", False):
         return "silu"
     if target in GELU and set(kwargs) <= {"approximate"}:
-        return {"none": "gelu", "tanh": "gelu_tanh"}.get(kwargs.get("approximate", "none"))
+        return GELU_NAMES.get(kwargs.get("approximate", "none"))
     return None
 
 
@@ -163,15 +163,8 @@ def stats() -> dict:
     "fallbacks", "layers"}`` (``layers``: the linear layers, then the batched products)."""
     with _layers_lock:
         layers = list(_layers) + list(_products)
-    per_layer, total = [], {}
-    for kernels in layers:
-        calls = kernels.counted()
-        fallbacks = {why: n for why, n in calls.items() if why != "looprl"}
-        per_layer.append({"looprl_calls": calls.get("looprl", 0), "fallback_calls": sum(fallbacks.values()), "fallbacks": fallbacks})
-        for why, n in fallbacks.items():
-            total[why] = total.get(why, 0) + n
-    return {"looprl_calls": sum(e["looprl_calls"] for e in per_layer), "fallback_calls": sum(total.values()), "fallbacks": total,
-            "layers": per_layer}
+    summary = summarise_calls({index: kernels.counted() for index, kernels in enumerate(layers)})
+    return dict(summary, layers=list(summary["layers"].values()))
 
 
 def _hint(size) -> int:
@@ -191,12 +184,15 @@ def looprl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     rest = options.pop("rest", "inductor")
     if rest not in ("inductor", "eager"):
         raise ValueError(f"option rest must be 'inductor' or 'eager', got {rest!r}")
-    if options.get("bmm", "faster") not in BMM_CHOICES:
-        raise ValueError(f"option bmm must be one of {', '.join(BMM_CHOICES)}, got {options.get('bmm')!r}")
+    bmm = options.get("bmm", "faster")
+    if bmm not in BMM_CHOICES:
+        raise ValueError(f"option bmm must be one of {', '.join(BMM_CHOICES)}, got {bmm!r}")
     if not torch.is_grad_enabled():
-        _replace_linear_calls(gm, example_inputs, options)
-        if options.get("bmm", "faster") != "never":
-            _replace_batched_products(gm, options)
+        tuning = {"policy": options.get("policy", "default"), "target": options.get("target"), "budget_s": options.get("budget_s"),
+                  "threads": options.get("threads", 1), "cache": open_cache(options.get("cache"))}  # one cache for the graph
+        _replace_linear_calls(gm, example_inputs, options.get("max_rows"), tuning)
+        if bmm != "never":
+            _replace_batched_products(gm, bmm == "faster", tuning)
     if rest == "eager":
         return gm.forward
     from torch._inductor.compile_fx import compile_fx
@@ -204,12 +200,9 @@ def looprl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     return compile_fx(gm, example_inputs)
 
 
-def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, options: dict) -> int:
-    """Replace the graph's eligible linear calls by ``looprl::linear``; how many."""
-    max_rows = options.get("max_rows")
-    tune_options = {"policy": options.get("policy", "default"), "target": options.get("target"), "budget_s": options.get("budget_s"),
-                    "threads": options.get("threads", 1)}
-    cache = open_cache(options.get("cache"))
+def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: int | None, tuning: dict) -> int:
+    """Replace the graph's eligible linear calls by ``looprl::linear`` (kernels tuned with
+    ``tuning``: :func:`looprl.tune`'s keyword arguments); how many."""
     placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
     values = {node: value for node, value in zip(placeholders, example_inputs)}
     results: dict[str, object] = {}
@@ -236,7 +229,7 @@ def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, options: dic
         for count in tuned_row_counts({rows}, max_rows):
             problem = linear(count, in_features, out_features, bias=bias is not None, activation=activation)
             if problem.name not in results:
-                results[problem.name] = tune(problem, cache=cache, **tune_options)
+                results[problem.name] = tune(problem, **tuning)
             per_rows[count] = results[problem.name]
         with _layers_lock:
             _layers.append(LinearKernels(in_features, out_features, activation, per_rows))
@@ -272,14 +265,12 @@ def _seconds(product, a, b) -> float:
         return best_time(repeat, PAYS_BUDGET_S).seconds
 
 
-def _replace_batched_products(gm: torch.fx.GraphModule, options: dict) -> int:
+def _replace_batched_products(gm: torch.fx.GraphModule, when_faster: bool, tuning: dict) -> int:
     """Replace the graph's batched products of fixed shapes (``matmul``, ``bmm``, ``@`` on two
     float32 CPU tensors of at least three dimensions, the same batch dimensions) by
-    ``looprl::matmul`` where the tuned kernel, timed against ``torch.matmul`` on operands of the
-    same shapes and layouts, is faster; how many."""
-    tune_options = {"policy": options.get("policy", "default"), "target": options.get("target"), "budget_s": options.get("budget_s"),
-                    "threads": options.get("threads", 1)}
-    cache = open_cache(options.get("cache"))
+    ``looprl::matmul`` (kernels tuned with ``tuning``), all of them or (``when_faster``) those
+    whose kernel, timed against ``torch.matmul`` on operands of the same shapes and layouts,
+    took at most :data:`PAYS_MARGIN` of its time; how many."""
     replaced = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in MATMUL_TARGETS or len(node.args) != 2 or node.kwargs:
@@ -300,11 +291,11 @@ def _replace_batched_products(gm: torch.fx.GraphModule, options: dict) -> int:
         else:
             continue
         problem = contraction(spec, b=math.prod(batch), m=m, k=k, n=n)
-        product = BatchedProduct(batch, m, k, n, transposed, tune(problem, cache=cache, **tune_options))
+        product = BatchedProduct(batch, m, k, n, transposed, tune(problem, **tuning))
         a = torch.randn(a_shape)
         b = torch.randn((*batch, n, k)).transpose(-2, -1) if transposed else torch.randn(b_shape)
         ours = _seconds(product.compute, a, b)  # called as the graph will call it, Python's part included
-        if options.get("bmm", "faster") == "faster" and ours > PAYS_MARGIN * _seconds(torch.matmul, a, b):
+        if when_faster and ours > PAYS_MARGIN * _seconds(torch.matmul, a, b):
             continue  # not clearly faster than torch's: left to torch
         with _layers_lock:
             _products.append(product)

@@ -59,10 +59,14 @@ from torch import nn
 from looprl.backend.buffers import aligned_empty
 from looprl.ir.layers import linear
 from looprl.measurement.evaluator import open_cache
+from looprl.measurement.keys import tuned_problem_name
 from looprl.measurement.tuned_records import read_tuned_records, write_tuned_records
 from looprl.policy.tuner import TuneResult, tune
 
 __all__ = ["LinearKernels", "TunedLinear", "row_plan", "save_records", "stats", "tune_module", "tuned_layers"]
+
+
+GELU_NAMES = {"none": "gelu", "tanh": "gelu_tanh"}  # torch's GELU approximation -> looprl's activation
 
 
 def _activation_of(module: nn.Module) -> str | None:
@@ -72,7 +76,7 @@ def _activation_of(module: nn.Module) -> str | None:
     if type(module) is nn.SiLU:
         return "silu"
     if type(module) is nn.GELU:
-        return {"none": "gelu", "tanh": "gelu_tanh"}.get(module.approximate)
+        return GELU_NAMES.get(module.approximate)
     return None
 
 
@@ -153,6 +157,7 @@ class LinearKernels:
         self.in_features, self.out_features, self.activation = in_features, out_features, activation
         self.results = dict(results)
         self.records = list(records)  # the tuned answers as exported records (save_records)
+        self._with_bias = "bias" in self.results[1].problem.epilogue.inputs
         flops = 2 * in_features * out_features
         self._seconds = {rows: flops * rows / (result.gflops * 1e9) for rows, result in self.results.items()}
         self._plans: dict[int, list[tuple[int, int, int]]] = {}  # row count -> its row plan
@@ -199,7 +204,7 @@ class LinearKernels:
                 or tuple(weight.shape) != (self.out_features, self.in_features)
                 or (bias is not None and (bias.dtype != torch.float32 or bias.device.type != "cpu" or tuple(bias.shape) != (self.out_features,)))):
             return "parameters not float32 on the CPU"
-        if (bias is None) != ("bias" not in self.results[1].problem.epilogue.inputs):
+        if (bias is None) == self._with_bias:
             return "bias given or not as tuned"
         if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
             return "autograd"
@@ -376,7 +381,7 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
     rows_seen = _record_rows(tuned, examples)
     fusions = _fusions(tuned) if fuse else {}
     results: dict[str, TuneResult] = {}  # by problem name: layers of one shape share a kernel
-    replacements: dict[nn.Linear, TunedLinear] = {}
+    planned = []  # (layer, its fused activation module, row count -> TuneResult)
     for layer, rows in rows_seen.items():
         activation_module = fusions[layer][0][fusions[layer][1]] if layer in fusions else None
         activation = _activation_of(activation_module) if activation_module is not None else None
@@ -386,7 +391,13 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
             if problem.name not in results:
                 results[problem.name] = tune(problem, policy, cache=cache, budget_s=budget_s, target=target, threads=threads)
             per_rows[count] = results[problem.name]
-        replacements[layer] = TunedLinear(layer, activation_module, per_rows, cache.export_tuned(_tuned_names(per_rows.values())))
+        planned.append((layer, activation_module, per_rows))
+    exported = cache.export_tuned(_tuned_names(results.values()))  # one read of the cache for every layer's records
+    replacements: dict[nn.Linear, TunedLinear] = {}
+    for layer, activation_module, per_rows in planned:
+        names = _tuned_names(per_rows.values())
+        records = [record for record in exported if tuned_problem_name(record["problem"]) in names]
+        replacements[layer] = TunedLinear(layer, activation_module, per_rows, records)
     for parent in list(tuned.modules()):
         for name, child in list(parent._modules.items()):  # every registration, a shared layer's too
             if child is not None and child in replacements:
@@ -431,11 +442,16 @@ def stats(module: nn.Module) -> dict:
     kernel computed the call), ``fallback_calls`` (the original layer did) and ``fallbacks``
     (why: ``{reason: calls}``, the reasons of :meth:`TunedLinear.why_not`), in all and per
     layer (``layers``: name -> the same three)."""
+    return summarise_calls({name: layer.kernels.counted() for name, layer in tuned_layers(module)})
+
+
+def summarise_calls(counted: dict) -> dict:
+    """``{"looprl_calls", "fallback_calls", "fallbacks", "layers"}`` from each layer's calls by
+    outcome (``"looprl"`` or a fallback's reason -> calls), keyed as ``counted`` is."""
     layers = {}
-    for name, layer in tuned_layers(module):
-        calls = layer.kernels.counted()
+    for key, calls in counted.items():
         fallbacks = {why: count for why, count in calls.items() if why != "looprl"}
-        layers[name] = {"looprl_calls": calls.get("looprl", 0), "fallback_calls": sum(fallbacks.values()), "fallbacks": fallbacks}
+        layers[key] = {"looprl_calls": calls.get("looprl", 0), "fallback_calls": sum(fallbacks.values()), "fallbacks": fallbacks}
     total: dict[str, int] = {}
     for entry in layers.values():
         for why, count in entry["fallbacks"].items():

@@ -129,9 +129,10 @@ _WAIT_SETTINGS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
 def _private_runtime(name: str) -> tuple[ctypes.CDLL, str]:
     """The libgomp looprl's kernels call: the one already loaded in this process if another
     library loaded it (torch's: see the module docstring), else a libgomp of looprl's own,
-    whose threads spin briefly: a copy of the library ``name`` resolves to, opened with ``RTLD_LOCAL`` while the spin count
-    is set in the environment (restored right after: libgomp reads it once, when it loads).
-    Where the file cannot be found or copied (no /proc), the shared library as it is."""
+    whose threads spin briefly: a copy of the library ``name`` resolves to, opened with
+    ``RTLD_LOCAL`` while the spin count is set in the environment (restored right after:
+    libgomp reads it once, when it loads). Where the file cannot be found or copied (no /proc),
+    the shared library as it is."""
     try:  # a libgomp another library of this process already uses (torch's): share its pool
         already = ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
     except (OSError, AttributeError):  # not loaded (or no RTLD_NOLOAD on this OS)

@@ -133,15 +133,21 @@ def print_per_model(models: list[dict], out) -> None:
               f"{m['tune_s_median']:13.3f} {m['tune_s_max']:10.3f} {'-' if math.isnan(search) else f'{search:.2f}':>12}", file=out)
 
 
+def _retimed_together(kernels, budget_s: float, threads: int) -> list[float]:
+    """Each kernel's best GFLOPS over :data:`REPEAT_ROUNDS` rounds that time them in turn."""
+    best = [0.0] * len(kernels)
+    for _ in range(REPEAT_ROUNDS):
+        for i, kernel in enumerate(kernels):
+            best[i] = max(best[i], time_kernel(kernel, budget_s, threads=threads).gflops)
+    return best
+
+
 def agreement(first, problem, policy, args, target, threads: int) -> dict:
     """Tune ``problem`` again from a cold cache on ``threads`` threads and time the two answers
     (``first`` and the new one) in interleaved rounds: their GFLOPS and slower / faster."""
     again = tune(problem, policy, measure=args.mode == "measured", cache=":memory:", target=target, budget_s=args.tune_budget,
                  threads=threads)
-    best = [0.0, 0.0]
-    for _ in range(REPEAT_ROUNDS):
-        for i, kernel in enumerate((first.kernel, again.kernel)):
-            best[i] = max(best[i], time_kernel(kernel, args.budget, threads=threads).gflops)
+    best = _retimed_together((first.kernel, again.kernel), args.budget, threads)
     return {"first_gflops": best[0], "second_gflops": best[1], "agreement": min(best) / max(best), "second_schedule": again.nest.key}
 
 
@@ -153,10 +159,7 @@ def beside_neighbour(quiet, problem, policy, args, target, threads: int) -> dict
     with Neighbour(args.neighbour, threads=max(1, available_cores() - threads)):
         disturbed = tune(problem, policy, measure=args.mode == "measured", cache=":memory:", target=target,
                          budget_s=args.tune_budget, threads=threads)
-    best = [0.0, 0.0]
-    for _ in range(REPEAT_ROUNDS):
-        for i, kernel in enumerate((quiet.kernel, disturbed.kernel)):
-            best[i] = max(best[i], time_kernel(kernel, args.budget, threads=threads).gflops)
+    best = _retimed_together((quiet.kernel, disturbed.kernel), args.budget, threads)
     return {"quiet_gflops": best[0], "neighbour_gflops": best[1], "ratio": best[1] / best[0], "tune_s": disturbed.seconds,
             "neighbour_schedule": disturbed.nest.key}
 

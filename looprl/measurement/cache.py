@@ -20,7 +20,7 @@ import time
 from looprl import defaults
 from looprl.target import Target
 from looprl.ir.nest import LoopNest
-from looprl.measurement.keys import bandwidth_key, measurement_host, measurement_key, peak_key, schedule_threads, tuned_problem
+from looprl.measurement.keys import bandwidth_key, measurement_host, measurement_key, peak_key, schedule_threads, tuned_problem, tuned_problem_name
 from looprl.measurement.store import CachedValue, CacheStore, row_checksum, stored_value
 
 
@@ -148,7 +148,7 @@ class MeasurementCache:
         schedule, gflops, budget, checksum = row
         if not (isinstance(gflops, float) and isinstance(budget, float) and isinstance(schedule, str)):
             return None
-        if checksum != row_checksum("tuned", (host, problem_name, schedule, repr(budget)), gflops):
+        if not _tuned_row_intact(host, problem_name, schedule, gflops, budget, checksum):
             self._store.damaged += 1
             return None
         return schedule, gflops, budget
@@ -160,12 +160,14 @@ class MeasurementCache:
         """Remember ``nest`` as :func:`looprl.tune`'s answer for its problem (and ``tuner``)
         when ``threads`` threads were offered."""
         host = measurement_key(target, budget_s, threads)
-        value, budget = stored_value(gflops), float(search_budget_s)
-        problem_name = tuned_problem(nest.problem.name, tuner)
-        checksum = row_checksum("tuned", (host, problem_name, nest.key, repr(budget)), value)
+        self._write_tuned(host, tuned_problem(nest.problem.name, tuner), nest.key, stored_value(gflops), float(search_budget_s))
+
+    def _write_tuned(self, host: str, problem: str, schedule: str, value: float, budget: float) -> None:
+        """One row of the tuned table, checksummed (replacing the host's row for the problem)."""
+        checksum = row_checksum("tuned", (host, problem, schedule, repr(budget)), value)
         self._store.one(
             "INSERT OR REPLACE INTO tuned (host, problem, schedule, gflops, budget, created, checksum) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (host, problem_name, nest.key, value, budget, time.time(), checksum),
+            (host, problem, schedule, value, budget, time.time(), checksum),
         )
 
     def export_tuned(self, problem_names=None) -> list[dict]:
@@ -181,9 +183,9 @@ class MeasurementCache:
         for host, problem, schedule, gflops, budget, checksum in rows:
             if not (isinstance(gflops, float) and isinstance(budget, float) and isinstance(schedule, str)):
                 continue
-            if checksum != row_checksum("tuned", (host, problem, schedule, repr(budget)), gflops):
+            if not _tuned_row_intact(host, problem, schedule, gflops, budget, checksum):
                 continue
-            if wanted is not None and problem.split("|")[0] not in wanted:
+            if wanted is not None and tuned_problem_name(problem) not in wanted:
                 continue
             records.append({"host": host, "problem": problem, "schedule": schedule, "gflops": gflops, "budget_s": budget})
         return records
@@ -201,15 +203,12 @@ class MeasurementCache:
                     raise ValueError(f"tuned record {index}: {key!r} must be a {getattr(kind, '__name__', 'number')}, got {record.get(key)!r}")
             gflops, budget = float(record["gflops"]), float(record["budget_s"])
             if not (math.isfinite(gflops) and gflops > 0 and math.isfinite(budget) and budget >= 0):
-                raise ValueError(f"tuned record {index}: gflops and budget_s must be finite and positive, got {gflops!r} and {budget!r}")
+                raise ValueError(f"tuned record {index}: gflops must be finite and positive and budget_s finite and not negative, "
+                                 f"got {gflops!r} and {budget!r}")
             checked.append((record["host"], record["problem"], record["schedule"], stored_value(gflops), budget))
         with self._store.transaction():
-            for host, problem, schedule, value, budget in checked:
-                checksum = row_checksum("tuned", (host, problem, schedule, repr(budget)), value)
-                self._store.one(
-                    "INSERT OR REPLACE INTO tuned (host, problem, schedule, gflops, budget, created, checksum) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (host, problem, schedule, value, budget, time.time(), checksum),
-                )
+            for row in checked:
+                self._write_tuned(*row)
         return len(checked)
 
     def close(self) -> None:
@@ -228,3 +227,8 @@ class MeasurementCache:
     def __setstate__(self, state) -> None:
         self.__init__(state["path"], state["timeout_s"])
 
+
+
+def _tuned_row_intact(host: str, problem: str, schedule: str, gflops: float, budget: float, checksum) -> bool:
+    """Whether a tuned row's checksum matches its values."""
+    return checksum == row_checksum("tuned", (host, problem, schedule, repr(budget)), gflops)

@@ -74,3 +74,8 @@ def schedule_threads(nest: LoopNest, threads: int) -> int:
 def tuned_problem(problem_name: str, tuner: str) -> str:
     """The tuned table's problem column: the problem, and the tuner's version if given."""
     return f"{problem_name}|{tuner}" if tuner else problem_name
+
+
+def tuned_problem_name(column: str) -> str:
+    """The problem's name in a tuned table's problem column (:func:`tuned_problem`)."""
+    return column.split("|", 1)[0]
