@@ -231,15 +231,9 @@ def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: in
             if problem.name not in results:
                 results[problem.name] = tune(problem, **tuning)
             per_rows[count] = results[problem.name]
-        with _layers_lock:
-            _layers.append(LinearKernels(in_features, out_features, activation, per_rows))
-            index = len(_layers) - 1
+        index = _register(_layers, LinearKernels(in_features, out_features, activation, per_rows))
         end = users[0] if activation is not None else node
-        with gm.graph.inserting_after(end):
-            call = gm.graph.call_function(torch.ops.looprl.linear.default, (x, weight, bias, index))
-        call.meta.update(end.meta)
-        end.replace_all_uses_with(call)
-        gm.graph.erase_node(end)
+        _replace_node(gm, end, torch.ops.looprl.linear.default, (x, weight, bias, index))
         if end is not node:
             gm.graph.erase_node(node)
         replaced += 1
@@ -247,6 +241,22 @@ def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: in
         gm.graph.lint()
         gm.recompile()
     return replaced
+
+
+def _register(registry: list, item) -> int:
+    """Add ``item`` to an operator's registry; the index the graph passes the operator."""
+    with _layers_lock:
+        registry.append(item)
+        return len(registry) - 1
+
+
+def _replace_node(gm: torch.fx.GraphModule, node, operator_overload, args: tuple) -> None:
+    """Put a call of ``operator_overload(*args)`` where ``node`` was (its users, its metadata)."""
+    with gm.graph.inserting_after(node):
+        call = gm.graph.call_function(operator_overload, args)
+    call.meta.update(node.meta)
+    node.replace_all_uses_with(call)
+    gm.graph.erase_node(node)
 
 
 def _static(shape) -> tuple[int, ...] | None:
@@ -297,14 +307,7 @@ def _replace_batched_products(gm: torch.fx.GraphModule, when_faster: bool, tunin
         ours = _seconds(product.compute, a, b)  # called as the graph will call it, Python's part included
         if when_faster and ours > PAYS_MARGIN * _seconds(torch.matmul, a, b):
             continue  # not clearly faster than torch's: left to torch
-        with _layers_lock:
-            _products.append(product)
-            index = len(_products) - 1
-        with gm.graph.inserting_after(node):
-            call = gm.graph.call_function(torch.ops.looprl.matmul.default, (node.args[0], node.args[1], index))
-        call.meta.update(node.meta)
-        node.replace_all_uses_with(call)
-        gm.graph.erase_node(node)
+        _replace_node(gm, node, torch.ops.looprl.matmul.default, (node.args[0], node.args[1], _register(_products, product)))
         replaced += 1
     if replaced:
         gm.graph.lint()
