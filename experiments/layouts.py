@@ -2,15 +2,19 @@
 
 For each problem, target and split-factor set, beam4bfs runs with the same wall-clock budget
 in three modes: loops only (LoopTune's actions), joint (``layouts=True``: adds ``pack`` and
-``pad``) and joint with ALT's two-stage budget (30% joint, then loops only). Every figure
+``pad``, and starts a share of the budget from each input re-laid with the output's columns
+innermost, :func:`looprl.ir.schedules.layout_starts`) and joint with ALT's two-stage budget (30% joint, then loops only). Every figure
 includes the conversion of packed inputs inside the kernel (no input is declared constant;
 ``converted_in_kernel`` names them), and the winners are re-measured (``verified_gflops``).
-numpy (one thread, OpenBLAS's own core type) is timed once per problem in a child process.
+numpy (one thread, the OpenBLAS kernels of the target's ISA; for a spec that is not a plain
+matmul the faster of einsum and matmul on views) is timed once per problem and target in a
+child process.
 
 Split-factor sets: ``paper`` (4, 8, 16) and ``target`` (those plus the splits that form the
 target's register tiles, :func:`looprl.ir.schedules.target_split_factors`).
 
     python experiments/layouts.py --budget 20 --repeats 2   # -> experiments/results/layouts.csv, .png
+    python experiments/layouts.py --sensitive --budget 20 --factors target --out experiments/results/layouts_sensitive.csv
     python experiments/layouts.py --test-problems 8 --modes loops joint --factors paper --out experiments/results/layouts_test.csv
 
 Prints, per target, factor set and mode, the geometric mean over the problems of the verified
@@ -36,6 +40,21 @@ from looprl.backend.layouts import conversions
 from looprl.ir.problem import as_problem
 from looprl.measurement.numpy_baseline import numpy_gflops
 
+# Where layout matters (issue 32): operands stored transposed, attention's batched q.k^T (no
+# constant operand: a re-laid input is converted on every call) and 1x1 convolutions over NCHW
+# and NHWC activations (constant weights, converted once), at shapes of the models test split
+# (ViT-S/16: 6 heads of 64, 197 tokens; SmolLM-360M: 15 heads of 64; MobileNetV2's 1x1 convs).
+SENSITIVE = (
+    "mk,nk->mn:m=197,k=64,n=197",  # one ViT-S head's scores, K not constant
+    "bmk,bnk->bmn:b=6,m=197,k=64,n=197",  # ViT-S, all heads
+    "bmk,bnk->bmn:b=15,m=128,k=64,n=128",  # SmolLM-360M at 128 tokens
+    "mk,nk->mn:m=128,k=960,n=960",  # a product with a right operand stored [n, k] that changes per call
+    "km,kn->mn:m=384,k=197,n=384",  # A stored transposed (a weight gradient X^T dY)
+    "km,kn->mn:m=960,k=128,n=960",
+    "nchw,oc->nohw:n=1,c=96,h=14,w=14,o=576;const=in1",  # MobileNetV2 expand 1x1, NCHW
+    "nhwc,oc->nhwo:n=1,h=14,w=14,c=96,o=576;const=in1",  # the same in NHWC
+    "nhwc,oc->nhwo:n=1,h=56,w=56,c=24,o=144;const=in1",
+)
 PROBLEMS = ("128x256x64", "256x256x256", "384x128x64", "67x139x229", "mk,nk->mn:m=128,k=64,n=256")  # the last: A @ B.T
 MODES = {"loops": {}, "joint": {"layouts": True}, "two-stage": {"layouts": True, "layout_stage": 0.3}}
 FACTOR_SETS = {"paper": (4, 8, 16), "target": "target"}
@@ -47,6 +66,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=20.0, help="seconds per search")
     parser.add_argument("--problems", nargs="*", default=list(PROBLEMS), help="MxNxK problems or 'spec:m=..' strings")
+    parser.add_argument("--sensitive", action="store_true", help="instead of --problems: the layout-sensitive set (SENSITIVE)")
     parser.add_argument("--test-problems", type=int, default=None, metavar="N",
                         help="instead of --problems: N problems spread evenly over the test split of mm64-256")
     parser.add_argument("--targets", nargs="*", default=["host", "avx2"])
@@ -66,8 +86,12 @@ def main() -> None:
         test = dataset_problems(defaults.DATASET, "test")
         problems = [test[int(i * len(test) / args.test_problems)] for i in range(args.test_problems)]
     else:
-        problems = [as_problem(p) for p in args.problems]
-    numpy = dict(zip((p.name for p in problems), numpy_gflops(problems)))
+        problems = [as_problem(p) for p in (SENSITIVE if args.sensitive else args.problems)]
+    numpy = {}  # (problem, isa) -> numpy's GFLOPS with the OpenBLAS kernels of that ISA
+    for target_name in args.targets:
+        target = Target.resolve(target_name)
+        if not target.missing_on_host():
+            numpy.update({(p.name, target.isa): g for p, g in zip(problems, numpy_gflops(problems, isa=target.isa))})
     with out.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, FIELDS)
         writer.writeheader()
@@ -89,7 +113,7 @@ def main() -> None:
                                 "initial_gflops": round(result.initial_gflops, 2),
                                 "best_gflops": round(result.best_gflops, 2),
                                 "verified_gflops": None if result.verified_gflops is None else round(result.verified_gflops, 2),
-                                "numpy_gflops": round(numpy[problem.name], 2),
+                                "numpy_gflops": round(numpy[problem.name, target.isa], 2),
                                 "evaluations": result.evaluations,
                                 "schedule": result.best_nest.key,
                                 "host": cpu_model_name(),
@@ -97,7 +121,7 @@ def main() -> None:
                             }
                             writer.writerow(row)
                             handle.flush()
-                            ratio = (row["verified_gflops"] or row["best_gflops"]) / numpy[problem.name]
+                            ratio = (row["verified_gflops"] or row["best_gflops"]) / numpy[problem.name, target.isa]
                             print(f"{problem.name} {target.isa} {factors} {mode} #{repeat}: {row['verified_gflops']} GFLOPS, "
                                   f"{ratio:.2f}x numpy ({time.perf_counter() - started:.0f} s) {row['schedule']}", flush=True)
     summarise(out)
@@ -111,13 +135,13 @@ def summarise(table: Path) -> None:
     means = defaultdict(list)  # (problem, target, factors, mode) -> values over repeats
     for row in rows:
         means[(row["problem"], row["target"], row["factors"], row["mode"])].append(value(row))
-    numpy = {row["problem"]: float(row["numpy_gflops"]) for row in rows}
+    numpy = {(row["problem"], row["target"]): float(row["numpy_gflops"]) for row in rows}
     for target, factors in sorted({(key[1], key[2]) for key in means}):
         modes = sorted({key[3] for key in means if key[1:3] == (target, factors)})
         problems = sorted({key[0] for key in means if key[1:3] == (target, factors)})
         line = []
         for mode in modes:
-            ratios = [statistics.fmean(means[(p, target, factors, mode)]) / numpy[p] for p in problems if (p, target, factors, mode) in means]
+            ratios = [statistics.fmean(means[(p, target, factors, mode)]) / numpy[p, target] for p in problems if (p, target, factors, mode) in means]
             line.append(f"{mode} {statistics.geometric_mean(ratios):.3f}")
         print(f"{target} {factors}: geomean x numpy over {len(problems)} problems: " + ", ".join(line))
         if "loops" in modes and "joint" in modes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from looprl.ir.layout import Layout
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.target import Target
@@ -289,3 +290,30 @@ def stream_steps(problem: Problem, k_inner: int, columns: int) -> list[tuple]:
     for place, name in enumerate(wanted):
         nest = _lift(nest, names, steps, name, place)
     return steps
+
+
+def column_last_layout(problem: Problem, tensor: str) -> Layout | None:
+    """The layout that stores input ``tensor`` (``"in0"`` or ``"in1"``) with the output's last
+    dimension innermost, when its row-major order puts that dimension elsewhere (B[n, k] of
+    ``mk,nk->mn`` becomes B stored as [k, n]: the register tile's vectors become contiguous
+    loads instead of gathers); None when the tensor lacks that dimension or has it last."""
+    column = problem.output[-1]
+    index = dict(zip(("in0", "in1"), problem.operands))[tensor]
+    if column not in index or index[-1] == column:
+        return None
+    order = index.replace(column, "") + column
+    return Layout.from_key(index, problem.shape(index), ".".join(f"{var}1" for var in order))
+
+
+def layout_starts(problem: Problem) -> list[LoopNest]:
+    """Where a joint layout and loop search starts (ALT's layout candidates): the untuned nest
+    with row-major inputs, then with every input that :func:`column_last_layout` re-lays
+    stored that way (a non-constant input is then converted on every call, inside the timed
+    kernel). One nest when no input needs it."""
+    root = initial_nest(problem)
+    relaid = root
+    for tensor in ("in0", "in1"):
+        layout = column_last_layout(problem, tensor)
+        if layout is not None and relaid.why_not_layout(tensor, layout) is None:
+            relaid = relaid.with_layout(tensor, layout)
+    return [root] if relaid == root else [root, relaid]

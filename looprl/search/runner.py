@@ -20,7 +20,7 @@ from looprl.actions import ActionSet
 from looprl.errors import CompileError, KernelError
 from looprl.ir.nest import LoopNest
 from looprl.ir.problem import Problem, as_problem
-from looprl.ir.schedules import target_split_factors
+from looprl.ir.schedules import layout_starts, target_split_factors
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.timing import check_budget, time_kernel
 from looprl.search.algorithms import check_options, parse_algorithm
@@ -185,19 +185,29 @@ def run(
     actions = ActionSet(split_factors, max_loops, parallel=parallel)
     actions.check_fits(problem)
     evaluator = evaluator if evaluator is not None else Evaluator(cache, measure_budget_s, target=target, threads=threads)
+    starts: list[LoopNest | None] = [None]  # None: the untuned nest, row-major
     if layouts:
         loop_actions, actions = actions, ActionSet.for_target(search_target, split_factors, max_loops, layouts=True, parallel=parallel)
-    stages = [(actions, budget_s, max_evaluations)]
+        starts = layout_starts(problem)
+    # One joint stage per layout start, sharing the joint budget (and the evaluation count,
+    # cumulative); with layout_stage, a loops-only stage from the best schedule follows.
+    share = 1.0 if layout_stage is None else layout_stage
+    stages = [
+        (actions, None if budget_s is None else budget_s * share / len(starts),
+         None if max_evaluations is None else max(1, max_evaluations * (i + 1) // len(starts)), start)
+        for i, start in enumerate(starts)
+    ]
     if layout_stage is not None:
-        stages = [(actions, budget_s * layout_stage, max_evaluations), (loop_actions, budget_s * (1 - layout_stage), max_evaluations)]
-    start, path_names, offset_s, offset_evals, new_measurements, failures = None, [], 0.0, 0, 0, 0
+        stages.append((loop_actions, budget_s * (1 - layout_stage), max_evaluations, "best"))
+    offset_s, offset_evals, new_measurements, failures = 0.0, 0, 0, 0
     curve, graph = [], None
     values: dict[str, float] = {}
     failed: dict[str, str] = {}
-    previous_cursor = 0  # where the previous stage's best state left the cursor
-    for stage_actions, stage_budget, stage_evals in stages:
+    overall, overall_names, root_value = None, [], None  # the best node of any stage, its action names
+    for index, (stage_actions, stage_budget, stage_evals, stage_start) in enumerate(stages):
+        start = overall.state.nest if stage_start == "best" else stage_start
         context = SearchContext(problem, stage_actions, evaluator, stage_budget, stage_evals, progress, start=start, target=search_target)
-        context.values.update(values)  # schedules the first stage evaluated count once
+        context.values.update(values)  # schedules an earlier stage evaluated count once
         context.failed.update(failed)
         root = context.root()
         stopped = "done"
@@ -208,22 +218,25 @@ def run(
         except KeyboardInterrupt:
             stopped = "interrupted"
         best = context.best
-        if start is None:
+        if index == 0:
             root_value = root.gflops
-        else:
-            path_names += ["up"] * previous_cursor
-        path_names += [stage_actions.names[a] for a in best.path]
-        previous_cursor = best.state.cursor
-        curve += [(offset_s + t, e, g) for t, e, g in context.curve]
+        names = [stage_actions.names[a] for a in best.path]
+        if stage_start == "best":
+            names = None if overall_names is None else overall_names + ["up"] * overall.state.cursor + names
+        elif index > 0:
+            names = None  # from a re-laid input: no action path from the untuned nest leads there
+        if overall is None or best.gflops > overall.gflops:
+            overall, overall_names = best, names
+        curve += [(offset_s + t, e, g) for t, e, g in context.curve if not curve or g > curve[-1][2]]
         offset_s += context.elapsed_s
         offset_evals = context.evaluations
         values, failed = context.values, context.failed
         new_measurements += context.new_measurements
         failures += context.failures
         graph = context.graph if graph is None else nx.compose(graph, context.graph)
-        start = best.state.nest
         if stopped == "interrupted":
             break
+    best = overall
     elapsed = offset_s
     curve.append((elapsed, offset_evals, best.gflops))
     verified = None
@@ -235,7 +248,7 @@ def run(
         best_nest=best.state.nest,
         best_gflops=best.gflops,
         initial_gflops=root_value,
-        actions=tuple(path_names),
+        actions=tuple(overall_names or ()),
         evaluations=offset_evals,
         new_measurements=new_measurements,
         failures=failures,
@@ -253,7 +266,7 @@ def run(
             "target": getattr(getattr(evaluator, "target", None), "isa", None),
             "seed": seed,
             "verify_s": verify_s,
-            **({"layouts": True, "layout_stage": layout_stage} if layouts else {}),
+            **({"layouts": True, "layout_stage": layout_stage, "layout_starts": [n.key for n in starts]} if layouts else {}),
             **({"threads": threads} if threads > 1 else {}),
             **({"options": options} if function.__name__ == "autotvm" else {}),
         },
