@@ -120,7 +120,7 @@ def test_options_are_checked():
         run(FakeEvaluator(), nosuch=1)
     with pytest.raises(ValueError, match="takes none"):
         search.run(SMALL, algo="greedy1", evaluator=FakeEvaluator(), transfer=True, verify_s=None)
-    for bad in ({"batch_size": 0}, {"epsilon": 1.5}, {"transfer": "yes"}, {"objective": "nosuch"}):
+    for bad in ({"batch_size": 0}, {"epsilon": 1.5}, {"transfer": "yes"}, {"objective": "nosuch"}, {"restart": 1.5}):
         with pytest.raises(ValueError):
             run(FakeEvaluator(), **bad)
     with pytest.raises(ValueError, match="autotvm"):

@@ -18,7 +18,8 @@ from looprl.env.features import nest_graph, observation
 from looprl.ir.layout import Layout
 from looprl.ir.nest import LoopNest
 from looprl.measurement.cache import MeasurementCache
-from tests.test_codegen_correctness import actions, apply_actions
+from looprl.ir.schedules import layout_starts
+from tests.test_codegen_correctness import actions, apply_actions, assert_matches
 from tests.test_layout_codegen import PROBLEMS, apply_layouts, layout_steps, pack_every_tiled_loop
 
 
@@ -240,3 +241,49 @@ def test_pack_on_a_step_one_loop_tiles_by_the_tile_it_walks():
     outer = actions.apply(State(nest, 2), pack).nest  # n/16 has step 16
     assert inner == outer and dict(inner.layouts)["in1"].key == "n16.k1.n1%16"
     assert looprl.compile(inner).packed_inputs == ("in1",)
+
+
+@pytest.mark.parametrize("spec, sizes, relaid", [
+    ("mk,nk->mn", {"m": 9, "k": 7, "n": 21}, {"in1": "k1.n1"}),
+    ("bmk,bnk->bmn", {"b": 2, "m": 5, "k": 6, "n": 19}, {"in1": "b1.k1.n1"}),
+    ("nhwc,oc->nhwo", {"n": 1, "h": 3, "w": 5, "c": 6, "o": 17}, {"in1": "c1.o1"}),
+    ("nk,mk->mn", {"m": 5, "k": 6, "n": 18}, {"in0": "k1.n1"}),
+    ("mk,kn->mn", {"m": 5, "k": 6, "n": 18}, None),  # B already has n innermost
+    ("km,kn->mn", {"m": 5, "k": 6, "n": 18}, None),  # A read by broadcast: no relayout
+    ("nchw,oc->nohw", {"n": 1, "c": 6, "h": 3, "w": 5, "o": 4}, None),
+])
+def test_layout_starts_re_lay_inputs_read_across_the_output_columns(spec, sizes, relaid):
+    problem = looprl.contraction(spec, **sizes)
+    starts = layout_starts(problem)
+    assert starts[0] == looprl.initial_nest(problem)
+    if relaid is None:
+        assert len(starts) == 1
+        return
+    assert len(starts) == 2
+    assert {t: layout.key for t, layout in starts[1].layouts} == relaid
+    # Each start's kernel, after random loop transforms, computes what numpy computes.
+    rng = np.random.default_rng(0)
+    for start in starts:
+        nest = start
+        for _ in range(4):
+            i = int(rng.integers(len(nest.compute)))
+            nest = nest.split(i, 4) if rng.random() < 0.5 and nest.compute[i].size > 4 else (nest.swap(i) if nest.why_not_swap(i) is None else nest)
+        a, b = (rng.uniform(-1, 1, s).astype(np.float32) for s in problem.input_shapes)
+        assert_matches(problem, looprl.compile(nest), a, b)
+
+
+def test_the_joint_search_starts_a_share_of_its_budget_from_each_layout_start():
+    problem = looprl.contraction("mk,nk->mn", m=24, k=16, n=40)
+    result = looprl.search.run(problem, "greedy1", max_evaluations=24, layouts=True, cache=":memory:", measure_budget_s=0.001,
+                               verify_s=None)
+    assert result.settings["layout_starts"] == [n.key for n in layout_starts(problem)]
+    assert result.evaluations <= 24
+    assert all(b[2] > a[2] for a, b in zip(result.curve, result.curve[1:-1]))  # the best so far only rises
+    if result.best_nest.layouts and dict(result.best_nest.layouts).get("in1", None) is not None and \
+            dict(result.best_nest.layouts)["in1"].key.startswith("k1.n1"):
+        assert result.actions == ()  # reached from the re-laid start: no action path from the untuned nest
+    else:
+        width = looprl.Target.host().vector_width
+        assert replay(problem, result.actions, pad_multiple=width) == result.best_nest
+    loops_only = looprl.search.run(problem, "greedy1", max_evaluations=24, cache=":memory:", measure_budget_s=0.001, verify_s=None)
+    assert "layout_starts" not in loops_only.settings

@@ -3,7 +3,9 @@
 import pytest
 
 import looprl
-from looprl.measurement.numpy_baseline import _time_in_process, baseline_environment, baseline_label, coretype_for
+import numpy as np
+
+from looprl.measurement.numpy_baseline import _time_in_process, _view_call, baseline_environment, baseline_label, coretype_for
 
 
 @pytest.mark.parametrize(("isa", "host", "coretype"), [
@@ -45,5 +47,22 @@ def test_every_spec_is_timed():
         looprl.contraction("bmk,bnk->bmn", b=2, m=8, n=16, k=4),
         looprl.contraction("bmk,bkn->bmn", b=2, m=8, n=16, k=4),
         looprl.contraction("km,kn->mn", m=8, n=16, k=4),
+        looprl.contraction("nhwc,oc->nhwo", n=1, h=2, w=3, c=4, o=5),
     )]
     assert all(g > 0 for g in _time_in_process(names, 0.002))
+
+
+@pytest.mark.parametrize("spec, sizes", [
+    ("km,kn->mn", {"m": 5, "k": 7, "n": 6}),
+    ("bkm,bkn->bmn", {"b": 2, "m": 5, "k": 7, "n": 6}),
+    ("nchw,oc->nohw", {"n": 2, "c": 3, "h": 4, "w": 5, "o": 6}),
+    ("nhwc,oc->nhwo", {"n": 2, "h": 4, "w": 5, "c": 3, "o": 6}),
+])
+def test_matmul_on_views_computes_what_einsum_computes(spec, sizes):
+    problem = looprl.contraction(spec, **sizes)
+    rng = np.random.default_rng(1)
+    a, b = (rng.uniform(-1, 1, s).astype(np.float32) for s in problem.input_shapes)
+    out = np.full(problem.output_shape, np.nan, dtype=np.float32)
+    _view_call(problem, a, b, out)()
+    np.testing.assert_allclose(out, np.einsum(spec, a, b), rtol=1e-5, atol=1e-5)
+    assert _view_call(looprl.contraction("abc,cd->abd", a=2, b=3, c=4, d=5), a, b, out) is None

@@ -137,7 +137,13 @@ def run(
 
     ``layouts=True`` searches loops and data layouts jointly: the actions include ``pack`` and
     ``pad`` (:mod:`looprl.actions`; a packed input's conversion is part of the measured
-    kernel unless the problem declares it constant). ``layout_stage`` (a fraction in (0, 1),
+    kernel unless the problem declares it constant), and the search starts from each of
+    :func:`~looprl.ir.schedules.layout_starts` in turn (the untuned nest, then, when an input
+    holds the output's last dimension but not innermost, the untuned nest with that input
+    re-laid so: ALT's layout candidates), each with an equal share of the budget and of
+    ``max_evaluations``; the best of all is returned. A schedule reached from a re-laid start
+    has no action path from the untuned nest: its ``actions`` are empty and ``best_nest``
+    holds it (``settings["layout_starts"]`` lists the starts). ``layout_stage`` (a fraction in (0, 1),
     with ``layouts=True`` and a ``budget_s``) is ALT's two-stage budget: the joint search
     gets that share of the budget, then a loops-only search continues from its best schedule
     (layouts kept) with the rest; ``actions`` then lists both stages (``up`` moves return the
