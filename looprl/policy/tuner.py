@@ -27,6 +27,7 @@ The rollout sees that cycle (as any other) and stops.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import warnings
@@ -182,6 +183,9 @@ def tune(
         known = _remembered(evaluator, problem, MIN_BUDGET_S if budget_s is None else budget_s, threads)
         if known is not None:
             return _remembered_result(problem, known, evaluator, threads, started)
+    relaid_twin = transposed_twin(problem, constant_only=False)
+    if relaid_twin is not None:  # a right operand that changes per call, stored across the output's columns
+        return _tune_relaid(loaded, policy, problem, relaid_twin, evaluator, steps, budget_s, threads, started, remember)
     found = measured_search(loaded, problem, evaluator, steps, budget_s, threads, started)
     if remember:
         evaluator.cache.put_tuned(found.nest, found.gflops, found.budget_s, target, measure_budget_s, tuner=TUNER, threads=threads)
@@ -189,6 +193,45 @@ def tune(
     return TuneResult(problem, found.nest, kernel, found.actions, found.gflops, found.initial_gflops, time.perf_counter() - started,
                       "measured", target, greedy_gflops=found.greedy_gflops, measured=found.measured, waited_s=found.waited_s,
                       threads=threads, serial_gflops=found.serial_gflops)
+
+
+RELAYOUT_ALWAYS_REUSE = 16  # _tune_relaid: from this many multiply-adds per operand element, the re-laid kernel is taken
+
+
+def _tune_relaid(loaded: Policy, policy, problem: Problem, twin: Problem, evaluator: Evaluator, steps: int | None,
+                 budget_s: float | None, threads: int, started: float, remember: bool) -> TuneResult:
+    """Measured tune of a problem whose right operand changes per call and is stored across
+    the output's columns (``bmk,bnk->bmn``): its twin is tuned (the whole measured tune), the
+    twin's schedule carried back with the operand re-laid inside every call, and that kernel,
+    conversion included, measured against the policy's greedy rollout of the problem as given
+    (every state measured: gathers, but no conversion); the faster is returned and remembered.
+    Which wins depends on the shape: the conversion costs about one pass over the operand per
+    call, against ``m`` passes of multiply-adds for it, so from :data:`RELAYOUT_ALWAYS_REUSE`
+    rows the gathers are not timed and the re-laid kernel is taken."""
+    target = evaluator.target
+    relaid_result = tune(twin, policy, steps, cache=evaluator.cache, budget_s=budget_s, measure_budget_s=evaluator.budget_s,
+                         target=target, remember=remember, threads=threads)
+    relaid = carried_back(relaid_result.nest, problem)  # parallel marks included
+    timed = evaluator.with_threads(threads) if threads > 1 else evaluator
+    relaid_gflops = timed(relaid).gflops  # the conversion inside the timed call
+    # Multiply-adds per element of the operand: the conversion's share of the work is about its inverse.
+    reuse = problem.flops / 2 / math.prod(problem.shape(problem.operands[1]))
+    if reuse >= RELAYOUT_ALWAYS_REUSE:  # the conversion costs at most a few percent: no need to time the gathers
+        initial = evaluator(initial_nest(problem)).gflops
+        direct = Found(relaid, 0.0, (), initial, relaid_result.greedy_gflops or 0.0, 0.0, 1, 0.0, None)
+    else:
+        direct = measured_search(loaded, problem, evaluator, steps, 0.0, 1, started)
+    if relaid_gflops >= direct.gflops:
+        nest, gflops, actions, tuned_as = relaid, relaid_gflops, relaid_result.actions, twin
+    else:
+        nest, gflops, actions, tuned_as = direct.nest, direct.gflops, direct.actions, None
+    if remember:
+        spent = MIN_BUDGET_S if budget_s is None else budget_s
+        evaluator.cache.put_tuned(nest, gflops, spent, target, evaluator.budget_s, tuner=TUNER, threads=threads)
+    kernel = compile(nest, target=target, threads=threads)
+    return TuneResult(problem, nest, kernel, actions, gflops, direct.initial_gflops, time.perf_counter() - started, "measured", target,
+                      greedy_gflops=direct.greedy_gflops, measured=direct.measured + relaid_result.measured + 1,
+                      waited_s=direct.waited_s + relaid_result.waited_s, tuned_as=tuned_as, threads=threads)
 
 
 def _follow_policy(policy: Policy, problem: Problem, evaluator: Evaluator, steps: int | None, started: float) -> TuneResult:

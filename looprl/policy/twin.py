@@ -11,6 +11,11 @@ what the policies were trained on), and the twin's schedule is carried back with
 the twin's physical layout (for a row-major twin, B transposed: layout ``k1.n1``; a packed
 twin's panels ``n48.k1.n1%48`` are the same text for both). The loops are the same (both specs
 list the dimensions in the same order), so is the code, and so is the speed.
+
+A right operand that changes from call to call (attention's keys in ``bmk,bnk->bmn``) can be
+tuned through the twin too, but then the carried-back kernel converts it on every call, inside
+the timed kernel: ``tune`` measures that schedule, conversion included, against the policy's
+own schedule of the problem as given and keeps the faster (:func:`looprl.policy.tuner.tune`).
 """
 
 from __future__ import annotations
@@ -20,11 +25,12 @@ from looprl.ir.nest import LAYOUT_TENSORS, LoopNest
 from looprl.ir.problem import Problem
 
 
-def transposed_twin(problem: Problem) -> Problem | None:
+def transposed_twin(problem: Problem, constant_only: bool = True) -> Problem | None:
     """The twin of ``problem`` (see the module docstring), or None: the right operand must be
-    constant, hold the output's last dimension but not last, and the twin must list the
-    dimensions in the same order."""
-    if "in1" not in problem.constant:
+    constant (unless ``constant_only`` is False: then a right operand that changes per call
+    qualifies too, re-laid inside every call of the carried-back kernel), hold the output's
+    last dimension but not last, and the twin must list the dimensions in the same order."""
+    if constant_only and "in1" not in problem.constant:
         return None
     left, right = problem.operands
     column = problem.output[-1]

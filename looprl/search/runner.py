@@ -28,6 +28,7 @@ from looprl.search.context import BudgetExhausted, SearchContext
 
 DEFAULT_BUDGET_S = 60.0
 DEFAULT_DEPTH = 10
+LAYOUT_REFINE_SHARE = 0.25  # layouts=True: the budget share of the layout actions from the best loop schedule
 
 
 @dataclass(frozen=True)
@@ -135,19 +136,22 @@ def run(
     budget; None skips it) and the best fresh timing is reported as ``verified_gflops``; the
     new timings are added to the winner's samples in the cache.
 
-    ``layouts=True`` searches loops and data layouts jointly: the actions include ``pack`` and
-    ``pad`` (:mod:`looprl.actions`; a packed input's conversion is part of the measured
-    kernel unless the problem declares it constant), and the search starts from each of
-    :func:`~looprl.ir.schedules.layout_starts` in turn (the untuned nest, then, when an input
-    holds the output's last dimension but not innermost, the untuned nest with that input
-    re-laid so: ALT's layout candidates), each with an equal share of the budget and of
-    ``max_evaluations``; the best of all is returned. A schedule reached from a re-laid start
-    has no action path from the untuned nest: its ``actions`` are empty and ``best_nest``
-    holds it (``settings["layout_starts"]`` lists the starts). ``layout_stage`` (a fraction in (0, 1),
-    with ``layouts=True`` and a ``budget_s``) is ALT's two-stage budget: the joint search
-    gets that share of the budget, then a loops-only search continues from its best schedule
-    (layouts kept) with the rest; ``actions`` then lists both stages (``up`` moves return the
-    cursor to loop 0 between them).
+    ``layouts=True`` searches loops and data layouts jointly, in stages that share the budget
+    and ``max_evaluations``. Layouts come from two places: the *layout starts*
+    (:func:`~looprl.ir.schedules.layout_starts`: the untuned nest, then, when an input holds
+    the output's last dimension but not innermost, the untuned nest with that input re-laid
+    so: ALT's layout candidates) and the ``pack`` and ``pad`` actions (:mod:`looprl.actions`).
+    A loop search runs from each start (an equal share of ``1 - LAYOUT_REFINE_SHARE``), then
+    the search with ``pack`` and ``pad`` continues from the best schedule found with the rest.
+    ``layout_stage`` (a fraction in (0, 1), with ``layouts=True`` and a ``budget_s``) is
+    ALT's two-stage order instead: the search with ``pack`` and ``pad`` from each start gets
+    that share, then a loops-only search continues from the best schedule (layouts kept).
+    Converting an input to its layout is part of the measured kernel unless the problem
+    declares it constant. The best of all stages is returned; a schedule reached from a
+    re-laid start has no action path from the untuned nest: its ``actions`` are empty and
+    ``best_nest`` holds it (``settings["layout_starts"]`` lists the starts); otherwise
+    ``actions`` lists the stages' actions (``up`` moves return the cursor to loop 0 between
+    them).
 
     ``threads`` (None: the ``evaluator``'s, else 1) > 1 adds the env's ``parallel`` action
     (mark the cursor loop parallel) and measures parallel schedules on that many threads (an
@@ -195,16 +199,18 @@ def run(
     if layouts:
         loop_actions, actions = actions, ActionSet.for_target(search_target, split_factors, max_loops, layouts=True, parallel=parallel)
         starts = layout_starts(problem)
-    # One joint stage per layout start, sharing the joint budget (and the evaluation count,
-    # cumulative); with layout_stage, a loops-only stage from the best schedule follows.
-    share = 1.0 if layout_stage is None else layout_stage
-    stages = [
-        (actions, None if budget_s is None else budget_s * share / len(starts),
-         None if max_evaluations is None else max(1, max_evaluations * (i + 1) // len(starts)), start)
-        for i, start in enumerate(starts)
-    ]
-    if layout_stage is not None:
-        stages.append((loop_actions, budget_s * (1 - layout_stage), max_evaluations, "best"))
+    stages = [(actions, budget_s, max_evaluations, None)]
+    if layouts:
+        # Loops from each layout start (an equal share each), then the layout actions from the
+        # best schedule (LAYOUT_REFINE_SHARE); with layout_stage, ALT's order: the layout
+        # actions from each start first, then loops only from the best.
+        first, share, then = (loop_actions, 1 - LAYOUT_REFINE_SHARE, actions) if layout_stage is None else (actions, layout_stage, loop_actions)
+        stages = [
+            (first, None if budget_s is None else budget_s * share / len(starts),
+             None if max_evaluations is None else max(1, int(max_evaluations * share * (i + 1) / len(starts))), start)
+            for i, start in enumerate(starts)
+        ]
+        stages.append((then, None if budget_s is None else budget_s * (1 - share), max_evaluations, "best"))
     offset_s, offset_evals, new_measurements, failures = 0.0, 0, 0, 0
     curve, graph = [], None
     values: dict[str, float] = {}
