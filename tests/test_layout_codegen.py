@@ -235,3 +235,39 @@ def test_a_constant_input_is_converted_outside_the_timed_kernel():
     assert time_kernel(kernel, 0.001).gflops > 0
     a, b = random_inputs(constant, 6)
     assert_matches(constant, kernel, a, b)
+
+
+@pytest.mark.parametrize("spec, sizes, layout", [
+    ("mk,nk->mn", {"m": 5, "k": 19, "n": 21}, "k1.n1"),  # edges in both directions
+    ("mk,nk->mn", {"m": 3, "k": 24, "n": 40}, "n16.k1.n1%16"),  # panels: blocks inside each
+    ("bmk,bnk->bmn", {"b": 3, "m": 4, "k": 17, "n": 9}, "b1.k1.n1"),
+    ("nhwc,oc->nhwo", {"n": 1, "h": 2, "w": 3, "c": 11, "o": 12}, "c1.o1"),  # a 1x1 convolution's weight
+])
+@pytest.mark.parametrize("target", HOST_TARGETS, ids=lambda t: t.isa)
+def test_transposing_packs_move_blocks_and_compute_what_numpy_computes(spec, sizes, layout, target):
+    from looprl.backend.packing import transposed_pair
+    from looprl.ir.layout import Layout
+
+    problem = looprl.contraction(spec, **sizes)
+    index = problem.operands[1]
+    relaid = Layout.from_key(index, problem.shape(index), layout)
+    assert transposed_pair(index, problem.shape(index), relaid, target.vector_width) is not None
+    assert transposed_pair("kn", (13, 16), Layout.from_key("kn", (13, 16), "n8.k1.n1%8"), 16) is None  # no transposition
+    nest = looprl.initial_nest(problem)
+    if "%" in layout:  # n-panels: the n loop walks them panel by panel
+        panel = int(layout.split("%")[1])
+        nest = nest.split([lp.var for lp in nest.compute].index("n"), panel)
+    nest = nest.with_layout("in1", relaid)
+    assert layout_applies(nest, "in1")
+    kernel = looprl.compile(nest, target=target)
+    for side in ("start", "end"):  # inputs, output and workspace against inaccessible pages
+        shapes = (*problem.input_shapes, problem.output_shape, (kernel.workspace_elements,))
+        guards = [GuardedArray(shape, side) for shape in shapes]
+        try:
+            a, b, out, work = (g.array for g in guards)
+            a[...], b[...] = random_inputs(problem, 3)
+            kernel.run(a, b, out, reps=1, workspace=work)
+            np.testing.assert_allclose(out, reference(problem, a, b), rtol=0, atol=1e-4)
+        finally:
+            for g in guards:
+                g.release()

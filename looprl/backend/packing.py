@@ -1,14 +1,22 @@
 """Packing functions: ``looprl_pack_<tensor>(src, dst)`` copies a row-major input into its
-data layout (:mod:`looprl.ir.layout`), the innermost dimension in unrolled chunks of vectors."""
+data layout (:mod:`looprl.ir.layout`), the innermost dimension in unrolled chunks of vectors.
+
+A layout whose innermost (contiguous) dimension is not the input's innermost one is a
+transposition (B[n, k] stored as [k, n], or in n-panels): element by element it costs a scalar
+load and store each, which a kernel that converts a changing input on every call pays in full.
+Such a pack moves square blocks of :data:`TRANSPOSE_BLOCK` x :data:`TRANSPOSE_BLOCK` elements
+instead: one vector load per source row, an in-register transpose (shuffles), one vector store
+per destination row; the edges the blocks do not cover are copied element by element."""
 
 from __future__ import annotations
 
-from looprl.backend.llvm_text import Function, load, store
+from looprl.backend.llvm_text import Function, load, store, vector_type
 from looprl.backend.loops import KernelModule
 from looprl.backend.register_plan import vector_chunks
 from looprl.ir.layout import Layout
 
 PACK_CHUNK = 256  # elements of the innermost dimension copied by one unrolled block
+TRANSPOSE_BLOCK = 8  # rows and columns of one in-register transpose (at most the vector width)
 
 
 def runtime_offset(fn: Function, layout: Layout, var: str, x: str) -> str:
@@ -26,6 +34,91 @@ def runtime_offset(fn: Function, layout: Layout, var: str, x: str) -> str:
     return total or "0"
 
 
+def transposed_pair(index: str, sizes: tuple[int, ...], layout: Layout, width: int) -> tuple[str, str, int] | None:
+    """``(a, b, block)`` when packing into ``layout`` is a transposition that blocks can do:
+    ``b``, the source's innermost dimension, is not the layout's innermost one ``a``; ``a`` is
+    contiguous in the layout and ``b`` at a constant stride within aligned blocks of ``block``
+    elements of each (every breakpoint a multiple of it), both at least a block long. Else None."""
+    block = min(TRANSPOSE_BLOCK, width)
+    a, b = layout.dims[-1][-1].var, index[-1]
+    if block < 2 or a == b:
+        return None
+    size = dict(zip(index, sizes))
+    if size[a] < block or size[b] < block or layout.offset(a, 1) - layout.offset(a, 0) != 1:
+        return None
+    if any(point % block for var in (a, b) for point in layout.breakpoints(var)):
+        return None
+    return a, b, block
+
+
+def _transpose(fn: Function, rows: list[str], block: int) -> list[str]:
+    """The columns of the ``block`` x ``block`` matrix whose rows are the vectors ``rows``: for
+    each bit of the index, the off-diagonal halves of every 2s x 2s sub-block change places."""
+    typ = vector_type(block)
+    span = 1
+    while span < block:
+        following = list(rows)
+        for i in range(block):
+            if i & span:
+                continue
+            low = [j if not j & span else block + j - span for j in range(block)]
+            high = [j + span if not j & span else block + j for j in range(block)]
+            for target, picks in ((i, low), (i + span, high)):
+                lanes = ", ".join(f"i32 {p}" for p in picks)
+                following[target] = fn.value(f"shufflevector {typ} {rows[i]}, {typ} {rows[i + span]}, <{block} x i32> <{lanes}>", "tr")
+        rows = following
+        span *= 2
+    return rows
+
+
+def _emit_transposing_pack(module: KernelModule, fn: Function, index: str, sizes: tuple[int, ...], layout: Layout,
+                           row: dict[str, int], pair: tuple[str, str, int]) -> None:
+    """The body of a pack that :func:`transposed_pair` accepts (see the module docstring)."""
+    a, b, block = pair
+    size = dict(zip(index, sizes))
+    src, dst = "%src", "%dst"
+    loops = []
+    for var in index:
+        if var in (a, b):
+            continue
+        lp = fn.loop(size[var])
+        lp.__enter__()
+        loops.append(lp)
+        src = fn.advance(src, lp.iv, row[var])
+        dst = fn.value(f"getelementptr inbounds float, ptr {dst}, i64 {runtime_offset(fn, layout, var, lp.iv)}", "p")
+    full_a, rem_a = divmod(size[a], block)
+    full_b, rem_b = divmod(size[b], block)
+    stride_b = layout.offset(b, 1) - layout.offset(b, 0)
+
+    def scalar(src_ptr: str, dst_ptr: str) -> None:
+        fn.emit(f"store float {fn.value(f'load float, ptr {src_ptr}, align 4', 's')}, ptr {dst_ptr}, align 4")
+
+    if full_a:
+        with fn.loop(full_a) as la:
+            first_a = fn.value(f"mul i64 {la.iv}, {block}", "x")
+            src_a = fn.advance(src, la.iv, block * row[a])
+            dst_a = fn.value(f"getelementptr inbounds float, ptr {dst}, i64 {runtime_offset(fn, layout, a, first_a)}", "p")
+            if full_b:
+                with fn.loop(full_b) as lb:
+                    first_b = fn.value(f"mul i64 {lb.iv}, {block}", "x")
+                    src_ab = fn.advance(src_a, lb.iv, block)  # b is the source's innermost dimension
+                    dst_ab = fn.value(f"getelementptr inbounds float, ptr {dst_a}, i64 {runtime_offset(fn, layout, b, first_b)}", "p")
+                    rows = [load(module, fn, src_ab, i * row[a], block, block, 1, cache=False) for i in range(block)]
+                    for j, column in enumerate(_transpose(fn, rows, block)):
+                        store(module, fn, dst_ab, j * stride_b, block, block, column)
+            for j in range(full_b * block, size[b]):  # the columns no block covers
+                for i in range(block):
+                    scalar(fn.offset(src_a, i * row[a] + j), fn.offset(dst_a, layout.offset(b, j) + i))
+    if rem_a:  # the rows no block covers
+        with fn.loop(size[b]) as lb:
+            src_b = fn.advance(src, lb.iv, 1)
+            dst_b = fn.value(f"getelementptr inbounds float, ptr {dst}, i64 {runtime_offset(fn, layout, b, lb.iv)}", "p")
+            for x in range(full_a * block, size[a]):
+                scalar(fn.offset(src_b, x * row[a]), fn.offset(dst_b, layout.offset(a, x)))
+    for lp in reversed(loops):
+        lp.__exit__(None, None, None)
+
+
 def emit_pack(module: KernelModule, name: str, index: str, sizes: tuple[int, ...], layout: Layout) -> None:
     """``void name(src, dst)``: copy a row-major tensor into ``layout`` (places that hold no
     element are left as they are: no loop ever reads them)."""
@@ -36,6 +129,11 @@ def emit_pack(module: KernelModule, name: str, index: str, sizes: tuple[int, ...
     for var, size in zip(reversed(index), reversed(sizes)):
         row[var] = stride
         stride *= size
+    pair = transposed_pair(index, sizes, layout, module.target.vector_width)
+    if pair is not None:
+        _emit_transposing_pack(module, fn, index, sizes, layout, row, pair)
+        fn.close()
+        return
     src, dst = "%src", "%dst"
     loops = []
     for var, size in zip(index[:-1], sizes[:-1]):

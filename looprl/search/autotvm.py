@@ -95,10 +95,11 @@ def split_factor(size: int, rng) -> int:
 class ScheduleSpace:
     """Random schedules and random neighbours of a schedule of one problem."""
 
-    def __init__(self, root: LoopNest, max_loops: int, actions=None):
+    def __init__(self, root: LoopNest, max_loops: int, actions=None, factors: tuple[int, ...] | None = None):
         self.root = root
         self.max_loops = max_loops
         self.actions = actions  # an ActionSet: random schedules are its walks, as random search's
+        self.factors = factors  # the split factors a neighbour may use (None: any of 2..64)
 
     @staticmethod
     def _index(nest: LoopNest, rng, pairs: bool) -> int:
@@ -117,6 +118,9 @@ class ScheduleSpace:
         size = loops[i].size
         if size < MIN_FACTOR:
             return None
+        if self.factors is not None:
+            fitting = [f for f in self.factors if nest.why_not_split(i, f) is None]
+            return nest.split(i, fitting[int(rng.integers(len(fitting)))]) if fitting else None
         return nest.split(i, split_factor(size, rng))
 
     def _swap(self, nest: LoopNest, rng) -> LoopNest | None:
@@ -209,7 +213,8 @@ class _Tuner:
         self.rng = rng
         self.o = options
         self.root = context.root()
-        self.space = ScheduleSpace(self.root.state.nest, context.actions.max_loops, context.actions if options["walks"] else None)
+        factors = None if options["any_factor"] else tuple(context.actions.split_factors)
+        self.space = ScheduleSpace(self.root.state.nest, context.actions.max_loops, context.actions if options["walks"] else None, factors)
         self.measured: dict[str, tuple[LoopNest, float]] = {self.root.state.nest.key: (self.root.state.nest, self.root.gflops)}
         self.features: dict[str, np.ndarray] = {}  # measured schedules' feature rows
         self.chains: list[LoopNest] = []
@@ -376,6 +381,7 @@ def autotvm(
     temperature: float = 1.0,
     walks: bool = True,
     restart: float = 0.125,
+    any_factor: bool = False,
 ) -> None:
     """AutoTVM's model-guided search (module docstring): rounds of ``batch_size``
     measurements (8: at the budgets of tens of measurements this library's searches get, eight
@@ -402,6 +408,7 @@ def autotvm(
         "temperature": _at_least(temperature, "temperature", 0.0),
         "walks": _flag(walks, "walks"),
         "restart": _fraction(restart, "restart"),
+        "any_factor": _flag(any_factor, "any_factor"),
     }
     import_xgboost()  # fail before measuring anything
     _Tuner(context, depth, rng, options).run()
