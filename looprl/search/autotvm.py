@@ -3,7 +3,9 @@ looprl's schedules.
 
 The schedule space is every nest the environment's transforms can build from the untiled
 nest: splits of a loop by any factor from 2 to 64 that fits it, swaps of neighbouring loops
-of one nest, at most ``max_loops`` loops (the action set's bound). Each round:
+of one nest, at most ``max_loops`` loops (the action set's bound). The annealing draws a
+split's factor from the action set's split factors half the time (the factors random search
+and beam use), else from 2..64 (register tiles often need a 6, 12 or 48 those lack). Each round:
 
 1. parallel simulated-annealing chains walk the space on the cost model's scores (the
    chains persist across rounds); a neighbour splits a loop, swaps two loops or merges two
@@ -99,7 +101,7 @@ class ScheduleSpace:
         self.root = root
         self.max_loops = max_loops
         self.actions = actions  # an ActionSet: random schedules are its walks, as random search's
-        self.factors = factors  # the split factors a neighbour may use (None: any of 2..64)
+        self.factors = factors  # split factors a neighbour uses half the time (None: always any of 2..64)
 
     @staticmethod
     def _index(nest: LoopNest, rng, pairs: bool) -> int:
@@ -118,7 +120,7 @@ class ScheduleSpace:
         size = loops[i].size
         if size < MIN_FACTOR:
             return None
-        if self.factors is not None:
+        if self.factors is not None and rng.random() < 0.5:
             fitting = [f for f in self.factors if nest.why_not_split(i, f) is None]
             return nest.split(i, fitting[int(rng.integers(len(fitting)))]) if fitting else None
         return nest.split(i, split_factor(size, rng))
