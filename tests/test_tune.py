@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import looprl
-from looprl.actions import State, reach
+from looprl.actions import ActionSet, State, reach
+from looprl.ir.nest import LoopNest
 from tests.policies import random_policy
 
 
@@ -171,3 +172,29 @@ def test_the_tune_function_is_not_shadowed_by_a_module():
         if not module.name.startswith(("looprl.train", "looprl.cli", "looprl.bench")) and not module.name.endswith("__main__"):
             importlib.import_module(module.name)
     assert callable(looprl.tune) and callable(looprl.measure) and looprl.tune.__module__ == "looprl.policy.tuner"
+
+
+@pytest.mark.parametrize("rows", [2, 24])
+def test_a_changing_right_operand_stored_across_the_columns_is_re_laid_when_that_pays(rows, tmp_path):
+    """Attention's q.k^T: K changes per call. Tuned through its twin, the kernel converts K on
+    every call (inside the timed figure); with few rows the policy's own schedule of the
+    problem as given is measured against it and the faster kept; remembered either way."""
+    from looprl.backend.layouts import conversions
+    from looprl.policy.twin import transposed_twin
+
+    problem = looprl.contraction("bmk,bnk->bmn", b=2, m=rows, k=24, n=40)
+    twin = transposed_twin(problem, constant_only=False)
+    assert transposed_twin(problem) is None and twin is not None
+    cache = tmp_path / "cache.sqlite"
+    result = looprl.tune(problem, cache=cache, threads=1)
+    check_kernel(result, np.random.default_rng(1))
+    assert result.problem == problem and result.nest.problem == problem
+    if result.tuned_as is not None:  # the re-laid kernel won: K converted inside every call
+        assert result.tuned_as == twin and conversions(result.nest)["per_call"] == ["in1"]
+        assert reach(ActionSet.covering(result.actions, target=result.target), State(looprl.initial_nest(twin), 0),
+                     result.actions).nest == LoopNest.from_key(twin, "|".join(result.nest.key.split("|")[:2]))
+    else:  # the policy's own schedule of the problem as given won (only with few rows)
+        assert rows < 16 and result.nest.layouts == ()
+    again = looprl.tune(problem, cache=cache, threads=1)
+    assert again.mode == "remembered" and again.nest == result.nest
+    check_kernel(again, np.random.default_rng(2))
