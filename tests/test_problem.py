@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 import looprl
-from looprl.ir.problem import as_problem, parse_problem, parse_problems
+from looprl.ir.problem import as_problem, fused_view, parse_problem, parse_problems
 
 
 def test_matmul_names_dimensions_explicitly():
@@ -219,3 +219,23 @@ def test_parse_problems_takes_matmul_lists_and_names_with_commas():
 def test_parse_problems_refuses_bad_input(items, message):
     with pytest.raises(ValueError, match=message):
         parse_problems(items)
+
+
+@pytest.mark.parametrize("name, view", [
+    ("nchw,oc->nohw:n=2,c=3,h=4,w=5,o=6", "nch,oc->noh:n=2,c=3,h=20,o=6"),  # 1x1 convolution, NCHW
+    ("nhwc,oc->nhwo:n=2,h=4,w=5,c=3,o=6;const=in1", "nc,oc->no:n=40,c=3,o=6;const=in1"),  # NHWC
+    ("abcd,cde->abe:a=3,b=4,c=5,d=6,e=7", "ac,ce->ae:a=12,c=30,e=7"),
+    ("mk,kn->mn:m=1,k=5,n=6", None),  # an extent of 1 is kept: decode GEMMs stay GEMMs
+    ("bmk,bnk->bmn:b=2,m=3,k=4,n=5", None),
+    ("nhwc,oc->nhwo:n=1,h=2,w=3,c=4,o=5;epilogue=relu", None),  # an epilogue keeps the shapes
+])
+def test_fused_views_merge_dimensions_that_always_go_together(name, view):
+    problem = parse_problem(name)
+    fused = fused_view(problem)
+    assert (fused.name if fused is not None else None) == view
+    if fused is not None:  # the same elements in the same order: reshapes of the arrays
+        rng = np.random.default_rng(0)
+        a, b = (rng.uniform(-1, 1, s).astype(np.float32) for s in problem.input_shapes)
+        expected = np.einsum(problem.spec, a, b)
+        got = np.einsum(fused.spec, a.reshape(fused.input_shapes[0]), b.reshape(fused.input_shapes[1])).reshape(problem.output_shape)
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)

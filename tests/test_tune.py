@@ -198,3 +198,24 @@ def test_a_changing_right_operand_stored_across_the_columns_is_re_laid_when_that
     again = looprl.tune(problem, cache=cache, threads=1)
     assert again.mode == "remembered" and again.nest == result.nest
     check_kernel(again, np.random.default_rng(2))
+
+
+@pytest.mark.parametrize("spec, sizes", [
+    ("nchw,oc->nohw", {"n": 2, "c": 16, "h": 5, "w": 7, "o": 24}),  # 1x1 convolution over NCHW
+    ("nhwc,oc->nhwo", {"n": 1, "h": 3, "w": 5, "c": 16, "o": 24}),  # over NHWC, constant weight
+])
+def test_a_convolution_is_tuned_as_its_fused_view_and_called_with_its_own_arrays(spec, sizes):
+    problem = looprl.contraction(spec, constant=("in1",) if "nhwc" in spec else (), **sizes)
+    result = looprl.tune(problem, cache=":memory:", threads=1)
+    view = looprl.ir.problem.fused_view(problem)
+    assert result.problem == problem and result.nest.problem in (view, result.tuned_as)
+    rng = np.random.default_rng(4)
+    a, b = (rng.uniform(-1, 1, s).astype(np.float32) for s in problem.input_shapes)
+    expected = np.einsum(spec, a, b)
+    np.testing.assert_allclose(result(a, b), expected, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(result.kernel.bind(b=b)(a), expected, rtol=1e-4, atol=1e-3)
+    out = np.empty(problem.output_shape, np.float32)
+    result.kernel.run(a, b, out)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
+    with pytest.raises(ValueError, match="shape"):
+        result.kernel(a.reshape(-1), b)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import math
 import time
 
 import numpy as np
@@ -257,6 +258,61 @@ class BoundKernel:
 
     def __repr__(self) -> str:
         return f"<BoundKernel {self.kernel.problem.name} [{self.kernel.nest.key}] bound {', '.join(self.bound)}>"
+
+
+class ReshapedKernel:
+    """The kernel of a fused view (:func:`looprl.ir.problem.fused_view`) called with the arrays
+    of ``problem``, the problem it is a view of: each C-contiguous input is reshaped to the
+    view's shape (no copy), the output back to ``problem``'s. ``kernel`` is the view's."""
+
+    def __init__(self, kernel: Kernel, problem):
+        if problem.epilogue.inputs or [math.prod(s) for s in (*problem.input_shapes, problem.output_shape)] != [
+                math.prod(s) for s in (*kernel.problem.input_shapes, kernel.problem.output_shape)]:
+            raise ValueError(f"{kernel.problem.name} is not a view of {problem.name}")
+        self.kernel, self.problem = kernel, problem
+        self.nest, self.target, self.threads = kernel.nest, kernel.target, kernel.threads
+
+    def _views(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        for array, what, shape in zip((a, b), ("the first input", "the second input"), self.problem.input_shapes):
+            Kernel._check(array, what, shape)
+        return a.reshape(self.kernel.problem.input_shapes[0]), b.reshape(self.kernel.problem.input_shapes[1])
+
+    def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return self.kernel(*self._views(a, b)).reshape(self.problem.output_shape)
+
+    def run(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, reps: int = 1, workspace: np.ndarray | None = None, *,
+            threads: int | None = None) -> None:
+        """:meth:`Kernel.run` with this problem's arrays."""
+        Kernel._check(out, "out", self.problem.output_shape)
+        self.kernel.run(*self._views(a, b), out.reshape(self.kernel.problem.output_shape), reps, workspace, threads=threads)
+
+    def bind(self, **inputs: np.ndarray):
+        """:meth:`Kernel.bind` with this problem's arrays; the returned callable takes the
+        remaining input as this problem shapes it."""
+        shapes = dict(zip(("in0", "in1"), self.problem.input_shapes))
+        views = dict(zip(("in0", "in1"), self.kernel.problem.input_shapes))
+        given = {}
+        for name, array in inputs.items():
+            tensor = _INPUT_NAMES.get(name)
+            if tensor not in shapes:
+                raise ValueError(f"bind() got an unknown input {name!r}; expected a/in0 (first input) or b/in1 (second)")
+            Kernel._check(array, _WHAT[tensor], shapes[tensor])
+            given[tensor] = array.reshape(views[tensor])
+        bound = self.kernel.bind(**given)
+        free = [t for t in ("in0", "in1") if t not in given]
+        output = self.problem.output_shape
+
+        def call(*arrays: np.ndarray) -> np.ndarray:
+            if len(arrays) != len(free):
+                raise ValueError(f"the bound kernel takes {len(free)} input(s), got {len(arrays)}")
+            for array, tensor in zip(arrays, free):
+                Kernel._check(array, _WHAT[tensor], shapes[tensor])
+            return bound(*(array.reshape(views[t]) for array, t in zip(arrays, free))).reshape(output)
+
+        return call
+
+    def __repr__(self) -> str:
+        return f"ReshapedKernel({self.problem.name} as {self.kernel!r})"
 
 
 def _check_reps(reps) -> int:

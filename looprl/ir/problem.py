@@ -138,6 +138,36 @@ class Problem:
 
 
 
+def fused_view(problem: Problem) -> Problem | None:
+    """The same contraction over the same memory with fewer dimensions, or None when there is
+    none: two dimensions that every tensor holding either holds both of, the second right
+    after the first, become one (a 1x1 convolution over NCHW, ``nchw,oc->nohw``, is
+    ``nch,oc->noh`` over h·w pixels; over NHWC, ``nhwc,oc->nhwo`` is ``nc,oc->no`` over n·h·w).
+    Each tensor's elements keep their order, so a C-contiguous array of the problem is one of
+    the view by a reshape, without a copy. Problems with an epilogue are left as they are."""
+    if not problem.epilogue.is_identity:
+        return None
+    tensors = [*problem.operands, problem.output]
+    sizes = dict(problem.sizes)
+    fused = True
+    while fused:
+        fused = False
+        for tensor in tensors:
+            for first, second in zip(tensor, tensor[1:]):
+                holders = [t for t in tensors if first in t or second in t]
+                if all(first + second in t for t in holders):
+                    tensors = [t.replace(first + second, first) for t in tensors]
+                    sizes[first] *= sizes.pop(second)
+                    fused = True
+                    break
+            if fused:
+                break
+    spec = f"{tensors[0]},{tensors[1]}->{tensors[2]}"
+    if spec == problem.spec:
+        return None
+    return Problem(spec, tuple((d, sizes[d]) for d in _first_appearance(spec)), problem.constant)
+
+
 _INPUT_ALIASES = {"a": "in0", "b": "in1"}
 
 

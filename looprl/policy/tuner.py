@@ -38,12 +38,12 @@ from typing import Any
 import numpy as np
 
 from looprl import defaults
-from looprl.backend.kernel import Kernel, compile
+from looprl.backend.kernel import Kernel, ReshapedKernel, compile
 from looprl.target import Target
 from looprl.backend.threads import available_cores, check_threads
 from looprl.actions import ActionSet
 from looprl.ir.nest import LoopNest, initial_nest
-from looprl.ir.problem import Problem, as_problem, matmul
+from looprl.ir.problem import Problem, as_problem, fused_view, matmul
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.records import stored_nest
 from looprl.measurement.timing import check_budget
@@ -76,7 +76,7 @@ class TuneResult:
 
     problem: Problem
     nest: LoopNest
-    kernel: Kernel  # callable: kernel(a, b) -> output array (kernel(a, b, bias, residual) with an epilogue)
+    kernel: Kernel | ReshapedKernel  # callable: kernel(a, b) -> output array (kernel(a, b, bias, residual) with an epilogue)
     actions: tuple[str, ...]
     gflops: float
     initial_gflops: float
@@ -86,8 +86,11 @@ class TuneResult:
     greedy_gflops: float | None = None  # the best state of the policy's greedy rollout (measured mode)
     measured: int = 0  # schedules timed by this call
     waited_s: float = 0.0  # of ``seconds``, spent waiting for another process's timing (the machine-wide lock)
-    # A constant right operand stored across the output's columns (a linear layer's W) is tuned
-    # as its twin (looprl.policy.twin): ``actions`` then replay on this problem, not ``problem``.
+    # A right operand stored across the output's columns (a linear layer's W) is tuned as its
+    # twin (looprl.policy.twin), a problem with dimensions that always go together (a 1x1
+    # convolution's h and w) as its fused view (looprl.ir.problem.fused_view): ``actions`` then
+    # replay on this problem, not ``problem``; for a fused view, ``nest`` (and ``initial_gflops``)
+    # are the view's, and ``kernel`` takes ``problem``'s arrays.
     tuned_as: Problem | None = None
     threads: int = 1  # threads offered: the kernel's parallel loops (if any) run on as many
     serial_gflops: float | None = None  # the best serial schedule's, when parallel proposals were measured
@@ -166,6 +169,12 @@ def tune(
     threads = available_cores() if threads is None else check_threads(threads)
     target = Target.resolve(target)
     target.check_runs_on_host()
+    view = fused_view(problem)
+    if view is not None:  # the same contraction over fewer dimensions: tuned as that, called through reshapes
+        result = tune(view, policy, steps, measure, cache=cache, budget_s=budget_s, measure_budget_s=measure_budget_s,
+                      target=target, remember=remember, threads=threads)
+        return replace(result, problem=problem, kernel=ReshapedKernel(result.kernel, problem), seconds=time.perf_counter() - started,
+                       tuned_as=result.tuned_as or view)
     twin = transposed_twin(problem)
     if twin is not None:  # tuned with the weight re-laid once, as the kernel binds it (see looprl.policy.twin)
         result = tune(twin, policy, steps, measure, cache=cache, budget_s=budget_s, measure_budget_s=measure_budget_s,
