@@ -298,21 +298,40 @@ class ReshapedKernel:
                 raise ValueError(f"bind() got an unknown input {name!r}; expected a/in0 (first input) or b/in1 (second)")
             Kernel._check(array, _WHAT[tensor], shapes[tensor])
             given[tensor] = array.reshape(views[tensor])
-        bound = self.kernel.bind(**given)
-        free = [t for t in ("in0", "in1") if t not in given]
-        output = self.problem.output_shape
+        return _ReshapedBound(self.kernel.bind(**given), self.problem, [t for t in ("in0", "in1") if t not in given])
 
-        def call(*arrays: np.ndarray) -> np.ndarray:
-            if len(arrays) != len(free):
-                raise ValueError(f"the bound kernel takes {len(free)} input(s), got {len(arrays)}")
-            for array, tensor in zip(arrays, free):
-                Kernel._check(array, _WHAT[tensor], shapes[tensor])
-            return bound(*(array.reshape(views[t]) for array, t in zip(arrays, free))).reshape(output)
-
-        return call
+    def __getattr__(self, name: str):
+        """The view's kernel's other attributes (``raw_call``, ``tensors``, ``workspace_elements``,
+        ``packed_inputs``, ...): its buffers hold as many elements as this problem's, in the
+        same order, so addresses of this problem's buffers serve it as they are."""
+        if name == "kernel":  # not set yet (during unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.kernel, name)
 
     def __repr__(self) -> str:
         return f"ReshapedKernel({self.problem.name} as {self.kernel!r})"
+
+
+class _ReshapedBound:
+    """A bound view kernel (:meth:`ReshapedKernel.bind`) called with ``problem``'s arrays; its
+    other attributes (``raw_call``, ``address_call``, ...) are the view's bound kernel's."""
+
+    def __init__(self, bound: BoundKernel, problem, free: list[str]):
+        self.bound, self.problem, self.free = bound, problem, free
+
+    def __call__(self, *arrays: np.ndarray) -> np.ndarray:
+        if len(arrays) != len(self.free):
+            raise ValueError(f"the bound kernel takes {len(self.free)} input(s), got {len(arrays)}")
+        shapes = dict(zip(("in0", "in1"), self.problem.input_shapes))
+        views = dict(zip(("in0", "in1"), self.bound.kernel.problem.input_shapes))
+        for array, tensor in zip(arrays, self.free):
+            Kernel._check(array, _WHAT[tensor], shapes[tensor])
+        return self.bound(*(a.reshape(views[t]) for a, t in zip(arrays, self.free))).reshape(self.problem.output_shape)
+
+    def __getattr__(self, name: str):
+        if name == "bound":
+            raise AttributeError(name)
+        return getattr(self.bound, name)
 
 
 def _check_reps(reps) -> int:

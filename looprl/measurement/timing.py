@@ -21,7 +21,7 @@ import numpy as np
 
 from looprl.backend.buffers import aligned_empty
 from looprl.backend.abi import kernel_tensors
-from looprl.backend.kernel import Kernel
+from looprl.backend.kernel import Kernel, ReshapedKernel
 from looprl.backend.threads import check_threads
 from looprl.measurement.lock import machine_lock
 
@@ -121,12 +121,12 @@ class Workspace:
 
 
 def time_kernel(
-    kernel: Kernel, budget_s: float = DEFAULT_BUDGET_S, min_runs: int = 3, workspace: Workspace | None = None, lock=None,
-    threads: int | None = None,
+    kernel: Kernel | ReshapedKernel, budget_s: float = DEFAULT_BUDGET_S, min_runs: int = 3, workspace: Workspace | None = None,
+    lock=None, threads: int | None = None,
 ) -> Timing:
     """Time ``kernel`` on aligned buffers (``workspace``, or new ones) by :func:`best_time`,
     its parallel loops on ``threads`` threads (None: the kernel's own count)."""
-    if not isinstance(kernel, Kernel):
+    if not isinstance(kernel, (Kernel, ReshapedKernel)):
         raise ValueError(f"time_kernel() expects a Kernel, got {type(kernel).__name__}")
     threads = kernel.threads if threads is None else check_threads(threads)
     ws = workspace if workspace is not None and workspace.problem == kernel.problem else Workspace(kernel.problem)
