@@ -263,9 +263,10 @@ def test_too_many_loops_are_refused_before_anything_is_measured(monkeypatch, pol
         env.reset(options={"problem": "bmk,bkn->bmn:b=2,m=8,k=8,n=8"})
     with pytest.raises(ValueError, match="more than max_loops=10"):
         search.run(TOO_MANY_LOOPS, "greedy1", evaluator=MustNotMeasure())
+    unfusable = looprl.contraction("abcdmk,dcbakn->abcdmn", a=2, b=2, c=2, d=2, m=8, k=8, n=8)  # no fused view
     for measure in (True, False):
         with pytest.raises(ValueError, match="more than max_loops=10"):
-            looprl.tune(TOO_MANY_LOOPS, policy_dir, measure=measure, cache=":memory:")
+            looprl.tune(unfusable, policy_dir, measure=measure, cache=":memory:")
 
 
 # -- 5. wrong types ---------------------------------------------------------------------
