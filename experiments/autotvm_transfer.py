@@ -28,7 +28,6 @@ import argparse
 import csv
 import json
 import math
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -41,47 +40,17 @@ from looprl.measurement.evaluator import Evaluator
 from looprl.search import run
 from looprl.train.validation import spread
 
+from _curves import copy_cache, fill_source, load_rows
+
 RESULTS = Path(__file__).resolve().parent / "results"
 FIELDS = ["problem", "transfer", "seed", "trials", "source_records", "initial_gflops", "best_gflops", "seconds", "curve"]
-SOURCE_ALGORITHMS = ("random", "autotvm")
 LEVEL = 0.95
 
 
-def fill_source(path: Path, problems, trials: int) -> int:
-    """Run the source searches not done yet; the number of records the source holds."""
-    done_file = path.with_name(path.name + ".done.json")
-    done = set(json.loads(done_file.read_text(encoding="utf-8"))) if done_file.exists() else set()
-    with MeasurementCache(path) as cache:
-        evaluator = Evaluator(cache)
-        for problem in problems:
-            for algo in SOURCE_ALGORITHMS:
-                name = f"{problem.name}/{algo}/{trials}"
-                if name in done:
-                    continue
-                result = run(problem, algo, budget_s=None, max_evaluations=trials, seed=0, evaluator=evaluator, verify_s=None)
-                if result.stopped == "interrupted":
-                    raise KeyboardInterrupt
-                done.add(name)
-                done_file.write_text(json.dumps(sorted(done)) + "\n", encoding="utf-8")
-                print(f"source: {algo:>8} {problem.name}: {result.best_gflops:.1f} GFLOPS, {result.new_measurements} new measurements", flush=True)
-        return len(cache.records(evaluator.target, evaluator.budget_s))
 
 
-def copy_cache(source: Path, destination: Path) -> None:
-    """A consistent copy of an SQLite cache (its write-ahead log included)."""
-    with sqlite3.connect(source) as src, sqlite3.connect(destination) as dst:
-        src.backup(dst)
-    src.close()
-    dst.close()
 
 
-def load_rows(table: Path) -> list[dict]:
-    if not table.exists():
-        return []
-    rows = list(csv.DictReader(table.open(encoding="utf-8")))
-    for row in rows:
-        row["curve"] = json.loads(row["curve"])
-    return rows
 
 
 def trials_to(curve, level: float) -> int | None:

@@ -40,28 +40,15 @@ from looprl.measurement.numpy_baseline import numpy_gflops
 from looprl.search import run
 from looprl.train.validation import spread
 
+from _curves import best_at, load_rows
+
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("random", "greedy2", "beam4bfs", "autotvm", "autotvm-regression")
 FIELDS = ["problem", "target", "method", "seed", "trials", "initial_gflops", "best_gflops", "seconds", "stopped", "curve"]
 
 
-def best_at(curve, trials: int) -> float:
-    """Best GFLOPS after ``trials`` trials of a curve of (seconds, trials, best) points."""
-    value = 0.0
-    for _, count, gflops in curve:
-        if count > trials:
-            break
-        value = max(value, gflops)
-    return value
 
 
-def load_rows(table: Path) -> list[dict]:
-    if not table.exists():
-        return []
-    rows = list(csv.DictReader(table.open(encoding="utf-8")))
-    for row in rows:
-        row["curve"] = json.loads(row["curve"])
-    return rows
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,11 +54,12 @@ from looprl.target import Target
 from looprl.train.validation import spread
 from looprl.workloads.datasets import dataset_problems
 
+from _curves import best_at, copy_cache, fill_source, load_rows
+
 RESULTS = Path(__file__).resolve().parent / "results" / "search_curves"
 DATASETS = ("models", "mm64-256")
 METHODS = ("random", "beam4bfs", "autotvm", "autotvm-transfer", "tune")
 DETERMINISTIC = ("beam4bfs", "tune")  # run for seed 0 only
-SOURCE_ALGORITHMS = ("random", "autotvm")
 FIELDS = ["problem", "dataset", "class", "target", "host", "method", "seed", "trials", "best_gflops", "numpy_gflops", "seconds", "curve"]
 
 
@@ -76,13 +77,6 @@ def problem_class(problem, dataset: str) -> str:
     return "gemm"
 
 
-def best_at(curve, trials: int) -> float:
-    value = 0.0
-    for _, count, gflops in curve:
-        if count > trials:
-            break
-        value = max(value, gflops)
-    return value
 
 
 def reached_at(curve, level: float, missing: int) -> int:
@@ -93,32 +87,8 @@ def reached_at(curve, level: float, missing: int) -> int:
     return missing
 
 
-def copy_cache(source: Path, destination: Path) -> None:
-    import sqlite3
-
-    with sqlite3.connect(source) as src, sqlite3.connect(destination) as dst:
-        src.backup(dst)
-    src.close()
-    dst.close()
 
 
-def fill_source(path: Path, problems, trials: int, target: Target) -> int:
-    done_file = path.with_name(path.name + ".done.json")
-    done = set(json.loads(done_file.read_text(encoding="utf-8"))) if done_file.exists() else set()
-    with MeasurementCache(path) as cache:
-        evaluator = Evaluator(cache, target=target)
-        for problem in problems:
-            for algo in SOURCE_ALGORITHMS:
-                name = f"{problem.name}/{algo}/{trials}/{target.isa}"
-                if name in done:
-                    continue
-                result = run(problem, algo, budget_s=None, max_evaluations=trials, seed=0, evaluator=evaluator, verify_s=None)
-                if result.stopped == "interrupted":
-                    raise KeyboardInterrupt
-                done.add(name)
-                done_file.write_text(json.dumps(sorted(done)) + "\n", encoding="utf-8")
-                print(f"source: {algo:>8} {problem.name}: {result.best_gflops:.1f} GFLOPS", flush=True)
-        return len(cache.records(evaluator.target, evaluator.budget_s))
 
 
 def tune_curve(problem, target: Target, trials: int) -> list[list]:
@@ -158,13 +128,6 @@ def search_curve(problem, method: str, seed: int, trials: int, target: Target, s
     return [[round(s, 3), int(n), round(g, 3)] for s, n, g in result.curve], result.elapsed_s
 
 
-def load_rows(table: Path) -> list[dict]:
-    if not table.exists():
-        return []
-    rows = list(csv.DictReader(table.open(encoding="utf-8")))
-    for row in rows:
-        row["curve"] = json.loads(row["curve"])
-    return rows
 
 
 def geomean(values) -> float:
