@@ -197,6 +197,7 @@ def test_command_line_parses(words, monkeypatch, capsys):
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
     monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.syspath_prepend(str(ROOT / "experiments"))  # as `python experiments/x.py` puts its folder first
     monkeypatch.chdir(ROOT)
     with pytest.raises((_Parsed, SystemExit)) as stopped:
         entry()
