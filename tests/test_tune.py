@@ -177,8 +177,8 @@ def test_the_tune_function_is_not_shadowed_by_a_module():
 @pytest.mark.parametrize("rows", [2, 24])
 def test_a_changing_right_operand_stored_across_the_columns_is_re_laid_when_that_pays(rows, tmp_path):
     """Attention's q.k^T: K changes per call. Tuned through its twin, the kernel converts K on
-    every call (inside the timed figure); with few rows the policy's own schedule of the
-    problem as given is measured against it and the faster kept; remembered either way."""
+    every call (inside the timed figure); a measured tune of the problem as given is the
+    alternative, and the faster is kept; remembered either way."""
     from looprl.backend.layouts import conversions
     from looprl.policy.twin import transposed_twin
 
@@ -193,8 +193,8 @@ def test_a_changing_right_operand_stored_across_the_columns_is_re_laid_when_that
         assert result.tuned_as == twin and conversions(result.nest)["per_call"] == ["in1"]
         assert reach(ActionSet.covering(result.actions, target=result.target), State(looprl.initial_nest(twin), 0),
                      result.actions).nest == LoopNest.from_key(twin, "|".join(result.nest.key.split("|")[:2]))
-    else:  # the policy's own schedule of the problem as given won (only with few rows)
-        assert rows < 16 and result.nest.layouts == ()
+    else:  # the measured tune of the problem as given won: K read in place, or packed per tile
+        assert conversions(result.nest)["per_call"] in ([], ["in1"]) and not any(t == "in1" and l.key.startswith("b1.k1") for t, l in result.nest.layouts)
     again = looprl.tune(problem, cache=cache, threads=1)
     assert again.mode == "remembered" and again.nest == result.nest
     check_kernel(again, np.random.default_rng(2))
