@@ -34,6 +34,21 @@ def runtime_offset(fn: Function, layout: Layout, var: str, x: str) -> str:
     return total or "0"
 
 
+def _enter_outer_loops(fn: Function, layout: Layout, dims: list[tuple[str, int]], row: dict[str, int]):
+    """Open a runtime loop over each of ``dims`` ((var, size), outermost first); ``(src, dst,
+    loops)``: the source and destination pointers at the loops' indices, and the open loops
+    (close them innermost first)."""
+    src, dst = "%src", "%dst"
+    loops = []
+    for var, size in dims:
+        lp = fn.loop(size)
+        lp.__enter__()
+        loops.append(lp)
+        src = fn.advance(src, lp.iv, row[var])
+        dst = fn.value(f"getelementptr inbounds float, ptr {dst}, i64 {runtime_offset(fn, layout, var, lp.iv)}", "p")
+    return src, dst, loops
+
+
 def transposed_pair(index: str, sizes: tuple[int, ...], layout: Layout, width: int) -> tuple[str, str, int] | None:
     """``(a, b, block)`` when packing into ``layout`` is a transposition that blocks can do:
     ``b``, the source's innermost dimension, is not the layout's innermost one ``a``; ``a`` is
@@ -76,16 +91,7 @@ def _emit_transposing_pack(module: KernelModule, fn: Function, index: str, sizes
     """The body of a pack that :func:`transposed_pair` accepts (see the module docstring)."""
     a, b, block = pair
     size = dict(zip(index, sizes))
-    src, dst = "%src", "%dst"
-    loops = []
-    for var in index:
-        if var in (a, b):
-            continue
-        lp = fn.loop(size[var])
-        lp.__enter__()
-        loops.append(lp)
-        src = fn.advance(src, lp.iv, row[var])
-        dst = fn.value(f"getelementptr inbounds float, ptr {dst}, i64 {runtime_offset(fn, layout, var, lp.iv)}", "p")
+    src, dst, loops = _enter_outer_loops(fn, layout, [(v, size[v]) for v in index if v not in (a, b)], row)
     full_a, rem_a = divmod(size[a], block)
     full_b, rem_b = divmod(size[b], block)
     stride_b = layout.offset(b, 1) - layout.offset(b, 0)
@@ -134,14 +140,7 @@ def emit_pack(module: KernelModule, name: str, index: str, sizes: tuple[int, ...
         _emit_transposing_pack(module, fn, index, sizes, layout, row, pair)
         fn.close()
         return
-    src, dst = "%src", "%dst"
-    loops = []
-    for var, size in zip(index[:-1], sizes[:-1]):
-        lp = fn.loop(size)
-        lp.__enter__()
-        loops.append(lp)
-        src = fn.advance(src, lp.iv, row[var])
-        dst = fn.value(f"getelementptr inbounds float, ptr {dst}, i64 {runtime_offset(fn, layout, var, lp.iv)}", "p")
+    src, dst, loops = _enter_outer_loops(fn, layout, list(zip(index[:-1], sizes[:-1])), row)
     var, size = index[-1], sizes[-1]
     points = layout.breakpoints(var)
     if points:

@@ -149,23 +149,24 @@ def fused_view(problem: Problem) -> Problem | None:
         return None
     tensors = [*problem.operands, problem.output]
     sizes = dict(problem.sizes)
-    fused = True
-    while fused:
-        fused = False
-        for tensor in tensors:
-            for first, second in zip(tensor, tensor[1:]):
-                holders = [t for t in tensors if first in t or second in t]
-                if all(first + second in t for t in holders):
-                    tensors = [t.replace(first + second, first) for t in tensors]
-                    sizes[first] *= sizes.pop(second)
-                    fused = True
-                    break
-            if fused:
-                break
+    while (pair := _fusable_pair(tensors)) is not None:
+        first, second = pair
+        tensors = [t.replace(first + second, first) for t in tensors]
+        sizes[first] *= sizes.pop(second)
     spec = f"{tensors[0]},{tensors[1]}->{tensors[2]}"
     if spec == problem.spec:
         return None
     return Problem(spec, tuple((d, sizes[d]) for d in _first_appearance(spec)), problem.constant)
+
+
+def _fusable_pair(tensors: list[str]) -> tuple[str, str] | None:
+    """The first two neighbouring dimensions that every tensor holding either holds both of,
+    in that order and side by side; None if there are none."""
+    for tensor in tensors:
+        for first, second in zip(tensor, tensor[1:]):
+            if all(first + second in t for t in tensors if first in t or second in t):
+                return first, second
+    return None
 
 
 _INPUT_ALIASES = {"a": "in0", "b": "in1"}
