@@ -48,6 +48,11 @@ SCHEMA_0_1 = [
 ]
 
 
+# 0.2: looprl.tune's answers keep the action path that reaches them (a column added to 0.1's
+# table when an older file is opened).
+SCHEMA_0_2 = SCHEMA_0_1[:2] + [SCHEMA_0_1[2].replace("checksum INTEGER,\n", "checksum INTEGER,\n        actions TEXT,\n")]
+
+
 def _crc(table, key, value):
     """The row checksum's definition, written independently of the code: CRC32 over the
     table name and key fields, each prefixed by its UTF-8 length (4 bytes, big-endian), then
@@ -87,7 +92,7 @@ def test_a_new_cache_has_todays_schema(tmp_path):
         stored = dict(connection.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'").fetchall())
         assert connection.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID == 0x4C4F4F50
     assert {name: _normalised(sql) for name, sql in stored.items()} == {
-        sql.split()[2]: _normalised(sql) for sql in SCHEMA_0_1
+        sql.split()[2]: _normalised(sql) for sql in SCHEMA_0_2
     }
 
 
@@ -124,7 +129,7 @@ def test_a_file_written_with_todays_schema_is_read(todays_file):
         value = cache.lookup(nest, "avx2", 0.008)
         assert (value.gflops, value.samples) == (12.5, 3)
         assert cache.get_peak("avx2") == 100.25
-        assert cache.get_tuned(nest.problem.name, "avx2", 0.008, tuner="v1") == (nest.key, 11.0, 2.0)
+        assert cache.get_tuned(nest.problem.name, "avx2", 0.008, tuner="v1") == (nest.key, 11.0, 2.0, None, None)  # no path stored
         assert cache.records("avx2", 0.008) == [(nest.problem.name, nest.key, 12.5)]
         assert len(cache) == 1 and cache.damaged == 0
         assert cache.add_sample(nest, 13.0, "avx2", 0.008).samples == 4

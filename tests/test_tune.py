@@ -180,7 +180,7 @@ def test_a_changing_right_operand_stored_across_the_columns_is_re_laid_when_that
     every call (inside the timed figure); a measured tune of the problem as given is the
     alternative, and the faster is kept; remembered either way."""
     from looprl.backend.layouts import conversions
-    from looprl.policy.twin import transposed_twin
+    from looprl.ir.rewrites import transposed_twin
 
     problem = looprl.contraction("bmk,bnk->bmn", b=2, m=rows, k=24, n=40)
     twin = transposed_twin(problem, constant_only=False)
@@ -222,3 +222,40 @@ def test_a_convolution_is_tuned_as_its_fused_view_and_called_with_its_own_arrays
     from looprl.measurement.timing import time_kernel
 
     assert time_kernel(result.kernel, 0.01).gflops > 0  # timed through the view's entry point
+
+
+def test_a_remembered_answer_comes_back_with_its_action_path(tmp_path):
+    cache = tmp_path / "cache.sqlite"
+    first = looprl.tune((48, 40, 32), random_policy(seed=3), cache=cache, budget_s=0.1, measure_budget_s=0.001, threads=1)
+    again = looprl.tune((48, 40, 32), random_policy(seed=3), cache=cache, budget_s=0.1, measure_budget_s=0.001, threads=1)
+    assert again.mode == "remembered" and again.nest == first.nest and again.actions == first.actions
+    assert reach(again.action_set, State(looprl.initial_nest(again.problem), 0), again.actions).nest == again.nest
+
+
+@pytest.mark.parametrize("flag", ["measure", "remember"])
+@pytest.mark.parametrize("bad", ["no", 1, None])
+def test_flags_must_be_bools(flag, bad):
+    with pytest.raises(ValueError, match=flag):
+        looprl.tune((16, 16, 16), random_policy(), cache=":memory:", **{flag: bad})
+
+
+def test_rewrites_are_values_that_carry_a_schedule_back():
+    from looprl.ir.rewrites import FUSED_VIEW, TRANSPOSED_TWIN, Rewrite, carry_back, exact_rewrites, relaid_twin
+
+    linear = looprl.linear(6, 8, 16)  # W stored [out, in]: its twin reads it [in, out]
+    (rewrite,) = exact_rewrites(linear)
+    assert rewrite.kind == TRANSPOSED_TWIN and rewrite.exact and rewrite.searched.spec.startswith("mk,kn")
+    nest = looprl.initial_nest(rewrite.searched).split(0, 2).swap(1)
+    back = carry_back(nest, (rewrite,))
+    assert back.problem == linear and back.loops == nest.loops
+    # the same physical arrangement (k rows of n), which for W indexed [n, k] is not row-major: re-laid once, at bind
+    assert back.layout("in1").key == nest.layout("in1").key == "k1.n1" and not back.layout("in1").is_row_major
+    with pytest.raises(ValueError, match="schedule of"):
+        rewrite.carry_back(looprl.initial_nest(linear))
+    with pytest.raises(ValueError, match="kind"):
+        Rewrite("sideways", linear, linear)
+    conv = looprl.contraction("nchw,oc->nohw", n=1, c=8, h=4, w=5, o=6, constant="b")
+    chain = exact_rewrites(conv)
+    assert chain[0].kind == FUSED_VIEW and chain[0].keeps_nest and "w" not in chain[-1].searched.spec
+    keys = looprl.contraction("bmk,bnk->bmn", b=2, m=3, n=4, k=5)
+    assert exact_rewrites(keys) == () and not relaid_twin(keys).exact

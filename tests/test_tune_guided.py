@@ -264,31 +264,33 @@ def _two_schedules():
     return first, first.split(0, 4)
 
 
-def test_close_contenders_are_retimed_together_before_one_wins():
-    from looprl.policy.tuner import CONTENDER_ROUNDS, settle
+def _settle(context, candidates, max_cost_s):
+    from looprl.search import Candidate, confirm_winner
 
+    return confirm_winner(context, [Candidate(n, g, ()) for n, g in candidates], within=0.9, rounds=2, max_cost_s=max_cost_s).ranked
+
+
+def test_close_contenders_are_retimed_together_before_one_wins():
     a, b = _two_schedules()
     # b's first timing caught a slow phase (95 against a's 100); timed again it is the faster
     evaluator = _ScriptedEvaluator({a.key: [100.0, 99.0, 100.0], b.key: [95.0, 110.0, 108.0]})
     context = SearchContext(PROBLEM, ActionSet(), evaluator)
-    candidates = [(n, context.measure(n).gflops, ()) for n in (a, b)]
-    settled = settle(context, candidates + [candidates[0]], budget_s=10.0)
-    assert [c[0].key for c in settled] == [b.key, a.key] and settled[0][1] == 110.0
-    assert evaluator.retimed == [a.key, b.key] * CONTENDER_ROUNDS  # interleaved rounds
+    candidates = [(n, context.measure(n).gflops) for n in (a, b)]
+    settled = _settle(context, candidates + [candidates[0]], max_cost_s=2.5)
+    assert [c.nest.key for c in settled] == [b.key, a.key] and settled[0].gflops == 110.0
+    assert evaluator.retimed == [a.key, b.key] * 2  # interleaved rounds
 
 
 def test_far_apart_or_too_costly_contenders_are_not_retimed():
-    from looprl.policy.tuner import settle
-
     a, b = _two_schedules()
     evaluator = _ScriptedEvaluator({a.key: [100.0], b.key: [50.0]})
     context = SearchContext(PROBLEM, ActionSet(), evaluator)
-    settled = settle(context, [(n, context.measure(n).gflops, ()) for n in (a, b)], budget_s=10.0)
-    assert [c[0].key for c in settled] == [a.key, b.key] and evaluator.retimed == []  # 50 is not a contender
+    settled = _settle(context, [(n, context.measure(n).gflops) for n in (a, b)], max_cost_s=2.5)
+    assert [c.nest.key for c in settled] == [a.key, b.key] and evaluator.retimed == []  # 50 is not a contender
     evaluator = _ScriptedEvaluator({a.key: [100.0], b.key: [99.0]})
     context = SearchContext(PROBLEM, ActionSet(), evaluator)
-    settled = settle(context, [(n, context.measure(n).gflops, ()) for n in (a, b)], budget_s=0.001)  # rounds cost more than a quarter
-    assert [c[0].key for c in settled] == [a.key, b.key] and evaluator.retimed == []
+    settled = _settle(context, [(n, context.measure(n).gflops) for n in (a, b)], max_cost_s=0.00025)  # the rounds cost more
+    assert [c.nest.key for c in settled] == [a.key, b.key] and evaluator.retimed == []
 
 
 def test_tune_measures_the_targets_own_tiles_when_the_rollout_builds_none():

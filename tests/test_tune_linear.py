@@ -8,7 +8,7 @@ import pytest
 
 import looprl
 from looprl.actions import State, reach
-from looprl.policy.twin import carried_back, transposed_twin
+from looprl.ir.rewrites import TRANSPOSED_TWIN, Rewrite, transposed_twin
 from tests.policies import random_policy
 
 
@@ -42,7 +42,7 @@ def test_tuned_linear_layers_compute_the_layer(policy_dir, activation, residual)
     np.testing.assert_allclose(bound(*((x, r) if residual else (x,))), expected, rtol=1e-5, atol=1e-4)
     # The actions replay on the twin, whose schedule is the result's with W re-laid.
     actions = result.action_set
-    assert carried_back(reach(actions, State(looprl.initial_nest(result.tuned_as), 0), result.actions).nest, problem) == result.nest
+    assert Rewrite(TRANSPOSED_TWIN, problem, result.tuned_as).carry_back(reach(actions, State(looprl.initial_nest(result.tuned_as), 0), result.actions).nest) == result.nest
     assert "in1" in looprl.backend.layouts.layouts_applied(result.nest)  # W is never read across its rows
 
 

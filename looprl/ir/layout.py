@@ -102,6 +102,17 @@ class Layout:
         layout._check(key)
         return layout
 
+    def reindexed(self, index: str, sizes: tuple[int, ...]) -> "Layout":
+        """The same physical arrangement for a tensor of the same dimensions indexed in another
+        order (``"nk"`` instead of ``"kn"``): the atoms, which name dimensions by letter, stay;
+        only the logical index they are read through changes."""
+        sizes = tuple(int(s) for s in sizes)
+        if sorted(index) != sorted(self.index) or dict(zip(index, sizes)) != dict(zip(self.index, self.sizes)):
+            raise ValueError(f"layout of {self.index} {self.sizes} cannot be read as one of {index} {sizes}: not the same dimensions")
+        layout = Layout(index, sizes, self.dims)
+        layout._check(layout.key)
+        return layout
+
     def _check(self, key: str) -> None:
         """Each var: one outer atom, and atoms whose steps chain (step * count = next step)."""
         for var, size in zip(self.index, self.sizes):

@@ -207,6 +207,21 @@ class LoopNest:
             layouts[tensor] = layout
         return replace(self, layouts=tuple((t, layouts[t]) for t in LAYOUT_TENSORS if t in layouts))
 
+    def on_problem(self, problem: Problem) -> "LoopNest":
+        """The same loops, as a schedule of ``problem``, an equivalent problem whose tensors hold
+        the same dimensions of the same sizes, listed in the same order, possibly indexed in
+        another order (a twin: :mod:`looprl.ir.rewrites`); each tensor keeps its physical
+        layout (:meth:`Layout.reindexed`)."""
+        if not isinstance(problem, Problem) or problem.dims != self.problem.dims or problem.sizes != self.problem.sizes:
+            raise ValueError(f"a schedule of {self.problem.name} cannot be one of {problem!r:.200}: not the same dimensions and sizes")
+        if problem.output != self.problem.output:
+            raise ValueError(f"a schedule of {self.problem.name} cannot be one of {problem.name}: the outputs differ")
+        result = LoopNest(problem, self.compute, self.write_back)
+        for tensor in LAYOUT_TENSORS:
+            index = result.tensor_index(tensor)
+            result = result.with_layout(tensor, self.layout(tensor).reindexed(index, problem.shape(index)))
+        return result
+
     def layout_split(self, tensor: str, dim: int, factor: int) -> "LoopNest":
         return self.with_layout(tensor, self.layout(tensor).split(dim, factor))
 

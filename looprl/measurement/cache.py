@@ -13,9 +13,11 @@ cache is created. How the file is opened, recognised, migrated and checksummed:
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
+from typing import NamedTuple
 
 from looprl import defaults
 from looprl.target import Target
@@ -27,6 +29,19 @@ from looprl.measurement.store import CachedValue, CacheStore, row_checksum, stor
 def _like_prefix(text: str) -> str:
     """A LIKE pattern matching strings that start with ``text``."""
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+class TunedRow(NamedTuple):
+    """:func:`looprl.tune`'s remembered answer for a problem: the schedule key, its GFLOPS, the
+    search budget spent, the action names that reach it (None when not known: a row an older
+    looprl wrote) and, when they reach it through an equivalent problem, that rewrite's kind
+    (:mod:`looprl.ir.rewrites`)."""
+
+    schedule: str
+    gflops: float
+    budget_s: float
+    actions: tuple[str, ...] | None
+    replays_on: str | None = None
 
 
 class MeasurementCache:
@@ -134,40 +149,43 @@ class MeasurementCache:
 
     # -- tuned results ---------------------------------------------------------
     def get_tuned(self, problem_name: str, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S,
-                  tuner: str = "", threads: int = 1) -> tuple[str, float, float] | None:
-        """``(schedule key, GFLOPS, search budget)`` that :func:`looprl.tune` found for the
-        problem on this host and ``target`` with ``budget_s`` per state and ``threads``
-        threads offered (the answer may be serial), or None (also when the row fails its
-        checksum). ``tuner`` names the tuning procedure's version: an answer stored by
-        another version is not returned."""
+                  tuner: str = "", threads: int = 1) -> TunedRow | None:
+        """The :class:`TunedRow` that :func:`looprl.tune` remembered for the problem on this host
+        and ``target`` with ``budget_s`` per state and ``threads`` threads offered (the answer
+        may be serial), or None (also when the row fails its checksum). ``tuner`` names the
+        tuning procedure's version: an answer stored by another version is not returned."""
         host = measurement_key(target, budget_s, threads)
         problem_name = tuned_problem(problem_name, tuner)
-        row = self._store.one("SELECT schedule, gflops, budget, checksum FROM tuned WHERE host = ? AND problem = ?", (host, problem_name))
+        row = self._store.one("SELECT schedule, gflops, budget, checksum, actions FROM tuned WHERE host = ? AND problem = ?",
+                              (host, problem_name))
         if row is None:
             return None
-        schedule, gflops, budget, checksum = row
+        schedule, gflops, budget, checksum, actions = row
         if not (isinstance(gflops, float) and isinstance(budget, float) and isinstance(schedule, str)):
             return None
-        if not _tuned_row_intact(host, problem_name, schedule, gflops, budget, checksum):
+        if not _tuned_row_intact(host, problem_name, schedule, gflops, budget, checksum, actions):
             self._store.damaged += 1
             return None
-        return schedule, gflops, budget
+        return TunedRow(schedule, gflops, budget, *_action_path(actions))
 
     def put_tuned(
         self, nest: LoopNest, gflops: float, search_budget_s: float, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S,
-        tuner: str = "", threads: int = 1,
+        tuner: str = "", threads: int = 1, actions: tuple[str, ...] | None = None, replays_on: str | None = None,
     ) -> None:
         """Remember ``nest`` as :func:`looprl.tune`'s answer for its problem (and ``tuner``)
-        when ``threads`` threads were offered."""
+        when ``threads`` threads were offered; ``actions``: the names that reach it (from the
+        untuned nest of the rewrite ``replays_on`` names, if given)."""
         host = measurement_key(target, budget_s, threads)
-        self._write_tuned(host, tuned_problem(nest.problem.name, tuner), nest.key, stored_value(gflops), float(search_budget_s))
+        self._write_tuned(host, tuned_problem(nest.problem.name, tuner), nest.key, stored_value(gflops), float(search_budget_s),
+                          _actions_text(actions, replays_on))
 
-    def _write_tuned(self, host: str, problem: str, schedule: str, value: float, budget: float) -> None:
+    def _write_tuned(self, host: str, problem: str, schedule: str, value: float, budget: float, actions: str | None = None) -> None:
         """One row of the tuned table, checksummed (replacing the host's row for the problem)."""
-        checksum = row_checksum("tuned", (host, problem, schedule, repr(budget)), value)
+        checksum = row_checksum("tuned", _tuned_key(host, problem, schedule, budget, actions), value)
         self._store.one(
-            "INSERT OR REPLACE INTO tuned (host, problem, schedule, gflops, budget, created, checksum) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (host, problem, schedule, value, budget, time.time(), checksum),
+            "INSERT OR REPLACE INTO tuned (host, problem, schedule, gflops, budget, created, checksum, actions) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (host, problem, schedule, value, budget, time.time(), checksum, actions),
         )
 
     def export_tuned(self, problem_names=None) -> list[dict]:
@@ -178,16 +196,19 @@ class MeasurementCache:
         version). Rows failing their checksum are left out. :meth:`import_tuned` stores them in
         another cache, where an answer is returned only on a host whose key is the same."""
         wanted = None if problem_names is None else set(problem_names)
-        rows = self._store.rows("SELECT host, problem, schedule, gflops, budget, checksum FROM tuned ORDER BY rowid")
+        rows = self._store.rows("SELECT host, problem, schedule, gflops, budget, checksum, actions FROM tuned ORDER BY rowid")
         records = []
-        for host, problem, schedule, gflops, budget, checksum in rows:
+        for host, problem, schedule, gflops, budget, checksum, actions in rows:
             if not (isinstance(gflops, float) and isinstance(budget, float) and isinstance(schedule, str)):
                 continue
-            if not _tuned_row_intact(host, problem, schedule, gflops, budget, checksum):
+            if not _tuned_row_intact(host, problem, schedule, gflops, budget, checksum, actions):
                 continue
             if wanted is not None and tuned_problem_name(problem) not in wanted:
                 continue
-            records.append({"host": host, "problem": problem, "schedule": schedule, "gflops": gflops, "budget_s": budget})
+            record = {"host": host, "problem": problem, "schedule": schedule, "gflops": gflops, "budget_s": budget}
+            if actions is not None and _action_path(actions)[0] is not None:
+                record["actions"] = json.loads(actions)
+            records.append(record)
         return records
 
     def import_tuned(self, records) -> int:
@@ -205,7 +226,12 @@ class MeasurementCache:
             if not (math.isfinite(gflops) and gflops > 0 and math.isfinite(budget) and budget >= 0):
                 raise ValueError(f"tuned record {index}: gflops must be finite and positive and budget_s finite and not negative, "
                                  f"got {gflops!r} and {budget!r}")
-            checked.append((record["host"], record["problem"], record["schedule"], stored_value(gflops), budget))
+            actions = record.get("actions")
+            text = None if actions is None else json.dumps(actions)
+            if text is not None and _action_path(text)[0] is None:
+                raise ValueError(f"tuned record {index}: 'actions' must be a list of action names or "
+                                 f"{{'names': [...], 'replays_on': '...'}}, got {actions!r:.200}")
+            checked.append((record["host"], record["problem"], record["schedule"], stored_value(gflops), budget, text))
         with self._store.transaction():
             for row in checked:
                 self._write_tuned(*row)
@@ -228,7 +254,39 @@ class MeasurementCache:
         self.__init__(state["path"], state["timeout_s"])
 
 
+def _tuned_key(host: str, problem: str, schedule: str, budget: float, actions: str | None) -> tuple[str, ...]:
+    """The checksummed fields of a tuned row (a row without an action path: as before there was one)."""
+    fields = (host, problem, schedule, repr(budget))
+    return fields if actions is None else fields + (actions,)
 
-def _tuned_row_intact(host: str, problem: str, schedule: str, gflops: float, budget: float, checksum) -> bool:
+
+def _tuned_row_intact(host: str, problem: str, schedule: str, gflops: float, budget: float, checksum, actions=None) -> bool:
     """Whether a tuned row's checksum matches its values."""
-    return checksum == row_checksum("tuned", (host, problem, schedule, repr(budget)), gflops)
+    if actions is not None and not isinstance(actions, str):
+        return False
+    return checksum == row_checksum("tuned", _tuned_key(host, problem, schedule, budget, actions), gflops)
+
+
+def _actions_text(actions: tuple[str, ...] | None, replays_on: str | None = None) -> str | None:
+    """The stored form of an action path: a JSON list of names, or with the rewrite it replays
+    on, ``{"names": [...], "replays_on": kind}``."""
+    if actions is None:
+        return None
+    return json.dumps(list(actions) if replays_on is None else {"names": list(actions), "replays_on": replays_on})
+
+
+def _action_path(text: str | None) -> tuple[tuple[str, ...] | None, str | None]:
+    """``(names, replays_on)`` of a stored action path; ``(None, None)`` when none is stored or
+    the text is not one (another version's)."""
+    if text is None:
+        return None, None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None, None
+    replays_on = None
+    if isinstance(value, dict) and set(value) == {"names", "replays_on"} and isinstance(value["replays_on"], str):
+        value, replays_on = value["names"], value["replays_on"]
+    if isinstance(value, list) and all(isinstance(n, str) for n in value):
+        return tuple(value), replays_on
+    return None, None

@@ -77,6 +77,7 @@ TABLES = {
         budget REAL NOT NULL,
         created REAL NOT NULL,
         checksum INTEGER,
+        actions TEXT,
         PRIMARY KEY (host, problem)
     )""",
 }
@@ -214,6 +215,9 @@ class CacheStore:
                         changed = True
                     if name == "measurements" and "samples" not in tables[name]:
                         connection.execute("ALTER TABLE measurements ADD COLUMN samples INTEGER")
+                        changed = True
+                    if name == "tuned" and "actions" not in tables[name]:  # the answer's action path (NULL: not known)
+                        connection.execute("ALTER TABLE tuned ADD COLUMN actions TEXT")
                         changed = True
             for name in TABLES:  # reads the tables: most corruption shows here, not mid-run
                 connection.execute(f"SELECT count(*) FROM {name}").fetchone()

@@ -19,23 +19,15 @@ pay (small problems, where forming a team costs more than it saves) the answer s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from looprl.actions import ActionSet, State, replay
 from looprl.actions.action_set import PARALLEL
 from looprl.ir.nest import COMPUTE, WRITE_BACK, LoopNest, initial_nest
 from looprl.search.context import BudgetExhausted, SearchContext
+from looprl.search.staged import Candidate
 
 
 MANY = 4  # iterations per thread from which a loop's shares are taken to be balanced
-
-
-@dataclass(frozen=True)
-class ParallelChoice:
-    nest: LoopNest
-    gflops: float
-    actions: tuple[str, ...]
-    measured: int  # parallel proposals timed
 
 
 def outermost_parallel_loop(nest: LoopNest, which: str, iterations: int) -> int | None:
@@ -80,39 +72,30 @@ def parallel_variant(nest: LoopNest, threads: int, iterations: int | None = None
     return marked, indices
 
 
-def parallel_proposals(candidates, context: SearchContext, threads: int) -> ParallelChoice | None:
-    """Measure the parallel variant of each of ``candidates`` (``(nest, GFLOPS, actions)``,
-    best first; duplicates skipped) through ``context`` (whose evaluator measures on
-    ``threads`` threads, and whose budget ends the stage); the fastest measured, or None. Its
-    actions replay it from the untuned nest: the candidate's, then cursor moves and
-    ``parallel`` at each marked loop.
-
-    A team is slowed by anything else running on its cores, and a large kernel gets one or two
-    executions per timing, so a proposal measured slower than the best serial figure is timed
-    once more before it loses."""
-    to_beat = max((gflops or 0.0 for nest, gflops, _ in candidates if nest is not None), default=0.0)
-    best, seen, measured = None, set(), 0
+def parallel_proposals(candidates, context: SearchContext, threads: int) -> list[Candidate]:
+    """The parallel variants of ``candidates`` (:class:`~looprl.search.staged.Candidate`,
+    best first; duplicates skipped), measured through ``context`` (whose evaluator measures on
+    ``threads`` threads, and whose budget ends the stage), as candidates. Each one's actions
+    replay it from the untuned nest: the candidate's, then cursor moves and ``parallel`` at
+    each marked loop. Which of them, or the serial best, wins is decided by the one rule of
+    :func:`~looprl.search.staged.confirm_winner` (a team is slowed by anything else running
+    on its cores: one timing must not decide)."""
+    found, seen = [], set()
     try:
-        for nest, _, actions in candidates:
-            if nest is None:  # e.g. no tile was measured
+        for candidate in candidates:
+            if candidate.nest is None:  # e.g. no tile was measured
                 continue
-            for marked, indices in parallel_variants(nest, threads, serial_copy=not seen):
+            for marked, indices in parallel_variants(candidate.nest, threads, serial_copy=not seen):
                 if marked.key in seen:
                     continue
                 seen.add(marked.key)
                 measurement = context.measure(marked)
-                if not measurement.ok:
-                    continue
-                measured += 1
-                if measurement.gflops < to_beat:
-                    again = context.remeasure(marked)
-                    if again.ok:
-                        measurement, measured = again, measured + 1
-                if best is None or measurement.gflops > best.gflops:
-                    best = ParallelChoice(marked, measurement.gflops, _path(nest, tuple(actions), indices, context.target), 0)
+                if measurement.ok:
+                    actions = _path(candidate.nest, tuple(candidate.actions or ()), indices, context.target)
+                    found.append(Candidate(marked, measurement.gflops, actions))
     except BudgetExhausted:
         pass  # the stage ends at the deadline with what it measured
-    return None if best is None else ParallelChoice(best.nest, best.gflops, best.actions, measured)
+    return found
 
 
 def _path(nest: LoopNest, actions: tuple[str, ...], indices: tuple[int, ...], target) -> tuple[str, ...]:

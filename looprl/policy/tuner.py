@@ -42,9 +42,9 @@ from looprl.target import Target
 from looprl.backend.threads import available_cores, check_threads
 from looprl.actions import ActionSet
 from looprl.ir.nest import LoopNest, initial_nest
-from looprl.ir.problem import Problem, as_problem, fused_view, matmul
+from looprl.ir.problem import Problem, as_problem, matmul
+from looprl.ir.rewrites import FUSED_VIEW, Rewrite, carry_back, exact_rewrites, relaid_twin, searched_problem
 from looprl.measurement.evaluator import Evaluator
-from looprl.measurement.records import stored_nest
 from looprl.measurement.timing import check_budget
 from looprl.policy.guided import guided_search
 from looprl.policy.loading import load_policy
@@ -52,9 +52,8 @@ from looprl.policy.numpy_policy import Policy
 from looprl.policy.parallel import parallel_proposals
 from looprl.policy.rollout import greedy_rollout, policy_actions
 from looprl.policy.tiles import measure_tiles, tile_of
-from looprl.policy.twin import carried_back, transposed_twin
-from looprl.search.budget import MIN_BUDGET_S, REFINEMENTS, Budget, scaled_budget, state_cost_s
-from looprl.search.context import SearchContext
+from looprl.search.budget import MIN_BUDGET_S, REFINEMENTS, scaled_budget
+from looprl.search.staged import Candidate, StagedSearch, confirm_winner
 
 # Search time of measured tune by default: None scales it with the problem
 # (:func:`~looprl.search.budget.scaled_budget`: 0.4 s up to ~256^3, where a new state costs
@@ -86,7 +85,7 @@ class TuneResult:
     measured: int = 0  # schedules timed by this call
     waited_s: float = 0.0  # of ``seconds``, spent waiting for another process's timing (the machine-wide lock)
     # A right operand stored across the output's columns (a linear layer's W) is tuned as its
-    # twin (looprl.policy.twin), a problem with dimensions that always go together (a 1x1
+    # twin (looprl.ir.rewrites), a problem with dimensions that always go together (a 1x1
     # convolution's h and w) as its fused view (looprl.ir.problem.fused_view): ``actions`` then
     # replay on this problem, not ``problem``; for a fused view, ``nest`` (and ``initial_gflops``)
     # are the view's, and ``kernel`` takes ``problem``'s arrays.
@@ -155,12 +154,21 @@ def tune(
     (:mod:`looprl.policy.parallel`) and measured on that many threads, after the serial
     search (which keeps its whole budget: the proposals get a quarter of it more); the faster
     of the serial best and the parallel proposals is returned, so a problem too small for
-    threads to pay gets a serial kernel. Pure policy mode stays serial."""
+    threads to pay gets a serial kernel. Pure policy mode stays serial.
+
+    One pass: the exact rewrites of the problem (:func:`looprl.ir.rewrites.exact_rewrites`:
+    its fused view, its transposed twin) give the problem searched; the answer for it comes
+    from the policy alone, from the cache, or from one measured search (two for a right
+    operand re-laid per call, :func:`_measured_answer`); :func:`_finish` carries it back,
+    compiles it once, remembers it and builds the result."""
     started = time.perf_counter()
     problem = as_tunable_problem(problem)
     if steps is not None and (isinstance(steps, (bool, np.bool_)) or not isinstance(steps, (int, np.integer)) or steps < 0):
         raise ValueError(f"steps must be a non-negative integer or None, got {steps!r}")
     steps = None if steps is None else int(steps)
+    for name, flag in (("measure", measure), ("remember", remember)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise ValueError(f"{name} must be True or False, got {flag!r}")
     budget_s = None if budget_s is None else _check_search_budget(budget_s)
     measure_budget_s = check_budget(measure_budget_s, "measure_budget_s")
     if not isinstance(policy, (Policy, str, os.PathLike)):
@@ -168,90 +176,113 @@ def tune(
     threads = available_cores() if threads is None else check_threads(threads)
     target = Target.resolve(target)
     target.check_runs_on_host()
-    view = fused_view(problem)
-    if view is not None:  # the same contraction over fewer dimensions: tuned as that, called through reshapes
-        result = tune(view, policy, steps, measure, cache=cache, budget_s=budget_s, measure_budget_s=measure_budget_s,
-                      target=target, remember=remember, threads=threads)
-        return replace(result, problem=problem, kernel=ReshapedKernel(result.kernel, problem), seconds=time.perf_counter() - started,
-                       tuned_as=result.tuned_as or view)
-    twin = transposed_twin(problem)
-    if twin is not None:  # tuned with the weight re-laid once, as the kernel binds it (see looprl.policy.twin)
-        result = tune(twin, policy, steps, measure, cache=cache, budget_s=budget_s, measure_budget_s=measure_budget_s,
-                      target=target, remember=remember, threads=threads)
-        nest = carried_back(result.nest, problem)  # parallel marks included
-        return replace(result, problem=problem, nest=nest, kernel=compile(nest, target=target, threads=threads),
-                       seconds=time.perf_counter() - started, tuned_as=twin)
+    chain = exact_rewrites(problem)
+    searched = searched_problem(problem, chain)
     loaded = load_policy(policy, target)
     _warn_if_made_for_another_target(loaded, target)
-    policy_actions(loaded, target).check_fits(problem)  # before anything is measured
+    policy_actions(loaded, target).check_fits(searched)  # before anything is measured
     evaluator = Evaluator(cache, measure_budget_s, target=target)
     if not measure:
-        return _follow_policy(loaded, problem, evaluator, steps, started)
-    if remember:
-        known = _remembered(evaluator, problem, MIN_BUDGET_S if budget_s is None else budget_s, threads)
-        if known is not None:
-            return _remembered_result(problem, known, evaluator, threads, started)
-    relaid_twin = transposed_twin(problem, constant_only=False)
-    if relaid_twin is not None:  # a right operand that changes per call, stored across the output's columns
-        return _tune_relaid(loaded, policy, problem, relaid_twin, evaluator, steps, budget_s, threads, started, remember)
-    found = measured_search(loaded, problem, evaluator, steps, budget_s, threads, started)
-    if remember:
-        evaluator.cache.put_tuned(found.nest, found.gflops, found.budget_s, target, measure_budget_s, tuner=TUNER, threads=threads)
-    kernel = compile(found.nest, target=target, threads=threads)
-    return TuneResult(problem, found.nest, kernel, found.actions, found.gflops, found.initial_gflops, time.perf_counter() - started,
-                      "measured", target, greedy_gflops=found.greedy_gflops, measured=found.measured, waited_s=found.waited_s,
-                      threads=threads, serial_gflops=found.serial_gflops)
-
-
-def _tune_relaid(loaded: Policy, policy, problem: Problem, twin: Problem, evaluator: Evaluator, steps: int | None,
-                 budget_s: float | None, threads: int, started: float, remember: bool) -> TuneResult:
-    """Measured tune of a problem whose right operand changes per call and is stored across
-    the output's columns (``bmk,bnk->bmn``), two ways, each a whole measured tune with the
-    budget: its twin, whose schedule is carried back with the operand re-laid inside every
-    call (and that kernel timed, conversion included), and the problem as given (no
-    conversion: its tiles read the operand in place or pack it per tile). The faster is
-    returned and remembered. Which wins depends on the shape and the target: with one row the
-    conversion costs as much as the product; on 128x960x960 (Zen 4) the re-laid kernel ran at
-    98 GFLOPS for AVX-512 against 113 as given, and at 101 against 84 for AVX2."""
-    target = evaluator.target
-    relaid_result = tune(twin, policy, steps, cache=evaluator.cache, budget_s=budget_s, measure_budget_s=evaluator.budget_s,
-                         target=target, remember=remember, threads=threads)
-    relaid = carried_back(relaid_result.nest, problem)  # parallel marks included
-    timed = evaluator.with_threads(threads) if threads > 1 else evaluator
-    relaid_gflops = timed(relaid).gflops  # the conversion inside the timed call
-    direct = measured_search(loaded, problem, evaluator, steps, budget_s, threads, time.perf_counter())
-    if relaid_gflops >= direct.gflops:
-        nest, gflops, actions, tuned_as = relaid, relaid_gflops, relaid_result.actions, twin
+        answer = _policy_answer(loaded, searched, evaluator, steps)
     else:
-        nest, gflops, actions, tuned_as = direct.nest, direct.gflops, direct.actions, None
-    if remember:
-        evaluator.cache.put_tuned(nest, gflops, direct.budget_s, target, evaluator.budget_s, tuner=TUNER, threads=threads)
-    kernel = compile(nest, target=target, threads=threads)
-    return TuneResult(problem, nest, kernel, actions, gflops, direct.initial_gflops, time.perf_counter() - started, "measured", target,
-                      greedy_gflops=direct.greedy_gflops, measured=direct.measured + relaid_result.measured + 1,
-                      waited_s=direct.waited_s + relaid_result.waited_s, tuned_as=tuned_as, threads=threads,
-                      serial_gflops=direct.serial_gflops if tuned_as is None else relaid_result.serial_gflops)
+        answer = _remembered(evaluator, searched, MIN_BUDGET_S if budget_s is None else budget_s, threads) if remember else None
+        if answer is None:
+            answer = _measured_answer(loaded, searched, evaluator, steps, budget_s, threads, started)
+            if remember:
+                evaluator.cache.put_tuned(answer.nest, answer.gflops, answer.budget_s, target, measure_budget_s, tuner=TUNER,
+                                          threads=threads, actions=answer.actions,
+                                          replays_on=None if answer.replays_on is None else answer.replays_on.kind)
+    return _finish(problem, chain, answer, evaluator, threads, started)
 
 
-def _follow_policy(policy: Policy, problem: Problem, evaluator: Evaluator, steps: int | None, started: float) -> TuneResult:
+@dataclass(frozen=True)
+class Answer:
+    """A schedule of the problem searched, and how it was found."""
+
+    nest: LoopNest
+    gflops: float
+    actions: tuple[str, ...]
+    mode: str  # "measured", "remembered" or "policy"
+    initial_gflops: float
+    replays_on: Rewrite | None = None  # the actions replay on this rewrite's ``searched`` problem, not on ``nest``'s
+    greedy_gflops: float | None = None
+    budget_s: float = 0.0
+    measured: int = 0
+    waited_s: float = 0.0
+    serial_gflops: float | None = None
+
+
+def _finish(problem: Problem, chain: tuple[Rewrite, ...], answer: Answer, evaluator: Evaluator, threads: int, started: float) -> TuneResult:
+    """The one finishing step: ``answer`` (a schedule of the chain's searched problem) carried
+    back through the chain, compiled once (a fused view's kernel called through reshapes), and
+    the result built."""
+    nest = carry_back(answer.nest, chain)
+    kernel = compile(nest, target=evaluator.target, threads=threads if answer.mode != "policy" else 1)
+    if chain and chain[0].kind == FUSED_VIEW:
+        kernel = ReshapedKernel(kernel, problem)
+    if answer.replays_on is not None:
+        tuned_as = answer.replays_on.searched
+    else:
+        tuned_as = searched_problem(problem, chain) if chain else None
+    return TuneResult(problem, nest, kernel, answer.actions, answer.gflops, answer.initial_gflops, time.perf_counter() - started,
+                      answer.mode, evaluator.target, greedy_gflops=answer.greedy_gflops, measured=answer.measured or evaluator.compiled,
+                      waited_s=answer.waited_s, tuned_as=tuned_as, threads=threads if answer.mode != "policy" else 1,
+                      serial_gflops=answer.serial_gflops)
+
+
+def _policy_answer(policy: Policy, problem: Problem, evaluator: Evaluator, steps: int | None) -> Answer:
     """Pure policy mode: the greedy actions, unmeasured; the state they end in is timed once."""
     rollout = greedy_rollout(policy, problem, None, length=steps)
-    nest = rollout.final_nest
     initial = evaluator(initial_nest(problem)).gflops
-    gflops = evaluator(nest).gflops
-    kernel = compile(nest, target=evaluator.target)
-    return TuneResult(problem, nest, kernel, tuple(rollout.final_actions), gflops, initial, time.perf_counter() - started, "policy",
-                      evaluator.target, measured=evaluator.compiled)
+    gflops = evaluator(rollout.final_nest).gflops
+    return Answer(rollout.final_nest, gflops, tuple(rollout.final_actions), "policy", initial, measured=evaluator.compiled)
 
 
-def _remembered_result(problem: Problem, known: tuple[LoopNest, float], evaluator: Evaluator, threads: int, started: float) -> TuneResult:
-    """The answer an earlier measured tune remembered, compiled."""
-    nest, gflops = known
+def _measured_answer(policy: Policy, problem: Problem, evaluator: Evaluator, steps: int | None, budget_s: float | None,
+                     threads: int, started: float) -> Answer:
+    """The measured search of ``problem``. A right operand that changes per call and is stored
+    across the output's columns (``bmk,bnk->bmn``) is searched two ways, each a whole measured
+    search with the budget: through its re-laid twin (:data:`looprl.ir.rewrites.RELAID_TWIN`),
+    whose schedule is carried back and timed again on ``problem``, conversion inside the call
+    included, and as given (its tiles read the operand in place or pack it per tile); the
+    faster is kept. Which wins depends on the shape and the target: with one row the
+    conversion costs as much as the product; on 128x960x960 (Zen 4) the re-laid kernel ran at
+    98 GFLOPS for AVX-512 against 113 as given, and at 101 against 84 for AVX2."""
+    direct = measured_search(policy, problem, evaluator, steps, budget_s, threads, started)
+    answer = Answer(direct.nest, direct.gflops, direct.actions, "measured", direct.initial_gflops, None, direct.greedy_gflops,
+                    direct.budget_s, direct.measured, direct.waited_s, direct.serial_gflops)
+    relaid = relaid_twin(problem)
+    if relaid is None:
+        return answer
+    through = measured_search(policy, relaid.searched, evaluator, steps, budget_s, threads, time.perf_counter())
+    carried = relaid.carry_back(through.nest)  # parallel marks included
+    timed = evaluator.with_threads(threads) if threads > 1 else evaluator
+    carried_gflops = timed(carried).gflops  # the conversion inside the timed call
+    measured = direct.measured + through.measured + 1
+    if carried_gflops < direct.gflops:
+        return replace(answer, measured=measured, waited_s=direct.waited_s + through.waited_s)
+    return Answer(carried, carried_gflops, through.actions, "measured", direct.initial_gflops, relaid, direct.greedy_gflops,
+                  direct.budget_s, measured, direct.waited_s + through.waited_s, through.serial_gflops)
+
+
+def _remembered(evaluator: Evaluator, problem: Problem, budget_s: float, threads: int) -> Answer | None:
+    """The answer an earlier measured tune of ``problem`` on ``threads`` threads remembered, if
+    it was found with at least ``budget_s`` and its action path is known (else: tune again)."""
+    known = evaluator.cache.get_tuned(problem.name, evaluator.target, evaluator.budget_s, tuner=TUNER, threads=threads)
+    if known is None or known.budget_s < budget_s or known.actions is None:
+        return None
+    try:
+        nest = LoopNest.from_key(problem, known.schedule)
+    except ValueError:
+        return None  # another IR version wrote it: tune again
+    replays_on = None
+    if known.replays_on is not None:
+        replays_on = relaid_twin(problem)
+        if replays_on is None or replays_on.kind != known.replays_on:
+            return None  # written for another rewrite of this problem: tune again
     root = initial_nest(problem)
     initial = evaluator.cache.get(root, evaluator.target, evaluator.budget_s) or evaluator(root).gflops
-    kernel = compile(nest, target=evaluator.target, threads=threads)
-    return TuneResult(problem, nest, kernel, (), gflops, initial, time.perf_counter() - started, "remembered", evaluator.target,
-                      measured=evaluator.compiled, threads=threads)
+    return Answer(nest, known.gflops, known.actions, "remembered", initial, replays_on, measured=evaluator.compiled)
 
 
 @dataclass(frozen=True)
@@ -269,56 +300,6 @@ class Found:
     serial_gflops: float | None
 
 
-def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, steps: int | None, budget_s: float | None, threads: int,
-                    started: float) -> Found:
-    """Measured tune: stages over one search context. The untuned nest; the policy's greedy
-    rollout, always measured whole (a dozen actions at most: a bounded cost, and tune is never
-    below the rollout); then, until the deadline (a measurement predicted to end after it is
-    not started), the rollout's register tile and the target's own register tiles refined
-    (:func:`~looprl.policy.tiles.measure_tiles`) and the policy-guided search; with
-    threads, the best serial schedules made parallel, in a quarter of the budget more. The
-    budget counts from ``started`` (tune's call)."""
-    action_set = policy_actions(policy, evaluator.target)
-    context = SearchContext(problem, action_set, evaluator)
-    untuned = context.root()
-    scaled = budget_s is None
-    if scaled:
-        budget_s = scaled_budget(problem.flops, untuned.gflops, evaluator.budget_s)
-    rollout = greedy_rollout(policy, problem, context, length=steps)
-    context.budget.reference_gflops = max(rollout.best_gflops, context.budget.reference_gflops)  # refinements start from its best
-    context.deadline = started + budget_s if budget_s > 0 else None
-    if scaled and context.deadline is not None:
-        # However long the rollout took, its tile gets a few refinements (budget.REFINEMENTS).
-        context.deadline = max(context.deadline, time.perf_counter() + REFINEMENTS * context.predicted_cost_s())
-    best = (rollout.best_nest, rollout.best_gflops, rollout.best_actions)
-    candidates = [best]  # the best of each stage
-    if budget_s > 0:
-        # The policy's tile, then the target's own register tiles (a rollout may build none,
-        # or a one-row tile on a decode GEMM), refined: canonical order, cache blocks, packed.
-        tiles = measure_tiles(context, action_set, lead=tile_of(rollout.best_nest))
-        candidates.append((tiles.nest, tiles.gflops, tiles.actions))
-        if tiles.gflops > best[1]:
-            best = (tiles.nest, tiles.gflops, tiles.actions)
-        rows = tuple(rows for rows, _ in evaluator.target.register_tiles())  # e.g. 6 on AVX2: the policy may lack split_6
-        guided = guided_search(policy, context, start=(best[2], best[1]), tile_rows=rows)
-        candidates.append((guided.best_nest, guided.best_gflops, guided.best_actions))
-        candidates = settle(context, candidates, budget_s)
-        best = candidates[0]
-    serial_gflops, waited_s = None, 0.0
-    if threads > 1:  # the best serial schedules with their outermost loops parallel, measured on the threads
-        context.evaluator = evaluator.with_threads(threads)  # the same buffers, already paged in
-        waited_s += context.budget.waited_s
-        context.budget = Budget(time.perf_counter() + budget_s / 4 if budget_s > 0 else None)  # a team's costs are its own
-        chosen = parallel_proposals(candidates, context, threads)
-        serial_gflops = best[1]
-        if chosen is not None:  # the team against the serial best, re-timed together when close
-            best = settle(context, [best, (chosen.nest, chosen.gflops, chosen.actions)], budget_s, within=TEAM_WITHIN)[0]
-            serial_gflops = context.values.get(candidates[0][0].key, serial_gflops)
-    nest, gflops, actions = best
-    return Found(nest, gflops, tuple(actions), rollout.initial_gflops, rollout.best_gflops, budget_s, context.new_measurements,
-                  waited_s + context.budget.waited_s, serial_gflops)
-
-
 # Stage winners this close to the best are timed again together before one is returned: a
 # first timing that caught the machine's slow phase must not decide (two tune calls on one
 # problem should return kernels of the same speed).
@@ -326,52 +307,79 @@ CONTENDER_WITHIN = 0.9
 CONTENDER_ROUNDS = 2
 # A team and the serial best it was made from are re-timed together unless one is more than
 # twice the other: a team is slowed by anything on any of its cores, and one disturbed timing
-# (timed again once by parallel_proposals) must not send a problem that threads speed up 1.8x
-# back to one thread.
+# must not send a problem that threads speed up 1.8x back to one thread.
 TEAM_WITHIN = 0.5
 
 
-def settle(context: SearchContext, candidates: list[tuple], budget_s: float, within: float = CONTENDER_WITHIN) -> list[tuple]:
-    """``candidates`` ((nest, gflops, actions), each measured in ``context``) without repeats,
-    fastest first, after those within ``within`` of the fastest were re-timed in
-    :data:`CONTENDER_ROUNDS` interleaved rounds (each keeps the best of its samples). The rounds
-    run after the search's deadline, but only when predicted to cost at most a quarter of
-    ``budget_s``; else the first timings decide."""
-    unique: dict[str, tuple] = {}
-    for nest, gflops, actions in candidates:
-        if nest is not None and gflops > 0 and (nest.key not in unique or gflops > unique[nest.key][1]):
-            unique[nest.key] = (nest, gflops, tuple(actions))
-    ranked = sorted(unique.values(), key=lambda c: -c[1])
-    if len(ranked) < 2:
-        return ranked or candidates[:1]
-    close = [c for c in ranked if c[1] >= within * ranked[0][1]]
-    cost = CONTENDER_ROUNDS * sum(state_cost_s(context.problem.flops, g, context.measure_budget_s, 0.0) for _, g, _ in close)
-    if len(close) < 2 or cost > budget_s / 4:
-        return ranked
-    for _ in range(CONTENDER_ROUNDS):
-        for nest, _, _ in close:
-            context.remeasure(nest, force=True)
-    settled = [(nest, context.values.get(nest.key, gflops), actions) for nest, gflops, actions in ranked]
-    return sorted(settled, key=lambda c: -c[1])
+def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, steps: int | None, budget_s: float | None, threads: int,
+                    started: float) -> Found:
+    """Measured tune: stages of one staged search (:class:`~looprl.search.staged.StagedSearch`).
+    The untuned nest; the policy's greedy rollout, always measured whole (a dozen actions at
+    most: a bounded cost, and tune is never below the rollout); then, until the deadline (a
+    measurement predicted to end after it is not started), the rollout's register tile and the
+    target's own register tiles refined (:func:`~looprl.policy.tiles.measure_tiles`) and the
+    policy-guided search; the stage winners confirmed (:func:`~looprl.search.staged.
+    confirm_winner`); with threads, the best serial schedules made parallel, in a quarter of
+    the budget more, and the winner confirmed among them and the serial best. The budget counts
+    from ``started`` (tune's call)."""
+    action_set = policy_actions(policy, evaluator.target)
+    search = StagedSearch(problem, evaluator)
+    context = search.context(action_set)
+    untuned = context.root()
+    scaled = budget_s is None
+    if scaled:
+        budget_s = scaled_budget(problem.flops, untuned.gflops, evaluator.budget_s)
+    rollouts = []
+
+    def rollout_stage(context):
+        rollout = greedy_rollout(policy, problem, context, length=steps)
+        rollouts.append(rollout)
+        return [Candidate(rollout.best_nest, rollout.best_gflops, tuple(rollout.best_actions))]
+
+    search.run(context, rollout_stage)
+    rollout = rollouts[0]
+    context.budget.reference_gflops = max(rollout.best_gflops, context.budget.reference_gflops)  # refinements start from its best
+    context.deadline = started + budget_s if budget_s > 0 else None
+    if scaled and context.deadline is not None:
+        # However long the rollout took, its tile gets a few refinements (budget.REFINEMENTS).
+        context.deadline = max(context.deadline, time.perf_counter() + REFINEMENTS * context.predicted_cost_s())
+    ranked = search.candidates
+    if budget_s > 0:
+        # The policy's tile, then the target's own register tiles (a rollout may build none,
+        # or a one-row tile on a decode GEMM), refined: canonical order, cache blocks, packed.
+        def tiles_stage(context):
+            tiles = measure_tiles(context, action_set, lead=tile_of(rollout.best_nest))
+            return [Candidate(tiles.nest, tiles.gflops, tuple(tiles.actions))] if tiles.nest is not None else []
+
+        def guided_stage(context):
+            best = search.best()
+            rows = tuple(rows for rows, _ in evaluator.target.register_tiles())  # e.g. 6 on AVX2: the policy may lack split_6
+            guided = guided_search(policy, context, start=(best.actions, best.gflops), tile_rows=rows)
+            return [Candidate(guided.best_nest, guided.best_gflops, tuple(guided.best_actions))]
+
+        search.run(context, tiles_stage)
+        search.run(context, guided_stage)
+        ranked = confirm_winner(context, search.candidates, within=CONTENDER_WITHIN, rounds=CONTENDER_ROUNDS, max_cost_s=budget_s / 4).ranked
+    best = ranked[0]
+    serial_gflops = None
+    if threads > 1:  # the best serial schedules with their outermost loops parallel, measured on the threads
+        team_context = search.context(action_set, budget_s / 4 if budget_s > 0 else None, evaluator=evaluator.with_threads(threads))
+        team_context.budget.reference_gflops = context.budget.reference_gflops
+        proposals: list[Candidate] = []
+        search.run(team_context, lambda c: proposals.extend(parallel_proposals(ranked, c, threads)) or proposals)
+        serial_gflops = best.gflops
+        if proposals:  # the teams against the serial best, re-timed together when close
+            best = confirm_winner(team_context, [best] + proposals, within=TEAM_WITHIN, rounds=CONTENDER_ROUNDS,
+                                  max_cost_s=budget_s / 4).ranked[0]
+            serial_gflops = team_context.values.get(ranked[0].nest.key, serial_gflops)
+    return Found(best.nest, best.gflops, tuple(best.actions or ()), rollout.initial_gflops, rollout.best_gflops, budget_s,
+                 search.new_measurements, search.waited_s, serial_gflops)
 
 
 def _check_search_budget(budget_s) -> float:
     """The search budget: 0 (the rollout alone) or what :func:`check_budget` accepts."""
     is_number = isinstance(budget_s, (int, float, np.integer, np.floating)) and not isinstance(budget_s, (bool, np.bool_))
     return 0.0 if is_number and budget_s == 0 else check_budget(budget_s, "budget_s")
-
-
-def _remembered(evaluator: Evaluator, problem: Problem, budget_s: float, threads: int = 1) -> tuple[LoopNest, float] | None:
-    """The remembered answer for ``problem`` on ``threads`` threads if it was found with at
-    least ``budget_s``."""
-    known = evaluator.cache.get_tuned(problem.name, evaluator.target, evaluator.budget_s, tuner=TUNER, threads=threads)
-    if known is None:
-        return None
-    schedule, gflops, spent = known
-    if spent < budget_s:
-        return None
-    nest = stored_nest(problem.name, schedule, {problem.name: problem})
-    return (nest, gflops) if isinstance(nest, LoopNest) else None  # else another IR version wrote it: tune again
 
 
 def _warn_if_made_for_another_target(policy: Policy, target: Target) -> None:

@@ -1,7 +1,8 @@
 """The one search engine: a :class:`SearchContext` (memo, budget, graph) that strategies
 propose to — the baselines over LoopNest-v0's actions (greedy with lookahead L, beam search of
 width W depth- or breadth-first, random walks, as in the LoopTune paper), AutoTVM, and the
-policy-guided search and stages of ``looprl.tune``.
+policy-guided search and stages of ``looprl.tune``; one driver runs staged searches
+(:class:`StagedSearch`) and one rule decides their winner (:func:`confirm_winner`).
 
 >>> from looprl import search
 >>> result = search.run("128x256x64", algo="beam4dfs", budget_s=60)
@@ -13,5 +14,7 @@ policy-guided search and stages of ``looprl.tune``.
 from looprl.search.algorithms import PAPER_ALGORITHMS, parse_algorithm
 from looprl.search.context import SearchContext
 from looprl.search.runner import DEFAULT_BUDGET_S, DEFAULT_DEPTH, SearchResult, run
+from looprl.search.staged import Candidate, StagedSearch, confirm_winner
 
-__all__ = ["DEFAULT_BUDGET_S", "DEFAULT_DEPTH", "PAPER_ALGORITHMS", "SearchContext", "SearchResult", "parse_algorithm", "run"]
+__all__ = ["DEFAULT_BUDGET_S", "DEFAULT_DEPTH", "PAPER_ALGORITHMS", "Candidate", "SearchContext", "SearchResult", "StagedSearch",
+           "confirm_winner", "parse_algorithm", "run"]

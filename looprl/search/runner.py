@@ -13,18 +13,17 @@ import numpy as np
 
 from looprl import defaults
 from looprl.backend.layouts import conversions
-from looprl.backend.kernel import compile
 from looprl.target import Target
 from looprl.backend.threads import check_threads
 from looprl.actions import ActionSet
-from looprl.errors import CompileError, KernelError
 from looprl.ir.nest import LoopNest
 from looprl.ir.problem import Problem, as_problem
 from looprl.ir.schedules import layout_starts, target_split_factors
 from looprl.measurement.evaluator import Evaluator
-from looprl.measurement.timing import check_budget, time_kernel
+from looprl.measurement.timing import check_budget
 from looprl.search.algorithms import check_options, parse_algorithm
-from looprl.search.context import BudgetExhausted, SearchContext
+from looprl.search.context import SearchContext
+from looprl.search.staged import INTERRUPTED, Candidate, StagedSearch, confirm_winner
 
 DEFAULT_BUDGET_S = 60.0
 DEFAULT_DEPTH = 10
@@ -211,59 +210,45 @@ def run(
             for i, start in enumerate(starts)
         ]
         stages.append((then, None if budget_s is None else budget_s * (1 - share), max_evaluations, "best"))
-    offset_s, offset_evals, new_measurements, failures = 0.0, 0, 0, 0
-    curve, graph = [], None
-    values: dict[str, float] = {}
-    failed: dict[str, str] = {}
-    overall, overall_names, root_value = None, [], None  # the best node of any stage, its action names
+    search = StagedSearch(problem, evaluator, target=search_target, progress=progress)
+    overall: Candidate | None = None  # the best of any stage, with its action names (None: no path)
+    overall_cursor = 0  # where its stage left the cursor: the next stage's path moves it back up to loop 0
+    root_value = None
     for index, (stage_actions, stage_budget, stage_evals, stage_start) in enumerate(stages):
-        start = overall.state.nest if stage_start == "best" else stage_start
-        context = SearchContext(problem, stage_actions, evaluator, stage_budget, stage_evals, progress, start=start, target=search_target)
-        context.values.update(values)  # schedules an earlier stage evaluated count once
-        context.failed.update(failed)
+        start = overall.nest if stage_start == "best" else stage_start
+        context = search.context(stage_actions, stage_budget, stage_evals, start=start)
         root = context.root()
-        stopped = "done"
-        try:
-            function(context, depth, np.random.default_rng(seed), **options)
-        except BudgetExhausted as reason:
-            stopped = str(reason)
-        except KeyboardInterrupt:
-            stopped = "interrupted"
+        root_value = root.gflops if root_value is None else root_value
+        stopped = search.run(context, lambda c: function(c, depth, np.random.default_rng(seed), **options))
         best = context.best
-        if index == 0:
-            root_value = root.gflops
-        names = [stage_actions.names[a] for a in best.path]
+        names: tuple[str, ...] | None = tuple(stage_actions.names[a] for a in best.path)
         if stage_start == "best":
-            names = None if overall_names is None else overall_names + ["up"] * overall.state.cursor + names
+            names = None if overall.actions is None else overall.actions + ("up",) * overall_cursor + names
         elif index > 0:
             names = None  # from a re-laid input: no action path from the untuned nest leads there
         if overall is None or best.gflops > overall.gflops:
-            overall, overall_names = best, names
-        curve += [(offset_s + t, e, g) for t, e, g in context.curve if not curve or g > curve[-1][2]]
-        offset_s += context.elapsed_s
-        offset_evals = context.evaluations
-        values, failed = context.values, context.failed
-        new_measurements += context.new_measurements
-        failures += context.failures
-        graph = context.graph if graph is None else nx.compose(graph, context.graph)
-        if stopped == "interrupted":
+            overall, overall_cursor = Candidate(best.state.nest, best.gflops, names), best.state.cursor
+        if stopped == INTERRUPTED:
             break
-    best = overall
-    elapsed = offset_s
-    curve.append((elapsed, offset_evals, best.gflops))
+    search.add([overall])
+    elapsed = search.elapsed_s
+    curve = search.curve + [(elapsed, search.evaluations, overall.gflops)]
+    new_measurements = search.new_measurements  # the search's own: verification's timings are outside its budget
     verified = None
-    if verify_s is not None and stopped != "interrupted":
-        verified = _verify(best.state.nest, verify_s, evaluator)
+    if verify_s is not None and stopped != INTERRUPTED:
+        confirmed = confirm_winner(context, [overall], within=1.0, rounds=max(3, round(verify_s / context.measure_budget_s))
+                                   if context.measure_budget_s > 0 else 3, alone=True)
+        verified = confirmed.winner_retimed_gflops
     return SearchResult(
         problem=problem,
         algorithm=algo.strip().lower(),
-        best_nest=best.state.nest,
-        best_gflops=best.gflops,
+        best_nest=overall.nest,
+        best_gflops=overall.gflops,
         initial_gflops=root_value,
-        actions=tuple(overall_names or ()),
-        evaluations=offset_evals,
+        actions=overall.actions or (),
+        evaluations=search.evaluations,
         new_measurements=new_measurements,
-        failures=failures,
+        failures=search.failures,
         elapsed_s=elapsed,
         stopped=stopped,
         verified_gflops=verified,
@@ -282,7 +267,7 @@ def run(
             **({"threads": threads} if threads > 1 else {}),
             **({"options": options} if function.__name__ == "autotvm" else {}),
         },
-        graph=graph,
+        graph=search.graph,
     )
 
 
@@ -292,24 +277,3 @@ def _integer(value, what: str, minimum: int) -> int:
         kind = "a positive" if minimum == 1 else "a non-negative"
         raise ValueError(f"{what} must be {kind} integer, got {value!r}")
     return int(value)
-
-
-def _verify(nest: LoopNest, seconds: float, evaluator) -> float | None:
-    """The best of at least three fresh timings of ``nest`` (about ``seconds`` in all), added
-    to its samples in the cache; None if the schedule cannot be compiled or run (a failed
-    state is never the best unless everything failed)."""
-    remeasure = getattr(evaluator, "remeasure", None)
-    if remeasure is None:  # a plain callable evaluator: time the kernel directly, for the host
-        try:
-            kernel = compile(nest)
-        except (CompileError, KernelError, MemoryError):
-            return None
-        return max(time_kernel(kernel, seconds / 3).gflops for _ in range(3))
-    rounds = max(3, round(seconds / evaluator.budget_s))
-    best = None
-    for _ in range(rounds):
-        measurement = remeasure(nest)
-        if not measurement.ok:
-            return None
-        best = measurement.sample_gflops if best is None else max(best, measurement.sample_gflops)
-    return best

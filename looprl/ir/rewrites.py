@@ -1,0 +1,116 @@
+"""Equivalent problems that ``looprl.tune`` searches instead of the one it is given, as values.
+
+A :class:`Rewrite` holds the problem given (``original``), the problem searched instead
+(``searched``) and, as data (its ``kind``), how a schedule of the searched problem serves the
+original (:meth:`Rewrite.carry_back`). Three kinds:
+
+* :data:`FUSED_VIEW`: two dimensions that always go together (a 1x1 convolution's h and w
+  over NCHW) become one (:func:`looprl.ir.problem.fused_view`). The view's schedule is the
+  answer as it is; its kernel is called through reshapes (``looprl.backend.kernel.
+  ReshapedKernel``), without a copy. Exact: the view's speed is the original's.
+* :data:`TRANSPOSED_TWIN`: a constant right operand stored across the output's columns (a
+  linear layer's ``W[out, in]`` in ``mk,nk->mn``) reads lane by lane in every schedule that
+  keeps it as it is. Its twin lists B's letters with the output's last dimension last
+  (``mk,kn->mn``, what the policies were trained on). The twin's loops are the original's
+  loops (both specs list the dimensions in the same order), and each tensor keeps the twin's
+  physical layout (:meth:`looprl.ir.nest.LoopNest.on_problem`): B is re-laid once, when the
+  kernel is bound to the constant, never inside a call. Exact.
+* :data:`RELAID_TWIN`: the same twin for a right operand that changes per call (attention's
+  keys in ``bmk,bnk->bmn``): the carried-back kernel re-lays B inside every call, so the
+  twin's figures are not the original's (:attr:`Rewrite.exact` is False): the carried-back
+  schedule must be measured on the original, conversion included, and compared with a search
+  of the original as given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from looprl.ir.nest import LoopNest
+from looprl.ir.problem import Problem, fused_view
+
+FUSED_VIEW = "fused view"
+TRANSPOSED_TWIN = "transposed twin"
+RELAID_TWIN = "re-laid twin"
+KINDS = (FUSED_VIEW, TRANSPOSED_TWIN, RELAID_TWIN)
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """``searched`` is tuned in place of ``original``; ``kind`` says how its schedule carries back."""
+
+    kind: str
+    original: Problem
+    searched: Problem
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown rewrite kind {self.kind!r}; expected one of {', '.join(KINDS)}")
+
+    @property
+    def exact(self) -> bool:
+        """Whether a schedule's speed on ``searched`` is its speed on ``original``."""
+        return self.kind != RELAID_TWIN
+
+    @property
+    def keeps_nest(self) -> bool:
+        """Whether the answer's schedule stays the searched problem's (a fused view: its kernel
+        is called through reshapes) rather than becoming one of ``original``."""
+        return self.kind == FUSED_VIEW
+
+    def carry_back(self, nest: LoopNest) -> LoopNest:
+        """The schedule that serves ``original``, from ``nest``, a schedule of ``searched``."""
+        if not isinstance(nest, LoopNest) or nest.problem != self.searched:
+            raise ValueError(f"expected a schedule of {self.searched.name}, got {nest!r:.200}")
+        return nest if self.keeps_nest else nest.on_problem(self.original)
+
+
+def transposed_twin(problem: Problem, constant_only: bool = True) -> Problem | None:
+    """The twin of ``problem`` (B's letters with the output's last dimension last), or None:
+    the right operand must be constant (unless ``constant_only`` is False), hold the output's
+    last dimension but not last, and the twin must list the dimensions in the same order."""
+    if constant_only and "in1" not in problem.constant:
+        return None
+    left, right = problem.operands
+    column = problem.output[-1]
+    if column not in right or right[-1] == column:
+        return None
+    spec = f"{left},{right.replace(column, '')}{column}->{problem.output}"
+    twin = Problem(spec, problem.sizes, problem.constant, problem.epilogue)
+    return twin if twin.dims == problem.dims else None
+
+
+def exact_rewrites(problem: Problem) -> tuple[Rewrite, ...]:
+    """The exact rewrites ``tune`` applies, in order: the fused view (if any), then the
+    transposed twin of what it leads to (if its right operand is constant). Each rewrite's
+    ``original`` is the previous one's ``searched``; the last ``searched`` is what is tuned."""
+    chain: list[Rewrite] = []
+    view = fused_view(problem)
+    if view is not None:
+        chain.append(Rewrite(FUSED_VIEW, problem, view))
+        problem = view
+    twin = transposed_twin(problem)
+    if twin is not None:
+        chain.append(Rewrite(TRANSPOSED_TWIN, problem, twin))
+    return tuple(chain)
+
+
+def relaid_twin(problem: Problem) -> Rewrite | None:
+    """The :data:`RELAID_TWIN` rewrite of a problem whose right operand changes per call and
+    is stored across the output's columns, or None."""
+    if "in1" in problem.constant:
+        return None
+    twin = transposed_twin(problem, constant_only=False)
+    return None if twin is None else Rewrite(RELAID_TWIN, problem, twin)
+
+
+def searched_problem(problem: Problem, chain: tuple[Rewrite, ...]) -> Problem:
+    """The problem a chain of rewrites of ``problem`` searches."""
+    return chain[-1].searched if chain else problem
+
+
+def carry_back(nest: LoopNest, chain: tuple[Rewrite, ...]) -> LoopNest:
+    """``nest`` (a schedule of the chain's last ``searched``) carried back through the chain."""
+    for rewrite in reversed(chain):
+        nest = rewrite.carry_back(nest)
+    return nest

@@ -1,0 +1,201 @@
+"""The one driver of every staged search: ``looprl.search.run``'s stages (loops, layout
+starts, layout actions), ``looprl.tune``'s (the policy's rollout, register tiles, the guided
+search, parallel proposals) and the thread choice.
+
+A *stage* is a function of a :class:`~looprl.search.context.SearchContext`: it proposes
+schedules through the context (which measures them, within the context's budget) and
+returns the :class:`Candidate` s it found (its best at least). :class:`StagedSearch` owns
+what the stages share: the memo of measured schedules (a stage's context starts with every
+value an earlier stage measured), the count of new measurements and failures, the best-so-far
+curve and the search graph, and the candidates; a stage that runs out of budget or is
+interrupted ends with what its context found. :func:`confirm_winner` is the one rule that
+decides a winner among candidates measured once each: the contenders (those within a
+fraction of the fastest) are timed again in interleaved rounds, each keeping its best sample,
+so a first timing that caught the machine's slow phase does not decide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import networkx as nx
+
+from looprl.actions import ActionSet
+from looprl.ir.nest import LoopNest
+from looprl.ir.problem import Problem
+from looprl.search.budget import state_cost_s
+from looprl.search.context import BudgetExhausted, SearchContext
+
+INTERRUPTED = "interrupted"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A measured schedule: its GFLOPS and the action names that reach it from the untuned nest
+    (None when no action path does, e.g. from a re-laid layout start)."""
+
+    nest: LoopNest
+    gflops: float
+    actions: tuple[str, ...] | None
+
+
+Stage = Callable[[SearchContext], Iterable[Candidate]]
+
+
+class StagedSearch:
+    """Runs stages over contexts that share one memo, and collects what they found."""
+
+    def __init__(self, problem: Problem, evaluator, target=None, progress=None):
+        self.problem = problem
+        self.evaluator = evaluator
+        self.target = target if target is not None else getattr(evaluator, "target", None)
+        self.progress = progress
+        self.candidates: list[Candidate] = []
+        self.stopped = "done"  # why the last stage ended
+        self.elapsed_s = 0.0  # summed over the contexts, in the order they ran
+        self.curve: list[tuple[float, int, float]] = []
+        self._contexts: list[SearchContext] = []
+
+    # -- contexts --------------------------------------------------------------------
+    def context(self, actions: ActionSet, budget_s: float | None = None, max_evaluations: int | None = None,
+                start: LoopNest | None = None, evaluator=None) -> SearchContext:
+        """A new context for the next stage, knowing every schedule measured so far."""
+        context = SearchContext(self.problem, actions, evaluator if evaluator is not None else self.evaluator, budget_s,
+                                max_evaluations, self.progress, start=start, target=self.target)
+        for earlier in self._contexts:
+            context.values.update(earlier.values)
+            context.failed.update(earlier.failed)
+        self._contexts.append(context)
+        return context
+
+    def run(self, context: SearchContext, stage: Stage) -> str:
+        """Run ``stage`` in ``context`` (one of :meth:`context`'s); the candidates it returns join
+        :attr:`candidates` (a stage that ran out of budget returns nothing: its context's best
+        node is found by the caller, in ``context.best``). Returns why it ended: ``"done"``, the
+        budget that ran out, or ``"interrupted"`` (Ctrl-C: the caller stops there)."""
+        started = context.elapsed_s
+        found: list[Candidate] = []
+        stopped = "done"
+        try:
+            found = list(stage(context) or ())
+        except BudgetExhausted as reason:
+            stopped = str(reason)
+        except KeyboardInterrupt:
+            stopped = INTERRUPTED
+        self.add(found)
+        offset = self.elapsed_s - started
+        self.curve += [(offset + t, e, g) for t, e, g in context.curve if not self.curve or g > self.curve[-1][2]]
+        self.elapsed_s = offset + context.elapsed_s
+        self.stopped = stopped
+        return stopped
+
+    def add(self, candidates: Iterable[Candidate]) -> None:
+        """Candidates a caller made of a stage's context (e.g. its best node, with the action
+        path that leads there)."""
+        self.candidates += [c for c in candidates if c.nest is not None and c.gflops > 0]
+
+    # -- totals ----------------------------------------------------------------------
+    @property
+    def values(self) -> dict[str, float]:
+        merged: dict[str, float] = {}
+        for context in self._contexts:
+            merged.update(context.values)
+        return merged
+
+    @property
+    def evaluations(self) -> int:
+        """Distinct schedules evaluated by any stage."""
+        keys: set[str] = set()
+        for context in self._contexts:
+            keys.update(context.values)
+            keys.update(context.failed)
+        return len(keys)
+
+    @property
+    def new_measurements(self) -> int:
+        return sum(c.new_measurements for c in _distinct(self._contexts))
+
+    @property
+    def failures(self) -> int:
+        return sum(c.failures for c in _distinct(self._contexts))
+
+    @property
+    def waited_s(self) -> float:
+        return sum(c.budget.waited_s for c in _distinct(self._contexts))
+
+    @property
+    def graph(self) -> nx.DiGraph:
+        graphs = [c.graph for c in _distinct(self._contexts)]
+        graph = graphs[0] if graphs else nx.DiGraph(problem=self.problem.name)
+        for other in graphs[1:]:
+            graph = nx.compose(graph, other)
+        return graph
+
+    def best(self) -> Candidate | None:
+        """The fastest candidate so far (the earliest among equals)."""
+        return max(self.candidates, key=lambda c: c.gflops, default=None)
+
+
+def _distinct(contexts: list[SearchContext]) -> list[SearchContext]:
+    seen, result = set(), []
+    for context in contexts:
+        if id(context) not in seen:
+            seen.add(id(context))
+            result.append(context)
+    return result
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """:func:`confirm_winner`'s answer: the candidates fastest first (confirmed figures for the
+    re-timed ones), and the winner's best fresh timing (None when it was not re-timed)."""
+
+    ranked: list[Candidate]
+    winner_retimed_gflops: float | None
+
+
+def confirm_winner(context: SearchContext, candidates: Iterable[Candidate], *, within: float, rounds: int,
+                   max_cost_s: float | None = None, alone: bool = False) -> Confirmed:
+    """The one rule that decides a search's winner. ``candidates`` (measured in ``context``)
+    without repeats (the faster figure of a schedule kept); the contenders, those within
+    ``within`` of the fastest, are timed again in ``rounds`` interleaved rounds (each keeps its
+    best sample: the context's memo takes it), then ranked again. A lone contender is re-timed
+    only with ``alone`` (search's verification of its winner). No round is run when their
+    predicted cost exceeds ``max_cost_s`` (None: no limit): the first timings decide. A
+    schedule that fails when timed again drops out."""
+    unique: dict[str, Candidate] = {}
+    for candidate in candidates:
+        if candidate.nest is None or not candidate.gflops > 0:
+            continue
+        known = unique.get(candidate.nest.key)
+        if known is None or candidate.gflops > known.gflops or (known.actions is None and candidate.actions is not None
+                                                                  and candidate.gflops == known.gflops):
+            unique[candidate.nest.key] = candidate
+    ranked = sorted(unique.values(), key=lambda c: -c.gflops)
+    if not ranked:
+        return Confirmed([], None)
+    contenders = [c for c in ranked if c.gflops >= within * ranked[0].gflops]
+    if len(contenders) < 2 and not alone:
+        return Confirmed(ranked, None)
+    cost = rounds * sum(state_cost_s(context.problem.flops, c.gflops, context.measure_budget_s, 0.0) for c in contenders)
+    if max_cost_s is not None and cost > max_cost_s:
+        return Confirmed(ranked, None)
+    fresh: dict[str, float] = {}
+    failed: set[str] = set()
+    for _ in range(rounds):
+        for candidate in contenders:
+            key = candidate.nest.key
+            if key in failed:
+                continue
+            measurement = context.remeasure(candidate.nest, force=True)
+            if not measurement.ok:
+                failed.add(key)
+                continue
+            sample = getattr(measurement, "sample_gflops", None) or measurement.gflops
+            fresh[key] = max(fresh.get(key, 0.0), sample)
+    settled = [Candidate(c.nest, context.values.get(c.nest.key, c.gflops), c.actions) for c in ranked if c.nest.key not in failed]
+    settled.sort(key=lambda c: -c.gflops)
+    if not settled:
+        return Confirmed([], None)
+    return Confirmed(settled, fresh.get(settled[0].nest.key))
