@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 import looprl
-from looprl.ir.problem import as_problem, fused_view, parse_problem, parse_problems
+from looprl.ir.problem import as_problem, parse_problem, parse_problems
+from looprl.ir.rewrites import fused_view
 
 
 def test_matmul_names_dimensions_explicitly():

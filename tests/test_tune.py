@@ -207,7 +207,7 @@ def test_a_changing_right_operand_stored_across_the_columns_is_re_laid_when_that
 def test_a_convolution_is_tuned_as_its_fused_view_and_called_with_its_own_arrays(spec, sizes):
     problem = looprl.contraction(spec, constant=("in1",) if "nhwc" in spec else (), **sizes)
     result = looprl.tune(problem, cache=":memory:", threads=1)
-    view = looprl.ir.problem.fused_view(problem)
+    view = looprl.ir.rewrites.fused_view(problem)
     assert result.problem == problem and result.nest.problem in (view, result.tuned_as)
     rng = np.random.default_rng(4)
     a, b = (rng.uniform(-1, 1, s).astype(np.float32) for s in problem.input_shapes)
@@ -240,13 +240,14 @@ def test_flags_must_be_bools(flag, bad):
 
 
 def test_rewrites_are_values_that_carry_a_schedule_back():
-    from looprl.ir.rewrites import FUSED_VIEW, TRANSPOSED_TWIN, Rewrite, carry_back, exact_rewrites, relaid_twin
+    from looprl.ir.rewrites import FUSED_VIEW, TRANSPOSED_TWIN, Rewrite, plan_rewrites, relaid_twin
 
     linear = looprl.linear(6, 8, 16)  # W stored [out, in]: its twin reads it [in, out]
-    (rewrite,) = exact_rewrites(linear)
-    assert rewrite.kind == TRANSPOSED_TWIN and rewrite.exact and rewrite.searched.spec.startswith("mk,kn")
+    plan = plan_rewrites(linear)
+    (rewrite,) = plan.chain
+    assert rewrite.kind == TRANSPOSED_TWIN and rewrite.exact and plan.searched.spec.startswith("mk,kn") and not plan.through_fused_view
     nest = looprl.initial_nest(rewrite.searched).split(0, 2).swap(1)
-    back = carry_back(nest, (rewrite,))
+    back = plan.carry_back(nest)
     assert back.problem == linear and back.loops == nest.loops
     # the same physical arrangement (k rows of n), which for W indexed [n, k] is not row-major: re-laid once, at bind
     assert back.layout("in1").key == nest.layout("in1").key == "k1.n1" and not back.layout("in1").is_row_major
@@ -255,7 +256,7 @@ def test_rewrites_are_values_that_carry_a_schedule_back():
     with pytest.raises(ValueError, match="kind"):
         Rewrite("sideways", linear, linear)
     conv = looprl.contraction("nchw,oc->nohw", n=1, c=8, h=4, w=5, o=6, constant="b")
-    chain = exact_rewrites(conv)
+    chain = plan_rewrites(conv).chain
     assert chain[0].kind == FUSED_VIEW and chain[0].keeps_nest and "w" not in chain[-1].searched.spec
     keys = looprl.contraction("bmk,bnk->bmn", b=2, m=3, n=4, k=5)
-    assert exact_rewrites(keys) == () and not relaid_twin(keys).exact
+    assert plan_rewrites(keys).chain == () and not relaid_twin(keys).exact

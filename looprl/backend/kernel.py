@@ -261,7 +261,7 @@ class BoundKernel:
 
 
 class ReshapedKernel:
-    """The kernel of a fused view (:func:`looprl.ir.problem.fused_view`) called with the arrays
+    """The kernel of a fused view (:func:`looprl.ir.rewrites.fused_view`) called with the arrays
     of ``problem``, the problem it is a view of: each C-contiguous input is reshaped to the
     view's shape (no copy), the output back to ``problem``'s. ``kernel`` is the view's."""
 

@@ -138,37 +138,6 @@ class Problem:
 
 
 
-def fused_view(problem: Problem) -> Problem | None:
-    """The same contraction over the same memory with fewer dimensions, or None when there is
-    none: two dimensions that every tensor holding either holds both of, the second right
-    after the first, become one (a 1x1 convolution over NCHW, ``nchw,oc->nohw``, is
-    ``nch,oc->noh`` over h·w pixels; over NHWC, ``nhwc,oc->nhwo`` is ``nc,oc->no`` over n·h·w).
-    Each tensor's elements keep their order, so a C-contiguous array of the problem is one of
-    the view by a reshape, without a copy. Problems with an epilogue are left as they are."""
-    if not problem.epilogue.is_identity:
-        return None
-    tensors = [*problem.operands, problem.output]
-    sizes = dict(problem.sizes)
-    while (pair := _fusable_pair(tensors)) is not None:
-        first, second = pair
-        tensors = [t.replace(first + second, first) for t in tensors]
-        sizes[first] *= sizes.pop(second)
-    spec = f"{tensors[0]},{tensors[1]}->{tensors[2]}"
-    if spec == problem.spec:
-        return None
-    return Problem(spec, tuple((d, sizes[d]) for d in _first_appearance(spec)), problem.constant)
-
-
-def _fusable_pair(tensors: list[str]) -> tuple[str, str] | None:
-    """The first two neighbouring dimensions that every tensor holding either holds both of,
-    in that order and side by side; None if there are none."""
-    for tensor in tensors:
-        for first, second in zip(tensor, tensor[1:]):
-            if all(first + second in t for t in tensors if first in t or second in t):
-                return first, second
-    return None
-
-
 _INPUT_ALIASES = {"a": "in0", "b": "in1"}
 
 

@@ -5,7 +5,7 @@ A :class:`Rewrite` holds the problem given (``original``), the problem searched 
 original (:meth:`Rewrite.carry_back`). Three kinds:
 
 * :data:`FUSED_VIEW`: two dimensions that always go together (a 1x1 convolution's h and w
-  over NCHW) become one (:func:`looprl.ir.problem.fused_view`). The view's schedule is the
+  over NCHW) become one (:func:`fused_view`). The view's schedule is the
   answer as it is; its kernel is called through reshapes (``looprl.backend.kernel.
   ReshapedKernel``), without a copy. Exact: the view's speed is the original's.
 * :data:`TRANSPOSED_TWIN`: a constant right operand stored across the output's columns (a
@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from looprl.ir.nest import LoopNest
-from looprl.ir.problem import Problem, fused_view
+from looprl.ir.problem import Problem
 
 FUSED_VIEW = "fused view"
 TRANSPOSED_TWIN = "transposed twin"
@@ -80,19 +80,44 @@ def transposed_twin(problem: Problem, constant_only: bool = True) -> Problem | N
     return twin if twin.dims == problem.dims else None
 
 
-def exact_rewrites(problem: Problem) -> tuple[Rewrite, ...]:
+@dataclass(frozen=True)
+class RewritePlan:
+    """``original`` tuned through a chain of exact rewrites (each one's ``original`` the
+    previous one's ``searched``): :attr:`searched` is what is searched, :meth:`carry_back`
+    brings its schedule back."""
+
+    original: Problem
+    chain: tuple[Rewrite, ...] = ()
+
+    @property
+    def searched(self) -> Problem:
+        return self.chain[-1].searched if self.chain else self.original
+
+    @property
+    def through_fused_view(self) -> bool:
+        """Whether the answer's kernel is called through reshapes (:data:`FUSED_VIEW`)."""
+        return bool(self.chain) and self.chain[0].kind == FUSED_VIEW
+
+    def carry_back(self, nest: LoopNest) -> LoopNest:
+        """``nest`` (a schedule of :attr:`searched`) carried back through the chain."""
+        for rewrite in reversed(self.chain):
+            nest = rewrite.carry_back(nest)
+        return nest
+
+
+def plan_rewrites(problem: Problem) -> RewritePlan:
     """The exact rewrites ``tune`` applies, in order: the fused view (if any), then the
-    transposed twin of what it leads to (if its right operand is constant). Each rewrite's
-    ``original`` is the previous one's ``searched``; the last ``searched`` is what is tuned."""
+    transposed twin of what it leads to (if its right operand is constant)."""
     chain: list[Rewrite] = []
-    view = fused_view(problem)
+    searched = problem
+    view = fused_view(searched)
     if view is not None:
-        chain.append(Rewrite(FUSED_VIEW, problem, view))
-        problem = view
-    twin = transposed_twin(problem)
+        chain.append(Rewrite(FUSED_VIEW, searched, view))
+        searched = view
+    twin = transposed_twin(searched)
     if twin is not None:
-        chain.append(Rewrite(TRANSPOSED_TWIN, problem, twin))
-    return tuple(chain)
+        chain.append(Rewrite(TRANSPOSED_TWIN, searched, twin))
+    return RewritePlan(problem, tuple(chain))
 
 
 def relaid_twin(problem: Problem) -> Rewrite | None:
@@ -104,13 +129,32 @@ def relaid_twin(problem: Problem) -> Rewrite | None:
     return None if twin is None else Rewrite(RELAID_TWIN, problem, twin)
 
 
-def searched_problem(problem: Problem, chain: tuple[Rewrite, ...]) -> Problem:
-    """The problem a chain of rewrites of ``problem`` searches."""
-    return chain[-1].searched if chain else problem
+def fused_view(problem: Problem) -> Problem | None:
+    """The same contraction over the same memory with fewer dimensions, or None when there is
+    none: two dimensions that every tensor holding either holds both of, the second right
+    after the first, become one (a 1x1 convolution over NCHW, ``nchw,oc->nohw``, is
+    ``nch,oc->noh`` over h·w pixels; over NHWC, ``nhwc,oc->nhwo`` is ``nc,oc->no`` over n·h·w).
+    Each tensor's elements keep their order, so a C-contiguous array of the problem is one of
+    the view by a reshape, without a copy. Problems with an epilogue are left as they are."""
+    if not problem.epilogue.is_identity:
+        return None
+    tensors = [*problem.operands, problem.output]
+    sizes = dict(problem.sizes)
+    while (pair := _fusable_pair(tensors)) is not None:
+        first, second = pair
+        tensors = [t.replace(first + second, first) for t in tensors]
+        sizes[first] *= sizes.pop(second)
+    spec = f"{tensors[0]},{tensors[1]}->{tensors[2]}"
+    if spec == problem.spec:
+        return None
+    return Problem(spec, tuple(sizes.items()), problem.constant)  # Problem orders the sizes
 
 
-def carry_back(nest: LoopNest, chain: tuple[Rewrite, ...]) -> LoopNest:
-    """``nest`` (a schedule of the chain's last ``searched``) carried back through the chain."""
-    for rewrite in reversed(chain):
-        nest = rewrite.carry_back(nest)
-    return nest
+def _fusable_pair(tensors: list[str]) -> tuple[str, str] | None:
+    """The first two neighbouring dimensions that every tensor holding either holds both of,
+    in that order and side by side; None if there are none."""
+    for tensor in tensors:
+        for first, second in zip(tensor, tensor[1:]):
+            if all(first + second in t for t in tensors if first in t or second in t):
+                return first, second
+    return None

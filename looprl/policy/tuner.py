@@ -43,7 +43,7 @@ from looprl.backend.threads import available_cores, check_threads
 from looprl.actions import ActionSet
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, as_problem, matmul
-from looprl.ir.rewrites import FUSED_VIEW, Rewrite, carry_back, exact_rewrites, relaid_twin, searched_problem
+from looprl.ir.rewrites import Rewrite, RewritePlan, plan_rewrites, relaid_twin
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.timing import check_budget
 from looprl.policy.guided import guided_search
@@ -86,7 +86,7 @@ class TuneResult:
     waited_s: float = 0.0  # of ``seconds``, spent waiting for another process's timing (the machine-wide lock)
     # A right operand stored across the output's columns (a linear layer's W) is tuned as its
     # twin (looprl.ir.rewrites), a problem with dimensions that always go together (a 1x1
-    # convolution's h and w) as its fused view (looprl.ir.problem.fused_view): ``actions`` then
+    # convolution's h and w) as its fused view (looprl.ir.rewrites.fused_view): ``actions`` then
     # replay on this problem, not ``problem``; for a fused view, ``nest`` (and ``initial_gflops``)
     # are the view's, and ``kernel`` takes ``problem``'s arrays.
     tuned_as: Problem | None = None
@@ -156,13 +156,12 @@ def tune(
     of the serial best and the parallel proposals is returned, so a problem too small for
     threads to pay gets a serial kernel. Pure policy mode stays serial.
 
-    One pass: the exact rewrites of the problem (:func:`looprl.ir.rewrites.exact_rewrites`:
+    One pass: the exact rewrites of the problem (:func:`looprl.ir.rewrites.plan_rewrites`:
     its fused view, its transposed twin) give the problem searched; the answer for it comes
     from the policy alone, from the cache, or from one measured search (two for a right
     operand re-laid per call, :func:`_measured_answer`); :func:`_finish` carries it back,
     compiles it once, remembers it and builds the result."""
     started = time.perf_counter()
-    problem = as_tunable_problem(problem)
     if steps is not None and (isinstance(steps, (bool, np.bool_)) or not isinstance(steps, (int, np.integer)) or steps < 0):
         raise ValueError(f"steps must be a non-negative integer or None, got {steps!r}")
     steps = None if steps is None else int(steps)
@@ -176,8 +175,8 @@ def tune(
     threads = available_cores() if threads is None else check_threads(threads)
     target = Target.resolve(target)
     target.check_runs_on_host()
-    chain = exact_rewrites(problem)
-    searched = searched_problem(problem, chain)
+    plan = plan_rewrites(as_tunable_problem(problem))
+    searched = plan.searched
     loaded = load_policy(policy, target)
     _warn_if_made_for_another_target(loaded, target)
     policy_actions(loaded, target).check_fits(searched)  # before anything is measured
@@ -192,7 +191,7 @@ def tune(
                 evaluator.cache.put_tuned(answer.nest, answer.gflops, answer.budget_s, target, measure_budget_s, tuner=TUNER,
                                           threads=threads, actions=answer.actions,
                                           replays_on=None if answer.replays_on is None else answer.replays_on.kind)
-    return _finish(problem, chain, answer, evaluator, threads, started)
+    return _finish(plan, answer, evaluator, threads, started)
 
 
 @dataclass(frozen=True)
@@ -212,19 +211,19 @@ class Answer:
     serial_gflops: float | None = None
 
 
-def _finish(problem: Problem, chain: tuple[Rewrite, ...], answer: Answer, evaluator: Evaluator, threads: int, started: float) -> TuneResult:
-    """The one finishing step: ``answer`` (a schedule of the chain's searched problem) carried
-    back through the chain, compiled once (a fused view's kernel called through reshapes), and
-    the result built."""
-    nest = carry_back(answer.nest, chain)
+def _finish(plan: RewritePlan, answer: Answer, evaluator: Evaluator, threads: int, started: float) -> TuneResult:
+    """The one finishing step: ``answer`` (a schedule of the plan's searched problem) carried
+    back through the plan's rewrites, compiled once (a fused view's kernel called through
+    reshapes), and the result built."""
+    nest = plan.carry_back(answer.nest)
     kernel = compile(nest, target=evaluator.target, threads=threads if answer.mode != "policy" else 1)
-    if chain and chain[0].kind == FUSED_VIEW:
-        kernel = ReshapedKernel(kernel, problem)
+    if plan.through_fused_view:
+        kernel = ReshapedKernel(kernel, plan.original)
     if answer.replays_on is not None:
         tuned_as = answer.replays_on.searched
     else:
-        tuned_as = searched_problem(problem, chain) if chain else None
-    return TuneResult(problem, nest, kernel, answer.actions, answer.gflops, answer.initial_gflops, time.perf_counter() - started,
+        tuned_as = plan.searched if plan.chain else None
+    return TuneResult(plan.original, nest, kernel, answer.actions, answer.gflops, answer.initial_gflops, time.perf_counter() - started,
                       answer.mode, evaluator.target, greedy_gflops=answer.greedy_gflops, measured=answer.measured or evaluator.compiled,
                       waited_s=answer.waited_s, tuned_as=tuned_as, threads=threads if answer.mode != "policy" else 1,
                       serial_gflops=answer.serial_gflops)
