@@ -1,5 +1,5 @@
 """Two representations of a schedule as the cost model's input, compared on the same
-measurements: AutoTVM's loop-context + relation features (``looprl.costmodel.features``, what
+measurements: AutoTVM's loop-context + relation features (``looprl.costmodel.schedule_features``, what
 the tuner uses) against the environment's observation (per loop: trip count, tail, compute
 flag and the 16-bin stride histogram, flattened; what the RL policies see).
 
@@ -31,9 +31,9 @@ from pathlib import Path
 import numpy as np
 
 from looprl import defaults
-from looprl.costmodel.features import features_batch
+from looprl.costmodel.schedule_features import features_batch
 from looprl.costmodel.model import OBJECTIVES, fit_booster, predict_booster
-from looprl.env.features import observation
+from looprl.env.observation import observation
 from looprl.ir.nest import LoopNest
 from looprl.measurement.cache import MeasurementCache
 from looprl.measurement.records import measured_nests

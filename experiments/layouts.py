@@ -37,7 +37,7 @@ from looprl import defaults
 from looprl.backend.host import cpu_model_name
 from looprl.target import Target
 from looprl.workloads.datasets import dataset_problems
-from looprl.backend.layouts import conversions
+from looprl.backend.layout_plan import conversions
 from looprl.ir.problem import as_problem
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.numpy_baseline import numpy_gflops

@@ -33,7 +33,7 @@ from looprl.workloads.datasets import dataset_problems
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.timing import time_kernel
 from looprl.policy.loading import load_policy
-from looprl.policy.rollout import replay
+from looprl.policy.rollout import measured_path
 from looprl.policy.tuner import tune
 from looprl.search import PAPER_ALGORITHMS, run
 
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                 writer.writerow({"problem": problem.name, "m": sizes["m"], "n": sizes["n"], "k": sizes["k"], "method": method,
                                  "seconds": f"{seconds:.3f}", "initial_gflops": f"{initial:.2f}", "found_gflops": f"{found:.2f}",
                                  "gflops": f"{gflops:.2f}", "actions": " ".join(names)})
-                for step, value in enumerate(replay(problem, names, evaluator)):
+                for step, value in enumerate(measured_path(problem, names, evaluator)):
                     steps_writer.writerow([problem.name, method, step, f"{value:.2f}"])
                 print(f"[{index + 1}/{args.problems}] {method:>9} {problem.name}: {gflops:.1f} GFLOPS (re-timed) in {seconds:.2f} s", flush=True)
             handle.flush()

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from looprl.env.features import OBSERVATION_LAYOUT_VERSION
+from looprl.env.observation import OBSERVATION_LAYOUT_VERSION
 from looprl.policy.numpy_policy import POLICY_FORMAT, POLICY_FORMAT_VERSION, Policy
 
 NAMES = ["up", "down", "swap_up", "swap_down", "split_4", "split_8", "split_16"]

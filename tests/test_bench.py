@@ -72,7 +72,7 @@ def test_tune_benchmark_reports_times_and_ratios(tmp_path):
 
 def test_tune_benchmark_summarises_per_model():
     import looprl
-    from looprl.bench.tune import _label, per_model
+    from looprl.bench.tune_quality import _label, per_model
 
     rows = [
         {"model": "bert-base", "tune_s": 0.4, "tuned_gflops": 100.0, "numpy_gflops": 50.0, "untuned_gflops": 25.0},

@@ -8,7 +8,7 @@ import pytest
 
 import looprl
 from looprl.costmodel import FEATURE_KEY, feature_length, feature_names, features, features_batch
-from looprl.costmodel.features import CONTEXT_NAMES, context_matrix, register_plan
+from looprl.costmodel.schedule_features import CONTEXT_NAMES, context_matrix, register_plan
 from looprl.costmodel.model import CostModel, TransferModel, import_xgboost
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.target import Target

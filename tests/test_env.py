@@ -11,7 +11,7 @@ from gymnasium.utils.env_checker import check_env
 
 import looprl
 from looprl.actions import ActionSet, State
-from looprl.env.features import nest_graph, observation, stride_bin
+from looprl.env.observation import nest_graph, observation, stride_bin
 from looprl.env.loopnest_env import LoopNestEnv
 from looprl.errors import CompileError
 from looprl.measurement import evaluator as evaluator_module

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import looprl
 from looprl.backend import codegen
-from looprl.backend.layouts import layout_applies, workspace_elements
+from looprl.backend.layout_plan import layout_applies, workspace_elements
 from looprl.ir.nest import LAYOUT_TENSORS
 from looprl.target import TARGET_NAMES, Target
 from tests.guarded import GuardedArray

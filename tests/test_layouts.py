@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import looprl
 import looprl.search
 from looprl.actions import ActionSet, State
-from looprl.env.features import nest_graph, observation
+from looprl.env.observation import nest_graph, observation
 from looprl.ir.layout import Layout
 from looprl.ir.nest import LoopNest
 from looprl.measurement.cache import MeasurementCache

@@ -11,9 +11,9 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import looprl  # noqa: F401  (registers LoopNest-v0)
-from looprl.costmodel.features import features_batch
+from looprl.costmodel.schedule_features import features_batch
 from looprl.costmodel.model import CostModel
-from looprl.costmodel.surrogate import SurrogateReward, _isotonic
+from looprl.costmodel.surrogate_reward import SurrogateReward, _isotonic
 from looprl.env.loopnest_env import LoopNestEnv
 from looprl.ir.nest import initial_nest
 from looprl.ir.problem import as_problem

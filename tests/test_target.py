@@ -5,7 +5,8 @@ import pytest
 
 import looprl
 from looprl.backend.register_plan import plan
-from looprl.ir.schedules import expert_matmul, tile_shapes
+from looprl.ir.register_tiles import tile_shapes
+from looprl.ir.schedules import expert_matmul
 from looprl.target import TARGET_NAMES, Target
 
 

@@ -10,13 +10,14 @@ from hypothesis import strategies as st
 import looprl
 from looprl.target import Target
 from looprl.actions import ActionSet, State
-from looprl.ir.schedules import STREAM_ROWS, STREAM_TILES, cache_blocks, stream_steps, tile_shapes, tile_steps, why_not_stream
+from looprl.ir.register_tiles import tile_of, tile_shapes, tile_steps
+from looprl.ir.schedules import STREAM_ROWS, STREAM_TILES, cache_blocks, stream_steps, why_not_stream
 from looprl.measurement.cache import MeasurementCache
 from looprl.measurement.evaluator import Evaluator
 from looprl.search.budget import MAX_BUDGET_S, MIN_BUDGET_S, scaled_budget
 from looprl.search.context import BudgetExhausted, SearchContext
-from looprl.policy.rollout import replay
-from looprl.policy.tiles import measure_tiles, tile_of
+from looprl.policy.rollout import measured_path
+from looprl.policy.tiles import measure_tiles
 from tests.guarded import GuardedArray
 from tests.policies import random_policy
 
@@ -217,11 +218,11 @@ def test_measured_tiles_replay_in_the_env_and_tune_returns_at_least_the_best_til
     tiles = measure_tiles(SearchContext(problem, ActionSet(), evaluator), policy_actions(policy))
     assert tile_of(tiles.nest) is not None
     assert tiles.tried >= 2 and tiles.gflops > 0
-    values = replay(problem, tiles.actions, evaluator, ActionSet().extended(tiles.actions))
+    values = measured_path(problem, tiles.actions, evaluator, ActionSet().extended(tiles.actions))
     assert values[-1] == pytest.approx(tiles.gflops)
     result = looprl.tune(problem, policy, cache=cache, budget_s=5, measure_budget_s=0.001, remember=False, threads=1)  # replayed on one
     assert result.gflops >= result.greedy_gflops
-    again = replay(problem, result.actions, evaluator, result.action_set)
+    again = measured_path(problem, result.actions, evaluator, result.action_set)
     assert again[-1] == pytest.approx(result.gflops)
     a, b = (np.random.default_rng(1).uniform(-1, 1, s).astype(np.float32) for s in problem.input_shapes)
     np.testing.assert_allclose(result.kernel(a, b), a @ b, atol=1e-3)

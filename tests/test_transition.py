@@ -47,7 +47,7 @@ def test_env_replay_and_search_context_move_alike(failing_compiles, problem, pat
     assert [t.valid for t in transitions] == env_valid
     assert all(not _fails(t.state.nest) for t in transitions)  # never moved to a failed schedule
     context = SearchContext(problem, actions, evaluator)
-    assert context.follow(context.root(), path).state == env_states[-1]
+    assert context.node_after(context.root(), path).state == env_states[-1]
 
 
 def _value(gflops=None, error=None):

@@ -179,7 +179,7 @@ def test_a_changing_right_operand_stored_across_the_columns_is_re_laid_when_that
     """Attention's q.k^T: K changes per call. Tuned through its twin, the kernel converts K on
     every call (inside the timed figure); a measured tune of the problem as given is the
     alternative, and the faster is kept; remembered either way."""
-    from looprl.backend.layouts import conversions
+    from looprl.backend.layout_plan import conversions
     from looprl.ir.rewrites import transposed_twin
 
     problem = looprl.contraction("bmk,bnk->bmn", b=2, m=rows, k=24, n=40)

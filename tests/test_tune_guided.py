@@ -9,7 +9,7 @@ import pytest
 import looprl
 from looprl.actions import ActionSet, reach
 from looprl.search.context import SearchContext
-from looprl.env.features import observation
+from looprl.env.observation import observation
 from looprl.measurement.cache import MeasurementCache
 from looprl.measurement.evaluator import Evaluator
 from looprl.policy import loading
@@ -183,9 +183,9 @@ def test_guided_proposals_try_the_target_s_register_tiles_over_output_rows():
 
 def test_replay_takes_the_tile_rows_tune_may_name():
     from looprl.measurement.evaluator import Evaluator
-    from looprl.policy.rollout import replay
+    from looprl.policy.rollout import measured_path
 
-    values = replay(looprl.matmul(12, 16, 8), ["split_6", "down", "swap_down"], Evaluator(":memory:", 0.001))
+    values = measured_path(looprl.matmul(12, 16, 8), ["split_6", "down", "swap_down"], Evaluator(":memory:", 0.001))
     assert len(values) == 4 and all(v > 0 for v in values)
 
 
@@ -216,7 +216,7 @@ def test_a_layout_policy_pads_for_the_target_and_keeps_its_scores_by_name_when_t
 def test_a_layout_policy_s_proposals_include_its_layout_actions_and_tune_replays_them():
     from looprl.actions import State
     from looprl.policy.guided import _proposals
-    from looprl.policy.rollout import policy_actions, replay
+    from looprl.policy.rollout import measured_path, policy_actions
 
     problem = looprl.matmul(24, 40, 20)  # k = 20: pad makes it 24 on AVX2
     policy = random_policy(bias=[0, 0, -9, -9, 0, 0, 0, 0, 9], layouts=True)  # pads wherever it can
@@ -230,7 +230,7 @@ def test_a_layout_policy_s_proposals_include_its_layout_actions_and_tune_replays
     a, b = rng.standard_normal((24, 20)).astype(np.float32), rng.standard_normal((20, 40)).astype(np.float32)
     np.testing.assert_allclose(result(a, b), a @ b, rtol=1e-4, atol=1e-4)
     assert result.action_set.layouts == any(name in ("pack", "pad") for name in result.actions)
-    values = replay(problem, result.actions, Evaluator(cache, 0.001, samples=1, target="avx2"), result.action_set)
+    values = measured_path(problem, result.actions, Evaluator(cache, 0.001, samples=1, target="avx2"), result.action_set)
     assert values[-1] == pytest.approx(result.gflops)  # the same schedule, from the cache
 
 
@@ -294,8 +294,8 @@ def test_far_apart_or_too_costly_contenders_are_not_retimed():
 
 
 def test_tune_measures_the_targets_own_tiles_when_the_rollout_builds_none():
-    from looprl.ir.schedules import tile_shapes, tile_steps
-    from looprl.policy.tiles import tile_of
+    from looprl.ir.register_tiles import tile_shapes, tile_steps
+    from looprl.ir.register_tiles import tile_of
     from looprl.target import Target
 
     stay = random_policy(bias=[10.0, 0, 0, 0, 0, 0, 0])  # always "up": invalid at the first loop, the rollout stays put

@@ -43,7 +43,7 @@ def test_tuned_linear_layers_compute_the_layer(policy_dir, activation, residual)
     # The actions replay on the twin, whose schedule is the result's with W re-laid.
     actions = result.action_set
     assert Rewrite(TRANSPOSED_TWIN, problem, result.tuned_as).carry_back(reach(actions, State(looprl.initial_nest(result.tuned_as), 0), result.actions).nest) == result.nest
-    assert "in1" in looprl.backend.layouts.layouts_applied(result.nest)  # W is never read across its rows
+    assert "in1" in looprl.backend.layout_plan.layouts_applied(result.nest)  # W is never read across its rows
 
 
 def test_only_constant_weights_across_the_columns_have_a_twin():

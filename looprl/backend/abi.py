@@ -3,7 +3,7 @@
 ``void looprl_kernel(in0, in1, out, acc[, bias][, residual], i64 reps[, i32 nthreads])``: the
 epilogue's inputs follow the accumulator when the problem has them (:func:`kernel_tensors`);
 ``nthreads`` follows ``reps`` when the schedule has a parallel loop. ``acc`` is scratch space
-(the accumulator, then the packed inputs: :func:`looprl.backend.layouts.workspace_layout`);
+(the accumulator, then the packed inputs: :func:`looprl.backend.layout_plan.workspace_layout`);
 ``reps`` >= 1 repeats the whole computation (for timing), packing included. When inputs have
 layouts the kernel's body is an internal function, and the module also defines
 ``looprl_pack_<in0|in1>(src, dst)`` and one ``looprl_kernel_bound_<inputs>`` entry per
@@ -11,7 +11,7 @@ non-empty set of packed inputs, which takes those inputs already packed."""
 
 from __future__ import annotations
 
-from looprl.backend.layouts import layouts_applied, workspace_layout
+from looprl.backend.layout_plan import layouts_applied, workspace_layout
 from looprl.backend.llvm_text import Function
 from looprl.backend.loops import KernelModule
 from looprl.backend.packing import emit_pack

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from looprl.backend.abi import KERNEL_NAME, body_function, emit_packing_entry_points, entry_function, kernel_tensors
 from looprl.backend.compute import ComputeEmitter
-from looprl.backend.layouts import layouts_applied, workspace_layout
+from looprl.backend.layout_plan import layouts_applied, workspace_layout
 from looprl.backend.loops import KernelModule
 from looprl.backend.write_back import WriteBackEmitter
 from looprl.ir.nest import LoopNest

@@ -9,7 +9,7 @@ vector through memory."""
 
 from __future__ import annotations
 
-from looprl.backend.layouts import strides
+from looprl.backend.layout_plan import strides
 from looprl.backend.llvm_text import Function, load, multiply_add, store, vector_type
 from looprl.backend.loops import KernelModule, NestEmitter
 from looprl.backend.register_plan import RegisterScope, leaf_count, vector_chunks

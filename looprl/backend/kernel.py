@@ -11,7 +11,7 @@ import numpy as np
 from looprl.backend import abi, codegen, jit
 from looprl.backend.buffers import aligned_empty
 from looprl.backend.jit import CompiledModule
-from looprl.backend.layouts import layouts_applied, workspace_elements
+from looprl.backend.layout_plan import layouts_applied, workspace_elements
 from looprl.backend.threads import before_parallel_call, check_threads, ensure_openmp_runtime
 from looprl.ir.integers import as_int
 from looprl.ir.nest import LoopNest

@@ -7,7 +7,7 @@ loop)."""
 
 from __future__ import annotations
 
-from looprl.backend.layouts import offset_along
+from looprl.backend.layout_plan import offset_along
 from looprl.backend.llvm_text import Function, Module
 from looprl.backend.register_plan import entry_budgets
 from looprl.ir.layout import Layout

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from looprl.backend.layouts import layouts_applied, offset_along, strides
+from looprl.backend.layout_plan import layouts_applied, offset_along, strides
 from looprl.ir.nest import Loop, LoopNest
 from looprl.target import Target
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from looprl.backend.abi import EPILOGUE_TENSORS
 from looprl.backend.epilogue_ir import EpilogueIR
-from looprl.backend.layouts import strides
+from looprl.backend.layout_plan import strides
 from looprl.backend.llvm_text import Function, load, store
 from looprl.backend.loops import KernelModule, NestEmitter
 from looprl.backend.register_plan import vector_chunks

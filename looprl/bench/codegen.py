@@ -255,7 +255,7 @@ def main(args) -> dict:
     targets = [name.strip() for name in args.targets.split(",") if name.strip()] if getattr(args, "targets", None) else None
     if targets is not None:
         benchmark_targets(targets)  # a bad or unrunnable target is bad input, before any timing
-    from looprl.bench.tune import thread_counts
+    from looprl.bench.tune_quality import thread_counts
 
     threads = tuple(thread_counts(getattr(args, "threads", "1")))
     report = run(shapes, args.budget, args.compiles, targets=targets, threads=threads)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from looprl.bench import codegen, env, layers, mixed, tune
+from looprl.bench import codegen, env, layers, mixed, tune_quality
 from looprl.cli.common import run_command, writable_file
 
-BENCHMARKS = {"codegen": codegen, "env": env, "tune": tune, "layers": layers, "mixed": mixed}
+BENCHMARKS = {"codegen": codegen, "env": env, "tune": tune_quality, "layers": layers, "mixed": mixed}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """AutoTVM's statistical cost model: gradient-boosted trees (XGBoost) on schedule features.
 
-The model scores feature vectors (:mod:`looprl.costmodel.features`); a higher score means a
+The model scores feature vectors (:mod:`looprl.costmodel.schedule_features`); a higher score means a
 faster schedule. Two objectives, as in the paper (section 3.2):
 
 * ``"rank"`` (default): XGBoost's ``rank:pairwise``: only the order of the schedules of one
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from looprl import defaults
-from looprl.costmodel.features import DEFAULT_TARGET, FEATURE_KEY, feature_length
+from looprl.costmodel.schedule_features import DEFAULT_TARGET, FEATURE_KEY, feature_length
 from looprl.target import Target
 
 OBJECTIVES = {"rank": "rank:pairwise", "regression": "reg:squarederror"}

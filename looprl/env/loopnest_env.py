@@ -16,7 +16,7 @@ step applies one discrete action (see :mod:`looprl.actions`; the transition is
   model instead: a schedule not in the cache is measured with probability
   ``measure_fraction``, else predicted; every episode's untuned nest is measured (it anchors
   the predictions of its problem); the model refits on the measurements every
-  ``refit_every`` of them (:mod:`looprl.env.surrogate`, :mod:`looprl.costmodel.surrogate`).
+  ``refit_every`` of them (:mod:`looprl.env.reward_model`, :mod:`looprl.costmodel.surrogate_reward`).
 * **Threads** (beyond the paper): ``threads=N`` > 1 adds a ``parallel`` action (mark the
   cursor loop parallel), measures parallel schedules on N threads and normalises rewards by
   the measured N-thread peak.
@@ -45,19 +45,19 @@ import numpy as np
 from gymnasium import spaces
 
 from looprl import defaults
-from looprl.backend.layouts import conversions
+from looprl.backend.layout_plan import conversions
 from looprl.target import Target
 from looprl.backend.threads import check_threads
 from looprl.actions import ActionSet, State, step
 from looprl.workloads.datasets import dataset_groups, env_problems
-from looprl.env.features import (
+from looprl.env.observation import (
     FEATURES_PER_LOOP,
     HISTOGRAM_BINS,
     LOG_SCALE,
     nest_graph,
     observation,
 )
-from looprl.env.surrogate import DEFAULT_MEASURE_FRACTION, DEFAULT_REFIT_EVERY, check_reward, make_reward_model
+from looprl.env.reward_model import DEFAULT_MEASURE_FRACTION, DEFAULT_REFIT_EVERY, check_reward, make_reward_model
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, as_problem
 from looprl.measurement.evaluator import Evaluator, Measurement
@@ -105,7 +105,7 @@ class LoopNestEnv(gym.Env):
         model: with ``reward="model"``: a path to a saved :class:`~looprl.costmodel.model.CostModel`
             (JSON: what an env config for Ray workers should hold), a fitted CostModel, any
             object with ``predict(nests)`` and ``observe(nest, gflops)``
-            (:class:`~looprl.env.surrogate.RewardModel`), or None: a model fitted on the
+            (:class:`~looprl.env.reward_model.RewardModel`), or None: a model fitted on the
             cache's measurements for the target, or from scratch on the env's first
             ``refit_every`` measurements. Needs XGBoost (``pip install 'looprl[autotvm]'``).
         measure_fraction: with ``reward="model"``, the probability that a new schedule (not in

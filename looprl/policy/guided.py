@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from looprl.actions import State, replay
-from looprl.env.features import observation
+from looprl.env.observation import observation
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.policy.numpy_policy import Policy
 from looprl.policy.rollout import policy_actions

@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 
 from looprl.target import TARGET_NAMES, Target
-from looprl.env.features import FEATURES_PER_LOOP, OBSERVATION_LAYOUT_VERSION
+from looprl.env.observation import FEATURES_PER_LOOP, OBSERVATION_LAYOUT_VERSION
 from looprl.policy.numpy_policy import Policy
 from looprl.policy.rollout import policy_actions
 from looprl.resources import shipped_path

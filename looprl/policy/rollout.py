@@ -4,7 +4,7 @@ Evaluation, validation during training, :func:`looprl.tune` and the experiments 
 :func:`greedy_rollout`. It moves by the env's one transition rule
 (:func:`looprl.actions.step`: an action that cannot apply is a no-op, a cursor move measures
 nothing, a schedule that fails to compile or run leaves the state as it was) and observes as
-the env does (:func:`~looprl.env.features.observation`).
+the env does (:func:`~looprl.env.observation.observation`).
 
 A greedy policy is deterministic and its observation depends only on the state, so once a
 state comes back the rest of the episode repeats: the rollout stops there and works out the
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from looprl.target import Target
 from looprl.actions import ActionSet, State, step
-from looprl.actions import replay as replay_actions
+from looprl.actions import replay
 from looprl.actions.transition import FAILED
-from looprl.env.features import observation
+from looprl.env.observation import observation
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.measurement.evaluator import Evaluator
@@ -150,7 +150,7 @@ def greedy_rollout(
     )
 
 
-def replay(problem: Problem, names, evaluator: Evaluator, actions: ActionSet | None = None) -> list[float]:
+def measured_path(problem: Problem, names, evaluator: Evaluator, actions: ActionSet | None = None) -> list[float]:
     """GFLOPS of the initial state and after each action of ``names``, under the env's rules
     (:func:`looprl.actions.step`). Without ``actions``: the default action set plus any other
     ``split_<f>`` in ``names`` (tune's tiles may split by a target's tile rows)."""
@@ -158,4 +158,4 @@ def replay(problem: Problem, names, evaluator: Evaluator, actions: ActionSet | N
         actions = ActionSet.covering(names, target=evaluator.target)
     state = State(initial_nest(problem), 0)
     gflops = evaluator(state.nest).gflops
-    return [gflops] + [t.gflops for t in replay_actions(actions, state, gflops, names, evaluator)]
+    return [gflops] + [t.gflops for t in replay(actions, state, gflops, names, evaluator)]

@@ -6,7 +6,7 @@ operands outgrow the caches, blocks of the reduction and of the columns around i
 episode of a dozen actions cannot also build. ``looprl.tune`` takes the tile the policy built
 (:func:`tile_of` its best state) and :func:`measure_tiles` refines it; given no tile shapes it
 proposes the target's own in order of how often they pay (the flat register tiles of
-:func:`~looprl.ir.schedules.tile_shapes`, then :func:`~looprl.ir.schedules.cache_blocks`
+:func:`~looprl.ir.register_tiles.tile_shapes`, then :func:`~looprl.ir.schedules.cache_blocks`
 around the fastest; for a problem of a few output rows, the streaming tiles of
 :func:`~looprl.ir.schedules.stream_steps`; then the fastest with the right operand packed into
 column panels; when
@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from looprl.actions import ActionSet, State, follow
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
-from looprl.ir.schedules import STREAM_TILES, cache_blocks, stream_steps, tile_shapes, tile_steps, why_not_stream, why_not_tile
+from looprl.ir.register_tiles import tile_of, tile_shapes, tile_steps, why_not_tile
+from looprl.ir.schedules import STREAM_TILES, cache_blocks, stream_steps, why_not_stream
 from looprl.search.context import BudgetExhausted, SearchContext
 
 
@@ -34,31 +35,11 @@ class TileResult:
     tried: int  # tiles measured (or refused by the deadline)
 
 
-def tile_of(nest: LoopNest) -> tuple[int, int] | None:
-    """(rows, columns) of the register tile ``nest`` computes, or None: the innermost compute
-    loop must walk the output's columns with step 1 inside another loop over them (a split);
-    rows is the size of the loop over output rows right above it if that is a split's inner
-    loop too, else 1."""
-    problem = nest.problem
-    if len(problem.output) < 2:
-        return None
-    row, col = problem.output[-2], problem.output[-1]
-    compute = nest.compute
-    inner = compute[-1]
-    if inner.var != col or inner.step != 1 or not any(loop.var == col for loop in compute[:-1]):
-        return None
-    rows = 1
-    above = compute[:-2]
-    if len(compute) > 1 and compute[-2].var == row and compute[-2].step == 1 and any(loop.var not in problem.output for loop in above):
-        rows = compute[-2].size  # rows kept in registers while a reduction loop around them runs
-    return rows, inner.size
-
-
 def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=None) -> TileResult:
     """Measure register tiles of the context's problem (until its budget is spent) and return
     the fastest as a path of action names from the untiled nest (``actions`` extended as
     needed). ``shapes``: the (rows, columns) tiles to start from (default: the target's
-    :func:`~looprl.ir.schedules.tile_shapes`), after ``lead`` (e.g. the tile a policy built)
+    :func:`~looprl.ir.register_tiles.tile_shapes`), after ``lead`` (e.g. the tile a policy built)
     when given; each is measured in the canonical order, then the fastest with cache blocks
     and packed."""
     problem, target = context.problem, context.target

@@ -51,7 +51,8 @@ from looprl.policy.loading import load_policy
 from looprl.policy.numpy_policy import Policy
 from looprl.policy.parallel import parallel_proposals
 from looprl.policy.rollout import greedy_rollout, policy_actions
-from looprl.policy.tiles import measure_tiles, tile_of
+from looprl.ir.register_tiles import tile_of
+from looprl.policy.tiles import measure_tiles
 from looprl.search.budget import MIN_BUDGET_S, REFINEMENTS, scaled_budget
 from looprl.search.staged import Candidate, StagedSearch, confirm_winner
 

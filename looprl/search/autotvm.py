@@ -39,7 +39,7 @@ from dataclasses import replace
 import numpy as np
 
 from looprl import defaults
-from looprl.costmodel.features import features_batch
+from looprl.costmodel.schedule_features import features_batch
 from looprl.costmodel.model import CostModel, TransferModel, import_xgboost
 from looprl.actions import State
 from looprl.ir.nest import COMPUTE, Loop, LoopNest

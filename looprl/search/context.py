@@ -203,7 +203,7 @@ class SearchContext:
                 found.append(node)
         return found
 
-    def follow(self, parent: Node, path) -> Node:
+    def node_after(self, parent: Node, path) -> Node:
         """The node ``path`` (action indices or names) leads to from ``parent``, under the
         transition rule: an action that cannot apply or whose schedule fails leaves the node."""
         node = parent

@@ -12,7 +12,7 @@ import networkx as nx
 import numpy as np
 
 from looprl import defaults
-from looprl.backend.layouts import conversions
+from looprl.backend.layout_plan import conversions
 from looprl.target import Target
 from looprl.backend.threads import check_threads
 from looprl.actions import ActionSet

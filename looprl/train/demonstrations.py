@@ -7,7 +7,7 @@ their inner loop under the reduction), and only the last of them pays: epsilon-g
 exploration almost never finds such a sequence on problems where each measurement is costly.
 So training may start, like DQfD or AlphaGo's supervised stage, from a policy that imitates
 measured demonstrations: for each training problem, the fastest of the target's register
-tiles (:func:`~looprl.ir.schedules.tile_shapes`, and the tiles the action set's split
+tiles (:func:`~looprl.ir.register_tiles.tile_shapes`, and the tiles the action set's split
 factors can form) whose path fits in an episode, then a no-op (an invalid action) to stay.
 Reinforcement learning then continues from that policy with measured rewards.
 
@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from looprl.actions import ActionSet, State, step
-from looprl.env.features import observation
+from looprl.env.observation import observation
 from looprl.ir.nest import initial_nest
 from looprl.ir.problem import Problem
-from looprl.ir.schedules import tile_shapes, tile_steps, why_not_tile
+from looprl.ir.register_tiles import tile_shapes, tile_steps, why_not_tile
 from looprl.measurement.evaluator import Evaluator
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from looprl import defaults
 from looprl.backend.host import cpu_model_name
-from looprl.env.features import FEATURES_PER_LOOP, OBSERVATION_LAYOUT_VERSION
+from looprl.env.observation import FEATURES_PER_LOOP, OBSERVATION_LAYOUT_VERSION
 from looprl.policy.numpy_policy import POLICY_FORMAT, POLICY_FORMAT_VERSION, Policy
 
 MODULE_SUBPATH = Path("learner_group") / "learner" / "rl_module" / "default_policy"

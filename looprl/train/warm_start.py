@@ -16,7 +16,7 @@ import re
 import numpy as np
 
 from looprl import defaults
-from looprl.env.features import OBSERVATION_LAYOUT_VERSION
+from looprl.env.observation import OBSERVATION_LAYOUT_VERSION
 from looprl.policy.numpy_policy import Policy
 from looprl.train.config import agent_actions
 

@@ -40,7 +40,7 @@ import numpy as np
 
 from looprl import defaults
 from looprl.backend.codegen import CODEGEN_VERSION
-from looprl.backend.layouts import strides
+from looprl.backend.layout_plan import strides
 from looprl.backend.register_plan import ComputePlan, plan
 from looprl.ir.nest import WRITE_BACK, Loop, LoopNest
 from looprl.target import Target

@@ -12,7 +12,7 @@ with two methods (:class:`RewardModel`):
 
 The layers put the cost model (:mod:`looprl.costmodel`) above the env, so the env never
 imports it. The env owns this protocol; the cost-model layer implements it
-(:func:`looprl.costmodel.surrogate.reward_model`), and the env reaches that implementation
+(:func:`looprl.costmodel.surrogate_reward.reward_model`), and the env reaches that implementation
 through the plugin entry point :data:`ENTRY_POINT`, a ``"module:function"`` string resolved
 only when a ``reward="model"`` env is created — as gymnasium resolves ``entry_point``
 strings. So ``model`` can stay a JSON value (a path, or None) in an env config shipped to Ray
@@ -31,7 +31,7 @@ import numpy as np
 from looprl.ir.nest import LoopNest
 
 REWARDS = ("measured", "model")
-ENTRY_POINT = "looprl.costmodel.surrogate:reward_model"
+ENTRY_POINT = "looprl.costmodel.surrogate_reward:reward_model"
 DEFAULT_MEASURE_FRACTION = 0.1
 DEFAULT_REFIT_EVERY = 32
 

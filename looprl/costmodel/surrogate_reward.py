@@ -1,7 +1,7 @@
 """The AutoTVM cost model as a surrogate reward for ``LoopNest-v0`` (``reward="model"``).
 
 :func:`reward_model` builds a :class:`SurrogateReward`, the env's reward model
-(:class:`looprl.env.surrogate.RewardModel`): ``predict(nests)`` gives GFLOPS, ``observe(nest,
+(:class:`looprl.env.reward_model.RewardModel`): ``predict(nests)`` gives GFLOPS, ``observe(nest,
 gflops)`` takes the env's measurements and refits every ``refit_every`` of them.
 
 **Models.** A *base* model stays fixed: a saved :class:`~looprl.costmodel.model.CostModel`
@@ -47,7 +47,7 @@ from typing import Sequence
 import numpy as np
 
 from looprl import defaults
-from looprl.costmodel.features import features_batch
+from looprl.costmodel.schedule_features import features_batch
 from looprl.costmodel.model import CostModel, TransferModel, import_xgboost
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.measurement.records import measured_nests
@@ -223,7 +223,7 @@ def _isotonic(y: np.ndarray) -> np.ndarray:
 
 
 def reward_model(model, *, evaluator, refit_every: int = 32, seed: int | None = 0, objective: str = "rank") -> SurrogateReward:
-    """The env's reward model (:data:`looprl.env.surrogate.ENTRY_POINT`) from ``model``: a path
+    """The env's reward model (:data:`looprl.env.reward_model.ENTRY_POINT`) from ``model``: a path
     to a saved CostModel, a fitted CostModel, or None (fit one on the cache's records for
     ``evaluator``'s target and budget, if there are ``refit_every`` of them). A bad path or
     file, an unfitted model, or one whose features describe another ISA is a ValueError."""

@@ -32,7 +32,7 @@ import math
 import networkx as nx
 import numpy as np
 
-from looprl.backend.layouts import layouts_applied
+from looprl.backend.layout_plan import layouts_applied
 from looprl.ir.nest import COMPUTE, WRITE_BACK, LoopNest
 
 HISTOGRAM_BINS = 16
