@@ -12,8 +12,10 @@ operator runs :class:`looprl.torch.LinearKernels`: kernels tuned (:func:`looprl.
 example gave the layer, at least 1) and the example's row count, serving any row count by row
 plans, so ``dynamic=True`` (a symbolic row count) needs no recompilation; any call a kernel would
 not compute exactly (another dtype, autograd, ...) falls back to torch, so no call gives a wrong
-answer. The rest of the graph, with the operators in it, goes to ``inductor`` (torch's default
-backend; ``options={"rest": "eager"}`` runs it as captured instead).
+answer. Each call computes with the values the weight and bias hold at that moment, however
+they were changed since (:class:`looprl.torch.ContentCache`). The rest of the graph, with the
+operators in it, goes to ``inductor`` (torch's default backend; ``options={"rest": "eager"}``
+runs it as captured instead).
 
 Options (``torch.compile(..., options={...})``): ``max_rows``, ``policy``, ``target``,
 ``budget_s``, ``cache``, ``threads`` (as :func:`looprl.torch.tune_module`; threads 1 by
