@@ -8,7 +8,8 @@ This module imports torch (nothing else of looprl does, outside :mod:`looprl.tra
 sees; then each float32 CPU ``nn.Linear`` that saw float32 CPU inputs gets looprl kernels
 tuned (:func:`looprl.tune` of :func:`looprl.linear`) for a set of row counts (the leading
 dimensions of its input flattened: a ``(batch, seq, features)`` input is ``batch * seq`` rows),
-with its weight and bias bound as constants.
+with its weight and bias bound as constants. A module that is itself such a layer is replaced
+whole; a module in which no layer was tuned is returned as a copy, with a warning.
 
 **Any row count.** The row counts tuned are every power of two up to ``max_rows`` (default:
 the largest row count the examples gave the layer) and the examples' own counts. A call on
@@ -53,6 +54,7 @@ from __future__ import annotations
 import copy
 import math
 import threading
+import warnings
 
 import numpy as np
 import torch
@@ -431,7 +433,10 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
     counts seen; any row count is served in blocks of these (see the module docstring).
     ``records``: a file :func:`save_records` wrote; its answers are imported into ``cache``
     first, so on a CPU of the kind they were tuned on nothing is tuned again (each kernel is
-    compiled from its remembered schedule), and elsewhere the layers are tuned as usual."""
+    compiled from its remembered schedule), and elsewhere the layers are tuned as usual.
+
+    A ``module`` that is itself an ``nn.Linear`` comes back as a :class:`TunedLinear`; one in
+    which no layer was tuned comes back as a copy, with a ``RuntimeWarning``."""
     if not isinstance(module, nn.Module):
         raise ValueError(f"tune_module() expects a torch.nn.Module, got {type(module).__name__}")
     if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1):
@@ -468,7 +473,10 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
     for layer, (parent, index) in fusions.items():
         if layer in replacements:
             parent[index] = nn.Identity()
-    return tuned
+    if not replacements:
+        warnings.warn("tune_module tuned no layer: no float32 CPU torch.nn.Linear in the module was called with a float32 CPU input "
+                      "by the examples; the copy returned runs as the module does", RuntimeWarning, stacklevel=2)
+    return replacements.get(tuned, tuned)  # a module that is itself a tuned layer is replaced whole
 
 
 def _tuned_names(results) -> set[str]:
