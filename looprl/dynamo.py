@@ -53,7 +53,7 @@ from looprl.ir.problem import contraction
 from looprl.measurement.evaluator import open_cache
 from looprl.measurement.timing import best_time
 from looprl.policy.tuner import tune
-from looprl.torch import GELU_NAMES, LinearKernels, summarise_calls, tuned_row_counts
+from looprl.torch import GELU_NAMES, LinearKernels, check_max_rows, summarise_calls, tuned_row_counts
 
 __all__ = ["looprl_backend", "stats"]
 
@@ -189,6 +189,7 @@ def looprl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     bmm = options.get("bmm", "faster")
     if bmm not in BMM_CHOICES:
         raise ValueError(f"option bmm must be one of {', '.join(BMM_CHOICES)}, got {bmm!r}")
+    check_max_rows(options.get("max_rows"))
     if not torch.is_grad_enabled():
         tuning = {"policy": options.get("policy", "default"), "target": options.get("target"), "budget_s": options.get("budget_s"),
                   "threads": options.get("threads", 1), "cache": open_cache(options.get("cache"))}  # one cache for the graph

@@ -126,6 +126,12 @@ def row_plan(rows: int, seconds: dict[int, float]) -> list[tuple[int, int, int]]
     return blocks
 
 
+def check_max_rows(max_rows) -> None:
+    """Refuse a ``max_rows`` that is not a positive integer or None."""
+    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1):
+        raise ValueError(f"max_rows must be a positive integer or None, got {max_rows!r}")
+
+
 def tuned_row_counts(seen: set[int], max_rows: int | None) -> list[int]:
     """The row counts to tune a layer for: powers of two up to ``max_rows`` (default: the
     largest seen) and the counts seen."""
@@ -439,8 +445,7 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
     which no layer was tuned comes back as a copy, with a ``RuntimeWarning``."""
     if not isinstance(module, nn.Module):
         raise ValueError(f"tune_module() expects a torch.nn.Module, got {type(module).__name__}")
-    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1):
-        raise ValueError(f"max_rows must be a positive integer or None, got {max_rows!r}")
+    check_max_rows(max_rows)
     examples = _as_examples(example_inputs)
     cache = open_cache(cache)  # one cache for every layer (a ":memory:" one included)
     if records is not None:
