@@ -12,8 +12,10 @@ operator runs :class:`looprl.torch.LinearKernels`: kernels tuned (:func:`looprl.
 example gave the layer, at least 1) and the example's row count, serving any row count by row
 plans, so ``dynamic=True`` (a symbolic row count) needs no recompilation; any call a kernel would
 not compute exactly (another dtype, autograd, ...) falls back to torch, so no call gives a wrong
-answer. The rest of the graph, with the operators in it, goes to ``inductor`` (torch's default
-backend; ``options={"rest": "eager"}`` runs it as captured instead).
+answer. Each call computes with the values the weight and bias hold at that moment, however
+they were changed since (:class:`looprl.torch.ContentCache`). The rest of the graph, with the
+operators in it, goes to ``inductor`` (torch's default backend; ``options={"rest": "eager"}``
+runs it as captured instead).
 
 Options (``torch.compile(..., options={...})``): ``max_rows``, ``policy``, ``target``,
 ``budget_s``, ``cache``, ``threads`` (as :func:`looprl.torch.tune_module`; threads 1 by
@@ -51,7 +53,7 @@ from looprl.ir.problem import contraction
 from looprl.measurement.evaluator import open_cache
 from looprl.measurement.timing import best_time
 from looprl.policy.tuner import tune
-from looprl.torch import GELU_NAMES, LinearKernels, summarise_calls, tuned_row_counts
+from looprl.torch import GELU_NAMES, LinearKernels, check_max_rows, summarise_calls, tuned_row_counts
 
 __all__ = ["looprl_backend", "stats"]
 
@@ -187,6 +189,7 @@ def looprl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     bmm = options.get("bmm", "faster")
     if bmm not in BMM_CHOICES:
         raise ValueError(f"option bmm must be one of {', '.join(BMM_CHOICES)}, got {bmm!r}")
+    check_max_rows(options.get("max_rows"))
     if not torch.is_grad_enabled():
         tuning = {"policy": options.get("policy", "default"), "target": options.get("target"), "budget_s": options.get("budget_s"),
                   "threads": options.get("threads", 1), "cache": open_cache(options.get("cache"))}  # one cache for the graph

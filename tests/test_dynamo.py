@@ -62,6 +62,15 @@ def test_bad_options_are_refused_with_their_names(options):
             compiled(torch.randn(2, 4))
 
 
+@pytest.mark.parametrize("max_rows", [-1, 0, 2.5, True, "8"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_bad_max_rows_is_refused_by_name(options, max_rows, grad):
+    compiled = torch.compile(nn.Linear(4, 4).eval(), backend="looprl", options=dict(options, rest="eager", max_rows=max_rows))
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="ValueError: max_rows must be a positive integer"):
+        with torch.set_grad_enabled(grad):  # refused also where grad mode leaves every linear call to torch
+            compiled(torch.randn(3, 4))
+
+
 def test_the_backend_is_found_by_name_without_importing_looprl():
     code = "import torch, sys; assert 'looprl' in torch._dynamo.list_backends(); assert 'looprl' not in sys.modules"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

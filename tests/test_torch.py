@@ -87,9 +87,27 @@ def test_other_layers_dtypes_and_shared_layers_are_left_alone(options):
     with torch.no_grad():
         close(tuned_no_bias(y), no_bias(y))
     double = nn.Sequential(nn.Linear(16, 16).double(), nn.ReLU()).eval()
-    assert tuned_layers(tune_module(double, torch.randn(4, 16, dtype=torch.float64), **options)) == []
+    with pytest.warns(RuntimeWarning, match="tuned no layer"):
+        assert tuned_layers(tune_module(double, torch.randn(4, 16, dtype=torch.float64), **options)) == []
     mixed = nn.Sequential(nn.Linear(16, 16), nn.ReLU()).eval()  # float32 weights, never called with float32
     assert tuned_layers(tune_module(mixed, [(torch.randn(4, 16),), (torch.randn(0, 16),)], **options)) != []
+
+
+def test_a_module_that_is_a_linear_layer_is_replaced_whole(options):
+    layer = nn.Linear(16, 24)
+    x = torch.randn(4, 16)
+    tuned = tune_module(layer, x, **options)
+    assert isinstance(tuned, TunedLinear) and type(layer) is nn.Linear  # the given layer is untouched
+    assert tuned.state_dict().keys() == layer.state_dict().keys()
+    with torch.no_grad():
+        close(tuned(x), layer(x))
+    from looprl.torch import stats
+
+    assert stats(tuned)["looprl_calls"] == 1
+    no_linear = nn.Sequential(nn.ReLU())
+    with pytest.warns(RuntimeWarning, match="tuned no layer"):  # nothing to tune, and said so
+        copied = tune_module(no_linear, x, **options)
+    assert copied is not no_linear and isinstance(copied[0], nn.ReLU)
 
 
 def test_concurrent_calls(options):
