@@ -11,14 +11,15 @@ from __future__ import annotations
 import importlib.resources
 from pathlib import Path
 
+from looprl import checks
+
 FOLDERS = ("envs", "agents", "checkpoints")
 _REPOSITORY = Path(__file__).resolve().parent.parent
 
 
 def shipped_folder(folder: str) -> Path:
     """The directory holding the shipped ``folder`` (``envs``, ``agents`` or ``checkpoints``)."""
-    if folder not in FOLDERS:
-        raise ValueError(f"unknown shipped folder {folder!r}; expected one of {', '.join(FOLDERS)}")
+    folder = checks.one_of(folder, "shipped folder", FOLDERS)
     package = importlib.resources.files("looprl")
     if not isinstance(package, Path):  # e.g. a zip import: the loaders need real files
         raise ValueError(f"looprl is not installed on the file system ({package}); install it unzipped")

@@ -16,7 +16,8 @@ from looprl.ir.problem import as_problem
 from looprl.measurement import peak as peak_module
 from looprl.measurement.cache import MeasurementCache
 from looprl.measurement.evaluator import Evaluator, Measurement
-from looprl.measurement.timing import best_time, check_budget
+from looprl.measurement.keys import measurement_key
+from looprl.measurement.timing import best_time
 from tests.policies import random_policy
 
 PEAK = 100.0
@@ -64,13 +65,6 @@ def policy_dir(tmp_path):
 
 
 # -- 1. budgets and peaks ---------------------------------------------------------------
-
-
-def test_check_budget_accepts_numpy_numbers_and_names_the_unit():
-    assert check_budget(np.float32(0.5)) == 0.5 and check_budget(np.int64(2)) == 2.0
-    for bad in BAD_NUMBERS + [np.bool_(True), np.float64("nan")]:
-        with pytest.raises(ValueError, match="peak must be a positive.*GFLOPS"):
-            check_budget(bad, "peak", unit="GFLOPS")
 
 
 @pytest.mark.parametrize("bad", BAD_NUMBERS)
@@ -319,3 +313,27 @@ def test_measurement_layer_refuses_wrong_types():
     with pytest.raises(ValueError, match="expected a Problem"):
         ActionSet().check_fits("64x64x64")
 
+
+# -- 3. the same checks everywhere (looprl.checks) ---------------------------------------
+
+
+def test_numpy_integers_count_samples_and_threads_in_the_evaluator_cache_and_keys():
+    evaluator = Evaluator(":memory:", samples=np.int64(2))
+    assert evaluator.samples == 2 and type(evaluator.samples) is int
+    assert measurement_key(threads=np.int64(2)) == measurement_key(threads=2)
+    nest = looprl.initial_nest(looprl.matmul(4, 4, 4))
+    evaluator.cache.put(nest, 5.0, samples=np.int64(2))
+    assert evaluator.cache.lookup(nest).samples == 2
+
+
+def test_a_bool_budget_is_refused_after_the_same_number_made_a_key():
+    measurement_key(budget_s=1.0)  # memoised: True == 1.0 there, so it is checked first
+    with pytest.raises(ValueError, match="budget_s must be a positive"):
+        measurement_key(budget_s=True)
+
+
+def test_integers_too_large_for_a_float_are_value_errors():
+    with pytest.raises(ValueError, match="epilogue scale must be a finite number"):
+        looprl.Epilogue(scale=10**400)
+    with pytest.raises(ValueError, match="budget_s must be a positive, finite number of seconds"):
+        Evaluator(":memory:", budget_s=10**400)

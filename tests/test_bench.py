@@ -164,3 +164,20 @@ def test_a_neighbour_runs_blas_work_only_while_its_block_runs():
             process = neighbour.process
             raise KeyboardInterrupt
     assert process.poll() is not None
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["env", "--steps", "2", "--budget-ms", "inf"], "--budget-ms must be a positive, finite number of milliseconds, got inf"),
+        (["env", "--steps", "0"], "--steps must be a positive integer, got 0"),
+        (["codegen", "--shapes", "8x8x8", "--budget", "nan"], "--budget must be a positive, finite number of seconds, got nan"),
+        (["codegen", "--shapes", "8x8x8", "--compiles", "-1"], "--compiles must be a non-negative integer, got -1"),
+    ],
+)
+def test_benchmark_options_are_checked_before_any_work(argv, message, capsys):
+    from looprl.cli.bench import main
+
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == f"looprl-bench: error: {message}" and captured.out == ""

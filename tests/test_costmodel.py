@@ -177,3 +177,12 @@ def test_missing_xgboost_is_a_clear_import_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "xgboost", None)
     with pytest.raises(ImportError, match=r"looprl\[autotvm\]"):
         import_xgboost()
+
+
+def test_cost_model_refuses_fractional_seeds_and_bad_levels():
+    for kwargs, name in ((dict(seed=1.5), "seed"), (dict(seed=-1), "seed"), (dict(max_levels=0), "max_levels"),
+                         (dict(max_levels=True), "max_levels"), (dict(rounds=np.bool_(True)), "rounds")):
+        with pytest.raises(ValueError, match=f"{name} must be a"):
+            CostModel(**kwargs)
+    model = CostModel(seed=np.int64(3), max_levels=np.int64(4), rounds=np.int32(2))
+    assert (model.seed, model.layout["max_levels"], model.rounds) == (3, 4, 2)

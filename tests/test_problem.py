@@ -37,9 +37,9 @@ def test_problems_are_values():
         ("mm,mn->mn", dict(m=2, n=2), "repeats a dimension"),
         ("mk,kn->mz", dict(m=2, k=2, n=2), "appear in no input"),
         ("mk,kn->mn", dict(m=2, k=2), "no size given"),
-        ("mk,kn->mn", dict(m=2, k=2, n=0), "must be >= 1"),
+        ("mk,kn->mn", dict(m=2, k=2, n=0), "size of 'n' must be a positive integer, got 0"),
         ("mk,kn->mn", dict(m=2, k=2, n=2, q=3), "unknown dimension"),
-        ("mk,kn->mn", dict(m=2, k=2.5, n=2), "must be an integer"),
+        ("mk,kn->mn", dict(m=2, k=2.5, n=2), "size of 'k' must be a positive integer, got 2.5"),
         ("MK,KN->MN", dict(M=2, K=2, N=2), "lower-case"),
         ("mk,kn->", dict(m=2, k=2, n=2), "no dimensions"),
     ],
@@ -127,7 +127,7 @@ def test_numpy_integer_sizes_are_stored_as_python_ints():
 
 @pytest.mark.parametrize("bad", [None, 8.0, 8.5, np.float64(8.0), "8", True, np.True_, np.array([8]), np.array(8.0)])
 def test_non_integer_sizes_are_refused(bad):
-    with pytest.raises(ValueError, match="size of 'm' must be an integer"):
+    with pytest.raises(ValueError, match="size of 'm' must be a positive integer"):
         looprl.matmul(bad, 1, 1)
 
 
@@ -164,7 +164,7 @@ def test_spaces_in_specs_are_ignored():
         ("mk,kn->mn:m=1,k=1,n=²", "bad size"),
         ("mk,kn->mn:m=1,k=1,n", "bad size"),
         ("mk,kn->mn:m=1,m=2,k=1,n=1", "'m' given twice"),
-        ("mk,kn->mn:m=1,k=1,n=0", ">= 1"),
+        ("mk,kn->mn:m=1,k=1,n=0", "size of 'n' must be a positive integer"),
         ("mk,kn->mn:m=1,k=1,n=1,q=1", "unknown dimension"),
         ("mk,kn->mn\n:m=1,k=1,n=1", "unsupported contraction spec"),
     ],

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from looprl import defaults
+from looprl import checks, defaults
 from looprl.ir.nest import LAYOUT_TENSORS, LoopNest
 from looprl.ir.problem import Problem
 
@@ -57,8 +57,7 @@ class Action:
     factor: int = 0  # split factor (splits only)
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown action kind {self.kind!r}; expected one of {', '.join(KINDS)}")
+        checks.one_of(self.kind, "action kind", KINDS)
         if (self.kind == SPLIT) != (self.factor != 0):
             raise ValueError(f"only a split has a factor: {self.kind!r} with factor {self.factor}")
 
@@ -113,29 +112,16 @@ class ActionSet:
     ):
         if isinstance(split_factors, (str, bytes)) or not hasattr(split_factors, "__iter__"):
             raise ValueError(f"split_factors must be a sequence of integers, got {split_factors!r}")
-        factors = tuple(split_factors)
+        factors = tuple(checks.integer(factor, "split factor", MIN_FACTOR, MAX_FACTOR) for factor in split_factors)
         if not factors:
             raise ValueError("split_factors must not be empty")
-        for factor in factors:
-            if isinstance(factor, bool) or not isinstance(factor, (int, np.integer)):
-                raise ValueError(f"split factors must be integers, got {factor!r}")
-            if not MIN_FACTOR <= factor <= MAX_FACTOR:
-                raise ValueError(f"split factor {factor} outside {MIN_FACTOR}..{MAX_FACTOR}")
         if len(set(factors)) != len(factors):
             raise ValueError(f"split factors must be distinct, got {factors}")
-        if isinstance(max_loops, bool) or not isinstance(max_loops, (int, np.integer)) or max_loops < 1:
-            raise ValueError(f"max_loops must be a positive integer, got {max_loops!r}")
-        if not isinstance(layouts, (bool, np.bool_)):
-            raise ValueError(f"layouts must be True or False, got {layouts!r}")
-        if isinstance(pad_multiple, bool) or not isinstance(pad_multiple, (int, np.integer)) or pad_multiple < 2:
-            raise ValueError(f"pad_multiple must be an integer >= 2, got {pad_multiple!r}")
-        if not isinstance(parallel, (bool, np.bool_)):
-            raise ValueError(f"parallel must be True or False, got {parallel!r}")
-        self.split_factors = tuple(int(f) for f in factors)
-        self.max_loops = int(max_loops)
-        self.layouts = bool(layouts)
-        self.pad_multiple = int(pad_multiple)
-        self.parallel = bool(parallel)
+        self.split_factors = factors
+        self.max_loops = checks.positive_int(max_loops, "max_loops")
+        self.layouts = checks.flag(layouts, "layouts")
+        self.pad_multiple = checks.integer(pad_multiple, "pad_multiple", minimum=2)
+        self.parallel = checks.flag(parallel, "parallel")
         self.actions: tuple[Action, ...] = (
             tuple(Action(kind) for kind in MOVES + SWAPS)
             + tuple(Action(SPLIT, f) for f in self.split_factors)
@@ -313,10 +299,4 @@ class ActionSet:
 
     def validate(self, action) -> int:
         """``action`` as an int: a Python or numpy integer (a 0-d array included), not a bool."""
-        if isinstance(action, np.ndarray) and action.ndim == 0:
-            action = action[()]  # the numpy scalar it holds
-        if isinstance(action, (bool, np.bool_)) or not isinstance(action, (int, np.integer)):
-            raise ValueError(f"action must be an integer in 0..{len(self) - 1}, got {action!r}")
-        if not 0 <= action < len(self):
-            raise ValueError(f"action {action} out of range 0..{len(self) - 1}")
-        return int(action)
+        return checks.integer(action, "action", 0, len(self) - 1)

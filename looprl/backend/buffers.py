@@ -6,15 +6,15 @@ import math
 
 import numpy as np
 
-from looprl.ir.integers import as_int
+from looprl import checks
 
 ALIGNMENT = 64
 
 
 def aligned_empty(shape: tuple[int, ...] | int, dtype=np.float32, alignment: int = ALIGNMENT) -> np.ndarray:
     """An uninitialised C-contiguous array whose data starts on an ``alignment``-byte boundary."""
-    alignment = as_int(alignment, "alignment")
-    if alignment <= 0 or alignment & (alignment - 1):
+    alignment = checks.positive_int(alignment, "alignment")
+    if alignment & (alignment - 1):
         raise ValueError(f"alignment must be a positive power of two, got {alignment}")
     shape = _shape(shape)
     dtype = np.dtype(dtype)
@@ -27,14 +27,12 @@ def aligned_empty(shape: tuple[int, ...] | int, dtype=np.float32, alignment: int
 def _shape(shape) -> tuple[int, ...]:
     """``shape`` (an integer or a sequence of them, Python or numpy) as a tuple of ints >= 0."""
     if isinstance(shape, (int, np.integer, np.bool_)) or isinstance(shape, np.ndarray) and shape.ndim == 0:
-        dims = (as_int(shape, "array size"),)
+        dims = (checks.count(shape, "array size"),)
     else:
         try:
-            dims = tuple(as_int(extent, "array extent") for extent in shape)
+            dims = tuple(checks.count(extent, "array extent") for extent in shape)
         except TypeError:
             raise ValueError(f"shape must be an integer or a sequence of integers, got {shape!r}") from None
-    if any(extent < 0 for extent in dims):
-        raise ValueError(f"shape {dims} has a negative extent")
     return dims
 
 

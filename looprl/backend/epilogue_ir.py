@@ -30,6 +30,7 @@ import math
 import struct
 from typing import Callable
 
+from looprl import checks
 from looprl.ir.epilogue import Epilogue
 
 # erf(x) ~ x * P(x^2) / Q(x^2) on |x| <= ERF_LIMIT (max error 2e-8 in float64, ~4e-7 in float32).
@@ -180,8 +181,7 @@ def elementwise_ir(function: str, lanes: int, fma: bool) -> str:
     ``dst[i] = function(src[i])`` for ``count`` floats (a positive multiple of ``lanes``),
     ``lanes`` at a time, with exactly the operations an epilogue emits. ``function``: ``exp``,
     ``erf`` or an activation. (For testing the functions on their own, and for inspection.)"""
-    if function not in FUNCTIONS:
-        raise ValueError(f"unknown function {function!r}; expected one of {', '.join(FUNCTIONS)}")
+    function = checks.one_of(function, "function", FUNCTIONS)
     if lanes not in (1, 2, 4, 8, 16):
         raise ValueError(f"lanes must be 1, 2, 4, 8 or 16, got {lanes!r}")
     lines: list[str] = []

@@ -8,12 +8,12 @@ import time
 
 import numpy as np
 
+from looprl import checks
 from looprl.backend import abi, codegen, jit
 from looprl.backend.buffers import aligned_empty
 from looprl.backend.jit import CompiledModule
 from looprl.backend.layout_plan import layouts_applied, workspace_elements
 from looprl.backend.threads import before_parallel_call, check_threads, ensure_openmp_runtime
-from looprl.ir.integers import as_int
 from looprl.ir.nest import LoopNest
 from looprl.target import Target
 
@@ -98,7 +98,7 @@ class Kernel:
         ``bias`` and ``residual``: the epilogue's inputs, exactly those the problem has.
         ``threads``: threads for the parallel loops (None: the kernel's :attr:`threads`; at
         most the cores this process may use)."""
-        reps = _check_reps(reps)
+        reps = checks.positive_int(reps, "reps", MAX_REPS)
         threads = self.threads if threads is None else check_threads(threads)
         arrays = {"in0": a, "in1": b, **self._given_epilogue(bias, residual)}
         self._check_call(arrays, out, workspace)
@@ -234,7 +234,7 @@ class BoundKernel:
         if len(inputs) != len(self.free):
             names = " and ".join(f"the {_WHAT[t]}" for t in self.free) or "no inputs"
             raise ValueError(f"this bound kernel takes {names} ({len(self.free)} array(s)), got {len(inputs)}")
-        reps = _check_reps(reps)
+        reps = checks.positive_int(reps, "reps", MAX_REPS)
         threads = kernel.threads if threads is None else check_threads(threads)
         given = dict(zip(self.free, inputs))
         kernel._check_call(given, out, workspace)
@@ -332,17 +332,6 @@ class _ReshapedBound:
         if name == "bound":
             raise AttributeError(name)
         return getattr(self.bound, name)
-
-
-def _check_reps(reps) -> int:
-    """``reps`` as a Python int in 1..MAX_REPS (numpy integers accepted, bools refused)."""
-    try:
-        count = as_int(reps, "reps")
-    except ValueError:
-        raise ValueError(f"reps must be a positive integer, got {reps!r}") from None
-    if not 1 <= count <= MAX_REPS:
-        raise ValueError(f"reps must be a positive integer of at most 2**31 - 1 = {MAX_REPS}, got {count}")
-    return count
 
 
 def compile(nest: LoopNest, target: Target | str | None = None, threads: int = 1) -> Kernel:  # noqa: A001 - public API name

@@ -53,8 +53,7 @@ import shutil
 import tempfile
 import threading
 
-import numpy as np
-
+from looprl import checks
 from looprl.errors import CompileError, KernelError
 
 # The symbols the generated code calls (resolved in the JIT from the libgomp found below).
@@ -77,12 +76,8 @@ def available_cores() -> int:
 def check_threads(threads, what: str = "threads") -> int:
     """``threads`` as an int in 1..:func:`available_cores` (a Python or numpy integer, not a
     bool), or a ValueError naming ``what`` and the limit."""
-    if isinstance(threads, (bool, np.bool_)) or not isinstance(threads, (int, np.integer)):
-        raise ValueError(f"{what} must be a positive integer, got {threads!r}")
-    count = int(threads)
+    count = checks.positive_int(threads, what)
     cores = available_cores()
-    if count < 1:
-        raise ValueError(f"{what} must be a positive integer, got {count}")
     if count > cores:
         raise ValueError(f"{what}={count} is more than the {cores} core(s) this process may use (os.sched_getaffinity)")
     return count

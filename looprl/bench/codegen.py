@@ -22,6 +22,7 @@ import statistics
 import sys
 import time
 
+from looprl import checks
 from looprl.backend.host import cpu_model_name
 from looprl.backend.kernel import compile
 from looprl.bench.compile_stats import compile_stats
@@ -248,10 +249,8 @@ def main(args) -> dict:
             shapes.append(tuple(int(p) for p in parts))
     else:
         shapes = DEFAULT_SHAPES
-    if args.budget <= 0:
-        raise ValueError("--budget must be positive")
-    if args.compiles < 0:
-        raise ValueError("--compiles must be >= 0")
+    checks.seconds(args.budget, "--budget")
+    checks.count(args.compiles, "--compiles")
     targets = [name.strip() for name in args.targets.split(",") if name.strip()] if getattr(args, "targets", None) else None
     if targets is not None:
         benchmark_targets(targets)  # a bad or unrunnable target is bad input, before any timing

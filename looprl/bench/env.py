@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from looprl import defaults
+from looprl import checks, defaults
 from looprl.workloads.datasets import dataset_problems
 from looprl.env.loopnest_env import LoopNestEnv
 from looprl.measurement.cache import MeasurementCache
@@ -101,10 +101,8 @@ def _workload(name: str, problems, args, peak: float, out, target=None) -> dict:
 
 
 def main(args, out=sys.stdout) -> dict:
-    if args.steps < 1:
-        raise ValueError(f"--steps must be positive, got {args.steps}")
-    if not args.budget_ms > 0:
-        raise ValueError(f"--budget-ms must be positive, got {args.budget_ms}")
+    checks.positive_int(args.steps, "--steps")
+    checks.positive_float(args.budget_ms, "--budget-ms", unit="milliseconds")
     target = Target.resolve(getattr(args, "target", None))
     target.check_runs_on_host()
     peak = peak_gflops(target=target)

@@ -26,6 +26,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from looprl import checks
 from looprl.backend.host import cpu_model_name
 from looprl.ir.epilogue import ACTIVATIONS
 from looprl.ir.layers import linear
@@ -122,8 +123,7 @@ def _geomean(values) -> float:
 
 
 def main(args, out=sys.stdout) -> dict:
-    if not (args.budget > 0 and math.isfinite(args.budget)):
-        raise ValueError(f"--budget must be a positive number of seconds, got {args.budget}")
+    checks.seconds(args.budget, "--budget")
     layers = [parse_layer(t) for t in args.layers] if args.layers else [(*spec, True) for spec in DEFAULT_LAYERS]
     target = Target.resolve(args.target)
     target.check_runs_on_host()

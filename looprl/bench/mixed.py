@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from looprl import checks
 from looprl.backend.host import cpu_model_name
 from looprl.backend.threads import available_cores
 from looprl.ir.problem import parse_problems
@@ -59,8 +60,8 @@ def main(args, out=sys.stdout) -> dict:
     threads = available_cores() if args.threads is None else args.threads
     if threads < 2 or threads > available_cores():
         raise ValueError(f"--threads must be 2..{available_cores()} (the cores this process may use), got {threads}")
-    if args.numpy_size < 1 or args.calls < 1:
-        raise ValueError("--numpy-size and --calls must be positive")
+    checks.positive_int(args.numpy_size, "--numpy-size")
+    checks.positive_int(args.calls, "--calls")
     problems = parse_problems(args.problems)
     x = np.random.default_rng(0).random((args.numpy_size, args.numpy_size), dtype=np.float32)
     print(f"CPU {cpu_model_name()}; kernels and numpy on {threads} threads; numpy {args.numpy_size}x{args.numpy_size} matmul "

@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from looprl import checks
+
 KINDS = ("steady", "bursty")
 BURST_S = 0.02
 PAUSE_S = 0.03
@@ -29,11 +31,8 @@ class Neighbour:
     """A child process doing ``kind`` BLAS work on ``threads`` threads while the block runs."""
 
     def __init__(self, kind: str, threads: int = 1):
-        if kind not in KINDS:
-            raise ValueError(f"neighbour kind must be one of {', '.join(KINDS)}, got {kind!r}")
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise ValueError(f"neighbour threads must be a positive integer, got {threads!r}")
-        self.kind, self.threads = kind, threads
+        self.kind = checks.one_of(kind, "neighbour kind", KINDS)
+        self.threads = checks.positive_int(threads, "neighbour threads")
         self.process: subprocess.Popen | None = None
 
     def __enter__(self) -> "Neighbour":

@@ -29,7 +29,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from looprl import defaults
+from looprl import checks, defaults
 from looprl.backend.host import cpu_model_name
 from looprl.backend.kernel import compile
 from looprl.backend.threads import available_cores, check_threads
@@ -177,12 +177,10 @@ def summarise_agreement(rows: list[dict], key: str) -> dict:
 
 
 def main(args, out=sys.stdout) -> dict:
-    if args.limit is not None and args.limit < 1:
-        raise ValueError(f"--limit must be positive, got {args.limit}")
-    if not args.budget > 0:
-        raise ValueError(f"--budget must be positive, got {args.budget}")
-    if not (args.search >= 0 and math.isfinite(args.search)):
-        raise ValueError(f"--search must be a non-negative number of seconds, got {args.search}")
+    if args.limit is not None:
+        checks.positive_int(args.limit, "--limit")
+    checks.seconds(args.budget, "--budget")
+    checks.seconds(args.search, "--search", allow_zero=True)
     counts = thread_counts(getattr(args, "threads", "1"))
     repeat = getattr(args, "repeat", False)
     neighbour = getattr(args, "neighbour", None)

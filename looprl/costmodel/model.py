@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from looprl import defaults
+from looprl import checks, defaults
 from looprl.costmodel.schedule_features import DEFAULT_TARGET, FEATURE_KEY, feature_length
 from looprl.target import Target
 
@@ -61,12 +61,6 @@ def import_xgboost():
     return xgboost
 
 
-def _objective(name) -> str:
-    if name not in OBJECTIVES:
-        raise ValueError(f"unknown cost-model objective {name!r}; expected one of {', '.join(OBJECTIVES)}")
-    return name
-
-
 class CostModel:
     """Gradient-boosted trees that score schedules' feature vectors (higher: faster).
 
@@ -85,19 +79,17 @@ class CostModel:
         max_levels: int = defaults.MAX_LOOPS,
         isa: str = DEFAULT_TARGET,
     ):
-        self.objective = _objective(objective)
-        if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
-            raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
+        self.objective = checks.one_of(objective, "cost-model objective", OBJECTIVES)
+        self.rounds = checks.positive_int(rounds, "rounds")
         if params is not None and not isinstance(params, dict):
             raise ValueError(f"params must be a dict of XGBoost parameters or None, got {type(params).__name__}")
         if target is not None and not isinstance(target, str):
             raise ValueError(f"target must be a string (a target or host key) or None, got {type(target).__name__}")
-        self.rounds = int(rounds)
         self.params = {**DEFAULT_PARAMS, **(params or {})}
-        self.seed = int(seed)
+        self.seed = checks.count(seed, "seed")
         self.target = target
         Target.named(isa)  # a known target name
-        self.layout = {"max_levels": int(max_levels), "isa": isa}
+        self.layout = {"max_levels": checks.positive_int(max_levels, "max_levels"), "isa": isa}
         self.length = feature_length(self.layout["max_levels"])
         self.booster = None
         self.trained_on = 0  # rows of the last fit
@@ -189,7 +181,7 @@ class CostModel:
         saved_objective = field("objective", str)
         if saved_objective not in OBJECTIVES:
             raise ValueError(f"cost model file {path}: unknown objective {saved_objective!r}")
-        if objective is not None and _objective(objective) != saved_objective:
+        if objective is not None and checks.one_of(objective, "cost-model objective", OBJECTIVES) != saved_objective:
             raise ValueError(f"cost model file {path} was trained with objective {saved_objective!r}, not {objective!r}")
         saved_target = data.get("target")
         if saved_target is not None and not isinstance(saved_target, str):
@@ -266,7 +258,7 @@ def fit_booster(x: np.ndarray, gflops, groups=None, objective: str = "rank", *, 
     relative to each group's (problem's) best; ``rank`` compares pairs within a group.
     :class:`CostModel` fits AutoTVM's features with it; other representations can be
     compared on the same terms."""
-    objective = _objective(objective)
+    objective = checks.one_of(objective, "cost-model objective", OBJECTIVES)
     x = np.asarray(x, dtype=np.float32)
     y = np.asarray(gflops, dtype=np.float64).reshape(-1)
     if y.shape[0] != x.shape[0]:

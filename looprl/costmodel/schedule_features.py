@@ -38,7 +38,7 @@ from typing import Iterable
 
 import numpy as np
 
-from looprl import defaults
+from looprl import checks, defaults
 from looprl.backend.codegen import CODEGEN_VERSION
 from looprl.backend.layout_plan import strides
 from looprl.backend.register_plan import ComputePlan, plan
@@ -158,12 +158,6 @@ def context_matrix(nest: LoopNest, target: Target) -> tuple[np.ndarray, np.ndarr
     return matrix, np.asarray(globals_, dtype=np.float64)
 
 
-def _check_levels(max_levels) -> int:
-    if isinstance(max_levels, bool) or not isinstance(max_levels, (int, np.integer)) or max_levels < 1:
-        raise ValueError(f"max_levels must be a positive integer, got {max_levels!r}")
-    return int(max_levels)
-
-
 def features(nest: LoopNest, max_levels: int = defaults.MAX_LOOPS, *, target: Target) -> np.ndarray:
     """The float32 feature vector of ``nest`` (length :func:`feature_length`) for ``target``'s
     register planning."""
@@ -172,7 +166,7 @@ def features(nest: LoopNest, max_levels: int = defaults.MAX_LOOPS, *, target: Ta
 
 def features_batch(nests: Iterable[LoopNest], max_levels: int = defaults.MAX_LOOPS, *, target: Target) -> np.ndarray:
     """``(len(nests), feature_length(max_levels))`` float32: one :func:`features` row each."""
-    max_levels = _check_levels(max_levels)
+    max_levels = checks.positive_int(max_levels, "max_levels")
     target = Target.required(target, _FEATURES_OF)
     nests = list(nests)
     width = len(CONTEXT_NAMES)

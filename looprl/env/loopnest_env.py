@@ -44,7 +44,7 @@ import networkx as nx
 import numpy as np
 from gymnasium import spaces
 
-from looprl import defaults
+from looprl import checks, defaults
 from looprl.backend.layout_plan import conversions
 from looprl.target import Target
 from looprl.backend.threads import check_threads
@@ -62,7 +62,6 @@ from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, as_problem
 from looprl.measurement.evaluator import Evaluator, Measurement
 from looprl.measurement.peak import peak_gflops
-from looprl.measurement.timing import check_budget
 
 logger = logging.getLogger("looprl.env")
 
@@ -154,16 +153,11 @@ class LoopNestEnv(gym.Env):
         self._groups = dataset_groups(dataset, split) if problems is None else ()  # drawn from by set when several
         self.problems = tuple(p for group in self._groups for p in group) if problems is None else env_problems(problems=problems)
         self.reward, self.measure_fraction, refit_every = check_reward(reward, model, measure_fraction, refit_every)
-        if not isinstance(order, str) or order not in ORDERS:
-            raise ValueError(f"unknown order {order!r}; expected one of {', '.join(ORDERS)}")
-        if not isinstance(observation, str) or observation not in OBSERVATION_KINDS:
-            raise ValueError(f"unknown observation {observation!r}; expected one of {', '.join(OBSERVATION_KINDS)}")
-        if isinstance(episode_length, bool) or not isinstance(episode_length, (int, np.integer)) or episode_length < 1:
-            raise ValueError(f"episode_length must be a positive integer, got {episode_length!r}")
-        if render_mode is not None and (not isinstance(render_mode, str) or render_mode not in self.metadata["render_modes"]):
-            raise ValueError(f"unknown render_mode {render_mode!r}; supported: ansi")
-        if not isinstance(layouts, (bool, np.bool_)):
-            raise ValueError(f"layouts must be True or False, got {layouts!r}")
+        self.order = checks.one_of(order, "order", ORDERS)
+        self.normalized = checks.one_of(observation, "observation", OBSERVATION_KINDS) == "normalized"
+        self.episode_length = checks.positive_int(episode_length, "episode_length")
+        self.render_mode = checks.one_of(render_mode, "render_mode", self.metadata["render_modes"], allow_none=True)
+        layouts = checks.flag(layouts, "layouts")
         self.threads = check_threads(threads)
         if self.threads > 1 and self.reward != "measured":
             raise ValueError("reward='model' needs threads=1: the cost model's features do not see parallel loops")
@@ -171,17 +165,12 @@ class LoopNestEnv(gym.Env):
         self.max_loops = self.actions.max_loops
         for problem in self.problems:
             self.actions.check_fits(problem)
-        self.order = order
-        self.episode_length = int(episode_length)
-        self.normalized = observation == "normalized"
-        self.render_mode = render_mode
-        measure_budget_s = check_budget(measure_budget_s, "measure_budget_s")
-        if peak is not None:
-            peak = check_budget(peak, "peak", unit="GFLOPS")
+        measure_budget_s = checks.seconds(measure_budget_s, "measure_budget_s")
+        peak = checks.positive_float(peak, "peak", unit="GFLOPS", allow_none=True)
         self.evaluator = Evaluator(cache, measure_budget_s, target=target, samples=measure_samples, threads=self.threads)
         self.target = self.evaluator.target
         if layouts or self.threads > 1:
-            self.actions = ActionSet.for_target(self.target, split_factors, max_loops, layouts=bool(layouts), parallel=self.threads > 1)
+            self.actions = ActionSet.for_target(self.target, split_factors, max_loops, layouts=layouts, parallel=self.threads > 1)
         self.peak = peak if peak is not None else peak_gflops(target=self.target, cache=self.evaluator.cache, threads=self.threads)
         # reward="model": predicts most new states' GFLOPS; its own generator draws which to measure.
         self.surrogate = None if self.reward == "measured" else make_reward_model(model, self.evaluator, refit_every=refit_every, seed=None)
@@ -247,9 +236,7 @@ class LoopNestEnv(gym.Env):
     # -- gymnasium API -------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         if seed is not None:
-            if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
-                raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
-            seed = int(seed)
+            seed = checks.count(seed, "seed")
         if options is not None and not isinstance(options, Mapping):
             raise ValueError(f"options must be a dict or None, got {type(options).__name__}")
         options = dict(options or {})

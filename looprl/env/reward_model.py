@@ -22,12 +22,12 @@ workers, and the default env never imports the cost model or XGBoost.
 from __future__ import annotations
 
 import importlib
-import math
 import os
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from looprl import checks
 from looprl.ir.nest import LoopNest
 
 REWARDS = ("measured", "model")
@@ -47,22 +47,14 @@ class RewardModel(Protocol):
 
 def check_reward(reward, model, measure_fraction, refit_every) -> tuple[str, float, int]:
     """Validated ``(reward, measure_fraction, refit_every)``; ValueError naming the bad one."""
-    if not isinstance(reward, str) or reward not in REWARDS:
-        raise ValueError(f"unknown reward {reward!r}; expected one of {', '.join(REWARDS)}")
+    reward = checks.one_of(reward, "reward", REWARDS)
     if reward == "measured" and model is not None:
         raise ValueError("model is only used with reward='model'; pass reward='model' or drop model")
-    if (
-        isinstance(measure_fraction, (bool, np.bool_))
-        or not isinstance(measure_fraction, (int, float, np.integer, np.floating))
-        or not math.isfinite(measure_fraction)
-        or not 0.0 <= measure_fraction <= 1.0
-    ):
-        raise ValueError(f"measure_fraction must be a number in [0, 1], got {measure_fraction!r}")
-    if isinstance(refit_every, (bool, np.bool_)) or not isinstance(refit_every, (int, np.integer)) or refit_every < 1:
-        raise ValueError(f"refit_every must be a positive integer, got {refit_every!r}")
+    measure_fraction = checks.fraction(measure_fraction, "measure_fraction")
+    refit_every = checks.positive_int(refit_every, "refit_every")
     if not (model is None or isinstance(model, (str, os.PathLike)) or hasattr(model, "predict")):
         raise ValueError(f"model must be a cost-model file path, a CostModel, a reward model or None, got {type(model).__name__}")
-    return reward, float(measure_fraction), int(refit_every)
+    return reward, measure_fraction, refit_every
 
 
 def make_reward_model(model: Any, evaluator, *, refit_every: int, seed: int | None) -> RewardModel:

@@ -25,11 +25,12 @@ parts come in the order they are applied. ``scale`` is kept as the float32 it is
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
 import numpy as np
+
+from looprl import checks
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 _NUMBER_RE = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[-+]?[0-9]+)?", re.ASCII | re.IGNORECASE)
@@ -38,10 +39,7 @@ _NUMBER_RE = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[-+]?[0-9]+)?", r
 def as_float32_scale(value) -> float:
     """``value`` (a real number) rounded to float32, as a Python float; a ValueError if it is
     not a finite real number or overflows float32."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"epilogue scale must be a real number, got {value!r}")
-    if not math.isfinite(float(value)):
-        raise ValueError(f"epilogue scale must be finite, got {value!r}")
+    value = checks.finite_float(value, "epilogue scale")
     with np.errstate(over="ignore"):
         rounded = np.float32(value)
     if not np.isfinite(rounded):
@@ -65,12 +63,8 @@ class Epilogue:
     def __post_init__(self) -> None:
         object.__setattr__(self, "scale", as_float32_scale(self.scale))
         for name in ("bias", "residual"):
-            value = getattr(self, name)
-            if not isinstance(value, (bool, np.bool_)):
-                raise ValueError(f"epilogue {name} must be True or False, got {value!r}")
-            object.__setattr__(self, name, bool(value))
-        if self.activation is not None and self.activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {self.activation!r}; expected None or one of {', '.join(ACTIVATIONS)}")
+            object.__setattr__(self, name, checks.flag(getattr(self, name), f"epilogue {name}"))
+        object.__setattr__(self, "activation", checks.one_of(self.activation, "activation", ACTIVATIONS, allow_none=True))
 
     @property
     def is_identity(self) -> bool:

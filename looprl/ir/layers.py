@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from looprl import checks
 from looprl.ir.epilogue import Epilogue
-from looprl.ir.integers import as_int
 from looprl.ir.problem import Problem, contraction
 
 LINEAR_SPEC = "mk,nk->mn"
@@ -21,8 +21,6 @@ def linear(batch: int, in_features: int, out_features: int, bias: bool = True, a
     problem is called ``kernel(x, W, b)`` (and ``r`` last when ``residual``)."""
     sizes = {}
     for name, value in (("batch", batch), ("in_features", in_features), ("out_features", out_features)):
-        sizes[name] = as_int(value, name)
-        if sizes[name] < 1:
-            raise ValueError(f"{name} must be >= 1, got {value!r}")
+        sizes[name] = checks.positive_int(value, name)
     epilogue = Epilogue(scale=scale, bias=bias, activation=activation, residual=residual)
     return contraction(LINEAR_SPEC, m=sizes["batch"], n=sizes["out_features"], k=sizes["in_features"], constant="in1", epilogue=epilogue)

@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 
-from looprl.ir.integers import as_int
+from looprl import checks
 
 _ATOM_RE = re.compile(r"([a-z])([0-9]+)(?:%([0-9]+))?(?:p([0-9]+))?", re.ASCII)
 
@@ -176,14 +176,14 @@ class Layout:
 
     # -- primitives ----------------------------------------------------------------------
     def _dim(self, i, what: str) -> int:
-        i = as_int(i, "layout dimension")
+        i = checks.integer(i, "layout dimension")
         if not 0 <= i < len(self.dims):
             raise ValueError(f"cannot {what} dimension {i} of layout {self.key!r}: it has {len(self.dims)} dimensions")
         return i
 
     def split(self, i: int, factor: int) -> "Layout":
         i = self._dim(i, "split")
-        factor = as_int(factor, "layout split factor")
+        factor = checks.integer(factor, "layout split factor")
         why = self.why_not_split(i, factor)
         if why is not None:
             raise ValueError(why)
@@ -208,7 +208,7 @@ class Layout:
 
     def reorder(self, perm) -> "Layout":
         try:
-            perm = tuple(as_int(p, "layout permutation entry") for p in perm)
+            perm = tuple(checks.integer(p, "layout permutation entry") for p in perm)
         except TypeError:
             raise ValueError(f"a layout permutation must be a sequence of integers, got {perm!r}") from None
         if sorted(perm) != list(range(len(self.dims))):
@@ -223,7 +223,7 @@ class Layout:
 
     def pad(self, i: int, multiple: int) -> "Layout":
         i = self._dim(i, "pad")
-        multiple = as_int(multiple, "pad multiple")
+        multiple = checks.integer(multiple, "pad multiple")
         why = self.why_not_pad(i, multiple)
         if why is not None:
             raise ValueError(why)

@@ -35,8 +35,7 @@ import re
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from looprl import defaults
-from looprl.ir.integers import as_int
+from looprl import checks, defaults
 from looprl.ir.layout import Layout
 from looprl.ir.problem import FLOAT32_BYTES, Problem
 
@@ -289,9 +288,9 @@ class LoopNest:
         """Split loop ``index`` (size s) into an outer loop of ``s // factor`` iterations
         (plus the tail) and an inner loop of ``factor`` iterations. ``index`` and ``factor``
         may be Python or numpy integers."""
-        index = as_int(index, "loop index")
+        index = checks.integer(index, "loop index")
         loop = self._loop(index)
-        factor = as_int(factor, "split factor")
+        factor = checks.integer(factor, "split factor")
         why = self.why_not_split(index, factor)
         if why is not None:
             raise ValueError(why)
@@ -301,7 +300,7 @@ class LoopNest:
 
     def why_not_split(self, index: int, factor: int) -> str | None:
         """Why :meth:`split` refuses loop ``index`` by ``factor``, or None if it applies."""
-        loop = self._loop(as_int(index, "loop index"))
+        loop = self._loop(checks.integer(index, "loop index"))
         if factor < 2:
             return f"split factor must be >= 2, got {factor}"
         if factor > loop.size:
@@ -310,7 +309,7 @@ class LoopNest:
 
     def swap(self, index: int) -> "LoopNest":
         """Exchange loop ``index`` with loop ``index + 1`` of the same nest."""
-        index = as_int(index, "loop index")
+        index = checks.integer(index, "loop index")
         self._loop(index)
         why = self.why_not_swap(index)
         if why is not None:
@@ -320,7 +319,7 @@ class LoopNest:
     def why_not_swap(self, index: int) -> str | None:
         """Why :meth:`swap` refuses loop ``index`` (exchanging it with the next), or None.
         An index outside the nest is refused too (the cursor's neighbour may not exist)."""
-        index = as_int(index, "loop index")
+        index = checks.integer(index, "loop index")
         if not 0 <= index < len(self):
             return f"loop index {index} out of range: the nest has {len(self)} loops"
         first = self.loops[index]
@@ -336,7 +335,7 @@ class LoopNest:
         reduction loop would make threads add into the same elements), and no other loop of
         its nest (compute or write-back) may be parallel already: nested parallel loops are
         refused."""
-        index = as_int(index, "loop index")
+        index = checks.integer(index, "loop index")
         loop = self._loop(index)
         why = self.why_not_parallel(index)
         if why is not None:
@@ -345,7 +344,7 @@ class LoopNest:
 
     def why_not_parallel(self, index: int) -> str | None:
         """Why :meth:`parallel` refuses loop ``index``, or None if it may be parallel."""
-        loop = self._loop(as_int(index, "loop index"))
+        loop = self._loop(checks.integer(index, "loop index"))
         if loop.parallel:
             return "it is parallel already"
         if loop.var not in self.problem.output:
@@ -363,7 +362,7 @@ class LoopNest:
         return replace(self, compute=unmark(self.compute), write_back=unmark(self.write_back))
 
     def _loop(self, index: int) -> Loop:
-        """Loop ``index``, a Python int (callers convert with :func:`as_int`)."""
+        """Loop ``index``, a Python int (callers convert with :func:`looprl.checks.integer`)."""
         if not 0 <= index < len(self):
             raise ValueError(f"loop index {index} out of range: the nest has {len(self)} loops")
         return self.loops[index]

@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Mapping, Sequence
 
-from looprl import defaults
+from looprl import checks, defaults
 from looprl.ir.epilogue import IDENTITY, Epilogue, as_epilogue
-from looprl.ir.integers import INT64_MAX, as_int
 
 _SPEC_RE = re.compile(r"([a-z]*),([a-z]*)->([a-z]*)")  # used with fullmatch: no trailing "\n"
 _MATMUL_RE = re.compile(r"\s*([0-9]+)\s*x\s*([0-9]+)\s*x\s*([0-9]+)\s*", re.ASCII | re.IGNORECASE)
@@ -286,9 +285,7 @@ def _validate(spec: str, sizes: Mapping[str, int], epilogue: Epilogue = IDENTITY
         raise ValueError(f"spec {spec!r}: no size given for dimension(s) {absent}")
     result = {}
     for dim, value in sizes.items():
-        result[dim] = as_int(value, f"size of {dim!r}")
-        if result[dim] < 1:
-            raise ValueError(f"size of {dim!r} must be >= 1, got {value}")
+        result[dim] = checks.positive_int(value, f"size of {dim!r}")
     _check_limits(spec, (left, right, out), result, epilogue)
     return result
 
@@ -300,13 +297,13 @@ def _check_limits(spec: str, terms: tuple[str, str, str], sizes: dict[str, int],
     described = f"{spec} with " + ", ".join(f"{d}={sizes[d]}" for d in _first_appearance(spec))
     elements = [math.prod(sizes[d] for d in term) for term in terms]
     for name, term, count in zip(("first input", "second input", "output"), terms, elements):
-        if count > INT64_MAX:
+        if count > checks.INT64_MAX:
             raise ValueError(
                 f"problem {described}: the {name} {term!r} has {count} elements, more than a signed "
                 "64-bit integer holds: its flat index overflows (the generated code indexes and counts with i64)"
             )
     flops = 2 * math.prod(sizes.values())
-    if flops > INT64_MAX:
+    if flops > checks.INT64_MAX:
         raise ValueError(f"problem {described}: its flop count 2 x {flops // 2} = {flops} overflows a signed 64-bit integer")
     needed = FLOAT32_BYTES * (elements[0] + elements[1] + 2 * elements[2])  # + the accumulator
     needed += FLOAT32_BYTES * (sizes[terms[2][-1]] * epilogue.bias + elements[2] * epilogue.residual)

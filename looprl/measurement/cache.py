@@ -14,12 +14,11 @@ cache is created. How the file is opened, recognised, migrated and checksummed:
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from typing import NamedTuple
 
-from looprl import defaults
+from looprl import checks, defaults
 from looprl.target import Target
 from looprl.ir.nest import LoopNest
 from looprl.measurement.keys import bandwidth_key, measurement_host, measurement_key, peak_key, schedule_threads, tuned_problem, tuned_problem_name
@@ -92,8 +91,7 @@ class MeasurementCache:
         threads: int = 1,
     ) -> None:
         """Store ``gflops`` as the best of ``samples`` timings of ``nest`` (replacing what was there)."""
-        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-            raise ValueError(f"samples must be a positive integer, got {samples!r}")
+        samples = checks.positive_int(samples, "samples")
         self._store.write("measurements", self._key(nest, target, budget_s, threads), gflops, samples)
 
     def add_sample(
@@ -219,13 +217,11 @@ class MeasurementCache:
         for index, record in enumerate(records):
             if not isinstance(record, dict):
                 raise ValueError(f"tuned record {index} is not a dict: {record!r}")
-            for key, kind in (("host", str), ("problem", str), ("schedule", str), ("gflops", (int, float)), ("budget_s", (int, float))):
-                if isinstance(record.get(key), bool) or not isinstance(record.get(key), kind):
-                    raise ValueError(f"tuned record {index}: {key!r} must be a {getattr(kind, '__name__', 'number')}, got {record.get(key)!r}")
-            gflops, budget = float(record["gflops"]), float(record["budget_s"])
-            if not (math.isfinite(gflops) and gflops > 0 and math.isfinite(budget) and budget >= 0):
-                raise ValueError(f"tuned record {index}: gflops must be finite and positive and budget_s finite and not negative, "
-                                 f"got {gflops!r} and {budget!r}")
+            for key in ("host", "problem", "schedule"):
+                if not isinstance(record.get(key), str):
+                    raise ValueError(f"tuned record {index}: {key!r} must be a str, got {record.get(key)!r}")
+            gflops = checks.positive_float(record.get("gflops"), f"tuned record {index}: gflops")
+            budget = checks.seconds(record.get("budget_s"), f"tuned record {index}: budget_s", allow_zero=True)
             actions = record.get("actions")
             text = None if actions is None else json.dumps(actions)
             if text is not None and _action_path(text)[0] is None:

@@ -19,7 +19,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from looprl import defaults
+from looprl import checks, defaults
 from looprl.backend.kernel import Kernel, compile
 from looprl.backend.threads import check_threads
 from looprl.errors import CompileError, KernelError
@@ -31,7 +31,6 @@ from looprl.target import Target
 from looprl.measurement.timing import (
     DEFAULT_BUDGET_S,
     Workspace,
-    check_budget,
     time_kernel,
 )
 
@@ -94,13 +93,11 @@ class Evaluator:
         samples: int = defaults.MEASUREMENT_SAMPLES,
         threads: int = 1,
     ):
-        self.budget_s = check_budget(budget_s)
+        self.budget_s = checks.seconds(budget_s, "budget_s")
         self.threads = check_threads(threads)
         self.target = Target.resolve(target)
         self.target.check_runs_on_host()
-        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-            raise ValueError(f"samples must be a positive integer, got {samples!r}")
-        self.samples = samples
+        self.samples = checks.positive_int(samples, "samples")
         if not (isinstance(timing_lock, bool) or timing_lock is None or hasattr(timing_lock, "__enter__")):
             raise ValueError(f"timing_lock must be True, False or a context manager, got {type(timing_lock).__name__}")
         self.cache = open_cache(cache)
@@ -210,7 +207,7 @@ def measure(
         threads = 1 if threads is None else check_threads(threads)
     else:
         raise ValueError(f"measure() expects a Kernel or a LoopNest, got {type(code).__name__}")
-    budget_s = check_budget(budget_s)
+    budget_s = checks.seconds(budget_s, "budget_s")
     if cache is not None:
         return Evaluator(cache, budget_s, strict=True, target=target, samples=samples, threads=threads).measure(nest, kernel).gflops
     target.check_runs_on_host()

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from looprl import defaults
+from looprl import checks, defaults
 from looprl.backend.codegen import CODEGEN_VERSION
 from looprl.backend.host import host_fingerprint
 from looprl.target import Target
 from looprl.ir.nest import LoopNest
-from looprl.measurement.timing import TIMING_PROTOCOL_VERSION, check_budget
+from looprl.measurement.timing import TIMING_PROTOCOL_VERSION
 
 
 def measurement_host() -> str:
@@ -30,21 +30,21 @@ def measurement_host() -> str:
 
 def _threads_suffix(threads) -> str:
     """The key's thread part: nothing for one thread (keys from before threads existed)."""
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be a positive integer, got {threads!r}")
+    threads = checks.positive_int(threads, "threads")
     return "" if threads == 1 else f"|threads-{threads}"
 
 
 def measurement_key(target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S, threads: int = 1) -> str:
     """The cache's key for schedules measured on this host for ``target`` (None: the host's)
     by the timing protocol with ``budget_s`` seconds per state, on ``threads`` threads."""
-    return _measurement_key(target, budget_s) + _threads_suffix(threads)  # checked outside the memo: True == 1
+    budget_s = checks.seconds(budget_s, "budget_s")  # checked outside the memo, as True == 1 there
+    return _measurement_key(target, budget_s) + _threads_suffix(threads)
 
 
 @lru_cache(maxsize=64)
 def _measurement_key(target: Target | None, budget_s: float) -> str:
     target = Target.resolve(target)
-    budget_ms = check_budget(budget_s) * 1000
+    budget_ms = budget_s * 1000
     return f"{host_fingerprint()}|{target.key}|codegen-{CODEGEN_VERSION}|timing-v{TIMING_PROTOCOL_VERSION}-{budget_ms:g}ms"
 
 

@@ -32,9 +32,10 @@ import os
 import subprocess
 import sys
 
+from looprl import checks
 from looprl.backend.threads import check_threads
 from looprl.measurement.lock import machine_lock
-from looprl.measurement.timing import best_time, check_budget
+from looprl.measurement.timing import best_time
 from looprl.target import Target
 
 _THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
@@ -48,14 +49,10 @@ def coretype_for(isa: str | None, host_isa: str | None = None) -> str | None:
     """The ``OPENBLAS_CORETYPE`` for comparing with code for ``isa``: None (native kernels)
     when ``isa`` is None or not narrower than ``host_isa`` (default: this machine's), else
     the core type of ``isa``."""
+    isa = checks.one_of(isa, "isa", CORETYPES, allow_none=True)
     if isa is None:
         return None
-    if not isinstance(isa, str) or isa not in CORETYPES:
-        raise ValueError(f"unknown isa {isa!r} for the numpy baseline; expected None or one of {', '.join(CORETYPES)}")
-    if host_isa is None:
-        host_isa = Target.host().isa
-    if host_isa not in CORETYPES:
-        raise ValueError(f"unknown host isa {host_isa!r}; expected one of {', '.join(CORETYPES)}")
+    host_isa = checks.one_of(Target.host().isa if host_isa is None else host_isa, "host isa", CORETYPES)
     widths = list(CORETYPES)
     return CORETYPES[isa] if widths.index(isa) > widths.index(host_isa) else None
 
@@ -85,7 +82,7 @@ def numpy_gflops(problems: list, budget_s: float = 0.3, isa: str | None = None, 
     a child process with ``threads`` BLAS threads (default one) and the OpenBLAS kernels for
     ``isa`` (None: native), by the common timing rule; this process holds the machine-wide
     lock meanwhile."""
-    budget_s = check_budget(budget_s)
+    budget_s = checks.seconds(budget_s, "budget_s")
     environment = baseline_environment(isa, threads=threads)
     request = json.dumps({"problems": [p.name for p in problems], "budget_s": budget_s})
     with machine_lock():

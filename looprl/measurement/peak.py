@@ -13,11 +13,12 @@ from __future__ import annotations
 import ctypes
 import math
 
+from looprl import checks
 from looprl.backend.jit import CompiledModule
 from looprl.backend.peak_kernel import PEAK_ITERATIONS, peak_chain_counts, peak_ir
 from looprl.backend.threads import before_parallel_call, check_threads, ensure_openmp_runtime
 from looprl.measurement.lock import machine_lock
-from looprl.measurement.timing import best_time, check_budget
+from looprl.measurement.timing import best_time
 from looprl.target import Target
 
 
@@ -30,7 +31,7 @@ def measure_peak_gflops(target: Target, budget_s: float = 0.5, threads: int = 1)
     interleaved rounds (the best wins: noise only slows runs down). With ``threads`` > 1 the
     chains run on every thread of a team of that many and the team's total counts. A target
     this host cannot run is a ValueError."""
-    budget_s = check_budget(budget_s)
+    budget_s = checks.seconds(budget_s, "budget_s")
     threads = check_threads(threads)
     target.check_runs_on_host()
     lanes = target.vector_width

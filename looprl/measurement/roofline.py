@@ -19,13 +19,14 @@ import ctypes
 import math
 from dataclasses import dataclass
 
+from looprl import checks
 from looprl.backend.buffers import aligned_zeros
 from looprl.backend.host import cache_sizes
 from looprl.backend.jit import CompiledModule
 from looprl.backend.stream_kernel import STREAM_ACCUMULATORS, stream_ir
 from looprl.backend.threads import before_parallel_call, check_threads, ensure_openmp_runtime
 from looprl.ir.problem import Problem
-from looprl.measurement.timing import best_time, check_budget
+from looprl.measurement.timing import best_time
 from looprl.target import Target
 
 FLOAT32_BYTES = 4
@@ -38,8 +39,7 @@ def level_buffer_bytes(level: str) -> int:
     at most half that cache), or eight times the last-level cache (at least
     :data:`MIN_DRAM_BUFFER_BYTES`) for DRAM. A bound must not be beaten: the last-level cache is
     read fastest just past the L2 (on a Zen 4 VM: 99 GB/s at 2-8 MB, 81 at 16 MB, 67 at 24)."""
-    if level not in LEVELS:
-        raise ValueError(f"unknown memory level {level!r}; expected one of {', '.join(LEVELS)}")
+    level = checks.one_of(level, "memory level", LEVELS)
     l2, llc = cache_sizes()
     if level == "llc":
         return max(min(4 * l2, llc // 2), 2**20)
@@ -50,7 +50,7 @@ def measure_bandwidth_gbs(target: Target, buffer_bytes: int, threads: int = 1, b
     """Best read bandwidth (GB/s) of ``threads`` threads streaming a buffer of about
     ``buffer_bytes`` (each thread its own contiguous share) with ``target``'s vector loads,
     timed by the common rule in two rounds."""
-    budget_s = check_budget(budget_s)
+    budget_s = checks.seconds(budget_s, "budget_s")
     threads = check_threads(threads)
     target.check_runs_on_host()
     step = target.vector_width * STREAM_ACCUMULATORS * threads  # floats per block of every thread

@@ -19,6 +19,7 @@ from typing import Callable
 
 import numpy as np
 
+from looprl import checks
 from looprl.backend.buffers import aligned_empty
 from looprl.backend.abi import kernel_tensors
 from looprl.backend.kernel import Kernel, ReshapedKernel
@@ -44,26 +45,13 @@ class Timing:
         return self.flops / self.seconds / 1e9
 
 
-def check_budget(budget_s, what: str = "budget_s", unit: str = "seconds") -> float:
-    """A finite, positive number (of seconds, or of ``unit``), or a ValueError naming ``what``.
-
-    Python and numpy numbers are accepted; bools, strings and None are not."""
-    if isinstance(budget_s, (bool, np.bool_)) or not isinstance(budget_s, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{what} must be a positive number of {unit}, got {budget_s!r}")
-    if not (math.isfinite(budget_s) and budget_s > 0):
-        raise ValueError(f"{what} must be a positive, finite number of {unit}, got {budget_s!r}")
-    return float(budget_s)
-
-
 def best_time(call: Callable[[int], None], budget_s: float, *, flops: int = 0, min_runs: int = 3, lock=None) -> Timing:
     """Time ``call(reps)`` (which runs the computation ``reps`` times) by the rule above.
 
     ``lock``: a context manager held while timing; None means the machine-wide lock (pass
     ``contextlib.nullcontext()`` where a parent process already holds it)."""
-    budget_s = check_budget(budget_s)
-    if isinstance(min_runs, bool) or not isinstance(min_runs, (int, np.integer)) or min_runs < 1:
-        raise ValueError(f"min_runs must be a positive integer, got {min_runs!r}")
-    min_runs = int(min_runs)
+    budget_s = checks.seconds(budget_s, "budget_s")
+    min_runs = checks.positive_int(min_runs, "min_runs")
     with lock if lock is not None else machine_lock():
         began = start = time.perf_counter()
         call(1)  # warm-up: page faults, caches

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from looprl import checks
 from looprl.target import Target
 from looprl.actions import ActionSet, State, step
 from looprl.actions import replay
@@ -86,9 +87,7 @@ def greedy_rollout(
     without it an invalid choice is a no-op, as in the env."""
     if length is None:
         length = policy.metadata["episode_length"]
-    if isinstance(length, bool) or not isinstance(length, int) and not hasattr(length, "__index__") or int(length) < 0:
-        raise ValueError(f"length must be a non-negative integer, got {length!r}")
-    length = int(length)
+    length = checks.count(length, "length")
     actions = policy_actions(policy, evaluator.target if evaluator is not None else None)
     actions.check_fits(problem)
     normalized = policy.metadata["observation"] == "normalized"

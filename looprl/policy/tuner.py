@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from looprl import defaults
+from looprl import checks, defaults
 from looprl.backend.kernel import Kernel, ReshapedKernel, compile
 from looprl.target import Target
 from looprl.backend.threads import available_cores, check_threads
@@ -45,7 +45,6 @@ from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, as_problem, matmul
 from looprl.ir.rewrites import Rewrite, RewritePlan, plan_rewrites, relaid_twin
 from looprl.measurement.evaluator import Evaluator
-from looprl.measurement.timing import check_budget
 from looprl.policy.guided import guided_search
 from looprl.policy.loading import load_policy
 from looprl.policy.numpy_policy import Policy
@@ -163,14 +162,10 @@ def tune(
     operand re-laid per call, :func:`_measured_answer`); :func:`_finish` carries it back,
     compiles it once, remembers it and builds the result."""
     started = time.perf_counter()
-    if steps is not None and (isinstance(steps, (bool, np.bool_)) or not isinstance(steps, (int, np.integer)) or steps < 0):
-        raise ValueError(f"steps must be a non-negative integer or None, got {steps!r}")
-    steps = None if steps is None else int(steps)
-    for name, flag in (("measure", measure), ("remember", remember)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise ValueError(f"{name} must be True or False, got {flag!r}")
-    budget_s = None if budget_s is None else _check_search_budget(budget_s)
-    measure_budget_s = check_budget(measure_budget_s, "measure_budget_s")
+    steps = None if steps is None else checks.count(steps, "steps")
+    measure, remember = checks.flag(measure, "measure"), checks.flag(remember, "remember")
+    budget_s = checks.seconds(budget_s, "budget_s", allow_zero=True, allow_none=True)
+    measure_budget_s = checks.seconds(measure_budget_s, "measure_budget_s")
     if not isinstance(policy, (Policy, str, os.PathLike)):
         raise ValueError(f"policy must be a Policy, 'default' or a path to a policy folder, got {type(policy).__name__}")
     threads = available_cores() if threads is None else check_threads(threads)
@@ -374,12 +369,6 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, step
             serial_gflops = team_context.values.get(ranked[0].nest.key, serial_gflops)
     return Found(best.nest, best.gflops, tuple(best.actions or ()), rollout.initial_gflops, rollout.best_gflops, budget_s,
                  search.new_measurements, search.waited_s, serial_gflops)
-
-
-def _check_search_budget(budget_s) -> float:
-    """The search budget: 0 (the rollout alone) or what :func:`check_budget` accepts."""
-    is_number = isinstance(budget_s, (int, float, np.integer, np.floating)) and not isinstance(budget_s, (bool, np.bool_))
-    return 0.0 if is_number and budget_s == 0 else check_budget(budget_s, "budget_s")
 
 
 def _warn_if_made_for_another_target(policy: Policy, target: Target) -> None:

@@ -38,7 +38,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from looprl import defaults
+from looprl import checks, defaults
 from looprl.costmodel.schedule_features import features_batch
 from looprl.costmodel.model import CostModel, TransferModel, import_xgboost
 from looprl.actions import State
@@ -395,22 +395,20 @@ def autotvm(
     ``transfer`` adds a global model fitted on the cache's other problems. ``depth`` bounds the
     random walks that seed the chains and the random picks; ``walks`` draws those as random
     search does (walks of the env's actions) instead of from the whole 2..64 space."""
-    if objective not in ("rank", "regression"):
-        raise ValueError(f"autotvm objective must be 'rank' or 'regression', got {objective!r}")
     options = {
-        "objective": objective,
-        "transfer": _flag(transfer, "transfer"),
-        "batch_size": _count(batch_size, "batch_size"),
-        "chains": _count(chains, "chains"),
-        "max_steps": _count(max_steps, "max_steps"),
-        "early_stop": _count(early_stop, "early_stop"),
-        "epsilon": _fraction(epsilon, "epsilon"),
-        "diversity": _at_least(diversity, "diversity", 1.0),
-        "alpha": _at_least(alpha, "alpha", 0.0),
-        "temperature": _at_least(temperature, "temperature", 0.0),
-        "walks": _flag(walks, "walks"),
-        "restart": _fraction(restart, "restart"),
-        "any_factor": _flag(any_factor, "any_factor"),
+        "objective": checks.one_of(objective, "autotvm objective", ("rank", "regression")),
+        "transfer": checks.flag(transfer, "transfer"),
+        "batch_size": checks.positive_int(batch_size, "batch_size"),
+        "chains": checks.positive_int(chains, "chains"),
+        "max_steps": checks.positive_int(max_steps, "max_steps"),
+        "early_stop": checks.positive_int(early_stop, "early_stop"),
+        "epsilon": checks.fraction(epsilon, "epsilon"),
+        "diversity": checks.finite_float(diversity, "diversity", minimum=1.0),
+        "alpha": checks.finite_float(alpha, "alpha", minimum=0.0),
+        "temperature": checks.finite_float(temperature, "temperature", minimum=0.0),
+        "walks": checks.flag(walks, "walks"),
+        "restart": checks.fraction(restart, "restart"),
+        "any_factor": checks.flag(any_factor, "any_factor"),
     }
     import_xgboost()  # fail before measuring anything
     _Tuner(context, depth, rng, options).run()
@@ -428,35 +426,3 @@ def _records(evaluator, exclude_problem: str) -> list[tuple[str, str, float]]:
     if isinstance(getattr(evaluator, "budget_s", None), float):
         options["budget_s"] = evaluator.budget_s
     return [(str(p), str(k), float(g)) for p, k, g in records(**options)]
-
-
-def _flag(value, what: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{what} must be True or False, got {value!r}")
-    return bool(value)
-
-
-def _count(value, what: str) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{what} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def _number(value, what: str) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) or not math.isfinite(value):
-        raise ValueError(f"{what} must be a finite number, got {value!r}")
-    return float(value)
-
-
-def _fraction(value, what: str) -> float:
-    value = _number(value, what)
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{what} must be in [0, 1], got {value}")
-    return value
-
-
-def _at_least(value, what: str, minimum: float) -> float:
-    value = _number(value, what)
-    if value < minimum:
-        raise ValueError(f"{what} must be at least {minimum:g}, got {value}")
-    return value

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import networkx as nx
 import numpy as np
 
-from looprl import defaults
+from looprl import checks, defaults
 from looprl.backend.layout_plan import conversions
 from looprl.target import Target
 from looprl.backend.threads import check_threads
@@ -20,7 +20,6 @@ from looprl.ir.nest import LoopNest
 from looprl.ir.problem import Problem, as_problem
 from looprl.ir.schedules import layout_starts, target_split_factors
 from looprl.measurement.evaluator import Evaluator
-from looprl.measurement.timing import check_budget
 from looprl.search.algorithms import check_options, parse_algorithm
 from looprl.search.context import SearchContext
 from looprl.search.staged import INTERRUPTED, Candidate, StagedSearch, confirm_winner
@@ -163,23 +162,21 @@ def run(
     problem = as_problem(problem)
     function, defaults_ = parse_algorithm(algo)
     options = {**defaults_, **check_options(function, algo, options)}
-    budget_s = None if budget_s is None else check_budget(budget_s, "budget_s")
-    verify_s = None if verify_s is None else check_budget(verify_s, "verify_s")
-    measure_budget_s = check_budget(measure_budget_s, "measure_budget_s")
-    max_evaluations = None if max_evaluations is None else _integer(max_evaluations, "max_evaluations", 1)
-    depth = _integer(depth, "depth", 1)
-    seed = None if seed is None else _integer(seed, "seed", 0)
+    budget_s = checks.seconds(budget_s, "budget_s", allow_none=True)
+    verify_s = checks.seconds(verify_s, "verify_s", allow_none=True)
+    measure_budget_s = checks.seconds(measure_budget_s, "measure_budget_s")
+    max_evaluations = None if max_evaluations is None else checks.positive_int(max_evaluations, "max_evaluations")
+    depth = checks.positive_int(depth, "depth")
+    seed = None if seed is None else checks.count(seed, "seed")
     if evaluator is not None and not callable(evaluator):
         raise ValueError(f"evaluator must be an Evaluator (callable on a LoopNest) or None, got {type(evaluator).__name__}")
     if progress is not None and not callable(progress):
         raise ValueError(f"progress must be a callable or None, got {type(progress).__name__}")
-    if not isinstance(layouts, (bool, np.bool_)):
-        raise ValueError(f"layouts must be True or False, got {layouts!r}")
+    layouts = checks.flag(layouts, "layouts")
     if layout_stage is not None:
         if not layouts or budget_s is None:
             raise ValueError("layout_stage needs layouts=True and a budget_s to divide")
-        if isinstance(layout_stage, bool) or not isinstance(layout_stage, (int, float)) or not 0 < layout_stage < 1:
-            raise ValueError(f"layout_stage must be a fraction strictly between 0 and 1, got {layout_stage!r}")
+        layout_stage = checks.fraction(layout_stage, "layout_stage", allow_zero=False, allow_one=False)
     # The evaluator's target (a stand-in evaluator may have none: then ``target``'s).
     search_target = (getattr(evaluator, "target", None) if evaluator is not None else None) or Target.resolve(target)
     if isinstance(split_factors, str):
@@ -269,11 +266,3 @@ def run(
         },
         graph=search.graph,
     )
-
-
-def _integer(value, what: str, minimum: int) -> int:
-    """``value`` as an int (a Python or numpy integer, not a bool) of at least ``minimum``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < minimum:
-        kind = "a positive" if minimum == 1 else "a non-negative"
-        raise ValueError(f"{what} must be {kind} integer, got {value!r}")
-    return int(value)

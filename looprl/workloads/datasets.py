@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from looprl import defaults
+from looprl import checks, defaults
 
 from looprl.workloads.architectures import MODEL_NAMES, TEST_MODELS, model_entries
 from looprl.workloads.entries import DatasetEntry
@@ -179,8 +179,7 @@ def load_dataset(name: str) -> dict:
 def dataset_entries(name: str, split: str = "train") -> tuple[DatasetEntry, ...]:
     """The rows of ``split`` ("train", "test" or "all") of dataset ``name``, each a frozen
     :class:`DatasetEntry` (spec, sizes, and for ``models`` the model, layer and derivation)."""
-    if not isinstance(split, str) or split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
+    split = checks.one_of(split, "split", SPLITS)
     content = load_dataset(name)
     rows = content["train"] + content["test"] if split == "all" else content[split]
     try:
