@@ -44,14 +44,16 @@ class Timing:
         return self.flops / self.seconds / 1e9
 
 
-def check_budget(budget_s, what: str = "budget_s", unit: str = "seconds") -> float:
-    """A finite, positive number (of seconds, or of ``unit``), or a ValueError naming ``what``.
+def check_budget(budget_s, what: str = "budget_s", unit: str = "seconds", *, zero: bool = False) -> float:
+    """A finite, positive number (of seconds, or of ``unit``; 0 too where ``zero``, which
+    means "none" to the caller), or a ValueError naming ``what``.
 
     Python and numpy numbers are accepted; bools, strings and None are not."""
+    kind = "finite number >= 0" if zero else "positive, finite number"
     if isinstance(budget_s, (bool, np.bool_)) or not isinstance(budget_s, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{what} must be a positive number of {unit}, got {budget_s!r}")
-    if not (math.isfinite(budget_s) and budget_s > 0):
-        raise ValueError(f"{what} must be a positive, finite number of {unit}, got {budget_s!r}")
+        raise ValueError(f"{what} must be a {kind} of {unit}, got {budget_s!r}")
+    if not (math.isfinite(budget_s) and (budget_s > 0 or (zero and budget_s == 0))):
+        raise ValueError(f"{what} must be a {kind} of {unit}, got {budget_s!r}")
     return float(budget_s)
 
 
