@@ -31,7 +31,7 @@ from looprl.ir.schedules import expert_candidates
 from looprl.measurement.numpy_baseline import numpy_gflops
 from looprl.measurement.peak import measure_peak_gflops
 from looprl.measurement.roofline import roofline
-from looprl.measurement.timing import time_kernel
+from looprl.measurement.timing import check_budget, time_kernel
 from looprl.policy.parallel import parallel_variant
 from looprl.target import TARGET_NAMES, Target
 
@@ -248,8 +248,7 @@ def main(args) -> dict:
             shapes.append(tuple(int(p) for p in parts))
     else:
         shapes = DEFAULT_SHAPES
-    if args.budget <= 0:
-        raise ValueError("--budget must be positive")
+    check_budget(args.budget, "--budget")
     if args.compiles < 0:
         raise ValueError("--compiles must be >= 0")
     targets = [name.strip() for name in args.targets.split(",") if name.strip()] if getattr(args, "targets", None) else None

@@ -22,6 +22,7 @@ from looprl.workloads.datasets import dataset_problems
 from looprl.env.loopnest_env import LoopNestEnv
 from looprl.measurement.cache import MeasurementCache
 from looprl.measurement.peak import peak_gflops
+from looprl.measurement.timing import check_budget
 from looprl.backend.host import cpu_model_name
 from looprl.target import Target
 
@@ -103,8 +104,7 @@ def _workload(name: str, problems, args, peak: float, out, target=None) -> dict:
 def main(args, out=sys.stdout) -> dict:
     if args.steps < 1:
         raise ValueError(f"--steps must be positive, got {args.steps}")
-    if not args.budget_ms > 0:
-        raise ValueError(f"--budget-ms must be positive, got {args.budget_ms}")
+    check_budget(args.budget_ms, "--budget-ms", unit="milliseconds")
     target = Target.resolve(getattr(args, "target", None))
     target.check_runs_on_host()
     peak = peak_gflops(target=target)

@@ -33,7 +33,7 @@ from looprl.measurement.numpy_baseline import baseline_label, numpy_gflops
 from looprl.measurement.numpy_epilogue import erf_source
 from looprl.measurement.peak import measure_peak_gflops
 from looprl.measurement.roofline import roofline
-from looprl.measurement.timing import best_time, time_kernel
+from looprl.measurement.timing import best_time, check_budget, time_kernel
 from looprl.policy.tuner import tune
 from looprl.target import Target
 
@@ -122,8 +122,9 @@ def _geomean(values) -> float:
 
 
 def main(args, out=sys.stdout) -> dict:
-    if not (args.budget > 0 and math.isfinite(args.budget)):
-        raise ValueError(f"--budget must be a positive number of seconds, got {args.budget}")
+    check_budget(args.budget, "--budget")
+    if args.tune_budget is not None:  # None: scaled to the layer
+        check_budget(args.tune_budget, "--tune-budget", zero=True)
     layers = [parse_layer(t) for t in args.layers] if args.layers else [(*spec, True) for spec in DEFAULT_LAYERS]
     target = Target.resolve(args.target)
     target.check_runs_on_host()

@@ -40,7 +40,7 @@ from looprl.ir.problem import parse_problems
 from looprl.measurement.numpy_baseline import baseline_label, numpy_gflops
 from looprl.measurement.peak import measure_peak_gflops
 from looprl.measurement.roofline import roofline
-from looprl.measurement.timing import time_kernel
+from looprl.measurement.timing import check_budget, time_kernel
 from looprl.policy.loading import load_policy
 from looprl.policy.tuner import TUNE_BUDGET_S, tune
 from looprl.target import Target
@@ -179,10 +179,10 @@ def summarise_agreement(rows: list[dict], key: str) -> dict:
 def main(args, out=sys.stdout) -> dict:
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be positive, got {args.limit}")
-    if not args.budget > 0:
-        raise ValueError(f"--budget must be positive, got {args.budget}")
-    if not (args.search >= 0 and math.isfinite(args.search)):
-        raise ValueError(f"--search must be a non-negative number of seconds, got {args.search}")
+    check_budget(args.budget, "--budget")
+    if args.tune_budget is not None:  # None: scaled to each problem
+        check_budget(args.tune_budget, "--tune-budget", zero=True)
+    check_budget(args.search, "--search", zero=True)
     counts = thread_counts(getattr(args, "threads", "1"))
     repeat = getattr(args, "repeat", False)
     neighbour = getattr(args, "neighbour", None)
