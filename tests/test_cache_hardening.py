@@ -1,10 +1,13 @@
 """The measurement cache refuses files that are not its own, and never returns a damaged value."""
 
+import contextlib
 import os
 import pickle
+import shutil
 import sqlite3
 import stat
 import struct
+import subprocess
 import sys
 import warnings
 
@@ -297,3 +300,77 @@ def test_a_bad_value_is_a_value_error_and_keeps_the_cache(cache_path):
             cache.put(nest, float("nan"))
         assert cache.get(nest) == 1.5
     assert os.listdir(os.path.dirname(cache_path)) == ["measurements.sqlite"]
+
+
+# -- read-only caches and locks held too long -----------------------------------------------
+@contextlib.contextmanager
+def read_only(path):
+    """``path`` cannot be opened for writing within the block: mode 0444, or for root (whom
+    modes do not stop) the immutable attribute; skipped where neither is possible."""
+    if os.geteuid() != 0:
+        os.chmod(path, 0o444)
+        try:
+            yield
+        finally:
+            os.chmod(path, 0o644)
+        return
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("cannot make a file read-only for root here (chattr +i)")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def test_a_read_only_cache_is_a_value_error_when_opened_not_at_the_first_write(cache_path):
+    _filled_cache(cache_path, 1)
+    with read_only(cache_path):
+        with pytest.raises(ValueError, match=f"cannot use {cache_path} as the measurement cache: it cannot be opened for writing"):
+            MeasurementCache(cache_path)
+
+
+def test_a_write_the_file_refuses_later_is_a_value_error_naming_it(cache_path, monkeypatch):
+    """SQLite opened the file read-only (as it silently does when it cannot write it)."""
+    from looprl.measurement.store import CacheStore
+
+    _filled_cache(cache_path, 1)
+    read_only_connect = lambda self, target: sqlite3.connect(f"file:{target}?mode=ro", uri=True, timeout=self.timeout_s, isolation_level=None)
+    monkeypatch.setattr(CacheStore, "_connect", read_only_connect)
+    cache = MeasurementCache(cache_path)
+    with pytest.raises(ValueError, match=f"cannot write the measurement cache {cache_path}: attempt to write a readonly database"):
+        cache.put_peak(1.0)
+    cache.close()
+
+
+WRITER = (
+    "import sqlite3, sys, time\n"
+    "connection = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+    "connection.execute('BEGIN IMMEDIATE')\n"
+    "print('writing', flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+def test_a_cache_locked_past_the_timeout_names_the_process_holding_it(cache_path, tmp_path):
+    from looprl.measurement.lock import LockWaitTimeout
+
+    _filled_cache(cache_path, 1)
+    cache = MeasurementCache(cache_path, timeout_s=0.2)
+    script = tmp_path / "cache_writer_marker.py"
+    script.write_text(WRITER)
+    writer = subprocess.Popen([sys.executable, str(script), cache_path], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "writing"
+        with pytest.raises(LockWaitTimeout) as caught:
+            cache.put_peak(1.0)
+        with pytest.raises(LockWaitTimeout):  # opening takes a write transaction too
+            MeasurementCache(cache_path, timeout_s=0.2)
+    finally:
+        writer.kill()
+        writer.wait()
+        writer.stdout.close()
+    message = str(caught.value)
+    assert f"gave up after waiting 0.2 s for the measurement cache {cache_path}" in message
+    assert f"pid {writer.pid} (" in message and "cache_writer_marker.py" in message
+    cache.put_peak(1.0)  # free again
+    cache.close()

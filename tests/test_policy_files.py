@@ -248,3 +248,50 @@ def test_shipped_policies_still_load(where):
     if not path.exists():
         pytest.skip(f"{where} is not shipped in this checkout")
     assert load_policy(path).scores(OBSERVATION).shape == (7,)
+
+
+# -- headers before data: a small file cannot make loading decompress huge arrays -----------------
+@pytest.fixture
+def arrays_read(monkeypatch):
+    """The names of the .npy members whose data was read (decompressed) since the fixture began."""
+    read = []
+    real_read_array = np.lib.format.read_array
+
+    def spy(handle, *args, **kwargs):
+        read.append(getattr(handle, "name", "?"))
+        return real_read_array(handle, *args, **kwargs)
+
+    monkeypatch.setattr(np.lib.format, "read_array", spy)
+    return read
+
+
+def test_array_shapes_are_checked_from_the_headers_before_any_data_is_read(folder, arrays_read):
+    """The defect: a 4 MB .npz holding a 256 x 4,000,000 array took 8.7 GB and 30 s to refuse.
+    Here a wrongly shaped (8, 40000) array: refused from its header, no array's data read."""
+    write_arrays(folder, **{"trunk.0.weight": np.zeros((8, 40_000), np.float32)})
+    arrays_read.clear()
+    rejected(folder, "policy.npz", "do not chain at network.trunk[0]", "(8, 40000)")
+    assert arrays_read == []
+    write_arrays(folder, **{"trunk.0.weight": np.zeros((8, 200), np.float32), "trunk.0.bias": np.full((8, 1), "x")})
+    arrays_read.clear()
+    rejected(folder, "policy.npz", "'trunk.0.bias'", "not numeric")
+    assert arrays_read == []
+
+
+def test_a_network_past_the_size_limit_is_refused_from_its_headers(folder, arrays_read, monkeypatch):
+    from looprl.policy import numpy_policy
+
+    expected = random_policy().scores(OBSERVATION)
+    np.testing.assert_array_equal(Policy.load(folder).scores(OBSERVATION), expected)
+    assert arrays_read  # a good file is read, and only then
+    arrays_read.clear()
+    monkeypatch.setattr(numpy_policy, "MAX_POLICY_PARAMETERS", 100)
+    rejected(folder, "policy.npz", "more than a policy may (100)")
+    assert arrays_read == []
+
+
+def test_only_the_arrays_the_metadata_names_are_read(folder, arrays_read):
+    write_arrays(folder, **{"unused.extra": np.zeros((4, 4), np.float32)})
+    arrays_read.clear()
+    Policy.load(folder)
+    assert arrays_read and not any("unused.extra" in name for name in arrays_read)

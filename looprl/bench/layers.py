@@ -124,6 +124,8 @@ def _geomean(values) -> float:
 
 def main(args, out=sys.stdout) -> dict:
     checks.seconds(args.budget, "--budget")
+    if args.tune_budget is not None:  # None: scaled to the layer
+        checks.seconds(args.tune_budget, "--tune-budget", allow_zero=True)
     layers = [parse_layer(t) for t in args.layers] if args.layers else [(*spec, True) for spec in DEFAULT_LAYERS]
     target = Target.resolve(args.target)
     target.check_runs_on_host()

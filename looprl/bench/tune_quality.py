@@ -181,6 +181,8 @@ def main(args, out=sys.stdout) -> dict:
         checks.positive_int(args.limit, "--limit")
     checks.seconds(args.budget, "--budget")
     checks.seconds(args.search, "--search", allow_zero=True)
+    if args.tune_budget is not None:  # None: scaled to each problem
+        checks.seconds(args.tune_budget, "--tune-budget", allow_zero=True)
     counts = thread_counts(getattr(args, "threads", "1"))
     repeat = getattr(args, "repeat", False)
     neighbour = getattr(args, "neighbour", None)

@@ -3,30 +3,46 @@
 Every command runs its body through :func:`run_command`: a ``ValueError`` from anywhere inside
 (a bad policy, problem, size or path) prints ``looprl-tune: error: <message>`` and exits with
 status 2, argparse's status for bad usage. argparse's own usage errors are left as they are.
-A command stopped by Ctrl-C or SIGTERM saves what it has done and exits with status 130.
-The output and cache paths are checked before a run starts (:func:`writable_file`,
-:func:`writable_folder`, :func:`cache_path`), so that a long run does not fail at its end.
+A lock held by another process past the time allowed to wait for it
+(:class:`~looprl.measurement.lock.LockWaitTimeout`) is one line too, with exit status 1.
+Ctrl-C or SIGTERM stops a command with one line and exit status 130 (a command that saves
+partial results does so first). The output and cache paths are checked before a run starts
+(:func:`writable_file`, :func:`writable_folder`, :func:`cache_path`; see
+:mod:`looprl.output_paths`), so that a long run does not fail at its end.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from looprl.interrupts import terminate_as_interrupt
+from looprl.measurement.lock import LockWaitTimeout
+from looprl.output_paths import check_output_file, check_output_folder
+
+EXIT_FAILED = 1  # the command could not do its work (not bad input)
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 def run_command(prog: str, body: Callable[[], int]) -> int:
-    """``body()``; a ValueError becomes one line ``<prog>: error: <message>`` on stderr and exit status 2."""
+    """``body()`` with SIGTERM handled as Ctrl-C; a ValueError becomes one line
+    ``<prog>: error: <message>`` on stderr and exit status 2, a LockWaitTimeout the same with
+    status 1, and Ctrl-C or SIGTERM one line ``<prog>: interrupted`` and status 130."""
     try:
-        return body()
+        with terminate_as_interrupt():
+            return body()
     except ValueError as error:
         print(f"{prog}: error: {one_line(error)}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
+    except LockWaitTimeout as error:
+        print(f"{prog}: error: {one_line(error)}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
 
 
 def one_line(error: BaseException) -> str:
@@ -35,47 +51,14 @@ def one_line(error: BaseException) -> str:
     return text or type(error).__name__
 
 
-def _check_creatable(path: Path, option: str) -> None:
-    """That ``path`` (which does not exist) can be created, missing folders included."""
-    ancestor = path.parent
-    while not os.path.lexists(ancestor):
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise ValueError(f"{option} {path}: cannot be created, {ancestor} is not a folder")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ValueError(f"{option} {path}: cannot be created, folder {ancestor} is not writable")
-
-
 def writable_file(path: str | Path | None, option: str) -> Path | None:
     """``path`` as a Path if a file can be written there (None passes); else a ValueError naming ``option``."""
-    if path is None:
-        return None
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"{option} {path} is a folder; give a file path")
-    if os.path.lexists(path):
-        if not path.is_file():
-            raise ValueError(f"{option} {path} is not a regular file")
-        if not os.access(path, os.W_OK):
-            raise ValueError(f"{option} {path} is not writable")
-        return path
-    _check_creatable(path, option)
-    return path
+    return None if path is None else check_output_file(path, option)
 
 
 def writable_folder(path: str | Path | None, option: str) -> Path | None:
     """``path`` as a Path if files can be written in that folder, existing or not (None passes)."""
-    if path is None:
-        return None
-    path = Path(path)
-    if os.path.lexists(path):
-        if not path.is_dir():
-            raise ValueError(f"{option} {path} is not a folder")
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise ValueError(f"{option} {path} is not writable")
-        return path
-    _check_creatable(path, option)
-    return path
+    return None if path is None else check_output_folder(path, option)
 
 
 def cache_path(cache: str | None, option: str = "--cache") -> str | None:

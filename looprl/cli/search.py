@@ -19,23 +19,24 @@ from __future__ import annotations
 import argparse
 import csv
 import fcntl
-import math
+import os
 import sys
 import time
 from pathlib import Path
 
-from looprl import defaults
-from looprl.target import TARGET_CHOICES
+from looprl import checks, defaults
 from looprl.cli.common import EXIT_INTERRUPTED, cache_path, run_command, writable_file, writable_folder
 from looprl.costmodel.model import import_xgboost
 from looprl.workloads.datasets import SPLITS, dataset_problems
-from looprl.interrupts import terminate_as_interrupt
 from looprl.ir.problem import as_problem
 from looprl.measurement.evaluator import Evaluator
+from looprl.measurement.lock import locked_descriptor
 from looprl.search.algorithms import PAPER_ALGORITHMS, parse_algorithm
 from looprl.search.runner import DEFAULT_BUDGET_S, DEFAULT_DEPTH, SearchResult, run
 from looprl.target import TARGET_CHOICES
 
+# Another search holds the CSV's lock only while it appends a row: waiting this long means it is stopped or hung.
+CSV_LOCK_WAIT_S = 30.0
 CSV_FIELDS = [
     "problem", "m", "n", "k", "algorithm", "initial_gflops", "best_gflops", "speedup", "evaluations",
     "new_measurements", "elapsed_s", "stopped", "verified_gflops", "best_schedule", "actions",
@@ -96,12 +97,6 @@ def _algorithms(text: str) -> list[str]:
     return names
 
 
-def _check_seconds(value: float, flag: str, *, zero: bool) -> None:
-    """A finite number >= 0 (> 0 unless ``zero`` may be given) for ``flag``."""
-    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
-        raise ValueError(f"{flag} must be a finite number {'>= 0' if zero else '> 0'}, got {value}")
-
-
 def _slug(result: SearchResult) -> str:
     sizes = "x".join(str(result.problem.size(d)) for d in ("m", "n", "k")) if result.problem.spec == "mk,kn->mn" else "_".join(f"{d}{s}" for d, s in result.problem.sizes)
     return f"{sizes}_{result.algorithm}"
@@ -148,13 +143,20 @@ def _csv_row(result: SearchResult) -> dict:
     }
 
 
+def _locked_csv(path: Path, mode: str):
+    """The CSV opened for reading (``mode`` "r", under a shared ``flock``) or appending ("a",
+    exclusive), the lock waited for at most :data:`CSV_LOCK_WAIT_S`; released when it closes."""
+    flags, operation = (os.O_RDONLY, fcntl.LOCK_SH) if mode == "r" else (os.O_WRONLY | os.O_APPEND | os.O_CREAT, fcntl.LOCK_EX)
+    descriptor = locked_descriptor(path, flags, operation, CSV_LOCK_WAIT_S, f"the lock on --csv {path}")
+    return os.fdopen(descriptor, mode, newline="", encoding="utf-8")
+
+
 def _done_pairs(path: Path) -> set[tuple[str, str]]:
     """(problem, algorithm) pairs already in an existing CSV; interrupted rows are redone."""
     if not path.exists():
         return set()
-    try:
-        with path.open(newline="", encoding="utf-8") as handle:
-            fcntl.flock(handle, fcntl.LOCK_SH)  # not while another process appends a row
+    try:  # read not while another process appends a row
+        with _locked_csv(path, "r") as handle:
             if not handle.read(1):
                 return set()  # created by another search that has not written its first row yet
             handle.seek(0)
@@ -170,8 +172,8 @@ def append_row(path: Path, row: dict) -> None:
     """Append one row to the CSV at ``path``, and the header first if the file is empty. Under
     an exclusive lock, so that several searches may share one CSV: the header stays the first
     line and no two rows mix."""
-    with path.open("a", newline="", encoding="utf-8") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked_csv(path, "a") as handle:
         writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
         if handle.seek(0, 2) == 0:
             writer.writeheader()
@@ -181,27 +183,19 @@ def append_row(path: Path, row: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return run_command("looprl-search", lambda: _interruptible(args))
-
-
-def _interruptible(args) -> int:
-    try:
-        with terminate_as_interrupt():  # SIGTERM keeps the partial result too
-            return _main(args)
-    except KeyboardInterrupt:  # outside a search (which handles it itself): nothing is lost
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    # SIGTERM stops it as Ctrl-C does (run_command): a running search returns what it found
+    # and its result is written; elsewhere nothing is lost.
+    return run_command("looprl-search", lambda: _main(args))
 
 
 def _main(args) -> int:
     algorithms = _algorithms(args.algo)
-    _check_seconds(args.budget, "--budget", zero=True)
-    _check_seconds(args.verify_ms, "--verify-ms", zero=True)
-    _check_seconds(args.measure_budget_ms, "--measure-budget-ms", zero=False)
-    if args.limit is not None and args.limit < 1:
-        raise ValueError(f"--limit must be positive, got {args.limit}")
-    if args.offset < 0:
-        raise ValueError(f"--offset must be >= 0, got {args.offset}")
+    checks.seconds(args.budget, "--budget", allow_zero=True)
+    checks.positive_float(args.verify_ms, "--verify-ms", unit="milliseconds", allow_zero=True)
+    checks.positive_float(args.measure_budget_ms, "--measure-budget-ms", unit="milliseconds")
+    if args.limit is not None:
+        checks.positive_int(args.limit, "--limit")
+    checks.count(args.offset, "--offset")
     settings = dict(
         budget_s=args.budget or None,
         max_evaluations=args.evaluations,
@@ -250,7 +244,6 @@ def _main(args) -> int:
     problems = dataset_problems(args.dataset, args.split)[args.offset:]
     if args.limit is not None:
         problems = problems[: args.limit]
-    path.parent.mkdir(parents=True, exist_ok=True)
     total = len(problems) * len(algorithms)
     started = time.perf_counter()
     finished = 0

@@ -17,7 +17,7 @@ from pathlib import Path
 from looprl.cli.common import cache_path, run_command
 from looprl.ir.epilogue import ACTIVATIONS
 from looprl.ir.layers import linear
-from looprl.ir.problem import contraction, matmul
+from looprl.ir.problem import matmul, parse_problem
 from looprl.policy.tuner import TUNE_BUDGET_S, tune
 from looprl.target import TARGET_CHOICES
 
@@ -72,13 +72,9 @@ def _contraction(args):
             raise ValueError("give either m n k or --spec/--sizes, not both")
         if not args.sizes:
             raise ValueError("--spec needs --sizes, e.g. --sizes b=4,m=128,k=64,n=96")
-        sizes = {}
-        for item in args.sizes.split(","):
-            name, eq, value = item.partition("=")
-            if not eq or not value.strip().isdigit():
-                raise ValueError(f"bad size {item!r}; expected letter=integer")
-            sizes[name.strip()] = int(value)
-        return contraction(args.spec, sizes)
+        if any(mark in args.spec for mark in ":;"):
+            raise ValueError(f"bad --spec {args.spec!r}; expected an einsum-style contraction such as bmk,bkn->bmn")
+        return parse_problem(f"{args.spec}:{args.sizes}")  # its rule for sizes: letter=integer, each once
     if len(args.mnk) != 3:
         raise ValueError("give the matmul sizes m n k (three integers) or --spec with --sizes")
     m, n, k = args.mnk

@@ -15,8 +15,11 @@ recognised from its first 100 bytes even when SQLite can no longer read it. The 
 
 Anything else (a directory, device, FIFO, socket, a link to one, a non-empty file that is
 not a looprl cache, a location that cannot be written) is a ``ValueError`` naming the path:
-looprl never renames or deletes a file it did not create. The file is used in WAL mode, and
-every connection waits up to its timeout for another process's lock.
+looprl never renames or deletes a file it did not create; a file that cannot be opened for
+writing is a ``ValueError`` too (SQLite would open it read-only and fail at the first write). The
+file is used in WAL mode, and every connection waits up to its timeout (30 s by default) for
+another process's lock, then raises :class:`~looprl.measurement.lock.LockWaitTimeout` naming
+the processes that hold it.
 
 Every row carries a CRC32 ``checksum`` over its table, key and the exact 8 bytes of its value,
 so that corruption SQLite does not notice (a flipped bit in a stored float) cannot return a
@@ -46,6 +49,8 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from looprl.measurement.lock import LockWaitTimeout, describe_holders
 
 APPLICATION_ID = 0x4C4F4F50  # b"LOOP": the mark of looprl's databases
 _SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -86,6 +91,7 @@ KEY_COLUMNS = {"measurements": ("host", "problem", "schedule"), "peaks": ("host"
 _LEGACY_COLUMNS = {"measurements": {"host", "problem", "schedule", "gflops", "created"}, "peaks": {"host", "gflops", "created"}}
 
 _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_NOTADB = 5, 6, 11, 26
+_SQLITE_PERM, _SQLITE_READONLY, _SQLITE_CANTOPEN = 3, 8, 14  # the file cannot be written
 
 
 def default_cache_dir() -> Path:
@@ -125,6 +131,11 @@ def _error_code(error: sqlite3.Error) -> int | None:
 def _is_busy(error: sqlite3.Error) -> bool:
     code = _error_code(error)
     return code in (_SQLITE_BUSY, _SQLITE_LOCKED) if code is not None else "locked" in str(error)
+
+
+def _is_unwritable(error: sqlite3.Error) -> bool:
+    code = _error_code(error)
+    return code in (_SQLITE_PERM, _SQLITE_READONLY, _SQLITE_CANTOPEN) if code is not None else "readonly" in str(error)
 
 
 def _is_corruption(error: sqlite3.Error) -> bool:
@@ -258,9 +269,10 @@ class CacheStore:
         if not stat.S_ISREG(status.st_mode):
             raise ValueError(f"cannot use {self.path} as the measurement cache: it is {_file_kind(status.st_mode)}, not a regular file")
         try:  # O_NONBLOCK: never wait on a FIFO swapped in since the stat
-            descriptor = os.open(target, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        except OSError as error:
-            raise ValueError(f"cannot use {self.path} as the measurement cache: {error.strerror}") from error
+            descriptor = os.open(target, os.O_RDWR | getattr(os, "O_NONBLOCK", 0))
+        except OSError as error:  # read-only (SQLite would open it so, and fail at the first write)
+            raise ValueError(f"cannot use {self.path} as the measurement cache: it cannot be opened for writing ({error.strerror}); "
+                             "looprl stores every measurement it takes: make it writable or pass another cache path") from error
         with os.fdopen(descriptor, "rb") as handle:
             status = os.fstat(handle.fileno())
             if not stat.S_ISREG(status.st_mode):
@@ -337,8 +349,8 @@ class CacheStore:
             raise self._refuse(str(error)) from None
         except sqlite3.Error as error:
             connection.close()
-            if _is_busy(error):
-                raise
+            if _is_busy(error) or _is_unwritable(error):
+                raise self._explained(error) from error
             if not _is_corruption(error):
                 raise ValueError(f"cannot open the measurement cache {self.path}: {error}") from error
             if not marked:
@@ -375,6 +387,20 @@ class CacheStore:
             )
         return self._open(may_rebuild=False)
 
+    def _explained(self, error: sqlite3.Error) -> Exception:
+        """What an SQLite error that is not corruption means for the user: a lock held past
+        the timeout (:class:`LockWaitTimeout` naming the holders), a file that cannot be
+        written (ValueError naming it), or the error itself."""
+        if _is_busy(error):
+            target = os.path.realpath(self.path)
+            return LockWaitTimeout(
+                f"gave up after waiting {self.timeout_s:g} s for the measurement cache {self.path}; it is locked by "
+                f"{describe_holders(target, target + '-wal', target + '-shm')}"
+            )
+        if _is_unwritable(error):
+            return ValueError(f"cannot write the measurement cache {self.path}: {error}")
+        return error
+
     def one(self, sql: str, params: tuple = ()):
         """Run one statement and fetch its (first) row; a corrupt cache is rebuilt and the
         statement run again."""
@@ -382,7 +408,10 @@ class CacheStore:
             return self._connection.execute(sql, params).fetchone()
         except sqlite3.DatabaseError as error:
             if not _is_corruption(error):
-                raise
+                explained = self._explained(error)
+                if explained is error:
+                    raise
+                raise explained from error
             self._connection.close()
             self._connection = self._rebuild(error)
             return self._connection.execute(sql, params).fetchone()
@@ -423,7 +452,13 @@ class CacheStore:
 
     def rows(self, sql: str, params: tuple = ()) -> list[tuple]:
         """Every row of one query (no rebuild: a corrupt file shows at the next :meth:`one`)."""
-        return self._connection.execute(sql, params).fetchall()
+        try:
+            return self._connection.execute(sql, params).fetchall()
+        except sqlite3.DatabaseError as error:
+            explained = self._explained(error)
+            if explained is error:
+                raise
+            raise explained from error
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:

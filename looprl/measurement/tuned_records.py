@@ -13,24 +13,37 @@ not trusted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 from pathlib import Path
 
 from looprl.backend.host import cpu_model_name
+from looprl.output_paths import check_output_file
 
 FORMAT = "looprl-tuned-records"
 VERSION = 1
 
 
 def write_tuned_records(path: str | os.PathLike, records: list[dict]) -> Path:
-    """Write ``records`` to ``path`` (JSON, replaced atomically); the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    document = {"format": FORMAT, "version": VERSION, "cpu": cpu_model_name(), "records": list(records)}
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
-    os.replace(temporary, path)
+    """Write ``records`` to ``path`` (JSON, replaced atomically, missing folders created); the
+    path. A path that cannot be written (a folder, a read-only place) is a ValueError naming
+    it, and nothing is written."""
+    path = check_output_file(path, "tuned records")
+    text = json.dumps({"format": FORMAT, "version": VERSION, "cpu": cpu_model_name(), "records": list(records)}, indent=1) + "\n"
+    temporary = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+        with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(temporary, path)
+    except OSError as error:
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.remove(temporary)
+        raise ValueError(f"tuned records {path}: cannot be written: {error.strerror or error}") from None
     return path
 
 

@@ -21,8 +21,10 @@ DQN, logits for PPO/IMPALA/APPO), optionally restricted to the valid actions.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -34,6 +36,9 @@ from looprl.target import Target
 POLICY_FORMAT = "looprl-policy"
 POLICY_FORMAT_VERSION = 1
 JSON_NAME, WEIGHTS_NAME = "policy.json", "policy.npz"
+# The most parameters a policy file may hold: far above any network looprl trains (the shipped
+# ones have ~120,000), low enough that loading one never takes much memory.
+MAX_POLICY_PARAMETERS = 2**26
 
 _ACTIVATIONS = {
     "linear": lambda x: x,
@@ -78,7 +83,8 @@ class Policy:
             metadata = json.loads(json_path.read_text(encoding="utf-8"))
         except (OSError, ValueError, RecursionError) as error:  # ValueError: bad JSON or bad UTF-8
             raise ValueError(f"unreadable policy metadata {json_path}: {error}") from error
-        arrays = read_weights(weights_path)
+        check_metadata(metadata, str(json_path))
+        arrays = read_weights(weights_path, metadata)
         return Policy.from_arrays(metadata, arrays, metadata_source=str(json_path), weights_source=str(weights_path))
 
     @staticmethod
@@ -93,6 +99,7 @@ class Policy:
         ``metadata_source`` or ``weights_source`` (the files, when loading)."""
         check_metadata(metadata, metadata_source)
         network = metadata["network"]
+        shapes = {}
 
         def layers(specs: list[dict[str, str]], where: str) -> tuple[Dense, ...]:
             built = []
@@ -100,14 +107,14 @@ class Policy:
                 layer = f"{where}[{position}]"
                 weight = _layer_array(arrays, spec["weight"], 2, f"{layer}.weight", weights_source)
                 bias = _layer_array(arrays, spec["bias"], 1, f"{layer}.bias", weights_source)
+                shapes[spec["weight"]], shapes[spec["bias"]] = weight.shape, bias.shape
                 built.append(Dense(weight, bias, spec["activation"]))
             return tuple(built)
 
         trunk = layers(network["trunk"], "network.trunk")
         heads = {name: layers(specs, f"network.heads.{name}") for name, specs in network["heads"].items()}
-        policy = Policy(metadata, trunk, heads)
-        policy._check_shapes(weights_source)
-        return policy
+        check_network_shapes(metadata, shapes, weights_source)
+        return Policy(metadata, trunk, heads)
 
     def save(self, folder: str | Path) -> Path:
         """Write ``policy.json`` and ``policy.npz`` into ``folder`` (atomically per file)."""
@@ -245,28 +252,33 @@ class Policy:
             scores = np.where(mask.astype(bool), scores, -np.inf)
         return int(np.argmax(scores))
 
-    def _check_shapes(self, where: str = "policy weights") -> None:
-        width = int(math.prod(self.observation_shape))
-        for position, layer in enumerate(self.trunk):
-            width = _chain(layer, width, f"network.trunk[{position}]", where)
-        greedy = self.metadata["network"]["greedy"]
-        for name, head in self.heads.items():
-            inner = width
-            for position, layer in enumerate(head):
-                inner = _chain(layer, inner, f"network.heads.{name}[{position}]", where)
-        outputs = self.heads[greedy][-1].weight.shape[0]
-        if outputs != len(self.action_names):
-            raise ValueError(f"{where}: the greedy head {greedy!r} has {outputs} outputs for {len(self.action_names)} actions")
 
 
-def _chain(layer: Dense, width: int, name: str, where: str) -> int:
-    """The output width of ``layer`` after an input of ``width``; a ValueError if it does not fit."""
-    rows, columns = layer.weight.shape
-    if columns != width or layer.bias.shape != (rows,):
-        raise ValueError(
-            f"{where}: layer shapes do not chain at {name}: weight {layer.weight.shape} and bias {layer.bias.shape} "
-            f"after width {width}"
-        )
+def check_network_shapes(metadata: dict[str, Any], shapes: dict[str, tuple[int, ...]], where: str = "policy weights") -> None:
+    """That the arrays' ``shapes`` (by name; weights 2-D, biases 1-D) make the network the
+    (checked) ``metadata`` declares: each layer takes the width the one before gives (the
+    flattened observation first), and the greedy head gives one output per action; else a
+    ValueError starting with ``where``."""
+    network = metadata["network"]
+    width = int(math.prod(metadata["observation_shape"]))
+    for position, spec in enumerate(network["trunk"]):
+        width = _chain(shapes[spec["weight"]], shapes[spec["bias"]], width, f"network.trunk[{position}]", where)
+    outputs = {}
+    for name, specs in network["heads"].items():
+        inner = width
+        for position, spec in enumerate(specs):
+            inner = _chain(shapes[spec["weight"]], shapes[spec["bias"]], inner, f"network.heads.{name}[{position}]", where)
+        outputs[name] = inner
+    greedy, actions = network["greedy"], len(metadata["action_names"])
+    if outputs[greedy] != actions:
+        raise ValueError(f"{where}: the greedy head {greedy!r} has {outputs[greedy]} outputs for {actions} actions")
+
+
+def _chain(weight: tuple[int, ...], bias: tuple[int, ...], width: int, name: str, where: str) -> int:
+    """The output width of a layer of these shapes after an input of ``width``; a ValueError if it does not fit."""
+    rows, columns = weight
+    if columns != width or tuple(bias) != (rows,):
+        raise ValueError(f"{where}: layer shapes do not chain at {name}: weight {tuple(weight)} and bias {tuple(bias)} after width {width}")
     return rows
 
 
@@ -362,16 +374,32 @@ def _check_layers(specs: Any, where: str, fail, allow_empty: bool) -> None:
             fail(f"{layer}: unknown activation {spec['activation']!r} (known: {', '.join(_ACTIVATIONS)})")
 
 
+def _declared_arrays(metadata: dict[str, Any]) -> dict[str, tuple[int, str]]:
+    """The arrays the (checked) metadata names: name -> (dimensions, first role), in order."""
+    network = metadata["network"]
+    declared: dict[str, tuple[int, str]] = {}
+    for where, specs in [("network.trunk", network["trunk"])] + [(f"network.heads.{n}", s) for n, s in network["heads"].items()]:
+        for position, spec in enumerate(specs):
+            declared.setdefault(spec["weight"], (2, f"{where}[{position}].weight"))
+            declared.setdefault(spec["bias"], (1, f"{where}[{position}].bias"))
+    return declared
+
+
+def _check_array_kind(name: str, dtype: np.dtype, shape: tuple[int, ...], ndim: int, role: str, where: str) -> None:
+    """That array ``name`` (for ``role``) is numeric and ``ndim``-dimensional."""
+    if dtype.kind not in "iuf":
+        raise ValueError(f"{where}: array {name!r} (for {role}) is not numeric (dtype {dtype})")
+    if len(shape) != ndim:
+        raise ValueError(f"{where}: array {name!r} (for {role}) has shape {tuple(shape)}; expected {ndim} dimensions")
+
+
 def _layer_array(arrays: dict[str, Any], name: str, ndim: int, role: str, where: str) -> np.ndarray:
     """The array ``name`` for ``role`` (e.g. ``network.trunk[0].weight``), checked to be finite,
     numeric and ``ndim``-dimensional, as float32."""
     if name not in arrays:
         raise ValueError(f"{where}: policy weights lack array {name!r} (for {role})")
     array = np.asarray(arrays[name])
-    if array.dtype.kind not in "iuf":
-        raise ValueError(f"{where}: array {name!r} (for {role}) is not numeric (dtype {array.dtype})")
-    if array.ndim != ndim:
-        raise ValueError(f"{where}: array {name!r} (for {role}) has shape {array.shape}; expected {ndim} dimensions")
+    _check_array_kind(name, array.dtype, array.shape, ndim, role, where)
     with np.errstate(all="ignore"):  # values beyond float32 become inf, refused just below
         array = array.astype(np.float32)
     if not np.isfinite(array).all():
@@ -379,25 +407,56 @@ def _layer_array(arrays: dict[str, Any], name: str, ndim: int, role: str, where:
     return array
 
 
-def read_weights(path: Path) -> dict[str, np.ndarray]:
-    """The arrays of a policy's ``.npz``, never unpickling; any corruption is a ValueError
-    naming ``path``."""
+@contextlib.contextmanager
+def _unreadable(path: Path, what: str = ""):
+    """Any exception inside becomes a ValueError naming the weights file: a damaged file makes
+    numpy and zipfile raise almost anything (BadZipFile, zlib.error, EOFError, OSError,
+    ValueError, SyntaxError from a .npy header, a bad CRC, ...), and all mean the same."""
     try:
-        archive = np.load(path, allow_pickle=False)
-    except Exception as error:  # any exception: see below
-        # A damaged file makes numpy and zipfile raise almost anything (BadZipFile, zlib.error,
-        # EOFError, OSError, ValueError, SyntaxError from the .npy header, ...): all mean the same.
-        raise ValueError(f"unreadable policy weights {path}: {type(error).__name__}: {error}") from error
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise ValueError(f"unreadable policy weights {path}: not an .npz archive")
-    arrays = {}
+        yield
+    except Exception as error:
+        raise ValueError(f"unreadable policy weights {path}: {what}{type(error).__name__}: {error}") from error
+
+
+def _npy_header(handle) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype in the header of a .npy stream, reading nothing past it."""
+    version = np.lib.format.read_magic(handle)
+    readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+    if version not in readers:
+        raise ValueError(f".npy format version {version} (expected 1.0 or 2.0)")
+    shape, _, dtype = readers[version](handle)
+    return tuple(shape), dtype
+
+
+def read_weights(path: Path, metadata: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The arrays that the (checked) ``metadata`` names, from the policy's ``.npz``, never
+    unpickling. Every array's .npy header is read first, and the kinds, dimensions and
+    shapes checked against the network the metadata declares (and the total against
+    :data:`MAX_POLICY_PARAMETERS`) before any array data is decompressed: a small file that
+    claims huge arrays fails at once. Any problem is a ValueError naming ``path``."""
+    where = str(path)
+    declared = _declared_arrays(metadata)
+    with _unreadable(path, "not an .npz archive: "):
+        archive = zipfile.ZipFile(path)
     with archive:
-        for name in archive.files:
-            try:
-                array = archive[name]
-            except Exception as error:  # as above; a bad CRC surfaces here
-                raise ValueError(f"unreadable policy weights {path}: array {name!r}: {type(error).__name__}: {error}") from error
-            if not isinstance(array, np.ndarray):
-                raise ValueError(f"unreadable policy weights {path}: member {name!r} is not a .npy array")
-            arrays[name] = array
+        with _unreadable(path):
+            members = set(archive.namelist())
+        shapes = {}
+        for name, (ndim, role) in declared.items():
+            if name + ".npy" not in members:
+                raise ValueError(f"{where}: policy weights lack array {name!r} (for {role})")
+            with _unreadable(path, f"array {name!r}: "), archive.open(name + ".npy") as handle:
+                shape, dtype = _npy_header(handle)
+            if dtype.hasobject:
+                raise ValueError(f"unreadable policy weights {path}: array {name!r} holds Python objects, which only pickle could read")
+            _check_array_kind(name, dtype, shape, ndim, role, where)
+            shapes[name] = shape
+        check_network_shapes(metadata, shapes, where)
+        parameters = sum(math.prod(shape) for shape in shapes.values())
+        if parameters > MAX_POLICY_PARAMETERS:
+            raise ValueError(f"{where}: the arrays hold {parameters} parameters, more than a policy may ({MAX_POLICY_PARAMETERS})")
+        arrays = {}
+        for name in declared:
+            with _unreadable(path, f"array {name!r}: "), archive.open(name + ".npy") as handle:
+                arrays[name] = np.lib.format.read_array(handle, allow_pickle=False)
     return arrays

@@ -207,7 +207,7 @@ def run(
             for i, start in enumerate(starts)
         ]
         stages.append((then, None if budget_s is None else budget_s * (1 - share), max_evaluations, "best"))
-    search = StagedSearch(problem, evaluator, target=search_target, progress=progress)
+    search = StagedSearch(problem, evaluator, target=search_target, progress=progress, return_on_interrupt=True)
     overall: Candidate | None = None  # the best of any stage, with its action names (None: no path)
     overall_cursor = 0  # where its stage left the cursor: the next stage's path moves it back up to loop 0
     root_value = None

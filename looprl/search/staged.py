@@ -46,8 +46,9 @@ Stage = Callable[[SearchContext], Iterable[Candidate]]
 class StagedSearch:
     """Runs stages over contexts that share one memo, and collects what they found."""
 
-    def __init__(self, problem: Problem, evaluator, target=None, progress=None):
+    def __init__(self, problem: Problem, evaluator, target=None, progress=None, return_on_interrupt: bool = False):
         self.problem = problem
+        self.return_on_interrupt = return_on_interrupt  # Ctrl-C ends the stage (search.run) rather than the call (tune)
         self.evaluator = evaluator
         self.target = target if target is not None else getattr(evaluator, "target", None)
         self.progress = progress
@@ -73,7 +74,8 @@ class StagedSearch:
         """Run ``stage`` in ``context`` (one of :meth:`context`'s); the candidates it returns join
         :attr:`candidates` (a stage that ran out of budget returns nothing: its context's best
         node is found by the caller, in ``context.best``). Returns why it ended: ``"done"``, the
-        budget that ran out, or ``"interrupted"`` (Ctrl-C: the caller stops there)."""
+        budget that ran out, or ``"interrupted"`` (Ctrl-C, with ``return_on_interrupt``: the caller
+        stops there and returns what was found; without it, Ctrl-C propagates)."""
         started = context.elapsed_s
         found: list[Candidate] = []
         stopped = "done"
@@ -82,6 +84,8 @@ class StagedSearch:
         except BudgetExhausted as reason:
             stopped = str(reason)
         except KeyboardInterrupt:
+            if not self.return_on_interrupt:
+                raise
             stopped = INTERRUPTED
         self.add(found)
         offset = self.elapsed_s - started
