@@ -14,7 +14,8 @@ from looprl.backend import codegen, jit, register_plan
 from looprl.backend import kernel as kernel_module
 from looprl.ir.schedules import expert_candidates, expert_matmul
 from looprl.target import TARGET_NAMES, Target
-from tests.test_codegen_correctness import PROBLEMS, actions, apply_actions, assert_matches, random_inputs
+from tests.schedules import action_steps, walk
+from tests.test_codegen_correctness import PROBLEMS, assert_matches, random_inputs
 
 RUNNABLE = [name for name in TARGET_NAMES if not Target.named(name).missing_on_host()]
 
@@ -83,9 +84,9 @@ def test_kernel_target_and_assembly_follow_the_requested_target(name):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problem=st.sampled_from(PROBLEMS), steps=actions, name=st.sampled_from(RUNNABLE), seed=st.integers(0, 2**16))
+@given(problem=st.sampled_from(PROBLEMS), steps=action_steps(), name=st.sampled_from(RUNNABLE), seed=st.integers(0, 2**16))
 def test_random_schedules_match_numpy_on_every_runnable_target(problem, steps, name, seed):
-    nest = apply_actions(looprl.initial_nest(problem), steps)
+    nest = walk(problem, steps)
     a, b = random_inputs(problem, seed)
     kernel = looprl.compile(nest, name)
     assert kernel.target == Target.named(name)
