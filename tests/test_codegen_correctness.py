@@ -61,7 +61,7 @@ def test_the_random_walks_take_their_steps_by_the_transition_rule():
     assert both.parallel_loops == (0, 3)  # one per nest: the nested and repeated ones are refused
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=st.sampled_from(PROBLEMS), steps=action_steps(), seed=st.integers(0, 2**16))
 def test_random_schedules_match_numpy(problem, steps, seed):
     nest = walk(problem, steps)
@@ -69,7 +69,7 @@ def test_random_schedules_match_numpy(problem, steps, seed):
     assert_matches(problem, looprl.compile(nest), a, b)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=st.sampled_from(PROBLEMS), steps=action_steps(), target=st.sampled_from([Target.named("avx2"), Target.named("sse4")]))
 def test_narrower_vector_targets_match_numpy(problem, steps, target):
     """AVX2 and SSE4 code (generic x86-64-v3 / v2, wider features off) is correct too."""
@@ -78,7 +78,7 @@ def test_narrower_vector_targets_match_numpy(problem, steps, target):
     assert_matches(problem, looprl.compile(nest, target=target), a, b)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=st.sampled_from(PROBLEMS), steps=action_steps(), side=st.sampled_from(["start", "end"]))
 def test_kernels_stay_in_bounds(problem, steps, side):
     """Inputs and output sit flush against inaccessible pages: a stray access would crash."""

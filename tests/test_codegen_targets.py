@@ -83,7 +83,7 @@ def test_kernel_target_and_assembly_follow_the_requested_target(name):
     assert_matches(kernel.problem, kernel, a, b)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=st.sampled_from(PROBLEMS), steps=action_steps(), name=st.sampled_from(RUNNABLE), seed=st.integers(0, 2**16))
 def test_random_schedules_match_numpy_on_every_runnable_target(problem, steps, name, seed):
     nest = walk(problem, steps)

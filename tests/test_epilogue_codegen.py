@@ -79,7 +79,7 @@ def problem_of(index, epilogue):
     return looprl.contraction(spec, sizes, epilogue=epilogue)
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(shape=st.integers(0, len(SHAPES) - 1), epilogue=epilogues, steps=action_steps(), seed=st.integers(0, 2**16))
 def test_random_schedules_with_epilogues_match_the_reference(shape, epilogue, steps, seed):
     problem = problem_of(shape, epilogue)

@@ -26,7 +26,7 @@ PROBLEMS = [
 HOST_TARGETS = [Target.named(n) for n in TARGET_NAMES if not Target.named(n).missing_on_host()]
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     problem=st.sampled_from(PROBLEMS),
     steps=action_steps(kinds=("split", "swap_down", "swap_up", "pack", "pad")),  # the env's layout actions too
@@ -42,7 +42,7 @@ def test_random_layouts_and_schedules_match_numpy(problem, steps, layouts, seed,
     assert_matches(problem, kernel, a, b)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=st.sampled_from(PROBLEMS), steps=action_steps(), seed=st.integers(0, 2**16), target=st.sampled_from(HOST_TARGETS))
 def test_packed_tiles_match_numpy_and_are_used(problem, steps, seed, target):
     nest = walk(problem, steps)
@@ -65,7 +65,7 @@ def test_packed_tiles_match_numpy_and_are_used(problem, steps, seed, target):
     assert_matches(problem, kernel, a, b)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=st.sampled_from(PROBLEMS), steps=action_steps(), layouts=layout_steps(), side=st.sampled_from(["start", "end"]))
 def test_layout_kernels_stay_in_bounds(problem, steps, layouts, side):
     """Inputs, output and the workspace (accumulator and packed inputs) sit against

@@ -62,7 +62,7 @@ def raw_run(kernel, a, b, threads, reps=1):
     return out
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=st.sampled_from(PROBLEMS), steps=parallel_steps, seed=st.integers(0, 2**16), target=st.sampled_from(HOST_TARGETS),
        outer=st.booleans())
 def test_parallel_schedules_are_bit_identical_to_serial(problem, steps, seed, target, outer):
@@ -86,7 +86,7 @@ def test_parallel_schedules_are_bit_identical_to_serial(problem, steps, seed, ta
             assert np.array_equal(raw_run(kernel, a, b, team, reps=2), expected), team
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=st.sampled_from(PROBLEMS), steps=parallel_steps, side=st.sampled_from(["start", "end"]), team=st.sampled_from((2, 3, 5)))
 def test_parallel_kernels_stay_in_bounds(problem, steps, side, team):
     """Inputs and output flush against inaccessible pages: a stray access by any thread crashes."""
