@@ -63,7 +63,8 @@ LAYOUT_KINDS = ("split", "reorder", "fuse", "pad", "pack", "pack", "align")
 
 def layout_steps(max_size: int = 8):
     """Lists of ``(tensor, kind, index, factor)`` layout primitives for :func:`with_layouts`."""
-    step = st.tuples(st.sampled_from(LAYOUT_TENSORS), st.sampled_from(LAYOUT_KINDS), st.integers(0, 30), st.sampled_from([2, 3, 4, 5, 8, 16]))
+    factors = st.sampled_from([2, 3, 4, 5, 8, 16])
+    step = st.tuples(st.sampled_from(LAYOUT_TENSORS), st.sampled_from(LAYOUT_KINDS), st.integers(0, 30), factors)
     return st.lists(step, max_size=max_size)
 
 
