@@ -13,8 +13,7 @@ import looprl
 from looprl.ir import ACTIVATIONS, Epilogue, linear
 from looprl.target import TARGET_NAMES, Target
 from tests.guarded import GuardedArray
-from tests.test_codegen_correctness import actions, apply_actions
-from tests.test_layout_codegen import apply_layouts, layout_steps
+from tests.schedules import action_steps, layout_steps, walk, with_layouts
 
 HOST_TARGETS = [Target.named(n) for n in TARGET_NAMES if not Target.named(n).missing_on_host()]
 SHAPES = [
@@ -80,40 +79,40 @@ def problem_of(index, epilogue):
     return looprl.contraction(spec, sizes, epilogue=epilogue)
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(shape=st.integers(0, len(SHAPES) - 1), epilogue=epilogues, steps=actions, seed=st.integers(0, 2**16))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=st.integers(0, len(SHAPES) - 1), epilogue=epilogues, steps=action_steps(), seed=st.integers(0, 2**16))
 def test_random_schedules_with_epilogues_match_the_reference(shape, epilogue, steps, seed):
     problem = problem_of(shape, epilogue)
-    nest = apply_actions(looprl.initial_nest(problem), steps)
+    nest = walk(problem, steps)
     check(problem, looprl.compile(nest), seed)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(shape=st.integers(0, len(SHAPES) - 1), epilogue=epilogues, steps=actions,
+@given(shape=st.integers(0, len(SHAPES) - 1), epilogue=epilogues, steps=action_steps(),
        target=st.sampled_from([t for t in HOST_TARGETS if t.isa != "avx512"] or HOST_TARGETS))
 def test_narrower_targets_with_epilogues_match_the_reference(shape, epilogue, steps, target):
     problem = problem_of(shape, epilogue)
-    nest = apply_actions(looprl.initial_nest(problem), steps)
+    nest = walk(problem, steps)
     check(problem, looprl.compile(nest, target=target))
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(shape=st.integers(0, len(SHAPES) - 1), epilogue=epilogues, steps=actions, layouts=layout_steps)
+@given(shape=st.integers(0, len(SHAPES) - 1), epilogue=epilogues, steps=action_steps(), layouts=layout_steps())
 def test_epilogues_with_data_layouts(shape, epilogue, steps, layouts):
     """An accumulator in another layout is unpacked by the write-back nest, epilogue included."""
     problem = problem_of(shape, epilogue)
-    nest = apply_layouts(apply_actions(looprl.initial_nest(problem), steps), layouts)
+    nest = with_layouts(walk(problem, steps), layouts)
     check(problem, looprl.compile(nest))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(shape=st.integers(0, len(SHAPES) - 1), activation=st.sampled_from(ACTIVATIONS), steps=actions,
+@given(shape=st.integers(0, len(SHAPES) - 1), activation=st.sampled_from(ACTIVATIONS), steps=action_steps(),
        side=st.sampled_from(["start", "end"]), target=st.sampled_from(HOST_TARGETS))
 def test_epilogue_inputs_stay_in_bounds(shape, activation, steps, side, target):
     """Every buffer, the bias and the residual included, sits flush against an inaccessible
     page: a stray access would crash."""
     problem = problem_of(shape, Epilogue(scale=0.5, bias=True, activation=activation, residual=True))
-    kernel = looprl.compile(apply_actions(looprl.initial_nest(problem), steps), target=target)
+    kernel = looprl.compile(walk(problem, steps), target=target)
     shapes = [*problem.input_shapes, *(shape for _, shape in problem.epilogue_shapes), problem.output_shape]
     guards = [GuardedArray(s, side) for s in shapes]
     try:

@@ -1,5 +1,6 @@
 """Every experiment script imports and parses its arguments (a renamed import broke one)."""
 
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -10,10 +11,17 @@ SCRIPTS = sorted(p for p in (Path(__file__).resolve().parent.parent / "experimen
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.name)
-def test_experiment_script_starts(script):
-    done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "usage" in done.stdout
+def test_experiment_script_starts(script, monkeypatch, capsys):
+    """``python experiments/<script> --help``, run in this process as tests/test_docs.py runs
+    the documented command lines: the script's imports and its parser, no second interpreter
+    importing numpy, looprl and torch again for each script."""
+    monkeypatch.setattr(sys, "argv", [str(script), "--help"])
+    monkeypatch.syspath_prepend(str(script.parent))  # as `python experiments/x.py` puts its folder first
+    with pytest.raises(SystemExit) as stopped:
+        runpy.run_path(str(script), run_name="__main__")
+    output = capsys.readouterr()
+    assert stopped.value.code == 0, output.err
+    assert "usage" in output.out
 
 
 def test_the_real_models_experiment_writes_every_method_and_its_summary(tmp_path):

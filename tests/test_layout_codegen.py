@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 import looprl
 from looprl.backend import codegen
 from looprl.backend.layout_plan import layout_applies, workspace_elements
-from looprl.ir.nest import LAYOUT_TENSORS
 from looprl.target import TARGET_NAMES, Target
 from tests.guarded import GuardedArray
-from tests.test_codegen_correctness import actions, apply_actions, assert_matches, random_inputs, reference
+from tests.schedules import action_steps, layout_steps, pack_every_tiled_loop, walk, with_layouts
+from tests.test_codegen_correctness import assert_matches, random_inputs, reference
 
 PROBLEMS = [
     looprl.matmul(67, 100, 50),  # no split divides these
@@ -25,81 +25,27 @@ PROBLEMS = [
 ]
 HOST_TARGETS = [Target.named(n) for n in TARGET_NAMES if not Target.named(n).missing_on_host()]
 
-layout_steps = st.lists(
-    st.tuples(
-        st.sampled_from(LAYOUT_TENSORS),
-        st.sampled_from(["split", "reorder", "fuse", "pad", "pack", "pack", "align"]),
-        st.integers(0, 30),
-        st.sampled_from([2, 3, 4, 5, 8, 16]),
-    ),
-    max_size=8,
-)
 
-
-def apply_layouts(nest, steps, rng_seed=0):
-    """Apply random layout primitives; ``pack``/``align`` tile by the step of a loop of the
-    schedule (so that the layout is often walked affinely and used); refusals are skipped."""
-    rng = np.random.default_rng(rng_seed)
-    for tensor, kind, index, factor in steps:
-        layout = nest.layout(tensor)
-        dims = len(layout.dims)
-        try:
-            if kind == "split":
-                nest = nest.layout_split(tensor, index % dims, factor)
-            elif kind == "reorder":
-                nest = nest.layout_reorder(tensor, rng.permutation(dims))
-            elif kind == "fuse":
-                nest = nest.layout_fuse(tensor, index % dims)
-            elif kind == "pad":
-                nest = nest.layout_pad(tensor, index % dims, factor)
-            else:
-                loops = nest.compute if kind == "pack" or tensor != "out" else nest.write_back
-                loops = [lp for lp in loops if lp.var in nest.tensor_index(tensor) and lp.step > 1]
-                if loops:
-                    loop = loops[index % len(loops)]
-                    nest = nest.layout_pack(tensor, loop.var, loop.step)
-        except ValueError:
-            pass
-    return nest
-
-
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     problem=st.sampled_from(PROBLEMS),
-    steps=actions,
-    layouts=layout_steps,
+    steps=action_steps(kinds=("split", "swap_down", "swap_up", "pack", "pad")),  # the env's layout actions too
+    layouts=layout_steps(),
     seed=st.integers(0, 2**16),
     target=st.sampled_from(HOST_TARGETS),
 )
 def test_random_layouts_and_schedules_match_numpy(problem, steps, layouts, seed, target):
-    nest = apply_layouts(apply_actions(looprl.initial_nest(problem), steps), layouts, seed)
+    nest = with_layouts(walk(problem, steps), layouts, seed)
     a, b = random_inputs(problem, seed)
     kernel = looprl.compile(nest, target=target)
     assert set(kernel.layouts) <= {t for t, _ in nest.layouts}
     assert_matches(problem, kernel, a, b)
 
 
-def pack_every_tiled_loop(nest, reorder_seed: int):
-    """ALT's template everywhere: pack each tensor by every loop step that walks it (innermost
-    loops first: nested tiles), then shuffle the output's physical dimensions: layouts the loops walk
-    affinely, so the kernel uses them."""
-    rng = np.random.default_rng(reorder_seed)
-    for tensor in LAYOUT_TENSORS:
-        loops = nest.write_back if tensor == "out" else nest.compute
-        for loop in reversed(loops):
-            if loop.step > 1 and loop.var in nest.tensor_index(tensor):
-                try:
-                    nest = nest.layout_pack(tensor, loop.var, loop.step)
-                except ValueError:
-                    pass
-    out_dims = len(nest.layout("out").dims)
-    return nest.layout_reorder("out", rng.permutation(out_dims))
-
-
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problem=st.sampled_from(PROBLEMS), steps=actions, seed=st.integers(0, 2**16), target=st.sampled_from(HOST_TARGETS))
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=st.sampled_from(PROBLEMS), steps=action_steps(), seed=st.integers(0, 2**16), target=st.sampled_from(HOST_TARGETS))
 def test_packed_tiles_match_numpy_and_are_used(problem, steps, seed, target):
-    nest = apply_actions(looprl.initial_nest(problem), steps)
+    nest = walk(problem, steps)
     wb = len(nest.compute)
     for i, loop in enumerate(nest.write_back):  # tile the write-back like the compute nest
         tiled = [lp for lp in nest.compute if lp.var == loop.var and lp.step > 1]
@@ -119,12 +65,12 @@ def test_packed_tiles_match_numpy_and_are_used(problem, steps, seed, target):
     assert_matches(problem, kernel, a, b)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problem=st.sampled_from(PROBLEMS), steps=actions, layouts=layout_steps, side=st.sampled_from(["start", "end"]))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=st.sampled_from(PROBLEMS), steps=action_steps(), layouts=layout_steps(), side=st.sampled_from(["start", "end"]))
 def test_layout_kernels_stay_in_bounds(problem, steps, layouts, side):
     """Inputs, output and the workspace (accumulator and packed inputs) sit against
     inaccessible pages; the packed inputs are also bound once."""
-    nest = apply_layouts(apply_actions(looprl.initial_nest(problem), steps), layouts)
+    nest = with_layouts(walk(problem, steps), layouts)
     kernel = looprl.compile(nest)
     shapes = (*problem.input_shapes, problem.output_shape, (kernel.workspace_elements,))
     guards = [GuardedArray(shape, side) for shape in shapes]

@@ -19,8 +19,9 @@ from looprl.ir.layout import Layout
 from looprl.ir.nest import LoopNest
 from looprl.measurement.cache import MeasurementCache
 from looprl.ir.schedules import layout_starts
-from tests.test_codegen_correctness import actions, apply_actions, assert_matches
-from tests.test_layout_codegen import PROBLEMS, apply_layouts, layout_steps, pack_every_tiled_loop
+from tests.schedules import action_steps, layout_steps, pack_every_tiled_loop, walk, with_layouts
+from tests.test_codegen_correctness import assert_matches
+from tests.test_layout_codegen import PROBLEMS
 
 
 def assert_is_a_layout(layout: Layout):
@@ -79,9 +80,9 @@ def test_primitives_refuse_what_they_cannot_do():
 
 
 @settings(max_examples=150, deadline=None)
-@given(problem=st.sampled_from(PROBLEMS), steps=actions, layouts=layout_steps, seed=st.integers(0, 100))
+@given(problem=st.sampled_from(PROBLEMS), steps=action_steps(), layouts=layout_steps(), seed=st.integers(0, 100))
 def test_layout_schedules_round_trip_through_their_keys(problem, steps, layouts, seed):
-    nest = apply_layouts(apply_actions(looprl.initial_nest(problem), steps), layouts, seed)
+    nest = with_layouts(walk(problem, steps), layouts, seed)
     assert LoopNest.from_key(problem, nest.key) == nest
     if not nest.layouts:
         assert nest.key.count("|") == 1  # row-major schedules keep their old keys
@@ -150,8 +151,7 @@ def test_pack_and_pad_actions_masks_and_rendering():
     assert not mask[names.index("pad")]  # m is the outermost dimension of A and C: padding it changes no stride
     width = env.target.vector_width
     for name in ("down", "down", "split_16"):
-        env.step(names.index(name))
-    obs_before = env._observe()
+        obs_before, *_ = env.step(names.index(name))
     obs, reward, terminated, truncated, info = env.step(names.index("pack"))
     assert info["valid"] and "in1=n16.k1.n1%16" in info["schedule"]
     assert obs.shape == obs_before.shape and not np.array_equal(obs, obs_before)  # strides moved

@@ -5,7 +5,9 @@ import pytest
 import looprl
 import numpy as np
 
-from looprl.measurement.numpy_baseline import _time_in_process, _view_call, baseline_environment, baseline_label, coretype_for
+from looprl.measurement.numpy_baseline import baseline_environment, baseline_label, coretype_for, numpy_gflops
+# The view calls the baseline times have no public name yet: their results are checked through it.
+from looprl.measurement.numpy_baseline import _view_call
 
 
 @pytest.mark.parametrize(("isa", "host", "coretype"), [
@@ -41,15 +43,17 @@ def test_unknown_isas_are_rejected():
 
 
 def test_every_spec_is_timed():
-    names = [p.name for p in (
+    problems = [
         looprl.matmul(8, 16, 4),
         looprl.contraction("mk,nk->mn", m=8, n=16, k=4),
         looprl.contraction("bmk,bnk->bmn", b=2, m=8, n=16, k=4),
         looprl.contraction("bmk,bkn->bmn", b=2, m=8, n=16, k=4),
         looprl.contraction("km,kn->mn", m=8, n=16, k=4),
         looprl.contraction("nhwc,oc->nhwo", n=1, h=2, w=3, c=4, o=5),
-    )]
-    assert all(g > 0 for g in _time_in_process(names, 0.002))
+        looprl.linear(8, 4, 16, activation="gelu", residual=True),  # the epilogue, step by step
+    ]
+    gflops = numpy_gflops(problems, 0.002)  # in a child process, as tune and train time it
+    assert len(gflops) == len(problems) and all(g > 0 for g in gflops)
 
 
 @pytest.mark.parametrize("spec, sizes", [

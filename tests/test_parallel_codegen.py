@@ -16,6 +16,7 @@ from looprl.backend import codegen, register_plan
 from looprl.backend.threads import available_cores
 from looprl.target import TARGET_NAMES, Target
 from tests.guarded import GuardedArray
+from tests.schedules import action_steps, walk
 
 PROBLEMS = [
     looprl.matmul(67, 100, 250),  # no split divides these
@@ -29,34 +30,12 @@ PROBLEMS = [
     looprl.contraction("m,n->mn", m=21, n=35),  # outer product: no reduction
     looprl.contraction("abcd,cde->abe", a=3, b=4, c=5, d=6, e=17),  # two reduction indices
 ]
-FACTORS = [2, 3, 4, 5, 7, 8, 16, 32]
 HOST_TARGETS = [Target.named(name) for name in TARGET_NAMES if not Target.named(name).missing_on_host()]
 # Teams larger than the cores (raw calls bypass the check): more threads than iterations.
 RAW_TEAMS = (3, 5, 8)
 
-steps = st.lists(
-    st.tuples(st.sampled_from(["split", "swap", "swap", "parallel"]), st.integers(0, 20), st.sampled_from(FACTORS)),
-    max_size=14,
-)
-
-
-def build(problem, actions):
-    """The nest after the (kind, index, factor) steps that apply (the others are skipped)."""
-    nest = looprl.initial_nest(problem)
-    for kind, index, factor in actions:
-        index %= len(nest)
-        try:
-            if kind == "split":
-                nest = nest.split(index, factor)
-            elif kind == "swap":
-                nest = nest.swap(index)
-            else:
-                nest = nest.parallel(index)
-        except ValueError:
-            pass
-        if len(nest) > 12:
-            break
-    return nest
+# splits, swaps and parallel marks: a quarter of the steps try to mark the loop parallel
+parallel_steps = action_steps(kinds=("split", "swap_down", "swap_up", "parallel"))
 
 
 def inputs(problem, seed):
@@ -79,15 +58,15 @@ def raw_run(kernel, a, b, threads, reps=1):
     """Run on ``threads`` threads without the core-count check (teams larger than the host)."""
     out = looprl.aligned_empty(kernel.problem.output_shape)
     workspace = looprl.aligned_empty(kernel.workspace_elements)
-    kernel._function(a.ctypes.data, b.ctypes.data, out.ctypes.data, workspace.ctypes.data, reps, threads)
+    kernel.raw_call((a.ctypes.data, b.ctypes.data, out.ctypes.data, workspace.ctypes.data), reps, threads)
     return out
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problem=st.sampled_from(PROBLEMS), actions=steps, seed=st.integers(0, 2**16), target=st.sampled_from(HOST_TARGETS),
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=st.sampled_from(PROBLEMS), steps=parallel_steps, seed=st.integers(0, 2**16), target=st.sampled_from(HOST_TARGETS),
        outer=st.booleans())
-def test_parallel_schedules_are_bit_identical_to_serial(problem, actions, seed, target, outer):
-    nest = build(problem, actions)
+def test_parallel_schedules_are_bit_identical_to_serial(problem, steps, seed, target, outer):
+    nest = walk(problem, steps)
     if outer and nest.why_not_parallel(0) is None:
         nest = nest.parallel(0)  # the usual place, often enough
     serial = looprl.compile(nest.serial(), target=target)
@@ -107,11 +86,11 @@ def test_parallel_schedules_are_bit_identical_to_serial(problem, actions, seed, 
             assert np.array_equal(raw_run(kernel, a, b, team, reps=2), expected), team
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problem=st.sampled_from(PROBLEMS), actions=steps, side=st.sampled_from(["start", "end"]), team=st.sampled_from((2, 3, 5)))
-def test_parallel_kernels_stay_in_bounds(problem, actions, side, team):
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=st.sampled_from(PROBLEMS), steps=parallel_steps, side=st.sampled_from(["start", "end"]), team=st.sampled_from((2, 3, 5)))
+def test_parallel_kernels_stay_in_bounds(problem, steps, side, team):
     """Inputs and output flush against inaccessible pages: a stray access by any thread crashes."""
-    nest = build(problem, actions)
+    nest = walk(problem, steps)
     if nest.why_not_parallel(0) is None:
         nest = nest.parallel(0)
     if regions(nest) > 8:
@@ -122,7 +101,7 @@ def test_parallel_kernels_stay_in_bounds(problem, actions, side, team):
         a, b, out = (g.array for g in guards)
         a[...], b[...] = inputs(problem, 1)
         workspace = looprl.aligned_empty(kernel.workspace_elements)
-        kernel._function(a.ctypes.data, b.ctypes.data, out.ctypes.data, workspace.ctypes.data, 2, team)
+        kernel.raw_call((a.ctypes.data, b.ctypes.data, out.ctypes.data, workspace.ctypes.data), 2, team)
         assert np.array_equal(out, looprl.compile(nest.serial())(a, b))
     finally:
         for guard in guards:

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import looprl  # noqa: F401  (registers LoopNest-v0)
+import looprl  # (registers LoopNest-v0)
 from looprl.costmodel.schedule_features import features_batch
 from looprl.costmodel.model import CostModel
-from looprl.costmodel.surrogate_reward import SurrogateReward, _isotonic
+from looprl.costmodel.surrogate_reward import PROBLEM_ROWS, SurrogateReward
 from looprl.env.loopnest_env import LoopNestEnv
 from looprl.ir.nest import initial_nest
 from looprl.ir.problem import as_problem
@@ -149,10 +149,25 @@ def test_cost_model_predictions_are_calibrated_gflops():
     assert np.isnan(surrogate.predict([other])[0])
 
 
-def test_isotonic_fit():
-    assert _isotonic(np.array([1.0, 3.0, 2.0, 4.0])).tolist() == [1.0, 2.5, 2.5, 4.0]
-    assert _isotonic(np.array([3.0, 2.0, 1.0])).tolist() == [2.0, 2.0, 2.0]
-    assert _isotonic(np.zeros(0)).tolist() == []
+def test_a_problem_with_enough_measurements_is_calibrated_by_an_isotonic_fit():
+    """Its measured GFLOPS, taken in the order of the model's scores, become the closest
+    non-decreasing sequence (pool adjacent violators); predictions interpolate it."""
+    problem = as_problem("48x32x40")
+    root = initial_nest(problem)
+    nests = [root, root.split(0, 4), root.split(0, 8), root.swap(0), root.split(1, 8), root.split(2, 4), root.split(2, 8), root.swap(1)]
+    assert len(nests) == PROBLEM_ROWS
+    rows = features_batch(nests, target=looprl.Target.named("avx2"))
+    base = CostModel("regression", rounds=20, isa="avx2").fit(rows, np.arange(len(nests), dtype=float), [problem.name] * len(nests))
+    order = np.argsort(base.predict(rows), kind="stable")  # the nests by rising score
+    for by_score, pooled in (
+        ([1, 3, 2, 4, 7, 5, 6, 8], [1, 2.5, 2.5, 4, 6, 6, 6, 8]),  # two descents, each pooled to its mean
+        ([8, 7, 6, 5, 4, 3, 2, 1], [4.5] * 8),  # scores ordered against the measurements: one mean
+    ):
+        gflops = np.empty(len(nests))
+        gflops[order] = by_score
+        surrogate = SurrogateReward(base, isa="avx2", records=list(zip(nests, gflops)))
+        assert surrogate.monotone[problem.name][1].tolist() == pytest.approx(pooled)
+        assert surrogate.predict([nests[i] for i in order]).tolist() == pytest.approx(pooled)
 
 
 def test_bad_reward_and_model_arguments(tmp_path):

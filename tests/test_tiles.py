@@ -220,7 +220,7 @@ def test_measured_tiles_replay_in_the_env_and_tune_returns_at_least_the_best_til
     assert tiles.tried >= 2 and tiles.gflops > 0
     values = measured_path(problem, tiles.actions, evaluator, ActionSet().extended(tiles.actions))
     assert values[-1] == pytest.approx(tiles.gflops)
-    result = looprl.tune(problem, policy, cache=cache, budget_s=5, measure_budget_s=0.001, remember=False, threads=1)  # replayed on one
+    result = looprl.tune(problem, policy, cache=cache, budget_s=0.5, measure_budget_s=0.001, remember=False, threads=1)  # replayed on one
     assert result.gflops >= result.greedy_gflops
     again = measured_path(problem, result.actions, evaluator, result.action_set)
     assert again[-1] == pytest.approx(result.gflops)
