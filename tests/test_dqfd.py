@@ -13,8 +13,11 @@ from looprl.measurement.evaluator import Evaluator
 from looprl.policy import tuner
 from looprl.target import Target
 from looprl.train import demonstrations as demos
-from looprl.train.dqfd import load_demonstrations, margin_loss, save_demonstrations
-from looprl.train.expert_iteration import loss_settings, rounds, settings
+from looprl.train.config import validate_agent
+from looprl.train.demonstrations import load_demonstrations, save_demonstrations
+from looprl.train.dqfd import margin_loss
+from looprl.train.expert_iteration import rounds
+from looprl.train.schema import section_settings
 from tests.test_train import ray_session  # noqa: F401  (the module's Ray, started once)
 
 torch = pytest.importorskip("torch")
@@ -50,8 +53,8 @@ def test_demonstrations_file_round_trips_and_bad_files_are_named(tmp_path):
     ({"batch_size": True}, "batch_size must be a positive integer"),
 ])
 def test_loss_settings_are_checked(settings, message):
-    with pytest.raises(ValueError, match=message):
-        loss_settings(settings)
+    with pytest.raises(ValueError, match=f"demonstrations.{message}"):
+        validate_agent({"algorithm": "dqn", "demonstrations": settings})
 
 
 def _found(actions, gflops):
@@ -81,7 +84,7 @@ def test_expert_demonstration_takes_the_search_only_when_it_is_faster_and_replay
 
 
 def test_a_dqfd_learner_trains_with_the_margin_loss_and_reports_agreement(ray_session, tmp_path):
-    from looprl.train.config import build_config
+    from looprl.train.learners import build_config
     from tests.test_train import tiny_agent
 
     agent = tiny_agent("apex-dqn", str(tmp_path / "cache.sqlite"))
@@ -102,7 +105,7 @@ def test_a_dqfd_learner_trains_with_the_margin_loss_and_reports_agreement(ray_se
 
 
 def test_demonstrations_need_dqn():
-    from looprl.train.config import load_agent, validate_agent
+    from looprl.train.config import load_agent
 
     agent = load_agent("ppo")
     agent["demonstrations"] = {"margin": 0.05}
@@ -156,13 +159,13 @@ def test_a_dqfd_run_gathers_demonstrations_repeats_expert_iteration_and_ships_an
 def test_rounds_and_settings_are_checked():
     assert rounds({}) == (1, None)
     assert rounds({"demonstrations": {"rounds": 3, "round_iterations": 40}}) == (3, 40)
-    assert settings({"demonstrations": {"margin": 0.1}})["problems_per_dataset"] == 200
+    assert section_settings({"demonstrations": {"margin": 0.1}}, "demonstrations")["problems_per_dataset"] == 200
     for section, message in [({"rounds": 2}, "round_iterations must be a positive integer"),
                              ({"rounds": 0}, "rounds must be a positive integer"),
                              ({"search_budget_s": -1}, "search_budget_s must be a non-negative"),
                              ({"margin": 0.05, "epochs": 3}, "unknown settings \\['epochs'\\]")]:
         with pytest.raises(ValueError, match=message):
-            settings({"demonstrations": section})
+            validate_agent({"algorithm": "dqn", "demonstrations": section})
 
 
 def test_summary_rounds_reads_both_layouts_of_demonstrations_json():

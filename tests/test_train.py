@@ -72,6 +72,26 @@ def test_bad_agent_configurations_are_rejected(tmp_path):
         validate_agent({"algorithm": "ppo", "training": [1, 2]})
 
 
+def test_the_schema_names_rllib_s_own_keys():
+    import dataclasses
+    import inspect
+
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    from looprl.train.learners import ALGORITHM_CONFIGS
+    from looprl.train.schema import ENV_RUNNERS, LEARNERS, MODEL, REPORTING, RLLIB_ALGORITHMS, TRAINING
+
+    assert tuple(ALGORITHM_CONFIGS) == RLLIB_ALGORITHMS == tuple(TRAINING)
+    for name, config_class in ALGORITHM_CONFIGS.items():
+        config = config_class()
+        assert not [key for key in TRAINING[name].settings if not hasattr(config, key)], name
+    for section, method in ((ENV_RUNNERS, AlgorithmConfig.env_runners), (LEARNERS, AlgorithmConfig.learners),
+                            (REPORTING, AlgorithmConfig.reporting)):
+        assert set(section.settings) <= set(inspect.signature(method).parameters)
+    assert set(MODEL.settings) <= {field.name for field in dataclasses.fields(DefaultModelConfig)}
+
+
 def test_durations():
     assert [parse_duration(t) for t in ("90", "90s", "30m", "1.5h")] == [90, 90, 1800, 5400]
     for bad in ("soon", "-5m", "0"):
@@ -98,7 +118,7 @@ def ray_session():
 def test_one_iteration_checkpoint_and_exported_policy_match(algo, ray_session, tmp_path):
     import torch
 
-    from looprl.train.config import build_config
+    from looprl.train.learners import build_config
     from looprl.train.export import export_policy, load_module
 
     agent = tiny_agent(algo, str(tmp_path / "cache.sqlite"))
@@ -132,7 +152,7 @@ def test_one_iteration_checkpoint_and_exported_policy_match(algo, ray_session, t
 
 def test_a_layout_agent_trains_and_exports_a_policy_with_pack_and_pad(ray_session, tmp_path):
     from looprl.policy.rollout import greedy_rollout, policy_actions
-    from looprl.train.config import build_config
+    from looprl.train.learners import build_config
     from looprl.train.export import export_policy
 
     agent = tiny_agent("dqn", str(tmp_path / "cache.sqlite"))
@@ -153,7 +173,7 @@ def test_a_layout_agent_trains_and_exports_a_policy_with_pack_and_pad(ray_sessio
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 def test_a_two_thread_agent_trains_and_exports_a_policy_with_the_parallel_action(ray_session, tmp_path):
     from looprl.policy.rollout import greedy_rollout, policy_actions
-    from looprl.train.config import build_config
+    from looprl.train.learners import build_config
     from looprl.train.export import export_policy
 
     agent = tiny_agent("dqn", str(tmp_path / "cache.sqlite"))
@@ -386,7 +406,7 @@ def test_incompatible_policies_are_named(tmp_path):
 def test_warm_start_makes_the_module_act_like_the_policy(ray_session, tmp_path):
     import torch
 
-    from looprl.train.config import build_config
+    from looprl.train.learners import build_config
     from looprl.train.warm_start import warm_start
 
     policy = wide_policy(seed=3)

@@ -24,15 +24,26 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from looprl import defaults
 from looprl.actions import ActionSet, State, step
 from looprl.env.observation import observation
 from looprl.ir.nest import initial_nest
 from looprl.ir.problem import Problem
 from looprl.ir.register_tiles import tile_shapes, tile_steps, why_not_tile
 from looprl.measurement.evaluator import Evaluator
+from looprl.policy import tuner
+from looprl.policy.numpy_policy import Policy
+from looprl.resources import shipped_path
+from looprl.train.config import agent_actions, agent_measure_budget_s, agent_target, hidden_layers, validate_agent
+from looprl.train.evaluate import policy_folder
+from looprl.train.export import policy_metadata
+from looprl.train.schema import section_settings
+from looprl.train.validation import spread_over_datasets
+from looprl.train.warm_start import check_compatible
 
 
 @dataclass(frozen=True)
@@ -88,9 +99,7 @@ def expert_demonstration(problem: Problem, actions: ActionSet, evaluator: Evalua
     planned = demonstrate(problem, actions, evaluator, episode_length)
     if policy is None or not search_budget_s > 0:
         return planned, False
-    from looprl.policy.tuner import measured_search
-
-    found = measured_search(policy, problem, evaluator, episode_length, search_budget_s, 1, time.perf_counter())
+    found = tuner.measured_search(policy, problem, evaluator, episode_length, search_budget_s, 1, time.perf_counter())
     if not found.gflops > planned.gflops or len(found.actions) >= episode_length or not all(a in actions.names for a in found.actions):
         return planned, False
     return Demonstration(problem, tuple(actions.as_index(a) for a in found.actions), found.gflops, planned.initial_gflops), True
@@ -120,7 +129,7 @@ def clone(observations: np.ndarray, labels: np.ndarray, hidden: list[int], actio
     is then scaled so that the demonstrated action leads the next by about ``margin`` on
     average: rewards are a fraction of the peak, and Q-values of a much larger scale would
     take reinforcement learning long to unlearn."""
-    import torch
+    import torch  # the [train] extra: only to fit a clone
 
     torch.manual_seed(seed)
     x = torch.as_tensor(observations.reshape(len(observations), -1), dtype=torch.float32)
@@ -171,9 +180,6 @@ def gather_demonstrations(agent: dict, problems: list[Problem], policy=None, sea
                           log=print) -> tuple[np.ndarray, np.ndarray, dict]:
     """Demonstrations on ``problems`` (:func:`expert_demonstration`), measured with the env's
     target, cache and per-state budget, as (observations, actions, summary)."""
-    from looprl import defaults
-    from looprl.train.config import agent_actions, agent_measure_budget_s, agent_target
-
     env = agent.get("env", {})
     target = agent_target(agent)
     actions = agent_actions(agent, target)
@@ -205,50 +211,70 @@ def summary_rounds(record: dict) -> list[dict]:
     return [{"round": 1, **{key: value for key, value in record.items() if key != "settings"}}]
 
 
-def pretrain_policy(agent: dict, seed: int = 0, log=print):
+def save_demonstrations(path: Path, observations: np.ndarray, actions: np.ndarray) -> None:
+    """Write the state-action pairs (observations flattened per state) atomically."""
+    path = Path(path)
+    temporary = path.with_name(path.name + ".tmp.npz")
+    flat = np.asarray(observations, dtype=np.float32).reshape(len(observations), -1)
+    np.savez(temporary, observations=flat, actions=np.asarray(actions, dtype=np.int64))
+    temporary.replace(path)
+
+
+def load_demonstrations(path: Path, action_count: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The (observations, actions) of a demonstrations file (numpy arrays, never a pickle);
+    ValueError naming what is wrong."""
+    try:
+        with np.load(Path(path), allow_pickle=False) as data:
+            observations, actions = data["observations"], data["actions"]
+    except (OSError, KeyError, ValueError) as error:
+        raise ValueError(f"unreadable demonstrations {path}: {error}") from None
+    if observations.ndim != 2 or actions.shape != (len(observations),) or not len(actions):
+        raise ValueError(f"demonstrations {path}: expected N flat observations and N actions, got {observations.shape} and {actions.shape}")
+    if action_count is not None and (actions.min() < 0 or actions.max() >= action_count):
+        raise ValueError(f"demonstrations {path}: action indices outside 0..{action_count - 1}")
+    return observations, actions
+
+
+def starting_policy(name: str, agent: dict) -> Policy:
+    """The policy folder ``pretrain.policy`` names (a relative ``checkpoints/...`` that is not
+    here is the shipped one, wherever the package is installed), checked against ``agent``.
+    Only a policy folder or a run folder's ``policy/``: never an RLlib checkpoint."""
+    where = Path(name)
+    if not where.exists() and not where.is_absolute() and where.parts and where.parts[0] == "checkpoints":
+        where = shipped_path(*where.parts)
+    policy = policy_folder(where)
+    if policy is None:
+        raise ValueError(f"pretrain.policy {name}: no policy folder there (policy.json and policy.npz)")
+    check_compatible(policy, agent, f"pretrain.policy {name}")
+    return policy
+
+
+def pretrain_policy(agent: dict, seed: int = 0, log=print) -> Policy:
     """The policy cloned from the tile planner's demonstrations on ``agent``'s training
     problems, as its ``pretrain`` section says (``problems_per_dataset``: problems spread over
     each dataset's split, ``epochs``, ``lr``, ``margin``), measured with the env's target,
     cache and per-state budget; or, when the section names a ``policy`` (a folder, e.g. a
     shipped clone), that policy."""
-    settings = dict(agent.get("pretrain") or {})
-    unknown = set(settings) - {"problems_per_dataset", "epochs", "lr", "margin", "policy"}
-    if unknown:
-        raise ValueError(f"pretrain: unknown settings {sorted(unknown)}; expected problems_per_dataset, epochs, lr, margin, policy")
-    if settings.get("policy") is not None:  # an earlier clone, shipped: start from it as it is
-        from looprl.train.evaluate import resolve_policy
-        from looprl.train.warm_start import check_compatible
-
-        from pathlib import Path
-
-        from looprl.resources import shipped_path
-
-        where = Path(settings["policy"])
-        if not where.exists() and not where.is_absolute() and where.parts and where.parts[0] == "checkpoints":
-            where = shipped_path(*where.parts)  # a shipped policy, wherever the package is installed
-        policy = resolve_policy(where)
-        check_compatible(policy, agent, f"pretrain.policy {settings['policy']}")
+    agent = validate_agent(agent)
+    settings = section_settings(agent, "pretrain")
+    if settings["policy"] is not None:  # an earlier clone, shipped: start from it as it is
+        policy = starting_policy(settings["policy"], agent)
         log(f"[pretrain] starting from {settings['policy']} ({policy.metadata.get('algorithm', '?')}, "
             f"{'a clone' if 'pretrained' in policy.metadata else 'trained'})")
         return policy
-    from looprl.train.validation import spread_over_datasets
-
-    problems = spread_over_datasets(agent, int(settings.get("problems_per_dataset", 300)))
+    problems = spread_over_datasets(agent, settings["problems_per_dataset"])
     x, y, _ = gather_demonstrations(agent, problems, log=log)
-    extra = {"pretrained": {"problems": len(problems), "pairs": int(len(y)), "settings": settings}}
-    return cloned_policy(agent, x, y, settings, seed, extra, log)
+    extra = {"pretrained": {"problems": len(problems), "pairs": int(len(y)), "settings": dict(agent.get("pretrain") or {})}}
+    return cloned_policy(agent, x, y, seed, extra, log)
 
 
-def cloned_policy(agent: dict, x: np.ndarray, y: np.ndarray, settings: dict, seed: int, extra: dict, log=print):
+def cloned_policy(agent: dict, x: np.ndarray, y: np.ndarray, seed: int, extra: dict, log=print) -> Policy:
     """A policy of ``agent``'s network cloned from the pairs ``(x, y)`` (:func:`clone` with the
-    ``epochs``, ``lr`` and ``margin`` of ``settings``), its metadata holding ``extra``."""
-    from looprl.policy.numpy_policy import Policy
-    from looprl.train.config import agent_actions
-    from looprl.train.export import policy_metadata
-
-    hidden = list(agent.get("model", {}).get("fcnet_hiddens", [256, 256]))
-    arrays = clone(x, y, hidden, len(agent_actions(agent)), epochs=int(settings.get("epochs", 200)), lr=float(settings.get("lr", 1e-3)),
-                   seed=seed, margin=float(settings.get("margin", 0.05)))
+    ``epochs``, ``lr`` and ``margin`` of the agent's ``pretrain`` section), its metadata holding ``extra``."""
+    settings = section_settings(agent, "pretrain")
+    hidden = hidden_layers(agent)
+    arrays = clone(x, y, hidden, len(agent_actions(agent)), epochs=settings["epochs"], lr=float(settings["lr"]),
+                   seed=seed, margin=float(settings["margin"]))
     log(f"[clone] {len(y)} state-action pairs; greedy action matches the demonstration on {accuracy(arrays, x, y, len(hidden)):.1%}")
     network = {
         "trunk": [{"weight": f"trunk.{i}.weight", "bias": f"trunk.{i}.bias", "activation": "relu"} for i in range(len(hidden))],

@@ -14,47 +14,23 @@ by measurement may still overtake a demonstrated one where the TD loss pulls har
 margin; where nothing was learned, the demonstration holds.
 
 The demonstrations are the run's ``demonstrations.npz`` (flat observations and action indices;
-:mod:`looprl.train.expert_iteration` writes them; a later round of expert iteration rewrites
-the file and :meth:`DQfDTorchLearner.reload_demonstrations` reads it again).
-:class:`DQfDTorchLearner` is RLlib's DQN learner with that loss added; the agent's
-``demonstrations`` section sets ``margin`` (on the scale of rewards: fractions of the peak),
-``weight`` (lambda_E) and ``batch_size``.
+:mod:`looprl.train.expert_iteration` writes them with
+:func:`looprl.train.demonstrations.save_demonstrations`; a later round of expert iteration
+rewrites the file and :meth:`DQfDTorchLearner.reload_demonstrations` reads it again).
+:class:`DQfDTorchLearner` is RLlib's DQN learner with that loss added (found by
+:mod:`looprl.train.learners`' registry); the agent's ``demonstrations`` section sets ``margin``
+(on the scale of rewards: fractions of the peak), ``weight`` (lambda_E) and ``batch_size``.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import numpy as np
 import torch
 from ray.rllib.algorithms.dqn.dqn_learner import QF_PREDS
 from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
 from ray.rllib.core.columns import Columns
 
-from looprl.train.expert_iteration import loss_settings
-
-
-def save_demonstrations(path: Path, observations: np.ndarray, actions: np.ndarray) -> None:
-    """Write the state-action pairs (observations flattened per state) atomically."""
-    path = Path(path)
-    temporary = path.with_name(path.name + ".tmp.npz")
-    flat = np.asarray(observations, dtype=np.float32).reshape(len(observations), -1)
-    np.savez(temporary, observations=flat, actions=np.asarray(actions, dtype=np.int64))
-    temporary.replace(path)
-
-
-def load_demonstrations(path: Path, action_count: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The (observations, actions) of a demonstrations file; ValueError naming what is wrong."""
-    try:
-        with np.load(Path(path), allow_pickle=False) as data:
-            observations, actions = data["observations"], data["actions"]
-    except (OSError, KeyError, ValueError) as error:
-        raise ValueError(f"unreadable demonstrations {path}: {error}") from None
-    if observations.ndim != 2 or actions.shape != (len(observations),) or not len(actions):
-        raise ValueError(f"demonstrations {path}: expected N flat observations and N actions, got {observations.shape} and {actions.shape}")
-    if action_count is not None and (actions.min() < 0 or actions.max() >= action_count):
-        raise ValueError(f"demonstrations {path}: action indices outside 0..{action_count - 1}")
-    return observations, actions
+from looprl.train.demonstrations import load_demonstrations
+from looprl.train.schema import LOSS_SETTINGS
 
 
 def margin_loss(q_values, actions, margin: float):
@@ -72,7 +48,7 @@ class DQfDTorchLearner(DQNTorchLearner):
     def build(self) -> None:
         super().build()
         settings = self.config.learner_config_dict["demonstrations"]
-        self._demo_settings = loss_settings(settings)
+        self._demo_settings = {name: settings[name] for name in LOSS_SETTINGS}
         self._demo_generator = torch.Generator().manual_seed(int(settings.get("seed", 0)))
         self.reload_demonstrations()
 

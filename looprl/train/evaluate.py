@@ -7,36 +7,46 @@ import csv
 import math
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 from looprl.measurement.evaluator import Evaluator
+from looprl.measurement.numpy_baseline import numpy_gflops
 from looprl.policy.numpy_policy import JSON_NAME, Policy
 from looprl.policy.rollout import greedy_rollout
+from looprl.train.config import read_agent
+from looprl.train.export import export_policy
+from looprl.train.extra import require_training_extra
+from looprl.train.run_folder import CHECKPOINTS, NEWEST_POLICY, RunDirectory
 
 FIELDS = ["problem", "m", "n", "k", "initial_gflops", "final_gflops", "best_gflops", "speedup", "numpy_gflops", "final_vs_numpy", "failures", "stopped", "actions"]
 
 
+def policy_folder(path: str | Path) -> Policy | None:
+    """The policy in a policy folder or a run folder (its newest, ``policy/``); None when
+    ``path`` is neither. Reads policy files only (JSON and numpy arrays, never a pickle)."""
+    path = Path(path)
+    for folder in (path, path / NEWEST_POLICY):
+        if (folder / JSON_NAME).exists():
+            return Policy.load(folder)
+    return None
+
+
 def resolve_policy(path: str | Path) -> Policy:
     """A policy from a policy folder, a training run folder (its ``policy/``) or an RLlib
-    checkpoint inside a run folder (exported on the fly)."""
+    checkpoint of a run folder, ``RUN/checkpoints/iter_NNNNNN`` (exported on the fly with the
+    run's checked ``agent.yaml``; a checkpoint anywhere else is not read)."""
     path = Path(path)
-    if (path / JSON_NAME).exists():
-        return Policy.load(path)
-    if (path / "policy" / JSON_NAME).exists():
-        return Policy.load(path / "policy")
-    if (path / "rllib_checkpoint.json").exists() and (path.parent.parent / "agent.yaml").exists():
-        import tempfile
-
-        from looprl.train.extra import require_training_extra
-
+    policy = policy_folder(path)
+    if policy is not None:
+        return policy
+    run = RunDirectory(path.parent.parent)
+    if (path / "rllib_checkpoint.json").exists() and path.parent.name == CHECKPOINTS and run.agent_path.exists():
         require_training_extra(f"reading the RLlib checkpoint {path}")
-        import yaml
-
-        from looprl.train.export import export_policy
-
-        agent = yaml.safe_load((path.parent.parent / "agent.yaml").read_text(encoding="utf-8"))
+        checkpoint = run.checkpoint_folder(path.name)
+        agent = read_agent(run.agent_path)
         with tempfile.TemporaryDirectory() as folder:
-            return Policy.load(export_policy(path, folder, agent))
+            return Policy.load(export_policy(checkpoint, folder, agent))
     raise ValueError(f"no policy at {path}: expected a policy folder, a run folder or a checkpoint inside a run folder")
 
 
@@ -45,8 +55,6 @@ def evaluate(policy: Policy, problems, evaluator: Evaluator, *, use_mask: bool =
     """Run one greedy episode per problem; print a table and a summary; write a CSV."""
     numpy_values = [math.nan] * len(problems)
     if numpy:
-        from looprl.measurement.numpy_baseline import numpy_gflops
-
         # numpy's kernels for the same ISA, on as many BLAS threads as the evaluator's kernels
         numpy_values = numpy_gflops(list(problems), 0.1, isa=evaluator.target.isa, threads=getattr(evaluator, "threads", 1))
     rows = []

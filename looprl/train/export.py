@@ -20,6 +20,7 @@ from looprl import defaults
 from looprl.backend.host import cpu_model_name
 from looprl.env.observation import FEATURES_PER_LOOP, OBSERVATION_LAYOUT_VERSION
 from looprl.policy.numpy_policy import POLICY_FORMAT, POLICY_FORMAT_VERSION, Policy
+from looprl.train.config import agent_actions, agent_target
 
 MODULE_SUBPATH = Path("learner_group") / "learner" / "rl_module" / "default_policy"
 _ACTIVATION_NAMES = {"ReLU": "relu", "Tanh": "tanh", "SiLU": "silu", "ELU": "elu", "Identity": "linear"}
@@ -27,7 +28,7 @@ _ACTIVATION_NAMES = {"ReLU": "relu", "Tanh": "tanh", "SiLU": "silu", "ELU": "elu
 
 def load_module(checkpoint: str | Path):
     """The trained RLModule of an RLlib checkpoint folder (no ``ray.init`` needed)."""
-    from ray.rllib.core.rl_module.rl_module import RLModule
+    from ray.rllib.core.rl_module.rl_module import RLModule  # Ray: only to read a checkpoint
 
     path = (Path(checkpoint) / MODULE_SUBPATH).resolve()
     if not path.exists():
@@ -37,7 +38,7 @@ def load_module(checkpoint: str | Path):
 
 def _sequential_layers(sequential, prefix: str) -> tuple[list[dict], dict[str, np.ndarray]]:
     """Dense layer specs and arrays of a torch ``Sequential`` of Linear/activation modules."""
-    import torch
+    import torch  # the [train] extra: only to walk a trained module
 
     specs, arrays = [], {}
     children = list(sequential.children())
@@ -97,8 +98,6 @@ def policy_from_module(module, agent: dict[str, Any], extra: dict[str, Any] | No
 
 def policy_metadata(agent: dict[str, Any], network: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """A policy file's metadata for a network trained with ``agent``'s configuration."""
-    from looprl.train.config import agent_actions, agent_target
-
     env = agent.get("env", {})
     target = agent_target(agent)
     actions = agent_actions(agent, target)

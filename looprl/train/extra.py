@@ -7,21 +7,16 @@ builds, saves or reads a run (Ray, RLlib, torch, YAML, TensorBoard) first calls
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 
 TRAINING_MODULES = ("yaml", "ray", "torch", "tensorboardX")
 INSTALL_HINT = "pip install 'looprl[train]'"
 
 
 def missing_modules(modules: tuple[str, ...]) -> list[str]:
-    """Those of ``modules`` that cannot be imported."""
-    missing = []
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            missing.append(name)
-    return missing
+    """Those of ``modules`` that are not installed (found without importing them: Ray and
+    torch take seconds to import, and a refused start must not wait for them)."""
+    return [name for name in modules if importlib.util.find_spec(name) is None]
 
 
 def require_training_extra(what: str = "training", modules: tuple[str, ...] = TRAINING_MODULES) -> None:

@@ -22,17 +22,14 @@ from pathlib import Path
 
 from looprl.policy.numpy_policy import JSON_NAME, Policy
 from looprl.train.demonstrations import summary_rounds
-from looprl.train.loop import BEST_POLICY, DEMONSTRATIONS_CLONE, DEMONSTRATIONS_SUMMARY, PRETRAINED_POLICY
+from looprl.train.run_folder import BEST_POLICY, DEMONSTRATIONS_CLONE, DEMONSTRATIONS_SUMMARY, PRETRAINED_POLICY, RunDirectory
 
 _FILES = ("agent.yaml", "run.json", "metrics.csv", DEMONSTRATIONS_SUMMARY, "learning_curve.png")
 
 
 def training_record(run: Path, policy: Policy, config: str | None = None) -> dict:
-    """What trained ``policy`` (a snapshot of ``run``), from the run's files."""
-    import yaml
-
-    agent = yaml.safe_load((run / "agent.yaml").read_text(encoding="utf-8"))
-    arguments = json.loads((run / "run.json").read_text(encoding="utf-8"))["arguments"]
+    """What trained ``policy`` (a snapshot of ``run``), from the run's files (each checked)."""
+    agent, _, arguments = RunDirectory(run).load()
     snapshot = policy.metadata.get("validation") or policy.metadata.get("metrics") or {}
     algorithm = "APEX-DQN (RLlib DQN with Ape-X per-runner epsilons)" if agent.get("apex") else agent["algorithm"].upper()
     record = {

@@ -17,10 +17,12 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+from looprl import defaults
 from looprl.ir.problem import Problem
 from looprl.measurement.evaluator import Evaluator
 from looprl.policy.numpy_policy import Policy
 from looprl.policy.rollout import greedy_rollout
+from looprl.workloads.datasets import dataset_groups, env_problems
 
 
 def spread(problems: Sequence[Problem], count: int) -> list[Problem]:
@@ -34,9 +36,6 @@ def spread(problems: Sequence[Problem], count: int) -> list[Problem]:
 
 def training_groups(agent: dict) -> tuple[tuple[Problem, ...], ...]:
     """The agent's training problems, one group per dataset (or its own ``problems`` as one)."""
-    from looprl import defaults
-    from looprl.workloads.datasets import dataset_groups, env_problems
-
     env = agent.get("env", {})
     if env.get("problems"):
         return (env_problems(problems=env["problems"]),)

@@ -18,7 +18,7 @@ import numpy as np
 from looprl import defaults
 from looprl.env.observation import OBSERVATION_LAYOUT_VERSION
 from looprl.policy.numpy_policy import Policy
-from looprl.train.config import agent_actions
+from looprl.train.config import agent_actions, hidden_layers
 
 # RLModule parameter prefixes of the trunk and the greedy head, per module layout.
 _TRUNK_PREFIXES = ("encoder.net.mlp", "encoder.encoder.net.mlp", "encoder.actor_encoder.net.mlp")
@@ -38,7 +38,7 @@ def check_compatible(policy: Policy, agent: dict, where: str) -> None:
     observation = env.get("observation", defaults.TRAINING_OBSERVATION)
     if policy.metadata.get("observation") != observation:
         raise ValueError(f"{where}: observation {policy.metadata.get('observation')!r}, the agent uses {observation!r}")
-    hidden = list(agent.get("model", {}).get("fcnet_hiddens", [256, 256]))
+    hidden = hidden_layers(agent)
     trunk = [layer.weight.shape[0] for layer in policy.trunk]
     if trunk != hidden:
         raise ValueError(f"{where}: trunk layers {trunk}, the agent's model has fcnet_hiddens {hidden}")
