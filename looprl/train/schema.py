@@ -35,7 +35,7 @@ from typing import Any
 
 from looprl.actions.action_set import MAX_FACTOR, MIN_FACTOR
 from looprl.env.loopnest_env import OBSERVATION_KINDS, ORDERS
-from looprl.env.surrogate import REWARDS
+from looprl.env.reward_model import REWARDS
 from looprl.target import TARGET_CHOICES
 from looprl.workloads.datasets import SPLITS
 
