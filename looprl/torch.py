@@ -61,6 +61,7 @@ import torch
 import torch.nn.functional as functional
 from torch import nn
 
+from looprl import checks
 from looprl.backend.buffers import aligned_empty
 from looprl.ir.layers import linear
 from looprl.measurement.evaluator import open_cache
@@ -128,8 +129,8 @@ def row_plan(rows: int, seconds: dict[int, float]) -> list[tuple[int, int, int]]
 
 def check_max_rows(max_rows) -> None:
     """Refuse a ``max_rows`` that is not a positive integer or None."""
-    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1):
-        raise ValueError(f"max_rows must be a positive integer or None, got {max_rows!r}")
+    if max_rows is not None:
+        checks.positive_int(max_rows, "max_rows")
 
 
 def tuned_row_counts(seen: set[int], max_rows: int | None) -> list[int]:

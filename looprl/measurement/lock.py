@@ -36,6 +36,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from looprl import checks
 from looprl.errors import LoopRLError
 
 # How long a timing waits for another process's before giving up (a module constant, read at
@@ -198,8 +199,7 @@ class TimingLock:
     :data:`TIMING_LOCK_WAIT_S`) for another holder, then raises :class:`LockWaitTimeout`."""
 
     def __init__(self, path: str | os.PathLike | None = None, wait_s: float | None = None):
-        if wait_s is not None and not (isinstance(wait_s, (int, float)) and not isinstance(wait_s, bool) and 0 <= wait_s < float("inf")):
-            raise ValueError(f"wait_s must be a finite number of seconds >= 0 or None, got {wait_s!r}")
+        wait_s = checks.seconds(wait_s, "wait_s", allow_zero=True, allow_none=True)
         self.path = Path(path) if path is not None else default_lock_path()
         self.wait_s = wait_s
         self._fd: int | None = None
