@@ -303,7 +303,9 @@ def test_ctrl_c_saves_a_final_checkpoint(tmp_path):
     assert (run / "policy" / "policy.npz").exists()
 
 
-def test_cli_rejects_bad_input(tmp_path):
+def test_cli_rejects_bad_input(tmp_path, capsys):
+    from looprl.cli.train import main as train_main
+
     small_policy = random_policy(hidden=8).save(tmp_path / "small-policy")
     for arguments, message in [
         (["--time-budget", "soon"], "bad duration"),
@@ -319,8 +321,13 @@ def test_cli_rejects_bad_input(tmp_path):
         (["--threads", str(len(os.sched_getaffinity(0)) + 1)], "core(s) this process may use"),
         (["--init-from", str(small_policy), "--out", str(tmp_path / "new")], "trunk layers [8]"),
     ]:
-        result = subprocess.run([sys.executable, "-m", "looprl.train", *arguments], capture_output=True, text=True, timeout=120)
-        assert result.returncode == 2 and message in result.stderr, (arguments, result.stderr[-500:])
+        try:  # in this process: each refusal must come before anything starts Ray or trains
+            returncode = train_main(arguments)
+        except SystemExit as exit_:  # argparse's own refusals
+            returncode = exit_.code
+        stderr = capsys.readouterr().err
+        assert returncode == 2 and message in stderr, (arguments, stderr[-500:])
+    assert not (tmp_path / "new").exists()
 
 
 # -- warm start from an exported policy ----------------------------------------------------------
