@@ -26,15 +26,17 @@ def integer(value, what: str, minimum: int | None = None, maximum: int | None = 
 
     Anything with ``__index__`` qualifies (Python ints, numpy integers, 0-d integer arrays);
     bools, floats, strings and None do not."""
-    requirement = _integer_requirement(minimum, maximum)
-    if _is_bool(value):
-        raise ValueError(f"{what} must be {requirement}, got the bool {value!r}")
-    try:
-        number = int(operator.index(value))
-    except TypeError:
-        raise ValueError(f"{what} must be {requirement}, got {value!r} ({type(value).__name__})") from None
+    if type(value) is int:  # the common case, checked on every env step: no conversion needed
+        number = value
+    elif _is_bool(value):
+        raise ValueError(f"{what} must be {_integer_requirement(minimum, maximum)}, got the bool {value!r}")
+    else:
+        try:
+            number = int(operator.index(value))
+        except TypeError:
+            raise ValueError(f"{what} must be {_integer_requirement(minimum, maximum)}, got {value!r} ({type(value).__name__})") from None
     if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
-        raise ValueError(f"{what} must be {requirement}, got {number}")
+        raise ValueError(f"{what} must be {_integer_requirement(minimum, maximum)}, got {number}")
     return number
 
 
