@@ -18,8 +18,10 @@ operators in it, goes to ``inductor`` (torch's default backend; ``options={"rest
 runs it as captured instead).
 
 Options (``torch.compile(..., options={...})``): ``max_rows``, ``policy``, ``target``,
-``budget_s``, ``cache``, ``threads`` (as :func:`looprl.torch.tune_module`; threads 1 by
-default), ``rest`` (``"inductor"`` or ``"eager"``), ``bmm`` (``"faster"``: batched products
+``budget_s``, ``cache``, ``threads``, ``compare_torch`` (as :func:`looprl.torch.tune_module`;
+threads 1 by default; with ``compare_torch``, the default, each linear layer's looprl plan is
+timed against torch's call at every tuned row count, with the graph's own weight, and the row
+counts where torch was faster stay torch's), ``rest`` (``"inductor"`` or ``"eager"``), ``bmm`` (``"faster"``: batched products
 replaced where the tuned kernel timed clearly faster than torch's; ``"always"``; ``"never"``).
 
 Grad mode on at compile time leaves every linear call to torch (the kernels have no backward;
@@ -53,11 +55,12 @@ from looprl.ir.problem import contraction
 from looprl.measurement.evaluator import open_cache
 from looprl.measurement.timing import best_time
 from looprl.policy.tuner import tune
-from looprl.torch import GELU_NAMES, LinearKernels, check_max_rows, summarise_calls, tuned_row_counts
+from looprl import checks
+from looprl.torch import GELU_NAMES, LinearKernels, check_max_rows, layer_shape, route_summary, summarise_calls, tuned_row_counts
 
 __all__ = ["looprl_backend", "stats"]
 
-OPTIONS = ("max_rows", "policy", "target", "budget_s", "cache", "threads", "rest", "bmm")
+OPTIONS = ("max_rows", "policy", "target", "budget_s", "cache", "threads", "rest", "bmm", "compare_torch")
 BMM_CHOICES = ("faster", "always", "never")
 LINEAR_TARGETS = (torch._C._nn.linear, functional.linear)
 MATMUL_TARGETS = (operator.matmul, torch.matmul, torch.bmm)
@@ -166,6 +169,9 @@ def stats() -> dict:
     with _layers_lock:
         layers = list(_layers) + list(_products)
     summary = summarise_calls({index: kernels.counted() for index, kernels in enumerate(layers)})
+    for index, kernels in enumerate(layers):
+        if isinstance(kernels, LinearKernels):
+            summary["layers"][index]["routes"] = route_summary(kernels)
     return dict(summary, layers=list(summary["layers"].values()))
 
 
@@ -190,10 +196,11 @@ def looprl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     if bmm not in BMM_CHOICES:
         raise ValueError(f"option bmm must be one of {', '.join(BMM_CHOICES)}, got {bmm!r}")
     check_max_rows(options.get("max_rows"))
+    compare_torch = checks.flag(options.get("compare_torch", True), "option compare_torch")
     if not torch.is_grad_enabled():
         tuning = {"policy": options.get("policy", "default"), "target": options.get("target"), "budget_s": options.get("budget_s"),
                   "threads": options.get("threads", 1), "cache": open_cache(options.get("cache"))}  # one cache for the graph
-        _replace_linear_calls(gm, example_inputs, options.get("max_rows"), tuning)
+        _replace_linear_calls(gm, example_inputs, options.get("max_rows"), tuning, compare_torch)
         if bmm != "never":
             _replace_batched_products(gm, bmm == "faster", tuning)
     if rest == "eager":
@@ -203,12 +210,14 @@ def looprl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     return compile_fx(gm, example_inputs)
 
 
-def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: int | None, tuning: dict) -> int:
+def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: int | None, tuning: dict, compare_torch: bool) -> int:
     """Replace the graph's eligible linear calls by ``looprl::linear`` (kernels tuned with
-    ``tuning``: :func:`looprl.tune`'s keyword arguments); how many."""
+    ``tuning``: :func:`looprl.tune`'s keyword arguments; with ``compare_torch``, routed to
+    torch at the row counts where torch's call timed faster); how many."""
     placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
     values = {node: value for node, value in zip(placeholders, example_inputs)}
     results: dict[str, object] = {}
+    judged: dict[tuple, dict] = {}  # a layer shape's routes, judged once per graph
     replaced = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in LINEAR_TARGETS:
@@ -234,7 +243,11 @@ def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: in
             if problem.name not in results:
                 results[problem.name] = tune(problem, **tuning)
             per_rows[count] = results[problem.name]
-        index = _register(_layers, LinearKernels(in_features, out_features, activation, per_rows))
+        shape = layer_shape(per_rows)
+        kernels = LinearKernels(in_features, out_features, activation, per_rows, routes=judged.get(shape))
+        if compare_torch and shape not in judged:
+            judged[shape] = kernels.judge(weight_value.detach(), None if bias_value is None else bias_value.detach())
+        index = _register(_layers, kernels)
         end = users[0] if activation is not None else node
         _replace_node(gm, end, torch.ops.looprl.linear.default, (x, weight, bias, index))
         if end is not node:

@@ -40,8 +40,16 @@ a wrong answer:
   backward), e.g. training;
 * a tensor subclass, a zero-size input.
 
+**Never slower than torch.** Once a layer shape is tuned, its looprl plan and torch's own call
+(``functional.linear`` and the activation: what the original layer runs) are timed against each
+other at every tuned row count, interleaved, with the layer's weight, under the threads torch
+is set to (:meth:`LinearKernels.judge`); a row count where torch was faster, and any row count
+next to one, is computed by torch's call (:meth:`LinearKernels.runs_torch`). ``tune_module``
+prints a line per layer shape as it is tuned and a table of these timings at the end
+(:func:`route_table`); ``compare_torch=False`` keeps every call looprl's.
+
 :func:`stats` counts, per layer and in all, the calls a looprl kernel served and the calls that
-fell back, by reason. Non-contiguous inputs are copied into a contiguous tensor first. Every
+fell back, by reason (a call routed to torch: :data:`TORCH_FASTER`), and each layer's routes. Non-contiguous inputs are copied into a contiguous tensor first. Every
 call computes with the weight and bias the layer holds at that moment: the call compares them,
 element by element, with the values the kernels were bound to, and binds them again if they
 differ, however they were changed (``.data`` edits, ``load_state_dict``, an optimiser step, a
@@ -53,8 +61,11 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 import threading
+import time
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -66,10 +77,11 @@ from looprl.backend.buffers import aligned_empty
 from looprl.ir.layers import linear
 from looprl.measurement.evaluator import open_cache
 from looprl.measurement.keys import tuned_problem_name
+from looprl.measurement.timing import best_time
 from looprl.measurement.tuned_records import read_tuned_records, write_tuned_records
 from looprl.policy.tuner import TuneResult, tune
 
-__all__ = ["LinearKernels", "TunedLinear", "row_plan", "save_records", "stats", "tune_module", "tuned_layers"]
+__all__ = ["LinearKernels", "Route", "TunedLinear", "route_table", "row_plan", "save_records", "stats", "tune_module", "tuned_layers"]
 
 
 GELU_NAMES = {"none": "gelu", "tanh": "gelu_tanh"}  # torch's GELU approximation -> looprl's activation
@@ -224,6 +236,26 @@ _ACTIVATIONS = {
 }
 
 
+ROUTE_BUDGET_S = 0.005  # seconds to time looprl's plan, and torch's call, for one row count in one round
+ROUTE_ROUNDS = 2  # interleaved rounds (looprl, torch, looprl, torch); each side's best is compared
+TORCH_FASTER = "torch timed faster at this row count"  # the fallback reason of a call routed to torch
+
+
+@dataclass(frozen=True)
+class Route:
+    """Which of looprl's plan and torch's own call computes a layer's calls on ``rows`` rows:
+    both timed on this machine, the same threads, the same epilogue, best of
+    :data:`ROUTE_ROUNDS` interleaved rounds; torch's where it was faster."""
+
+    rows: int
+    looprl_s: float
+    torch_s: float
+
+    @property
+    def runs(self) -> str:
+        return "torch" if self.torch_s < self.looprl_s else "looprl"
+
+
 class LinearKernels:
     """looprl kernels for one linear layer's shape, ``y = activation(x @ weight.T + bias)``, on
     any number of rows (row plans of the counts in ``results``: row count ->
@@ -233,7 +265,8 @@ class LinearKernels:
     computed by torch (``functional.linear``, then the activation). Used by :class:`TunedLinear` and by the ``torch.compile`` backend
     (:mod:`looprl.dynamo`); safe to call from several threads at once."""
 
-    def __init__(self, in_features: int, out_features: int, activation: str | None, results: dict[int, TuneResult], records=()):
+    def __init__(self, in_features: int, out_features: int, activation: str | None, results: dict[int, TuneResult], records=(),
+                 routes: dict[int, Route] | None = None):
         if 1 not in results:
             raise ValueError(f"a tuned linear layer needs a kernel for 1 row (so that any row count is covered), got rows {sorted(results)}")
         if activation is not None and activation not in _ACTIVATIONS:
@@ -249,6 +282,8 @@ class LinearKernels:
         self._local = threading.local()  # per thread: workspaces and padded buffers by row count
         self._stats_lock = threading.Lock()
         self.calls: dict[str, int] = {}  # "looprl" or a fallback's reason -> calls (see stats())
+        self.routes: dict[int, Route] = dict(routes or {})  # judged row counts (see judge()); none: every call is looprl's
+        self._torch_rows: dict[int, bool] = {}  # row count -> whether torch computes it, from the routes
 
     def counted(self) -> dict[str, int]:
         with self._stats_lock:
@@ -286,11 +321,57 @@ class LinearKernels:
         with self._stats_lock:
             self.calls[why or "looprl"] = self.calls.get(why or "looprl", 0) + 1
 
+    def judge(self, weight, bias, counts=None, *, budget_s: float = ROUTE_BUDGET_S, rounds: int = ROUTE_ROUNDS) -> dict[int, Route]:
+        """Time looprl's plan and torch's call (``functional.linear`` and the activation) on
+        ``counts`` rows (default: every tuned row count) with this ``weight`` and ``bias``,
+        interleaved, under ``torch.no_grad()`` and torch's threads as they are set now; the
+        routes become this layer's (:meth:`runs_torch`) and are returned."""
+        counts = sorted(self.results if counts is None else {checks.positive_int(c, "row count") for c in counts})
+        best = {(count, side): math.inf for count in counts for side in ("looprl", "torch")}
+        inputs = {count: torch.randn(count, self.in_features) for count in counts}
+        sides = {"looprl": self.compute, "torch": self.fallback}
+        with torch.no_grad():
+            for _ in range(rounds):
+                for count in counts:
+                    for side, call in sides.items():
+                        x = inputs[count]
+
+                        def repeat(reps: int, call=call, x=x) -> None:
+                            for _ in range(reps):
+                                call(x, weight, bias)
+
+                        best[count, side] = min(best[count, side], best_time(repeat, budget_s).seconds)
+        routes = {count: Route(count, best[count, "looprl"], best[count, "torch"]) for count in counts}
+        self.routes = routes
+        self._torch_rows = {}
+        return routes
+
+    def runs_torch(self, rows: int) -> bool:
+        """Whether a call on ``rows`` rows is routed to torch: a judged row count by its own
+        route, any other by the judged counts on either side of it (torch if either ran torch:
+        looprl's plan for 100 rows is made of its plans for 64 and below)."""
+        if not self.routes:
+            return False
+        found = self._torch_rows.get(rows)
+        if found is None:
+            counts = sorted(self.routes)
+            below = [count for count in counts if count <= rows]
+            above = [count for count in counts if count >= rows]
+            near = below[-1:] + above[:1]
+            found = self._torch_rows[rows] = any(self.routes[count].runs == "torch" for count in near)
+        return found
+
     def __call__(self, x, weight, bias):
         why = self.why_not(x, weight, bias)
+        if why is None and self.routes and self.runs_torch(math.prod(x.shape[:-1])):
+            why = TORCH_FASTER
         self._count(why)
         if why is not None:
             return self.fallback(x, weight, bias)
+        return self.compute(x, weight, bias)
+
+    def compute(self, x, weight, bias):
+        """The call by looprl's kernels, for arguments :meth:`why_not` accepts (not checked here)."""
         rows = math.prod(x.shape[:-1])
         kernels = self._bound.get(weight, bias)
         plan = self._plans.get(rows)
@@ -333,14 +414,15 @@ class TunedLinear(nn.Module):
     keys. ``results`` maps a row count to its :class:`~looprl.policy.tuner.TuneResult` (1 must
     be one of them); ``records``, their answers as the cache exported them (:func:`save_records`)."""
 
-    def __init__(self, original: nn.Linear, activation: nn.Module | None, results: dict[int, TuneResult], records=()):
+    def __init__(self, original: nn.Linear, activation: nn.Module | None, results: dict[int, TuneResult], records=(),
+                 routes: dict[int, Route] | None = None):
         super().__init__()
         self.in_features, self.out_features = original.in_features, original.out_features
         self.weight = original.weight
         self.bias = original.bias  # None registers no parameter, as in nn.Linear(bias=False)
         self.activation = activation  # the fused activation module, or None
         self.kernels = LinearKernels(self.in_features, self.out_features, None if activation is None else _activation_of(activation),
-                                     results, records)
+                                     results, records, routes)
 
     @property
     def results(self) -> dict[int, TuneResult]:
@@ -426,7 +508,8 @@ def _fusions(module: nn.Module) -> dict[nn.Linear, tuple[nn.Sequential, int]]:
 
 
 def tune_module(module: nn.Module, example_inputs, *, policy="default", target=None, budget_s=None, cache=None,
-                fuse: bool = True, threads: int = 1, max_rows: int | None = None, records=None) -> nn.Module:
+                fuse: bool = True, threads: int = 1, max_rows: int | None = None, records=None,
+                compare_torch: bool = True, progress: bool = True) -> nn.Module:
     """A copy of ``module`` whose float32 CPU ``nn.Linear`` layers run looprl kernels tuned for
     the shapes ``example_inputs`` give them (see the module docstring).
 
@@ -441,12 +524,20 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
     ``records``: a file :func:`save_records` wrote; its answers are imported into ``cache``
     first, so on a CPU of the kind they were tuned on nothing is tuned again (each kernel is
     compiled from its remembered schedule), and elsewhere the layers are tuned as usual.
+    ``compare_torch``: time each layer shape's looprl plan against torch's own call at every
+    tuned row count (same threads, same epilogue; :meth:`LinearKernels.judge`) and route the
+    row counts where torch was faster to torch, so that the tuned model is never slower than
+    the model given by a layer looprl lost (:func:`stats` and :func:`route_table` say which
+    rows went where). ``progress``: a line per layer shape on stderr as it is tuned, and the
+    routes' table at the end.
 
     A ``module`` that is itself an ``nn.Linear`` comes back as a :class:`TunedLinear`; one in
     which no layer was tuned comes back as a copy, with a ``RuntimeWarning``."""
     if not isinstance(module, nn.Module):
         raise ValueError(f"tune_module() expects a torch.nn.Module, got {type(module).__name__}")
     check_max_rows(max_rows)
+    compare_torch = checks.flag(compare_torch, "compare_torch")
+    progress = checks.flag(progress, "progress")
     examples = _as_examples(example_inputs)
     cache = open_cache(cache)  # one cache for every layer (a ":memory:" one included)
     if records is not None:
@@ -456,22 +547,38 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
     fusions = _fusions(tuned) if fuse else {}
     results: dict[str, TuneResult] = {}  # by problem name: layers of one shape share a kernel
     planned = []  # (layer, its fused activation module, row count -> TuneResult)
+    shapes = {}  # a layer shape's tuned problems -> how many layers have it
+    started = time.perf_counter()
     for layer, rows in rows_seen.items():
         activation_module = fusions[layer][0][fusions[layer][1]] if layer in fusions else None
         activation = _activation_of(activation_module) if activation_module is not None else None
         per_rows = {}
+        shape_started = time.perf_counter()
         for count in tuned_row_counts(rows, max_rows):
             problem = linear(count, layer.in_features, layer.out_features, bias=layer.bias is not None, activation=activation)
             if problem.name not in results:
                 results[problem.name] = tune(problem, policy, cache=cache, budget_s=budget_s, target=target, threads=threads)
             per_rows[count] = results[problem.name]
+        shape = layer_shape(per_rows)
+        if progress and shape not in shapes:
+            print(f"looprl: tuned {_shape_words(layer.in_features, layer.out_features, activation)} for rows "
+                  f"{', '.join(map(str, sorted(per_rows)))} in {time.perf_counter() - shape_started:.1f} s", file=sys.stderr, flush=True)
+        shapes[shape] = shapes.get(shape, 0) + 1
         planned.append((layer, activation_module, per_rows))
     exported = cache.export_tuned(_tuned_names(results.values()))  # one read of the cache for every layer's records
     replacements: dict[nn.Linear, TunedLinear] = {}
+    judged: dict[tuple, dict[int, Route]] = {}  # a layer shape's routes: judged once, shared by its layers
     for layer, activation_module, per_rows in planned:
         names = _tuned_names(per_rows.values())
         records = [record for record in exported if tuned_problem_name(record["problem"]) in names]
-        replacements[layer] = TunedLinear(layer, activation_module, per_rows, records)
+        shape = layer_shape(per_rows)
+        replacement = replacements[layer] = TunedLinear(layer, activation_module, per_rows, records, judged.get(shape))
+        if compare_torch and shape not in judged:
+            judged[shape] = replacement.kernels.judge(layer.weight.detach(), None if layer.bias is None else layer.bias.detach())
+    if progress and replacements:
+        print(route_table(tuned_layers_of(replacements.values())), file=sys.stderr, flush=True)
+        print(f"looprl: {len(shapes)} layer shape(s), {len(replacements)} layer(s) in {time.perf_counter() - started:.1f} s",
+              file=sys.stderr, flush=True)
     for parent in list(tuned.modules()):
         for name, child in list(parent._modules.items()):  # every registration, a shared layer's too
             if child is not None and child in replacements:
@@ -483,6 +590,41 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
         warnings.warn("tune_module tuned no layer: no float32 CPU torch.nn.Linear in the module was called with a float32 CPU input "
                       "by the examples; the copy returned runs as the module does", RuntimeWarning, stacklevel=2)
     return replacements.get(tuned, tuned)  # a module that is itself a tuned layer is replaced whole
+
+
+def layer_shape(per_rows: dict[int, TuneResult]) -> tuple:
+    """What makes two tuned layers one shape: the problems tuned for them, by row count."""
+    return tuple(sorted((count, result.problem.name) for count, result in per_rows.items()))
+
+
+def _shape_words(in_features: int, out_features: int, activation: str | None) -> str:
+    return f"linear {in_features}->{out_features}" + (f" +{activation}" if activation else "")
+
+
+def tuned_layers_of(layers) -> list[LinearKernels]:
+    """The kernels of ``layers`` (TunedLinear modules), one per layer shape, in order."""
+    seen, found = set(), []
+    for layer in layers:
+        shape = layer_shape(layer.kernels.results)
+        if shape not in seen:
+            seen.add(shape)
+            found.append(layer.kernels)
+    return found
+
+
+def route_table(kernels: list[LinearKernels]) -> str:
+    """A table, one line per layer shape and judged row count: looprl's time, torch's time and
+    which one runs (see :meth:`LinearKernels.judge`). ``kernels``: e.g.
+    ``tuned_layers_of(layer for _, layer in tuned_layers(model))``."""
+    lines = [f"{'layer shape':>28} {'rows':>6} {'looprl ms':>10} {'torch ms':>10} {'looprl/torch':>12}  runs"]
+    for layer in kernels:
+        words = _shape_words(layer.in_features, layer.out_features, layer.activation)
+        if not layer.routes:
+            lines.append(f"{words:>28} {'all':>6} {'-':>10} {'-':>10} {'-':>12}  looprl (not compared)")
+        for rows, route in sorted(layer.routes.items()):
+            lines.append(f"{words:>28} {rows:>6} {1e3 * route.looprl_s:>10.4f} {1e3 * route.torch_s:>10.4f} "
+                         f"{route.torch_s / route.looprl_s:>11.2f}x  {route.runs}")
+    return "\n".join(lines)
 
 
 def _tuned_names(results) -> set[str]:
@@ -518,8 +660,20 @@ def stats(module: nn.Module) -> dict:
     """How the tuned layers of ``module`` served their calls so far: ``looprl_calls`` (a looprl
     kernel computed the call), ``fallback_calls`` (the original layer did) and ``fallbacks``
     (why: ``{reason: calls}``, the reasons of :meth:`TunedLinear.why_not`), in all and per
-    layer (``layers``: name -> the same three)."""
-    return summarise_calls({name: layer.kernels.counted() for name, layer in tuned_layers(module)})
+    layer (``layers``: name -> the same three and ``routes``: judged row count ->
+    ``{"looprl_ms", "torch_ms", "runs"}``, see :meth:`LinearKernels.judge`). Calls routed to
+    torch are fallbacks for the reason :data:`TORCH_FASTER`."""
+    layers = tuned_layers(module)
+    summary = summarise_calls({name: layer.kernels.counted() for name, layer in layers})
+    for name, layer in layers:
+        summary["layers"][name]["routes"] = route_summary(layer.kernels)
+    return summary
+
+
+def route_summary(kernels: LinearKernels) -> dict[int, dict]:
+    """A layer's routes as plain values: row count -> ``{"looprl_ms", "torch_ms", "runs"}``."""
+    return {rows: {"looprl_ms": 1e3 * route.looprl_s, "torch_ms": 1e3 * route.torch_s, "runs": route.runs}
+            for rows, route in sorted(kernels.routes.items())}
 
 
 def summarise_calls(counted: dict) -> dict:

@@ -16,7 +16,10 @@ from tests.policies import random_policy  # noqa: E402
 @pytest.fixture(scope="module")
 def options(tmp_path_factory):
     folder = random_policy(seed=3).save(tmp_path_factory.mktemp("policy") / "policy")
-    return {"policy": folder, "budget_s": 0.1, "cache": str(tmp_path_factory.mktemp("cache") / "m.sqlite")}
+    # These tests are about looprl's kernels: every call they make is looprl's, never routed to
+    # torch by timing (tests/test_torch_routes.py tests the routes).
+    return {"policy": folder, "budget_s": 0.1, "cache": str(tmp_path_factory.mktemp("cache") / "m.sqlite"), "compare_torch": False,
+            "progress": False}
 
 
 def block(activation=None):

@@ -1,0 +1,123 @@
+"""Never slower than torch: a tuned layer's looprl plan is timed against torch's own call at each
+tuned row count, and the row counts where torch was faster are computed by torch."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as functional  # noqa: E402
+from torch import nn  # noqa: E402
+
+import looprl  # noqa: E402
+from looprl import dynamo  # noqa: E402
+from looprl.torch import TORCH_FASTER, LinearKernels, Route, TunedLinear, route_table, stats, tune_module, tuned_layers  # noqa: E402
+from tests.policies import random_policy  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def options(tmp_path_factory):
+    folder = random_policy(seed=3).save(tmp_path_factory.mktemp("policy") / "policy")
+    return {"policy": folder, "budget_s": 0.1, "cache": str(tmp_path_factory.mktemp("cache") / "r.sqlite"), "progress": False}
+
+
+def untuned_results(in_features, out_features, counts, bias=True):
+    """TuneResults whose kernels run the untuned loop nest: scalar dot products, many times
+    slower than torch's GEMM at every row count (a stand-in for a plan that lost)."""
+    results = {}
+    for rows in counts:
+        problem = looprl.linear(rows, in_features, out_features, bias=bias)
+        nest = looprl.initial_nest(problem)
+        results[rows] = looprl.TuneResult(problem=problem, nest=nest, kernel=looprl.compile(nest), actions=(), gflops=1.0,
+                                          initial_gflops=1.0, seconds=0.0, mode="policy")
+    return results
+
+
+def test_where_torch_is_faster_the_layer_runs_torch():
+    torch.manual_seed(0)
+    layer = nn.Linear(384, 384).eval()
+    kernels = LinearKernels(384, 384, None, untuned_results(384, 384, [1, 16, 64]))
+    routes = kernels.judge(layer.weight.detach(), layer.bias.detach())
+    assert sorted(routes) == [1, 16, 64] and all(route.runs == "torch" for route in routes.values()), route_table([kernels])
+    x = torch.randn(40, 384)
+    with torch.no_grad():
+        torch.testing.assert_close(kernels(x, layer.weight, layer.bias), functional.linear(x, layer.weight, layer.bias), rtol=0, atol=0)
+    assert kernels.counted() == {TORCH_FASTER: 1}  # torch's own call computed it: bit for bit torch's answer
+
+
+def test_rows_between_judged_counts_follow_their_neighbours(options):
+    torch.manual_seed(1)
+    layer = nn.Linear(24, 16).eval()
+    results = {rows: looprl.tune(looprl.linear(rows, 24, 16), options["policy"], budget_s=0.1, cache=options["cache"]) for rows in (1, 8, 32)}
+    # looprl won at 1 and 32 rows, torch at 8: rows 2..31 have 8 as a neighbour and run torch's call.
+    routes = {1: Route(1, 1e-6, 2e-6), 8: Route(8, 3e-6, 2e-6), 32: Route(32, 1e-6, 2e-6)}
+    kernels = LinearKernels(24, 16, None, results, routes=routes)
+    expected = {1: False, 2: True, 8: True, 20: True, 32: False, 33: False, 500: False}
+    assert {rows: kernels.runs_torch(rows) for rows in expected} == expected
+    with torch.no_grad():
+        for rows in expected:
+            x = torch.randn(rows, 24)
+            torch.testing.assert_close(kernels(x, layer.weight, layer.bias), functional.linear(x, layer.weight, layer.bias),
+                                       rtol=1e-5, atol=1e-5)
+    assert kernels.counted() == {"looprl": 4, TORCH_FASTER: 3}
+
+
+def test_tune_module_judges_each_shape_once_and_reports_the_routes(options, capsys):
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32), nn.Linear(32, 8)).eval()
+    tuned = tune_module(model, torch.randn(4, 32), **dict(options, progress=True))
+    err = capsys.readouterr().err
+    assert "tuned linear 32->32 +relu for rows 1, 2, 4" in err and "looprl/torch" in err and "runs" in err
+    layers = dict(tuned_layers(tuned))
+    assert all(sorted(layer.kernels.routes) == [1, 2, 4] for layer in layers.values())
+    assert layers["2"].kernels.routes is not layers["3"].kernels.routes  # two shapes, two judgements
+    with torch.no_grad():
+        for rows in (1, 3, 4, 9):
+            x = torch.randn(rows, 32)
+            torch.testing.assert_close(tuned(x), model(x), rtol=1e-5, atol=1e-5)
+    counted = stats(tuned)
+    assert counted["looprl_calls"] + counted["fallback_calls"] == 4 * 3
+    assert set(counted["fallbacks"]) <= {TORCH_FASTER}
+    for name, layer in layers.items():
+        routes = counted["layers"][name]["routes"]
+        assert sorted(routes) == [1, 2, 4] and all(r["runs"] == ("torch" if r["torch_ms"] < r["looprl_ms"] else "looprl") for r in routes.values())
+
+
+def test_a_module_tuned_without_comparing_runs_looprl_everywhere(options):
+    model = nn.Linear(16, 8).eval()
+    tuned = tune_module(model, torch.randn(2, 16), **dict(options, compare_torch=False))
+    assert isinstance(tuned, TunedLinear) and tuned.kernels.routes == {}
+    with torch.no_grad():
+        tuned(torch.randn(2, 16))
+    assert stats(tuned)["looprl_calls"] == 1
+    with pytest.raises(ValueError, match="compare_torch"):
+        tune_module(model, torch.randn(2, 16), **dict(options, compare_torch="yes"))
+    with pytest.raises(ValueError, match="row count"):
+        tuned.kernels.judge(model.weight.detach(), model.bias.detach(), counts=[0])
+
+
+def test_the_compile_backend_routes_a_layer_torch_is_faster_at(options, monkeypatch):
+    torch.manual_seed(3)
+    torch._dynamo.reset()  # earlier tests' compilations count towards Dynamo's recompile limit of nn.Module's code
+    model = nn.Sequential(nn.Linear(40, 24)).eval()
+    # The plan loses everywhere: torch keeps every call. (The judging itself is real: both timed.)
+    monkeypatch.setattr(LinearKernels, "compute", lambda self, x, w, b: _slow(self, x, w, b))
+    backend_options = {k: options[k] for k in ("policy", "budget_s", "cache")} | {"rest": "eager"}
+    compiled = torch.compile(model, backend="looprl", options=backend_options)
+    before = dynamo.stats()
+    with torch.no_grad():
+        x = torch.randn(6, 40)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    after = dynamo.stats()
+    assert after["fallbacks"].get(TORCH_FASTER, 0) == before["fallbacks"].get(TORCH_FASTER, 0) + 1
+    newest_linear = [layer for layer in after["layers"] if "routes" in layer][-1]  # (batched products have no routes)
+    assert sorted(newest_linear["routes"]) == [1, 2, 4, 6] and all(route["runs"] == "torch" for route in newest_linear["routes"].values())
+    with pytest.raises(Exception, match="compare_torch"):
+        with torch.no_grad():
+            torch.compile(nn.Linear(3, 3).eval(), backend="looprl", options={"compare_torch": 1})(torch.randn(2, 3))
+    torch._dynamo.reset()
+
+
+def _slow(kernels, x, weight, bias):
+    """looprl's answer, computed a thousand times over (a plan that loses to torch by far)."""
+    for _ in range(1000):
+        out = functional.linear(x, weight, bias)
+    return out
