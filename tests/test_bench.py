@@ -4,6 +4,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 
@@ -66,6 +67,10 @@ def test_tune_benchmark_reports_times_and_ratios(tmp_path):
     summary = report["summary"]
     assert summary["problems"] == 2 and 0 < summary["tune_s_median"] <= summary["tune_s_p95"]
     assert summary["tuned_vs_numpy_geomean"] > 0 and summary["tuned_vs_untuned_geomean"] > 0
+    assert "tuned/torch" in result.stdout and summary["tuned_vs_best_library_geomean"] <= summary["tuned_vs_numpy_geomean"]
+    for row in report["rows"]:  # torch timed beside numpy: the best library is the better of the two
+        assert row["torch_gflops"] > 0 and row["best_library_gflops"] == max(row["numpy_gflops"], row["torch_gflops"])
+        assert set(row["torch_calls_gflops"]) == {"torch.matmul", "F.linear"}
     assert all(row["tuned_gflops"] > 0 and row["search_gflops"] > 0 for row in report["rows"])
     assert summary["search_vs_numpy_geomean"] > 0 and summary["tuned_vs_search_geomean"] > 0
 
@@ -75,9 +80,9 @@ def test_tune_benchmark_summarises_per_model():
     from looprl.bench.tune_quality import _label, per_model
 
     rows = [
-        {"model": "bert-base", "tune_s": 0.4, "tuned_gflops": 100.0, "numpy_gflops": 50.0, "untuned_gflops": 25.0},
-        {"model": "bert-base", "tune_s": 0.6, "tuned_gflops": 100.0, "numpy_gflops": 200.0, "untuned_gflops": 100.0},
-        {"model": "resnet-50", "tune_s": 0.5, "tuned_gflops": 90.0, "numpy_gflops": 90.0, "untuned_gflops": 30.0},
+        {"model": "bert-base", "tune_s": 0.4, "tuned_gflops": 100.0, "numpy_gflops": 50.0, "untuned_gflops": 25.0, "best_library_gflops": 50.0},
+        {"model": "bert-base", "tune_s": 0.6, "tuned_gflops": 100.0, "numpy_gflops": 200.0, "untuned_gflops": 100.0, "best_library_gflops": 200.0},
+        {"model": "resnet-50", "tune_s": 0.5, "tuned_gflops": 90.0, "numpy_gflops": 90.0, "untuned_gflops": 30.0, "best_library_gflops": 90.0},
     ]
     bert, resnet = per_model(rows)
     assert (bert["model"], bert["problems"], resnet["problems"]) == ("bert-base", 2, 1)
@@ -181,3 +186,36 @@ def test_benchmark_options_are_checked_before_any_work(argv, message, capsys):
     assert main(argv) == 2
     captured = capsys.readouterr()
     assert captured.err.strip() == f"looprl-bench: error: {message}" and captured.out == ""
+
+
+@pytest.mark.parametrize("name", ["mk,nk->mn:m=5,k=7,n=3;const=in1;epilogue=bias+gelu", "mk,kn->mn:m=4,k=6,n=5",
+                                  "mk,kn->mn:m=3,k=4,n=2;epilogue=scale0.5+bias+silu+residual", "bmk,bnk->bmn:b=2,m=3,k=4,n=5",
+                                  "bmk,bkn->bmn:b=2,m=3,k=4,n=5", "km,kn->mn:m=3,k=4,n=2"])
+def test_the_torch_baseline_times_calls_that_compute_the_problem(name):
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as functional
+
+    from looprl.bench.torch_baseline import _calls
+    from looprl.ir.problem import parse_problem
+
+    problem = parse_problem(name)
+    calls = _calls(problem, torch, functional)
+    answers = [call() for call in calls.values()]
+    assert len(answers) == (2 if problem.spec in ("mk,nk->mn", "mk,kn->mn") else 1)
+    for answer in answers[1:]:  # torch.matmul and F.linear agree
+        torch.testing.assert_close(answer, answers[0], rtol=1e-5, atol=1e-5)
+    # The reference: the same operands (drawn in the same order from the same seed), numpy's einsum, the epilogue by hand.
+    generator = torch.Generator().manual_seed(0)
+    a, b = (torch.rand(*shape, generator=generator) * 2 - 1 for shape in problem.input_shapes)
+    extra = {what: torch.rand(*shape, generator=generator) * 2 - 1 for what, shape in problem.epilogue_shapes}
+    expected = torch.from_numpy(np.einsum(problem.spec, a.double().numpy(), b.double().numpy())) * problem.epilogue.scale
+    if "bias" in extra:
+        expected = expected + extra["bias"].double()
+    activation = problem.epilogue.activation
+    if activation == "gelu":
+        expected = functional.gelu(expected)
+    elif activation == "silu":
+        expected = functional.silu(expected)
+    if "residual" in extra:
+        expected = expected + extra["residual"].double()
+    torch.testing.assert_close(answers[0].double(), expected, rtol=1e-5, atol=1e-5)

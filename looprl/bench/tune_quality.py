@@ -37,6 +37,7 @@ from looprl.bench.neighbour import KINDS, Neighbour
 from looprl.workloads.datasets import SPLITS, dataset_entries
 from looprl.ir.nest import initial_nest
 from looprl.ir.problem import parse_problems
+from looprl.bench.torch_baseline import best_torch, torch_gflops
 from looprl.measurement.numpy_baseline import baseline_label, numpy_gflops
 from looprl.measurement.peak import measure_peak_gflops
 from looprl.measurement.roofline import roofline
@@ -105,8 +106,8 @@ def _label(problem) -> str:
 
 
 def per_model(rows: list[dict]) -> list[dict]:
-    """One summary per model, in order of first appearance: problems, geomean tuned/numpy and
-    tuned/untuned, median and max tune seconds."""
+    """One summary per model, in order of first appearance: problems, geomean tuned/numpy,
+    tuned/best library and tuned/untuned, median and max tune seconds."""
     groups: dict[str, list[dict]] = {}
     for row in rows:
         groups.setdefault(row.get("model") or "-", []).append(row)
@@ -115,6 +116,7 @@ def per_model(rows: list[dict]) -> list[dict]:
             "model": model,
             "problems": len(members),
             "tuned_vs_numpy_geomean": _geomean(r["tuned_gflops"] / r["numpy_gflops"] for r in members),
+            "tuned_vs_best_library_geomean": _geomean(r["tuned_gflops"] / r["best_library_gflops"] for r in members),
             "tuned_vs_untuned_geomean": _geomean(r["tuned_gflops"] / r["untuned_gflops"] for r in members),
             "tune_s_median": statistics.median(r["tune_s"] for r in members),
             "tune_s_max": max(r["tune_s"] for r in members),
@@ -125,11 +127,12 @@ def per_model(rows: list[dict]) -> list[dict]:
 
 
 def print_per_model(models: list[dict], out) -> None:
-    print(f"{'model':>16} {'problems':>8} {'tuned/numpy':>11} {'tuned/untuned':>13} {'tune s median':>13} {'tune s max':>10} "
+    print(f"{'model':>16} {'problems':>8} {'tuned/numpy':>11} {'tuned/best':>10} {'tuned/untuned':>13} {'tune s median':>13} {'tune s max':>10} "
           f"{'search/numpy':>12}", file=out)
     for m in models:
         search = m.get("search_vs_numpy_geomean", math.nan)
-        print(f"{m['model']:>16} {m['problems']:8d} {m['tuned_vs_numpy_geomean']:11.2f} {m['tuned_vs_untuned_geomean']:13.2f} "
+        print(f"{m['model']:>16} {m['problems']:8d} {m['tuned_vs_numpy_geomean']:11.2f} {m['tuned_vs_best_library_geomean']:10.2f} "
+              f"{m['tuned_vs_untuned_geomean']:13.2f} "
               f"{m['tune_s_median']:13.3f} {m['tune_s_max']:10.3f} {'-' if math.isnan(search) else f'{search:.2f}':>12}", file=out)
 
 
@@ -203,16 +206,21 @@ def main(args, out=sys.stdout) -> dict:
     numpy = numpy_gflops(problems, args.budget, isa=target.isa, threads=first)
     numpy_label = baseline_label(target.isa, threads=first)
     others = {n: numpy_gflops(problems, args.budget, isa=target.isa, threads=n) for n in counts[1:]}
+    torch_figures = torch_gflops(problems, args.budget, threads=first)  # torch.matmul and F.linear (MKL or oneDNN)
+    torch_others = {n: torch_gflops(problems, args.budget, threads=n) for n in counts[1:]}
     peaks = {n: measure_peak_gflops(target, threads=n) for n in counts[1:]}
     made_for = policy.target.isa if policy.target is not None else "unknown"
     print(f"target {target}; peak {peak:.1f} GFLOPS; policy made for {made_for}; {len(problems)} problems ({source}); "
           f"{args.mode} mode, search budget {'scaled to the problem' if args.tune_budget is None else f'{args.tune_budget} s'}; CPU {cpu_model_name()}", file=out)
     print(ceilings.describe(), file=out)
-    print(f"compared with {numpy_label}" + "".join(f"; on {n} threads with {baseline_label(target.isa, threads=n)} "
+    print(f"compared with {numpy_label} and torch {_torch_version()} (best of torch.matmul and F.linear, {first} thread"
+          f"{'s' if first > 1 else ''}, the host's own kernels); best = the better of numpy and torch" + "".join(f"; on {n} threads with {baseline_label(target.isa, threads=n)} "
                                                     f"(peak {peaks[n]:.1f})" for n in counts[1:]), file=out)
-    print(f"{'problem':>14} {'tune ms':>8} {'untuned':>8} {'tuned':>8} {'numpy':>8} {'tuned/numpy':>11} {'bound':>7} {'of bound':>8}"
+    print(f"{'problem':>14} {'tune ms':>8} {'untuned':>8} {'tuned':>8} {'numpy':>8} {'torch':>8} {'tuned/numpy':>11} {'tuned/torch':>11} "
+          f"{'tuned/best':>10} {'bound':>7} {'of bound':>8}"
           + (f" {'search':>8}" if args.search else "")
-          + "".join(f" {f'tuned@{n}':>9} {f'numpy@{n}':>9} {f'@{n}/numpy':>9} {f'@{n}/@1':>7} {f'serial@{n}':>9}" for n in counts[1:]),
+          + "".join(f" {f'tuned@{n}':>9} {f'numpy@{n}':>9} {f'torch@{n}':>9} {f'@{n}/best':>9} {f'@{n}/@1':>7} {f'serial@{n}':>9}"
+                    for n in counts[1:]),
           file=out)
     rows = []
     for index, (problem, entry, numpy_value) in enumerate(zip(problems, entries, numpy)):
@@ -221,8 +229,11 @@ def main(args, out=sys.stdout) -> dict:
         tuned = time_kernel(result.kernel, args.budget).gflops
         untuned = time_kernel(compile(initial_nest(problem), target=target), args.budget).gflops
         bound = ceilings.bound(problem)
+        torch_value = best_torch(torch_figures[index])
+        best_value = max(numpy_value, torch_value) if torch_value == torch_value else numpy_value  # NaN: no torch
         row = {"problem": problem.name, "tune_s": result.seconds, "waited_s": result.waited_s, "untuned_gflops": untuned, "tuned_gflops": tuned,
-               "numpy_gflops": numpy_value, "bound_gflops": bound.gflops, "bound": bound.limit, "actions": list(result.actions),
+               "numpy_gflops": numpy_value, "torch_gflops": torch_value, "torch_calls_gflops": torch_figures[index], "best_library_gflops": best_value,
+               "bound_gflops": bound.gflops, "bound": bound.limit, "actions": list(result.actions),
                "schedule": result.nest.key}
         if entry is not None and entry.model is not None:
             row.update(model=entry.model, layer=entry.layer)
@@ -242,17 +253,21 @@ def main(args, out=sys.stdout) -> dict:
             gflops = time_kernel(threaded.kernel, args.budget).gflops
             serial = gflops if not threaded.nest.is_parallel else time_kernel(compile(threaded.nest.serial(), target=target), args.budget).gflops
             suffix = _suffix(n, first)
+            torch_n = best_torch(torch_others[n][index])
+            best_n = max(others[n][index], torch_n) if torch_n == torch_n else others[n][index]
             row.update({f"tune_s{suffix}": threaded.seconds, f"tuned_gflops{suffix}": gflops, f"numpy_gflops{suffix}": others[n][index],
+                        f"torch_gflops{suffix}": torch_n, f"best_library_gflops{suffix}": best_n,
                         f"serial_counterpart_gflops{suffix}": serial, f"actions{suffix}": list(threaded.actions),
                         f"schedule{suffix}": threaded.nest.key})
             if repeat:
                 row[f"repeat{suffix}"] = agreement(threaded, problem, policy, args, target, n)
             if neighbour:
                 row[f"neighbour{suffix}"] = beside_neighbour(threaded, problem, policy, args, target, n)
-            columns += f" {gflops:9.1f} {others[n][index]:9.1f} {gflops / others[n][index]:9.2f} {gflops / tuned:7.2f} {serial:9.1f}"
+            columns += f" {gflops:9.1f} {others[n][index]:9.1f} {torch_n:9.1f} {gflops / best_n:9.2f} {gflops / tuned:7.2f} {serial:9.1f}"
         rows.append(row)
         label = _label(problem)
-        print(f"{label:>14} {1000 * result.seconds:8.0f} {untuned:8.1f} {tuned:8.1f} {numpy_value:8.1f} {tuned / numpy_value:11.2f}"
+        print(f"{label:>14} {1000 * result.seconds:8.0f} {untuned:8.1f} {tuned:8.1f} {numpy_value:8.1f} {torch_value:8.1f} {tuned / numpy_value:11.2f}"
+              f" {tuned / torch_value:11.2f} {tuned / best_value:10.2f}"
               f" {bound.gflops:6.1f}{bound.limit[0].upper()} {tuned / bound.gflops:8.2f}"
               + (f" {row['search_gflops']:8.1f}" if args.search else "") + columns, file=out, flush=True)
     times = sorted(r["tune_s"] for r in rows)
@@ -262,6 +277,9 @@ def main(args, out=sys.stdout) -> dict:
         "tune_s_median": statistics.median(times),
         "tune_s_p95": times[min(len(times) - 1, math.ceil(0.95 * len(times)) - 1)],
         "tuned_vs_numpy_geomean": _geomean(r["tuned_gflops"] / r["numpy_gflops"] for r in rows),
+        "tuned_vs_torch_geomean": _geomean(r["tuned_gflops"] / r["torch_gflops"] for r in rows),
+        "tuned_vs_best_library_geomean": _geomean(r["tuned_gflops"] / r["best_library_gflops"] for r in rows),
+        "tuned_vs_best_library_min": min(r["tuned_gflops"] / r["best_library_gflops"] for r in rows),
         "tuned_vs_untuned_geomean": _geomean(r["tuned_gflops"] / r["untuned_gflops"] for r in rows),
         "tuned_vs_peak_geomean": _geomean(r["tuned_gflops"] / peak for r in rows),
         "tuned_vs_bound_geomean": _geomean(r["tuned_gflops"] / r["bound_gflops"] for r in rows),
@@ -276,7 +294,8 @@ def main(args, out=sys.stdout) -> dict:
     summary["threads"] = counts
     print(
         f"tune time: median {1000 * summary['tune_s_median']:.0f} ms, p95 {1000 * summary['tune_s_p95']:.0f} ms; "
-        f"geomean tuned/numpy {summary['tuned_vs_numpy_geomean']:.2f}, tuned/untuned {summary['tuned_vs_untuned_geomean']:.2f}, "
+        f"geomean tuned/numpy {summary['tuned_vs_numpy_geomean']:.2f}, tuned/torch {summary['tuned_vs_torch_geomean']:.2f}, "
+        f"tuned/best library {summary['tuned_vs_best_library_geomean']:.2f} (lowest {summary['tuned_vs_best_library_min']:.2f}), tuned/untuned {summary['tuned_vs_untuned_geomean']:.2f}, "
         f"tuned/peak {summary['tuned_vs_peak_geomean']:.2f}, tuned/bound {summary['tuned_vs_bound_geomean']:.2f} "
         f"(bound: P peak, L last-level cache or D DRAM bandwidth x flops per byte)" + (f" ({first} thread{'s' if first > 1 else ''})" if len(counts) > 1 else ""),
         file=out,
@@ -285,12 +304,15 @@ def main(args, out=sys.stdout) -> dict:
         s = _suffix(n, first)
         summary[f"peak_gflops{s}"] = peaks[n]
         summary[f"tuned_vs_numpy_geomean{s}"] = _geomean(r[f"tuned_gflops{s}"] / r[f"numpy_gflops{s}"] for r in rows)
+        summary[f"tuned_vs_best_library_geomean{s}"] = _geomean(r[f"tuned_gflops{s}"] / r[f"best_library_gflops{s}"] for r in rows)
+        summary[f"tuned_vs_best_library_min{s}"] = min(r[f"tuned_gflops{s}"] / r[f"best_library_gflops{s}"] for r in rows)
         summary[f"vs_first_threads_geomean{s}"] = _geomean(r[f"tuned_gflops{s}"] / r["tuned_gflops"] for r in rows)
         summary[f"vs_serial_counterpart_geomean{s}"] = _geomean(r[f"tuned_gflops{s}"] / r[f"serial_counterpart_gflops{s}"] for r in rows)
         summary[f"not_slower_than_first{s}"] = sum(r[f"tuned_gflops{s}"] >= r["tuned_gflops"] for r in rows)
         summary[f"tune_s_median{s}"] = statistics.median(r[f"tune_s{s}"] for r in rows)
         print(
-            f"{n} threads: geomean tuned@{n}/numpy@{n} {summary[f'tuned_vs_numpy_geomean{s}']:.2f}, tuned@{n}/tuned@{first} "
+            f"{n} threads: geomean tuned@{n}/numpy@{n} {summary[f'tuned_vs_numpy_geomean{s}']:.2f}, tuned@{n}/best library@{n} "
+            f"{summary[f'tuned_vs_best_library_geomean{s}']:.2f} (lowest {summary[f'tuned_vs_best_library_min{s}']:.2f}), tuned@{n}/tuned@{first} "
             f"{summary[f'vs_first_threads_geomean{s}']:.2f} ({summary[f'not_slower_than_first{s}']} of {len(rows)} not slower), "
             f"over its serial counterpart {summary[f'vs_serial_counterpart_geomean{s}']:.2f}; "
             f"tune time median {1000 * summary[f'tune_s_median{s}']:.0f} ms",
@@ -321,3 +343,13 @@ def main(args, out=sys.stdout) -> dict:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return result
+
+
+def _torch_version() -> str:
+    """torch's version, read from its package metadata (this process does not import torch)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return "(not installed)"

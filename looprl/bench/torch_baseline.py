@@ -1,0 +1,128 @@
+"""torch's GFLOPS for problems, ``torch.matmul`` and ``F.linear`` side by side, timed in a child process.
+
+The benchmarks compare looprl with the best library on the host: numpy (OpenBLAS,
+:mod:`looprl.measurement.numpy_baseline`) and torch, whose CPU GEMMs are MKL's or oneDNN's,
+whichever torch dispatches to. Each is timed in a fresh interpreter with ``threads`` threads
+(``torch.set_num_threads`` and the BLAS thread variables), by the common timing rule, while this
+process holds the machine-wide lock; a machine without torch gets None for each figure.
+
+What is timed is what a torch user writes for the problem, under ``torch.no_grad()``:
+
+* ``mk,nk->mn`` (a linear layer's ``x @ W.T``): ``F.linear(x, W, bias)`` and
+  ``torch.matmul(x, W.T)``;
+* ``mk,kn->mn``: ``torch.matmul(a, b)`` and ``F.linear(a, W)`` with ``W = b.T`` stored as
+  ``nn.Linear`` stores it (made contiguous before timing: the model would hold it so);
+* batched products ``bmk,bkn->bmn`` / ``bmk,bnk->bmn``: ``torch.matmul`` (no ``F.linear``);
+* any other spec: ``torch.einsum``.
+
+The problem's epilogue follows, one torch call per step (``F.linear`` takes the bias itself
+when the scale is 1, as ``nn.Linear`` does), so torch's time covers the same work as the
+fused kernel's. :func:`best_torch` is the better of the two calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import subprocess
+import sys
+
+from looprl import checks
+from looprl.backend.threads import check_threads
+from looprl.measurement.lock import machine_lock
+from looprl.measurement.numpy_baseline import baseline_environment
+from looprl.measurement.timing import best_time
+
+CALLS = ("torch.matmul", "F.linear")
+
+
+def torch_gflops(problems: list, budget_s: float = 0.3, threads: int = 1) -> list[dict[str, float | None]]:
+    """For each problem, ``{"torch.matmul": GFLOPS or None, "F.linear": GFLOPS or None}``
+    (None: the call does not apply to the spec, or torch is not installed), timed in a child
+    process on ``threads`` threads."""
+    budget_s = checks.seconds(budget_s, "budget_s")
+    threads = check_threads(threads)
+    request = json.dumps({"problems": [p.name for p in problems], "budget_s": budget_s, "threads": threads})
+    with machine_lock():
+        result = subprocess.run([sys.executable, "-m", "looprl.bench.torch_baseline"], input=request, capture_output=True, text=True,
+                                env=baseline_environment(threads=threads), check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"torch baseline process failed:\n{result.stderr}")
+    return json.loads(result.stdout)["gflops"]
+
+
+def best_torch(figures: dict[str, float | None]) -> float:
+    """The better of torch's calls for one problem (NaN if none was timed)."""
+    timed = [value for value in figures.values() if value is not None]
+    return max(timed) if timed else math.nan
+
+
+def _calls(problem, torch, functional):
+    """Name -> a no-argument callable computing ``problem`` in torch, its epilogue included."""
+    generator = torch.Generator().manual_seed(0)
+
+    def uniform(shape):
+        return torch.rand(*shape, generator=generator) * 2 - 1
+
+    a, b = (uniform(shape) for shape in problem.input_shapes)
+    epilogue = problem.epilogue
+    extra = {what: uniform(shape) for what, shape in problem.epilogue_shapes}
+    bias, residual = extra.get("bias"), extra.get("residual")
+    activation = {None: None, "relu": functional.relu, "gelu": functional.gelu, "silu": functional.silu,
+                  "gelu_tanh": lambda y: functional.gelu(y, approximate="tanh")}[epilogue.activation]
+    bias_in_gemm = epilogue.scale == 1.0
+
+    def finish(y, bias_added: bool):
+        if epilogue.scale != 1.0:
+            y = y * epilogue.scale
+        if bias is not None and not bias_added:
+            y = y + bias
+        if activation is not None:
+            y = activation(y)
+        return y + residual if residual is not None else y
+
+    def linear_of(weight):  # weight stored [n, k], as nn.Linear holds it
+        return lambda: finish(functional.linear(a, weight, bias if bias_in_gemm else None), bias_in_gemm)
+
+    spec = problem.spec
+    if spec == "mk,nk->mn":
+        return {"F.linear": linear_of(b), "torch.matmul": lambda: finish(torch.matmul(a, b.T), False)}
+    if spec == "mk,kn->mn":
+        return {"torch.matmul": lambda: finish(torch.matmul(a, b), False), "F.linear": linear_of(b.T.contiguous())}
+    if spec == "bmk,bkn->bmn":
+        return {"torch.matmul": lambda: finish(torch.matmul(a, b), False)}
+    if spec == "bmk,bnk->bmn":
+        return {"torch.matmul": lambda: finish(torch.matmul(a, b.transpose(-1, -2)), False)}
+    return {"torch.matmul": lambda: finish(torch.einsum(spec, a, b), False)}  # torch.einsum: the matmul of other specs
+
+
+def _time_in_process(names: list[str], budget_s: float, threads: int) -> list[dict[str, float | None]]:
+    from looprl.ir.problem import parse_problem
+
+    try:
+        import torch
+        import torch.nn.functional as functional
+    except ImportError:
+        return [dict.fromkeys(CALLS) for _ in names]
+    torch.set_num_threads(threads)
+    results = []
+    with torch.no_grad():
+        for name in names:
+            problem = parse_problem(name)
+            figures = dict.fromkeys(CALLS)
+            for call_name, call in _calls(problem, torch, functional).items():
+
+                def repeat(reps: int, call=call) -> None:
+                    for _ in range(reps):
+                        call()
+
+                # The parent holds the machine-wide lock while this process runs.
+                figures[call_name] = best_time(repeat, budget_s, flops=problem.flops, lock=contextlib.nullcontext()).gflops
+            results.append(figures)
+    return results
+
+
+if __name__ == "__main__":
+    request = json.loads(sys.stdin.read())
+    print(json.dumps({"gflops": _time_in_process(request["problems"], request["budget_s"], request["threads"])}))
