@@ -92,6 +92,24 @@ def test_a_parallel_schedule_that_does_not_pay_is_not_returned(monkeypatch):
     assert not result.nest.is_parallel and result.gflops == result.serial_gflops
 
 
+def test_teams_are_predicted_from_the_serial_best_not_the_last_schedule_measured(monkeypatch):
+    """The team stage's budget predicts a measurement's cost from the serial schedule a team is
+    made of. Predicted from the last serial schedule measured (8 GFLOPS after a 219 GFLOPS best
+    on a batched product), every team was refused and tune stayed on one thread."""
+    import importlib
+
+    tune_module = importlib.import_module("looprl.policy.tuner")
+    seen = []
+
+    def recording(candidates, context, threads):
+        seen.append((context.budget.reference_gflops, candidates[0].gflops))
+        return []
+
+    monkeypatch.setattr(tune_module, "parallel_proposals", recording)
+    looprl.tune(PROBLEM, random_policy(seed=1), cache=":memory:", budget_s=0.2, measure_budget_s=0.002, threads=2, remember=False)
+    assert len(seen) == 1 and seen[0][0] == seen[0][1] > 0
+
+
 def test_default_threads_are_the_cores():
     result = looprl.tune((16, 16, 16), random_policy(), cache=":memory:", budget_s=0, measure_budget_s=0.001)
     assert result.threads == available_cores() and result.kernel.threads == available_cores()

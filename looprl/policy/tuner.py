@@ -359,7 +359,10 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, step
     serial_gflops = None
     if threads > 1:  # the best serial schedules with their outermost loops parallel, measured on the threads
         team_context = search.context(action_set, budget_s / 4 if budget_s > 0 else None, evaluator=evaluator.with_threads(threads))
-        team_context.budget.reference_gflops = context.budget.reference_gflops
+        # A team is predicted from the serial schedule it is made of (the best), not from the
+        # last schedule the serial stages measured: that may be a slow one (8 GFLOPS after a
+        # 219 GFLOPS best), predicting a 0.5 s measurement and refusing every team.
+        team_context.budget.reference_gflops = best.gflops
         proposals: list[Candidate] = []
         search.run(team_context, lambda c: proposals.extend(parallel_proposals(ranked, c, threads)) or proposals)
         serial_gflops = best.gflops
