@@ -224,8 +224,8 @@ def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: in
             continue
         args = list(node.args) + [None] * (3 - len(node.args))
         x, weight, bias = args[0], args[1], node.kwargs.get("bias", args[2])
-        weight_value = values.get(weight)
-        bias_value = values.get(bias) if bias is not None else None
+        weight_value = _example_value(gm, weight, values)
+        bias_value = _example_value(gm, bias, values) if bias is not None else None
         x_value = x.meta.get("example_value") if hasattr(x, "meta") else None
         if not (isinstance(weight_value, torch.Tensor) and weight_value.dim() == 2 and weight_value.dtype == torch.float32
                 and weight_value.device.type == "cpu" and isinstance(x_value, torch.Tensor) and x_value.dtype == torch.float32
@@ -257,6 +257,20 @@ def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: in
         gm.graph.lint()
         gm.recompile()
     return replaced
+
+
+def _example_value(gm: torch.fx.GraphModule, node, values: dict):
+    """The tensor a graph node stands for: a graph input's example, or the graph module's own
+    attribute for a ``get_attr`` node (with Inductor's ``freezing`` on, Dynamo hands parameters
+    over as attributes of the graph, not as inputs); None for anything else."""
+    if node in values:
+        return values[node]
+    if getattr(node, "op", None) == "get_attr":
+        value = gm
+        for part in node.target.split("."):
+            value = getattr(value, part, None)
+        return value
+    return None
 
 
 def _register(registry: list, item) -> int:
