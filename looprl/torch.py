@@ -300,6 +300,7 @@ class LinearKernels:
         self.results = dict(results)
         self.records = list(records)  # the tuned answers as exported records (save_records)
         self._with_bias = "bias" in self.results[1].problem.epilogue.inputs
+        self._weight_shape, self._bias_shape = (out_features, in_features), (out_features,)
         flops = 2 * in_features * out_features
         self._seconds = {rows: flops * rows / (result.gflops * 1e9) for rows, result in self.results.items()}
         self._plans: dict[int, list[tuple[int, int, int]]] = {}  # row count -> its row plan
@@ -326,15 +327,16 @@ class LinearKernels:
     def why_not(self, x, weight, bias) -> str | None:
         """Why a call on ``x`` falls back to torch (a short reason, the key of :func:`stats`'
         ``fallbacks``), or None if looprl kernels compute it."""
-        if type(x) is not torch.Tensor or x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() < 1:
+        float32 = torch.float32  # dtypes are singletons: compared by identity, and is_cpu is cheaper than device.type
+        if type(x) is not torch.Tensor or x.dtype is not float32 or not x.is_cpu or x.dim() < 1:
             return "input not a float32 CPU tensor"
         if x.shape[-1] != self.in_features:
             return "input's last dimension is not in_features"
         if x.numel() == 0:
             return "empty input"
-        if (type(weight) not in (torch.Tensor, nn.Parameter) or weight.dtype != torch.float32 or weight.device.type != "cpu"
-                or tuple(weight.shape) != (self.out_features, self.in_features)
-                or (bias is not None and (bias.dtype != torch.float32 or bias.device.type != "cpu" or tuple(bias.shape) != (self.out_features,)))):
+        if (type(weight) not in (torch.Tensor, nn.Parameter) or weight.dtype is not float32 or not weight.is_cpu
+                or weight.shape != self._weight_shape
+                or (bias is not None and (bias.dtype is not float32 or not bias.is_cpu or bias.shape != self._bias_shape))):
             return "parameters not float32 on the CPU"
         if (bias is None) == self._with_bias:
             return "bias given or not as tuned"
