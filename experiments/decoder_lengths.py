@@ -1,7 +1,7 @@
 """A decoder block tuned once, run at every sequence length: looprl against torch eager, one thread.
 
-    python experiments/decoder_lengths.py [--target avx2] [--tokens 1,5,64,100,333] [--example 64]
-        [--max-rows 512] [--rounds 5] [--records FILE] [--out experiments/results/decoder_lengths]
+    python experiments/decoder_lengths.py [--target avx2] [--tokens 1,5,64,100,333,512] [--example 64]
+        [--max-rows 512] [--rounds 5] [--threads 1] [--compile] [--records FILE] [--out experiments/results/decoder_lengths]
 
 The block is a pre-norm transformer decoder block built from ``torch.nn`` (random weights,
 nothing downloaded): width 640, 10 heads, causal self-attention
@@ -11,10 +11,14 @@ with its residual. It is tuned once (``looprl.torch.tune_module``) with one exam
 ``--example`` tokens and ``max_rows=--max-rows``, so that every row count is served in row
 blocks of the powers of two tuned (see ``looprl.torch``); then, at each length of
 ``--tokens``, the original and the tuned block are checked equal (float32 tolerance) and timed
-in interleaved rounds (``torch.set_num_threads(1)``, ``torch.inference_mode()``, looprl's
-timing rule, best of the rounds). ``looprl.torch.stats`` must show no call that fell back.
-With ``--compile``, ``torch.compile(block, dynamic=True)`` (inductor) and
-``torch.compile(block, backend="looprl", dynamic=True)`` (the same tuning options) are timed too.
+in interleaved rounds (``torch.set_num_threads(--threads)``, ``torch.inference_mode()``,
+looprl's timing rule, best of the rounds). ``looprl.torch.stats`` must show no call that fell
+back for a reason other than torch timing faster (the layer's routes, printed as a table).
+With ``--compile``, ``torch.compile(block, dynamic=True)`` (inductor),
+``torch.compile(block, mode="max-autotune")`` with ``torch._inductor.config.freezing = True``
+(Inductor's GEMM template and prepacked weights compete only with freezing; compiled for each
+length, autotuned there) and ``torch.compile(block, backend="looprl", dynamic=True)`` (the same
+tuning options) are timed too; freezing is on for every compilation of the run.
 Writes ``<out>.csv`` and prints a table with the geometric mean over the lengths. With
 ``--records FILE`` the tuned records are saved there, or, if the file exists, loaded instead
 of tuning (``tune_module(records=)``; the time printed is then the load and compile time).
@@ -47,11 +51,11 @@ from _torch_timing import seconds, write_csv
 
 from looprl.backend.host import cpu_model_name
 from looprl.target import TARGET_CHOICES, Target
-from looprl.torch import save_records, stats, tune_module, tuned_layers
+from looprl.torch import TORCH_FASTER, route_table, save_records, stats, tune_module, tuned_layers, tuned_layers_of
 
 RESULTS = Path(__file__).resolve().parent / "results"
-FIELDS = ["tokens", "target", "torch_isa", "cpu", "torch_ms", "looprl_ms", "speedup", "max_abs_diff", "allclose",
-          "inductor_ms", "compiled_looprl_ms", "compiled_looprl_speedup", "compiled_allclose"]
+FIELDS = ["tokens", "target", "torch_isa", "cpu", "threads", "torch_ms", "looprl_ms", "speedup", "max_abs_diff", "allclose",
+          "inductor_ms", "max_autotune_ms", "vs_max_autotune", "compiled_looprl_ms", "compiled_looprl_speedup", "compiled_allclose"]
 
 
 class DecoderBlock(nn.Module):
@@ -88,10 +92,11 @@ def lengths(text: str) -> list[int]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=None, choices=TARGET_CHOICES)
-    parser.add_argument("--tokens", default="1,5,64,100,333")
+    parser.add_argument("--tokens", default="1,5,64,100,333,512")
     parser.add_argument("--example", type=int, default=64, help="tokens of the one example the block is tuned with (default 64)")
     parser.add_argument("--max-rows", type=int, default=512, help="tune_module's max_rows (default 512)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="torch's threads and tune_module's (default 1)")
     parser.add_argument("--budget", type=float, default=0.1, help="seconds per timing (default 0.1)")
     parser.add_argument("--compile", action="store_true",
                         help="also time torch.compile(block, dynamic=True) with inductor and with backend='looprl' (same tuning options)")
@@ -99,7 +104,7 @@ def main(argv=None) -> int:
                         help="tuned records: load them if the file exists (no tuning on the same CPU kind), else save them there")
     parser.add_argument("--out", type=Path, default=RESULTS / "decoder_lengths")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     target = Target.resolve(args.target)
     torch.manual_seed(0)
     block = DecoderBlock().eval()
@@ -107,7 +112,7 @@ def main(argv=None) -> int:
         started = time.perf_counter()
         load = args.records if args.records is not None and args.records.exists() else None
         tuned = tune_module(block, torch.randn(1, args.example, 640), target=target, max_rows=args.max_rows,
-                            cache=str(Path(folder) / "decoder.sqlite"), records=load)
+                            cache=str(Path(folder) / "decoder.sqlite"), records=load, threads=args.threads)
         tune_s = time.perf_counter() - started
     modes = sorted({result.mode for _, layer in tuned_layers(tuned) for result in layer.results.values()})
     if args.records is not None and load is None:
@@ -119,14 +124,22 @@ def main(argv=None) -> int:
     if args.compile:
         from looprl import dynamo
 
+        import torch._inductor.config as inductor_config
+
+        inductor_config.freezing = True  # for every compilation below: max-autotune's GEMM template runs only with it
+        # The three compiled blocks share the block's forward code, and max-autotune compiles it once per length:
+        # past Dynamo's default limit of 8 compilations of one code object, later ones would silently run eager.
+        torch._dynamo.config.recompile_limit = 64
         compiled["inductor"] = torch.compile(block, dynamic=True)
+        compiled["max_autotune"] = torch.compile(block, mode="max-autotune", dynamic=False)
         compiled["compiled_looprl"] = torch.compile(block, backend="looprl", dynamic=True,
-                                           options={"target": target, "max_rows": args.max_rows, "cache": ":memory:"})
+                                           options={"target": target, "max_rows": args.max_rows, "cache": ":memory:", "threads": args.threads})
         started = time.perf_counter()
-        with torch.no_grad():
-            for fn in compiled.values():
-                fn(torch.randn(1, args.example, 640))
-        print(f"torch.compile (inductor, and backend='looprl' with its tuning): {time.perf_counter() - started:.1f} s")
+        with torch.inference_mode():  # as they are timed: a compilation under no_grad would be compiled again under inference_mode
+            for name, fn in compiled.items():
+                for tokens in (lengths(args.tokens) if name == "max_autotune" else [args.example]):
+                    fn(torch.randn(1, tokens, 640))
+        print(f"torch.compile (inductor, max-autotune at every length, backend='looprl' with its tuning): {time.perf_counter() - started:.1f} s")
     rows = []
     for tokens in lengths(args.tokens):
         x = torch.randn(1, tokens, 640)
@@ -139,20 +152,24 @@ def main(argv=None) -> int:
                 best[name] = min(best[name], seconds(fn, x, args.budget))
         rows.append({
             "tokens": tokens, "target": target.isa, "torch_isa": torch.backends.cpu.get_cpu_capability(), "cpu": cpu_model_name(),
+            "threads": args.threads,
             "torch_ms": round(1e3 * best["torch"], 4), "looprl_ms": round(1e3 * best["looprl"], 4),
             "speedup": round(best["torch"] / best["looprl"], 3),
             "max_abs_diff": float((expected - got).abs().max()), "allclose": bool(torch.allclose(expected, got, rtol=1e-4, atol=1e-4)),
         })
         row = rows[-1]
         if compiled:
-            with torch.no_grad():
+            with torch.inference_mode():
                 compiled_out = compiled["compiled_looprl"](x)
-            row.update(inductor_ms=round(1e3 * best["inductor"], 4), compiled_looprl_ms=round(1e3 * best["compiled_looprl"], 4),
+            row.update(inductor_ms=round(1e3 * best["inductor"], 4), max_autotune_ms=round(1e3 * best["max_autotune"], 4),
+                       vs_max_autotune=round(best["max_autotune"] / best["looprl"], 3),
+                       compiled_looprl_ms=round(1e3 * best["compiled_looprl"], 4),
                        compiled_looprl_speedup=round(best["torch"] / best["compiled_looprl"], 3),
                        compiled_allclose=bool(torch.allclose(expected, compiled_out, rtol=1e-4, atol=1e-4)))
         print(f"{tokens:5d} tokens: torch {row['torch_ms']:.3f} ms, looprl {row['looprl_ms']:.3f} ms, {row['speedup']:.2f}x; "
               f"max |diff| {row['max_abs_diff']:.2e} ({'allclose' if row['allclose'] else 'NOT allclose'})"
-              + (f"; inductor {row['inductor_ms']:.3f} ms, backend='looprl' {row['compiled_looprl_ms']:.3f} ms "
+              + (f"; inductor {row['inductor_ms']:.3f} ms, max-autotune {row['max_autotune_ms']:.3f} ms "
+                 f"(looprl {row['vs_max_autotune']:.2f}x it), backend='looprl' {row['compiled_looprl_ms']:.3f} ms "
                  f"({row['compiled_looprl_speedup']:.2f}x eager, {'allclose' if row['compiled_allclose'] else 'NOT allclose'})" if compiled else ""),
               flush=True)
     served = stats(tuned)
@@ -160,11 +177,15 @@ def main(argv=None) -> int:
     if compiled:
         print(f"torch.compile(backend='looprl'): geomean {statistics.geometric_mean(row['compiled_looprl_speedup'] for row in rows):.3f}x eager, "
               f"{statistics.geometric_mean(row['inductor_ms'] / row['compiled_looprl_ms'] for row in rows):.3f}x inductor; "
+              f"tune_module {statistics.geometric_mean(row['vs_max_autotune'] for row in rows):.3f}x max-autotune with freezing "
+              f"(worst {min(row['vs_max_autotune'] for row in rows):.3f}x); "
               f"operator calls {dynamo.stats()['looprl_calls']}, fallbacks {dynamo.stats()['fallback_calls']}")
     print(f"geomean {geomean:.3f}x torch eager, worst {min(row['speedup'] for row in rows):.3f}x; "
           f"looprl calls {served['looprl_calls']}, fallbacks {served['fallback_calls']} {served['fallbacks']}; tune {tune_s:.1f} s")
     write_csv(args.out, FIELDS, rows)
-    return 0 if all(row["allclose"] and row.get("compiled_allclose", True) for row in rows) and served["fallback_calls"] == 0 else 1
+    print(route_table(tuned_layers_of(layer for _, layer in tuned_layers(tuned))))
+    unexpected = {why: count for why, count in served["fallbacks"].items() if why != TORCH_FASTER}
+    return 0 if all(row["allclose"] and row.get("compiled_allclose", True) for row in rows) and not unexpected else 1
 
 
 if __name__ == "__main__":

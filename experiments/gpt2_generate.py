@@ -16,7 +16,9 @@ Modes, each at every ``--threads`` count (``torch.set_num_threads``):
 * ``eager``: the model as built;
 * ``looprl``: ``looprl.torch.tune_module(model, [a prefill call, a decode call], threads=N)``;
 * ``inductor``: ``torch.compile(model, dynamic=True)``;
-* ``max-autotune``: ``torch.compile(model, dynamic=True, mode="max-autotune")``;
+* ``max-autotune``: ``torch.compile(model, dynamic=True, mode="max-autotune")`` compiled and
+  called with ``torch._inductor.config.freezing = True`` (without freezing, Inductor's GEMM
+  template with prepacked weights never competes and max-autotune is about inductor);
 * ``backend``: ``torch.compile(model, backend="looprl", dynamic=True, options={"threads": N})``.
 
 Every mode must generate the same tokens as eager (greedy, so a wrong answer shows); its
@@ -116,7 +118,15 @@ def prepared(mode: str, model, prompt, threads: int):
     if mode == "inductor":
         return torch.compile(model, dynamic=True)
     if mode == "max-autotune":
-        return torch.compile(model, dynamic=True, mode="max-autotune")
+        import torch._inductor.config as inductor_config
+
+        compiled = torch.compile(model, dynamic=True, mode="max-autotune")
+
+        def frozen(*args):  # every compilation (the first call's, each recompilation's) with freezing
+            with inductor_config.patch(freezing=True):
+                return compiled(*args)
+
+        return frozen
     if mode == "backend":
         return torch.compile(model, backend="looprl", dynamic=True, options={"threads": threads, "cache": ":memory:"})
     raise ValueError(f"unknown mode {mode!r}; modes: {', '.join(MODES)}")

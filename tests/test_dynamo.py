@@ -56,6 +56,25 @@ def test_the_rest_of_the_graph_goes_to_inductor(options):
         torch.testing.assert_close(compiled(x), module(x), rtol=1e-5, atol=1e-5)
 
 
+def test_with_inductor_freezing_the_linear_layers_are_still_replaced(options):
+    """With ``torch._inductor.config.freezing`` on, Dynamo hands the parameters to the backend
+    as attributes of the graph (``get_attr``), not as inputs: they must be found there too."""
+    import torch._inductor.config as inductor_config
+
+    from looprl import dynamo
+
+    torch._dynamo.reset()
+    module = model()
+    before = dynamo.stats()
+    compiled = torch.compile(module, backend="looprl", options=dict(options, rest="eager"))
+    with inductor_config.patch(freezing=True), torch.no_grad():
+        x = torch.randn(6, 24)
+        torch.testing.assert_close(compiled(x), module(x), rtol=1e-5, atol=1e-5)
+    after = dynamo.stats()
+    assert len(after["layers"]) - len(before["layers"]) == 3 and after["looprl_calls"] - before["looprl_calls"] == 3
+    torch._dynamo.reset()
+
+
 def test_bad_options_are_refused_with_their_names(options):
     compiled = torch.compile(nn.Linear(4, 4).eval(), backend="looprl", options={"rows": 3})
     with pytest.raises(Exception, match="unknown looprl backend option"):
