@@ -70,7 +70,7 @@ def test_tune_benchmark_reports_times_and_ratios(tmp_path):
     assert "tuned/torch" in result.stdout and summary["tuned_vs_best_library_geomean"] <= summary["tuned_vs_numpy_geomean"]
     for row in report["rows"]:  # torch timed beside numpy: the best library is the better of the two
         assert row["torch_gflops"] > 0 and row["best_library_gflops"] == max(row["numpy_gflops"], row["torch_gflops"])
-        assert set(row["torch_calls_gflops"]) == {"torch.matmul", "F.linear"}
+        assert set(row["torch_calls_gflops"]) == {"torch.matmul", "F.linear", "oneDNN packed"}
     assert all(row["tuned_gflops"] > 0 and row["search_gflops"] > 0 for row in report["rows"])
     assert summary["search_vs_numpy_geomean"] > 0 and summary["tuned_vs_search_geomean"] > 0
 
@@ -201,8 +201,8 @@ def test_the_torch_baseline_times_calls_that_compute_the_problem(name):
     problem = parse_problem(name)
     calls = _calls(problem, torch, functional)
     answers = [call() for call in calls.values()]
-    assert len(answers) == (2 if problem.spec in ("mk,nk->mn", "mk,kn->mn") else 1)
-    for answer in answers[1:]:  # torch.matmul and F.linear agree
+    assert len(answers) == ((3 if torch.backends.mkldnn.is_available() else 2) if problem.spec in ("mk,nk->mn", "mk,kn->mn") else 1)
+    for answer in answers[1:]:  # torch.matmul, F.linear and oneDNN's packed linear agree
         torch.testing.assert_close(answer, answers[0], rtol=1e-5, atol=1e-5)
     # The reference: the same operands (drawn in the same order from the same seed), numpy's einsum, the epilogue by hand.
     generator = torch.Generator().manual_seed(0)

@@ -213,7 +213,7 @@ def main(args, out=sys.stdout) -> dict:
     print(f"target {target}; peak {peak:.1f} GFLOPS; policy made for {made_for}; {len(problems)} problems ({source}); "
           f"{args.mode} mode, search budget {'scaled to the problem' if args.tune_budget is None else f'{args.tune_budget} s'}; CPU {cpu_model_name()}", file=out)
     print(ceilings.describe(), file=out)
-    print(f"compared with {numpy_label} and torch {_torch_version()} (best of torch.matmul and F.linear, {first} thread"
+    print(f"compared with {numpy_label} and torch {_torch_version()} (best of torch.matmul, F.linear and oneDNN's prepacked linear, {first} thread"
           f"{'s' if first > 1 else ''}, the host's own kernels); best = the better of numpy and torch" + "".join(f"; on {n} threads with {baseline_label(target.isa, threads=n)} "
                                                     f"(peak {peaks[n]:.1f})" for n in counts[1:]), file=out)
     print(f"{'problem':>14} {'tune ms':>8} {'untuned':>8} {'tuned':>8} {'numpy':>8} {'torch':>8} {'tuned/numpy':>11} {'tuned/torch':>11} "
