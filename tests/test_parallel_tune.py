@@ -12,7 +12,7 @@ from looprl.actions import ActionSet, State, reach
 from looprl.search.context import SearchContext
 from looprl.ir.nest import COMPUTE, WRITE_BACK
 from looprl.measurement.cache import MeasurementCache
-from looprl.policy.parallel import outermost_parallel_loop, parallel_proposals, parallel_variant
+from looprl.policy.parallel import outermost_parallel_loop, parallel_proposals, parallel_variant, teams_per_call
 from looprl.search import Candidate, confirm_winner
 from tests.policies import random_policy
 
@@ -108,6 +108,26 @@ def test_teams_are_predicted_from_the_serial_best_not_the_last_schedule_measured
     monkeypatch.setattr(tune_module, "parallel_proposals", recording)
     looprl.tune(PROBLEM, random_policy(seed=1), cache=":memory:", budget_s=0.2, measure_budget_s=0.002, threads=2, remember=False)
     assert len(seen) == 1 and seen[0][0] == seen[0][1] > 0
+
+
+def test_variants_that_start_fewest_teams_a_call_are_measured_first():
+    problem = looprl.contraction("mk,kn->mn", m=1, k=64, n=32)
+    inside_reduction = looprl.initial_nest(problem).swap(0).swap(1).split(1, 16)  # k64, n2, n16, m1: n2 inside k
+    assert [(loop.var, loop.iterations) for loop in inside_reduction.loops[:3]] == [("k", 64), ("n", 2), ("n", 16)]
+    outermost = inside_reduction.swap(0)  # n2, k64, ...: n2 first
+    order = []
+
+    class Recording:
+        def __call__(self, nest):
+            order.append(nest.key)
+            return looprl.Measurement(1.0, False)
+
+    context = SearchContext(problem, ActionSet(), Recording())
+    found = parallel_proposals([Candidate(inside_reduction, 5.0, ()), Candidate(outermost, 4.0, ())], context, 2)
+    teams = [teams_per_call(c.nest, next(i for i, loop in enumerate(c.nest.loops) if loop.parallel)) for c in found]
+    assert teams == sorted(teams) and teams[0] == 1 and max(teams) >= 64
+    assert found[0].nest.serial() == outermost  # the second candidate's one-team variant before the first's inside k
+    assert order == [c.nest.key for c in found]
 
 
 def test_default_threads_are_the_cores():
