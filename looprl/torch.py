@@ -46,7 +46,10 @@ other at every tuned row count, interleaved, with the layer's weight, under the 
 is set to (:meth:`LinearKernels.judge`); a row count where torch was faster, and any row count
 next to one, is computed by torch's call (:meth:`LinearKernels.runs_torch`). ``tune_module``
 prints a line per layer shape as it is tuned and a table of these timings at the end
-(:func:`route_table`); ``compare_torch=False`` keeps every call looprl's.
+(:func:`route_table`). Then the tuned model is timed against the model on each example, and
+where it is slower, the row counts that example gave each layer go to torch too (a layer
+judged alone has its weights warm in the cache; in a model the other layers compete for it).
+``compare_torch=False`` keeps every call looprl's.
 
 :func:`stats` counts, per layer and in all, the calls a looprl kernel served and the calls that
 fell back, by reason (a call routed to torch: :data:`TORCH_FASTER`), and each layer's routes. Non-contiguous inputs are copied into a contiguous tensor first. Every
@@ -270,15 +273,18 @@ TORCH_FASTER = "torch timed faster at this row count"  # the fallback reason of 
 class Route:
     """Which of looprl's plan and torch's own call computes a layer's calls on ``rows`` rows:
     both timed on this machine, the same threads, the same epilogue, best of
-    :data:`ROUTE_ROUNDS` interleaved rounds; torch's where it was faster."""
+    :data:`ROUTE_ROUNDS` interleaved rounds; torch's where it was faster (``decided_by``
+    "layer"), or torch's because the whole model ran slower with looprl's on an example that
+    gave the layer these rows (``"model"``, see :func:`tune_module`)."""
 
     rows: int
     looprl_s: float
     torch_s: float
+    decided_by: str = "layer"
 
     @property
     def runs(self) -> str:
-        return "torch" if self.torch_s < self.looprl_s else "looprl"
+        return "torch" if self.decided_by == "model" or self.torch_s < self.looprl_s else "looprl"
 
 
 class LinearKernels:
@@ -314,6 +320,11 @@ class LinearKernels:
     def counted(self) -> dict[str, int]:
         with self._stats_lock:
             return dict(self.calls)
+
+    def forget_calls(self) -> None:
+        """Start counting calls afresh (tune_module's own timing calls are not the user's)."""
+        with self._stats_lock:
+            self.calls = {}
 
     def fallback(self, x, weight, bias):
         y = functional.linear(x, weight, bias)
@@ -372,6 +383,13 @@ class LinearKernels:
         self.routes = routes
         self._torch_rows = {}
         return routes
+
+    def route_to_torch(self, counts) -> None:
+        """Give the row counts ``counts`` to torch, decided by the whole model's timing."""
+        for count in counts:
+            known = self.routes.get(count)
+            self.routes[count] = Route(count, math.nan if known is None else known.looprl_s, math.nan if known is None else known.torch_s, "model")
+        self._torch_rows = {}
 
     def runs_torch(self, rows: int) -> bool:
         """Whether a call on ``rows`` rows is routed to torch: a judged row count by its own
@@ -491,15 +509,15 @@ def _tunable(layer: nn.Module) -> bool:
     return weight.dtype == torch.float32 and weight.device.type == "cpu" and (bias is None or (bias.dtype == torch.float32 and bias.device.type == "cpu"))
 
 
-def _record_rows(module: nn.Module, examples: list[tuple]) -> dict[nn.Linear, set[int]]:
-    """Row counts of the float32 CPU inputs every tunable linear layer sees on the examples."""
-    seen: dict[nn.Linear, set[int]] = {}
+def _record_rows(module: nn.Module, examples: list[tuple]) -> list[dict[nn.Linear, set[int]]]:
+    """Per example, the row counts of the float32 CPU inputs every tunable linear layer sees."""
+    per_example: list[dict[nn.Linear, set[int]]] = []
     hooks = []
 
     def hook(layer, args, _output):
         x = args[0] if args else None
         if type(x) is torch.Tensor and x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() >= 1 and x.numel():
-            seen.setdefault(layer, set()).add(math.prod(x.shape[:-1]))
+            per_example[-1].setdefault(layer, set()).add(math.prod(x.shape[:-1]))
 
     for layer in module.modules():
         if _tunable(layer):
@@ -507,11 +525,62 @@ def _record_rows(module: nn.Module, examples: list[tuple]) -> dict[nn.Linear, se
     try:
         with torch.no_grad():
             for args in examples:
+                per_example.append({})
                 module(*args)
     finally:
         for handle in hooks:
             handle.remove()
-    return seen
+    return per_example
+
+
+MODEL_BUDGET_S = 0.05  # seconds to time the model, and the tuned model, on one example in one round
+MODEL_ROUNDS = 3  # interleaved rounds; each side's best is compared
+MODEL_TOLERANCE = 1.03  # after routing to torch, a tuned model slower than this times the model's is reported (timing noise)
+
+
+def _model_seconds(models: tuple, args: tuple) -> list[float]:
+    """Best seconds of one call of each model on ``args``, under ``torch.no_grad()``, in
+    :data:`MODEL_ROUNDS` interleaved rounds."""
+    best = [math.inf] * len(models)
+    with torch.no_grad():
+        for _ in range(MODEL_ROUNDS):
+            for index, model in enumerate(models):
+
+                def repeat(reps: int, model=model) -> None:
+                    for _ in range(reps):
+                        model(*args)
+
+                best[index] = min(best[index], best_time(repeat, MODEL_BUDGET_S).seconds)
+    return best
+
+
+def _check_against_the_model(module: nn.Module, tuned: nn.Module, examples: list[tuple], per_example: list[dict],
+                             replacements: dict, progress: bool) -> None:
+    """Time ``tuned`` against ``module`` on each example; where the tuned model is slower, give
+    the row counts that example gave each layer to torch (:meth:`LinearKernels.route_to_torch`)
+    and time again. A layer judged alone runs with its weights warm in the cache; in a model,
+    the other layers' weights (and looprl's copies and packed forms of them) compete for it,
+    which the judgement cannot see. Still slower after that: a ``RuntimeWarning``."""
+    for number, (args, seen) in enumerate(zip(examples, per_example), start=1):
+        seen = {layer: rows for layer, rows in seen.items() if layer in replacements}
+        if not seen:
+            continue
+        original_s, tuned_s = _model_seconds((module, tuned), args)
+        if tuned_s <= original_s:
+            if progress:
+                print(f"looprl: example {number}: the tuned model {1e3 * tuned_s:.3f} ms, the model {1e3 * original_s:.3f} ms",
+                      file=sys.stderr, flush=True)
+            continue
+        for layer, rows in seen.items():
+            replacements[layer].kernels.route_to_torch(rows)
+        original_s, routed_s = _model_seconds((module, tuned), args)
+        if progress:
+            print(f"looprl: example {number}: the tuned model {1e3 * tuned_s:.3f} ms, slower than the model's; its rows routed to torch "
+                  f"in {len(seen)} layer(s): now {1e3 * routed_s:.3f} ms against {1e3 * original_s:.3f} ms", file=sys.stderr, flush=True)
+        if routed_s > MODEL_TOLERANCE * original_s:
+            warnings.warn(f"tune_module: on example {number} the tuned model took {1e3 * routed_s:.3f} ms against the model's "
+                          f"{1e3 * original_s:.3f} ms, its layers routed to torch (the calls' own cost, or timing noise)",
+                          RuntimeWarning, stacklevel=3)
 
 
 def _fusions(module: nn.Module) -> dict[nn.Linear, tuple[nn.Sequential, int]]:
@@ -570,7 +639,11 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
     if records is not None:
         cache.import_tuned(read_tuned_records(records))
     tuned = copy.deepcopy(module)
-    rows_seen = _record_rows(tuned, examples)
+    per_example = _record_rows(tuned, examples)
+    rows_seen: dict[nn.Linear, set[int]] = {}
+    for seen in per_example:
+        for layer, rows in seen.items():
+            rows_seen.setdefault(layer, set()).update(rows)
     fusions = _fusions(tuned) if fuse else {}
     results: dict[str, TuneResult] = {}  # by problem name: layers of one shape share a kernel
     planned = []  # (layer, its fused activation module, row count -> TuneResult)
@@ -602,10 +675,6 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
         replacement = replacements[layer] = TunedLinear(layer, activation_module, per_rows, records, judged.get(shape))
         if compare_torch and shape not in judged:
             judged[shape] = replacement.kernels.judge(layer.weight.detach(), None if layer.bias is None else layer.bias.detach())
-    if progress and replacements:
-        print(route_table(tuned_layers_of(replacements.values())), file=sys.stderr, flush=True)
-        print(f"looprl: {len(shapes)} layer shape(s), {len(replacements)} layer(s) in {time.perf_counter() - started:.1f} s",
-              file=sys.stderr, flush=True)
     for parent in list(tuned.modules()):
         for name, child in list(parent._modules.items()):  # every registration, a shared layer's too
             if child is not None and child in replacements:
@@ -613,10 +682,19 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
     for layer, (parent, index) in fusions.items():
         if layer in replacements:
             parent[index] = nn.Identity()
+    answer = replacements.get(tuned, tuned)  # a module that is itself a tuned layer is replaced whole
+    if compare_torch and replacements:
+        _check_against_the_model(module, answer, examples, per_example, replacements, progress)
+        for replacement in replacements.values():
+            replacement.kernels.forget_calls()
+    if progress and replacements:
+        print(route_table(tuned_layers_of(replacements.values())), file=sys.stderr, flush=True)
+        print(f"looprl: {len(shapes)} layer shape(s), {len(replacements)} layer(s) in {time.perf_counter() - started:.1f} s",
+              file=sys.stderr, flush=True)
     if not replacements:
         warnings.warn("tune_module tuned no layer: no float32 CPU torch.nn.Linear in the module was called with a float32 CPU input "
                       "by the examples; the copy returned runs as the module does", RuntimeWarning, stacklevel=2)
-    return replacements.get(tuned, tuned)  # a module that is itself a tuned layer is replaced whole
+    return answer
 
 
 def layer_shape(per_rows: dict[int, TuneResult]) -> tuple:
@@ -650,7 +728,7 @@ def route_table(kernels: list[LinearKernels]) -> str:
             lines.append(f"{words:>28} {'all':>6} {'-':>10} {'-':>10} {'-':>12}  looprl (not compared)")
         for rows, route in sorted(layer.routes.items()):
             lines.append(f"{words:>28} {rows:>6} {1e3 * route.looprl_s:>10.4f} {1e3 * route.torch_s:>10.4f} "
-                         f"{route.torch_s / route.looprl_s:>11.2f}x  {route.runs}")
+                         f"{route.torch_s / route.looprl_s:>11.2f}x  {route.runs}" + (" (by the model's timing)" if route.decided_by == "model" else ""))
     return "\n".join(lines)
 
 
@@ -699,7 +777,7 @@ def stats(module: nn.Module) -> dict:
 
 def route_summary(kernels: LinearKernels) -> dict[int, dict]:
     """A layer's routes as plain values: row count -> ``{"looprl_ms", "torch_ms", "runs"}``."""
-    return {rows: {"looprl_ms": 1e3 * route.looprl_s, "torch_ms": 1e3 * route.torch_s, "runs": route.runs}
+    return {rows: {"looprl_ms": 1e3 * route.looprl_s, "torch_ms": 1e3 * route.torch_s, "runs": route.runs, "decided_by": route.decided_by}
             for rows, route in sorted(kernels.routes.items())}
 
 

@@ -121,3 +121,35 @@ def _slow(kernels, x, weight, bias):
     for _ in range(1000):
         out = functional.linear(x, weight, bias)
     return out
+
+
+def test_where_the_whole_model_runs_slower_the_example_s_rows_go_to_torch(options, monkeypatch, capsys):
+    """A layer is judged alone, its weights warm in the cache; a model's other layers compete for
+    the cache. So the tuned model is also timed against the model on each example, and where it
+    is slower the rows that example gave each layer are routed to torch. Here the per-layer
+    judgement is made to say looprl wins while the kernels run the untuned nest (many times
+    slower than torch): the model's timing must catch it."""
+    import looprl.torch as looprl_torch
+
+    def untuned_tune(problem, *args, **kwargs):  # the untuned nest of the very problem asked for (its epilogue included)
+        nest = looprl.initial_nest(problem)
+        return looprl.TuneResult(problem=problem, nest=nest, kernel=looprl.compile(nest), actions=(), gflops=1.0, initial_gflops=1.0,
+                                 seconds=0.0, mode="policy")
+
+    def looprl_always_wins(self, weight, bias, counts=None, **kwargs):
+        self.routes = {count: Route(count, 1e-6, 1.0) for count in self.results}
+        self._torch_rows = {}
+        return self.routes
+
+    monkeypatch.setattr(looprl_torch, "tune", untuned_tune)
+    monkeypatch.setattr(LinearKernels, "judge", looprl_always_wins)
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256)).eval()
+    example = torch.randn(32, 256)
+    tuned = tune_module(model, example, **dict(options, progress=True))
+    assert "routed to torch" in capsys.readouterr().err
+    routes = stats(tuned)["layers"]["0"]["routes"]
+    assert routes[32]["runs"] == "torch" and routes[32]["decided_by"] == "model"  # the example's rows
+    assert routes[16]["runs"] == "looprl" and routes[16]["decided_by"] == "layer"  # rows no example gave: as judged
+    with torch.no_grad():
+        torch.testing.assert_close(tuned(example), model(example), rtol=0, atol=0)  # torch's own calls: bit for bit
