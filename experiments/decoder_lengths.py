@@ -1,7 +1,7 @@
 """A decoder block tuned once, run at every sequence length: looprl against torch eager, one thread.
 
     python experiments/decoder_lengths.py [--target avx2] [--tokens 1,5,64,100,333,512] [--example 64]
-        [--max-rows 512] [--rounds 5] [--threads 1] [--compile] [--records FILE] [--out experiments/results/decoder_lengths]
+        [--max-rows 512] [--rounds 5] [--threads 1] [--frozen] [--compile] [--records FILE] [--out experiments/results/decoder_lengths]
 
 The block is a pre-norm transformer decoder block built from ``torch.nn`` (random weights,
 nothing downloaded): width 640, 10 heads, causal self-attention
@@ -97,6 +97,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-rows", type=int, default=512, help="tune_module's max_rows (default 512)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch's threads and tune_module's (default 1)")
+    parser.add_argument("--frozen", action="store_true", help="tune_module(frozen=True): the weights bound once, compared on no call")
     parser.add_argument("--budget", type=float, default=0.1, help="seconds per timing (default 0.1)")
     parser.add_argument("--compile", action="store_true",
                         help="also time torch.compile(block, dynamic=True) with inductor and with backend='looprl' (same tuning options)")
@@ -112,7 +113,8 @@ def main(argv=None) -> int:
         started = time.perf_counter()
         load = args.records if args.records is not None and args.records.exists() else None
         tuned = tune_module(block, torch.randn(1, args.example, 640), target=target, max_rows=args.max_rows,
-                            cache=str(Path(folder) / "decoder.sqlite"), records=load, threads=args.threads)
+                            cache=str(Path(folder) / "decoder.sqlite"), records=load, threads=args.threads,
+                            frozen=args.frozen)
         tune_s = time.perf_counter() - started
     modes = sorted({result.mode for _, layer in tuned_layers(tuned) for result in layer.results.values()})
     if args.records is not None and load is None:

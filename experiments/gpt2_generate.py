@@ -15,6 +15,8 @@ Modes, each at every ``--threads`` count (``torch.set_num_threads``):
 
 * ``eager``: the model as built;
 * ``looprl``: ``looprl.torch.tune_module(model, [a prefill call, a decode call], threads=N)``;
+* ``looprl-frozen``: the same with ``frozen=True`` (the weights promised constant, bound once:
+  no comparison per call, the promise Inductor's ``freezing`` makes);
 * ``inductor``: ``torch.compile(model, dynamic=True)``;
 * ``max-autotune``: ``torch.compile(model, dynamic=True, mode="max-autotune")`` compiled and
   called with ``torch._inductor.config.freezing = True`` (without freezing, Inductor's GEMM
@@ -45,7 +47,7 @@ from _torch_timing import write_csv
 from looprl.backend.host import cpu_model_name
 
 RESULTS = Path(__file__).resolve().parent / "results"
-MODES = ("eager", "looprl", "inductor", "max-autotune", "backend")
+MODES = ("eager", "looprl", "looprl-frozen", "inductor", "max-autotune", "backend")
 FIELDS = ["mode", "threads", "cpu", "prepare_s", "prefill_ms", "decode_tokens_per_s", "vs_eager", "same_tokens"]
 
 
@@ -109,12 +111,12 @@ def prepared(mode: str, model, prompt, threads: int):
     """The model of ``mode`` for ``threads`` threads."""
     if mode == "eager":
         return model
-    if mode == "looprl":
+    if mode in ("looprl", "looprl-frozen"):
         from looprl.torch import tune_module
 
         with torch.inference_mode():
             _, past = model(prompt)
-        return tune_module(model, [(prompt,), (prompt[:, :1], past)], threads=threads, cache=":memory:")
+        return tune_module(model, [(prompt,), (prompt[:, :1], past)], threads=threads, cache=":memory:", frozen=mode == "looprl-frozen")
     if mode == "inductor":
         return torch.compile(model, dynamic=True)
     if mode == "max-autotune":

@@ -13,7 +13,9 @@ example gave the layer, at least 1) and the example's row count, serving any row
 plans, so ``dynamic=True`` (a symbolic row count) needs no recompilation; any call a kernel would
 not compute exactly (another dtype, autograd, ...) falls back to torch, so no call gives a wrong
 answer. Each call computes with the values the weight and bias hold at that moment, however
-they were changed since (:class:`looprl.torch.ContentCache`). The rest of the graph, with the
+they were changed since (:class:`looprl.torch.ContentCache`), except under Inductor's
+``torch._inductor.config.freezing``, which promises the parameters keep their values: then
+they are bound once, as Inductor itself does (``tune_module(frozen=True)``). The rest of the graph, with the
 operators in it, goes to ``inductor`` (torch's default backend; ``options={"rest": "eager"}``
 runs it as captured instead).
 
@@ -244,7 +246,8 @@ def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: in
                 results[problem.name] = tune(problem, **tuning)
             per_rows[count] = results[problem.name]
         shape = layer_shape(per_rows)
-        kernels = LinearKernels(in_features, out_features, activation, per_rows, routes=judged.get(shape))
+        # Under Inductor's freezing the caller has promised the parameters keep their values: bound once, as Inductor does.
+        kernels = LinearKernels(in_features, out_features, activation, per_rows, routes=judged.get(shape), frozen=_freezing())
         if compare_torch and shape not in judged:
             judged[shape] = kernels.judge(weight_value.detach(), None if bias_value is None else bias_value.detach())
         index = _register(_layers, kernels)
@@ -257,6 +260,13 @@ def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: in
         gm.graph.lint()
         gm.recompile()
     return replaced
+
+
+def _freezing() -> bool:
+    """Whether Inductor's ``freezing`` is on (the model's parameters promised constant)."""
+    import torch._inductor.config as inductor_config
+
+    return bool(inductor_config.freezing)
 
 
 def _example_value(gm: torch.fx.GraphModule, node, values: dict):

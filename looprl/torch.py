@@ -297,7 +297,7 @@ class LinearKernels:
     (:mod:`looprl.dynamo`); safe to call from several threads at once."""
 
     def __init__(self, in_features: int, out_features: int, activation: str | None, results: dict[int, TuneResult], records=(),
-                 routes: dict[int, Route] | None = None):
+                 routes: dict[int, Route] | None = None, frozen: bool = False):
         if 1 not in results:
             raise ValueError(f"a tuned linear layer needs a kernel for 1 row (so that any row count is covered), got rows {sorted(results)}")
         if activation is not None and activation not in _ACTIVATIONS:
@@ -311,6 +311,8 @@ class LinearKernels:
         self._seconds = {rows: flops * rows / (result.gflops * 1e9) for rows, result in self.results.items()}
         self._plans: dict[int, list[tuple[int, int, int]]] = {}  # row count -> its row plan
         self._bound = ContentCache(self._bind)  # the kernels bound to the weight and bias as they are now
+        self.frozen = checks.flag(frozen, "frozen")  # bound once per weight tensor: its values promised not to change
+        self._frozen_entry: tuple[tuple, dict] | None = None  # ((weight's address, bias's address), kernels), replaced whole
         self._local = threading.local()  # per thread: workspaces and padded buffers by row count
         self._stats_lock = threading.Lock()
         self.calls: dict[str, int] = {}  # "looprl" or a fallback's reason -> calls (see stats())
@@ -329,6 +331,18 @@ class LinearKernels:
     def fallback(self, x, weight, bias):
         y = functional.linear(x, weight, bias)
         return _ACTIVATIONS[self.activation](y) if self.activation is not None else y
+
+    def _frozen_kernels(self, weight, bias) -> dict[int, object]:
+        """The kernels bound to ``weight`` and ``bias`` once per pair of tensors (their addresses
+        and shapes): what :func:`tune_module`'s ``frozen=True`` promises is that their values do not
+        change, as ``torch.compile`` with Inductor's ``freezing`` does. A new tensor (``.data =
+        new``, ``load_state_dict(assign=True)``) is bound again; an in-place edit is not seen."""
+        key = (weight.data_ptr(), tuple(weight.stride()), None if bias is None else bias.data_ptr())
+        entry = self._frozen_entry
+        if entry is None or entry[0] != key:
+            copies = (weight.detach().numpy().copy(), None if bias is None else bias.detach().numpy().copy())
+            entry = self._frozen_entry = (key, self._bind(*copies))
+        return entry[1]
 
     def _bind(self, weight: np.ndarray, bias: np.ndarray | None) -> dict[int, object]:
         """The kernels, by row count, bound to copies of ``weight`` and ``bias``."""
@@ -418,7 +432,7 @@ class LinearKernels:
     def compute(self, x, weight, bias):
         """The call by looprl's kernels, for arguments :meth:`why_not` accepts (not checked here)."""
         rows = math.prod(x.shape[:-1])
-        kernels = self._bound.get(weight, bias)
+        kernels = self._frozen_kernels(weight, bias) if self.frozen else self._bound.get(weight, bias)
         plan = self._plans.get(rows)
         if plan is None:
             plan = self._plans[rows] = row_plan(rows, self._seconds)
@@ -460,14 +474,14 @@ class TunedLinear(nn.Module):
     be one of them); ``records``, their answers as the cache exported them (:func:`save_records`)."""
 
     def __init__(self, original: nn.Linear, activation: nn.Module | None, results: dict[int, TuneResult], records=(),
-                 routes: dict[int, Route] | None = None):
+                 routes: dict[int, Route] | None = None, frozen: bool = False):
         super().__init__()
         self.in_features, self.out_features = original.in_features, original.out_features
         self.weight = original.weight
         self.bias = original.bias  # None registers no parameter, as in nn.Linear(bias=False)
         self.activation = activation  # the fused activation module, or None
         self.kernels = LinearKernels(self.in_features, self.out_features, None if activation is None else _activation_of(activation),
-                                     results, records, routes)
+                                     results, records, routes, frozen)
 
     @property
     def results(self) -> dict[int, TuneResult]:
@@ -605,7 +619,7 @@ def _fusions(module: nn.Module) -> dict[nn.Linear, tuple[nn.Sequential, int]]:
 
 def tune_module(module: nn.Module, example_inputs, *, policy="default", target=None, budget_s=None, cache=None,
                 fuse: bool = True, threads: int = 1, max_rows: int | None = None, records=None,
-                compare_torch: bool = True, progress: bool = True) -> nn.Module:
+                compare_torch: bool = True, progress: bool = True, frozen: bool = False) -> nn.Module:
     """A copy of ``module`` whose float32 CPU ``nn.Linear`` layers run looprl kernels tuned for
     the shapes ``example_inputs`` give them (see the module docstring).
 
@@ -620,6 +634,11 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
     ``records``: a file :func:`save_records` wrote; its answers are imported into ``cache``
     first, so on a CPU of the kind they were tuned on nothing is tuned again (each kernel is
     compiled from its remembered schedule), and elsewhere the layers are tuned as usual.
+    ``frozen``: the caller promises that the layers' weights and biases keep their values (as
+    with ``torch.compile`` and Inductor's ``freezing``): they are bound to the kernels once,
+    and a call compares nothing (a weight replaced by another tensor is bound again; an
+    in-place edit is not seen). Default False: every call compares the values (see
+    :class:`ContentCache`), which costs a read of the weights per call.
     ``compare_torch``: time each layer shape's looprl plan against torch's own call at every
     tuned row count (same threads, same epilogue; :meth:`LinearKernels.judge`) and route the
     row counts where torch was faster to torch, so that the tuned model is never slower than
@@ -634,6 +653,7 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
     check_max_rows(max_rows)
     compare_torch = checks.flag(compare_torch, "compare_torch")
     progress = checks.flag(progress, "progress")
+    frozen = checks.flag(frozen, "frozen")
     examples = _as_examples(example_inputs)
     cache = open_cache(cache)  # one cache for every layer (a ":memory:" one included)
     if records is not None:
@@ -672,7 +692,7 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
         names = _tuned_names(per_rows.values())
         records = [record for record in exported if tuned_problem_name(record["problem"]) in names]
         shape = layer_shape(per_rows)
-        replacement = replacements[layer] = TunedLinear(layer, activation_module, per_rows, records, judged.get(shape))
+        replacement = replacements[layer] = TunedLinear(layer, activation_module, per_rows, records, judged.get(shape), frozen)
         if compare_torch and shape not in judged:
             judged[shape] = replacement.kernels.judge(layer.weight.detach(), None if layer.bias is None else layer.bias.detach())
     for parent in list(tuned.modules()):

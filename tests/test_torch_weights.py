@@ -169,3 +169,38 @@ def test_a_tuned_layer_equals_linear_after_any_sequence_of_edits(tuned_layer, ed
         with torch.no_grad():
             assert tuned_layer.why_not(x) is None  # the kernels, not the fallback, compute it
             torch.testing.assert_close(tuned_layer(x), functional.linear(x, tuned_layer.weight, tuned_layer.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_frozen_weights_are_bound_once_a_new_tensor_again_and_an_in_place_edit_is_not_seen(options):
+    """``frozen=True`` is the caller's promise that the values stay (Inductor's freezing): no
+    comparison per call. A weight replaced by another tensor is bound again; an in-place edit
+    through ``.data`` is what the promise rules out, and is not seen (the documented contract)."""
+    x = torch.randn(4, IN)
+    module = nn.Sequential(nn.Linear(IN, OUT)).eval()
+    tuned = looprl_torch.tune_module(module, x, frozen=True, **dict(options, progress=False))
+    layer = tuned[0]
+    assert layer.kernels.frozen and not looprl_torch.tune_module(module, x, **dict(options, progress=False))[0].kernels.frozen
+    with torch.no_grad():
+        torch.testing.assert_close(tuned(x), module(x), rtol=1e-5, atol=1e-5)
+        layer.weight.data = fresh((OUT, IN), 7)  # a new tensor: bound again
+        torch.testing.assert_close(tuned(x), functional.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+        before = tuned(x)
+        layer.weight.data.mul_(2)  # in place: the promise broken, the kernels keep the values bound
+        torch.testing.assert_close(tuned(x), before, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="frozen"):
+        looprl_torch.tune_module(module, x, frozen="yes", **options)
+
+
+def test_under_inductor_freezing_the_backend_binds_once(options):
+    import torch._inductor.config as inductor_config
+
+    from looprl import dynamo
+
+    torch._dynamo.reset()
+    module = nn.Sequential(nn.Linear(IN, OUT)).eval()
+    compiled = torch.compile(module, backend="looprl", options=dict(options, rest="eager"))
+    with inductor_config.patch(freezing=True), torch.no_grad():
+        x = torch.randn(5, IN)
+        torch.testing.assert_close(compiled(x), module(x), rtol=1e-5, atol=1e-5)
+    assert dynamo._layers[-1].frozen  # the newest operator's kernels
+    torch._dynamo.reset()
