@@ -237,7 +237,7 @@ def test_cli_dataset_csv_resumes_and_survives_ctrl_c(tmp_path):
     )
     slow = [sys.executable, "-c", code, "--split", "test", "--offset", "2", "--limit", "1", "--algo", "random", "--budget", "600",
             "--cache", ":memory:", "--measure-budget-ms", "1", "--csv", str(path), "--quiet"]
-    returncode, stderr = interrupt_after(slow, 8, signal.SIGINT)
+    returncode, stderr = interrupt_after(slow, 5, signal.SIGINT)
     assert returncode == 130, stderr
     rows = list(csv.DictReader(path.open()))
     assert len(rows) == 5 and rows[-1]["stopped"] == "interrupted" and int(rows[-1]["evaluations"]) >= 1
@@ -248,7 +248,7 @@ def test_cli_sigterm_keeps_the_partial_result(tmp_path):
     path = tmp_path / "runs.csv"
     slow = CLI + ["--split", "test", "--limit", "1", "--algo", "random", "--budget", "600", "--cache", ":memory:",
                   "--measure-budget-ms", "1", "--csv", str(path), "--quiet"]
-    returncode, stderr = interrupt_after(slow, 8, signal.SIGTERM)
+    returncode, stderr = interrupt_after(slow, 5, signal.SIGTERM)
     assert returncode == 130, stderr
     rows = list(csv.DictReader(path.open()))
     assert len(rows) == 1 and rows[0]["stopped"] == "interrupted" and int(rows[0]["evaluations"]) >= 1
