@@ -12,7 +12,7 @@ from looprl.actions import ActionSet, State, reach
 from looprl.search.context import SearchContext
 from looprl.ir.nest import COMPUTE, WRITE_BACK
 from looprl.measurement.cache import MeasurementCache
-from looprl.policy.parallel import outermost_parallel_loop, parallel_proposals, parallel_variant, teams_per_call
+from looprl.policy.parallel import outermost_parallel_loop, parallel_proposals, parallel_variant, teams_per_call, hoisted_variant
 from looprl.search import Candidate, confirm_winner
 from tests.policies import random_policy
 
@@ -128,6 +128,28 @@ def test_variants_that_start_fewest_teams_a_call_are_measured_first():
     assert teams == sorted(teams) and teams[0] == 1 and max(teams) >= 64
     assert found[0].nest.serial() == outermost  # the second candidate's one-team variant before the first's inside k
     assert order == [c.nest.key for c in found]
+
+
+def test_a_schedule_that_starts_with_the_reduction_gets_a_variant_with_the_output_loop_outermost():
+    """A decode GEMV tuned as k320, n3, ... would start 320 teams a call: the same schedule with
+    the n loop moved outermost is proposed too, its actions replay to it, and it computes the
+    problem."""
+    problem = looprl.contraction("mk,kn->mn", m=1, k=64, n=32)
+    actions = ("swap_down", "down", "swap_down", "split_16")  # m1, k64, n32 -> k64, m1, n2, n16
+    nest = reach(ActionSet.covering(actions), State(looprl.initial_nest(problem), 0), actions).nest
+    assert [(loop.var, loop.iterations) for loop in nest.loops[:4]] == [("k", 64), ("m", 1), ("n", 2), ("n", 16)]
+    assert hoisted_variant(looprl.initial_nest(looprl.matmul(64, 48, 32)), 2) is None  # m, outermost, is the one made parallel
+    marked, swaps, indices = hoisted_variant(nest, 2)
+    assert swaps == (1, 0) and indices[0] == 0 and teams_per_call(marked, 0) == 1
+    assert [(loop.var, loop.iterations) for loop in marked.loops[:3]] == [("n", 2), ("k", 64), ("m", 1)] and marked.loops[0].parallel
+    context = SearchContext(problem, ActionSet(), lambda nest: looprl.Measurement(1.0, False))
+    found = parallel_proposals([Candidate(nest, 5.0, actions)], context, 2)
+    hoisted = next(candidate for candidate in found if candidate.nest == marked)
+    assert hoisted is found[0]  # one team a call: measured first
+    replayed = reach(ActionSet.covering(hoisted.actions), State(looprl.initial_nest(problem), 0), hoisted.actions).nest
+    assert replayed == marked  # its actions replay to it
+    a, b = np.random.rand(1, 64).astype(np.float32), np.random.rand(64, 32).astype(np.float32)
+    np.testing.assert_allclose(looprl.compile(marked, threads=2)(a, b), a @ b, rtol=1e-5)
 
 
 def test_default_threads_are_the_cores():

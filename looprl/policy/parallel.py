@@ -84,24 +84,53 @@ def parallel_proposals(candidates, context: SearchContext, threads: int) -> list
     for candidate in candidates:
         if candidate.nest is None:  # e.g. no tile was measured
             continue
-        for marked, indices in parallel_variants(candidate.nest, threads, serial_copy=not proposals):
+        variants = [(marked, (), indices) for marked, indices in parallel_variants(candidate.nest, threads, serial_copy=not proposals)]
+        hoisted = hoisted_variant(candidate.nest, threads)
+        if hoisted is not None:
+            variants.append(hoisted)
+        for marked, swaps, indices in variants:
             if marked.key not in seen:
                 seen.add(marked.key)
-                proposals.append((teams_per_call(marked, indices[0]), len(proposals), candidate, marked, indices))
+                proposals.append((teams_per_call(marked, indices[0]), len(proposals), candidate, marked, swaps, indices))
     # Fewest teams per call first (stable): a loop made parallel inside a reduction loop of 2,560
     # iterations starts 2,560 teams a call (3 GFLOPS on a decode GEMV, against 93 for the same
     # schedule's variant with one team); the budget may end the stage before the last proposals.
     proposals.sort(key=lambda proposal: proposal[:2])
     found = []
     try:
-        for _, _, candidate, marked, indices in proposals:
+        for _, _, candidate, marked, swaps, indices in proposals:
             measurement = context.measure(marked)
             if measurement.ok:
-                actions = _path(candidate.nest, tuple(candidate.actions or ()), indices, context.target)
+                actions = _path(candidate.nest, tuple(candidate.actions or ()), swaps, indices, context.target)
                 found.append(Candidate(marked, measurement.gflops, actions))
     except BudgetExhausted:
         pass  # the stage ends at the deadline with what it measured
     return found
+
+
+def hoisted_variant(nest: LoopNest, threads: int) -> tuple[LoopNest, tuple[int, ...], tuple[int, ...]] | None:
+    """Where the loop :func:`parallel_variant` would make parallel sits inside other loops (a
+    decode GEMV whose schedule starts with the reduction: ``k320, n3, ...`` starts 320 teams a
+    call), the same schedule with that loop moved outermost, made parallel: ``(nest, the swaps
+    that move it, the loops marked)``; None where it is outermost already or cannot move."""
+    serial = nest.serial()
+    first = parallel_variant(serial, threads)
+    if first is None:
+        return None
+    index = first[1][0]
+    start = next(i for i, loop in enumerate(serial.loops) if loop.nest == serial.loops[index].nest)
+    if index == start:
+        return None
+    moved, swaps = serial, []
+    for position in range(index - 1, start - 1, -1):  # swap it with each loop around it, innermost first
+        if moved.why_not_swap(position) is not None:
+            return None
+        moved = moved.swap(position)
+        swaps.append(position)
+    marked = parallel_variant(moved, threads)
+    if marked is None or marked[1][0] != start:
+        return None
+    return marked[0], tuple(swaps), marked[1]
 
 
 def teams_per_call(nest: LoopNest, index: int) -> int:
@@ -111,17 +140,18 @@ def teams_per_call(nest: LoopNest, index: int) -> int:
     return math.prod(loop.iterations for loop in nest.loops[:index] if loop.nest == which)
 
 
-def _path(nest: LoopNest, actions: tuple[str, ...], indices: tuple[int, ...], target) -> tuple[str, ...]:
+def _path(nest: LoopNest, actions: tuple[str, ...], swaps: tuple[int, ...], indices: tuple[int, ...], target) -> tuple[str, ...]:
     """``actions`` (which reach ``nest`` from the untuned nest under the transition rule)
-    followed by the moves and ``parallel`` actions that mark ``indices``; just ``actions`` if
-    they do not replay."""
-    action_set = ActionSet.covering(list(actions) + [PARALLEL], target=target)
+    followed by the moves and swaps that carry out ``swaps`` (``LoopNest.swap`` indices, in
+    order) and the ``parallel`` actions that mark ``indices``; just ``actions`` if they do not
+    replay."""
+    action_set = ActionSet.covering(list(actions) + ["swap_up", "swap_down", PARALLEL], target=target)
     start = State(initial_nest(nest.problem), 0)
     transitions = replay(action_set, start, math.nan, actions)
     state = transitions[-1].state if transitions else start
     if state.nest != nest:
         return actions
-    found = action_set.path(state, [(PARALLEL, index) for index in indices])
+    found = action_set.path(state, [("swap", index) for index in swaps] + [(PARALLEL, index) for index in indices])
     if found is None:
         return actions
     return actions + tuple(action_set.names[a] for a in found[0])
