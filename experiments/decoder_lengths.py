@@ -51,7 +51,7 @@ from _torch_timing import seconds, write_csv
 
 from looprl.backend.host import cpu_model_name
 from looprl.target import TARGET_CHOICES, Target
-from looprl.torch import TORCH_FASTER, route_table, save_records, stats, tune_module, tuned_layers, tuned_layers_of
+from looprl.torch import TORCH_FASTER, route_table, save_records, stats, tune_module, tuned_layers, kernels_by_shape
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FIELDS = ["tokens", "target", "torch_isa", "cpu", "threads", "torch_ms", "looprl_ms", "speedup", "max_abs_diff", "allclose",
@@ -185,7 +185,7 @@ def main(argv=None) -> int:
     print(f"geomean {geomean:.3f}x torch eager, worst {min(row['speedup'] for row in rows):.3f}x; "
           f"looprl calls {served['looprl_calls']}, fallbacks {served['fallback_calls']} {served['fallbacks']}; tune {tune_s:.1f} s")
     write_csv(args.out, FIELDS, rows)
-    print(route_table(tuned_layers_of(layer for _, layer in tuned_layers(tuned))))
+    print(route_table(kernels_by_shape(layer for _, layer in tuned_layers(tuned))))
     unexpected = {why: count for why, count in served["fallbacks"].items() if why != TORCH_FASTER}
     return 0 if all(row["allclose"] and row.get("compiled_allclose", True) for row in rows) and not unexpected else 1
 

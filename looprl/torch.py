@@ -379,21 +379,10 @@ class LinearKernels:
         interleaved, under ``torch.no_grad()`` and torch's threads as they are set now; the
         routes become this layer's (:meth:`runs_torch`) and are returned."""
         counts = sorted(self.results if counts is None else {checks.positive_int(c, "row count") for c in counts})
-        best = {(count, side): math.inf for count in counts for side in ("looprl", "torch")}
         inputs = {count: torch.randn(count, self.in_features) for count in counts}
-        sides = {"looprl": self.compute, "torch": self.fallback}
-        with torch.no_grad():
-            for _ in range(rounds):
-                for count in counts:
-                    for side, call in sides.items():
-                        x = inputs[count]
-
-                        def repeat(reps: int, call=call, x=x) -> None:
-                            for _ in range(reps):
-                                call(x, weight, bias)
-
-                        best[count, side] = min(best[count, side], best_time(repeat, budget_s).seconds)
-        routes = {count: Route(count, best[count, "looprl"], best[count, "torch"]) for count in counts}
+        calls = [(call, (inputs[count], weight, bias)) for count in counts for call in (self.compute, self.fallback)]
+        seconds = interleaved_best_seconds(calls, budget_s, rounds)
+        routes = {count: Route(count, seconds[2 * i], seconds[2 * i + 1]) for i, count in enumerate(counts)}
         self.routes = routes
         self._torch_rows = {}
         return routes
@@ -422,7 +411,7 @@ class LinearKernels:
 
     def __call__(self, x, weight, bias):
         why = self.why_not(x, weight, bias)
-        if why is None and self.routes and self.runs_torch(math.prod(x.shape[:-1])):
+        if why is None and self.runs_torch(math.prod(x.shape[:-1])):
             why = TORCH_FASTER
         self._count(why)
         if why is not None:
@@ -552,19 +541,20 @@ MODEL_ROUNDS = 3  # interleaved rounds; each side's best is compared
 MODEL_TOLERANCE = 1.03  # after routing to torch, a tuned model slower than this times the model's is reported (timing noise)
 
 
-def _model_seconds(models: tuple, args: tuple) -> list[float]:
-    """Best seconds of one call of each model on ``args``, under ``torch.no_grad()``, in
-    :data:`MODEL_ROUNDS` interleaved rounds."""
-    best = [math.inf] * len(models)
+def interleaved_best_seconds(calls: list[tuple], budget_s: float, rounds: int) -> list[float]:
+    """Best seconds of one ``function(*args)`` for each ``(function, args)`` of ``calls``, under
+    ``torch.no_grad()``, by looprl's timing rule (``budget_s`` each), in ``rounds`` rounds that
+    time them in turn (a slow phase of the machine hits every call alike)."""
+    best = [math.inf] * len(calls)
     with torch.no_grad():
-        for _ in range(MODEL_ROUNDS):
-            for index, model in enumerate(models):
+        for _ in range(rounds):
+            for index, (function, args) in enumerate(calls):
 
-                def repeat(reps: int, model=model) -> None:
+                def repeat(reps: int, function=function, args=args) -> None:
                     for _ in range(reps):
-                        model(*args)
+                        function(*args)
 
-                best[index] = min(best[index], best_time(repeat, MODEL_BUDGET_S).seconds)
+                best[index] = min(best[index], best_time(repeat, budget_s).seconds)
     return best
 
 
@@ -579,7 +569,7 @@ def _check_against_the_model(module: nn.Module, tuned: nn.Module, examples: list
         seen = {layer: rows for layer, rows in seen.items() if layer in replacements}
         if not seen:
             continue
-        original_s, tuned_s = _model_seconds((module, tuned), args)
+        original_s, tuned_s = interleaved_best_seconds([(module, args), (tuned, args)], MODEL_BUDGET_S, MODEL_ROUNDS)
         if tuned_s <= original_s:
             if progress:
                 print(f"looprl: example {number}: the tuned model {1e3 * tuned_s:.3f} ms, the model {1e3 * original_s:.3f} ms",
@@ -587,7 +577,7 @@ def _check_against_the_model(module: nn.Module, tuned: nn.Module, examples: list
             continue
         for layer, rows in seen.items():
             replacements[layer].kernels.route_to_torch(rows)
-        original_s, routed_s = _model_seconds((module, tuned), args)
+        original_s, routed_s = interleaved_best_seconds([(module, args), (tuned, args)], MODEL_BUDGET_S, MODEL_ROUNDS)
         if progress:
             print(f"looprl: example {number}: the tuned model {1e3 * tuned_s:.3f} ms, slower than the model's; its rows routed to torch "
                   f"in {len(seen)} layer(s): now {1e3 * routed_s:.3f} ms against {1e3 * original_s:.3f} ms", file=sys.stderr, flush=True)
@@ -666,8 +656,8 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
             rows_seen.setdefault(layer, set()).update(rows)
     fusions = _fusions(tuned) if fuse else {}
     results: dict[str, TuneResult] = {}  # by problem name: layers of one shape share a kernel
-    planned = []  # (layer, its fused activation module, row count -> TuneResult)
-    shapes = {}  # a layer shape's tuned problems -> how many layers have it
+    planned = []  # (layer, its fused activation module, row count -> TuneResult, its layer shape)
+    shapes = set()  # the layer shapes tuned so far
     started = time.perf_counter()
     for layer, rows in rows_seen.items():
         activation_module = fusions[layer][0][fusions[layer][1]] if layer in fusions else None
@@ -683,15 +673,14 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
         if progress and shape not in shapes:
             print(f"looprl: tuned {_shape_words(layer.in_features, layer.out_features, activation)} for rows "
                   f"{', '.join(map(str, sorted(per_rows)))} in {time.perf_counter() - shape_started:.1f} s", file=sys.stderr, flush=True)
-        shapes[shape] = shapes.get(shape, 0) + 1
-        planned.append((layer, activation_module, per_rows))
+        shapes.add(shape)
+        planned.append((layer, activation_module, per_rows, shape))
     exported = cache.export_tuned(_tuned_names(results.values()))  # one read of the cache for every layer's records
     replacements: dict[nn.Linear, TunedLinear] = {}
     judged: dict[tuple, dict[int, Route]] = {}  # a layer shape's routes: judged once, shared by its layers
-    for layer, activation_module, per_rows in planned:
+    for layer, activation_module, per_rows, shape in planned:
         names = _tuned_names(per_rows.values())
         records = [record for record in exported if tuned_problem_name(record["problem"]) in names]
-        shape = layer_shape(per_rows)
         replacement = replacements[layer] = TunedLinear(layer, activation_module, per_rows, records, judged.get(shape), frozen)
         if compare_torch and shape not in judged:
             judged[shape] = replacement.kernels.judge(layer.weight.detach(), None if layer.bias is None else layer.bias.detach())
@@ -708,7 +697,7 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
         for replacement in replacements.values():
             replacement.kernels.forget_calls()
     if progress and replacements:
-        print(route_table(tuned_layers_of(replacements.values())), file=sys.stderr, flush=True)
+        print(route_table(kernels_by_shape(replacements.values())), file=sys.stderr, flush=True)
         print(f"looprl: {len(shapes)} layer shape(s), {len(replacements)} layer(s) in {time.perf_counter() - started:.1f} s",
               file=sys.stderr, flush=True)
     if not replacements:
@@ -726,7 +715,7 @@ def _shape_words(in_features: int, out_features: int, activation: str | None) ->
     return f"linear {in_features}->{out_features}" + (f" +{activation}" if activation else "")
 
 
-def tuned_layers_of(layers) -> list[LinearKernels]:
+def kernels_by_shape(layers) -> list[LinearKernels]:
     """The kernels of ``layers`` (TunedLinear modules), one per layer shape, in order."""
     seen, found = set(), []
     for layer in layers:
@@ -740,7 +729,7 @@ def tuned_layers_of(layers) -> list[LinearKernels]:
 def route_table(kernels: list[LinearKernels]) -> str:
     """A table, one line per layer shape and judged row count: looprl's time, torch's time and
     which one runs (see :meth:`LinearKernels.judge`). ``kernels``: e.g.
-    ``tuned_layers_of(layer for _, layer in tuned_layers(model))``."""
+    ``kernels_by_shape(layer for _, layer in tuned_layers(model))``."""
     lines = [f"{'layer shape':>28} {'rows':>6} {'looprl ms':>10} {'torch ms':>10} {'looprl/torch':>12}  runs"]
     for layer in kernels:
         words = _shape_words(layer.in_features, layer.out_features, layer.activation)

@@ -45,10 +45,12 @@ _ONEDNN_ACTIVATIONS = {None: ("none", "none"), "relu": ("relu", "none"), "gelu":
                        "silu": ("swish", "none")}  # looprl's activation -> oneDNN's post-op name and algorithm
 
 
-def torch_gflops(problems: list, budget_s: float = 0.3, threads: int = 1) -> list[dict[str, float | None]]:
+def torch_gflops(problems: list, budget_s: float = 0.3, threads: int = 1) -> tuple[list[dict[str, float | None]], str]:
     """For each problem, ``{"torch.matmul": ..., "F.linear": ..., "oneDNN packed": ...}``, GFLOPS or None
     (None: the call does not apply to the spec, or torch is not installed), timed in a child
-    process on ``threads`` threads."""
+    process on ``threads`` threads; and what ran, for reports (torch's version and the kernels
+    it chose, e.g. ``"torch 2.13.0+cpu, AVX512 kernels"``: ``ATEN_CPU_CAPABILITY`` and its
+    kind, inherited by the child, narrow them)."""
     budget_s = checks.seconds(budget_s, "budget_s")
     threads = check_threads(threads)
     request = json.dumps({"problems": [p.name for p in problems], "budget_s": budget_s, "threads": threads})
@@ -57,7 +59,8 @@ def torch_gflops(problems: list, budget_s: float = 0.3, threads: int = 1) -> lis
                                 env=baseline_environment(threads=threads), check=False)
     if result.returncode != 0:
         raise RuntimeError(f"torch baseline process failed:\n{result.stderr}")
-    return json.loads(result.stdout)["gflops"]
+    answer = json.loads(result.stdout)
+    return answer["gflops"], answer["torch"]
 
 
 def best_torch(figures: dict[str, float | None]) -> float:
@@ -119,14 +122,14 @@ def _calls(problem, torch, functional):
     return {"torch.matmul": lambda: finish(torch.einsum(spec, a, b), False)}  # torch.einsum: the matmul of other specs
 
 
-def _time_in_process(names: list[str], budget_s: float, threads: int) -> list[dict[str, float | None]]:
+def _time_in_process(names: list[str], budget_s: float, threads: int) -> tuple[list[dict[str, float | None]], str]:
     from looprl.ir.problem import parse_problem
 
     try:
         import torch
         import torch.nn.functional as functional
     except ImportError:
-        return [dict.fromkeys(CALLS) for _ in names]
+        return [dict.fromkeys(CALLS) for _ in names], "torch not installed"
     torch.set_num_threads(threads)
     results = []
     with torch.no_grad():
@@ -142,9 +145,10 @@ def _time_in_process(names: list[str], budget_s: float, threads: int) -> list[di
                 # The parent holds the machine-wide lock while this process runs.
                 figures[call_name] = best_time(repeat, budget_s, flops=problem.flops, lock=contextlib.nullcontext()).gflops
             results.append(figures)
-    return results
+    return results, f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()} kernels"
 
 
 if __name__ == "__main__":
     request = json.loads(sys.stdin.read())
-    print(json.dumps({"gflops": _time_in_process(request["problems"], request["budget_s"], request["threads"])}))
+    gflops, runs = _time_in_process(request["problems"], request["budget_s"], request["threads"])
+    print(json.dumps({"gflops": gflops, "torch": runs}))

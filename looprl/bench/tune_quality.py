@@ -206,15 +206,15 @@ def main(args, out=sys.stdout) -> dict:
     numpy = numpy_gflops(problems, args.budget, isa=target.isa, threads=first)
     numpy_label = baseline_label(target.isa, threads=first)
     others = {n: numpy_gflops(problems, args.budget, isa=target.isa, threads=n) for n in counts[1:]}
-    torch_figures = torch_gflops(problems, args.budget, threads=first)  # torch.matmul and F.linear (MKL or oneDNN)
-    torch_others = {n: torch_gflops(problems, args.budget, threads=n) for n in counts[1:]}
+    torch_figures, torch_label = torch_gflops(problems, args.budget, threads=first)  # torch.matmul, F.linear, oneDNN packed
+    torch_others = {n: torch_gflops(problems, args.budget, threads=n)[0] for n in counts[1:]}
     peaks = {n: measure_peak_gflops(target, threads=n) for n in counts[1:]}
     made_for = policy.target.isa if policy.target is not None else "unknown"
     print(f"target {target}; peak {peak:.1f} GFLOPS; policy made for {made_for}; {len(problems)} problems ({source}); "
           f"{args.mode} mode, search budget {'scaled to the problem' if args.tune_budget is None else f'{args.tune_budget} s'}; CPU {cpu_model_name()}", file=out)
     print(ceilings.describe(), file=out)
-    print(f"compared with {numpy_label} and torch {_torch_version()} (best of torch.matmul, F.linear and oneDNN's prepacked linear, {first} thread"
-          f"{'s' if first > 1 else ''}, the host's own kernels); best = the better of numpy and torch" + "".join(f"; on {n} threads with {baseline_label(target.isa, threads=n)} "
+    print(f"compared with {numpy_label} and {torch_label} (best of torch.matmul, F.linear and oneDNN's prepacked linear, {first} thread"
+          f"{'s' if first > 1 else ''}); best = the better of numpy and torch" + "".join(f"; on {n} threads with {baseline_label(target.isa, threads=n)} "
                                                     f"(peak {peaks[n]:.1f})" for n in counts[1:]), file=out)
     print(f"{'problem':>14} {'tune ms':>8} {'untuned':>8} {'tuned':>8} {'numpy':>8} {'torch':>8} {'tuned/numpy':>11} {'tuned/torch':>11} "
           f"{'tuned/best':>10} {'bound':>7} {'of bound':>8}"
@@ -319,7 +319,7 @@ def main(args, out=sys.stdout) -> dict:
             file=out,
         )
     result = {"mode": args.mode, "split": None if args.problems else args.split, "target": target.to_dict(), "cpu": cpu_model_name(),
-              "tune_budget_s": args.tune_budget, "policy_target": made_for, "numpy": numpy_label, "summary": summary, "rows": rows}
+              "tune_budget_s": args.tune_budget, "policy_target": made_for, "numpy": numpy_label, "torch": torch_label, "summary": summary, "rows": rows}
     if repeat:
         for n in counts:
             s = _suffix(n, first)
@@ -343,13 +343,3 @@ def main(args, out=sys.stdout) -> dict:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return result
-
-
-def _torch_version() -> str:
-    """torch's version, read from its package metadata (this process does not import torch)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("torch")
-    except PackageNotFoundError:
-        return "(not installed)"
