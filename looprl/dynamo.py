@@ -52,13 +52,13 @@ import torch
 import torch.nn.functional as functional
 
 from looprl.backend.buffers import aligned_empty
-from looprl.ir.layers import linear
 from looprl.ir.problem import contraction
 from looprl.measurement.evaluator import open_cache
 from looprl.measurement.timing import best_time
 from looprl.policy.tuner import tune
 from looprl import checks
-from looprl.torch import GELU_NAMES, LinearKernels, check_max_rows, layer_shape, route_summary, summarise_calls, tuned_row_counts
+from looprl.torch import (GELU_NAMES, LinearKernels, check_max_rows, layer_problem, layer_shape, route_summary, summarise_calls,
+                          tuned_row_counts, weights_outgrow_cache)
 
 __all__ = ["looprl_backend", "stats"]
 
@@ -221,6 +221,9 @@ def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: in
     results: dict[str, object] = {}
     judged: dict[tuple, dict] = {}  # a layer shape's routes, judged once per graph
     replaced = 0
+    weights = [_example_value(gm, node.args[1], values) for node in gm.graph.nodes
+               if node.op == "call_function" and node.target in LINEAR_TARGETS and len(node.args) > 1]
+    cold_weights = weights_outgrow_cache(w for w in weights if isinstance(w, torch.Tensor))
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in LINEAR_TARGETS:
             continue
@@ -241,7 +244,7 @@ def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: in
         rows = max(1, math.prod(_hint(size) for size in x_value.shape[:-1]))
         per_rows = {}
         for count in tuned_row_counts({rows}, max_rows):
-            problem = linear(count, in_features, out_features, bias=bias is not None, activation=activation)
+            problem = layer_problem(count, in_features, out_features, bias is not None, activation, cold_weights)
             if problem.name not in results:
                 results[problem.name] = tune(problem, **tuning)
             per_rows[count] = results[problem.name]

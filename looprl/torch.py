@@ -79,6 +79,7 @@ from torch import nn
 
 from looprl import checks
 from looprl.backend.buffers import aligned_empty
+from looprl.backend.host import cache_sizes
 from looprl.ir.layers import linear
 from looprl.measurement.evaluator import open_cache
 from looprl.measurement.keys import tuned_problem_name
@@ -607,6 +608,28 @@ def _fusions(module: nn.Module) -> dict[nn.Linear, tuple[nn.Sequential, int]]:
     return found
 
 
+# Row counts up to this are tuned cold (looprl.ir.problem.Problem.cold: the weight timed as read
+# from memory) when the model's weights together outgrow the last-level cache: in a decode step
+# each layer's weight has been evicted by the others' since its last call, and the schedule that
+# is fastest with the weight in the cache (GPT-2 small's 768->3072 on a Zen 4: 44 GFLOPS warm) is
+# not the one that streams it fastest from memory (12 against 14.5 GFLOPS for packed panels).
+COLD_ROWS = 16
+
+
+def weights_outgrow_cache(weights, llc_bytes: int | None = None) -> bool:
+    """Whether the tensors ``weights`` (each counted once) hold more bytes than the
+    last-level cache (``llc_bytes``, default this host's)."""
+    sizes = {w.data_ptr(): w.numel() * w.element_size() for w in weights}
+    return sum(sizes.values()) > (cache_sizes()[1] if llc_bytes is None else llc_bytes)
+
+
+def layer_problem(count: int, in_features: int, out_features: int, bias: bool, activation: str | None, cold_weights: bool):
+    """The problem tuned for ``count`` rows of a linear layer: cold when the model's weights
+    outgrow the cache (``cold_weights``) and the rows are few (:data:`COLD_ROWS`)."""
+    problem = linear(count, in_features, out_features, bias=bias, activation=activation)
+    return problem.with_cold() if cold_weights and count <= COLD_ROWS else problem
+
+
 def tune_module(module: nn.Module, example_inputs, *, policy="default", target=None, budget_s=None, cache=None,
                 fuse: bool = True, threads: int = 1, max_rows: int | None = None, records=None,
                 compare_torch: bool = True, progress: bool = True, frozen: bool = False) -> nn.Module:
@@ -629,6 +652,9 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
     and a call compares nothing (a weight replaced by another tensor is bound again; an
     in-place edit is not seen). Default False: every call compares the values (see
     :class:`ContentCache`), which costs a read of the weights per call.
+    When the layers' weights together outgrow this host's last-level cache, row counts up to
+    :data:`COLD_ROWS` are tuned with their weights read from memory (cold problems: decode
+    steps stream every weight from memory).
     ``compare_torch``: time each layer shape's looprl plan against torch's own call at every
     tuned row count (same threads, same epilogue; :meth:`LinearKernels.judge`) and route the
     row counts where torch was faster to torch, so that the tuned model is never slower than
@@ -659,13 +685,14 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
     planned = []  # (layer, its fused activation module, row count -> TuneResult, its layer shape)
     shapes = set()  # the layer shapes tuned so far
     started = time.perf_counter()
+    cold_weights = weights_outgrow_cache(layer.weight for layer in rows_seen)
     for layer, rows in rows_seen.items():
         activation_module = fusions[layer][0][fusions[layer][1]] if layer in fusions else None
         activation = _activation_of(activation_module) if activation_module is not None else None
         per_rows = {}
         shape_started = time.perf_counter()
         for count in tuned_row_counts(rows, max_rows):
-            problem = linear(count, layer.in_features, layer.out_features, bias=layer.bias is not None, activation=activation)
+            problem = layer_problem(count, layer.in_features, layer.out_features, layer.bias is not None, activation, cold_weights)
             if problem.name not in results:
                 results[problem.name] = tune(problem, policy, cache=cache, budget_s=budget_s, target=target, threads=threads)
             per_rows[count] = results[problem.name]

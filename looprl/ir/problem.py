@@ -39,12 +39,20 @@ class Problem:
     shape as extra inputs (:attr:`epilogue_shapes`). It is part of :attr:`name`
     (``...;epilogue=bias+gelu``) unless it is the identity. :attr:`flops` counts the
     contraction only.
+
+    ``cold``: the constant inputs arrive from memory on every call, not from the caches (a
+    model's weights that together outgrow the last-level cache: in a decode step each layer's
+    weight was evicted by the others' since its last call). A cold problem is timed so
+    (:func:`looprl.measurement.timing.time_kernel` rotates copies of its constant inputs),
+    and its schedules are searched for that; it needs a constant input. Part of :attr:`name`
+    (``...;cold``) only when set.
     """
 
     spec: str
     sizes: tuple[tuple[str, int], ...]
     constant: tuple[str, ...] = ()
     epilogue: Epilogue = IDENTITY
+    cold: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "epilogue", as_epilogue(self.epilogue))
@@ -61,6 +69,12 @@ class Problem:
         if not names <= {"in0", "in1"}:
             raise ValueError(f"constant inputs must be 'in0'/'a' (the first) or 'in1'/'b' (the second), got {self.constant!r}")
         object.__setattr__(self, "constant", tuple(sorted(names)))
+        if not isinstance(self.cold, bool):
+            raise ValueError(f"cold must be True or False, got {self.cold!r}")
+        object.__setattr__(self, "cold", bool(self.cold))
+        if self.cold and not self.constant:
+            raise ValueError("cold=True is for constant inputs (weights read from memory on every call): the problem has none; "
+                             "give constant='in1' (or 'in0') too")
 
     # -- structure -----------------------------------------------------------------
     @cached_property
@@ -112,7 +126,12 @@ class Problem:
         unknown = sorted(set(parts) - {"scale", "bias", "activation", "residual"})
         if unknown:
             raise ValueError(f"unknown epilogue part(s) {unknown}; expected scale=, bias=, activation=, residual=")
-        return Problem(self.spec, self.sizes, self.constant, Epilogue(**parts) if parts else as_epilogue(epilogue))
+        return Problem(self.spec, self.sizes, self.constant, Epilogue(**parts) if parts else as_epilogue(epilogue), self.cold)
+
+    def with_cold(self, cold: bool = True) -> "Problem":
+        """This problem with its constant inputs read from memory on every call (``cold``), or
+        from the caches (see :class:`Problem`)."""
+        return Problem(self.spec, self.sizes, self.constant, self.epilogue, cold)
 
     @property
     def flops(self) -> int:
@@ -130,6 +149,8 @@ class Problem:
             text += ";const=" + ",".join(self.constant)
         if not self.epilogue.is_identity:
             text += ";epilogue=" + self.epilogue.key
+        if self.cold:
+            text += ";cold"
         return text
 
     def __str__(self) -> str:
@@ -140,9 +161,9 @@ class Problem:
 _INPUT_ALIASES = {"a": "in0", "b": "in1"}
 
 
-def contraction(spec: str, /, sizes: Mapping[str, int] | None = None, *, constant=(), epilogue=None, **dims: int) -> Problem:
+def contraction(spec: str, /, sizes: Mapping[str, int] | None = None, *, constant=(), epilogue=None, cold=False, **dims: int) -> Problem:
     """A contraction of two inputs in einsum notation, e.g.
-    ``contraction("bmk,bkn->bmn", b=4, m=64, k=32, n=16)``; ``constant`` and ``epilogue``: see
+    ``contraction("bmk,bkn->bmn", b=4, m=64, k=32, n=16)``; ``constant``, ``epilogue`` and ``cold``: see
     :class:`Problem`.
 
     Spaces in ``spec`` are ignored; any other character outside ``a-z , ->`` (a newline or a
@@ -156,7 +177,7 @@ def contraction(spec: str, /, sizes: Mapping[str, int] | None = None, *, constan
     if twice:
         raise ValueError(f"size(s) of {twice} given both in the sizes mapping and as keywords")
     merged.update(dims)
-    return Problem(spec.replace(" ", ""), tuple(merged.items()), constant, epilogue)
+    return Problem(spec.replace(" ", ""), tuple(merged.items()), constant, epilogue, cold)
 
 
 def matmul(m: int, n: int, k: int, *, constant=(), epilogue=None) -> Problem:
@@ -167,7 +188,7 @@ def matmul(m: int, n: int, k: int, *, constant=(), epilogue=None) -> Problem:
 
 def parse_problem(text: str) -> Problem:
     """Parse ``"MxNxK"`` (a matmul, m x n x k) or a :attr:`Problem.name` string (with its
-    optional ``;const=...`` and ``;epilogue=...`` parts).
+    optional ``;const=...``, ``;epilogue=...`` and ``;cold`` parts).
 
     Surrounding whitespace is ignored; anything else that is not part of the syntax is a
     :class:`ValueError`."""
@@ -180,14 +201,14 @@ def parse_problem(text: str) -> Problem:
         for part in parts:
             key, equals, value = part.partition("=")
             key = key.strip()
-            if not equals or key not in ("const", "epilogue"):
-                raise ValueError(f"bad part {part!r} of problem {text!r}; expected ';const=<inputs>' or ';epilogue=<parts>'")
+            if (not equals or key not in ("const", "epilogue")) and not (key == "cold" and not equals):
+                raise ValueError(f"bad part {part!r} of problem {text!r}; expected ';const=<inputs>', ';epilogue=<parts>' or ';cold'")
             if key in options:
                 raise ValueError(f"problem {text!r} gives {key} twice")
             options[key] = value
         problem = parse_problem(base)
         constant = tuple(n.strip() for n in options["const"].split(",")) if "const" in options else ()
-        return Problem(problem.spec, problem.sizes, constant, Epilogue.from_key(options.get("epilogue", "")))
+        return Problem(problem.spec, problem.sizes, constant, Epilogue.from_key(options.get("epilogue", "")), "cold" in options)
     if ":" in text:
         spec, _, rest = text.partition(":")
         sizes: dict[str, int] = {}

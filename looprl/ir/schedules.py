@@ -183,6 +183,48 @@ def stream_steps(problem: Problem, k_inner: int, columns: int) -> list[tuple]:
     return steps
 
 
+# A cold problem's weights (Problem.cold) come from memory on every call: the schedule that
+# streams them fastest reads each panel of columns once, front to back, its rows' accumulators
+# in registers for the whole reduction (``panel_steps``), the panels packed one after another so
+# the whole weight is one sequential read. Panels as wide as this many registers of accumulators
+# at most (rows x vectors).
+PANEL_COLUMNS = (64, 128, 256)
+PANEL_REGISTERS = 16
+
+
+def panel_widths(problem: Problem, target: Target) -> list[int]:
+    """Column widths of the panels :func:`panel_steps` takes for ``problem`` on ``target``:
+    those of :data:`PANEL_COLUMNS` narrower than the output's columns whose accumulators, for
+    every output row, fit :data:`PANEL_REGISTERS` registers."""
+    if len(problem.output) < 2 or len(problem.reduction_dims) != 1:
+        return []
+    rows, cols = problem.size(problem.output[-2]), problem.size(problem.output[-1])
+    lanes = Target.required(target, "panel_widths").vector_width
+    return [w for w in PANEL_COLUMNS if w < cols and rows * -(-w // lanes) <= PANEL_REGISTERS]
+
+
+def panel_steps(problem: Problem, columns: int) -> list[tuple]:
+    """IR steps (``nest.apply``) from ``problem``'s untiled nest to a panel schedule:
+    ``b..., n/columns, k, m, n_columns``: each panel of ``columns`` output columns is computed
+    whole, its accumulators (every row's) in registers across the entire reduction, before the
+    next (packed, see :data:`PANEL_COLUMNS`, its weights are read once, in order)."""
+    if len(problem.output) < 2 or len(problem.reduction_dims) != 1:
+        raise ValueError(f"{problem.name}: a panel schedule needs two output dimensions and one reduction")
+    row, col, red = problem.output[-2], problem.output[-1], problem.reduction_dims[0]
+    if not 2 <= columns < problem.size(col):
+        raise ValueError(f"{problem.name}: panel columns {columns} must be at least 2 and less than {col}={problem.size(col)}")
+    nest = initial_nest(problem)
+    names = [loop.var for loop in nest.compute]
+    index = names.index(col)
+    nest = nest.split(index, columns)
+    steps: list[tuple] = [("split", index, columns)]
+    names.insert(index + 1, f"{col}_in")
+    wanted = list(problem.output[:-2]) + [col, red, row, f"{col}_in"]
+    for place, name in enumerate(wanted):
+        nest = lift(nest, names, steps, name, place)
+    return steps
+
+
 def column_last_layout(problem: Problem, tensor: str) -> Layout | None:
     """The layout that stores input ``tensor`` (``"in0"`` or ``"in1"``) with the output's last
     dimension innermost, when its row-major order puts that dimension elsewhere (B[n, k] of

@@ -9,7 +9,8 @@ proposes the target's own in order of how often they pay (the flat register tile
 :func:`~looprl.ir.register_tiles.tile_shapes`, then :func:`~looprl.ir.schedules.cache_blocks`
 around the fastest; for a problem of a few output rows, the streaming tiles of
 :func:`~looprl.ir.schedules.stream_steps`; then the fastest with the right operand packed into
-column panels; when
+column panels (for a cold problem, whose weights come from memory on every call, the packed
+panel schedules of :func:`~looprl.ir.schedules.panel_steps` come first of all); when
 the output's columns are not the right operand's contiguous dimension, as in ``A @ B.T``,
 every tile is packed, since unpacked it gathers lane by lane), each
 as the actions that build it, so the answer replays in the env like any other path.
@@ -23,7 +24,7 @@ from looprl.actions import ActionSet, State, follow
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.ir.register_tiles import tile_of, tile_shapes, tile_steps, why_not_tile
-from looprl.ir.schedules import STREAM_TILES, cache_blocks, stream_steps, why_not_stream
+from looprl.ir.schedules import STREAM_TILES, cache_blocks, panel_steps, panel_widths, stream_steps, why_not_stream
 from looprl.search.context import BudgetExhausted, SearchContext
 
 
@@ -79,6 +80,12 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
     transposed = problem.operands[1][-1] != problem.output[-1]
     flat = None
     try:
+        if problem.cold and not transposed:  # weights from memory: whole panels, packed in order, first
+            for columns in panel_widths(problem, target):
+                tile = reached(panel_steps(problem, columns))
+                packed = None if tile is None else _packed(problem, tile[0], actions)
+                if packed is not None:
+                    attempt(*packed, columns)
         shapes = tile_shapes(problem, target) if shapes is None else list(shapes)
         for rows, columns in ([lead] if lead else []) + [s for s in shapes if s != lead]:
             tile = planned(rows, columns)
@@ -99,6 +106,7 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
             packed = _packed(problem, best[1], actions)
             if packed is not None:
                 attempt(*packed, best[2])
+
     except BudgetExhausted:
         pass  # the stage ends at the deadline with what it measured
     return TileResult(best[1], best[3], best[0], tried)
