@@ -21,7 +21,10 @@ Modes, each at every ``--threads`` count (``torch.set_num_threads``):
 * ``max-autotune``: ``torch.compile(model, dynamic=True, mode="max-autotune")`` compiled and
   called with ``torch._inductor.config.freezing = True`` (without freezing, Inductor's GEMM
   template with prepacked weights never competes and max-autotune is about inductor);
-* ``backend``: ``torch.compile(model, backend="looprl", dynamic=True, options={"threads": N})``.
+* ``backend``: ``torch.compile(model, backend="looprl", dynamic=True, options={"threads": N})``;
+* ``backend-frozen``: the same compiled and called with ``torch._inductor.config.freezing = True``
+  (looprl's kernels bound to the weights once, the rest of the graph compiled by Inductor with
+  freezing: the peer of ``max-autotune``).
 
 Every mode must generate the same tokens as eager (greedy, so a wrong answer shows); its
 time to prepare (tuning, compiling: the first generation) is reported, then the best of
@@ -47,7 +50,7 @@ from _torch_timing import write_csv
 from looprl.backend.host import cpu_model_name
 
 RESULTS = Path(__file__).resolve().parent / "results"
-MODES = ("eager", "looprl", "looprl-frozen", "inductor", "max-autotune", "backend")
+MODES = ("eager", "looprl", "looprl-frozen", "inductor", "max-autotune", "backend", "backend-frozen")
 FIELDS = ["mode", "threads", "cpu", "prepare_s", "prefill_ms", "decode_tokens_per_s", "vs_eager", "same_tokens"]
 
 
@@ -119,10 +122,13 @@ def prepared(mode: str, model, prompt, threads: int):
         return tune_module(model, [(prompt,), (prompt[:, :1], past)], threads=threads, cache=":memory:", frozen=mode == "looprl-frozen")
     if mode == "inductor":
         return torch.compile(model, dynamic=True)
-    if mode == "max-autotune":
+    if mode in ("max-autotune", "backend-frozen"):
         import torch._inductor.config as inductor_config
 
-        compiled = torch.compile(model, dynamic=True, mode="max-autotune")
+        if mode == "max-autotune":
+            compiled = torch.compile(model, dynamic=True, mode="max-autotune")
+        else:
+            compiled = torch.compile(model, backend="looprl", dynamic=True, options={"threads": threads, "cache": ":memory:"})
 
         def frozen(*args):  # every compilation (the first call's, each recompilation's) with freezing
             with inductor_config.patch(freezing=True):

@@ -1,0 +1,149 @@
+"""Cold problems: constant inputs read from memory on every call (a decode step of a model whose
+weights outgrow the last-level cache), timed over copies, tuned with panel schedules first, and
+chosen by tune_module and the compile backend when the model's weights outgrow the cache."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import looprl
+from looprl.actions import ActionSet
+from looprl.backend.kernel import Kernel
+from looprl.ir.layers import linear
+from looprl.ir.problem import parse_problem
+from looprl.ir.rewrites import plan_rewrites
+from looprl.ir.schedules import PANEL_REGISTERS, panel_steps, panel_widths
+from looprl.measurement import timing
+from looprl.measurement.cache import MeasurementCache
+from looprl.measurement.evaluator import Evaluator
+from looprl.policy.tiles import measure_tiles
+from looprl.search.context import SearchContext
+from looprl.target import Target
+from tests.policies import random_policy
+
+
+def test_a_cold_problem_is_named_parsed_and_kept_through_its_rewrites():
+    problem = linear(1, 96, 200, activation="relu").with_cold()
+    assert problem.cold and problem.name.endswith(";cold")
+    assert parse_problem(problem.name) == problem and not parse_problem(problem.name.replace(";cold", "")).cold
+    assert problem.with_epilogue(bias=True).cold and not problem.with_cold(False).cold
+    assert plan_rewrites(problem).searched.cold  # its transposed twin is cold too
+    with pytest.raises(ValueError, match="constant"):
+        looprl.matmul(4, 8, 8).with_cold()
+    with pytest.raises(ValueError, match="cold must be"):
+        looprl.contraction("mk,kn->mn", m=2, n=2, k=2, constant="b", cold="yes")
+    with pytest.raises(ValueError, match="bad part"):
+        parse_problem("mk,kn->mn:m=2,k=2,n=2;const=in1;cold=1")
+
+
+def test_copies_cover_twice_the_last_level_cache_and_one_input_larger_than_that_is_its_own():
+    assert timing.cold_copy_count(8 << 20, llc_bytes=32 << 20) == 9  # 8 copies pass 64 MB, + the one in use
+    assert timing.cold_copy_count(100 << 20, llc_bytes=32 << 20) == 1
+    assert timing.cold_copy_count(1 << 10, llc_bytes=32 << 20) == timing.MAX_COLD_COPIES
+
+
+@pytest.mark.parametrize("key", [None, "n3s64t8,k40s1,m2s1,n64s1|m2s1,n200s1|in1=n64.k1.n1%64"])
+def test_a_cold_timing_calls_each_copy_in_turn_and_every_copy_computes_the_same_answer(key, monkeypatch):
+    monkeypatch.setattr(timing, "cache_sizes", lambda: (1 << 16, 100_000))  # 32 KB weights: 8 copies
+    problem = looprl.matmul(2, 200, 40, constant="b").with_cold()
+    nest = looprl.initial_nest(problem) if key is None else looprl.LoopNest.from_key(problem, key)
+    kernel = looprl.compile(nest)
+    assert bool(kernel.packed_inputs) == (key is not None)
+    ws = timing.Workspace(problem)
+    ws.ensure(kernel.workspace_elements)
+    used = []
+    original = Kernel._call
+
+    def recording(self, function, pointers, reps, threads):
+        used.append(pointers)
+        original(self, function, pointers, reps, threads)
+        np.testing.assert_allclose(ws.out, ws.inputs[0] @ ws.inputs[1], rtol=1e-4, atol=1e-4)
+        ws.out[...] = np.nan  # the next call must write every element again
+
+    monkeypatch.setattr(Kernel, "_call", recording)
+    copies = timing.cold_copy_count(ws.inputs[1].nbytes)
+    assert copies == 8
+    timing._cold_call(kernel, ws, 1)(2 * copies)
+    weights = [pointers[kernel.tensors.index("in1")] for pointers in used]
+    assert len(set(weights)) == copies and weights[:copies] == weights[copies:]  # each copy once per round, in turn
+    assert timing.time_kernel(kernel, 0.002, workspace=ws).gflops > 0
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(m=st.integers(1, 4), n=st.integers(3, 300), k=st.integers(1, 90), columns=st.sampled_from([2, 16, 64, 128, 256]))
+def test_panel_schedules_with_tails_compute_what_numpy_does(m, n, k, columns):
+    problem = linear(m, k, n, bias=True).with_cold()
+    twin = plan_rewrites(problem).searched
+    columns = min(columns, n - 1)
+    if columns < 2:
+        return
+    nest = looprl.initial_nest(twin).apply(panel_steps(twin, columns))
+    assert [lp.var for lp in nest.compute][-3:] == ["k", "m", "n"] and nest.compute[0].var == "n"
+    nest = plan_rewrites(problem).carry_back(nest)
+    rng = np.random.default_rng(m * 1000 + n + k)
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((m, k), (n, k), (n,)))
+    np.testing.assert_allclose(looprl.compile(nest)(x, w, b), x @ w.T + b, rtol=1e-4, atol=1e-4)
+
+
+def test_panel_widths_keep_every_row_s_accumulators_in_registers():
+    avx512 = Target.named("avx512")
+    assert panel_widths(looprl.matmul(1, 3072, 768), avx512) == [64, 128, 256]
+    assert panel_widths(looprl.matmul(4, 3072, 768), avx512) == [64]
+    assert all(4 * -(-w // 16) <= PANEL_REGISTERS for w in panel_widths(looprl.matmul(4, 3072, 768), avx512))
+    assert panel_widths(looprl.matmul(1, 100, 768), avx512) == [64]  # narrower than the output
+    with pytest.raises(ValueError, match="panel columns"):
+        panel_steps(looprl.matmul(1, 64, 64), 64)
+
+
+def test_a_cold_problem_measures_packed_panels_first():
+    problem = plan_rewrites(linear(1, 256, 512, bias=False).with_cold()).searched
+    measured = []
+
+    class Recording(Evaluator):
+        def __call__(self, nest):
+            measured.append(nest)
+            return super().__call__(nest)
+
+    evaluator = Recording(MeasurementCache(":memory:"), 0.001, samples=1)
+    measure_tiles(SearchContext(problem, ActionSet(), evaluator), ActionSet())
+    widths = panel_widths(problem, evaluator.target)
+    first = measured[:len(widths)]
+    assert [nest.compute[-1].size for nest in first] == widths
+    assert all(nest.layouts and nest.compute[0].var == "n" for nest in first)  # packed, a panel at a time
+    warm = plan_rewrites(linear(1, 256, 512, bias=False)).searched
+    measured.clear()
+    measure_tiles(SearchContext(warm, ActionSet(), evaluator), ActionSet())
+    assert not any(nest.key in {m.key for m in first} for nest in measured[:1])
+
+
+def test_tune_of_a_cold_problem_returns_a_kernel_that_computes_the_layer(tmp_path):
+    policy = random_policy(seed=5).save(tmp_path / "policy")
+    problem = linear(2, 160, 300, bias=True, activation="relu").with_cold()
+    result = looprl.tune(problem, policy, budget_s=0.3, cache=":memory:")
+    assert result.problem == problem and result.kernel.problem.cold
+    rng = np.random.default_rng(1)
+    x, w, b = rng.standard_normal((2, 160)).astype(np.float32), rng.standard_normal((300, 160)).astype(np.float32), rng.standard_normal(300).astype(np.float32)
+    np.testing.assert_allclose(result.kernel(x, w, b), np.maximum(x @ w.T + b, 0), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("llc_bytes", [10_000, 1 << 30])
+def test_tune_module_tunes_few_rows_cold_where_the_model_s_weights_outgrow_the_cache(llc_bytes, tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from looprl import torch as looprl_torch
+
+    monkeypatch.setattr(looprl_torch, "cache_sizes", lambda: (1 << 16, llc_bytes))  # weights: 36 KB
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 32)).eval()
+    policy = random_policy(seed=5).save(tmp_path / "policy")
+    examples = [torch.randn(1, 64), torch.randn(32, 64)]
+    tuned = looprl_torch.tune_module(model, examples, policy=policy, budget_s=0.05, cache=":memory:", progress=False,
+                                     compare_torch=False)
+    layers = looprl_torch.tuned_layers(tuned)
+    assert len(layers) == 2
+    for _, layer in layers:
+        cold = {rows: result.problem.cold for rows, result in layer.results.items()}
+        assert cold == {rows: llc_bytes == 10_000 and rows <= looprl_torch.COLD_ROWS for rows in cold}, cold
+    with torch.no_grad():
+        for x in examples + [torch.randn(5, 64)]:
+            torch.testing.assert_close(tuned(x), model(x), rtol=1e-4, atol=1e-4)
