@@ -147,3 +147,44 @@ def test_tune_module_tunes_few_rows_cold_where_the_model_s_weights_outgrow_the_c
     with torch.no_grad():
         for x in examples + [torch.randn(5, 64)]:
             torch.testing.assert_close(tuned(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_row_counts_tuned_cold_are_judged_cold_and_the_others_warm(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from looprl import torch as looprl_torch
+
+    results = {}
+    for rows in (1, 4, 32):
+        problem = linear(rows, 48, 40, bias=True)
+        problem = problem.with_cold() if rows <= 4 else problem
+        nest = looprl.initial_nest(problem)
+        results[rows] = looprl.TuneResult(problem=problem, nest=nest, kernel=looprl.compile(nest), actions=(), gflops=1.0,
+                                          initial_gflops=1.0, seconds=0.0, mode="policy")
+    seen = {}
+
+    def cold(calls, rounds):
+        seen["cold"] = [args[0].shape[0] for _, args in calls]
+        return [2.0 if i % 2 == 0 else 1.0 for i in range(len(calls))]  # torch's call faster
+
+    def warm(calls, budget_s, rounds):
+        seen["warm"] = [args[0].shape[0] for _, args in calls]
+        return [1.0 if i % 2 == 0 else 2.0 for i in range(len(calls))]  # looprl's faster
+
+    monkeypatch.setattr(looprl_torch, "cold_best_seconds", cold)
+    monkeypatch.setattr(looprl_torch, "interleaved_best_seconds", warm)
+    layer = torch.nn.Linear(48, 40)
+    kernels = looprl_torch.LinearKernels(48, 40, None, results)
+    routes = kernels.judge(layer.weight.detach(), layer.bias.detach())
+    assert seen == {"cold": [1, 1, 4, 4], "warm": [32, 32]}  # looprl's plan and torch's call per row count
+    assert {rows: route.runs for rows, route in routes.items()} == {1: "torch", 4: "torch", 32: "looprl"}
+
+
+def test_a_cold_timing_flushes_before_every_call():
+    torch = pytest.importorskip("torch")
+    from looprl import torch as looprl_torch
+
+    order = []
+    calls = [(lambda: order.append("a"), ()), (lambda: order.append("b"), ())]
+    seconds = looprl_torch.cold_best_seconds(calls, rounds=3, flush_bytes=1 << 16)
+    assert len(seconds) == 2 and all(s >= 0 for s in seconds) and order == ["a", "b"] * 4  # once each first, then 3 rounds
+    assert looprl_torch.cold_best_seconds([], rounds=3) == []
