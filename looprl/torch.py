@@ -381,16 +381,9 @@ class LinearKernels:
         routes become this layer's (:meth:`runs_torch`) and are returned."""
         counts = sorted(self.results if counts is None else {checks.positive_int(c, "row count") for c in counts})
         inputs = {count: torch.randn(count, self.in_features) for count in counts}
-        routes = {}
-        # Row counts tuned cold (the model's weights outgrow the cache) are judged cold: a warm
-        # weight favours torch's GEMV (GPT-2's 768->768 at one row, Zen 4: 45 against 49 us warm,
-        # where from memory looprl's streams at twice MKL's bandwidth).
-        for cold in (False, True):
-            group = [count for count in counts if self.results[count].problem.cold == cold]
-            calls = [(call, (inputs[count], weight, bias)) for count in group for call in (self.compute, self.fallback)]
-            seconds = cold_best_seconds(calls, COLD_ROUNDS) if cold else interleaved_best_seconds(calls, budget_s, rounds)
-            routes.update({count: Route(count, seconds[2 * i], seconds[2 * i + 1]) for i, count in enumerate(group)})
-        routes = dict(sorted(routes.items()))
+        calls = [(call, (inputs[count], weight, bias)) for count in counts for call in (self.compute, self.fallback)]
+        seconds = interleaved_best_seconds(calls, budget_s, rounds)
+        routes = {count: Route(count, seconds[2 * i], seconds[2 * i + 1]) for i, count in enumerate(counts)}
         self.routes = routes
         self._torch_rows = {}
         return routes
@@ -563,31 +556,6 @@ def interleaved_best_seconds(calls: list[tuple], budget_s: float, rounds: int) -
                         function(*args)
 
                 best[index] = min(best[index], best_time(repeat, budget_s).seconds)
-    return best
-
-
-COLD_ROUNDS = 5  # rounds of cold_best_seconds: each call timed once a round, after the caches are flushed
-
-
-def cold_best_seconds(calls: list[tuple], rounds: int, flush_bytes: int | None = None) -> list[float]:
-    """Best seconds of one ``function(*args)`` for each ``(function, args)`` of ``calls``, under
-    ``torch.no_grad()``, each call timed alone right after ``flush_bytes`` (default twice this
-    host's last-level cache) were written, so that it reads its weights from memory as in a
-    model that outgrows the cache; ``rounds`` rounds, the calls in turn."""
-    if not calls:
-        return []
-    flush_bytes = 2 * cache_sizes()[1] if flush_bytes is None else flush_bytes
-    scratch = np.zeros(max(flush_bytes // 4, 1), np.float32)
-    best = [math.inf] * len(calls)
-    with torch.no_grad():
-        for function, args in calls:  # once each first: page faults, first-call work
-            function(*args)
-        for _ in range(rounds):
-            for index, (function, args) in enumerate(calls):
-                scratch += 1.0
-                started = time.perf_counter()
-                function(*args)
-                best[index] = min(best[index], time.perf_counter() - started)
     return best
 
 
