@@ -60,8 +60,7 @@ class Kernel:
         self.threads = check_threads(threads)
         self._module = module  # keeps the machine code alive
         self.tensors = abi.kernel_tensors(self.problem)  # the entry points' pointer arguments
-        self._parallel = nest.is_parallel  # read on every call: not walked through the loops each time
-        signature = _signature(len(self.tensors), self._parallel)
+        signature = _signature(len(self.tensors), nest.is_parallel)
         self._function = signature(module.address)
         self.layouts = layouts_applied(nest)  # tensor -> Layout the code stores it in
         self.packed_inputs = abi.packed_inputs(nest)
@@ -109,7 +108,7 @@ class Kernel:
 
     def _call(self, function, pointers, reps: int, threads: int) -> None:
         """Call an entry point of this kernel (the thread count only where the code takes one)."""
-        if self._parallel:
+        if self.nest.is_parallel:
             before_parallel_call(threads)
             function(*pointers, reps, threads)
         else:

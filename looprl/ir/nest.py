@@ -156,9 +156,10 @@ class LoopNest:
         """Indices (into :attr:`loops`) of the parallel loops: at most one per nest."""
         return tuple(i for i, lp in enumerate(self.loops) if lp.parallel)
 
-    @property
+    @cached_property
     def is_parallel(self) -> bool:
-        """Whether some loop is parallel (the kernel then runs on ``threads`` threads)."""
+        """Whether some loop is parallel (the kernel then runs on ``threads`` threads; read on
+        every kernel call, so kept)."""
         return any(lp.parallel for lp in self.loops)
 
     @cached_property

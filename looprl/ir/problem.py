@@ -71,7 +71,6 @@ class Problem:
         object.__setattr__(self, "constant", tuple(sorted(names)))
         if not isinstance(self.cold, bool):
             raise ValueError(f"cold must be True or False, got {self.cold!r}")
-        object.__setattr__(self, "cold", bool(self.cold))
         if self.cold and not self.constant:
             raise ValueError("cold=True is for constant inputs (weights read from memory on every call): the problem has none; "
                              "give constant='in1' (or 'in0') too")

@@ -169,16 +169,22 @@ def stream_steps(problem: Problem, k_inner: int, columns: int) -> list[tuple]:
     if why is not None:
         raise ValueError(why)
     row, col, red = problem.output[-2], problem.output[-1], problem.reduction_dims[0]
+    return _split_and_ordered(problem, ((red, k_inner), (col, columns)), [red, col, row, f"{red}_in", f"{col}_in"])
+
+
+def _split_and_ordered(problem: Problem, splits, order: list[str]) -> list[tuple]:
+    """IR steps from ``problem``'s untiled nest that split each ``(dimension, factor)`` of
+    ``splits`` (its inner loop named ``<dimension>_in``), then put the loops in ``order``
+    after the batch dimensions (the output's dimensions before its last two)."""
     nest = initial_nest(problem)
     names = [loop.var for loop in nest.compute]  # one loop per dimension
     steps: list[tuple] = []
-    for var, factor in ((red, k_inner), (col, columns)):
+    for var, factor in splits:
         index = names.index(var)
         nest = nest.split(index, factor)
         steps.append(("split", index, factor))
         names.insert(index + 1, f"{var}_in")
-    wanted = [d for d in problem.output[:-2]] + [red, col, row, f"{red}_in", f"{col}_in"]
-    for place, name in enumerate(wanted):
+    for place, name in enumerate(list(problem.output[:-2]) + order):
         nest = lift(nest, names, steps, name, place)
     return steps
 
@@ -213,16 +219,7 @@ def panel_steps(problem: Problem, columns: int) -> list[tuple]:
     row, col, red = problem.output[-2], problem.output[-1], problem.reduction_dims[0]
     if not 2 <= columns < problem.size(col):
         raise ValueError(f"{problem.name}: panel columns {columns} must be at least 2 and less than {col}={problem.size(col)}")
-    nest = initial_nest(problem)
-    names = [loop.var for loop in nest.compute]
-    index = names.index(col)
-    nest = nest.split(index, columns)
-    steps: list[tuple] = [("split", index, columns)]
-    names.insert(index + 1, f"{col}_in")
-    wanted = list(problem.output[:-2]) + [col, red, row, f"{col}_in"]
-    for place, name in enumerate(wanted):
-        nest = lift(nest, names, steps, name, place)
-    return steps
+    return _split_and_ordered(problem, ((col, columns),), [col, red, row, f"{col}_in"])
 
 
 def column_last_layout(problem: Problem, tensor: str) -> Layout | None:

@@ -104,6 +104,10 @@ class Workspace:
         arrays = {"in0": self.inputs[0], "in1": self.inputs[1], "out": self.out, "acc": self.acc, **self.epilogue}
         self.pointers = tuple(arrays[t].ctypes.data for t in kernel_tensors(self.problem))
 
+    def input(self, tensor: str) -> np.ndarray:
+        """The operand ``tensor`` (``"in0"`` or ``"in1"``)."""
+        return self.inputs[0 if tensor == "in0" else 1]
+
     def cold_copies(self, tensor: str, layout=None, packer=None) -> list[np.ndarray]:
         """The copies of constant input ``tensor`` that a cold problem is timed on besides
         :attr:`inputs`' own (:func:`cold_copy_count` in all), row-major, or converted into
@@ -111,7 +115,7 @@ class Workspace:
         latest :data:`COLD_LAYOUTS_KEPT` layouts' are kept."""
         sources = self._cold_sources.get(tensor)
         if sources is None:
-            source = self.inputs[0 if tensor == "in0" else 1]
+            source = self.input(tensor)
             sources = []
             for _ in range(cold_copy_count(source.nbytes) - 1):
                 copy = aligned_empty(source.shape)
@@ -166,7 +170,7 @@ def time_kernel(
     call, pointers = kernel.raw_call, ws.pointers
     constant = [t for t in kernel.problem.constant if t in kernel.packed_inputs]
     if constant:  # weights are converted once, when bound, as in use: not timed
-        bound = kernel.bind(**{t: ws.inputs[0 if t == "in0" else 1] for t in constant})
+        bound = kernel.bind(**{t: ws.input(t) for t in constant})
         arrays = {t: bound._buffers.get(t, ws.inputs[i]) for i, t in enumerate(("in0", "in1"))}
         pointers = (arrays["in0"].ctypes.data, arrays["in1"].ctypes.data) + ws.pointers[2:]
         call = bound.raw_call
@@ -191,13 +195,13 @@ def _cold_call(kernel, ws: Workspace, threads: int):
     kernels take them), so every call reads its weights from memory."""
     constant = list(kernel.problem.constant)
     packed = [t for t in constant if t in kernel.packed_inputs]
-    function = kernel.bind(**{t: ws.inputs[0 if t == "in0" else 1] for t in packed}) if packed else kernel
+    function = kernel.bind(**{t: ws.input(t) for t in packed}) if packed else kernel
     copies = {}
     for t in constant:
         if t in packed:
             copies[t] = [function._buffers[t]] + ws.cold_copies(t, kernel.layouts[t], kernel._packers[pack_function_name(t)])
         else:
-            copies[t] = [ws.inputs[0 if t == "in0" else 1]] + ws.cold_copies(t)
+            copies[t] = [ws.input(t)] + ws.cold_copies(t)
     count = min(len(c) for c in copies.values())
     slots = {t: kernel.tensors.index(t) for t in constant}
     sets = []

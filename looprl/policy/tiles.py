@@ -106,7 +106,6 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
             packed = _packed(problem, best[1], actions)
             if packed is not None:
                 attempt(*packed, best[2])
-
     except BudgetExhausted:
         pass  # the stage ends at the deadline with what it measured
     return TileResult(best[1], best[3], best[0], tried)
