@@ -64,7 +64,9 @@ TUNE_BUDGET_S = None
 # 3: two-dimensional register tiles, cache blocks and packing; budgets scaled to the problem.
 # 4: the target's own register tiles measured after the policy's (decode GEMMs, q.k^T).
 # 5: streaming tiles for problems of few output rows (decode GEMMs whose weights outgrow L2).
-TUNER = "tune-v5"
+# 6: panel schedules for cold problems; a team slower than its serial schedule timed again (answers
+# remembered by v5 at two threads included serial ones a noisy moment had chosen).
+TUNER = "tune-v6"
 _warned_mismatch: set[tuple[str, str]] = set()
 
 
