@@ -219,3 +219,21 @@ def test_the_torch_baseline_times_calls_that_compute_the_problem(name):
     if "residual" in extra:
         expected = expected + extra["residual"].double()
     torch.testing.assert_close(answers[0].double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_torch_baseline_of_a_narrower_isa_holds_torch_s_kernels_to_it():
+    pytest.importorskip("torch")
+    from looprl.bench.torch_baseline import torch_environment, torch_gflops
+    from looprl.ir.problem import parse_problem
+    from looprl.target import Target
+
+    host = Target.host().isa
+    for isa in (host, None):  # the host's own kernels: nothing added
+        assert torch_environment(isa).get("ONEDNN_MAX_CPU_ISA") == os.environ.get("ONEDNN_MAX_CPU_ISA")
+    if host != "avx512":
+        pytest.skip("needs an AVX-512 host to hold torch to AVX2")
+    env = torch_environment("avx2")
+    assert (env["ATEN_CPU_CAPABILITY"], env["ONEDNN_MAX_CPU_ISA"], env["MKL_ENABLE_INSTRUCTIONS"]) == ("avx2", "AVX2", "AVX2")
+    figures, label = torch_gflops([parse_problem("8x16x16")], 0.002, isa="avx2")
+    assert "AVX2 kernels" in label and "up to AVX2" in label and figures[0]["torch.matmul"] > 0
+    assert "AVX512 kernels" in torch_gflops([parse_problem("8x16x16")], 0.002)[1]

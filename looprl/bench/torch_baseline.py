@@ -31,13 +31,14 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import subprocess
 import sys
 
 from looprl import checks
 from looprl.backend.threads import check_threads
 from looprl.measurement.lock import machine_lock
-from looprl.measurement.numpy_baseline import baseline_environment
+from looprl.measurement.numpy_baseline import baseline_environment, coretype_for
 from looprl.measurement.timing import best_time
 
 CALLS = ("torch.matmul", "F.linear", "oneDNN packed")
@@ -45,18 +46,34 @@ _ONEDNN_ACTIVATIONS = {None: ("none", "none"), "relu": ("relu", "none"), "gelu":
                        "silu": ("swish", "none")}  # looprl's activation -> oneDNN's post-op name and algorithm
 
 
-def torch_gflops(problems: list, budget_s: float = 0.3, threads: int = 1) -> tuple[list[dict[str, float | None]], str]:
+# How torch's kernels are held to a narrower ISA than the host's (when code for that ISA is compared):
+# ATen's own kernels, oneDNN's and MKL's, each by its environment variable.
+_NARROWED = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+             "sse4": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}}
+
+
+def torch_environment(isa: str | None = None, threads: int = 1) -> dict[str, str]:
+    """The torch baseline child's environment: :func:`baseline_environment`'s, with torch's
+    kernels (ATen, oneDNN, MKL) held to ``isa`` where it is narrower than the host's (as
+    numpy's are, by ``OPENBLAS_CORETYPE``)."""
+    env = baseline_environment(isa, threads=threads)
+    if coretype_for(isa) is not None:
+        env.update(_NARROWED[isa])
+    return env
+
+
+def torch_gflops(problems: list, budget_s: float = 0.3, threads: int = 1, isa: str | None = None) -> tuple[list[dict[str, float | None]], str]:
     """For each problem, ``{"torch.matmul": ..., "F.linear": ..., "oneDNN packed": ...}``, GFLOPS or None
     (None: the call does not apply to the spec, or torch is not installed), timed in a child
     process on ``threads`` threads; and what ran, for reports (torch's version and the kernels
-    it chose, e.g. ``"torch 2.13.0+cpu, AVX512 kernels"``: ``ATEN_CPU_CAPABILITY`` and its
-    kind, inherited by the child, narrow them)."""
+    it chose, e.g. ``"torch 2.13.0+cpu, AVX512 kernels"``). ``isa``: torch's kernels held to
+    it where it is narrower than the host's (:func:`torch_environment`; None: the host's)."""
     budget_s = checks.seconds(budget_s, "budget_s")
     threads = check_threads(threads)
     request = json.dumps({"problems": [p.name for p in problems], "budget_s": budget_s, "threads": threads})
     with machine_lock():
         result = subprocess.run([sys.executable, "-m", "looprl.bench.torch_baseline"], input=request, capture_output=True, text=True,
-                                env=baseline_environment(threads=threads), check=False)
+                                env=torch_environment(isa, threads), check=False)
     if result.returncode != 0:
         raise RuntimeError(f"torch baseline process failed:\n{result.stderr}")
     answer = json.loads(result.stdout)
@@ -145,7 +162,9 @@ def _time_in_process(names: list[str], budget_s: float, threads: int) -> tuple[l
                 # The parent holds the machine-wide lock while this process runs.
                 figures[call_name] = best_time(repeat, budget_s, flops=problem.flops, lock=contextlib.nullcontext()).gflops
             results.append(figures)
-    return results, f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()} kernels"
+    narrowed = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    kernels = f"{torch.backends.cpu.get_cpu_capability()} kernels" + (f", oneDNN and MKL up to {narrowed}" if narrowed else "")
+    return results, f"torch {torch.__version__}, {kernels}"
 
 
 if __name__ == "__main__":

@@ -206,8 +206,8 @@ def main(args, out=sys.stdout) -> dict:
     numpy = numpy_gflops(problems, args.budget, isa=target.isa, threads=first)
     numpy_label = baseline_label(target.isa, threads=first)
     others = {n: numpy_gflops(problems, args.budget, isa=target.isa, threads=n) for n in counts[1:]}
-    torch_figures, torch_label = torch_gflops(problems, args.budget, threads=first)  # torch.matmul, F.linear, oneDNN packed
-    torch_others = {n: torch_gflops(problems, args.budget, threads=n)[0] for n in counts[1:]}
+    torch_figures, torch_label = torch_gflops(problems, args.budget, threads=first, isa=target.isa)  # torch.matmul, F.linear, oneDNN packed
+    torch_others = {n: torch_gflops(problems, args.budget, threads=n, isa=target.isa)[0] for n in counts[1:]}
     peaks = {n: measure_peak_gflops(target, threads=n) for n in counts[1:]}
     made_for = policy.target.isa if policy.target is not None else "unknown"
     print(f"target {target}; peak {peak:.1f} GFLOPS; policy made for {made_for}; {len(problems)} problems ({source}); "
