@@ -83,7 +83,7 @@ from looprl.backend.host import cache_sizes
 from looprl.ir.layers import linear
 from looprl.measurement.evaluator import open_cache
 from looprl.measurement.keys import tuned_problem_name
-from looprl.measurement.timing import best_time
+from looprl.measurement.timing import best_time, cold_copy_count
 from looprl.measurement.tuned_records import read_tuned_records, write_tuned_records
 from looprl.policy.tuner import TuneResult, tune
 
@@ -381,12 +381,44 @@ class LinearKernels:
         routes become this layer's (:meth:`runs_torch`) and are returned."""
         counts = sorted(self.results if counts is None else {checks.positive_int(c, "row count") for c in counts})
         inputs = {count: torch.randn(count, self.in_features) for count in counts}
-        calls = [(call, (inputs[count], weight, bias)) for count in counts for call in (self.compute, self.fallback)]
+        cold = self._cold_calls(weight, bias) if self.frozen else None
+        calls = []
+        for count in counts:
+            if cold is not None and self.results[count].problem.cold:
+                calls += [(cold[0], (inputs[count],)), (cold[1], (inputs[count],))]
+            else:
+                calls += [(self.compute, (inputs[count], weight, bias)), (self.fallback, (inputs[count], weight, bias))]
         seconds = interleaved_best_seconds(calls, budget_s, rounds)
         routes = {count: Route(count, seconds[2 * i], seconds[2 * i + 1]) for i, count in enumerate(counts)}
         self.routes = routes
         self._torch_rows = {}
         return routes
+
+    def _cold_calls(self, weight, bias) -> tuple | None:
+        """``(looprl's call, torch's call)`` on ``x`` that read the weight from memory, as a
+        frozen layer's cold row counts do in a model whose weights outgrow the cache: each call
+        takes the next of :func:`~looprl.measurement.timing.cold_copy_count` copies of
+        ``weight`` (torch's call a copy of the tensor, looprl's the kernels bound to it), as
+        cold problems are timed when tuned. None when no row count was tuned cold. (Judged with
+        the weight warm, torch's one-row GEMV had looked faster on GPT-2's 3072->768, where from
+        memory looprl's streams at about twice its bandwidth.)"""
+        cold = [count for count, result in self.results.items() if result.problem.cold]
+        if not cold:
+            return None
+        weights = [weight] + [weight.clone() for _ in range(cold_copy_count(weight.numel() * weight.element_size()) - 1)]
+        bias_array = None if bias is None else bias.detach().numpy()
+        kernel_sets = []
+        for copy in weights:
+            constants = {"b": copy.detach().numpy()} if bias is None else {"b": copy.detach().numpy(), "bias": bias_array}
+            kernel_sets.append({count: self.results[count].kernel.bind(**constants) for count in cold})
+        turns = {"looprl": 0, "torch": 0}
+
+        def next_copy(side: str) -> int:
+            turns[side] += 1
+            return turns[side] % len(weights)
+
+        return (lambda x: self._run_plan(x, kernel_sets[next_copy("looprl")]),
+                lambda x: self.fallback(x, weights[next_copy("torch")], bias))
 
     def route_to_torch(self, counts) -> None:
         """Give the row counts ``counts`` to torch, decided by the whole model's timing."""
@@ -421,8 +453,12 @@ class LinearKernels:
 
     def compute(self, x, weight, bias):
         """The call by looprl's kernels, for arguments :meth:`why_not` accepts (not checked here)."""
-        rows = math.prod(x.shape[:-1])
         kernels = self._frozen_kernels(weight, bias) if self.frozen else self._bound.get(weight, bias)
+        return self._run_plan(x, kernels)
+
+    def _run_plan(self, x, kernels: dict[int, object]):
+        """``x``'s rows through the row plan of its row count with ``kernels`` (by row count)."""
+        rows = math.prod(x.shape[:-1])
         plan = self._plans.get(rows)
         if plan is None:
             plan = self._plans[rows] = row_plan(rows, self._seconds)

@@ -147,3 +147,41 @@ def test_tune_module_tunes_few_rows_cold_where_the_model_s_weights_outgrow_the_c
     with torch.no_grad():
         for x in examples + [torch.randn(5, 64)]:
             torch.testing.assert_close(tuned(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_frozen_layer_judges_its_cold_rows_on_copies_of_the_weight_in_turn(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from looprl import torch as looprl_torch
+
+    monkeypatch.setattr(looprl_torch, "cold_copy_count", lambda nbytes: 3)
+    results = {}
+    for rows in (1, 32):
+        problem = linear(rows, 48, 40, bias=True)
+        problem = problem.with_cold() if rows == 1 else problem
+        nest = looprl.initial_nest(problem)
+        results[rows] = looprl.TuneResult(problem=problem, nest=nest, kernel=looprl.compile(nest), actions=(), gflops=1.0,
+                                          initial_gflops=1.0, seconds=0.0, mode="policy")
+    layer = torch.nn.Linear(48, 40)
+    kernels = looprl_torch.LinearKernels(48, 40, None, results, frozen=True)
+    seen, answers = [], []
+    fallback = kernels.fallback
+
+    def recording(x, weight, bias):
+        seen.append((x.shape[0], weight.data_ptr()))
+        return fallback(x, weight, bias)
+
+    monkeypatch.setattr(kernels, "fallback", recording)
+    run_plan = kernels._run_plan
+
+    def checked(x, kernel_set):
+        answer = run_plan(x, kernel_set)
+        answers.append(bool(torch.allclose(answer, fallback(x, layer.weight, layer.bias), rtol=1e-4, atol=1e-4)))
+        return answer
+
+    monkeypatch.setattr(kernels, "_run_plan", checked)
+    routes = kernels.judge(layer.weight.detach(), layer.bias.detach(), budget_s=0.002, rounds=1)
+    assert sorted(routes) == [1, 32]
+    one_row = {pointer for rows, pointer in seen if rows == 1}
+    assert len(one_row) == 3 and layer.weight.data_ptr() in one_row  # the weight and two copies, in turn
+    assert {pointer for rows, pointer in seen if rows == 32} == {layer.weight.data_ptr()}  # warm rows: the weight itself
+    assert answers and all(answers)  # every copy's kernels compute the layer
