@@ -4,7 +4,8 @@
 epilogue's inputs follow the accumulator when the problem has them (:func:`kernel_tensors`);
 ``nthreads`` follows ``reps`` when the schedule has a parallel loop. ``acc`` is scratch space
 (the accumulator, then the packed inputs: :func:`looprl.backend.layout_plan.workspace_layout`);
-``reps`` >= 1 repeats the whole computation (for timing), packing included. When inputs have
+``reps`` >= 1 repeats the whole computation (for timing), packing included. A kernel compiled
+with runtime rows takes ``i64 rows`` after ``reps`` (:func:`looprl.backend.codegen.generate_ir`). When inputs have
 layouts the kernel's body is an internal function, and the module also defines
 ``looprl_pack_<in0|in1>(src, dst)`` and one ``looprl_kernel_bound_<inputs>`` entry per
 non-empty set of packed inputs, which takes those inputs already packed."""
@@ -60,8 +61,9 @@ def extra_entry_points(nest: LoopNest) -> tuple[str, ...]:
 def entry_function(module: KernelModule, name: str) -> Function:
     """A new entry point ``name`` taking the kernel's arguments (added to ``module``)."""
     params = ", ".join(f"ptr noalias %{t}" for t in module.tensors)
+    rows = ", i64 %dyn" if module.runtime_rows else ""
     threads = ", i32 %nthreads" if module.threaded else ""
-    fn = Function(f"define void @{name}({params}, i64 %reps{threads}) nounwind {{")
+    fn = Function(f"define void @{name}({params}, i64 %reps{rows}{threads}) nounwind {{")
     module.functions.append(fn)
     return fn
 
@@ -93,5 +95,5 @@ def emit_packing_entry_points(module: KernelModule, nest: LoopNest) -> None:
             for tensor in packed:
                 if tensor not in bound:
                     entry.emit(f"call void @{pack_function_name(tensor)}(ptr %{tensor}, ptr {pointers[tensor]})")
-            entry.emit(f"call void @{BODY_NAME}({module.arguments(pointers)})")
+            entry.emit(f"call void @{BODY_NAME}({module.arguments(pointers, '%dyn')})")
         entry.close()

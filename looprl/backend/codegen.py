@@ -52,7 +52,7 @@ from __future__ import annotations
 from looprl.backend.abi import KERNEL_NAME, body_function, emit_packing_entry_points, entry_function, kernel_tensors
 from looprl.backend.compute import ComputeEmitter
 from looprl.backend.layout_plan import layouts_applied, workspace_layout
-from looprl.backend.loops import KernelModule
+from looprl.backend.loops import Dynamic, KernelModule, RuntimeRowsUnsupported
 from looprl.backend.write_back import WriteBackEmitter
 from looprl.ir.nest import LoopNest
 from looprl.target import Target
@@ -63,22 +63,51 @@ from looprl.target import Target
 CODEGEN_VERSION = 5  # 5: packs that transpose move 8x8 blocks through registers; 4: the register-blocking bound counts floats (AVX2 and SSE4 code changed); 3 was an earlier layouts commit
 
 
-def generate_ir(nest: LoopNest, target: Target) -> str:
+def check_runtime_rows(nest: LoopNest) -> str:
+    """The dimension a runtime-rows kernel of ``nest`` takes the extent of as an argument (the
+    problem's :attr:`~looprl.ir.problem.Problem.row_dim`); a ValueError where there is none or
+    the first input is converted to a layout (its conversion covers every row)."""
+    rows = nest.problem.row_dim
+    if rows is None:
+        raise ValueError(f"{nest.problem.name}: runtime rows need the output's leading dimension to lead the first input "
+                         "and not be in the second")
+    if "in0" in layouts_applied(nest):
+        raise RuntimeRowsUnsupported(f"{nest.problem.name}: runtime rows need the first input in its own layout, "
+                                     "but this schedule converts it")
+    return rows
+
+
+def generate_ir(nest: LoopNest, target: Target, runtime_rows: bool = False) -> str:
     """LLVM IR text of the kernel of ``nest`` for ``target``, with the entry points of
-    :mod:`looprl.backend.abi`."""
-    module = KernelModule(target, kernel_tensors(nest.problem), threaded=nest.is_parallel)
+    :mod:`looprl.backend.abi`. With ``runtime_rows`` the entry points take the row count
+    (1 to the problem's; :func:`check_runtime_rows`) after ``reps``: the kernel reads and writes
+    only that many leading rows, the loops over them specialised by their remainders
+    (:class:`~looprl.backend.loops.Dynamic`); :class:`~looprl.backend.loops.RuntimeRowsUnsupported`
+    where that would take too many specialised copies."""
+    rows = check_runtime_rows(nest) if runtime_rows else None
+    module = KernelModule(target, kernel_tensors(nest.problem), threaded=nest.is_parallel, runtime_rows=runtime_rows)
     applied = layouts_applied(nest)
     compute = ComputeEmitter(module, nest, applied)
     write_back = WriteBackEmitter(module, nest, applied)
     fn = body_function(module) if applied else entry_function(module, KERNEL_NAME)
     output_bytes = 4 * workspace_layout(nest)["acc"][1]
+    if rows is not None and "out" not in applied:  # a row-major accumulator: only the rows computed
+        row_bytes = output_bytes // nest.problem.size(rows)
+        output_bytes = None
+
+    def budgets(emitter) -> dict:
+        found = dict(emitter.entry_budgets(0))
+        if rows is not None and rows in found:
+            found[rows] = Dynamic("%dyn", found[rows])
+        return found
 
     def body() -> None:
         if not compute.plan.zero_init:
             module.declarations["llvm.memset"] = "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)"
-            fn.emit(f"call void @llvm.memset.p0.i64(ptr align 4 %acc, i8 0, i64 {output_bytes}, i1 false)")
-        compute.emit_outer(fn, 0, dict(compute.entry_budgets(0)), {t: f"%{t}" for t in compute.coefs})
-        write_back.emit_outer(fn, 0, dict(write_back.entry_budgets(0)), {t: f"%{t}" for t in write_back.coefs})
+            size = output_bytes if output_bytes is not None else fn.value(f"mul i64 %dyn, {row_bytes}", "bytes")
+            fn.emit(f"call void @llvm.memset.p0.i64(ptr align 4 %acc, i8 0, i64 {size}, i1 false)")
+        compute.emit_outer(fn, 0, budgets(compute), {t: f"%{t}" for t in compute.coefs})
+        write_back.emit_outer(fn, 0, budgets(write_back), {t: f"%{t}" for t in write_back.coefs})
 
     if applied:
         body()

@@ -24,10 +24,12 @@ _INPUT_NAMES = {"a": "in0", "b": "in1", "in0": "in0", "in1": "in1", "bias": "bia
 _WHAT = {"in0": "first input", "in1": "second input", "bias": "bias", "residual": "residual"}
 
 
-def _signature(pointers: int, threaded: bool = False):
-    """The C type of an entry point taking ``pointers`` buffer addresses, then ``reps`` (and
-    the thread count, for a schedule with a parallel loop)."""
-    return ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * pointers), ctypes.c_int64, *([ctypes.c_int32] if threaded else []))
+def _signature(pointers: int, threaded: bool = False, runtime_rows: bool = False):
+    """The C type of an entry point taking ``pointers`` buffer addresses, then ``reps`` (then
+    the row count, for a kernel of runtime rows; then the thread count, for a schedule with a
+    parallel loop)."""
+    return ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * pointers), ctypes.c_int64, *([ctypes.c_int64] if runtime_rows else []),
+                            *([ctypes.c_int32] if threaded else []))
 
 
 class Kernel:
@@ -49,18 +51,27 @@ class Kernel:
     ``threads`` is how many threads the schedule's parallel loops use unless a call says
     otherwise (:meth:`run`); a schedule without a parallel loop runs on the calling thread
     whatever the count. The kernel may be called from several threads at once.
+
+    A kernel compiled with ``runtime_rows=True`` (:func:`compile`) takes any number of rows
+    (the problem's :attr:`~looprl.ir.problem.Problem.row_dim`) from 1 to the problem's in one
+    call: its first input, output and residual may have fewer leading rows (:meth:`run` reads
+    the count from the first input; :meth:`raw_call` and :meth:`BoundKernel.address_call`
+    take ``rows=``), and only those rows are read and written.
     """
 
-    def __init__(self, nest: LoopNest, ir: str, module: CompiledModule, compile_seconds: float, threads: int = 1):
+    def __init__(self, nest: LoopNest, ir: str, module: CompiledModule, compile_seconds: float, threads: int = 1,
+                 runtime_rows: bool = False):
         self.nest = nest
         self.problem = nest.problem
         self.target: Target = module.target
         self.ir = ir
         self.compile_seconds = compile_seconds
         self.threads = check_threads(threads)
+        self.runtime_rows = runtime_rows
+        self.max_rows = nest.problem.size(nest.problem.row_dim) if runtime_rows else None
         self._module = module  # keeps the machine code alive
         self.tensors = abi.kernel_tensors(self.problem)  # the entry points' pointer arguments
-        signature = _signature(len(self.tensors), nest.is_parallel)
+        signature = _signature(len(self.tensors), nest.is_parallel, runtime_rows)
         self._function = signature(module.address)
         self.layouts = layouts_applied(nest)  # tensor -> Layout the code stores it in
         self.packed_inputs = abi.packed_inputs(nest)
@@ -78,7 +89,7 @@ class Kernel:
         return tuple(self.input_shapes)
 
     def __call__(self, a: np.ndarray, b: np.ndarray, *epilogue: np.ndarray) -> np.ndarray:
-        out = aligned_empty(self.problem.output_shape)
+        out = aligned_empty(self._shape("out", self._rows_of(a)))
         self.run(a, b, out, **self._epilogue_arguments(epilogue))
         return out
 
@@ -101,18 +112,31 @@ class Kernel:
         reps = checks.positive_int(reps, "reps", MAX_REPS)
         threads = self.threads if threads is None else check_threads(threads)
         arrays = {"in0": a, "in1": b, **self._given_epilogue(bias, residual)}
-        self._check_call(arrays, out, workspace)
+        rows = self._rows_of(a)
+        self._check_call(arrays, out, workspace, rows)
         if workspace is None:
             workspace = aligned_empty(self.workspace_elements)
-        self._call(self._function, self._pointers(arrays, out, workspace), reps, threads)
+        self._call(self._function, self._pointers(arrays, out, workspace), reps, threads, rows)
 
-    def _call(self, function, pointers, reps: int, threads: int) -> None:
-        """Call an entry point of this kernel (the thread count only where the code takes one)."""
+    def _rows_of(self, a) -> int | None:
+        """The row count of a call whose first input is ``a`` (runtime rows only: its leading
+        extent where that is between 1 and the problem's)."""
+        if not self.runtime_rows or not isinstance(a, np.ndarray) or a.ndim == 0:
+            return None
+        rows = a.shape[0]
+        if not 1 <= rows <= self.max_rows:
+            raise ValueError(f"first input has {rows} rows; this kernel takes 1 to {self.max_rows}")
+        return rows
+
+    def _call(self, function, pointers, reps: int, threads: int, rows: int | None = None) -> None:
+        """Call an entry point of this kernel (the row count and the thread count only where the
+        code takes them; rows default to the problem's)."""
+        extra = (self.max_rows if rows is None else rows,) if self.runtime_rows else ()
         if self.nest.is_parallel:
             before_parallel_call(threads)
-            function(*pointers, reps, threads)
+            function(*pointers, reps, *extra, threads)
         else:
-            function(*pointers, reps)
+            function(*pointers, reps, *extra)
 
     def _given_epilogue(self, bias, residual) -> dict[str, np.ndarray]:
         given = {name: array for name, array in (("bias", bias), ("residual", residual)) if array is not None}
@@ -125,11 +149,12 @@ class Kernel:
                 raise ValueError(f"{self.problem.name} has no {name} in its epilogue, but {name}= was given")
         return given
 
-    def _check_call(self, arrays: dict[str, np.ndarray], out: np.ndarray, workspace: np.ndarray | None) -> None:
-        """Validate every input in ``arrays`` (by name), the output and the workspace."""
+    def _check_call(self, arrays: dict[str, np.ndarray], out: np.ndarray, workspace: np.ndarray | None, rows: int | None = None) -> None:
+        """Validate every input in ``arrays`` (by name), the output and the workspace (of a call
+        on ``rows`` rows: None, the problem's)."""
         for name, array in arrays.items():
-            self._check(array, _WHAT[name], self.input_shapes[name])
-        self._check(out, "output", self.problem.output_shape)
+            self._check(array, _WHAT[name], self._shape(name, rows))
+        self._check(out, "output", self._shape("out", rows))
         if not out.flags.writeable:
             raise ValueError("output array is read-only")
         for name, array in arrays.items():
@@ -144,6 +169,14 @@ class Kernel:
             for name, array in (*arrays.items(), ("output", out)):
                 if np.shares_memory(workspace, array):
                     raise ValueError(f"workspace overlaps the {_WHAT.get(name, name)}; the kernel overwrites its workspace")
+
+    def _shape(self, tensor: str, rows: int | None) -> tuple[int, ...]:
+        """The shape of ``tensor`` (an input's name or ``out``) in a call on ``rows`` rows (None:
+        the problem's); the second input and the bias have no rows."""
+        shape = tuple(self.problem.output_shape if tensor == "out" else self.input_shapes[tensor])
+        if rows is None or tensor in ("in1", "bias"):
+            return shape
+        return (rows, *shape[1:])
 
     def _pointers(self, arrays: dict[str, np.ndarray], out: np.ndarray, workspace: np.ndarray) -> tuple[int, ...]:
         """Addresses in the order of :attr:`tensors`."""
@@ -171,11 +204,11 @@ class Kernel:
             bound[tensor] = array
         return BoundKernel(self, bound)
 
-    def raw_call(self, pointers: tuple[int, ...], reps: int, threads: int | None = None) -> None:
+    def raw_call(self, pointers: tuple[int, ...], reps: int, threads: int | None = None, rows: int | None = None) -> None:
         """Call with pre-validated buffer addresses in the order of :attr:`tensors` (in0, in1,
-        out, acc, then the epilogue's inputs) and a checked thread count (None: the kernel's):
-        for timing loops."""
-        self._call(self._function, pointers, reps, self.threads if threads is None else threads)
+        out, acc, then the epilogue's inputs), a checked thread count (None: the kernel's) and,
+        for runtime rows, a checked row count (None: the problem's): for timing loops."""
+        self._call(self._function, pointers, reps, self.threads if threads is None else threads, rows)
 
     @staticmethod
     def _check(array, what: str, shape) -> None:
@@ -224,7 +257,9 @@ class BoundKernel:
         self._given = tuple(t not in self._buffers for t in kernel.tensors)
 
     def __call__(self, *inputs: np.ndarray) -> np.ndarray:
-        out = aligned_empty(self.kernel.problem.output_shape)
+        given = dict(zip(self.free, inputs))
+        rows = self.kernel._rows_of(given["in0"]) if "in0" in given else None
+        out = aligned_empty(self.kernel._shape("out", rows))
         self.run(*inputs, out=out)
         return out
 
@@ -237,24 +272,27 @@ class BoundKernel:
         reps = checks.positive_int(reps, "reps", MAX_REPS)
         threads = kernel.threads if threads is None else check_threads(threads)
         given = dict(zip(self.free, inputs))
-        kernel._check_call(given, out, workspace)
+        rows = kernel._rows_of(given["in0"]) if "in0" in given else None
+        kernel._check_call(given, out, workspace, rows)
         if workspace is None:
             workspace = aligned_empty(kernel.workspace_elements)
-        kernel._call(self._function, kernel._pointers({**self._buffers, **given}, out, workspace), reps, threads)
+        kernel._call(self._function, kernel._pointers({**self._buffers, **given}, out, workspace), reps, threads, rows)
 
-    def address_call(self, out: int, workspace: int, *free: int) -> None:
+    def address_call(self, out: int, workspace: int, *free: int, rows: int | None = None) -> None:
         """One call on addresses the caller has checked: the output's, the workspace's and the
         free inputs' (in :attr:`free`'s order), each float32, C-contiguous, of the problem's
-        shape (the workspace at least :attr:`Kernel.workspace_elements`), not overlapping. The
-        path of a caller that calls many times on buffers it manages (``looprl.torch``): what
-        :meth:`run` checks on every call costs more than a small kernel."""
+        shape (the workspace at least :attr:`Kernel.workspace_elements`), not overlapping; for
+        a kernel of runtime rows, ``rows`` (1 to the problem's, checked by the caller; None: the
+        problem's) rows of the first input, output and residual. The path of a caller that
+        calls many times on buffers it manages (``looprl.torch``): what :meth:`run` checks on
+        every call costs more than a small kernel."""
         given = (out, workspace, *free)
         pointers = tuple(given[a] if g else a for a, g in zip(self._arguments, self._given))
-        self.kernel._call(self._function, pointers, 1, self.kernel.threads)
+        self.kernel._call(self._function, pointers, 1, self.kernel.threads, rows)
 
-    def raw_call(self, pointers: tuple[int, ...], reps: int, threads: int | None = None) -> None:
+    def raw_call(self, pointers: tuple[int, ...], reps: int, threads: int | None = None, rows: int | None = None) -> None:
         """As :meth:`Kernel.raw_call`, with the bound inputs' buffers among ``pointers``."""
-        self.kernel._call(self._function, pointers, reps, self.kernel.threads if threads is None else threads)
+        self.kernel._call(self._function, pointers, reps, self.kernel.threads if threads is None else threads, rows)
 
     def __repr__(self) -> str:
         return f"<BoundKernel {self.kernel.problem.name} [{self.kernel.nest.key}] bound {', '.join(self.bound)}>"
@@ -334,26 +372,35 @@ class _ReshapedBound:
         return getattr(self.bound, name)
 
 
-def compile(nest: LoopNest, target: Target | str | None = None, threads: int = 1) -> Kernel:  # noqa: A001 - public API name
+def compile(nest: LoopNest, target: Target | str | None = None, threads: int = 1, *,  # noqa: A001 - public API name
+            runtime_rows: bool = False) -> Kernel:
     """Generate LLVM IR for ``nest`` and JIT-compile it for ``target``: a
     :class:`~looprl.target.Target`, a target name (``"avx512"``, ``"avx2"``,
     ``"sse4"``, ``"host"``) or None for this host. A target this host cannot run is refused
     with a ValueError naming the missing CPU features, before anything is compiled.
     ``threads`` (1 to the cores this process may use) is the kernel's default thread count
-    for the schedule's parallel loops (:meth:`LoopNest.parallel`)."""
+    for the schedule's parallel loops (:meth:`LoopNest.parallel`).
+
+    ``runtime_rows=True``: one kernel for every row count from 1 to the problem's (see
+    :class:`Kernel`); a ValueError where the problem has no rows to cut short
+    (:attr:`~looprl.ir.problem.Problem.row_dim`), the schedule converts the first input to a
+    layout, or the specialised copies of the nest would be too many
+    (:data:`looprl.backend.loops.SWITCH_LIMIT`)."""
     if not isinstance(nest, LoopNest):
         raise ValueError(f"compile() expects a LoopNest, got {type(nest).__name__}")
+    if not isinstance(runtime_rows, bool):
+        raise ValueError(f"runtime_rows must be True or False, got {runtime_rows!r}")
     if target is not None and not isinstance(target, (Target, str)):
         raise ValueError(f"compile() expects target to be a looprl Target, a target name or None, got {type(target).__name__} {target!r}")
     threads = check_threads(threads)
     target = _resolved(target)
     target.check_runs_on_host()
     start = time.perf_counter()
-    ir = codegen.generate_ir(nest, target)
+    ir = codegen.generate_ir(nest, target, runtime_rows)
     if "@GOMP_parallel" in ir:
         ensure_openmp_runtime()
     module = CompiledModule(ir, abi.KERNEL_NAME, target, extra=abi.extra_entry_points(nest))
-    return Kernel(nest, ir, module, time.perf_counter() - start, threads)
+    return Kernel(nest, ir, module, time.perf_counter() - start, threads, runtime_rows)
 
 
 _host: list[Target] = []

@@ -7,6 +7,8 @@ loop)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from looprl.backend.layout_plan import offset_along
 from looprl.backend.llvm_text import Function, Module
 from looprl.backend.register_plan import entry_budgets
@@ -18,23 +20,66 @@ from looprl.target import Target
 class KernelModule(Module):
     """The kernel's module: its functions take the kernel's pointer arguments (``tensors``) and,
     when the schedule has a parallel loop, ``i32 %nthreads``; tail functions and parallel
-    regions are memoised here."""
+    regions are memoised here.
 
-    def __init__(self, target: Target, tensors: tuple[str, ...], threaded: bool = False):
+    In a kernel of *runtime rows* (``runtime_rows``) one dimension's extent is an argument: its
+    budget is a :class:`Dynamic` value, and every internal function takes the dynamic budget of
+    its context as ``i64 %dyn`` (unused where its context is static)."""
+
+    def __init__(self, target: Target, tensors: tuple[str, ...], threaded: bool = False, runtime_rows: bool = False):
         super().__init__()
         self.target = target
         self.tensors = tensors  # pointer parameters of the kernel and its internal functions
         self.threaded = threaded  # the schedule has a parallel loop: functions take %nthreads
+        self.runtime_rows = runtime_rows  # internal functions take the dynamic budget, i64 %dyn
         self.tails: dict[tuple, str] = {}
         self.regions: dict[tuple, str] = {}
 
     def parameters(self) -> str:
-        """Parameters of the kernel's internal functions (and of its entry points, before reps)."""
-        return ", ".join(f"ptr noalias %{t}" for t in self.tensors) + (", i32 %nthreads" if self.threaded else "")
+        """Parameters of the kernel's internal functions."""
+        return (", ".join(f"ptr noalias %{t}" for t in self.tensors) + (", i64 %dyn" if self.runtime_rows else "")
+                + (", i32 %nthreads" if self.threaded else ""))
 
-    def arguments(self, ptrs: dict[str, str]) -> str:
-        """Arguments of a call to an internal function taking :meth:`parameters`."""
-        return ", ".join(f"ptr {ptrs.get(t, 'null')}" for t in self.tensors) + (", i32 %nthreads" if self.threaded else "")
+    def arguments(self, ptrs: dict[str, str], dynamic: str = "0") -> str:
+        """Arguments of a call to an internal function taking :meth:`parameters`; ``dynamic``:
+        the value of the callee's dynamic budget (an i64 SSA value or constant)."""
+        return (", ".join(f"ptr {ptrs.get(t, 'null')}" for t in self.tensors) + (f", i64 {dynamic}" if self.runtime_rows else "")
+                + (", i32 %nthreads" if self.threaded else ""))
+
+
+# A dynamic budget is turned into static ones by a switch over its values; more cases than this
+# (each a specialised copy of the nest below) and the kernel is not given runtime rows.
+SWITCH_LIMIT = 32
+
+
+class RuntimeRowsUnsupported(ValueError):
+    """The schedule cannot take its row count at run time (see :data:`SWITCH_LIMIT`)."""
+
+
+@dataclass(frozen=True)
+class Dynamic:
+    """A budget known only at run time: the i64 SSA value ``value``, between 1 and ``most``."""
+
+    value: str
+    most: int
+
+
+def dynamic_of(budgets: dict) -> tuple[str, Dynamic] | None:
+    """The var whose budget is :class:`Dynamic` in ``budgets`` and that budget, if any."""
+    for var, budget in budgets.items():
+        if isinstance(budget, Dynamic):
+            return var, budget
+    return None
+
+
+def _budget_key(budget) -> object:
+    """A budget as a memo key: a dynamic one by its bound (its SSA name differs per function)."""
+    return ("dynamic", budget.most) if isinstance(budget, Dynamic) else budget
+
+
+def _renamed(budgets: dict, value: str) -> dict:
+    """``budgets`` with the dynamic budget's value named ``value`` (inside a callee)."""
+    return {v: Dynamic(value, b.most) if isinstance(b, Dynamic) else b for v, b in budgets.items()}
 
 
 class NestEmitter:
@@ -55,7 +100,18 @@ class NestEmitter:
         """Offset in ``tensor`` of moving ``elements`` along ``var``."""
         return offset_along(self.coefs.get(tensor, {}), self.layouts.get(tensor), var, elements)
 
-    def emit_outer(self, fn: Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
+    def emit_outer(self, fn: Function, level: int, budgets: dict, ptrs: dict[str, str]) -> None:
+        dynamic = dynamic_of(budgets)
+        if dynamic is not None:
+            var, budget = dynamic
+            below = [lp for lp in self.loops[level:self.inner_start] if lp.var == var]
+            if not below or below[0].parallel:
+                # The code below needs static extents (a register scope, a parallel loop's share).
+                self.emit_switch(fn, level, budgets, ptrs)
+                return
+            if self.loops[level].var == var:
+                self.emit_dynamic_loop(fn, level, budgets, ptrs)
+                return
         if level >= self.inner_start:
             self.emit_inner_part(fn, level, budgets, ptrs)
             return
@@ -74,13 +130,62 @@ class NestEmitter:
         if rem:
             self.emit_tail_call(fn, level, budgets, ptrs)
 
-    def emit_tail_call(self, fn: Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
+    def emit_tail_call(self, fn: Function, level: int, budgets: dict, ptrs: dict[str, str]) -> None:
         """Call the function that runs the tail iteration of loop ``level``."""
         loop = self.loops[level]
         full, rem = divmod(budgets[loop.var], loop.step)
         tail_ptrs = {t: fn.offset(p, self.delta(t, loop.var, loop.step * full)) for t, p in ptrs.items()}
-        callee = self.tail_function(level + 1, dict(budgets, **{loop.var: rem}))
-        fn.emit(f"call void @{callee}({self.module.arguments(tail_ptrs)})")
+        self.call_tail(fn, level + 1, dict(budgets, **{loop.var: rem}), tail_ptrs)
+
+    def call_tail(self, fn: Function, level: int, budgets: dict, ptrs: dict[str, str]) -> None:
+        """Call the function that runs the loops from ``level`` in a context of ``budgets``."""
+        callee = self.tail_function(level, budgets)
+        dynamic = dynamic_of(budgets)
+        fn.emit(f"call void @{callee}({self.module.arguments(ptrs, dynamic[1].value if dynamic else '0')})")
+
+    def emit_dynamic_loop(self, fn: Function, level: int, budgets: dict, ptrs: dict[str, str]) -> None:
+        """Loop ``level`` over the dimension whose budget is only known at run time: its whole
+        steps as a runtime loop (none when the budget is smaller), then, when the step does not
+        divide the budget, the rest as a dynamic budget below (at most ``step - 1``)."""
+        loop = self.loops[level]
+        budget: Dynamic = budgets[loop.var]
+        if budget.most < loop.step:  # never a whole step: the rest is all of it
+            self.emit_outer(fn, level + 1, budgets, ptrs)
+            return
+        full = fn.value(f"udiv i64 {budget.value}, {loop.step}", "full")
+        child = dict(budgets, **{loop.var: loop.step})
+        with when(fn, f"icmp ne i64 {full}, 0"):
+            if budget.most // loop.step == 1:
+                self.emit_outer(fn, level + 1, child, ptrs)
+            else:
+                with fn.loop(full) as lp:
+                    moved = {t: fn.advance(p, lp.iv, self.delta(t, loop.var, loop.step)) for t, p in ptrs.items()}
+                    self.emit_outer(fn, level + 1, child, moved)
+        if loop.step == 1:
+            return
+        rem = fn.value(f"urem i64 {budget.value}, {loop.step}", "rem")
+        with when(fn, f"icmp ne i64 {rem}, 0"):
+            tail_ptrs = {t: fn.advance(p, full, self.delta(t, loop.var, loop.step)) for t, p in ptrs.items()}
+            self.emit_outer(fn, level + 1, dict(budgets, **{loop.var: Dynamic(rem, min(loop.step - 1, budget.most))}), tail_ptrs)
+
+    def emit_switch(self, fn: Function, level: int, budgets: dict, ptrs: dict[str, str]) -> None:
+        """The loops from ``level`` with the dynamic budget made static: one call per value it
+        can take, to the nest specialised on that value."""
+        var, budget = dynamic_of(budgets)
+        if budget.most > SWITCH_LIMIT:
+            raise RuntimeRowsUnsupported(
+                f"{self.name} nest would need {budget.most} specialised copies for its runtime {var} extent (at most {SWITCH_LIMIT})")
+        if budget.most == 1:
+            self.call_tail(fn, level, dict(budgets, **{var: 1}), ptrs)
+            return
+        done = fn.label("switched")
+        cases = [(value, fn.label("case")) for value in range(1, budget.most + 1)]
+        fn.emit(f"switch i64 {budget.value}, label %{done} [" + " ".join(f"i64 {v}, label %{label}" for v, label in cases) + "]")
+        for value, label in cases:
+            fn.start_block(label)
+            self.call_tail(fn, level, dict(budgets, **{var: value}), ptrs)
+            fn.emit(f"br label %{done}")
+        fn.start_block(done)
 
     def emit_parallel(self, fn: Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
         """Run parallel loop ``level`` (two or more iterations here) on ``%nthreads`` threads:
@@ -90,10 +195,15 @@ class NestEmitter:
         full, rem = divmod(budgets[loop.var], loop.step)
         body = self.region_function(level, budgets)
         tensors = self.module.tensors
-        context = fn.alloca(f"[{len(tensors)} x ptr]")
+        slots = len(tensors) + 1  # the pointers, then the dynamic budget (as a pointer-sized integer)
+        context = fn.alloca(f"[{slots} x ptr]")
         for slot, tensor in enumerate(tensors):
-            place = fn.value(f"getelementptr inbounds [{len(tensors)} x ptr], ptr {context}, i64 0, i64 {slot}", "p")
+            place = fn.value(f"getelementptr inbounds [{slots} x ptr], ptr {context}, i64 0, i64 {slot}", "p")
             fn.emit(f"store ptr {ptrs.get(tensor, 'null')}, ptr {place}, align 8")
+        dynamic = dynamic_of(budgets)
+        if dynamic is not None:
+            place = fn.value(f"getelementptr inbounds [{slots} x ptr], ptr {context}, i64 0, i64 {len(tensors)}", "p")
+            fn.emit(f"store i64 {dynamic[1].value}, ptr {place}, align 8")
         iterations = full + (rem > 0)
         more = fn.value(f"icmp ugt i32 %nthreads, {iterations}", "more")
         team = fn.value(f"select i1 {more}, i32 {iterations}, i32 %nthreads", "team")  # no idle threads
@@ -118,11 +228,15 @@ class NestEmitter:
         iterations = full + (rem > 0)
         ptrs = {}
         tensors = self.module.tensors
+        slots = len(tensors) + 1
         for slot, tensor in enumerate(tensors):
-            place = fn.value(f"getelementptr inbounds [{len(tensors)} x ptr], ptr %ctx, i64 0, i64 {slot}", "p")
+            place = fn.value(f"getelementptr inbounds [{slots} x ptr], ptr %ctx, i64 0, i64 {slot}", "p")
             loaded = fn.value(f"load ptr, ptr {place}, align 8", "q")
             if tensor in self.coefs:
                 ptrs[tensor] = loaded
+        if dynamic_of(budgets) is not None:
+            place = fn.value(f"getelementptr inbounds [{slots} x ptr], ptr %ctx, i64 0, i64 {len(tensors)}", "p")
+            budgets = _renamed(budgets, fn.value(f"load i64, ptr {place}, align 8", "dyn"))
         thread = fn.value("call i32 @omp_get_thread_num()", "tid")
         fn.emit("%nthreads = call i32 @omp_get_num_threads()")
         thread64 = fn.value(f"zext i32 {thread} to i64", "tid")
@@ -172,7 +286,7 @@ class NestEmitter:
     def context_key(self, level: int, budgets: dict[str, int]) -> tuple:
         """What code emitted from ``level`` in a context of ``budgets`` depends on."""
         relevant = {lp.var for lp in self.loops[level:]}
-        return (self.name, level, tuple(sorted((v, b) for v, b in budgets.items() if v in relevant)))
+        return (self.name, level, tuple(sorted((v, _budget_key(b)) for v, b in budgets.items() if v in relevant)))
 
     def tail_function(self, level: int, budgets: dict[str, int]) -> str:
         """An internal function that runs the loops from ``level`` in a context of
@@ -183,7 +297,7 @@ class NestEmitter:
             name = f"tail{len(module.tails)}_{self.name}_l{level}"
             module.tails[key] = name
             fn = Function(f"define internal void @{name}({module.parameters()}) nounwind {{")
-            self.emit_outer(fn, level, budgets, {t: f"%{t}" for t in self.coefs})
+            self.emit_outer(fn, level, _renamed(budgets, "%dyn"), {t: f"%{t}" for t in self.coefs})
             fn.close()
             module.functions.append(fn)
         return module.tails[key]
@@ -202,9 +316,29 @@ class NestEmitter:
             fn.close()
         return module.regions[key]
 
-    # Subclasses define inner_start and emit_inner_part.
+    # Subclasses define inner_start and emit_inner_part (static budgets only).
     inner_start: int
 
     def emit_inner_part(self, fn: Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
         raise NotImplementedError
 
+
+
+class when:
+    """``with when(fn, condition):`` emits the body in a block that runs only where the i1
+    ``condition`` (an instruction's text) holds; code after the block runs either way."""
+
+    def __init__(self, fn: Function, condition: str):
+        self.fn, self.condition = fn, condition
+
+    def __enter__(self) -> None:
+        fn = self.fn
+        holds = fn.value(self.condition, "if")
+        self.then, self.after = fn.label("then"), fn.label("endif")
+        fn.emit(f"br i1 {holds}, label %{self.then}, label %{self.after}")
+        fn.start_block(self.then)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.fn.emit(f"br label %{self.after}")
+            self.fn.start_block(self.after)

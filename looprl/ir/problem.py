@@ -86,6 +86,15 @@ class Problem:
         return self.spec.split("->")[1]
 
     @cached_property
+    def row_dim(self) -> str | None:
+        """The output's leading dimension when it also leads the first input and is not in the
+        second (the *rows*: any leading part of them is a contiguous prefix of the first input
+        and of the output, so a kernel may compute fewer of them: runtime rows), else None."""
+        first = self.output[0]
+        left, right = self.operands
+        return first if left[0] == first and first not in right else None
+
+    @cached_property
     def dims(self) -> tuple[str, ...]:
         """Every dimension in order of first appearance in the spec."""
         return _first_appearance(self.spec)
