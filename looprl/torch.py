@@ -12,18 +12,18 @@ with its weight and bias bound as constants. A module that is itself such a laye
 whole; a module in which no layer was tuned is returned as a copy, with a warning.
 
 **Any row count.** The row counts tuned are every power of two up to ``max_rows`` (default:
-the largest row count the examples gave the layer) and the examples' own counts. A call on
-``r`` rows runs on consecutive row blocks, each computed by one kernel (:func:`row_plan`):
-the plan of least time by the kernels' measured times, a block either a slice of the input
-and output (no copy) or, for a block shorter than the kernel's count, padded into a buffer of
-that count (a decode-sized remainder costs about as much padded to 8 rows as at 5, since the
-weights dominate, while 4 + 1 rows would read the weights twice); a count the examples gave is
-one call. Why blocks and not one kernel
-whose row count is a run-time value: a schedule tuned for 1 row (a decode step streams the
-weights) is not the schedule for 64 or 4096 rows (register tiles, cache blocks), and the
-kernels' sizes are compile-time constants the code generator specialises on (tails included);
-a block's rows are contiguous in the input and the output, so splitting costs only a call
-(microseconds) and padding a copy of the block's rows. The cost is tuning: one tune per power of two, ``log2(max_rows) + 1`` per
+the largest row count the examples gave the layer) and the examples' own counts: a schedule
+tuned for 1 row (a decode step streams the weights) is not the schedule for 64 or 4096 rows
+(register tiles, cache blocks). Each tuned schedule is compiled a second time as a kernel of
+*runtime rows* (``looprl.compile(..., runtime_rows=True)``: the row count is an argument, the
+remainder rows run specialised copies of the register tile), so one call of the kernel tuned
+for ``c`` rows serves any count up to ``c``. A call on ``r`` rows runs on consecutive row
+blocks (:func:`row_plan`): whole blocks of the largest count, then usually one call of the
+smallest tuned count that covers the rest (100 rows: one call of the 128-row kernel; 5 rows:
+one of the 8-row kernel, reading the weights once), the plan of least time by the kernels'
+measured times. A schedule that cannot take its rows at run time (one that converts the
+input to a layout) pads a shorter block into a buffer of its count instead. The cost is
+tuning: one tune per power of two, ``log2(max_rows) + 1`` per
 distinct layer shape. In an ``nn.Sequential``, an ``nn.ReLU``,
 ``nn.GELU`` (either approximation) or ``nn.SiLU`` right after such a linear layer is fused into
 its kernel's epilogue (the activation module is replaced by ``nn.Identity``, the linear layer
@@ -79,6 +79,9 @@ from torch import nn
 
 from looprl import checks
 from looprl.backend.buffers import aligned_empty
+from looprl.backend.kernel import Kernel
+from looprl.backend.kernel import compile as looprl_compile
+from looprl.backend.loops import RuntimeRowsUnsupported
 from looprl.backend.host import cache_sizes
 from looprl.ir.layers import linear
 from looprl.measurement.evaluator import open_cache
@@ -107,13 +110,27 @@ def _activation_of(module: nn.Module) -> str | None:
 CALL_S = 4e-6  # what one more block costs besides its kernel: address_call took 3.4 us for a 1x8x8 kernel (Zen 4)
 
 
-def row_plan(rows: int, seconds: dict[int, float]) -> list[tuple[int, int, int]]:
+def block_seconds(length: int, count: int, seconds: dict[int, float], runtime: frozenset = frozenset()) -> float:
+    """Estimated seconds of computing ``length`` rows with the kernel for ``count`` rows
+    (``length <= count``), a call's overhead included: its measured time when padded (``count``
+    not in ``runtime``); with runtime rows, its time scaled to the rows, but never less than
+    the measured time of the largest tuned count up to ``length`` (the weights are read
+    however few the rows)."""
+    if length >= count or count not in runtime:
+        return CALL_S + seconds[count]
+    floor = max(c for c in seconds if c <= length)
+    return CALL_S + max(seconds[count] * length / count, seconds[floor])
+
+
+def row_plan(rows: int, seconds: dict[int, float], runtime=frozenset()) -> list[tuple[int, int, int]]:
     """How to compute ``rows`` rows with kernels for the row counts of ``seconds`` (count ->
-    measured seconds per call; 1 must be one): ``(start, length, count)`` blocks that cover
-    the rows in order, each computed by the kernel for ``count`` rows, ``count >= length``
-    (more: the block is padded to the kernel's count). The plan of least total time, the
-    kernels' measured times added up: a decode-sized remainder is usually one padded call
-    (the weights are read once) rather than several small ones (read again by each)."""
+    measured seconds per call; 1 must be one), of which those in ``runtime`` take their row
+    count at run time: ``(start, length, count)`` blocks that cover the rows in order, each
+    computed by the kernel for ``count`` rows, ``count >= length`` (more: a runtime-rows kernel
+    is called on ``length`` rows, another is padded to its count). The plan of least total
+    time (:func:`block_seconds` added up): a decode-sized remainder is usually one call (the
+    weights are read once) rather than several small ones (read again by each)."""
+    runtime = frozenset(runtime)
     counts = sorted(seconds)
     if not counts or counts[0] != 1:
         raise ValueError(f"row counts must include 1, got {counts}")
@@ -127,7 +144,7 @@ def row_plan(rows: int, seconds: dict[int, float]) -> list[tuple[int, int, int]]
     choice = [0] * (left + 1)
     for r in range(1, left + 1):
         for count in counts:
-            cost = CALL_S + seconds[count] + (best[r - count] if count <= r else 0.0)
+            cost = block_seconds(min(count, r), count, seconds, runtime) + (best[r - count] if count <= r else 0.0)
             if cost < best[r]:
                 best[r], choice[r] = cost, count
             if count >= r:
@@ -143,6 +160,19 @@ def row_plan(rows: int, seconds: dict[int, float]) -> list[tuple[int, int, int]]
         blocks.append((start, length, count))
         start += length
     return blocks
+
+
+def any_rows_kernel(result: TuneResult):
+    """The schedule of ``result`` compiled as a kernel of runtime rows (for its target and
+    threads), or None where it cannot take its rows at run time (a fused view, a schedule
+    that converts its first input, too many specialised copies)."""
+    kernel = result.kernel
+    if not isinstance(kernel, Kernel) or kernel.problem.row_dim is None:
+        return None
+    try:
+        return looprl_compile(kernel.nest, kernel.target, kernel.threads, runtime_rows=True)
+    except RuntimeRowsUnsupported:
+        return None
 
 
 def check_max_rows(max_rows) -> None:
@@ -310,6 +340,8 @@ class LinearKernels:
         self._weight_shape, self._bias_shape = (out_features, in_features), (out_features,)
         flops = 2 * in_features * out_features
         self._seconds = {rows: flops * rows / (result.gflops * 1e9) for rows, result in self.results.items()}
+        self._kernels = {count: any_rows_kernel(result) or result.kernel for count, result in self.results.items()}
+        self.runtime_rows = frozenset(count for count, kernel in self._kernels.items() if getattr(kernel, "runtime_rows", False))
         self._plans: dict[int, list[tuple[int, int, int]]] = {}  # row count -> its row plan
         self._bound = ContentCache(self._bind)  # the kernels bound to the weight and bias as they are now
         self.frozen = checks.flag(frozen, "frozen")  # bound once per weight tensor: its values promised not to change
@@ -348,7 +380,7 @@ class LinearKernels:
     def _bind(self, weight: np.ndarray, bias: np.ndarray | None) -> dict[int, object]:
         """The kernels, by row count, bound to copies of ``weight`` and ``bias``."""
         constants = {"b": weight} if bias is None else {"b": weight, "bias": bias}
-        return {rows: result.kernel.bind(**constants) for rows, result in self.results.items()}
+        return {rows: kernel.bind(**constants) for rows, kernel in self._kernels.items()}
 
     def why_not(self, x, weight, bias) -> str | None:
         """Why a call on ``x`` falls back to torch (a short reason, the key of :func:`stats`'
@@ -410,7 +442,7 @@ class LinearKernels:
         kernel_sets = []
         for copy in weights:
             constants = {"b": copy.detach().numpy()} if bias is None else {"b": copy.detach().numpy(), "bias": bias_array}
-            kernel_sets.append({count: self.results[count].kernel.bind(**constants) for count in cold})
+            kernel_sets.append({count: self._kernels[count].bind(**constants) for count in cold})
         turns = {"looprl": 0, "torch": 0}
 
         def next_copy(side: str) -> int:
@@ -461,7 +493,7 @@ class LinearKernels:
         rows = math.prod(x.shape[:-1])
         plan = self._plans.get(rows)
         if plan is None:
-            plan = self._plans[rows] = row_plan(rows, self._seconds)
+            plan = self._plans[rows] = row_plan(rows, self._seconds, self.runtime_rows)
         flat = x.detach().reshape(rows, self.in_features)
         if not flat.is_contiguous():
             flat = flat.contiguous()
@@ -469,11 +501,14 @@ class LinearKernels:
         # Checked above (float32, CPU, contiguous, the shapes): the kernels are called on addresses.
         source, target = flat.data_ptr(), out.data_ptr()
         in_row, out_row = 4 * self.in_features, 4 * self.out_features
+        runtime = self.runtime_rows
         for start, length, count in plan:
             kernel = kernels[count]
             workspace, padded_in, padded_out = self._scratch(count, kernel)
             if length == count:
                 kernel.address_call(target + start * out_row, workspace.ctypes.data, source + start * in_row)
+            elif count in runtime:
+                kernel.address_call(target + start * out_row, workspace.ctypes.data, source + start * in_row, rows=length)
             else:  # padded: the rows into the first rows of a buffer of the kernel's count, and back
                 padded_in[:length] = flat[start:start + length].numpy()
                 kernel.address_call(padded_out.ctypes.data, workspace.ctypes.data, padded_in.ctypes.data)

@@ -55,9 +55,9 @@ def test_a_cold_timing_calls_each_copy_in_turn_and_every_copy_computes_the_same_
     used = []
     original = Kernel._call
 
-    def recording(self, function, pointers, reps, threads):
+    def recording(self, function, pointers, reps, threads, rows=None):
         used.append(pointers)
-        original(self, function, pointers, reps, threads)
+        original(self, function, pointers, reps, threads, rows)
         np.testing.assert_allclose(ws.out, ws.inputs[0] @ ws.inputs[1], rtol=1e-4, atol=1e-4)
         ws.out[...] = np.nan  # the next call must write every element again
 

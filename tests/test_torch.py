@@ -194,6 +194,15 @@ def test_a_row_plan_covers_every_row_once_at_the_least_measured_time():
     assert row_plan(0, {1: 1.0}) == []
     with pytest.raises(ValueError, match="include 1"):
         row_plan(5, {2: 1.0, 4: 2.0})
+    # Kernels of runtime rows: one call of the smallest count that covers a remainder, on its rows.
+    every = frozenset(compute_bound)
+    assert row_plan(7, compute_bound, every) == [(0, 7, 8)]  # not 4 + 2 + 1: three calls, three reads of the weights
+    assert row_plan(5, weights_bound, frozenset(weights_bound)) == [(0, 5, 8)]
+    assert row_plan(1, compute_bound, every) == [(0, 1, 1)]  # a larger kernel on one row is not cheaper than the one-row kernel
+    assert row_plan(3, weights_bound, frozenset({1, 2})) == [(0, 3, 4)]  # the 4-row kernel is padded (it has no runtime rows)
+    hundred = row_plan(100, {**compute_bound, 32: 32.0, 64: 64.0}, every | {32, 64})
+    covered(hundred, 100)
+    assert sorted((length, count) for _, length, count in hundred) == [(36, 64), (64, 64)]
 
 
 def test_any_row_count_is_computed_by_kernels_in_row_plans(options):
@@ -209,6 +218,32 @@ def test_any_row_count_is_computed_by_kernels_in_row_plans(options):
             close(tuned(x), module(x))
             close(tuned(x.reshape(1, rows, 24)), module(x.reshape(1, rows, 24)))
     assert stats(tuned)["fallback_calls"] == 0 and stats(tuned)["looprl_calls"] == 2 * 2 * len(counts)
+    layer = dict(tuned_layers(tuned))["0"].kernels
+    assert layer.runtime_rows == {c for c, r in layer.results.items() if "in0" not in r.kernel.packed_inputs}
+    assert layer.runtime_rows, "no tuned schedule took its rows at run time"
+
+
+def test_a_remainder_of_rows_is_one_call_of_a_runtime_rows_kernel(options, monkeypatch):
+    from looprl.backend.kernel import BoundKernel
+
+    module = nn.Linear(24, 40).eval()
+    tuned = tune_module(module, torch.randn(8, 24), max_rows=8, **options)
+    if not {4, 8} <= tuned.kernels.runtime_rows:
+        pytest.skip("a tuned schedule converts its input: no runtime rows for it")
+    calls = []
+    original = BoundKernel.address_call
+
+    def recording(self, out, workspace, *free, rows=None):
+        calls.append((self.kernel.problem.size("m"), rows))
+        original(self, out, workspace, *free, rows=rows)
+
+    monkeypatch.setattr(BoundKernel, "address_call", recording)
+    for rows in (5, 7, 3):
+        calls.clear()
+        x = torch.randn(rows, 24)
+        with torch.no_grad():
+            close(tuned(x), module(x))
+        assert len(calls) == 1 and calls[0][1] == rows  # one call of one kernel, on exactly these rows (no padding)
     with pytest.raises(ValueError, match="max_rows"):
         tune_module(module, torch.randn(2, 24), max_rows=0, **options)
 
