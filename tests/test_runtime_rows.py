@@ -79,7 +79,7 @@ def run_guarded(kernel, given: dict, rows: int, side: str, threads: int) -> np.n
             guard.release()
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     problem=st.sampled_from(PROBLEMS),
     steps=action_steps(kinds=("split", "split", "swap_down", "swap_up", "parallel", "pack")),
