@@ -195,7 +195,7 @@ class NestEmitter:
         full, rem = divmod(budgets[loop.var], loop.step)
         body = self.region_function(level, budgets)
         tensors = self.module.tensors
-        slots = len(tensors) + 1  # the pointers, then the dynamic budget (as a pointer-sized integer)
+        slots = len(tensors) + self.module.runtime_rows  # the pointers, then any dynamic budget (an i64 in a pointer's slot)
         context = fn.alloca(f"[{slots} x ptr]")
         for slot, tensor in enumerate(tensors):
             place = fn.value(f"getelementptr inbounds [{slots} x ptr], ptr {context}, i64 0, i64 {slot}", "p")
@@ -228,7 +228,7 @@ class NestEmitter:
         iterations = full + (rem > 0)
         ptrs = {}
         tensors = self.module.tensors
-        slots = len(tensors) + 1
+        slots = len(tensors) + self.module.runtime_rows
         for slot, tensor in enumerate(tensors):
             place = fn.value(f"getelementptr inbounds [{slots} x ptr], ptr %ctx, i64 0, i64 {slot}", "p")
             loaded = fn.value(f"load ptr, ptr {place}, align 8", "q")
