@@ -139,6 +139,20 @@ def test_a_parallel_loop_passes_the_row_count_to_every_thread():
         np.testing.assert_allclose(out, a @ b, atol=1e-4)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 9, 16, 31, 99, 100])
+def test_a_parallel_loop_over_the_rows_shares_the_row_count_among_the_threads(rows):
+    """Parallel over blocks of 8 rows, whatever the count: the threads split the whole blocks
+    of the count given, the one whose share ends there runs the rest."""
+    problem = looprl.matmul(100, 96, 40)
+    nest = looprl.initial_nest(problem).split(0, 8).parallel(0)  # m/8 (parallel), m8, k, n
+    kernel = looprl.compile(nest, threads=2, runtime_rows=True)
+    assert "@GOMP_parallel" in kernel.ir and "switch" not in kernel.ir.split("define internal void @region")[0]
+    rng = np.random.default_rng(rows)
+    a, b = rng.standard_normal((rows, 40)).astype(np.float32), rng.standard_normal((40, 96)).astype(np.float32)
+    out = run_guarded(kernel, {"in0": a, "in1": b}, rows, "end", threads=2)
+    np.testing.assert_allclose(out, a @ b, atol=1e-4)
+
+
 def test_bad_row_counts_and_unsupported_kernels_are_value_errors():
     problem = looprl.matmul(8, 16, 16)
     kernel = looprl.compile(looprl.initial_nest(problem), runtime_rows=True)
@@ -156,8 +170,7 @@ def test_bad_row_counts_and_unsupported_kernels_are_value_errors():
     batched = looprl.contraction("bmk,bkn->bmn", b=2, m=4, k=8, n=16)  # b is in the second input too
     with pytest.raises(ValueError, match="leading dimension"):
         looprl.compile(looprl.initial_nest(batched), runtime_rows=True)
-    wide = looprl.matmul(64, 16, 16)
-    whole_in_registers = looprl.initial_nest(wide).split(0, 64).parallel(1)  # a parallel loop over all 64 rows
+    whole_in_registers = looprl.initial_nest(looprl.matmul(40, 16, 4)).swap(0)  # k, m, n: all 40 rows in one (blocked) register scope
     with pytest.raises(ValueError, match="specialised copies"):
         looprl.compile(whole_in_registers, runtime_rows=True)
 

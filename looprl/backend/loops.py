@@ -105,12 +105,14 @@ class NestEmitter:
         if dynamic is not None:
             var, budget = dynamic
             below = [lp for lp in self.loops[level:self.inner_start] if lp.var == var]
-            if not below or below[0].parallel:
-                # The code below needs static extents (a register scope, a parallel loop's share).
+            if not below:  # the register scope below needs static extents
                 self.emit_switch(fn, level, budgets, ptrs)
                 return
             if self.loops[level].var == var:
-                self.emit_dynamic_loop(fn, level, budgets, ptrs)
+                if self.loops[level].parallel and budget.most > self.loops[level].step:
+                    self.emit_parallel(fn, level, budgets, ptrs)
+                else:
+                    self.emit_dynamic_loop(fn, level, budgets, ptrs)
                 return
         if level >= self.inner_start:
             self.emit_inner_part(fn, level, budgets, ptrs)
@@ -192,7 +194,7 @@ class NestEmitter:
         its pointers go into a context on the stack, and the outlined body runs once per thread
         of an OpenMP team (or directly, on one thread)."""
         loop = self.loops[level]
-        full, rem = divmod(budgets[loop.var], loop.step)
+        budget = budgets[loop.var]
         body = self.region_function(level, budgets)
         tensors = self.module.tensors
         slots = len(tensors) + self.module.runtime_rows  # the pointers, then any dynamic budget (an i64 in a pointer's slot)
@@ -204,7 +206,12 @@ class NestEmitter:
         if dynamic is not None:
             place = fn.value(f"getelementptr inbounds [{slots} x ptr], ptr {context}, i64 0, i64 {len(tensors)}", "p")
             fn.emit(f"store i64 {dynamic[1].value}, ptr {place}, align 8")
-        iterations = full + (rem > 0)
+        if isinstance(budget, Dynamic):  # ceil(rows / step), as an i32
+            rounded_up = fn.value(f"add nuw nsw i64 {budget.value}, {loop.step - 1}", "it")
+            iterations = fn.value(f"trunc i64 {fn.value(f'udiv i64 {rounded_up}, {loop.step}', 'it')} to i32", "it")
+        else:
+            full, rem = divmod(budget, loop.step)
+            iterations = full + (rem > 0)
         more = fn.value(f"icmp ugt i32 %nthreads, {iterations}", "more")
         team = fn.value(f"select i1 {more}, i32 {iterations}, i32 %nthreads", "team")  # no idle threads
         many = fn.value(f"icmp ugt i32 {team}, 1", "many")
@@ -223,9 +230,6 @@ class NestEmitter:
         """The outlined body of parallel loop ``level``: this thread's share of its iterations
         (contiguous, balanced by elements, the last thread's ending with the tail iteration)."""
         loop = self.loops[level]
-        budget = budgets[loop.var]
-        full, rem = divmod(budget, loop.step)
-        iterations = full + (rem > 0)
         ptrs = {}
         tensors = self.module.tensors
         slots = len(tensors) + self.module.runtime_rows
@@ -237,6 +241,17 @@ class NestEmitter:
         if dynamic_of(budgets) is not None:
             place = fn.value(f"getelementptr inbounds [{slots} x ptr], ptr %ctx, i64 0, i64 {len(tensors)}", "p")
             budgets = _renamed(budgets, fn.value(f"load i64, ptr {place}, align 8", "dyn"))
+        budget = budgets[loop.var]
+        if isinstance(budget, Dynamic):  # the rows' whole steps, the rest, the iterations (the rest's included)
+            full = fn.value(f"udiv i64 {budget.value}, {loop.step}", "full")
+            rem = fn.value(f"urem i64 {budget.value}, {loop.step}", "rem")
+            partial = fn.value(f"zext i1 {fn.value(f'icmp ne i64 {rem}, 0', 'part')} to i64", "part")
+            iterations = fn.value(f"add nuw nsw i64 {full}, {partial}", "it")
+            twice = fn.value(f"mul nuw nsw i64 {budget.value}, 2", "x")
+        else:
+            full, rem = divmod(budget, loop.step)
+            iterations = full + (rem > 0)
+            twice = 2 * budget
         thread = fn.value("call i32 @omp_get_thread_num()", "tid")
         fn.emit("%nthreads = call i32 @omp_get_num_threads()")
         thread64 = fn.value(f"zext i32 {thread} to i64", "tid")
@@ -246,7 +261,7 @@ class NestEmitter:
         denominator = fn.value(f"mul nuw nsw i64 {half}, 2", "d")
 
         def boundary(index: str) -> str:
-            scaled = fn.value(f"mul nuw nsw i64 {index}, {2 * budget}", "x")
+            scaled = fn.value(f"mul nuw nsw i64 {index}, {twice}", "x")
             numerator = fn.value(f"add nuw nsw i64 {scaled}, {half}", "x")
             rounded = fn.value(f"udiv i64 {numerator}, {denominator}", "b")
             over = fn.value(f"icmp ugt i64 {rounded}, {iterations}", "b")
@@ -276,10 +291,17 @@ class NestEmitter:
             owner = fn.value(f"icmp eq i64 {stop}, {iterations}", "own")
             started = fn.value(f"icmp ult i64 {start}, {iterations}", "own")
             owns = fn.value(f"and i1 {owner}, {started}", "own")
+            if isinstance(budget, Dynamic):  # and only when there is a rest
+                owns = fn.value(f"and i1 {owns}, {fn.value(f'icmp ne i64 {rem}, 0', 'own')}", "own")
             tail, done = fn.label("tail"), fn.label("done")
             fn.emit(f"br i1 {owns}, label %{tail}, label %{done}")
             fn.start_block(tail)
-            self.emit_tail_call(fn, level, budgets, ptrs)
+            if isinstance(budget, Dynamic):
+                tail_ptrs = {t: fn.advance(p, full, self.delta(t, loop.var, loop.step)) for t, p in ptrs.items()}
+                rest = Dynamic(rem, min(loop.step - 1, budget.most))
+                self.emit_outer(fn, level + 1, dict(budgets, **{loop.var: rest}), tail_ptrs)
+            else:
+                self.emit_tail_call(fn, level, budgets, ptrs)
             fn.emit(f"br label %{done}")
             fn.start_block(done)
 
