@@ -60,7 +60,7 @@ from looprl.target import Target
 # Bump whenever the code generated for an existing schedule key may change speed: it is part of
 # the measurement cache key. (Data layouts did not bump it: a schedule without layouts has the
 # same key and byte-identical IR as before, and schedules with layouts have new keys.)
-CODEGEN_VERSION = 5  # 5: packs that transpose move 8x8 blocks through registers; 4: the register-blocking bound counts floats (AVX2 and SSE4 code changed); 3 was an earlier layouts commit
+CODEGEN_VERSION = 6  # 6: a register scope over the whole reduction stores the output directly, epilogue applied (no write-back pass); 5: packs that transpose move 8x8 blocks through registers; 4: the register-blocking bound counts floats (AVX2 and SSE4 code changed); 3 was an earlier layouts commit
 
 
 def check_runtime_rows(nest: LoopNest) -> str:
@@ -107,7 +107,8 @@ def generate_ir(nest: LoopNest, target: Target, runtime_rows: bool = False) -> s
             size = output_bytes if output_bytes is not None else fn.value(f"mul i64 %dyn, {row_bytes}", "bytes")
             fn.emit(f"call void @llvm.memset.p0.i64(ptr align 4 %acc, i8 0, i64 {size}, i1 false)")
         compute.emit_outer(fn, 0, budgets(compute), {t: f"%{t}" for t in compute.coefs})
-        write_back.emit_outer(fn, 0, budgets(write_back), {t: f"%{t}" for t in write_back.coefs})
+        if not compute.direct:  # else the compute nest stored the output itself
+            write_back.emit_outer(fn, 0, budgets(write_back), {t: f"%{t}" for t in write_back.coefs})
 
     if applied:
         body()

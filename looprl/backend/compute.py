@@ -9,6 +9,8 @@ vector through memory."""
 
 from __future__ import annotations
 
+from looprl.backend.abi import EPILOGUE_TENSORS
+from looprl.backend.epilogue_ir import EpilogueIR
 from looprl.backend.layout_plan import strides
 from looprl.backend.llvm_text import Function, load, multiply_add, store, vector_type
 from looprl.backend.loops import KernelModule, NestEmitter
@@ -29,12 +31,26 @@ class ComputeEmitter(NestEmitter):
         in0, in1 = problem.operands
         coefs = {"in0": strides(problem, in0), "in1": strides(problem, in1), "acc": strides(problem, problem.output)}
         renamed = {("acc" if t == "out" else t): layout for t, layout in (layouts or {}).items()}
+        scope = RegisterScope(nest, module.target, layouts)
+        # Every reduction loop inside the register scope and the output row-major: each output
+        # element is summed in registers and stored once, so the scope stores it straight into
+        # the output, its epilogue applied in registers, and no write-back pass runs.
+        self.direct = scope.plan.zero_init and "acc" not in renamed
+        if self.direct:
+            coefs["out"] = coefs["acc"]
+            epilogue = problem.epilogue
+            if epilogue.bias:  # one value per column of the output's last dimension
+                coefs[EPILOGUE_TENSORS["bias"]] = {problem.output[-1]: 1}
+            if epilogue.residual:
+                coefs[EPILOGUE_TENSORS["residual"]] = coefs["acc"]
         super().__init__(module, nest.compute, coefs, "compute", renamed)
+        self.problem = problem
         self.output_dims = set(problem.output)
-        self.scope = RegisterScope(nest, module.target, layouts)
+        self.scope = scope
         self.plan = self.scope.plan
         self.vector_var = self.plan.vector_var
         self.inner_start = self.plan.scope_start
+        self.columns = problem.size(problem.output[-1])  # a row-major output's offset modulo this: the column
 
     # -- the register scope ------------------------------------------------------
     def emit_inner_part(self, fn: Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
@@ -69,7 +85,25 @@ class ComputeEmitter(NestEmitter):
                     tile[offset] = load(self.module, fn, ptrs["acc"], offset, lanes, active, 1, cache=False)
             self.emit_in_scope(fn, level, budgets, ptrs, {t: 0 for t in ptrs}, tile, types, 1)
             for offset, (lanes, active) in types.items():
-                store(self.module, fn, ptrs["acc"], offset, lanes, active, tile[offset])
+                if self.direct:
+                    self.store_output(fn, ptrs, offset, lanes, active, tile[offset])
+                else:
+                    store(self.module, fn, ptrs["acc"], offset, lanes, active, tile[offset])
+
+    def store_output(self, fn: Function, ptrs: dict[str, str], offset: int, lanes: int, active: int, value: str) -> None:
+        """Store a finished register of the tile (``offset`` in the row-major output, vectors
+        along its last dimension) into the output, through the problem's epilogue."""
+        epilogue = self.problem.epilogue
+        if not epilogue.is_identity:
+            extra = {}
+            if epilogue.bias:
+                extra["bias"] = load(self.module, fn, ptrs[EPILOGUE_TENSORS["bias"]], offset % self.columns, lanes, active, 1, cache=False)
+            if epilogue.residual:
+                extra["residual"] = load(self.module, fn, ptrs[EPILOGUE_TENSORS["residual"]], offset, lanes, active, 1, cache=False)
+            module = self.module
+            emitter = EpilogueIR(epilogue, fn.value, module.declarations.__setitem__, module.target.fma)
+            value = emitter.apply(value, lanes, extra.get("bias"), extra.get("residual"))
+        store(self.module, fn, ptrs["out"], offset, lanes, active, value)
 
     def emit_in_scope(self, fn, level, budgets, ptrs, consts, tile, types, copies) -> None:
         """Emit the scope body from ``level``, updating the registers in ``tile`` (one register
