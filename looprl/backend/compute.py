@@ -10,7 +10,7 @@ vector through memory."""
 from __future__ import annotations
 
 from looprl.backend.abi import EPILOGUE_TENSORS
-from looprl.backend.epilogue_ir import EpilogueIR
+from looprl.backend.epilogue_ir import emit_epilogue
 from looprl.backend.layout_plan import strides
 from looprl.backend.llvm_text import Function, load, multiply_add, store, vector_type
 from looprl.backend.loops import KernelModule, NestEmitter
@@ -95,14 +95,10 @@ class ComputeEmitter(NestEmitter):
         along its last dimension) into the output, through the problem's epilogue."""
         epilogue = self.problem.epilogue
         if not epilogue.is_identity:
-            extra = {}
-            if epilogue.bias:
-                extra["bias"] = load(self.module, fn, ptrs[EPILOGUE_TENSORS["bias"]], offset % self.columns, lanes, active, 1, cache=False)
-            if epilogue.residual:
-                extra["residual"] = load(self.module, fn, ptrs[EPILOGUE_TENSORS["residual"]], offset, lanes, active, 1, cache=False)
-            module = self.module
-            emitter = EpilogueIR(epilogue, fn.value, module.declarations.__setitem__, module.target.fma)
-            value = emitter.apply(value, lanes, extra.get("bias"), extra.get("residual"))
+            places = {"bias": offset % self.columns, "residual": offset}
+            inputs = {name: load(self.module, fn, ptrs[EPILOGUE_TENSORS[name]], places[name], lanes, active, 1, cache=False)
+                      for name in epilogue.inputs}
+            value = emit_epilogue(self.module, fn, epilogue, value, lanes, inputs)
         store(self.module, fn, ptrs["out"], offset, lanes, active, value)
 
     def emit_in_scope(self, fn, level, budgets, ptrs, consts, tile, types, copies) -> None:

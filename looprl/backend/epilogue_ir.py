@@ -176,6 +176,14 @@ ELEMENTWISE_NAME = "looprl_elementwise"
 FUNCTIONS = ("exp", "erf") + ("relu", "gelu", "gelu_tanh", "silu")
 
 
+def emit_epilogue(module, fn, epilogue: Epilogue, value: str, lanes: int, inputs: dict[str, str]) -> str:
+    """``value`` (``lanes`` floats of the accumulator) through ``epilogue`` into function ``fn``
+    of ``module`` (an :class:`~looprl.backend.llvm_text.Function` and its module, for the
+    target's FMA): ``inputs`` are the values of its bias and residual at the same places, by name."""
+    emitter = EpilogueIR(epilogue, fn.value, module.declarations.__setitem__, module.target.fma)
+    return emitter.apply(value, lanes, inputs.get("bias"), inputs.get("residual"))
+
+
 def elementwise_ir(function: str, lanes: int, fma: bool) -> str:
     """A module defining ``void looprl_elementwise(ptr src, ptr dst, i64 count)``:
     ``dst[i] = function(src[i])`` for ``count`` floats (a positive multiple of ``lanes``),

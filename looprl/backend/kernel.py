@@ -257,9 +257,7 @@ class BoundKernel:
         self._given = tuple(t not in self._buffers for t in kernel.tensors)
 
     def __call__(self, *inputs: np.ndarray) -> np.ndarray:
-        given = dict(zip(self.free, inputs))
-        rows = self.kernel._rows_of(given["in0"]) if "in0" in given else None
-        out = aligned_empty(self.kernel._shape("out", rows))
+        out = aligned_empty(self.kernel._shape("out", self._rows(dict(zip(self.free, inputs)))))
         self.run(*inputs, out=out)
         return out
 
@@ -272,11 +270,16 @@ class BoundKernel:
         reps = checks.positive_int(reps, "reps", MAX_REPS)
         threads = kernel.threads if threads is None else check_threads(threads)
         given = dict(zip(self.free, inputs))
-        rows = kernel._rows_of(given["in0"]) if "in0" in given else None
+        rows = self._rows(given)
         kernel._check_call(given, out, workspace, rows)
         if workspace is None:
             workspace = aligned_empty(kernel.workspace_elements)
         kernel._call(self._function, kernel._pointers({**self._buffers, **given}, out, workspace), reps, threads, rows)
+
+    def _rows(self, given: dict) -> int | None:
+        """The row count of a call on the free inputs ``given`` (by name): the first input's, when
+        it is free and the kernel takes runtime rows."""
+        return self.kernel._rows_of(given["in0"]) if "in0" in given else None
 
     def address_call(self, out: int, workspace: int, *free: int, rows: int | None = None) -> None:
         """One call on addresses the caller has checked: the output's, the workspace's and the

@@ -77,6 +77,30 @@ class Function:
         i64 SSA value); see :class:`RuntimeLoop`."""
         return RuntimeLoop(self, trips, carried or {})
 
+    def when(self, condition: str) -> "Conditional":
+        """Context manager: the body runs only where the i1 ``condition`` (an instruction's
+        text, e.g. ``icmp ne i64 %n, 0``) holds; code after it runs either way."""
+        return Conditional(self, condition)
+
+
+class Conditional:
+    """The block of :meth:`Function.when`."""
+
+    def __init__(self, fn: Function, condition: str):
+        self.fn, self.condition = fn, condition
+
+    def __enter__(self) -> None:
+        fn = self.fn
+        holds = fn.value(self.condition, "if")
+        self.then, self.after = fn.label("then"), fn.label("endif")
+        fn.emit(f"br i1 {holds}, label %{self.then}, label %{self.after}")
+        fn.start_block(self.then)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.fn.emit(f"br label %{self.after}")
+            self.fn.start_block(self.after)
+
 
 class RuntimeLoop:
     """``for iv in range(trips)`` as a bottom-tested loop. ``carried`` maps keys to

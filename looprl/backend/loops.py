@@ -156,7 +156,7 @@ class NestEmitter:
             return
         full = fn.value(f"udiv i64 {budget.value}, {loop.step}", "full")
         child = dict(budgets, **{loop.var: loop.step})
-        with when(fn, f"icmp ne i64 {full}, 0"):
+        with fn.when(f"icmp ne i64 {full}, 0"):
             if budget.most // loop.step == 1:
                 self.emit_outer(fn, level + 1, child, ptrs)
             else:
@@ -166,9 +166,16 @@ class NestEmitter:
         if loop.step == 1:
             return
         rem = fn.value(f"urem i64 {budget.value}, {loop.step}", "rem")
-        with when(fn, f"icmp ne i64 {rem}, 0"):
-            tail_ptrs = {t: fn.advance(p, full, self.delta(t, loop.var, loop.step)) for t, p in ptrs.items()}
-            self.emit_outer(fn, level + 1, dict(budgets, **{loop.var: Dynamic(rem, min(loop.step - 1, budget.most))}), tail_ptrs)
+        with fn.when(f"icmp ne i64 {rem}, 0"):
+            self.emit_rest(fn, level, budgets, ptrs, full, rem)
+
+    def emit_rest(self, fn: Function, level: int, budgets: dict, ptrs: dict[str, str], full: str, rem: str) -> None:
+        """The rows left after ``full`` whole steps of loop ``level`` (whose budget is dynamic):
+        ``rem`` (1 to ``step - 1``, an SSA value) of them, through the loops below."""
+        loop = self.loops[level]
+        rest = Dynamic(rem, min(loop.step - 1, budgets[loop.var].most))
+        tail_ptrs = {t: fn.advance(p, full, self.delta(t, loop.var, loop.step)) for t, p in ptrs.items()}
+        self.emit_outer(fn, level + 1, dict(budgets, **{loop.var: rest}), tail_ptrs)
 
     def emit_switch(self, fn: Function, level: int, budgets: dict, ptrs: dict[str, str]) -> None:
         """The loops from ``level`` with the dynamic budget made static: one call per value it
@@ -245,7 +252,8 @@ class NestEmitter:
         if isinstance(budget, Dynamic):  # the rows' whole steps, the rest, the iterations (the rest's included)
             full = fn.value(f"udiv i64 {budget.value}, {loop.step}", "full")
             rem = fn.value(f"urem i64 {budget.value}, {loop.step}", "rem")
-            partial = fn.value(f"zext i1 {fn.value(f'icmp ne i64 {rem}, 0', 'part')} to i64", "part")
+            has_rest = fn.value(f"icmp ne i64 {rem}, 0", "part")
+            partial = fn.value(f"zext i1 {has_rest} to i64", "part")
             iterations = fn.value(f"add nuw nsw i64 {full}, {partial}", "it")
             twice = fn.value(f"mul nuw nsw i64 {budget.value}, 2", "x")
         else:
@@ -292,14 +300,12 @@ class NestEmitter:
             started = fn.value(f"icmp ult i64 {start}, {iterations}", "own")
             owns = fn.value(f"and i1 {owner}, {started}", "own")
             if isinstance(budget, Dynamic):  # and only when there is a rest
-                owns = fn.value(f"and i1 {owns}, {fn.value(f'icmp ne i64 {rem}, 0', 'own')}", "own")
+                owns = fn.value(f"and i1 {owns}, {has_rest}", "own")
             tail, done = fn.label("tail"), fn.label("done")
             fn.emit(f"br i1 {owns}, label %{tail}, label %{done}")
             fn.start_block(tail)
             if isinstance(budget, Dynamic):
-                tail_ptrs = {t: fn.advance(p, full, self.delta(t, loop.var, loop.step)) for t, p in ptrs.items()}
-                rest = Dynamic(rem, min(loop.step - 1, budget.most))
-                self.emit_outer(fn, level + 1, dict(budgets, **{loop.var: rest}), tail_ptrs)
+                self.emit_rest(fn, level, budgets, ptrs, full, rem)
             else:
                 self.emit_tail_call(fn, level, budgets, ptrs)
             fn.emit(f"br label %{done}")
@@ -343,24 +349,3 @@ class NestEmitter:
 
     def emit_inner_part(self, fn: Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
         raise NotImplementedError
-
-
-
-class when:
-    """``with when(fn, condition):`` emits the body in a block that runs only where the i1
-    ``condition`` (an instruction's text) holds; code after the block runs either way."""
-
-    def __init__(self, fn: Function, condition: str):
-        self.fn, self.condition = fn, condition
-
-    def __enter__(self) -> None:
-        fn = self.fn
-        holds = fn.value(self.condition, "if")
-        self.then, self.after = fn.label("then"), fn.label("endif")
-        fn.emit(f"br i1 {holds}, label %{self.then}, label %{self.after}")
-        fn.start_block(self.then)
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.fn.emit(f"br label %{self.after}")
-            self.fn.start_block(self.after)

@@ -6,7 +6,7 @@ groups of vectors."""
 from __future__ import annotations
 
 from looprl.backend.abi import EPILOGUE_TENSORS
-from looprl.backend.epilogue_ir import EpilogueIR
+from looprl.backend.epilogue_ir import emit_epilogue
 from looprl.backend.layout_plan import strides
 from looprl.backend.llvm_text import Function, load, store
 from looprl.backend.loops import KernelModule, NestEmitter
@@ -66,12 +66,8 @@ class WriteBackEmitter(NestEmitter):
         var = self.loops[-1].var
         value = load(self.module, fn, ptrs["acc"], self.delta("acc", var, offset) if offset else 0, lanes, active, 1, cache=False)
         if self.epilogue is not None:
-            extra = {}
-            for name in self.epilogue.inputs:
-                pointer = ptrs[EPILOGUE_TENSORS[name]]
-                extra[name] = load(self.module, fn, pointer, self.delta(EPILOGUE_TENSORS[name], var, offset), lanes, active, 1, cache=False)
-            module = self.module
-            emitter = EpilogueIR(self.epilogue, fn.value, module.declarations.__setitem__, module.target.fma)
-            value = emitter.apply(value, lanes, extra.get("bias"), extra.get("residual"))
+            inputs = {name: load(self.module, fn, ptrs[EPILOGUE_TENSORS[name]], self.delta(EPILOGUE_TENSORS[name], var, offset), lanes, active, 1,
+                                 cache=False) for name in self.epilogue.inputs}
+            value = emit_epilogue(self.module, fn, self.epilogue, value, lanes, inputs)
         store(self.module, fn, ptrs["out"], offset, lanes, active, value)
 
