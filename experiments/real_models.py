@@ -12,6 +12,10 @@ problem comes from). For each problem, from an empty cache:
   ablation: what the trained weights add to tune's result);
 * ``rollout`` / ``rollout-random``: ``tune(budget_s=0)``, the greedy rollout alone, trained /
   random weights;
+* ``tune-third`` / ``tune-random-third``: the same tune, trained / random weights, capped at a
+  third of the schedules ``tune-random`` measured (``tune(max_measurements=...)``, the untuned
+  nest and the rollout's states included): what the trained weights add at equal
+  measurements, and whether they reach the random weights' quality with a third of them;
 * ``hand``: the best of every hand-written register tile, cache-blocked variant and packed
   variant (``looprl.policy.tiles.all_tiles``), each measured: what the action space can express;
 * ``search`` (with ``--search-budget S``): beam4bfs for S seconds;
@@ -55,16 +59,16 @@ from looprl.policy.tiles import all_tiles
 from looprl.policy.tuner import tune
 
 RESULTS = Path(__file__).resolve().parent / "results"
-FIELDS = ["model", "layer", "problem", "method", "seconds", "gflops", "numpy_gflops", "ratio", "peak_gflops", "actions"]
-METHODS = ("untuned", "tune", "tune-random", "rollout", "rollout-random", "hand")
+FIELDS = ["model", "layer", "problem", "method", "seconds", "gflops", "numpy_gflops", "ratio", "peak_gflops", "actions", "measured"]
+METHODS = ("untuned", "tune", "tune-random", "rollout", "rollout-random", "tune-third", "tune-random-third", "hand")
 
 
-def retime_together(nests: dict[str, object], target: Target, rounds: int) -> dict[str, float]:
+def retime_together(nests: dict[str, object], target: Target, rounds: int, threads: int = 1) -> dict[str, float]:
     """Best GFLOPS of each distinct schedule over ``rounds`` interleaved rounds, by method."""
     kernels = {}
     for nest in nests.values():
         if nest.key not in kernels:
-            kernels[nest.key] = compile(nest, target=target)
+            kernels[nest.key] = compile(nest, target=target, threads=threads)
     best = dict.fromkeys(kernels, 0.0)
     for _ in range(rounds):
         for key, kernel in kernels.items():
@@ -84,26 +88,29 @@ def check_correct(kernel) -> None:
         raise AssertionError(f"{problem.name}: tuned kernel differs from numpy by {error}")
 
 
-def run_problem(entry, target, policy, random_policy, search_budget: float) -> dict[str, tuple]:
-    """method -> (nest, seconds, actions) for one problem, each from an empty cache."""
+def run_problem(entry, target, policy, random_policy, search_budget: float, threads: int = 1) -> dict[str, tuple]:
+    """method -> (nest, seconds, actions, schedules measured) for one problem, each from an empty cache."""
     problem = entry.problem
-    found = {"untuned": (initial_nest(problem), 0.0, "")}
+    found = {"untuned": (initial_nest(problem), 0.0, "", 1)}
     for method, chosen, budget in (("tune", policy, None), ("tune-random", random_policy, None),
-                                   ("rollout", policy, 0), ("rollout-random", random_policy, 0)):
-        result = tune(problem, chosen, cache=":memory:", budget_s=budget, target=target, remember=False, threads=1)
-        found[method] = (result.nest, result.seconds - result.waited_s, " ".join(result.actions))
+                                   ("rollout", policy, 0), ("rollout-random", random_policy, 0),
+                                   ("tune-third", policy, None), ("tune-random-third", random_policy, None)):
+        cap = max(1, round(found["tune-random"][3] / 3)) if method.endswith("-third") else None
+        result = tune(problem, chosen, cache=":memory:", budget_s=budget, target=target, remember=False, threads=threads,
+                      max_measurements=cap)
+        found[method] = (result.nest, result.seconds - result.waited_s, " ".join(result.actions), result.measured)
         if method == "tune":
             check_correct(result.kernel)
     started = time.perf_counter()
     evaluator = Evaluator(":memory:", target=target, samples=1)
     best = max(all_tiles(problem, target) or [initial_nest(problem)], key=lambda nest: evaluator(nest).gflops)
-    found["hand"] = (best, time.perf_counter() - started, "")
+    found["hand"] = (best, time.perf_counter() - started, "", evaluator.compiled)
     if search_budget > 0:
         from looprl.search import run
 
         started = time.perf_counter()
         outcome = run(problem, "beam4bfs", budget_s=search_budget, cache=":memory:", target=target)
-        found["search"] = (outcome.best_nest, time.perf_counter() - started, " ".join(outcome.best_actions))
+        found["search"] = (outcome.best_nest, time.perf_counter() - started, " ".join(outcome.best_actions), outcome.evaluations)
     return found
 
 
@@ -113,7 +120,7 @@ def summarize(rows: list[dict]) -> str:
         by_model[row["model"]][row["method"]].append(float(row["ratio"]))
         by_model["all"][row["method"]].append(float(row["ratio"]))
     methods = [m for m in METHODS + ("search",) if any(m in v for v in by_model.values())]
-    lines = ["geomean x numpy (one thread)", f"{'model':16s}" + "".join(f"{m:>16s}" for m in methods)]
+    lines = ["geomean x numpy", f"{'model':16s}" + "".join(f"{m:>16s}" for m in methods)]
     for model in sorted(by_model, key=lambda m: (m == "all", m)):
         cells = []
         for method in methods:
@@ -132,10 +139,17 @@ def summarize(rows: list[dict]) -> str:
     ratios = defaultdict(dict)
     for row in rows:
         ratios[row["problem"]][row["method"]] = float(row["gflops"])
-    for trained, random in (("tune", "tune-random"), ("rollout", "rollout-random")):
+    for trained, random in (("tune", "tune-random"), ("rollout", "rollout-random"), ("tune-third", "tune-random-third"),
+                            ("tune-third", "tune-random"), ("rollout", "tune")):
         pairs = [v[trained] / v[random] for v in ratios.values() if v.get(random, 0) > 0 and trained in v]
         if pairs:
-            lines.append(f"{trained} / {random} (trained over random weights): geomean {_geomean(pairs):.3f} over {len(pairs)} problems")
+            lines.append(f"{trained} / {random}: geomean {_geomean(pairs):.3f} over {len(pairs)} problems")
+    measured = defaultdict(list)
+    for row in rows:
+        if row.get("measured"):
+            measured[row["method"]].append(int(row["measured"]))
+    if measured:
+        lines.append("schedules measured (median): " + ", ".join(f"{m} {statistics.median(v):g}" for m, v in measured.items()))
     return "\n".join(lines)
 
 
@@ -182,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--search-budget", type=float, default=0.0, help="seconds of beam4bfs per problem (0: no search)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved re-timing rounds (default 3)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    parser.add_argument("--threads", type=int, default=1, help="threads of every kernel and of numpy (default 1)")
     parser.add_argument("--out", default=None, help="path prefix of the CSV and plot (default experiments/results/real_models_<target>)")
     args = parser.parse_args(argv)
     if args.rounds < 1 or (args.limit is not None and args.limit < 1) or args.search_budget < 0:
@@ -205,26 +220,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(entries)} problems of {args.dataset}/{args.split}, target {target.isa} ({target.cpu}); "
           f"{len(done)} already in {table}", flush=True)
     todo = [e for e in entries if e.problem.name not in done]
-    references = dict(zip((e.problem.name for e in todo), numpy_gflops([e.problem for e in todo], 0.2, isa=target.isa))) if todo else {}
+    references = dict(zip((e.problem.name for e in todo), numpy_gflops([e.problem for e in todo], 0.2, isa=target.isa, threads=args.threads))) if todo else {}
     with table.open("a", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=FIELDS)
         if not rows:
             writer.writeheader()
         for index, entry in enumerate(todo):
-            found = run_problem(entry, target, policy, random_policy, args.search_budget)
-            gflops = retime_together({m: nest for m, (nest, _, _) in found.items()}, target, args.rounds)
+            found = run_problem(entry, target, policy, random_policy, args.search_budget, args.threads)
+            gflops = retime_together({m: nest for m, (nest, _, _, _) in found.items()}, target, args.rounds, args.threads)
             reference = references[entry.problem.name]
-            for method, (nest, seconds, actions) in found.items():
+            for method, (nest, seconds, actions, measured) in found.items():
                 row = {"model": entry.model or args.dataset, "layer": entry.layer or "", "problem": entry.problem.name, "method": method,
                        "seconds": f"{seconds:.3f}", "gflops": f"{gflops[method]:.2f}", "numpy_gflops": f"{reference:.2f}",
-                       "ratio": f"{gflops[method] / reference:.4f}", "peak_gflops": f"{peak:.1f}", "actions": actions}
+                       "ratio": f"{gflops[method] / reference:.4f}", "peak_gflops": f"{peak:.1f}", "actions": actions,
+                       "measured": measured}
                 writer.writerow(row)
                 rows.append(row)
             handle.flush()
             print(f"[{index + 1}/{len(todo)}] {entry.model or args.dataset:14s} {entry.problem.name:42s} numpy {reference:6.1f}  " +
                   "  ".join(f"{m} {gflops[m] / reference:.2f}" for m in found), flush=True)
     print(summarize(rows))
-    plot(rows, out.with_name(out.name + ".png"), f"{args.dataset}/{args.split}, {target.isa} on {target.cpu}, one thread")
+    plot(rows, out.with_name(out.name + ".png"), f"{args.dataset}/{args.split}, {target.isa} on {target.cpu}, {args.threads} thread(s)")
     return 0
 
 

@@ -57,21 +57,26 @@ def test_loss_settings_are_checked(settings, message):
         validate_agent({"algorithm": "dqn", "demonstrations": settings})
 
 
-def _found(actions, gflops):
-    return tuner.Found(None, gflops, tuple(actions), 1.0, 1.0, 0.5, 1, 0.0, None)
+def _found(problem, action_set, actions, gflops):
+    """What a measured search returns: the schedule its path reaches, the path, its speed."""
+    state = State(initial_nest(problem), 0)
+    for name in actions:
+        if name in action_set.names:
+            state = action_set.apply(state, action_set.index(name)) or state
+    return tuner.Found(state.nest, gflops, tuple(actions), 1.0, 1.0, 0.5, 1, 0.0, None)
 
 
 @pytest.mark.parametrize(("names", "gflops", "taken"), [
     (("down", "down", "split_8"), 1e9, True),        # faster, in the action set, fits the episode
     (("down", "down", "split_8"), 1e-9, False),      # slower than the planner's tile
     (("down", "split_5"), 1e9, False),               # an action the agent does not have
-    (("down",) * 12, 1e9, False),                    # leaves no step to stay in a 12-action episode
+    (("down", "up") * 6, 1e9, False),                # leaves no step to stay in a 12-action episode
 ])
 def test_expert_demonstration_takes_the_search_only_when_it_is_faster_and_replayable(monkeypatch, names, gflops, taken):
     problem = matmul(m=32, n=32, k=32)
     actions = ActionSet.for_target(Target.resolve("avx2"), (4, 8, 16), 10)
     evaluator = Evaluator(":memory:", 0.001, target="avx2", samples=1)
-    monkeypatch.setattr(tuner, "measured_search", lambda *args: _found(names, gflops))
+    monkeypatch.setattr(tuner, "measured_search", lambda *args: _found(problem, actions, names, gflops))
     demo, from_search = demos.expert_demonstration(problem, actions, evaluator, 12, policy=object(), search_budget_s=0.5)
     assert from_search == taken
     if taken:
@@ -81,6 +86,45 @@ def test_expert_demonstration_takes_the_search_only_when_it_is_faster_and_replay
         assert demo == demos.demonstrate(problem, actions, evaluator, 12)
     # Without a search budget the planner's tile is the demonstration.
     assert demos.expert_demonstration(problem, actions, evaluator, 12, policy=object(), search_budget_s=0)[1] is False
+
+
+def test_a_searched_path_is_replayed_without_its_no_ops_and_must_reach_the_searched_schedule():
+    problem = matmul(m=32, n=32, k=32)
+    actions = ActionSet.for_target(Target.resolve("avx2"), (4, 8, 16), 10)
+    root = initial_nest(problem)
+    # "up" at the first loop does nothing: left out of the demonstration.
+    found = _found(problem, actions, ("up", "down", "split_8"), 1.0)
+    assert demos.replayed_path(problem, actions, found.actions, 12, found.nest.key) == (actions.index("down"), actions.index("split_8"))
+    # A path that does not reach the schedule the search measured is no demonstration.
+    assert demos.replayed_path(problem, actions, ("down",), 12, found.nest.key) is None
+    assert demos.replayed_path(problem, actions, (), 12, root.key) == ()
+    assert demos.replayed_path(problem, actions, ("split_5",), 12, root.key) is None
+
+
+def test_a_tune_expert_takes_tunes_own_budget(monkeypatch):
+    problem = matmul(m=32, n=32, k=32)
+    actions = ActionSet.for_target(Target.resolve("avx2"), (4, 8, 16), 10)
+    evaluator = Evaluator(":memory:", 0.001, target="avx2", samples=1)
+    budgets = []
+
+    def search(policy, problem_, evaluator_, steps, budget_s, threads, started):
+        budgets.append((budget_s, threads))
+        return _found(problem, actions, ("down", "down", "split_8"), 1e9)
+
+    monkeypatch.setattr(tuner, "measured_search", search)
+    assert demos.expert_demonstration(problem, actions, evaluator, 12, policy=object(), search_budget_s=None)[1] is True
+    assert budgets == [(None, 1)]  # None: tune's scaled budget, one thread
+
+
+@pytest.mark.parametrize(("pretrain", "message"), [
+    ({"policy": "checkpoints/apex-dqn-models/policy", "expert": "tune"}, "cannot go with pretrain.expert: tune"),
+    ({"rounds": 2}, "pretrain.rounds is for pretrain.expert: tune"),
+    ({"expert": "planner", "expert_policy": "x"}, "pretrain.expert_policy is for pretrain.expert: tune"),
+    ({"expert": "search"}, "pretrain.expert must be one of"),
+])
+def test_pretrain_expert_settings_are_checked(pretrain, message):
+    with pytest.raises(ValueError, match=message):
+        validate_agent({"algorithm": "dqn", "pretrain": pretrain})
 
 
 def test_a_dqfd_learner_trains_with_the_margin_loss_and_reports_agreement(ray_session, tmp_path):

@@ -306,3 +306,34 @@ def test_tune_measures_the_targets_own_tiles_when_the_rollout_builds_none():
     tile = looprl.initial_nest(PROBLEM).apply(tile_steps(PROBLEM, rows, columns))
     assert tile_of(tile) == (rows, columns) and cache.get(tile, budget_s=0.001) is not None  # the target's first tile was measured
     assert result.gflops > result.initial_gflops
+
+
+@pytest.mark.parametrize("cap", [1, 3, 9])
+def test_a_measurement_cap_bounds_the_serial_search_and_its_answer_is_correct(cap):
+    policy = random_policy(seed=2)
+    cache = MeasurementCache(":memory:")
+    result = looprl.tune(PROBLEM, policy, cache=cache, budget_s=5.0, measure_budget_s=0.001, threads=1, max_measurements=cap)
+    assert 1 <= result.measured <= cap
+    assert result.gflops >= result.initial_gflops
+    a, b = (np.random.default_rng(0).standard_normal(s).astype(np.float32) for s in PROBLEM.input_shapes)
+    np.testing.assert_allclose(result.kernel(a, b), a @ b, rtol=1e-4, atol=1e-4)
+    # A capped answer is not remembered: a later uncapped call searches again.
+    again = looprl.tune(PROBLEM, policy, cache=cache, budget_s=0.5, measure_budget_s=0.001, threads=1)
+    assert again.mode == "measured"
+
+
+def test_the_rollout_ends_where_the_measurement_cap_runs_out():
+    from looprl.policy.rollout import policy_actions
+
+    policy = random_policy(seed=0)
+    context = SearchContext(PROBLEM, policy_actions(policy), Evaluator(":memory:", 0.001, samples=1), max_evaluations=2)
+    context.root()
+    rollout = greedy_rollout(policy, PROBLEM, context, length=40)
+    assert context.evaluations <= 2
+    assert rollout.stopped in ("budget", "cycle", "length")
+
+
+@pytest.mark.parametrize("cap", [0, -1, 2.5, "3", True])
+def test_bad_measurement_caps_are_value_errors(cap):
+    with pytest.raises(ValueError, match="max_measurements"):
+        looprl.tune(PROBLEM, random_policy(), cache=":memory:", max_measurements=cap)

@@ -27,6 +27,7 @@ from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.measurement.evaluator import Evaluator
 from looprl.policy.numpy_policy import Policy
+from looprl.search.context import BudgetExhausted
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class Rollout:
     best_actions: tuple[str, ...]  # the actions that reach ``best_nest``
     measured: int  # schedules compiled and timed (not found in the cache)
     failures: int  # structural actions refused because their schedule failed to compile or run
-    stopped: str  # "length" (all actions taken) or "cycle" (the rest repeats a cycle)
+    stopped: str  # "length" (all actions taken), "cycle" (the rest repeats a cycle) or "budget" (a search's cap ran out)
 
     @property
     def speedup(self) -> float:
@@ -80,7 +81,8 @@ def greedy_rollout(
     """Run ``policy`` greedily for ``length`` actions (its training episode length by default)
     from ``problem``'s untiled nest, measuring every new schedule through ``evaluator`` (an
     :class:`Evaluator`, or a :class:`~looprl.search.context.SearchContext` whose memo and
-    budget then apply: :class:`~looprl.search.context.BudgetExhausted` propagates).
+    budget then apply: a :class:`~looprl.search.context.BudgetExhausted` raised by the root's
+    measurement propagates, one raised later ends the rollout there, ``stopped="budget"``).
 
     ``evaluator=None`` follows the policy without measuring anything (every transition then
     succeeds, as nothing is compiled). ``use_mask`` restricts choices to valid actions;
@@ -112,7 +114,12 @@ def greedy_rollout(
         obs = observation(state.nest, state.cursor, actions.max_loops, normalized)
         action = policy.act(obs, actions.mask(state) if use_mask else None)
         taken.append(actions.names[action])
-        transition = step(actions, state, gflops, action, value if evaluator is not None else None)
+        try:
+            transition = step(actions, state, gflops, action, value if evaluator is not None else None)
+        except BudgetExhausted:  # a search's evaluation cap: the rollout ends where it ran out
+            taken.pop()
+            stopped = "budget"
+            break
         failures += transition.outcome == FAILED
         state, gflops = transition.state, transition.gflops
         if transition.changed and gflops > best:

@@ -136,6 +136,7 @@ def tune(
     target: Target | str | None = None,
     remember: bool = True,
     threads: int | None = None,
+    max_measurements: int | None = None,
 ) -> TuneResult:
     """Schedule ``problem`` with ``policy`` and compile it for ``target`` (None: this machine).
 
@@ -171,6 +172,8 @@ def tune(
     if not isinstance(policy, (Policy, str, os.PathLike)):
         raise ValueError(f"policy must be a Policy, 'default' or a path to a policy folder, got {type(policy).__name__}")
     threads = available_cores() if threads is None else check_threads(threads)
+    max_measurements = None if max_measurements is None else checks.positive_int(max_measurements, "max_measurements")
+    remember = remember and max_measurements is None
     target = Target.resolve(target)
     target.check_runs_on_host()
     plan = plan_rewrites(as_tunable_problem(problem))
@@ -184,7 +187,7 @@ def tune(
     else:
         answer = _remembered(evaluator, searched, MIN_BUDGET_S if budget_s is None else budget_s, threads) if remember else None
         if answer is None:
-            answer = _measured_answer(loaded, searched, evaluator, steps, budget_s, threads, started)
+            answer = _measured_answer(loaded, searched, evaluator, steps, budget_s, threads, started, max_measurements)
             if remember:
                 evaluator.cache.put_tuned(answer.nest, answer.gflops, answer.budget_s, target, measure_budget_s, tuner=TUNER,
                                           threads=threads, actions=answer.actions,
@@ -236,7 +239,7 @@ def _policy_answer(policy: Policy, problem: Problem, evaluator: Evaluator, steps
 
 
 def _measured_answer(policy: Policy, problem: Problem, evaluator: Evaluator, steps: int | None, budget_s: float | None,
-                     threads: int, started: float) -> Answer:
+                     threads: int, started: float, max_measurements: int | None = None) -> Answer:
     """The measured search of ``problem``. A right operand that changes per call and is stored
     across the output's columns (``bmk,bnk->bmn``) is searched two ways, each a whole measured
     search with the budget: through its re-laid twin (:data:`looprl.ir.rewrites.RELAID_TWIN`),
@@ -245,13 +248,13 @@ def _measured_answer(policy: Policy, problem: Problem, evaluator: Evaluator, ste
     faster is kept. Which wins depends on the shape and the target: with one row the
     conversion costs as much as the product; on 128x960x960 (Zen 4) the re-laid kernel ran at
     98 GFLOPS for AVX-512 against 113 as given, and at 101 against 84 for AVX2."""
-    direct = measured_search(policy, problem, evaluator, steps, budget_s, threads, started)
+    direct = measured_search(policy, problem, evaluator, steps, budget_s, threads, started, max_measurements)
     answer = Answer(direct.nest, direct.gflops, direct.actions, "measured", direct.initial_gflops, None, direct.greedy_gflops,
                     direct.budget_s, direct.measured, direct.waited_s, direct.serial_gflops)
     relaid = relaid_twin(problem)
     if relaid is None:
         return answer
-    through = measured_search(policy, relaid.searched, evaluator, steps, budget_s, threads, time.perf_counter())
+    through = measured_search(policy, relaid.searched, evaluator, steps, budget_s, threads, time.perf_counter(), max_measurements)
     carried = relaid.carry_back(through.nest)  # parallel marks included
     timed = evaluator.with_threads(threads) if threads > 1 else evaluator
     carried_gflops = timed(carried).gflops  # the conversion inside the timed call
@@ -309,7 +312,7 @@ TEAM_WITHIN = 0.5
 
 
 def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, steps: int | None, budget_s: float | None, threads: int,
-                    started: float) -> Found:
+                    started: float, max_measurements: int | None = None) -> Found:
     """Measured tune: stages of one staged search (:class:`~looprl.search.staged.StagedSearch`).
     The untuned nest; the policy's greedy rollout, always measured whole (a dozen actions at
     most: a bounded cost, and tune is never below the rollout); then, until the deadline (a
@@ -321,7 +324,7 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, step
     from ``started`` (tune's call)."""
     action_set = policy_actions(policy, evaluator.target)
     search = StagedSearch(problem, evaluator)
-    context = search.context(action_set)
+    context = search.context(action_set, max_evaluations=max_measurements)
     untuned = context.root()
     scaled = budget_s is None
     if scaled:

@@ -21,7 +21,8 @@ and beam use), else from 2..64 (register tiles often need a 6, 12 or 48 those la
 Random schedules (the first batch, the chains' seeds, the epsilon picks) are walks of the
 environment's actions by default, the short schedules random search samples; the annealing
 then reaches any factor. The first batch, before any measurement but the untuned nest's, is
-random, unless ``transfer`` gives a global model fitted on the measurement cache's other problems (same
+random, unless ``policy`` ranks it (the schedules a trained policy's greedy episode passes
+through: the policy's prior replaces chance before the model has data), or ``transfer`` gives a global model fitted on the measurement cache's other problems (same
 host); the local model is then fitted on top of it (AutoTVM section 4). The search ends when
 the budget is spent (or after 1000 measurements without a budget, or when no unmeasured
 schedule is found). Given the same measurements and seed it makes the same choices.
@@ -340,10 +341,35 @@ class _Tuner:
                 found.append(nest)
         return found
 
+    def _policy_batch(self) -> list[LoopNest]:
+        """The first batch ranked by a trained policy: the schedules its greedy episode passes
+        through (nothing measured to choose them), latest first, at most a batch; the rest of
+        the batch random. Schedules with data layouts are left out (the annealing's space has
+        none)."""
+        from looprl.policy.rollout import greedy_rollout, policy_actions  # the policy only when asked for
+
+        policy = self.o["policy"]
+        actions = policy_actions(policy, self.target)
+        rollout = greedy_rollout(policy, self.context.problem, None)
+        state, path = State(self.root.state.nest, 0), []
+        for name in rollout.final_actions:
+            nxt = actions.apply(state, actions.index(name))
+            if nxt is not None and nxt.nest.key != state.nest.key:
+                path.append(nxt.nest)
+            state = nxt or state
+        picked: dict[str, LoopNest] = {}
+        for nest in reversed(path):
+            if nest.key not in self.measured and not nest.layouts and len(nest) <= self.space.max_loops:
+                picked.setdefault(nest.key, nest)
+        first = list(picked.values())[: self.o["batch_size"]]
+        return first + self._random_unmeasured(self.o["batch_size"] - len(first), set(picked))
+
     def _batch(self) -> list[LoopNest]:
         o = self.o
         size = o["batch_size"]
         if not self._model_ready():
+            if o["policy"] is not None and len(self.measured) == 1:
+                return self._policy_batch()
             return self._random_unmeasured(size, set())
         explore = int(o["epsilon"] * size) + int(self.rng.random() < (o["epsilon"] * size) % 1)
         picked = diverse_pick(self._anneal(), size - explore, o["alpha"])
@@ -384,6 +410,7 @@ def autotvm(
     walks: bool = True,
     restart: float = 0.125,
     any_factor: bool = False,
+    policy=None,
 ) -> None:
     """AutoTVM's model-guided search (module docstring): rounds of ``batch_size``
     measurements (8: at the budgets of tens of measurements this library's searches get, eight
@@ -394,7 +421,11 @@ def autotvm(
     ``diversity`` x ``batch_size`` candidates for the diversity-aware pick weighted by ``alpha``;
     ``transfer`` adds a global model fitted on the cache's other problems. ``depth`` bounds the
     random walks that seed the chains and the random picks; ``walks`` draws those as random
-    search does (walks of the env's actions) instead of from the whole 2..64 space."""
+    search does (walks of the env's actions) instead of from the whole 2..64 space.
+    ``policy`` (a :class:`~looprl.policy.numpy_policy.Policy`, a policy folder or
+    ``"default"``: the shipped policy for the search's target) ranks the first batch instead of
+    chance: the schedules its greedy episode passes through, latest first, unmeasured until the
+    batch measures them (the rest of the batch random); None: a random first batch."""
     options = {
         "objective": checks.one_of(objective, "autotvm objective", ("rank", "regression")),
         "transfer": checks.flag(transfer, "transfer"),
@@ -409,7 +440,12 @@ def autotvm(
         "walks": checks.flag(walks, "walks"),
         "restart": checks.fraction(restart, "restart"),
         "any_factor": checks.flag(any_factor, "any_factor"),
+        "policy": None,
     }
+    if policy is not None:
+        from looprl.policy.loading import load_policy
+
+        options["policy"] = load_policy(policy, context.target)
     import_xgboost()  # fail before measuring anything
     _Tuner(context, depth, rng, options).run()
 

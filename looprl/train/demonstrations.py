@@ -21,6 +21,7 @@ episode in the agent's actions, is the demonstration that DQfD's margin loss
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -36,11 +37,13 @@ from looprl.ir.problem import Problem
 from looprl.ir.register_tiles import tile_shapes, tile_steps, why_not_tile
 from looprl.measurement.evaluator import Evaluator
 from looprl.policy import tuner
+from looprl.policy.loading import load_policy
 from looprl.policy.numpy_policy import Policy
 from looprl.resources import shipped_path
 from looprl.train.config import agent_actions, agent_measure_budget_s, agent_target, hidden_layers, validate_agent
 from looprl.train.evaluate import policy_folder
 from looprl.train.export import policy_metadata
+from looprl.train.run_folder import DEMONSTRATIONS_FILE, DEMONSTRATIONS_SUMMARY
 from looprl.train.schema import section_settings
 from looprl.train.validation import spread_over_datasets
 from looprl.train.warm_start import check_compatible
@@ -92,17 +95,40 @@ def demonstrate(problem: Problem, actions: ActionSet, evaluator: Evaluator, epis
 
 
 def expert_demonstration(problem: Problem, actions: ActionSet, evaluator: Evaluator, episode_length: int, policy=None,
-                         search_budget_s: float = 0.0) -> tuple[Demonstration, bool]:
-    """The planner's demonstration, or the schedule ``policy``'s measured search finds in
-    ``search_budget_s`` when that is faster and its path uses only ``actions`` and leaves an
-    episode a step to stay. Returns it and whether the search's schedule was taken."""
+                         search_budget_s: float | None = 0.0) -> tuple[Demonstration, bool]:
+    """The planner's demonstration, or the schedule ``policy``'s measured search finds (what
+    ``looprl.tune`` runs on one thread) when that is faster and its path replays in ``actions``
+    within an episode that leaves a step to stay. ``search_budget_s``: the search's seconds
+    (None: tune's own budget, scaled to the problem; 0 or no policy: the planner alone).
+    Returns the demonstration and whether the search's schedule was taken."""
     planned = demonstrate(problem, actions, evaluator, episode_length)
-    if policy is None or not search_budget_s > 0:
+    if policy is None or (search_budget_s is not None and not search_budget_s > 0):
         return planned, False
-    found = tuner.measured_search(policy, problem, evaluator, episode_length, search_budget_s, 1, time.perf_counter())
-    if not found.gflops > planned.gflops or len(found.actions) >= episode_length or not all(a in actions.names for a in found.actions):
+    found = tuner.measured_search(policy, problem, evaluator, None, search_budget_s, 1, time.perf_counter())
+    if not found.gflops > planned.gflops:
         return planned, False
-    return Demonstration(problem, tuple(actions.as_index(a) for a in found.actions), found.gflops, planned.initial_gflops), True
+    path = replayed_path(problem, actions, found.actions, episode_length, found.nest.key)
+    if path is None:
+        return planned, False
+    return Demonstration(problem, path, found.gflops, planned.initial_gflops), True
+
+
+def replayed_path(problem: Problem, actions: ActionSet, names, episode_length: int, reaches: str) -> tuple[int, ...] | None:
+    """``names`` (a path a search found) as indices of ``actions``, the actions that do nothing
+    where they stand (a search's path may hold a no-op) left out; None when a name is not in
+    the set, the path leaves no step of an episode to stay, or it does not reach the schedule
+    whose key is ``reaches`` (an action the agent's loop bound refuses)."""
+    if not all(name in actions.names for name in names):
+        return None
+    state, path = State(initial_nest(problem), 0), []
+    for name in names:
+        nxt = actions.apply(state, actions.index(name))
+        if nxt is not None:
+            state = nxt
+            path.append(actions.index(name))
+    if len(path) >= episode_length or state.nest.key != reaches:
+        return None
+    return tuple(path)
 
 
 def demonstration_pairs(demo: Demonstration, actions: ActionSet, normalized: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -176,31 +202,53 @@ def accuracy(arrays: dict[str, np.ndarray], observations: np.ndarray, labels: np
     return float(np.mean(chosen == labels)) if len(labels) else math.nan
 
 
-def gather_demonstrations(agent: dict, problems: list[Problem], policy=None, search_budget_s: float = 0.0,
-                          log=print) -> tuple[np.ndarray, np.ndarray, dict]:
+def gather_demonstrations(agent: dict, problems: list[Problem], policy=None, search_budget_s: float | None = 0.0,
+                          log=print, earlier: list[Demonstration] | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
     """Demonstrations on ``problems`` (:func:`expert_demonstration`), measured with the env's
-    target, cache and per-state budget, as (observations, actions, summary)."""
+    target, cache and per-state budget, as (observations, actions, summary). ``earlier``: an
+    earlier round's demonstrations of the same problems; each problem keeps the faster."""
+    demos, summary = expert_demonstrations(agent, problems, policy, search_budget_s, log, earlier)
+    observations, labels = demonstration_arrays(agent, demos)
+    return observations, labels, {**summary, "pairs": int(len(labels))}
+
+
+def expert_demonstrations(agent: dict, problems: list[Problem], policy=None, search_budget_s: float | None = 0.0, log=print,
+                          earlier: list[Demonstration] | None = None) -> tuple[list[Demonstration], dict]:
+    """One demonstration per problem (:func:`expert_demonstration`) and a summary; with
+    ``earlier`` (the demonstrations of an earlier round, same problems), the faster of the two."""
     env = agent.get("env", {})
     target = agent_target(agent)
     actions = agent_actions(agent, target)
     evaluator = Evaluator(env.get("cache"), agent_measure_budget_s(agent), target=target, samples=1)
-    normalized = env.get("observation", defaults.TRAINING_OBSERVATION) == "normalized"
     episode_length = int(env.get("episode_length", defaults.EPISODE_LENGTH))
-    observations, labels, speedups, searched = [], [], [], 0
+    if earlier is not None and [d.problem for d in earlier] != list(problems):
+        raise ValueError("earlier demonstrations are of other problems")
+    demos, speedups, searched, kept = [], [], 0, 0
     for index, problem in enumerate(problems):
         demo, from_search = expert_demonstration(problem, actions, evaluator, episode_length, policy, search_budget_s)
         searched += from_search
-        obs, acts = demonstration_pairs(demo, actions, normalized)
-        observations.append(obs)
-        labels.append(acts)
+        if earlier is not None and earlier[index].gflops > demo.gflops:
+            demo, kept = earlier[index], kept + 1
+        demos.append(demo)
         if demo.initial_gflops > 0:
             speedups.append(demo.gflops / demo.initial_gflops)
-        if (index + 1) % 50 == 0 or index + 1 == len(problems):
+        if (index + 1) % 25 == 0 or index + 1 == len(problems):
             log(f"[demonstrations] {index + 1}/{len(problems)} problems, over untuned {math.exp(np.mean(np.log(speedups))):.2f}x "
-                f"(geomean); the search's schedule taken on {searched}")
-    summary = {"problems": len(problems), "pairs": int(sum(len(a) for a in labels)), "from_search": searched,
+                f"(geomean); the search's schedule taken on {searched}" + ("" if earlier is None else f", the earlier round's kept on {kept}"))
+    summary = {"problems": len(problems), "from_search": searched,
                "speedup_geomean": round(math.exp(float(np.mean(np.log(speedups)))), 3) if speedups else None}
-    return np.concatenate(observations), np.concatenate(labels), summary
+    if earlier is not None:
+        summary["earlier_kept"] = kept
+    return demos, summary
+
+
+def demonstration_arrays(agent: dict, demos: list[Demonstration]) -> tuple[np.ndarray, np.ndarray]:
+    """The (observations, actions) pairs of ``demos`` (:func:`demonstration_pairs`) in ``agent``'s
+    actions and observation."""
+    actions = agent_actions(agent)
+    normalized = agent.get("env", {}).get("observation", defaults.TRAINING_OBSERVATION) == "normalized"
+    pairs = [demonstration_pairs(demo, actions, normalized) for demo in demos]
+    return np.concatenate([x for x, _ in pairs]), np.concatenate([y for _, y in pairs])
 
 
 def summary_rounds(record: dict) -> list[dict]:
@@ -249,12 +297,23 @@ def starting_policy(name: str, agent: dict) -> Policy:
     return policy
 
 
-def pretrain_policy(agent: dict, seed: int = 0, log=print) -> Policy:
-    """The policy cloned from the tile planner's demonstrations on ``agent``'s training
-    problems, as its ``pretrain`` section says (``problems_per_dataset``: problems spread over
-    each dataset's split, ``epochs``, ``lr``, ``margin``), measured with the env's target,
-    cache and per-state budget; or, when the section names a ``policy`` (a folder, e.g. a
-    shipped clone), that policy."""
+def pretrain_policy(agent: dict, seed: int = 0, log=print, run_path: Path | None = None) -> Policy:
+    """The policy a run starts from, as the agent's ``pretrain`` section says:
+
+    * ``policy``: that policy folder (e.g. a shipped clone), as it is;
+    * ``expert: planner`` (the default): a clone of the tile planner's demonstrations on
+      ``problems_per_dataset`` training problems of each dataset;
+    * ``expert: tune``: expert iteration with measured tune as the expert. Round 1's
+      demonstrations are the schedules ``looprl.tune``'s measured search finds with
+      ``expert_policy`` (default: the shipped policy for the target) on one thread with its
+      own budget, or the planner's tile where that is faster or the search's path does not
+      replay in the agent's actions within an episode; a policy is cloned from them. Each
+      further round (``rounds``) tunes the same problems with the last clone as tune's policy,
+      keeps the faster schedule of each problem and clones again. With ``run_path``, the last
+      round's demonstrations and a summary per round are written there
+      (``demonstrations.npz``, ``demonstrations.json``: DQfD's first demonstrations).
+
+    Every measurement uses the env's target, cache and per-state budget."""
     agent = validate_agent(agent)
     settings = section_settings(agent, "pretrain")
     if settings["policy"] is not None:  # an earlier clone, shipped: start from it as it is
@@ -263,9 +322,38 @@ def pretrain_policy(agent: dict, seed: int = 0, log=print) -> Policy:
             f"{'a clone' if 'pretrained' in policy.metadata else 'trained'})")
         return policy
     problems = spread_over_datasets(agent, settings["problems_per_dataset"])
-    x, y, _ = gather_demonstrations(agent, problems, log=log)
-    extra = {"pretrained": {"problems": len(problems), "pairs": int(len(y)), "settings": dict(agent.get("pretrain") or {})}}
-    return cloned_policy(agent, x, y, seed, extra, log)
+    if settings["expert"] == "planner":
+        x, y, _ = gather_demonstrations(agent, problems, log=log)
+        extra = {"pretrained": {"problems": len(problems), "pairs": int(len(y)), "settings": dict(agent.get("pretrain") or {})}}
+        return cloned_policy(agent, x, y, seed, extra, log)
+    expert_name = settings["expert_policy"] or "default"
+    expert = load_policy(_shipped_or_given(expert_name), agent_target(agent))
+    demos, rounds, policy = None, [], None
+    for round_number in range(1, settings["rounds"] + 1):
+        log(f"[pretrain] round {round_number} of {settings['rounds']}: measured tune with "
+            f"{expert_name if round_number == 1 else 'the last clone'} on {len(problems)} problems")
+        demos, summary = expert_demonstrations(agent, problems, expert, None, log, earlier=demos)
+        x, y = demonstration_arrays(agent, demos)
+        rounds.append({"round": round_number, "expert": expert_name if round_number == 1 else "clone of the round before",
+                       **summary, "pairs": int(len(y))})
+        extra = {"pretrained": {"expert": "measured tune (looprl.policy.tuner.measured_search, one thread, its scaled budget)",
+                                "expert_policy": expert_name, "rounds": rounds, "settings": dict(agent.get("pretrain") or {})}}
+        policy = cloned_policy(agent, x, y, seed, extra, log)
+        expert = policy
+        if run_path is not None:
+            save_demonstrations(Path(run_path) / DEMONSTRATIONS_FILE, x, y)
+            record = {"settings": {"expert": "tune", **dict(agent.get("pretrain") or {})}, "rounds": rounds}
+            (Path(run_path) / DEMONSTRATIONS_SUMMARY).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    return policy
+
+
+def _shipped_or_given(name: str):
+    """A policy name as :func:`load_policy` takes it: ``default``, a folder here, or a relative
+    ``checkpoints/...`` of the installed package."""
+    where = Path(name)
+    if name != "default" and not where.exists() and not where.is_absolute() and where.parts and where.parts[0] == "checkpoints":
+        return shipped_path(*where.parts)
+    return name
 
 
 def cloned_policy(agent: dict, x: np.ndarray, y: np.ndarray, seed: int, extra: dict, log=print) -> Policy:

@@ -219,12 +219,14 @@ def execute(plan: Plan, log: Log = _print) -> None:
         if plan.resumed:
             log(f"{run.path} holds no checkpoint (its start did not get that far): starting it again")
         run.discard_unstarted()
+        tune_expert = section_settings(agent, "pretrain")["expert"] == "tune" and bool(agent.get("pretrain"))
         if initial_policy is None and agent.get("pretrain"):
-            initial_policy = pretrain_policy(agent, seed=arguments["seed"], log=log)
+            # expert: tune writes its demonstrations into the run folder: DQfD's first round
+            initial_policy = pretrain_policy(agent, seed=arguments["seed"], log=log, run_path=run.path)
             arguments["init_from"] = str(run.path / PRETRAINED_POLICY)
         if initial_policy is not None:
             initial_policy.save(run.path / PRETRAINED_POLICY)  # the run folder holds the policy it started from
-        if agent.get("demonstrations"):
+        if agent.get("demonstrations") and not tune_expert:
             expert_iteration.gather_round(agent, run.path, initial_policy, arguments["seed"], log=log)
         run.create(agent, arguments)
     else:

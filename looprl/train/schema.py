@@ -389,7 +389,11 @@ PRETRAIN = Section({
     "lr": POSITIVE_NUMBER,
     "margin": POSITIVE_NUMBER,
     "policy": optional(Text()),
-}, defaults={"problems_per_dataset": 300, "epochs": 200, "lr": 1e-3, "margin": 0.05, "policy": None})
+    "expert": Choice(("planner", "tune")),
+    "expert_policy": optional(Text()),
+    "rounds": POSITIVE,
+}, defaults={"problems_per_dataset": 300, "epochs": 200, "lr": 1e-3, "margin": 0.05, "policy": None, "expert": "planner",
+             "expert_policy": None, "rounds": 1})
 
 DEMONSTRATIONS = Section({
     "problems_per_dataset": POSITIVE,
@@ -446,6 +450,14 @@ def _check_across_keys(agent: dict) -> None:
     if demonstrations["rounds"] > 1 and demonstrations["round_iterations"] is None:
         raise ValueError(f"demonstrations.round_iterations must be a positive integer when demonstrations.rounds > 1 "
                          f"(rounds: {demonstrations['rounds']}), got None")
+    pretrain = agent.get("pretrain") or {}
+    if pretrain.get("policy") is not None and pretrain.get("expert", "planner") != "planner":
+        raise ValueError("pretrain.policy names the policy to start from as it is: it cannot go with pretrain.expert: "
+                         f"{pretrain['expert']} (which clones a new one)")
+    for key in ("expert_policy", "rounds"):
+        if key in pretrain and pretrain.get("expert", "planner") != "tune":
+            raise ValueError(f"pretrain.{key} is for pretrain.expert: tune (expert iteration with measured tune), "
+                             f"not expert: {pretrain.get('expert', 'planner')}")
     training = agent.get("training", {})
     minibatch, batch = training.get("minibatch_size"), training.get("train_batch_size_per_learner")
     if algorithm == "ppo" and minibatch is not None and batch is not None and minibatch > batch:
