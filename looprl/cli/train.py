@@ -4,6 +4,7 @@
     looprl-train --resume --out checkpoints/apex-dqn --time-budget 2h
     looprl-train --layouts --init-from checkpoints/apex-dqn --time-budget 40m --out runs/layouts
     looprl-train --evaluate checkpoints/apex-dqn --split test --numpy
+    looprl-train --adapt --time-budget 10m --out runs/adapted
 
 Hyperparameters come from ``agents/<algo>.yaml`` (or ``--config``); flags override them.
 """
@@ -50,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="training problems (evenly spread) in the validation set (default: run.validation_problems or 64)")
     parser.add_argument("--problems", default=None, help="train on these problems instead of the dataset (comma-separated MxNxK)")
     parser.add_argument("--evaluate", type=Path, default=None, metavar="POLICY", help="evaluate a policy folder, run folder or checkpoint")
+    parser.add_argument("--adapt", nargs="?", const="default", default=None, metavar="POLICY",
+                        help="adapt a policy (default: the shipped one for the target) to this CPU within --time-budget "
+                             "(default 10m): measured tune's answers here, fine-tuning, before/after on held-out shapes")
+    parser.add_argument("--held-out", type=int, default=12, help="--adapt: held-out problems compared before and after (default 12)")
     parser.add_argument("--split", choices=SPLITS, default="test", help="--evaluate: dataset split (default test)")
     parser.add_argument("--dataset", default=defaults.DATASET)
     parser.add_argument("--limit", type=int, default=None, help="--evaluate: first N problems")
@@ -78,6 +83,8 @@ def _interruptible(args) -> int:
     """The command, with SIGTERM handled as Ctrl-C: what was done is saved and the exit status is 130."""
     try:
         with terminate_as_interrupt():
+            if args.adapt is not None:
+                return _adapt(args)
             return _evaluate(args) if args.evaluate is not None else _train(args)
     except KeyboardInterrupt as interrupt:
         hint = interrupt.hint if isinstance(interrupt, training.RunInterrupted) else None
@@ -102,6 +109,30 @@ def _evaluate(args) -> int:
     target = args.target if args.target is not None else _policy_target_or_host(policy)
     threads = args.threads if args.threads is not None else policy.metadata.get("threads", 1)
     evaluate(policy, problems, Evaluator(cache, target=target, threads=threads), use_mask=args.mask, numpy=args.numpy, csv_path=args.csv)
+    return 0
+
+
+def _adapt(args) -> int:
+    from datetime import datetime, timezone
+
+    from looprl.train.adapt import adapt, format_report
+
+    if args.evaluate is not None:
+        raise ValueError("--adapt and --evaluate are two commands: give one")
+    budget_s = 600.0
+    if args.time_budget is not None:
+        try:
+            budget_s = parse_duration(args.time_budget)
+        except ValueError as error:
+            raise ValueError(f"--time-budget: {error}") from None
+    if args.held_out < 1:
+        raise ValueError(f"--held-out must be positive, got {args.held_out}")
+    require_training_extra("adapting", ("torch",))
+    cache = cache_path(args.cache)
+    out = args.out or Path("runs") / f"adapt__{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+    writable_folder(out, "--out")
+    report = adapt(args.adapt, out=out, target=args.target, budget_s=budget_s, held_out=args.held_out, cache=cache, seed=args.seed)
+    print(format_report(report), flush=True)
     return 0
 
 

@@ -1,0 +1,304 @@
+"""Adapt a policy to the CPU it runs on, in minutes (``looprl-train --adapt``).
+
+A shipped policy was trained on one machine; on another CPU kind its greedy choices (which
+register tile, whether to block for the caches) can be wrong, and ``looprl.tune`` then spends
+its measurements correcting them. Adapting is expert iteration on this machine, with measured
+tune as the expert, at a scale that fits a coffee break:
+
+1. **Demonstrations** (``GATHER_SHARE`` of the budget): training problems of the policy's own
+   kind, taken in turn from each dataset, are tuned by measured tune with the policy
+   (:func:`looprl.train.demonstrations.expert_demonstration`: tune's own budget, one thread);
+   each answer whose path replays in the policy's actions is a demonstration. Each one is
+   written to ``OUT/demonstrations.json`` as it is found, so an interrupted adaptation run
+   again with the same ``OUT`` goes on from there.
+2. **Fine-tuning**: the policy's own weights are trained towards the demonstrated actions by
+   DQfD's large-margin loss (:func:`fine_tune`). This is supervised fine-tuning, not RL: the
+   result's metadata says so (``adapted``), and keeps the algorithm and the RL steps of the
+   policy it started from.
+3. **Before and after**, on held-out shapes (the models dataset's test split, whole models no
+   training problem comes from): one greedy episode of each policy per problem, its final state
+   timed, both re-timed together in interleaved rounds (best kept). The figures are printed
+   and written to ``OUT/adapt.json``; the adapted policy is ``OUT/policy``
+   (``looprl.tune(problem, policy="OUT/policy")``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from looprl import checks, defaults
+from looprl.backend.kernel import compile
+from looprl.ir.problem import Problem, as_problem, parse_problem
+from looprl.measurement.evaluator import Evaluator
+from looprl.measurement.timing import time_kernel
+from looprl.policy.loading import load_policy
+from looprl.policy.numpy_policy import Dense, Policy
+from looprl.policy.rollout import greedy_rollout, policy_actions
+from looprl.target import Target
+from looprl.train.demonstrations import Demonstration, demonstration_arrays, expert_demonstration
+from looprl.train.validation import spread, training_groups
+from looprl.workloads.datasets import dataset_problems
+
+TRAINING_DATASETS = ("models", "gemm-shapes", "mm64-256")
+HELD_OUT = ("models", "test")
+GATHER_SHARE = 0.75  # of the budget: demonstrations; the rest fine-tunes and compares
+RETIME_ROUNDS = 3
+DEMONSTRATIONS_NAME = "demonstrations.json"
+REPORT_NAME = "adapt.json"
+ACTIVATIONS = ("relu", "tanh", "linear")
+
+
+@dataclass(frozen=True)
+class AdaptReport:
+    """What an adaptation did and measured."""
+
+    problems: tuple[str, ...]  # the held-out problems
+    before_gflops: tuple[float, ...]  # the starting policy's greedy final state, re-timed
+    after_gflops: tuple[float, ...]  # the adapted policy's
+    demonstrations: int
+    pairs: int
+    agreement_before: float  # share of demonstrated actions the starting policy already chose
+    agreement_after: float
+    seconds: float
+    out: Path
+
+    @property
+    def ratio(self) -> float:
+        """Geometric mean of after / before over the held-out problems."""
+        pairs = [a / b for a, b in zip(self.after_gflops, self.before_gflops) if a > 0 and b > 0]
+        return math.exp(sum(map(math.log, pairs)) / len(pairs)) if pairs else math.nan
+
+
+def adaptation_agent(policy: Policy, target: Target) -> dict:
+    """The agent configuration a policy was trained as (its actions, episode, observation), on
+    the training splits of ``TRAINING_DATASETS``, measuring for ``target``."""
+    meta = policy.metadata
+    return {
+        "algorithm": "dqn",
+        "env": {
+            "dataset": list(TRAINING_DATASETS), "split": "train", "observation": meta["observation"],
+            "split_factors": list(meta["split_factors"]), "layouts": bool(meta.get("layouts", False)),
+            "max_loops": int(meta["observation_shape"][0]), "episode_length": int(meta["episode_length"]),
+            "measure_budget_s": defaults.STATE_BUDGET_S, "target": target.isa,
+        },
+    }
+
+
+def in_turn(groups) -> list[Problem]:
+    """The problems of ``groups`` taken one from each group in turn, each group spread evenly
+    (so that however soon the budget ends, every dataset had its share)."""
+    ordered = [spread(group, len(group)) for group in groups]
+    orders = [_spread_order(len(group)) for group in ordered]
+    out = []
+    for i in range(max(len(g) for g in ordered)):
+        out += [group[order[i]] for group, order in zip(ordered, orders) if i < len(group)]
+    return out
+
+
+def _spread_order(n: int) -> list[int]:
+    """0..n-1 in an order whose every prefix is spread over the range (bit-reversed halving)."""
+    order, seen, step = [], set(), n
+    while len(order) < n:
+        for i in range(0, n, max(step, 1)):
+            if i not in seen:
+                seen.add(i)
+                order.append(i)
+        if step == 1:
+            break
+        step = max(step // 2, 1)
+    return order
+
+
+def fine_tune(policy: Policy, observations: np.ndarray, labels: np.ndarray, *, epochs: int = 200, lr: float = 1e-3,
+              margin: float = 0.05, seed: int = 0) -> Policy:
+    """``policy`` with its trunk and greedy head trained to choose ``labels`` on
+    ``observations`` (flattened), starting from its own weights, by DQfD's large-margin loss
+    ``max_a [Q(s, a) + l(a_E, a)] - Q(s, a_E)`` (``l`` = ``margin`` for every action but the
+    demonstrated one): it is zero where the policy already prefers the demonstrated action by
+    the margin, so what the policy does right is left alone, and its scores keep their scale
+    (a DQN's Q-values, on the scale of rewards). Stops early once every demonstrated action
+    leads. Its other heads (a DQN's value head) stay as they were."""
+    import torch  # the [train] extra
+
+    network = policy.metadata["network"]
+    greedy = network["greedy"]
+    layers = list(policy.trunk) + list(policy.heads[greedy])
+    if any(layer.activation not in ACTIVATIONS for layer in layers):
+        raise ValueError(f"fine_tune supports {', '.join(ACTIVATIONS)} layers, the policy has "
+                         f"{sorted({layer.activation for layer in layers})}")
+    torch.manual_seed(seed)
+    linears = [torch.nn.Linear(layer.weight.shape[1], layer.weight.shape[0]) for layer in layers]
+    with torch.no_grad():
+        for linear, layer in zip(linears, layers):
+            linear.weight.copy_(torch.as_tensor(layer.weight))
+            linear.bias.copy_(torch.as_tensor(layer.bias))
+    activation = {"relu": torch.relu, "tanh": torch.tanh, "linear": lambda t: t}
+
+    def forward(x):
+        for linear, layer in zip(linears, layers):
+            x = activation[layer.activation](linear(x))
+        return x
+
+    def margin_loss(q, y):
+        penalty = torch.full_like(q, margin)
+        penalty.scatter_(1, y[:, None], 0.0)
+        return ((q + penalty).max(dim=1).values - q.gather(1, y[:, None])[:, 0]).mean()
+
+    x = torch.as_tensor(observations.reshape(len(observations), -1), dtype=torch.float32)
+    y = torch.as_tensor(labels, dtype=torch.int64)
+    optimizer = torch.optim.Adam([p for linear in linears for p in linear.parameters()], lr=lr)
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        order = torch.randperm(len(x), generator=generator)
+        for start in range(0, len(x), 128):
+            batch = order[start:start + 128]
+            loss = margin_loss(forward(x[batch]), y[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        with torch.no_grad():
+            if margin_loss(forward(x), y).item() == 0.0:
+                break
+    tuned = [Dense(linear.weight.detach().numpy().astype(np.float32), linear.bias.detach().numpy().astype(np.float32), layer.activation)
+             for linear, layer in zip(linears, layers)]
+    trunk = tuple(tuned[: len(policy.trunk)])
+    heads = dict(policy.heads, **{greedy: tuple(tuned[len(policy.trunk):])})
+    return Policy(dict(policy.metadata), trunk, heads)
+
+
+def agreement(policy: Policy, observations: np.ndarray, labels: np.ndarray) -> float:
+    """Share of ``labels`` that ``policy``'s greedy action matches."""
+    if not len(labels):
+        return math.nan
+    scores = policy.scores(np.asarray(observations, dtype=np.float32).reshape(len(observations), *policy.observation_shape))
+    return float(np.mean(np.argmax(scores, axis=-1) == labels))
+
+
+def _load_progress(path: Path, source: str, target: Target) -> list[dict]:
+    """The demonstrations an earlier, interrupted adaptation into the same folder found (for
+    the same policy and target), else none."""
+    if not path.exists():
+        return []
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ValueError(f"unreadable {path}: {error} (remove it, or give another --out)") from None
+    if not isinstance(record, dict) or record.get("policy") != source or record.get("target") != target.isa:
+        raise ValueError(f"{path} holds demonstrations of another policy or target: give another --out")
+    items = record.get("demonstrations")
+    if not isinstance(items, list):
+        raise ValueError(f"{path}: 'demonstrations' must be a list")
+    return items
+
+
+def _save_progress(path: Path, source: str, target: Target, items: list[dict]) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps({"policy": source, "target": target.isa, "demonstrations": items}, indent=0) + "\n",
+                         encoding="utf-8")
+    temporary.replace(path)
+
+
+def _final_nests(policy: Policy, problems: list[Problem]):
+    return [greedy_rollout(policy, problem, None).final_nest for problem in problems]
+
+
+def retimed(nests_by_method: dict[str, list], target: Target, rounds: int = RETIME_ROUNDS) -> dict[str, list[float]]:
+    """GFLOPS of each schedule, the distinct ones timed in interleaved rounds (best kept), so
+    that two methods that reach one schedule get one figure."""
+    kernels, best = {}, {}
+    for nests in nests_by_method.values():
+        for nest in nests:
+            if nest.key not in kernels:
+                kernels[nest.key] = compile(nest, target=target)
+                best[nest.key] = 0.0
+    for _ in range(rounds):
+        for key, kernel in kernels.items():
+            best[key] = max(best[key], time_kernel(kernel, 0.03).gflops)
+    return {method: [best[n.key] for n in nests] for method, nests in nests_by_method.items()}
+
+
+def adapt(policy: Policy | str | Path = "default", *, out: str | Path, target: Target | str | None = None, budget_s: float = 600.0,
+          held_out: int = 12, cache=None, seed: int = 0, log=print, training_problems=None, held_out_problems=None) -> AdaptReport:
+    """Adapt ``policy`` (``"default"``: the shipped one for ``target``) to this machine within
+    about ``budget_s`` seconds (module docstring) and write it to ``out/policy``; returns the
+    before/after figures on ``held_out`` problems of the held-out split. ``training_problems``
+    and ``held_out_problems`` (lists of problems) replace the datasets' when given."""
+    started = time.perf_counter()
+    budget_s = checks.seconds(budget_s, "budget_s")
+    held_out = checks.positive_int(held_out, "held_out")
+    target = Target.resolve(target)
+    target.check_runs_on_host()
+    source = str(policy) if not isinstance(policy, Policy) else "the given policy"
+    loaded = load_policy(policy, target)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    agent = adaptation_agent(loaded, target)
+    actions = policy_actions(loaded, target)
+    evaluator = Evaluator(cache, defaults.STATE_BUDGET_S, target=target, samples=1)
+    episode_length = int(loaded.metadata["episode_length"])
+    progress_path = out / DEMONSTRATIONS_NAME
+    items = _load_progress(progress_path, source, target)
+    done = {item["problem"] for item in items}
+    pool = in_turn(training_groups(agent)) if training_problems is None else [as_problem(p) for p in training_problems]
+    problems = [p for p in pool if p.name not in done]
+    if items:
+        log(f"[adapt] {len(items)} demonstrations from the interrupted run in {out}: going on")
+    gather_until = started + GATHER_SHARE * budget_s
+    for problem in problems:
+        if time.perf_counter() >= gather_until:
+            break
+        demo, from_search = expert_demonstration(problem, actions, evaluator, episode_length, loaded, None)
+        items.append({"problem": problem.name, "actions": [actions.names[a] for a in demo.actions], "gflops": demo.gflops,
+                      "initial_gflops": demo.initial_gflops, "from_search": bool(from_search)})
+        _save_progress(progress_path, source, target, items)
+        if len(items) % 10 == 0:
+            log(f"[adapt] {len(items)} demonstrations, {time.perf_counter() - started:.0f} s of {budget_s:.0f}")
+    demos = [Demonstration(parse_problem(item["problem"]), tuple(actions.index(a) for a in item["actions"]), float(item["gflops"]),
+                           float(item["initial_gflops"])) for item in items]
+    if not demos:
+        raise ValueError(f"no demonstration was gathered in {budget_s:.0f} s: give a larger budget")
+    x, y = demonstration_arrays(agent, demos)
+    before_agreement = agreement(loaded, x, y)
+    adapted = fine_tune(loaded, x, y, seed=seed)
+    after_agreement = agreement(adapted, x, y)
+    log(f"[adapt] fine-tuned on {len(demos)} demonstrations ({len(y)} state-action pairs): the greedy action matches "
+        f"{before_agreement:.1%} of them before, {after_agreement:.1%} after")
+    training = loaded.metadata.get("training")
+    adapted = Policy(dict(adapted.metadata, adapted={
+        "from": source, "how": "supervised fine-tuning (DQfD's large-margin loss) towards measured tune's answers on this machine; no RL",
+        "host_cpu": Target.host().cpu, "target": target.isa, "demonstrations": len(demos), "pairs": int(len(y)),
+        "training_of_the_starting_policy": training,
+    }), adapted.trunk, adapted.heads)
+    adapted.save(out / "policy")
+    if held_out_problems is None:
+        problems_held_out = spread(dataset_problems(*HELD_OUT), held_out)
+    else:
+        problems_held_out = [as_problem(p) for p in held_out_problems]
+    nests = {"before": _final_nests(loaded, problems_held_out), "after": _final_nests(adapted, problems_held_out)}
+    gflops = retimed(nests, target)
+    report = AdaptReport(tuple(p.name for p in problems_held_out), tuple(gflops["before"]), tuple(gflops["after"]), len(demos),
+                         int(len(y)), before_agreement, after_agreement, time.perf_counter() - started, out)
+    (out / REPORT_NAME).write_text(json.dumps({
+        "policy": source, "target": target.isa, "host_cpu": Target.host().cpu, "seconds": round(report.seconds, 1),
+        "demonstrations": report.demonstrations, "pairs": report.pairs, "agreement_before": round(before_agreement, 4),
+        "agreement_after": round(after_agreement, 4), "held_out": list(report.problems),
+        "before_gflops": [round(g, 2) for g in report.before_gflops], "after_gflops": [round(g, 2) for g in report.after_gflops],
+        "after_over_before_geomean": round(report.ratio, 4),
+    }, indent=1) + "\n", encoding="utf-8")
+    return report
+
+
+def format_report(report: AdaptReport) -> str:
+    """The before/after table an adaptation prints."""
+    lines = [f"{'held-out problem':44s} {'before':>9s} {'after':>9s} {'ratio':>6s}"]
+    for name, before, after in zip(report.problems, report.before_gflops, report.after_gflops):
+        lines.append(f"{name:44s} {before:9.1f} {after:9.1f} {after / before if before > 0 else math.nan:6.2f}")
+    lines.append(f"adapted / starting policy, one greedy episode each: geomean {report.ratio:.3f} over {len(report.problems)} "
+                 f"held-out problems ({report.seconds:.0f} s; policy in {report.out / 'policy'})")
+    return "\n".join(lines)

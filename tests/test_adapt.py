@@ -1,0 +1,86 @@
+"""Adapting a policy to this CPU: demonstrations kept as they are found, the margin fine-tune,
+and the before/after report."""
+
+import json
+
+import numpy as np
+import pytest
+
+import looprl
+from looprl.ir.problem import as_problem
+from looprl.policy.numpy_policy import Policy
+from looprl.train import adapt as adapting
+from tests.policies import random_policy
+
+pytest.importorskip("torch")
+
+TRAINING = ["24x32x16", "40x48x24", "16x64x32", "33x17x20"]
+HELD_OUT = ["32x48x40", "20x36x28"]
+
+
+def test_the_margin_fine_tune_makes_the_demonstrated_actions_lead_and_keeps_other_heads():
+    policy = random_policy(seed=3, hidden=64)
+    rng = np.random.default_rng(0)
+    x = rng.random((40, 10, 20), dtype=np.float32)
+    y = rng.integers(0, len(policy.action_names), 40)
+    assert adapting.agreement(policy, x, y) < 0.5
+    tuned = adapting.fine_tune(policy, x, y, epochs=400, lr=3e-3)
+    assert adapting.agreement(tuned, x, y) >= 0.95
+    assert tuned.metadata == policy.metadata and tuned.trunk[0].weight.shape == policy.trunk[0].weight.shape
+    # Zero loss where the policy already leads by the margin: nothing changes.
+    chosen = np.argmax(policy.scores(x), axis=-1)
+    same = adapting.fine_tune(policy, x, chosen, margin=1e-9)
+    assert np.array_equal(same.trunk[0].weight, policy.trunk[0].weight)
+
+
+def test_problems_are_taken_in_turn_from_each_dataset_spread_over_it():
+    groups = [tuple(looprl.matmul(8, 8, k) for k in range(1, 9)), tuple(looprl.matmul(16, 16, k) for k in range(1, 3))]
+    order = adapting.in_turn(groups)
+    assert len(order) == 10 and len(set(order)) == 10
+    assert order[:2] == [groups[0][0], groups[1][0]]
+    assert {p.size('k') for p in order[:5] if p.size('m') == 8} == {1, 5, 3}  # the first three of the 8 spread over them
+    assert adapting._spread_order(8)[:2] == [0, 4] and sorted(adapting._spread_order(7)) == list(range(7))
+
+
+def test_adapt_writes_a_policy_its_demonstrations_and_a_report_and_resumes(tmp_path):
+    policy = random_policy(seed=1, target=looprl.Target.host())
+    out = tmp_path / "adapted"
+    report = adapting.adapt(policy, out=out, budget_s=60, cache=":memory:", training_problems=TRAINING[:2],
+                            held_out_problems=HELD_OUT, log=lambda *_: None)
+    assert report.demonstrations == 2 and len(report.before_gflops) == len(report.after_gflops) == 2
+    assert all(g > 0 for g in report.before_gflops + report.after_gflops) and report.ratio > 0
+    adapted = Policy.load(out / "policy")
+    assert adapted.metadata["adapted"]["demonstrations"] == 2 and "no RL" in adapted.metadata["adapted"]["how"]
+    saved = json.loads((out / "demonstrations.json").read_text())
+    assert [d["problem"] for d in saved["demonstrations"]] == [as_problem(p).name for p in TRAINING[:2]]
+    assert json.loads((out / "adapt.json").read_text())["held_out"] == [as_problem(p).name for p in HELD_OUT]
+    # Run again into the same folder: the demonstrations found are kept, the rest gathered.
+    again = adapting.adapt(policy, out=out, budget_s=60, cache=":memory:", training_problems=TRAINING[:3],
+                           held_out_problems=HELD_OUT[:1], log=lambda *_: None)
+    assert again.demonstrations == 3
+    assert "adapted / starting policy" in adapting.format_report(again)
+
+
+def test_adapt_refuses_another_policys_demonstrations_and_bad_settings(tmp_path):
+    policy = random_policy(seed=1, target=looprl.Target.host())
+    out = tmp_path / "adapted"
+    out.mkdir()
+    (out / "demonstrations.json").write_text(json.dumps({"policy": "elsewhere", "target": "avx2", "demonstrations": []}))
+    with pytest.raises(ValueError, match="another policy or target"):
+        adapting.adapt(policy, out=out, budget_s=5, cache=":memory:", training_problems=TRAINING, held_out_problems=HELD_OUT)
+    with pytest.raises(ValueError, match="budget_s"):
+        adapting.adapt(policy, out=tmp_path / "x", budget_s=-1)
+    with pytest.raises(ValueError, match="held_out"):
+        adapting.adapt(policy, out=tmp_path / "x", held_out=0)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--adapt", "--held-out", "0"], "--held-out must be positive"),
+    (["--adapt", "--time-budget", "soon"], "--time-budget"),
+    (["--adapt", "--evaluate", "checkpoints/apex-dqn/policy"], "two commands"),
+])
+def test_adapt_flags_are_checked(argv, message, capsys):
+    from looprl.cli.train import main
+
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
