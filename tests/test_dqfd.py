@@ -1,6 +1,7 @@
 """DQfD fine-tuning: the large-margin loss, the demonstrations file, expert iteration's choice
 of demonstration, and a DQN learner that trains with both losses."""
 
+import json
 import math
 
 import numpy as np
@@ -226,3 +227,31 @@ def test_validation_and_demonstrations_draw_each_training_dataset_equally():
     for name in ("models", "mm64-256", "gemm-shapes"):
         assert len(set(problems) & set(dataset_problems(name, "train"))) == 4
     assert spread_over_datasets({"env": {"problems": ["16x16x16", "8x8x8"]}}, 5) == [matmul(16, 16, 16), matmul(8, 8, 8)]
+
+
+def test_demonstrations_are_kept_as_found_and_an_interrupted_gathering_goes_on(monkeypatch, tmp_path):
+    agent = {"algorithm": "dqn", "env": {"problems": ["32x32x32", "48x40x24", "16x64x32"], "cache": ":memory:",
+                                         "split_factors": [4, 8, 16], "episode_length": 12}}
+    problems = [matmul(m=32, n=32, k=32), matmul(m=48, n=40, k=24), matmul(m=16, n=64, k=32)]
+    calls = []
+    real = demos.expert_demonstration
+
+    def counted(problem, *args):
+        calls.append(problem.name)
+        if len(calls) == 3 and interrupt:
+            raise KeyboardInterrupt
+        return real(problem, *args)
+
+    monkeypatch.setattr(demos, "expert_demonstration", counted)
+    progress = tmp_path / "progress.json"
+    interrupt = True
+    with pytest.raises(KeyboardInterrupt):
+        demos.expert_demonstrations(agent, problems, progress=progress, log=lambda *_: None)
+    assert len(json.loads(progress.read_text())["demonstrations"]) == 2
+    interrupt, calls[:] = False, []
+    found, summary = demos.expert_demonstrations(agent, problems, progress=progress, log=lambda *_: None)
+    assert calls == [problems[2].name]  # only the problem the interruption cut off
+    assert [d.problem for d in found] == problems and summary["problems"] == 3
+    progress.write_text("{not json")
+    with pytest.raises(ValueError, match="unreadable demonstrations in progress"):
+        demos.expert_demonstrations(agent, problems, progress=progress, log=lambda *_: None)

@@ -33,7 +33,7 @@ from looprl import defaults
 from looprl.actions import ActionSet, State, step
 from looprl.env.observation import observation
 from looprl.ir.nest import initial_nest
-from looprl.ir.problem import Problem
+from looprl.ir.problem import Problem, parse_problem
 from looprl.ir.register_tiles import tile_shapes, tile_steps, why_not_tile
 from looprl.measurement.evaluator import Evaluator
 from looprl.policy import tuner
@@ -213,9 +213,11 @@ def gather_demonstrations(agent: dict, problems: list[Problem], policy=None, sea
 
 
 def expert_demonstrations(agent: dict, problems: list[Problem], policy=None, search_budget_s: float | None = 0.0, log=print,
-                          earlier: list[Demonstration] | None = None) -> tuple[list[Demonstration], dict]:
+                          earlier: list[Demonstration] | None = None, progress: Path | None = None) -> tuple[list[Demonstration], dict]:
     """One demonstration per problem (:func:`expert_demonstration`) and a summary; with
-    ``earlier`` (the demonstrations of an earlier round, same problems), the faster of the two."""
+    ``earlier`` (the demonstrations of an earlier round, same problems), the faster of the two.
+    ``progress``: a JSON file each demonstration is written to as it is found; the problems it
+    already holds (from an interrupted gathering) are not searched again."""
     env = agent.get("env", {})
     target = agent_target(agent)
     actions = agent_actions(agent, target)
@@ -223,9 +225,18 @@ def expert_demonstrations(agent: dict, problems: list[Problem], policy=None, sea
     episode_length = int(env.get("episode_length", defaults.EPISODE_LENGTH))
     if earlier is not None and [d.problem for d in earlier] != list(problems):
         raise ValueError("earlier demonstrations are of other problems")
+    found = _read_progress(progress, actions) if progress is not None else {}
+    if found:
+        log(f"[demonstrations] {len(found)} found before an interruption ({progress}): going on")
     demos, speedups, searched, kept = [], [], 0, 0
     for index, problem in enumerate(problems):
-        demo, from_search = expert_demonstration(problem, actions, evaluator, episode_length, policy, search_budget_s)
+        if problem.name in found:
+            demo, from_search = found[problem.name]
+        else:
+            demo, from_search = expert_demonstration(problem, actions, evaluator, episode_length, policy, search_budget_s)
+            if progress is not None:
+                _write_progress(progress, actions, {**found, problem.name: (demo, from_search)})
+                found[problem.name] = (demo, from_search)
         searched += from_search
         if earlier is not None and earlier[index].gflops > demo.gflops:
             demo, kept = earlier[index], kept + 1
@@ -240,6 +251,34 @@ def expert_demonstrations(agent: dict, problems: list[Problem], policy=None, sea
     if earlier is not None:
         summary["earlier_kept"] = kept
     return demos, summary
+
+
+def _read_progress(path: Path, actions: ActionSet) -> dict[str, tuple[Demonstration, bool]]:
+    """The demonstrations a gathering wrote to ``path`` so far (none if it does not exist)."""
+    path = Path(path)
+    if not path.exists():
+        return {}
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if record.get("actions") != list(actions.names):
+            raise ValueError(f"its demonstrations are in other actions than the agent's {list(actions.names)}")
+        found = {}
+        for item in record["demonstrations"]:
+            problem = parse_problem(item["problem"])
+            demo = Demonstration(problem, tuple(actions.index(a) for a in item["actions"]), float(item["gflops"]),
+                                 float(item["initial_gflops"]))
+            found[problem.name] = (demo, bool(item["from_search"]))
+        return found
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"unreadable demonstrations in progress {path}: {error} (remove it to gather again)") from None
+
+
+def _write_progress(path: Path, actions: ActionSet, found: dict[str, tuple[Demonstration, bool]]) -> None:
+    items = [{"problem": name, "actions": [actions.names[a] for a in demo.actions], "gflops": demo.gflops,
+              "initial_gflops": demo.initial_gflops, "from_search": from_search} for name, (demo, from_search) in found.items()]
+    temporary = Path(path).with_name(Path(path).name + ".tmp")
+    temporary.write_text(json.dumps({"actions": list(actions.names), "demonstrations": items}) + "\n", encoding="utf-8")
+    temporary.replace(path)
 
 
 def demonstration_arrays(agent: dict, demos: list[Demonstration]) -> tuple[np.ndarray, np.ndarray]:
@@ -297,6 +336,9 @@ def starting_policy(name: str, agent: dict) -> Policy:
     return policy
 
 
+PRETRAIN_PROGRESS = "pretrain-round{round}.json"
+
+
 def pretrain_policy(agent: dict, seed: int = 0, log=print, run_path: Path | None = None) -> Policy:
     """The policy a run starts from, as the agent's ``pretrain`` section says:
 
@@ -312,6 +354,10 @@ def pretrain_policy(agent: dict, seed: int = 0, log=print, run_path: Path | None
       keeps the faster schedule of each problem and clones again. With ``run_path``, the last
       round's demonstrations and a summary per round are written there
       (``demonstrations.npz``, ``demonstrations.json``: DQfD's first demonstrations).
+
+    Each round's demonstrations are written to ``pretrain-round<N>.json`` in ``run_path`` as they
+    are found: a run started again after an interruption goes on from there (round 2's
+    expert, the clone of round 1, is cloned again from them: the same seed gives the same clone).
 
     Every measurement uses the env's target, cache and per-state budget."""
     agent = validate_agent(agent)
@@ -332,7 +378,11 @@ def pretrain_policy(agent: dict, seed: int = 0, log=print, run_path: Path | None
     for round_number in range(1, settings["rounds"] + 1):
         log(f"[pretrain] round {round_number} of {settings['rounds']}: measured tune with "
             f"{expert_name if round_number == 1 else 'the last clone'} on {len(problems)} problems")
-        demos, summary = expert_demonstrations(agent, problems, expert, None, log, earlier=demos)
+        progress = None
+        if run_path is not None:
+            Path(run_path).mkdir(parents=True, exist_ok=True)
+            progress = Path(run_path) / PRETRAIN_PROGRESS.format(round=round_number)
+        demos, summary = expert_demonstrations(agent, problems, expert, None, log, earlier=demos, progress=progress)
         x, y = demonstration_arrays(agent, demos)
         rounds.append({"round": round_number, "expert": expert_name if round_number == 1 else "clone of the round before",
                        **summary, "pairs": int(len(y))})
