@@ -203,53 +203,76 @@ def accuracy(arrays: dict[str, np.ndarray], observations: np.ndarray, labels: np
 
 
 def gather_demonstrations(agent: dict, problems: list[Problem], policy=None, search_budget_s: float | None = 0.0,
-                          log=print, earlier: list[Demonstration] | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
+                          log=print, earlier: list[Demonstration] | None = None,
+                          address: str | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
     """Demonstrations on ``problems`` (:func:`expert_demonstration`), measured with the env's
     target, cache and per-state budget, as (observations, actions, summary). ``earlier``: an
-    earlier round's demonstrations of the same problems; each problem keeps the faster."""
-    demos, summary = expert_demonstrations(agent, problems, policy, search_budget_s, log, earlier)
+    earlier round's demonstrations of the same problems; each problem keeps the faster.
+    ``address``: gathered as tasks on that Ray cluster."""
+    demos, summary = expert_demonstrations(agent, problems, policy, search_budget_s, log, earlier, address=address)
     observations, labels = demonstration_arrays(agent, demos)
     return observations, labels, {**summary, "pairs": int(len(labels))}
 
 
 def expert_demonstrations(agent: dict, problems: list[Problem], policy=None, search_budget_s: float | None = 0.0, log=print,
-                          earlier: list[Demonstration] | None = None, progress: Path | None = None) -> tuple[list[Demonstration], dict]:
+                          earlier: list[Demonstration] | None = None, progress: Path | None = None,
+                          address: str | None = None) -> tuple[list[Demonstration], dict]:
     """One demonstration per problem (:func:`expert_demonstration`) and a summary; with
     ``earlier`` (the demonstrations of an earlier round, same problems), the faster of the two.
     ``progress``: a JSON file each demonstration is written to as it is found; the problems it
-    already holds (from an interrupted gathering) are not searched again."""
+    already holds (from an interrupted gathering) are not searched again. ``address``: a Ray
+    cluster whose nodes gather them as tasks, each measuring on its own CPU
+    (:mod:`looprl.train.cluster`; the summary counts the demonstrations per CPU)."""
     env = agent.get("env", {})
     target = agent_target(agent)
     actions = agent_actions(agent, target)
-    evaluator = Evaluator(env.get("cache"), agent_measure_budget_s(agent), target=target, samples=1)
     episode_length = int(env.get("episode_length", defaults.EPISODE_LENGTH))
     if earlier is not None and [d.problem for d in earlier] != list(problems):
         raise ValueError("earlier demonstrations are of other problems")
     found = _read_progress(progress, actions) if progress is not None else {}
     if found:
         log(f"[demonstrations] {len(found)} found before an interruption ({progress}): going on")
-    demos, speedups, searched, kept = [], [], 0, 0
+    todo = [p for p in problems if p.name not in found]
+    hosts: dict[str, int] = {}
+
+    def keep(problem: Problem, demo: Demonstration, from_search: bool) -> None:
+        found[problem.name] = (demo, from_search)
+        if progress is not None:
+            _write_progress(progress, actions, found)
+        if len(found) % 25 == 0 or len(found) == len(problems):
+            speedups = [d.gflops / d.initial_gflops for d, _ in found.values() if d.initial_gflops > 0]
+            log(f"[demonstrations] {len(found)}/{len(problems)} problems, over untuned {math.exp(np.mean(np.log(speedups))):.2f}x "
+                f"(geomean); the search's schedule taken on {sum(s for _, s in found.values())}")
+
+    if address is not None and todo:
+        from looprl.train import cluster  # Ray only when a cluster is named
+
+        cluster.attach(address)
+        by_name = {p.name: p for p in todo}
+        for item in cluster.demonstrations_on_cluster(agent, list(by_name), policy, search_budget_s):
+            problem = by_name[item["problem"]]
+            hosts[item["host_cpu"]] = hosts.get(item["host_cpu"], 0) + 1
+            demo = Demonstration(problem, tuple(actions.index(a) for a in item["actions"]), float(item["gflops"]),
+                                 float(item["initial_gflops"]))
+            keep(problem, demo, bool(item["from_search"]))
+    else:
+        evaluator = Evaluator(env.get("cache"), agent_measure_budget_s(agent), target=target, samples=1)
+        for problem in todo:
+            keep(problem, *expert_demonstration(problem, actions, evaluator, episode_length, policy, search_budget_s))
+    demos, kept = [], 0
     for index, problem in enumerate(problems):
-        if problem.name in found:
-            demo, from_search = found[problem.name]
-        else:
-            demo, from_search = expert_demonstration(problem, actions, evaluator, episode_length, policy, search_budget_s)
-            if progress is not None:
-                _write_progress(progress, actions, {**found, problem.name: (demo, from_search)})
-                found[problem.name] = (demo, from_search)
-        searched += from_search
+        demo = found[problem.name][0]
         if earlier is not None and earlier[index].gflops > demo.gflops:
             demo, kept = earlier[index], kept + 1
         demos.append(demo)
-        if demo.initial_gflops > 0:
-            speedups.append(demo.gflops / demo.initial_gflops)
-        if (index + 1) % 25 == 0 or index + 1 == len(problems):
-            log(f"[demonstrations] {index + 1}/{len(problems)} problems, over untuned {math.exp(np.mean(np.log(speedups))):.2f}x "
-                f"(geomean); the search's schedule taken on {searched}" + ("" if earlier is None else f", the earlier round's kept on {kept}"))
-    summary = {"problems": len(problems), "from_search": searched,
+    speedups = [d.gflops / d.initial_gflops for d in demos if d.initial_gflops > 0]
+    summary = {"problems": len(problems), "from_search": sum(found[p.name][1] for p in problems),
                "speedup_geomean": round(math.exp(float(np.mean(np.log(speedups)))), 3) if speedups else None}
     if earlier is not None:
         summary["earlier_kept"] = kept
+        log(f"[demonstrations] the earlier round's demonstration kept on {kept} of {len(problems)} (faster)")
+    if hosts:
+        summary["measured_on"] = hosts
     return demos, summary
 
 
@@ -339,7 +362,7 @@ def starting_policy(name: str, agent: dict) -> Policy:
 PRETRAIN_PROGRESS = "pretrain-round{round}.json"
 
 
-def pretrain_policy(agent: dict, seed: int = 0, log=print, run_path: Path | None = None) -> Policy:
+def pretrain_policy(agent: dict, seed: int = 0, log=print, run_path: Path | None = None, address: str | None = None) -> Policy:
     """The policy a run starts from, as the agent's ``pretrain`` section says:
 
     * ``policy``: that policy folder (e.g. a shipped clone), as it is;
@@ -359,7 +382,8 @@ def pretrain_policy(agent: dict, seed: int = 0, log=print, run_path: Path | None
     are found: a run started again after an interruption goes on from there (round 2's
     expert, the clone of round 1, is cloned again from them: the same seed gives the same clone).
 
-    Every measurement uses the env's target, cache and per-state budget."""
+    Every measurement uses the env's target, cache and per-state budget. ``address``: the
+    demonstrations are gathered as tasks on that Ray cluster (:mod:`looprl.train.cluster`)."""
     agent = validate_agent(agent)
     settings = section_settings(agent, "pretrain")
     if settings["policy"] is not None:  # an earlier clone, shipped: start from it as it is
@@ -369,7 +393,7 @@ def pretrain_policy(agent: dict, seed: int = 0, log=print, run_path: Path | None
         return policy
     problems = spread_over_datasets(agent, settings["problems_per_dataset"])
     if settings["expert"] == "planner":
-        x, y, _ = gather_demonstrations(agent, problems, log=log)
+        x, y, _ = gather_demonstrations(agent, problems, log=log, address=address)
         extra = {"pretrained": {"problems": len(problems), "pairs": int(len(y)), "settings": dict(agent.get("pretrain") or {})}}
         return cloned_policy(agent, x, y, seed, extra, log)
     expert_name = settings["expert_policy"] or "default"
@@ -382,7 +406,7 @@ def pretrain_policy(agent: dict, seed: int = 0, log=print, run_path: Path | None
         if run_path is not None:
             Path(run_path).mkdir(parents=True, exist_ok=True)
             progress = Path(run_path) / PRETRAIN_PROGRESS.format(round=round_number)
-        demos, summary = expert_demonstrations(agent, problems, expert, None, log, earlier=demos, progress=progress)
+        demos, summary = expert_demonstrations(agent, problems, expert, None, log, earlier=demos, progress=progress, address=address)
         x, y = demonstration_arrays(agent, demos)
         rounds.append({"round": round_number, "expert": expert_name if round_number == 1 else "clone of the round before",
                        **summary, "pairs": int(len(y))})

@@ -37,14 +37,15 @@ def expert(run_path: Path) -> Policy:
     return Policy.load(best if (best / JSON_NAME).exists() else Path(run_path) / NEWEST_POLICY)
 
 
-def gather_round(agent: dict, run_path: Path, policy: Policy | None, seed: int, round_number: int = 1, log=print) -> dict:
+def gather_round(agent: dict, run_path: Path, policy: Policy | None, seed: int, round_number: int = 1, log=print,
+                 address: str | None = None) -> dict:
     """Round ``round_number``'s demonstrations from ``policy``'s measured search (None: the
     tile planner alone) into the run folder; returns the round's summary."""
     settings = section_settings(agent, "demonstrations")
     run_path = Path(run_path)
     problems = spread_over_datasets(agent, settings["problems_per_dataset"])
     budget = settings["search_budget_s"] if policy is not None else 0.0
-    x, y, summary = gather_demonstrations(agent, problems, policy, budget, log=log)
+    x, y, summary = gather_demonstrations(agent, problems, policy, budget, log=log, address=address)
     save_demonstrations(run_path / DEMONSTRATIONS_FILE, x, y)
     summary_path = run_path / DEMONSTRATIONS_SUMMARY
     earlier = summary_rounds(json.loads(summary_path.read_text(encoding="utf-8")))[: round_number - 1] if round_number > 1 else []

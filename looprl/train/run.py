@@ -144,13 +144,14 @@ def prepare(options: TrainOptions, log: Log = _print) -> Plan:
     if initial_policy is not None:
         check_compatible(initial_policy, agent, arguments["init_from"])
     settings = run_settings(options, agent)
+    address = reachable(options.address) if options.address else None
     return Plan(
         run=run, agent=agent, state=state, arguments=arguments, starting=starting, resumed=options.resume, settings=settings,
         time_budget_s=options.time_budget_s, env_steps=options.env_steps,
-        validator=validator_for(agent, settings.validation_problems) if settings.validate_every else None,
+        validator=validator_for(agent, settings.validation_problems, address) if settings.validate_every else None,
         initial_policy=initial_policy,
         num_env_runners=options.num_env_runners if options.num_env_runners is not None else arguments.get("num_env_runners"),
-        address=reachable(options.address) if options.address else None,
+        address=address,
     )
 
 
@@ -185,13 +186,14 @@ def run_settings(options: TrainOptions, agent: dict) -> RunSettings:
     )
 
 
-def validator_for(agent: dict, count: int) -> Validator:
+def validator_for(agent: dict, count: int, address: str | None = None) -> Validator:
     """Greedy validation on ``count`` of the agent's training problems (as many from each
-    training dataset), measured like the env."""
+    training dataset), measured like the env (on the cluster's nodes, as Ray tasks, when
+    ``address`` names one)."""
     env = agent.get("env", {})
     problems = spread_over_datasets(agent, -(-count // len(training_groups(agent))))
     evaluator = Evaluator(env.get("cache"), agent_measure_budget_s(agent), target=env.get("target"), threads=env.get("threads", 1))
-    return Validator(problems, evaluator)
+    return Validator(problems, evaluator, address, node_cache=env.get("cache"))
 
 
 def reachable(address: str) -> str:
@@ -222,12 +224,12 @@ def execute(plan: Plan, log: Log = _print) -> None:
         tune_expert = section_settings(agent, "pretrain")["expert"] == "tune" and bool(agent.get("pretrain"))
         if initial_policy is None and agent.get("pretrain"):
             # expert: tune writes its demonstrations into the run folder: DQfD's first round
-            initial_policy = pretrain_policy(agent, seed=arguments["seed"], log=log, run_path=run.path)
+            initial_policy = pretrain_policy(agent, seed=arguments["seed"], log=log, run_path=run.path, address=plan.address)
             arguments["init_from"] = str(run.path / PRETRAINED_POLICY)
         if initial_policy is not None:
             initial_policy.save(run.path / PRETRAINED_POLICY)  # the run folder holds the policy it started from
         if agent.get("demonstrations") and not tune_expert:
-            expert_iteration.gather_round(agent, run.path, initial_policy, arguments["seed"], log=log)
+            expert_iteration.gather_round(agent, run.path, initial_policy, arguments["seed"], log=log, address=plan.address)
         run.create(agent, arguments)
     else:
         run.trim_metrics(plan.state.iteration)
@@ -298,7 +300,8 @@ def _train(plan: Plan, algo, initial_policy: Policy | None, log: Log) -> None:
             break  # the run's own limit came first
         # Expert iteration's next round: the best policy so far searches, its finds are the new demonstrations.
         log(f"round {round_number + 1} of expert iteration: demonstrations from the best validated policy's measured search")
-        expert_iteration.gather_round(agent, run.path, expert_iteration.expert(run.path), arguments["seed"], round_number + 1, log=log)
+        expert_iteration.gather_round(agent, run.path, expert_iteration.expert(run.path), arguments["seed"], round_number + 1, log=log,
+                                      address=plan.address)
         algo.learner_group.foreach_learner(lambda learner: learner.reload_demonstrations())
         arguments["demonstration_round"] = round_number + 1
         run.save_state(state, arguments)
@@ -323,7 +326,9 @@ def start_algorithm(agent: dict, seed: int, num_env_runners: int | None, address
     # SIGINT in them for the same reason.)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
-        if address:
+        if ray.is_initialized():
+            pass  # attached already, to gather demonstrations on the cluster (looprl.train.cluster)
+        elif address:
             ray.init(address=address, include_dashboard=False)
         else:
             ray.init(include_dashboard=False, configure_logging=True, logging_level="warning")

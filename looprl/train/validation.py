@@ -51,16 +51,29 @@ def spread_over_datasets(agent: dict, per_dataset: int) -> list[Problem]:
 class Validator:
     """``validator(policy)`` -> geometric-mean speed-up of its greedy episodes' final states."""
 
-    def __init__(self, problems: Sequence[Problem], evaluator: Evaluator):
+    def __init__(self, problems: Sequence[Problem], evaluator: Evaluator, address: str | None = None, node_cache=None):
         if not problems:
             raise ValueError("no validation problems")
         self.problems = list(problems)
         self.evaluator = evaluator
+        self.address = address  # a Ray cluster: the episodes run there as tasks (looprl.train.cluster)
+        self.node_cache = node_cache  # the cache each node measures with there (None: its own per-user cache)
         self.last_failures = 0  # failed schedules in the last validation
 
     def __call__(self, policy: Policy) -> float:
-        episodes = [greedy_rollout(policy, problem, self.evaluator) for problem in self.problems]
-        self.last_failures = sum(e.failures for e in episodes)
+        if self.address is not None:
+            from looprl.train import cluster
+
+            cluster.attach(self.address)
+            evaluator = self.evaluator
+            episodes = cluster.rollouts_on_cluster(policy, [p.name for p in self.problems], self.node_cache,
+                                                   evaluator.budget_s, evaluator.target.isa, evaluator.threads)
+            speedups = [e["speedup"] for e in episodes]
+            self.last_failures = sum(e["failures"] for e in episodes)
+        else:
+            local = [greedy_rollout(policy, problem, self.evaluator) for problem in self.problems]
+            speedups = [e.speedup for e in local]
+            self.last_failures = sum(e.failures for e in local)
         # Every episode counts (no survivors' bias): a failed schedule leaves the state as it
         # was, and an episode whose untuned nest failed counts as no speed-up.
-        return statistics.geometric_mean([e.speedup if e.speedup > 0 else 1.0 for e in episodes])
+        return statistics.geometric_mean([s if s > 0 else 1.0 for s in speedups])
