@@ -1,6 +1,7 @@
 """Best GFLOPS against measured trials (AutoTVM, Fig. 4): the AutoTVM tuner (rank and
 regression objectives) against random, greedy2 and beam4bfs; ``autotvm-policy`` is AutoTVM whose
-first batch the shipped policy for the target ranks (``policy="default"``) instead of chance.
+first batch is the schedules the shipped policy's greedy episode passes through
+(``prior=PolicyPrior(policy)``) instead of random ones.
 
     python experiments/autotvm_trials.py --problems 4 --trials 200 --seeds 3
 
@@ -38,6 +39,8 @@ from looprl.workloads.datasets import dataset_problems
 from looprl.ir.problem import parse_problems
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.numpy_baseline import numpy_gflops
+from looprl.policy.loading import load_policy
+from looprl.policy.rollout import PolicyPrior
 from looprl.search import run
 from looprl.train.validation import spread
 
@@ -45,8 +48,8 @@ from _curves import best_at, load_rows
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("random", "greedy2", "beam4bfs", "autotvm", "autotvm-regression")
-# Methods that are an algorithm with options: AutoTVM whose first batch the shipped policy ranks.
-VARIANTS = {"autotvm-policy": ("autotvm", {"policy": "default"})}
+# Methods that are an algorithm with options: AutoTVM whose first batch the shipped policy gives.
+PRIOR_METHODS = {"autotvm-policy": "autotvm"}
 FIELDS = ["problem", "target", "method", "seed", "trials", "initial_gflops", "best_gflops", "seconds", "stopped", "curve"]
 
 
@@ -63,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", default=None, help="host (default), avx512, avx2 or sse4: the code generated and timed")
     parser.add_argument("--trials", type=int, default=200, help="measured schedules per search")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS + tuple(PRIOR_METHODS))}")
+    parser.add_argument("--policy", default="default", help="autotvm-policy: the policy whose greedy episode gives the first batch")
     parser.add_argument("--out", default=str(RESULTS / "autotvm_trials"), help="path prefix of the CSV and PNG")
     args = parser.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -86,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
                 for method in methods:
                     if (problem.name, method, seed) in done:
                         continue
-                    algo, options = VARIANTS.get(method, (method, {}))
+                    algo, options = PRIOR_METHODS.get(method, method), {}
+                    if method in PRIOR_METHODS:
+                        options["prior"] = PolicyPrior(load_policy(args.policy, target), target)
                     result = run(problem, algo, budget_s=None, max_evaluations=args.trials, seed=seed,
                                  evaluator=Evaluator(":memory:", target=target), verify_s=None, **options)
                     if result.stopped == "interrupted":

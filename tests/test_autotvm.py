@@ -173,31 +173,28 @@ def test_a_real_evaluator_cache_feeds_records():
     assert result.evaluations == 4
 
 
-def test_a_policy_ranks_the_first_batch_with_the_schedules_its_greedy_episode_passes_through():
+def test_a_policy_prior_gives_the_first_batch_the_schedules_its_greedy_episode_passes_through():
     from looprl.actions import State
-    from looprl.policy.rollout import greedy_rollout, policy_actions
+    from looprl.policy.rollout import PolicyPrior, greedy_schedules, policy_actions
     from tests.policies import random_policy
 
     policy = random_policy(bias=[0, 0, 0, 0, 1, 0, 0])  # always split_4: m 32 -> 8 x 4 -> 2 x 4 x 4, then a no-op
     actions = policy_actions(policy)
-    rollout = greedy_rollout(policy, SMALL, None)
-    state, passed = State(initial_nest(SMALL), 0), []
-    for name in rollout.final_actions:
-        nxt = actions.apply(state, actions.index(name))
-        if nxt is not None and nxt.nest.key != state.nest.key:
-            passed.append(nxt.nest.key)
-        state = nxt or state
-    assert len(passed) == 2
+    root = State(initial_nest(SMALL), 0)
+    once = actions.apply(root, actions.index("split_4"))
+    twice = actions.apply(once, actions.index("split_4"))
+    assert [n.key for n in greedy_schedules(policy, SMALL)] == [twice.nest.key, once.nest.key]  # the end first
+    passed = {once.nest.key, twice.nest.key}
     evaluator = FakeEvaluator()
-    result = run(evaluator, max_evaluations=1 + 8, policy=policy)
+    result = run(evaluator, max_evaluations=1 + 8, prior=PolicyPrior(policy))
     measured = list(evaluator.calls)
-    assert set(passed) <= set(measured[1:])  # the first batch, after the untuned nest
+    assert passed <= set(measured[1:])  # the first batch, after the untuned nest
     without = FakeEvaluator()
     run(without, max_evaluations=1 + 8)
-    assert not set(passed) <= set(without.calls)  # a random first batch does not hold them all
+    assert not passed <= set(without.calls)  # a random first batch does not hold them both
     assert result.best_gflops >= max(evaluator.value(LoopNest.from_key(SMALL, k)) for k in passed)
 
 
-def test_a_bad_policy_for_autotvm_is_a_value_error(tmp_path):
-    with pytest.raises(ValueError):
-        run(FakeEvaluator(), policy=tmp_path / "missing")
+def test_a_prior_must_be_callable():
+    with pytest.raises(ValueError, match="prior must be a callable"):
+        run(FakeEvaluator(), prior="default")

@@ -156,6 +156,34 @@ def greedy_rollout(
     )
 
 
+def greedy_schedules(policy: Policy, problem: Problem, target: Target | None = None) -> list[LoopNest]:
+    """The distinct schedules one greedy episode of ``policy`` on ``problem`` passes through,
+    nothing measured (the episode's end first, then back towards its start; the untuned nest
+    left out)."""
+    actions = policy_actions(policy, target)
+    rollout = greedy_rollout(policy, problem, None)
+    state, passed = State(initial_nest(problem), 0), {}
+    for name in rollout.final_actions:
+        following = actions.apply(state, actions.index(name))
+        if following is not None:
+            state = following
+            passed[state.nest.key] = state.nest
+    passed.pop(initial_nest(problem).key, None)
+    return list(reversed(list(passed.values())))
+
+
+@dataclass(frozen=True)
+class PolicyPrior:
+    """A search's prior from a trained policy: ``prior(problem)`` is
+    :func:`greedy_schedules` (what AutoTVM's first batch measures instead of random schedules)."""
+
+    policy: Policy
+    target: Target | None = None
+
+    def __call__(self, problem: Problem) -> list[LoopNest]:
+        return greedy_schedules(self.policy, problem, self.target)
+
+
 def measured_path(problem: Problem, names, evaluator: Evaluator, actions: ActionSet | None = None) -> list[float]:
     """GFLOPS of the initial state and after each action of ``names``, under the env's rules
     (:func:`looprl.actions.step`). Without ``actions``: the default action set plus any other

@@ -21,8 +21,8 @@ and beam use), else from 2..64 (register tiles often need a 6, 12 or 48 those la
 Random schedules (the first batch, the chains' seeds, the epsilon picks) are walks of the
 environment's actions by default, the short schedules random search samples; the annealing
 then reaches any factor. The first batch, before any measurement but the untuned nest's, is
-random, unless ``policy`` ranks it (the schedules a trained policy's greedy episode passes
-through: the policy's prior replaces chance before the model has data), or ``transfer`` gives a global model fitted on the measurement cache's other problems (same
+random, unless a ``prior`` gives it (e.g. the schedules a trained policy's greedy episode
+passes through: the policy's prior replaces chance before the model has data), or ``transfer`` gives a global model fitted on the measurement cache's other problems (same
 host); the local model is then fitted on top of it (AutoTVM section 4). The search ends when
 the budget is spent (or after 1000 measurements without a budget, or when no unmeasured
 schedule is found). Given the same measurements and seed it makes the same choices.
@@ -341,25 +341,16 @@ class _Tuner:
                 found.append(nest)
         return found
 
-    def _policy_batch(self) -> list[LoopNest]:
-        """The first batch ranked by a trained policy: the schedules its greedy episode passes
-        through (nothing measured to choose them), latest first, at most a batch; the rest of
-        the batch random. Schedules with data layouts are left out (the annealing's space has
-        none)."""
-        from looprl.policy.rollout import greedy_rollout, policy_actions  # the policy only when asked for
-
-        policy = self.o["policy"]
-        actions = policy_actions(policy, self.target)
-        rollout = greedy_rollout(policy, self.context.problem, None)
-        state, path = State(self.root.state.nest, 0), []
-        for name in rollout.final_actions:
-            nxt = actions.apply(state, actions.index(name))
-            if nxt is not None and nxt.nest.key != state.nest.key:
-                path.append(nxt.nest)
-            state = nxt or state
+    def _prior_batch(self) -> list[LoopNest]:
+        """The first batch from the ``prior`` (e.g. the schedules a trained policy's greedy
+        episode passes through, :class:`looprl.policy.rollout.PolicyPrior`), in its order, at
+        most a batch, the rest of the batch random. Schedules with data layouts, of more loops
+        than the space allows or of another problem are left out (the annealing's space has
+        none of them)."""
         picked: dict[str, LoopNest] = {}
-        for nest in reversed(path):
-            if nest.key not in self.measured and not nest.layouts and len(nest) <= self.space.max_loops:
+        for nest in self.o["prior"](self.context.problem):
+            if (isinstance(nest, LoopNest) and nest.problem == self.context.problem and nest.key not in self.measured and not nest.layouts
+                    and len(nest) <= self.space.max_loops):
                 picked.setdefault(nest.key, nest)
         first = list(picked.values())[: self.o["batch_size"]]
         return first + self._random_unmeasured(self.o["batch_size"] - len(first), set(picked))
@@ -368,8 +359,8 @@ class _Tuner:
         o = self.o
         size = o["batch_size"]
         if not self._model_ready():
-            if o["policy"] is not None and len(self.measured) == 1:
-                return self._policy_batch()
+            if o["prior"] is not None and len(self.measured) == 1:
+                return self._prior_batch()
             return self._random_unmeasured(size, set())
         explore = int(o["epsilon"] * size) + int(self.rng.random() < (o["epsilon"] * size) % 1)
         picked = diverse_pick(self._anneal(), size - explore, o["alpha"])
@@ -410,7 +401,7 @@ def autotvm(
     walks: bool = True,
     restart: float = 0.125,
     any_factor: bool = False,
-    policy=None,
+    prior=None,
 ) -> None:
     """AutoTVM's model-guided search (module docstring): rounds of ``batch_size``
     measurements (8: at the budgets of tens of measurements this library's searches get, eight
@@ -422,10 +413,10 @@ def autotvm(
     ``transfer`` adds a global model fitted on the cache's other problems. ``depth`` bounds the
     random walks that seed the chains and the random picks; ``walks`` draws those as random
     search does (walks of the env's actions) instead of from the whole 2..64 space.
-    ``policy`` (a :class:`~looprl.policy.numpy_policy.Policy`, a policy folder or
-    ``"default"``: the shipped policy for the search's target) ranks the first batch instead of
-    chance: the schedules its greedy episode passes through, latest first, unmeasured until the
-    batch measures them (the rest of the batch random); None: a random first batch."""
+    ``prior`` (a callable: problem -> schedules, such as
+    ``looprl.policy.rollout.PolicyPrior(policy)``, the schedules a trained policy's greedy
+    episode passes through, latest first) gives the first batch instead of chance (the rest of
+    the batch random); None: a random first batch."""
     options = {
         "objective": checks.one_of(objective, "autotvm objective", ("rank", "regression")),
         "transfer": checks.flag(transfer, "transfer"),
@@ -440,12 +431,10 @@ def autotvm(
         "walks": checks.flag(walks, "walks"),
         "restart": checks.fraction(restart, "restart"),
         "any_factor": checks.flag(any_factor, "any_factor"),
-        "policy": None,
+        "prior": prior,
     }
-    if policy is not None:
-        from looprl.policy.loading import load_policy
-
-        options["policy"] = load_policy(policy, context.target)
+    if prior is not None and not callable(prior):
+        raise ValueError(f"prior must be a callable (problem -> schedules) or None, got {type(prior).__name__}")
     import_xgboost()  # fail before measuring anything
     _Tuner(context, depth, rng, options).run()
 

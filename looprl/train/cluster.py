@@ -51,11 +51,11 @@ def _node() -> dict:
     return {"node": ray.get_runtime_context().get_node_id(), "host_cpu": host.cpu, "host_isa": host.isa}
 
 
-def _demonstrate_chunk(agent: dict, names: list[str], policy: Policy | None, search_budget_s: float | None) -> list[dict]:
-    """One task: the demonstrations of ``names`` measured on this node."""
+def _demonstrate_chunk(agent: dict, names: list[str], policy: Policy | None, search_budget_s: float | None, demonstrate) -> list[dict]:
+    """One task: the demonstrations of ``names`` measured on this node by ``demonstrate``
+    (:func:`looprl.train.demonstrations.expert_demonstration`)."""
     from looprl.defaults import EPISODE_LENGTH
     from looprl.train.config import agent_actions, agent_measure_budget_s, agent_target
-    from looprl.train.demonstrations import expert_demonstration
 
     env = agent.get("env", {})
     target = agent_target(agent)
@@ -64,22 +64,23 @@ def _demonstrate_chunk(agent: dict, names: list[str], policy: Policy | None, sea
     where = _node()
     found = []
     for name in names:
-        demo, from_search = expert_demonstration(parse_problem(name), actions, evaluator, int(env.get("episode_length", EPISODE_LENGTH)),
+        demo, from_search = demonstrate(parse_problem(name), actions, evaluator, int(env.get("episode_length", EPISODE_LENGTH)),
                                                  policy, search_budget_s)
         found.append({"problem": name, "actions": [actions.names[a] for a in demo.actions], "gflops": demo.gflops,
                       "initial_gflops": demo.initial_gflops, "from_search": bool(from_search), **where})
     return found
 
 
-def demonstrations_on_cluster(agent: dict, names: list[str], policy: Policy | None, search_budget_s: float | None,
+def demonstrations_on_cluster(agent: dict, names: list[str], policy: Policy | None, search_budget_s: float | None, demonstrate,
                               per_task: int = PROBLEMS_PER_TASK) -> Iterator[dict]:
-    """The demonstrations of the problems ``names``, gathered as Ray tasks spread over the
+    """The demonstrations of the problems ``names`` (each by ``demonstrate``, the caller's
+    :func:`~looprl.train.demonstrations.expert_demonstration`), gathered as Ray tasks spread over the
     cluster this process is attached to (:func:`attach`), yielded as each task finishes (a
     dict per problem: its actions by name, GFLOPS, and the node and CPU that measured it)."""
     import ray
 
     task = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")(_demonstrate_chunk)
-    pending = [task.remote(agent, chunk, policy, search_budget_s) for chunk in _chunks(list(names), per_task)]
+    pending = [task.remote(agent, chunk, policy, search_budget_s, demonstrate) for chunk in _chunks(list(names), per_task)]
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
         yield from ray.get(done[0])

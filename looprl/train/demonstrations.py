@@ -249,7 +249,7 @@ def expert_demonstrations(agent: dict, problems: list[Problem], policy=None, sea
 
         cluster.attach(address)
         by_name = {p.name: p for p in todo}
-        for item in cluster.demonstrations_on_cluster(agent, list(by_name), policy, search_budget_s):
+        for item in cluster.demonstrations_on_cluster(agent, list(by_name), policy, search_budget_s, expert_demonstration):
             problem = by_name[item["problem"]]
             hosts[item["host_cpu"]] = hosts.get(item["host_cpu"], 0) + 1
             demo = Demonstration(problem, tuple(actions.index(a) for a in item["actions"]), float(item["gflops"]),
