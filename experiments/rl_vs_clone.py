@@ -5,7 +5,9 @@
 For each test problem, one greedy episode of each policy in the run folder (the paper's
 protocol: the state the episode ends in, invalid actions are no-ops): ``pretrained/`` (the
 clone the run started from), ``demonstrations-clone/`` (a clone of the run's demonstrations
-alone, no RL) and ``policy-best/`` (the RL policy, the one shipped). The untuned nest and the
+alone, no RL; a run whose pretraining cloned tune's answers has none: its ``pretrained/`` is
+that clone) and ``policy-best/`` (the RL policy, the one shipped), and any ``--also`` policy
+(e.g. the default it would replace). The untuned nest and the
 final nests are then re-timed together, ``--rounds`` interleaved rounds, best kept, so a slow
 phase of the machine hits every policy alike. Prints, per split, each policy's geometric-mean
 speed-up over the untuned nest and its ratio to the starting clone; writes one CSV row per
@@ -42,11 +44,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--splits", default=SPLITS, help="dataset:split:count, comma-separated (count: problems spread over the split)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default=None, help="path prefix of the CSV and plot (default experiments/results/rl_vs_clone_<isa>)")
+    parser.add_argument("--also", action="append", default=[], metavar="LABEL=POLICY",
+                        help="another policy folder to compare in the same runs (e.g. 'previous default=checkpoints/apex-dqn-dqfd/policy')")
     args = parser.parse_args(argv)
     target = Target.resolve(args.target)
     policies = {label: Policy.load(args.run / folder) for label, folder in POLICIES.items() if (args.run / folder).exists()}
     if "clone (start)" not in policies:
         parser.error(f"{args.run} has no pretrained/ policy to compare with")
+    for item in args.also:
+        label, _, folder = item.partition("=")
+        if not label or not folder:
+            parser.error(f"--also wants LABEL=POLICY, got {item!r}")
+        policies[label] = Policy.load(folder)
     out = Path(args.out) if args.out else RESULTS / f"rl_vs_clone_{target.isa}"
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -16,6 +16,7 @@ from looprl.policy import loading
 from looprl.policy.guided import guided_search
 from looprl.policy.numpy_policy import Policy
 from looprl.policy.rollout import greedy_rollout
+from looprl.ir.nest import initial_nest
 from tests.policies import random_policy
 
 PROBLEM = looprl.matmul(96, 80, 112)
@@ -337,3 +338,15 @@ def test_the_rollout_ends_where_the_measurement_cap_runs_out():
 def test_bad_measurement_caps_are_value_errors(cap):
     with pytest.raises(ValueError, match="max_measurements"):
         looprl.tune(PROBLEM, random_policy(), cache=":memory:", max_measurements=cap)
+
+
+def test_the_policys_own_answer_is_measured_first_so_two_measurements_return_it():
+    policy = random_policy(bias=[0, 1, 0, 0, 0, 1.5, 0])  # split_8 where it can, then down, ...
+    ahead = greedy_rollout(policy, PROBLEM, None)
+    assert ahead.final_nest.key != initial_nest(PROBLEM).key
+    cache = MeasurementCache(":memory:")
+    result = looprl.tune(PROBLEM, policy, cache=cache, budget_s=5.0, measure_budget_s=0.001, threads=1, max_measurements=2)
+    assert result.measured == 2
+    assert cache.get(ahead.final_nest, budget_s=0.001, threads=1) is not None  # the policy's answer was the one measured
+    assert result.nest.key in (ahead.final_nest.key, initial_nest(PROBLEM).key)
+    assert result.gflops == max(cache.get(ahead.final_nest, budget_s=0.001, threads=1), result.initial_gflops)

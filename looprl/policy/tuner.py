@@ -53,6 +53,7 @@ from looprl.policy.rollout import greedy_rollout, policy_actions
 from looprl.ir.register_tiles import tile_of
 from looprl.policy.tiles import measure_tiles
 from looprl.search.budget import MIN_BUDGET_S, REFINEMENTS, scaled_budget
+from looprl.search.context import BudgetExhausted
 from looprl.search.staged import Candidate, StagedSearch, confirm_winner
 
 # Search time of measured tune by default: None scales it with the problem
@@ -66,7 +67,8 @@ TUNE_BUDGET_S = None
 # 5: streaming tiles for problems of few output rows (decode GEMMs whose weights outgrow L2).
 # 6: panel schedules for cold problems; a team slower than its serial schedule timed again (answers
 # remembered by v5 at two threads included serial ones a noisy moment had chosen).
-TUNER = "tune-v6"
+# 7: the policy's own answer (its unmeasured greedy episode's last state) measured first.
+TUNER = "tune-v7"
 _warned_mismatch: set[tuple[str, str]] = set()
 
 
@@ -332,9 +334,21 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, step
     rollouts = []
 
     def rollout_stage(context):
+        # The policy's own answer first: the state its greedy episode ends in, followed without
+        # measuring and timed at once, so that a trained policy's answer is in hand after two
+        # measurements whatever the cap (the measured rollout then finds it in the memo).
+        ahead = greedy_rollout(policy, problem, None, length=steps)
+        found = []
+        if ahead.final_nest.key != untuned.state.nest.key:
+            try:
+                node = context.visit(ahead.final_nest)
+            except BudgetExhausted:
+                node = None
+            if node is not None:
+                found.append(Candidate(ahead.final_nest, node.gflops, tuple(ahead.final_actions)))
         rollout = greedy_rollout(policy, problem, context, length=steps)
         rollouts.append(rollout)
-        return [Candidate(rollout.best_nest, rollout.best_gflops, tuple(rollout.best_actions))]
+        return found + [Candidate(rollout.best_nest, rollout.best_gflops, tuple(rollout.best_actions))]
 
     search.run(context, rollout_stage)
     rollout = rollouts[0]
@@ -343,7 +357,8 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, step
     if scaled and context.deadline is not None:
         # However long the rollout took, its tile gets a few refinements (budget.REFINEMENTS).
         context.deadline = max(context.deadline, time.perf_counter() + REFINEMENTS * context.predicted_cost_s())
-    ranked = search.candidates
+    # Fastest first; among equals the measured rollout's best (the shorter path to it).
+    ranked = sorted(reversed(search.candidates), key=lambda candidate: -candidate.gflops)
     if budget_s > 0:
         # The policy's tile, then the target's own register tiles (a rollout may build none,
         # or a one-row tile on a decode GEMM), refined: canonical order, cache blocks, packed.

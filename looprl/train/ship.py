@@ -49,14 +49,22 @@ def training_record(run: Path, policy: Policy, config: str | None = None) -> dic
         per_round = agent["demonstrations"].get("round_iterations")
         iteration = snapshot.get("iteration") or 0
         used = [r for r in rounds if r["round"] == 1 or (per_round and iteration > per_round * (r["round"] - 1))]
+        tune_expert = (agent.get("pretrain") or {}).get("expert") == "tune"
         record["demonstrations"] = {
-            "expert": "per problem the better of the tile planner's tile and the measured search of the starting policy "
-                      "(round 1) or of the best validated policy so far (later rounds)",
+            "expert": ("per problem the faster of the tile planner's tile and measured tune's answer (looprl.policy.tuner."
+                       "measured_search, its scaled budget) with the pretraining's expert policy, then with each round's clone: "
+                       "the pretraining's last round" if tune_expert else
+                       "per problem the better of the tile planner's tile and the measured search of the starting policy "
+                       "(round 1) or of the best validated policy so far (later rounds)"),
             "settings": summary.get("settings"),
             "rounds": used,  # the rounds this snapshot was trained with
         }
         if len(used) < len(rounds):
             record["demonstrations"]["later_rounds"] = f"{len(rounds) - len(used)} later round(s) ran and validated no higher"
+    pretrain = agent.get("pretrain") or {}
+    if pretrain.get("expert") == "tune":
+        record["started_from"] = (f"a clone of measured tune's answers on the training problems ({pretrain.get('rounds', 1)} round(s) "
+                                  f"of expert iteration from {pretrain.get('expert_policy') or 'the shipped default'}): pretrained/")
     if snapshot.get("iteration") == 0:
         record["note"] = "no RL snapshot validated above the starting policy: this is the starting policy"
     return record
