@@ -255,3 +255,36 @@ def test_demonstrations_are_kept_as_found_and_an_interrupted_gathering_goes_on(m
     progress.write_text("{not json")
     with pytest.raises(ValueError, match="unreadable demonstrations in progress"):
         demos.expert_demonstrations(agent, problems, progress=progress, log=lambda *_: None)
+
+
+def test_pretraining_with_tune_as_the_expert_clones_its_answers_round_after_round(tmp_path):
+    from looprl.policy.numpy_policy import Policy
+
+    agent = {"algorithm": "dqn", "env": {"problems": ["32x32x32", "48x40x24"], "cache": ":memory:", "target": "avx2",
+                                         "split_factors": [4, 8, 16, 6, 24], "episode_length": 16, "layouts": True},
+             "model": {"fcnet_hiddens": [32]},
+             "pretrain": {"expert": "tune", "expert_policy": "checkpoints/apex-dqn-dqfd-avx2/policy", "rounds": 2,
+                          "problems_per_dataset": 2, "epochs": 30}}
+    run = tmp_path / "run"  # does not exist yet: pretraining makes it
+    policy = demos.pretrain_policy(agent, log=lambda *_: None, run_path=run)
+    assert isinstance(policy, Policy) and policy.metadata["episode_length"] == 16
+    record = policy.metadata["pretrained"]
+    assert [r["round"] for r in record["rounds"]] == [1, 2] and record["expert_policy"] == "checkpoints/apex-dqn-dqfd-avx2/policy"
+    summary = json.loads((run / "demonstrations.json").read_text())
+    assert summary["rounds"] == record["rounds"]
+    x, y = load_demonstrations(run / "demonstrations.npz")
+    assert len(y) == record["rounds"][-1]["pairs"]
+    for number in (1, 2):
+        found = json.loads((run / f"pretrain-round{number}.json").read_text())["demonstrations"]
+        assert [d["problem"] for d in found] == ["mk,kn->mn:m=32,k=32,n=32", "mk,kn->mn:m=48,k=24,n=40"]
+
+
+def test_a_later_round_keeps_each_problems_faster_demonstration(monkeypatch):
+    agent = {"algorithm": "dqn", "env": {"problems": ["32x32x32"], "cache": ":memory:", "split_factors": [4, 8, 16]}}
+    problems = [matmul(m=32, n=32, k=32), matmul(m=48, n=40, k=24)]
+    earlier = [demos.Demonstration(problems[0], (1,), 50.0, 10.0), demos.Demonstration(problems[1], (1,), 5.0, 10.0)]
+    monkeypatch.setattr(demos, "expert_demonstration", lambda problem, *args: (demos.Demonstration(problem, (1, 1), 20.0, 10.0), True))
+    found, summary = demos.expert_demonstrations(agent, problems, earlier=earlier, log=lambda *_: None)
+    assert [d.gflops for d in found] == [50.0, 20.0] and summary["earlier_kept"] == 1
+    with pytest.raises(ValueError, match="other problems"):
+        demos.expert_demonstrations(agent, problems[:1], earlier=earlier, log=lambda *_: None)

@@ -4,7 +4,8 @@ Copies what a user of the policy needs and what reproduces and judges it, never 
 checkpoints (hundreds of MB of replay buffer): ``agent.yaml``, ``run.json``, ``metrics.csv``,
 the best validated policy as ``policy/`` (the newest one when the run never validated),
 ``pretrained/`` (the policy the run started from), and, for a DQfD run,
-``demonstrations.json`` and ``demonstrations-clone/``. The shipped ``policy.json`` gets a
+``demonstrations.json`` and ``demonstrations-clone/`` (and, for a run pretrained on measured
+tune's answers, each round's demonstrations by problem, ``pretrain-round<N>.json``). The shipped ``policy.json`` gets a
 ``training`` record written from the run's own files, so that its name is honest: the
 algorithm that trained it, the policy it started from (and where that came from), the RL
 iterations and env steps of the snapshot shipped, and the demonstrations it was fine-tuned
@@ -48,8 +49,9 @@ def training_record(run: Path, policy: Policy, config: str | None = None) -> dic
         rounds = summary_rounds(summary)
         per_round = agent["demonstrations"].get("round_iterations")
         iteration = snapshot.get("iteration") or 0
-        used = [r for r in rounds if r["round"] == 1 or (per_round and iteration > per_round * (r["round"] - 1))]
         tune_expert = (agent.get("pretrain") or {}).get("expert") == "tune"
+        # A tune-expert run's rounds all ran before RL (its pretraining); DQfD's later rounds replace demonstrations during it.
+        used = rounds if tune_expert else [r for r in rounds if r["round"] == 1 or (per_round and iteration > per_round * (r["round"] - 1))]
         record["demonstrations"] = {
             "expert": ("per problem the faster of the tile planner's tile and measured tune's answer (looprl.policy.tuner."
                        "measured_search, its scaled budget) with the pretraining's expert policy, then with each round's clone: "
@@ -80,6 +82,8 @@ def ship(run: Path, to: Path, config: str | None = None) -> Path:
     for name in _FILES:
         if (run / name).exists():
             shutil.copy2(run / name, to / name)
+    for rounds in sorted(run.glob("pretrain-round*.json")):  # tune-expert pretraining's demonstrations, by problem
+        shutil.copy2(rounds, to / rounds.name)
     for name in (PRETRAINED_POLICY, DEMONSTRATIONS_CLONE):
         if (run / name).exists():
             Policy.load(run / name).save(to / name)
