@@ -40,7 +40,7 @@ from looprl import checks, defaults
 from looprl.backend.kernel import Kernel, ReshapedKernel, compile
 from looprl.target import Target
 from looprl.backend.threads import available_cores, check_threads
-from looprl.actions import ActionSet
+from looprl.actions import ActionSet, State
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, as_problem, matmul
 from looprl.ir.rewrites import Rewrite, RewritePlan, plan_rewrites, relaid_twin
@@ -345,7 +345,7 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, step
             except BudgetExhausted:
                 node = None
             if node is not None:
-                found.append(Candidate(ahead.final_nest, node.gflops, tuple(ahead.final_actions)))
+                found.append(Candidate(ahead.final_nest, node.gflops, _applied(action_set, problem, ahead.final_actions)))
         rollout = greedy_rollout(policy, problem, context, length=steps)
         rollouts.append(rollout)
         return found + [Candidate(rollout.best_nest, rollout.best_gflops, tuple(rollout.best_actions))]
@@ -392,6 +392,17 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, step
             serial_gflops = team_context.values.get(ranked[0].nest.key, serial_gflops)
     return Found(best.nest, best.gflops, tuple(best.actions or ()), rollout.initial_gflops, rollout.best_gflops, budget_s,
                  search.new_measurements, search.waited_s, serial_gflops)
+
+
+def _applied(actions: ActionSet, problem: Problem, names) -> tuple[str, ...]:
+    """``names`` (a greedy episode's actions) without those that did nothing where they were taken."""
+    state, kept = State(initial_nest(problem), 0), []
+    for name in names:
+        following = actions.apply(state, actions.index(name))
+        if following is not None:
+            state = following
+            kept.append(name)
+    return tuple(kept)
 
 
 def _warn_if_made_for_another_target(policy: Policy, target: Target) -> None:
