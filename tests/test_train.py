@@ -109,7 +109,7 @@ def ray_session():
     import torch
 
     torch.set_num_threads(1)
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
     yield
     ray.shutdown()
 

@@ -160,7 +160,7 @@ def test_measured_tune_stops_at_a_cycle_however_many_steps(tmp_path):
     # Always "split_4": the first split applies, then the nest is full or the loop too short
     # and the policy repeats a no-op forever; a million steps must not mean a million calls.
     folder = random_policy(bias=[0, 0, 0, 0, 9, 0, 0]).save(tmp_path / "p")
-    result = looprl.tune((64, 64, 64), folder, steps=10**6, measure=True, cache=":memory:", budget_s=0)
+    result = looprl.tune((64, 64, 64), folder, steps=10**6, measure=True, cache=":memory:", budget_s=0, threads=1)
     assert len(result.actions) <= 10 and result.gflops >= result.initial_gflops
 
 

@@ -331,7 +331,9 @@ def start_algorithm(agent: dict, seed: int, num_env_runners: int | None, address
         elif address:
             ray.init(address=address, include_dashboard=False)
         else:
-            ray.init(include_dashboard=False, configure_logging=True, logging_level="warning")
+            # "local": a Ray of its own, never a cluster another process started on this machine
+            # (ray.init() alone attaches to the newest one it finds, e.g. a concurrent run's).
+            ray.init(address="local", include_dashboard=False, configure_logging=True, logging_level="warning")
     except ConnectionError as error:
         raise ValueError(f"--address {address}: cannot attach to the Ray cluster: {' '.join(str(error).split())}") from None
     finally:
