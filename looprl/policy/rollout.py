@@ -162,12 +162,8 @@ def greedy_schedules(policy: Policy, problem: Problem, target: Target | None = N
     left out)."""
     actions = policy_actions(policy, target)
     rollout = greedy_rollout(policy, problem, None)
-    state, passed = State(initial_nest(problem), 0), {}
-    for name in rollout.final_actions:
-        following = actions.apply(state, actions.index(name))
-        if following is not None:
-            state = following
-            passed[state.nest.key] = state.nest
+    transitions = replay(actions, State(initial_nest(problem), 0), math.nan, rollout.final_actions)
+    passed = {t.state.nest.key: t.state.nest for t in transitions if t.valid}
     passed.pop(initial_nest(problem).key, None)
     return list(reversed(list(passed.values())))
 

@@ -27,6 +27,7 @@ The rollout sees that cycle (as any other) and stops.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import warnings
@@ -40,7 +41,7 @@ from looprl import checks, defaults
 from looprl.backend.kernel import Kernel, ReshapedKernel, compile
 from looprl.target import Target
 from looprl.backend.threads import available_cores, check_threads
-from looprl.actions import ActionSet, State
+from looprl.actions import ActionSet, State, replay
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, as_problem, matmul
 from looprl.ir.rewrites import Rewrite, RewritePlan, plan_rewrites, relaid_twin
@@ -396,13 +397,8 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, step
 
 def _applied(actions: ActionSet, problem: Problem, names) -> tuple[str, ...]:
     """``names`` (a greedy episode's actions) without those that did nothing where they were taken."""
-    state, kept = State(initial_nest(problem), 0), []
-    for name in names:
-        following = actions.apply(state, actions.index(name))
-        if following is not None:
-            state = following
-            kept.append(name)
-    return tuple(kept)
+    transitions = replay(actions, State(initial_nest(problem), 0), math.nan, names)
+    return tuple(name for name, transition in zip(names, transitions) if transition.valid)
 
 
 def _warn_if_made_for_another_target(policy: Policy, target: Target) -> None:

@@ -41,7 +41,7 @@ from looprl.policy.loading import load_policy
 from looprl.policy.numpy_policy import Dense, Policy
 from looprl.policy.rollout import greedy_rollout, policy_actions
 from looprl.target import Target
-from looprl.train.demonstrations import Demonstration, demonstration_arrays, expert_demonstration
+from looprl.train.demonstrations import Demonstration, demonstration_arrays, expert_demonstration, margin_loss
 from looprl.train.validation import spread, training_groups
 from looprl.workloads.datasets import dataset_problems
 
@@ -93,7 +93,7 @@ def adaptation_agent(policy: Policy, target: Target) -> dict:
 def in_turn(groups) -> list[Problem]:
     """The problems of ``groups`` taken one from each group in turn, each group spread evenly
     (so that however soon the budget ends, every dataset had its share)."""
-    ordered = [spread(group, len(group)) for group in groups]
+    ordered = [list(group) for group in groups]
     orders = [_spread_order(len(group)) for group in ordered]
     out = []
     for i in range(max(len(g) for g in ordered)):
@@ -145,11 +145,6 @@ def fine_tune(policy: Policy, observations: np.ndarray, labels: np.ndarray, *, e
             x = activation[layer.activation](linear(x))
         return x
 
-    def margin_loss(q, y):
-        penalty = torch.full_like(q, margin)
-        penalty.scatter_(1, y[:, None], 0.0)
-        return ((q + penalty).max(dim=1).values - q.gather(1, y[:, None])[:, 0]).mean()
-
     x = torch.as_tensor(observations.reshape(len(observations), -1), dtype=torch.float32)
     y = torch.as_tensor(labels, dtype=torch.int64)
     optimizer = torch.optim.Adam([p for linear in linears for p in linear.parameters()], lr=lr)
@@ -158,12 +153,12 @@ def fine_tune(policy: Policy, observations: np.ndarray, labels: np.ndarray, *, e
         order = torch.randperm(len(x), generator=generator)
         for start in range(0, len(x), 128):
             batch = order[start:start + 128]
-            loss = margin_loss(forward(x[batch]), y[batch])
+            loss = margin_loss(forward(x[batch]), y[batch], margin)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
         with torch.no_grad():
-            if margin_loss(forward(x), y).item() == 0.0:
+            if margin_loss(forward(x), y, margin).item() == 0.0:
                 break
     tuned = [Dense(linear.weight.detach().numpy().astype(np.float32), linear.bias.detach().numpy().astype(np.float32), layer.activation)
              for linear, layer in zip(linears, layers)]

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from looprl import defaults
-from looprl.actions import ActionSet, State, step
+from looprl.actions import ActionSet, State, replay, step
 from looprl.env.observation import observation
 from looprl.ir.nest import initial_nest
 from looprl.ir.problem import Problem, parse_problem
@@ -120,15 +120,11 @@ def replayed_path(problem: Problem, actions: ActionSet, names, episode_length: i
     whose key is ``reaches`` (an action the agent's loop bound refuses)."""
     if not all(name in actions.names for name in names):
         return None
-    state, path = State(initial_nest(problem), 0), []
-    for name in names:
-        nxt = actions.apply(state, actions.index(name))
-        if nxt is not None:
-            state = nxt
-            path.append(actions.index(name))
-    if len(path) >= episode_length or state.nest.key != reaches:
-        return None
-    return tuple(path)
+    root = State(initial_nest(problem), 0)
+    transitions = replay(actions, root, math.nan, names)
+    path = tuple(actions.index(name) for name, transition in zip(names, transitions) if transition.valid)
+    reached = transitions[-1].state if transitions else root
+    return path if len(path) < episode_length and reached.nest.key == reaches else None
 
 
 def demonstration_pairs(demo: Demonstration, actions: ActionSet, normalized: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -191,6 +187,18 @@ def clone(observations: np.ndarray, labels: np.ndarray, hidden: list[int], actio
     arrays["value.0.weight"] = np.zeros((1, width), dtype=np.float32)
     arrays["value.0.bias"] = np.zeros(1, dtype=np.float32)
     return arrays
+
+
+def margin_loss(q_values, actions, margin: float):
+    """DQfD's large-margin loss, the mean over the batch of ``max_a [Q(s,a) + l(a_E,a)] -
+    Q(s,a_E)`` (torch tensors; ``l`` = ``margin`` for every action but the demonstrated one):
+    DQfD's learner (:mod:`looprl.train.dqfd`) and ``--adapt``'s fine-tuning."""
+    import torch  # the [train] extra
+
+    margins = torch.full_like(q_values, float(margin))
+    margins.scatter_(1, actions.view(-1, 1), 0.0)
+    demonstrated = q_values.gather(1, actions.view(-1, 1)).squeeze(1)
+    return ((q_values + margins).max(dim=1).values - demonstrated).mean()
 
 
 def accuracy(arrays: dict[str, np.ndarray], observations: np.ndarray, labels: np.ndarray, hidden_layers: int) -> float:

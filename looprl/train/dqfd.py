@@ -29,16 +29,8 @@ from ray.rllib.algorithms.dqn.dqn_learner import QF_PREDS
 from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
 from ray.rllib.core.columns import Columns
 
-from looprl.train.demonstrations import load_demonstrations
+from looprl.train.demonstrations import load_demonstrations, margin_loss
 from looprl.train.schema import LOSS_SETTINGS
-
-
-def margin_loss(q_values, actions, margin: float):
-    """Mean over the batch of ``max_a [Q(s,a) + l(a_E,a)] - Q(s,a_E)`` (torch tensors)."""
-    margins = torch.full_like(q_values, float(margin))
-    margins.scatter_(1, actions.view(-1, 1), 0.0)
-    demonstrated = q_values.gather(1, actions.view(-1, 1)).squeeze(1)
-    return ((q_values + margins).max(dim=1).values - demonstrated).mean()
 
 
 class DQfDTorchLearner(DQNTorchLearner):
