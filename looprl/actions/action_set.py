@@ -18,10 +18,18 @@ With ``layouts=True`` two data-layout actions follow (ALT's primitives, cursor-l
 * ``pad``: pad the cursor loop's dimension, in every tensor where it is not the outermost
   physical dimension, to a multiple of ``pad_multiple`` (the target's vector width).
 
-With ``parallel=True`` (an env or search on more than one thread) one more action comes last:
+With ``parallel=True`` (an env or search on more than one thread) one more action follows:
 
 * ``parallel``: mark the cursor loop parallel (:meth:`LoopNest.parallel`: a loop over an
   output dimension, no other parallel loop in its nest); the cursor stays.
+
+With ``plans`` (names of :class:`~looprl.ir.plans.Plan`, e.g. all of
+:func:`~looprl.ir.plans.plan_catalogue` for the target) one action per plan comes last:
+
+* ``plan_<rows>x<vectors>[_k<block>][_pack]``, ``plan_stream_<k>x<columns>``: replace the
+  schedule by the plan's (:func:`~looprl.ir.plans.plan_nest`: built from the untiled nest,
+  whatever the state), the cursor on the first loop. It cannot apply where the problem has no
+  such plan, where the schedule already is the plan's, or past ``max_loops``.
 
 An action that cannot apply (moving past either end, a swap :meth:`LoopNest.why_not_swap`
 refuses, a factor larger than the loop, a split that would exceed ``max_loops``, or a layout
@@ -38,6 +46,7 @@ import numpy as np
 
 from looprl import checks, defaults
 from looprl.ir.nest import LAYOUT_TENSORS, LoopNest
+from looprl.ir.plans import PLAN_PREFIX, Plan, plan_catalogue, plan_nest, why_not_plan
 from looprl.ir.problem import Problem
 
 MOVES = ("up", "down")
@@ -45,7 +54,9 @@ SWAPS = ("swap_up", "swap_down")
 LAYOUT_ACTIONS = ("pack", "pad")
 PARALLEL = "parallel"
 SPLIT = "split"
-KINDS = MOVES + SWAPS + (SPLIT,) + LAYOUT_ACTIONS + (PARALLEL,)
+PLAN = "plan"
+KINDS = MOVES + SWAPS + (SPLIT,) + LAYOUT_ACTIONS + (PARALLEL, PLAN)
+PLANS_REMEMBERED = 4096  # plan schedules (or reasons) an action set keeps, per problem and plan
 MIN_FACTOR, MAX_FACTOR = 2, 512  # wide enough for cache blocks (k blocks of 256, n blocks of 512)
 
 
@@ -55,14 +66,19 @@ class Action:
 
     kind: str
     factor: int = 0  # split factor (splits only)
+    plan: Plan | None = None  # the plan (plan actions only)
 
     def __post_init__(self):
         checks.one_of(self.kind, "action kind", KINDS)
         if (self.kind == SPLIT) != (self.factor != 0):
             raise ValueError(f"only a split has a factor: {self.kind!r} with factor {self.factor}")
+        if (self.kind == PLAN) != (self.plan is not None):
+            raise ValueError(f"only a plan action has a plan: {self.kind!r} with plan {self.plan}")
 
     @property
     def name(self) -> str:
+        if self.kind == PLAN:
+            return self.plan.name
         return f"split_{self.factor}" if self.kind == SPLIT else self.kind
 
     @property
@@ -78,7 +94,28 @@ class Action:
         if name.startswith("split_") and name[len("split_"):].isdigit():
             factor = int(name[len("split_"):])
             return cls(SPLIT, factor) if factor > 0 else None
-        return cls(name) if name in KINDS and name != SPLIT else None
+        if name.startswith(PLAN_PREFIX):
+            plan = Plan.parse(name)
+            return None if plan is None else cls(PLAN, plan=plan)
+        return cls(name) if name in KINDS and name not in (SPLIT, PLAN) else None
+
+
+def plans_named(names) -> list[str]:
+    """The names of the plan actions among ``names``, in order."""
+    return [action.name for action in map(Action.parse, names) if action is not None and action.kind == PLAN]
+
+
+def _plan_names(plans) -> tuple[str, ...]:
+    """``plans`` (plan names) checked: known, distinct."""
+    if isinstance(plans, (str, bytes)) or not hasattr(plans, "__iter__"):
+        raise ValueError(f"plans must be a sequence of plan names, got {plans!r}")
+    names = tuple(plans)
+    for name in names:
+        if Plan.parse(name) is None or Plan.parse(name).name != name:
+            raise ValueError(f"unknown plan {name!r}: plans are named like plan_6x2, plan_6x2_k256_pack or plan_stream_8x64")
+    if len(set(names)) != len(names):
+        raise ValueError(f"plans must be distinct, got {names}")
+    return names
 
 
 def split_factors_named(names) -> list[int]:
@@ -108,7 +145,7 @@ class ActionSet:
 
     def __init__(
         self, split_factors=defaults.SPLIT_FACTORS, max_loops: int = defaults.MAX_LOOPS, layouts: bool = False, pad_multiple: int = 16,
-        parallel: bool = False,
+        parallel: bool = False, plans=(), target=None,
     ):
         if isinstance(split_factors, (str, bytes)) or not hasattr(split_factors, "__iter__"):
             raise ValueError(f"split_factors must be a sequence of integers, got {split_factors!r}")
@@ -122,27 +159,41 @@ class ActionSet:
         self.layouts = checks.flag(layouts, "layouts")
         self.pad_multiple = checks.integer(pad_multiple, "pad_multiple", minimum=2)
         self.parallel = checks.flag(parallel, "parallel")
+        self.plans = _plan_names(plans)
+        if self.plans and target is None:
+            raise ValueError("plan actions need the target whose register tiles they name")
+        self.target = target
         self.actions: tuple[Action, ...] = (
             tuple(Action(kind) for kind in MOVES + SWAPS)
             + tuple(Action(SPLIT, f) for f in self.split_factors)
             + (tuple(Action(kind) for kind in LAYOUT_ACTIONS) if self.layouts else ())
             + ((Action(PARALLEL),) if self.parallel else ())
+            + tuple(Action(PLAN, plan=Plan.parse(name)) for name in self.plans)
         )
         self.names = tuple(action.name for action in self.actions)
+        self._planned: dict = {}
 
     @classmethod
     def for_target(
-        cls, target, split_factors=defaults.SPLIT_FACTORS, max_loops: int = defaults.MAX_LOOPS, layouts: bool = False, parallel: bool = False
+        cls, target, split_factors=defaults.SPLIT_FACTORS, max_loops: int = defaults.MAX_LOOPS, layouts: bool = False, parallel: bool = False,
+        plans=(),
     ) -> "ActionSet":
-        """The env's action set on ``target``: ``pad`` pads to a multiple of its vector width."""
-        return cls(split_factors, max_loops, layouts=layouts, pad_multiple=max(target.vector_width, MIN_FACTOR), parallel=parallel)
+        """The env's action set on ``target``: ``pad`` pads to a multiple of its vector width;
+        ``plans``: plan names, or True for every plan of the target
+        (:func:`~looprl.ir.plans.plan_catalogue`)."""
+        if plans is True:
+            plans = tuple(plan.name for plan in plan_catalogue(target))
+        elif plans is False:
+            plans = ()
+        return cls(split_factors, max_loops, layouts=layouts, pad_multiple=max(target.vector_width, MIN_FACTOR), parallel=parallel,
+                   plans=plans, target=target)
 
     @classmethod
     def covering(cls, names, split_factors=defaults.SPLIT_FACTORS, max_loops: int = defaults.MAX_LOOPS, target=None) -> "ActionSet":
         """``split_factors``' action set plus a ``split_<f>`` action for every other factor
-        named in ``names``, the layout actions (for ``target``) if ``names`` has one and the
-        parallel action if it is named: the actions that replay a path of ``looprl.tune``,
-        whose tiles may split by a target's tile rows."""
+        named in ``names``, the layout actions (for ``target``) if ``names`` has one, the
+        parallel action if it is named and the plans named: the actions that replay a path of
+        ``looprl.tune``, whose tiles may split by a target's tile rows."""
         base = cls(split_factors, max_loops) if target is None else cls.for_target(target, split_factors, max_loops)
         return base.extended(names)
 
@@ -153,19 +204,21 @@ class ActionSet:
         extra = tuple(f for f in dict.fromkeys(factors) if f not in self.split_factors)
         if not extra:
             return self
-        return ActionSet(self.split_factors + extra, self.max_loops, self.layouts, self.pad_multiple, self.parallel)
+        return ActionSet(self.split_factors + extra, self.max_loops, self.layouts, self.pad_multiple, self.parallel, self.plans, self.target)
 
     def extended(self, names) -> "ActionSet":
         """This action set plus what replaying ``names`` needs: a ``split_<f>`` for each factor
         named that it lacks (after its own splits), the layout actions if ``pack`` or ``pad`` is
-        named and the parallel action if it is. Moves, swaps and its own splits keep their
-        indices."""
+        named, the parallel action if it is and each plan named that it lacks (plans need a set
+        made for a target). Moves, swaps and its own splits keep their indices."""
         names = list(names)
         extended = self.with_splits(split_factors_named(names))
         layouts = extended.layouts or any(n in LAYOUT_ACTIONS for n in names)
         parallel = extended.parallel or PARALLEL in names
-        if (layouts, parallel) != (extended.layouts, extended.parallel):
-            extended = ActionSet(extended.split_factors, extended.max_loops, layouts, extended.pad_multiple, parallel)
+        plans = extended.plans + tuple(p for p in dict.fromkeys(plans_named(names)) if p not in extended.plans)
+        if (layouts, parallel, plans) != (extended.layouts, extended.parallel, extended.plans):
+            extended = ActionSet(extended.split_factors, extended.max_loops, layouts, extended.pad_multiple, parallel, plans,
+                                 extended.target)
         return extended
 
     def __len__(self) -> int:
@@ -198,6 +251,11 @@ class ActionSet:
             return nest.why_not_swap(cursor - 1 if act.kind == "swap_up" else cursor)
         if act.kind == PARALLEL:
             return nest.why_not_parallel(cursor)
+        if act.kind == PLAN:
+            planned = self._plan_nest(nest, act.plan)
+            if isinstance(planned, str):
+                return planned
+            return f"the schedule already is {act.name}'s" if planned.key == nest.key else None
         if act.kind in LAYOUT_ACTIONS:
             return None if self._layout_nest(nest, cursor, act.kind) is not None else f"{act.kind} changes no tensor here"
         if len(nest) + 1 > self.max_loops:
@@ -224,9 +282,26 @@ class ActionSet:
             return State(nest.swap(cursor), cursor + 1)
         if act.kind == PARALLEL:
             return State(nest.parallel(cursor), cursor)
+        if act.kind == PLAN:
+            return State(self._plan_nest(nest, act.plan), 0)
         if act.kind in LAYOUT_ACTIONS:
             return State(self._layout_nest(nest, cursor, act.kind), cursor)
         return State(nest.split(cursor, act.factor), cursor)
+
+    def _plan_nest(self, nest: LoopNest, plan: Plan) -> LoopNest | str:
+        """``plan``'s schedule of ``nest``'s problem, or why there is none (remembered per
+        problem: an episode asks for every plan's mask at each step)."""
+        key = (nest.problem, plan)
+        found = self._planned.get(key)
+        if found is None:
+            why = why_not_plan(nest.problem, self.target, plan)
+            found = why if why is not None else plan_nest(nest.problem, self.target, plan)
+            if not isinstance(found, str) and len(found) > self.max_loops:
+                found = f"{plan.name} makes {len(found)} loops, more than max_loops={self.max_loops}"
+            if len(self._planned) > PLANS_REMEMBERED:
+                self._planned.clear()
+            self._planned[key] = found
+        return found
 
     def _layout_nest(self, nest: LoopNest, cursor: int, kind: str) -> LoopNest | None:
         """The nest after layout action ``kind`` at ``cursor``, or None if it changes nothing."""

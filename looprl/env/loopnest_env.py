@@ -123,6 +123,11 @@ class LoopNestEnv(gym.Env):
             cache key) and rewards are normalised by the measured peak of that many threads.
             The observation does not show the mark (its shape is the one policies know); the
             state graph, the printed nest and ``info["schedule"]`` do.
+        plans: add one action per plan of the target (True: all of
+            :func:`~looprl.ir.plans.plan_catalogue`; or a list of plan names), after the
+            others: each replaces the schedule by a whole register-tiled one
+            (:mod:`looprl.ir.plans`: a register tile, a cache block, packing, or a
+            streaming tile), the decisions tune's tile stage measures, in one action.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}  # fps: for video recorders only
@@ -149,6 +154,7 @@ class LoopNestEnv(gym.Env):
         refit_every: int = DEFAULT_REFIT_EVERY,
         layouts: bool = False,
         threads: int = 1,
+        plans=False,
     ):
         self._groups = dataset_groups(dataset, split) if problems is None else ()  # drawn from by set when several
         self.problems = tuple(p for group in self._groups for p in group) if problems is None else env_problems(problems=problems)
@@ -169,8 +175,9 @@ class LoopNestEnv(gym.Env):
         peak = checks.positive_float(peak, "peak", unit="GFLOPS", allow_none=True)
         self.evaluator = Evaluator(cache, measure_budget_s, target=target, samples=measure_samples, threads=self.threads)
         self.target = self.evaluator.target
-        if layouts or self.threads > 1:
-            self.actions = ActionSet.for_target(self.target, split_factors, max_loops, layouts=layouts, parallel=self.threads > 1)
+        if layouts or self.threads > 1 or plans:
+            self.actions = ActionSet.for_target(self.target, split_factors, max_loops, layouts=layouts, parallel=self.threads > 1,
+                                                plans=plans)
         self.peak = peak if peak is not None else peak_gflops(target=self.target, cache=self.evaluator.cache, threads=self.threads)
         # reward="model": predicts most new states' GFLOPS; its own generator draws which to measure.
         self.surrogate = None if self.reward == "measured" else make_reward_model(model, self.evaluator, refit_every=refit_every, seed=None)

@@ -192,6 +192,8 @@ class Policy:
         }
         if meta.get("parallel"):  # the parallel action exists with threads > 1; older files may not say how many
             kwargs["threads"] = meta.get("threads", 2)
+        if meta.get("plans"):
+            kwargs["plans"] = list(meta["plans"])
         trained_on = meta.get("training_problems")
         if isinstance(trained_on, dict) and "dataset" in trained_on:
             kwargs["dataset"] = trained_on["dataset"]
@@ -324,6 +326,11 @@ def check_metadata(metadata: Any, where: str = "policy metadata") -> None:
         fail(f"action_names must be a non-empty list of names, got {names!r}")
     if len(set(names)) != len(names):
         fail(f"action_names repeat a name: {names!r}")
+    plans = metadata.get("plans", [])
+    if not isinstance(plans, list) or not all(isinstance(plan, str) and plan.startswith("plan_") for plan in plans):
+        fail(f"plans must be a list of plan names (plan_...), got {plans!r}")
+    if plans and names[-len(plans):] != plans:
+        fail(f"the plan actions must end action_names in the order of plans: {plans!r}")
     factors = metadata["split_factors"]
     if not _is_positive_int_list(factors) or not factors:
         fail(f"split_factors must be a non-empty list of positive integers, got {factors!r}")

@@ -64,7 +64,7 @@ def policy_actions(policy: Policy, target: Target | None = None) -> ActionSet:
     meta = policy.metadata
     target = target if target is not None else policy.target or Target.host()
     actions = ActionSet.for_target(target, meta["split_factors"], meta["observation_shape"][0], layouts=bool(meta.get("layouts", False)),
-                                   parallel=bool(meta.get("parallel", False)))
+                                   parallel=bool(meta.get("parallel", False)), plans=tuple(meta.get("plans", ())))
     if actions.names != policy.action_names:
         raise ValueError(f"policy actions {policy.action_names} do not match split factors {meta['split_factors']}")
     return actions

@@ -84,6 +84,7 @@ def adaptation_agent(policy: Policy, target: Target) -> dict:
         "env": {
             "dataset": list(TRAINING_DATASETS), "split": "train", "observation": meta["observation"],
             "split_factors": list(meta["split_factors"]), "layouts": bool(meta.get("layouts", False)),
+            "plans": list(meta.get("plans", [])),  # the policy's own plans: a plan names the same tile on any target
             "max_loops": int(meta["observation_shape"][0]), "episode_length": int(meta["episode_length"]),
             "measure_budget_s": defaults.STATE_BUDGET_S, "target": target.isa,
         },

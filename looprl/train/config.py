@@ -64,7 +64,7 @@ def agent_actions(agent: dict[str, Any], target: Target | None = None) -> Action
     env = agent.get("env", {})
     return ActionSet.for_target(target if target is not None else agent_target(agent), env.get("split_factors", defaults.SPLIT_FACTORS),
                                 env.get("max_loops", defaults.MAX_LOOPS), layouts=bool(env.get("layouts", False)),
-                                parallel=env.get("threads", 1) > 1)
+                                parallel=env.get("threads", 1) > 1, plans=env.get("plans", False))
 
 
 def hidden_layers(agent: dict[str, Any]) -> list[int]:

@@ -110,7 +110,8 @@ def policy_metadata(agent: dict[str, Any], network: dict[str, Any], extra: dict[
         "action_names": list(actions.names),
         "split_factors": list(actions.split_factors),
         "layouts": actions.layouts,  # pack and pad follow the splits
-        **({"parallel": True, "threads": env["threads"]} if actions.parallel else {}),  # the parallel action comes last
+        **({"parallel": True, "threads": env["threads"]} if actions.parallel else {}),  # the parallel action follows
+        **({"plans": list(actions.plans)} if actions.plans else {}),  # the plan actions come last
         "episode_length": env.get("episode_length", defaults.EPISODE_LENGTH),
         "algorithm": agent.get("algorithm"),
         "apex": bool(agent.get("apex", False)),

@@ -300,6 +300,7 @@ ENV = Section({
     "refit_every": POSITIVE,
     "layouts": Boolean(),
     "threads": POSITIVE,
+    "plans": AnyOf((Boolean(), ListOf(Text(), distinct=True))),  # true: every plan of the target; or plan names
 })
 
 # The activations RLlib's torch MLPs know that the numpy policy export reads back.

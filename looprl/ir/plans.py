@@ -1,0 +1,144 @@
+"""Whole schedules named by what tune chooses among: a register tile of the target, with or
+without a cache block, with or without the right operand packed, or a streaming tile for few
+output rows. A plan is data (:class:`Plan`, its name such as ``plan_6x2_k256_pack``); the
+schedule it stands for on a problem is :func:`plan_nest`, built from the untiled nest by the
+same IR steps tune's tile stage measures (:func:`~looprl.ir.register_tiles.tile_steps`,
+:func:`~looprl.ir.schedules.cache_blocks`, :func:`~looprl.ir.schedules.stream_steps`).
+
+A plan's tile is named by the target's register tile (rows x vectors), not by the problem's
+sizes, so one name means the same decision on every problem of a target: on a problem of
+fewer output rows it is clipped as :func:`~looprl.ir.register_tiles.tile_shapes` clips it
+(the rows it has, as many vectors as fit them). The plan actions of
+:class:`~looprl.actions.ActionSet` apply them: an episode reaches any of tune's tiles in one
+decision instead of the 10-21 cursor moves, splits and swaps that build it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from looprl.ir.nest import LoopNest, initial_nest
+from looprl.ir.problem import Problem
+from looprl.ir.register_tiles import tile_steps, why_not_tile
+from looprl.ir.schedules import STREAM_TILES, cache_blocks, stream_steps, why_not_stream
+from looprl.target import Target
+
+PLAN_PREFIX = "plan_"
+K_BLOCKS = (256, 512)  # the reduction blocks of schedules.cache_blocks
+_TILE_NAME = re.compile(r"plan_(\d+)x(\d+)(?:_k(\d+))?(_pack)?")
+_STREAM_NAME = re.compile(r"plan_stream_(\d+)x(\d+)")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A register tile of ``rows`` x ``vectors`` (the target's vectors), cache-blocked by
+    ``k_block`` reduction elements (0: not blocked), its right operand packed or not; or,
+    with ``stream=True``, a streaming tile of ``rows`` (k_inner) reduction rows by ``vectors``
+    (here: columns) output columns."""
+
+    rows: int
+    vectors: int
+    k_block: int = 0
+    packed: bool = False
+    stream: bool = False
+
+    def __post_init__(self):
+        if self.rows < 1 or self.vectors < 1:
+            raise ValueError(f"a plan's tile must be positive, got {self.rows}x{self.vectors}")
+        if self.k_block not in (0,) + K_BLOCKS:
+            raise ValueError(f"a plan's k block is one of {(0,) + K_BLOCKS}, got {self.k_block}")
+        if self.stream and (self.k_block or self.packed):
+            raise ValueError("a streaming plan has no cache block and no packing")
+
+    @property
+    def name(self) -> str:
+        if self.stream:
+            return f"{PLAN_PREFIX}stream_{self.rows}x{self.vectors}"
+        return f"{PLAN_PREFIX}{self.rows}x{self.vectors}" + (f"_k{self.k_block}" if self.k_block else "") + ("_pack" if self.packed else "")
+
+    @classmethod
+    def parse(cls, name: str) -> "Plan | None":
+        """The plan named ``name``, or None for no such name."""
+        if not isinstance(name, str):
+            return None
+        stream = _STREAM_NAME.fullmatch(name)
+        if stream:
+            return _or_none(lambda: cls(int(stream[1]), int(stream[2]), stream=True))
+        tile = _TILE_NAME.fullmatch(name)
+        if tile:
+            return _or_none(lambda: cls(int(tile[1]), int(tile[2]), int(tile[3] or 0), bool(tile[4])))
+        return None
+
+
+def _or_none(make):
+    try:
+        return make()
+    except ValueError:
+        return None
+
+
+def plan_catalogue(target: Target) -> tuple[Plan, ...]:
+    """Every plan of ``target``: each of its register tiles flat, with each k block, each
+    unpacked and packed; then the streaming tiles."""
+    target = Target.required(target, "plan_catalogue")
+    plans = [Plan(rows, vectors, k_block, packed) for rows, vectors in target.register_tiles()
+             for k_block in (0,) + K_BLOCKS for packed in (False, True)]
+    return tuple(plans) + tuple(Plan(k_inner, columns, stream=True) for k_inner, columns in STREAM_TILES)
+
+
+def plan_tile(problem: Problem, target: Target, plan: Plan) -> tuple[int, int]:
+    """(rows, columns) of ``plan``'s register tile on ``problem``: clipped to its output as
+    :func:`~looprl.ir.register_tiles.tile_shapes` clips the target's tiles."""
+    rows, vectors = plan.rows, plan.vectors
+    row_size, col_size = problem.size(problem.output[-2]), problem.size(problem.output[-1])
+    if row_size < rows:
+        rows = row_size
+        vectors = max(1, target.most_vectors(rows))
+    return rows, min(vectors * target.vector_width, col_size)
+
+
+def why_not_plan(problem: Problem, target: Target, plan: Plan) -> str | None:
+    """Why ``plan`` has no schedule of ``problem`` on ``target``, or None."""
+    if len(problem.output) < 2 or not problem.reduction_dims:
+        return f"{problem.name}: a plan needs two output dimensions and a reduction"
+    if plan.stream:
+        return why_not_stream(problem, plan.rows, plan.vectors)
+    rows, columns = plan_tile(problem, target, plan)
+    blocks = (None, None)
+    if plan.k_block:
+        matching = [pair for pair in cache_blocks(problem, columns) if pair[0] == plan.k_block]
+        if not matching:
+            return f"{problem.name}: no k block of {plan.k_block} around a tile {columns} wide (the problem is too small)"
+        blocks = matching[0]
+    why = why_not_tile(problem, rows, columns, *blocks)
+    if why is None and plan.packed and _packed(initial_nest(problem).apply(tile_steps(problem, rows, columns, *blocks)), problem) is None:
+        return f"{problem.name}: tile {rows}x{columns} leaves nothing to pack"
+    return why
+
+
+def plan_nest(problem: Problem, target: Target, plan: Plan) -> LoopNest:
+    """The schedule ``plan`` stands for on ``problem`` (ValueError with
+    :func:`why_not_plan`'s reason when there is none)."""
+    why = why_not_plan(problem, target, plan)
+    if why is not None:
+        raise ValueError(why)
+    if plan.stream:
+        return initial_nest(problem).apply(stream_steps(problem, plan.rows, plan.vectors))
+    rows, columns = plan_tile(problem, target, plan)
+    blocks = (None, None)
+    if plan.k_block:
+        blocks = next(pair for pair in cache_blocks(problem, columns) if pair[0] == plan.k_block)
+    nest = initial_nest(problem).apply(tile_steps(problem, rows, columns, *blocks))
+    return _packed(nest, problem) if plan.packed else nest
+
+
+def _packed(nest: LoopNest, problem: Problem) -> LoopNest | None:
+    """``nest`` with the right operand packed by its innermost column loop's tile width, or
+    None when that changes nothing (a tile one column wide, or a layout it refuses)."""
+    column = problem.output[-1]
+    loops = [loop for loop in nest.compute if loop.var == column]
+    width = loops[-2].step if len(loops) > 1 else 1
+    if width < 2 or nest.why_not_layout_pack("in1", column, width) is not None:
+        return None
+    return nest.layout_pack("in1", column, width)
