@@ -200,6 +200,17 @@ def test_a_dqfd_run_gathers_demonstrations_repeats_expert_iteration_and_ships_an
     assert ("later_rounds" in record["demonstrations"]) == (used == [1])
     assert record["reproduce"].startswith(f"python -m looprl.train --config {config}")
 
+    clone = ship(run, tmp_path / "clone", config=str(config), snapshot="pretrained")  # the starting clone instead
+    import numpy as np
+
+    shipped_weights, start_weights = np.load(clone / "policy" / "policy.npz"), np.load(run / "pretrained" / "policy.npz")
+    assert sorted(shipped_weights.files) == sorted(start_weights.files)
+    assert all(np.array_equal(shipped_weights[k], start_weights[k]) for k in start_weights.files)
+    clone_record = Policy.load(clone / "policy").metadata["training"]
+    assert clone_record["rl_iterations"] == 0 and "no RL" in clone_record["algorithm"] and clone_record["demonstrations"]["problems"] == 2
+    with pytest.raises(ValueError, match="snapshot must be one of"):
+        ship(run, tmp_path / "other", snapshot="newest")
+
 
 def test_rounds_and_settings_are_checked():
     assert rounds({}) == (1, None)

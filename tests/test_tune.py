@@ -142,15 +142,13 @@ def test_default_policy_is_shipped_and_compatible():
     policy = load_policy("default", "avx512")
     assert (default_policy_dir("avx512") / "policy.npz").exists()
     assert policy.target.isa == "avx512" and "EPYC" in policy.metadata["host_cpu"]
-    assert policy.metadata["algorithm"] == "dqn" and policy.metadata["apex"] is True
-    assert policy.metadata["training_problems"] == {"dataset": ["models", "mm64-256", "gemm-shapes"], "split": "train"}
-    from looprl.policy.numpy_policy import Policy
-
-    clone = Policy.load(default_policy_dir("avx512").parent / "pretrained")  # the clone it started from, shipped beside it
-    assert clone.metadata["pretrained"]["problems"] > 100
-    training = policy.metadata["training"]  # fine-tuned by RL from that clone, and says so
-    assert training["algorithm"].startswith("APEX-DQN") and training["rl_env_steps"] > 0
-    assert training["started_from"] == "checkpoints/apex-dqn-models/policy" and training["validation"] > training["starting_validation"]
+    assert policy.metadata["algorithm"] == "dqn" and policy.metadata["apex"] is True  # the agent it was cloned for
+    assert policy.metadata["training_problems"] == {"dataset": ["models", "gemm-shapes", "mm64-256"], "split": "train"}
+    plans = policy.metadata["plans"]  # it acts with plan actions, listed last
+    assert plans and list(policy.action_names[-len(plans):]) == plans
+    training = policy.metadata["training"]  # a clone of measured plan demonstrations, and says so: no RL
+    assert "no RL" in training["algorithm"] and training["rl_iterations"] == 0 and training["demonstrations"]["problems"] > 100
+    assert training["demonstrations"]["expert"] == "planner"
     for problem in [(128, 96, 160), looprl.contraction("bmk,bkn->bmn", b=2, m=40, k=24, n=56)]:
         result = looprl.tune(problem, cache=":memory:")
         check_kernel(result, np.random.default_rng(1))

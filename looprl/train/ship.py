@@ -9,7 +9,9 @@ tune's answers, each round's demonstrations by problem, ``pretrain-round<N>.json
 ``training`` record written from the run's own files, so that its name is honest: the
 algorithm that trained it, the policy it started from (and where that came from), the RL
 iterations and env steps of the snapshot shipped, and the demonstrations it was fine-tuned
-with.
+with. ``--snapshot pretrained`` ships the clone the run started from as ``policy/`` instead
+(when held-out figures say it generalises better than what RL validated best); its record
+then says it is a clone with no RL.
 """
 
 from __future__ import annotations
@@ -72,9 +74,37 @@ def training_record(run: Path, policy: Policy, config: str | None = None) -> dic
     return record
 
 
-def ship(run: Path, to: Path, config: str | None = None) -> Path:
+def clone_record(run: Path, policy: Policy, config: str | None = None) -> dict:
+    """What made ``policy``, the clone ``run`` started from: behaviour cloning, no RL."""
+    agent, _, arguments = RunDirectory(run).load()
+    pretrained = policy.metadata.get("pretrained") or {}
+    return {
+        "algorithm": "behaviour cloning (cross-entropy on measured demonstrations); no RL",
+        "rl_iterations": 0,
+        "rl_env_steps": 0,
+        "demonstrations": {"expert": (pretrained.get("settings") or {}).get("expert"), "problems": pretrained.get("problems"),
+                           "pairs": pretrained.get("pairs")},
+        "starting_validation": arguments.get("start_validation"),
+        "reproduce": f"python -m looprl.train --config {config or arguments.get('config') or 'agent.yaml'} --seed {arguments.get('seed', 0)}"
+                     " (the run's pretrained/ policy)",
+        "note": f"the clone the {'APEX-DQN' if agent.get('apex') else agent.get('algorithm', 'RL').upper()} run started from, "
+                "shipped instead of its best validated snapshot",
+    }
+
+
+SNAPSHOTS = ("best", "pretrained")
+
+
+def ship(run: Path, to: Path, config: str | None = None, snapshot: str = "best") -> Path:
     run, to = Path(run), Path(to)
-    source = run / BEST_POLICY if (run / BEST_POLICY / JSON_NAME).exists() else run / "policy"
+    if snapshot not in SNAPSHOTS:
+        raise ValueError(f"snapshot must be one of {', '.join(SNAPSHOTS)}, got {snapshot!r}")
+    if snapshot == "pretrained":
+        source = run / PRETRAINED_POLICY
+        if not (source / JSON_NAME).exists():
+            raise ValueError(f"{run} has no {PRETRAINED_POLICY}/ policy to ship")
+    else:
+        source = run / BEST_POLICY if (run / BEST_POLICY / JSON_NAME).exists() else run / "policy"
     policy = Policy.load(source)
     if to.exists():
         shutil.rmtree(to)
@@ -85,9 +115,12 @@ def ship(run: Path, to: Path, config: str | None = None) -> Path:
     for rounds in sorted(run.glob("pretrain-round*.json")):  # tune-expert pretraining's demonstrations, by problem
         shutil.copy2(rounds, to / rounds.name)
     for name in (PRETRAINED_POLICY, DEMONSTRATIONS_CLONE):
+        if snapshot == "pretrained" and name == PRETRAINED_POLICY:
+            continue  # it is policy/
         if (run / name).exists():
             Policy.load(run / name).save(to / name)
-    metadata = {**policy.metadata, "training": training_record(run, policy, config)}
+    record = clone_record(run, policy, config) if snapshot == "pretrained" else training_record(run, policy, config)
+    metadata = {**policy.metadata, "training": record}
     dataclasses.replace(policy, metadata=metadata).save(to / "policy")
     return to
 
@@ -98,9 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run", type=Path)
     parser.add_argument("--to", type=Path, required=True)
     parser.add_argument("--config", default=None, help="the agent YAML the run was started with (default: the one run.json names)")
+    parser.add_argument("--snapshot", default="best", choices=SNAPSHOTS,
+                        help="best: the best validated policy (default); pretrained: the clone the run started from")
     args = parser.parse_args(argv)
     try:
-        print("shipped", ship(args.run, args.to, args.config))
+        print("shipped", ship(args.run, args.to, args.config, args.snapshot))
     except (OSError, ValueError, KeyError) as error:
         print(f"python -m looprl.train.ship: {error}", file=sys.stderr)
         return 2
