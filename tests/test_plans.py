@@ -191,3 +191,16 @@ def test_a_policy_cloned_on_plans_tunes_through_them_and_its_answer_replays(tmp_
         assert (transitions[-1].state.nest if transitions else looprl.initial_nest(measured.problem)) == measured.nest
         a, b = random_inputs(measured.problem, 3)
         assert_matches(measured.problem, measured.kernel, a, b)
+
+
+def test_a_plan_policy_adapted_to_another_target_keeps_its_own_plans():
+    """``looprl-train --adapt`` fine-tunes the policy's own outputs: the AVX-512 default's plans
+    (named by AVX-512's tiles) stay its actions when it is adapted to AVX2 code."""
+    from looprl.policy.loading import load_policy
+    from looprl.train.adapt import adaptation_agent
+    from looprl.train.config import agent_actions
+
+    policy = load_policy("default", AVX512)
+    agent = adaptation_agent(policy, AVX2)
+    assert agent["env"]["plans"] == policy.metadata["plans"]
+    assert agent_actions(agent, AVX2).names == tuple(policy.action_names)
