@@ -28,12 +28,14 @@ def problems():
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problem=problems(), target=st.sampled_from([AVX2, AVX512]), choice=st.integers(0, 10**6), seed=st.integers(0, 2**16))
-def test_every_plan_of_any_problem_computes_what_numpy_computes(problem, target, choice, seed):
-    host = Target.host()
+@given(problem=problems(), target=st.sampled_from([AVX2, AVX512]), named_for=st.sampled_from([AVX2, AVX512]),
+       choice=st.integers(0, 10**6), seed=st.integers(0, 2**16))
+def test_every_plan_of_any_problem_computes_what_numpy_computes(problem, target, named_for, choice, seed):
+    """Plans of either target's catalogue (a policy made for AVX-512 may tune for AVX2: its
+    14-row tiles then outgrow AVX2's registers), compiled for either target."""
     if target.missing_on_host():
-        target = host
-    plans = [plan for plan in plan_catalogue(target) if why_not_plan(problem, target, plan) is None]
+        target = Target.host()
+    plans = [plan for plan in plan_catalogue(named_for) if why_not_plan(problem, target, plan) is None]
     if not plans:
         return
     plan = plans[choice % len(plans)]
