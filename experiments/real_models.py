@@ -16,6 +16,8 @@ problem comes from). For each problem, from an empty cache:
   third of the schedules ``tune-random`` measured (``tune(max_measurements=...)``, the untuned
   nest and the rollout's states included): what the trained weights add at equal
   measurements, and whether they reach the random weights' quality with a third of them;
+* ``tune-4`` / ``tune-random-4``: the same, capped at four schedules (:data:`SCARCE`): what
+  the weights are worth when measurements are scarce;
 * ``hand``: the best of every hand-written register tile, cache-blocked variant and packed
   variant (``looprl.policy.tiles.all_tiles``), each measured: what the action space can express;
 * ``search`` (with ``--search-budget S``): beam4bfs for S seconds;
@@ -60,7 +62,9 @@ from looprl.policy.tuner import tune
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FIELDS = ["model", "layer", "problem", "method", "seconds", "gflops", "numpy_gflops", "ratio", "peak_gflops", "actions", "measured"]
-METHODS = ("untuned", "tune", "tune-random", "rollout", "rollout-random", "tune-third", "tune-random-third", "hand")
+METHODS = ("untuned", "tune", "tune-random", "rollout", "rollout-random", "tune-third", "tune-random-third", "tune-4", "tune-random-4",
+           "hand")
+SCARCE = 4  # the tune-4 rows: four distinct schedules (the untuned nest, the policy's answer and two more)
 
 
 def retime_together(nests: dict[str, object], target: Target, rounds: int, threads: int = 1) -> dict[str, float]:
@@ -94,8 +98,9 @@ def run_problem(entry, target, policy, random_policy, search_budget: float, thre
     found = {"untuned": (initial_nest(problem), 0.0, "", 1)}
     for method, chosen, budget in (("tune", policy, None), ("tune-random", random_policy, None),
                                    ("rollout", policy, 0), ("rollout-random", random_policy, 0),
-                                   ("tune-third", policy, None), ("tune-random-third", random_policy, None)):
-        cap = max(1, round(found["tune-random"][3] / 3)) if method.endswith("-third") else None
+                                   ("tune-third", policy, None), ("tune-random-third", random_policy, None),
+                                   ("tune-4", policy, None), ("tune-random-4", random_policy, None)):
+        cap = max(1, round(found["tune-random"][3] / 3)) if method.endswith("-third") else SCARCE if method.endswith("-4") else None
         result = tune(problem, chosen, cache=":memory:", budget_s=budget, target=target, remember=False, threads=threads,
                       max_measurements=cap)
         found[method] = (result.nest, result.seconds - result.waited_s, " ".join(result.actions), result.measured)
@@ -140,7 +145,7 @@ def summarize(rows: list[dict]) -> str:
     for row in rows:
         ratios[row["problem"]][row["method"]] = float(row["gflops"])
     for trained, random in (("tune", "tune-random"), ("rollout", "rollout-random"), ("tune-third", "tune-random-third"),
-                            ("tune-third", "tune-random"), ("rollout", "tune")):
+                            ("tune-third", "tune-random"), ("tune-4", "tune-random-4"), ("tune-4", "tune-random"), ("rollout", "tune")):
         pairs = [v[trained] / v[random] for v in ratios.values() if v.get(random, 0) > 0 and trained in v]
         if pairs:
             lines.append(f"{trained} / {random}: geomean {_geomean(pairs):.3f} over {len(pairs)} problems")

@@ -37,10 +37,11 @@ def test_the_real_models_experiment_writes_every_method_and_its_summary(tmp_path
     assert done.returncode == 0, done.stderr
     rows = list(csv.DictReader((tmp_path / "rm.csv").open()))
     assert {r["method"] for r in rows} == {"untuned", "tune", "tune-random", "rollout", "rollout-random", "tune-third",
-                                           "tune-random-third", "hand"}
-    assert len(rows) == 16 and all(float(r["gflops"]) > 0 and float(r["numpy_gflops"]) > 0 for r in rows)
+                                           "tune-random-third", "tune-4", "tune-random-4", "hand"}
+    assert len(rows) == 20 and all(float(r["gflops"]) > 0 and float(r["numpy_gflops"]) > 0 for r in rows)
     assert "tune / tune-random" in done.stdout and "tune-third / tune-random" in done.stdout and (tmp_path / "rm.png").exists()
     by = {(r["problem"], r["method"]): int(r["measured"]) for r in rows}
     for problem in {r["problem"] for r in rows}:  # the capped tunes measured at most a third of tune-random's schedules
         cap = max(1, round(by[problem, "tune-random"] / 3))
         assert by[problem, "tune-third"] <= cap and by[problem, "tune-random-third"] <= cap
+        assert by[problem, "tune-4"] <= 4 and by[problem, "tune-random-4"] <= 4
