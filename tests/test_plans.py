@@ -206,3 +206,26 @@ def test_a_plan_policy_adapted_to_another_target_keeps_its_own_plans():
     agent = adaptation_agent(policy, AVX2)
     assert agent["env"]["plans"] == policy.metadata["plans"]
     assert agent_actions(agent, AVX2).names == tuple(policy.action_names)
+
+
+def test_a_plan_policy_s_prior_is_its_episode_then_its_other_plans_as_it_ranks_them():
+    """AutoTVM's first batch from a plan policy (PolicyPrior): the greedy episode's schedules,
+    then every other plan that applies, in the order of the policy's scores at the untuned nest."""
+    from looprl.env.observation import observation
+    from looprl.policy.loading import load_policy
+    from looprl.policy.rollout import greedy_rollout, greedy_schedules, policy_actions
+
+    policy = load_policy("default", AVX2)
+    problem = looprl.matmul(130, 600, 600)
+    actions = policy_actions(policy, AVX2)
+    root = State(looprl.initial_nest(problem), 0)
+    schedules = greedy_schedules(policy, problem, AVX2)
+    applicable = {actions.apply(root, i).nest.key for i, a in enumerate(actions.actions) if a.kind == "plan" and actions.can_apply(root, i)}
+    assert applicable <= {nest.key for nest in schedules} and len({n.key for n in schedules}) == len(schedules)
+    scores = policy.scores(observation(root.nest, 0, actions.max_loops, True))
+    plan_order = [i for i, a in enumerate(actions.actions) if a.kind == "plan" and actions.can_apply(root, i)]
+    ranked = [actions.apply(root, i).nest.key for i in sorted(plan_order, key=lambda i: -scores[i])]
+    episode = greedy_rollout(policy, problem, None)
+    head = {t.state.nest.key for t in replay(actions, root, float("nan"), episode.final_actions) if t.valid} - {root.nest.key}
+    rest = [key for key in dict.fromkeys(ranked) if key not in head]
+    assert len(schedules) == len(head) + len(rest) and [nest.key for nest in schedules[len(head):]] == rest

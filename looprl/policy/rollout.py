@@ -159,19 +159,31 @@ def greedy_rollout(
 def greedy_schedules(policy: Policy, problem: Problem, target: Target | None = None) -> list[LoopNest]:
     """The distinct schedules one greedy episode of ``policy`` on ``problem`` passes through,
     nothing measured (the episode's end first, then back towards its start; the untuned nest
-    left out)."""
+    left out); then, for a policy with plan actions, the other plans that apply to the untuned
+    nest, in the order of the policy's scores there (its ranking of whole schedules)."""
     actions = policy_actions(policy, target)
     rollout = greedy_rollout(policy, problem, None)
-    transitions = replay(actions, State(initial_nest(problem), 0), math.nan, rollout.final_actions)
+    root = State(initial_nest(problem), 0)
+    transitions = replay(actions, root, math.nan, rollout.final_actions)
     passed = {t.state.nest.key: t.state.nest for t in transitions if t.valid}
-    passed.pop(initial_nest(problem).key, None)
-    return list(reversed(list(passed.values())))
+    passed.pop(root.nest.key, None)
+    schedules = list(reversed(list(passed.values())))
+    if actions.plans:
+        scores = policy.scores(observation(root.nest, 0, actions.max_loops, policy.observation_kind == "normalized"))
+        plans = [index for index, action in enumerate(actions.actions) if action.kind == "plan" and actions.can_apply(root, index)]
+        for index in sorted(plans, key=lambda index: -scores[index]):
+            nest = actions.apply(root, index).nest
+            if nest.key not in passed:
+                passed[nest.key] = nest
+                schedules.append(nest)
+    return schedules
 
 
 @dataclass(frozen=True)
 class PolicyPrior:
     """A search's prior from a trained policy: ``prior(problem)`` is
-    :func:`greedy_schedules` (what AutoTVM's first batch measures instead of random schedules)."""
+    :func:`greedy_schedules` (what AutoTVM's first batch measures instead of random schedules:
+    a plan policy's greedy episode, then its other plans as it ranks them)."""
 
     policy: Policy
     target: Target | None = None
