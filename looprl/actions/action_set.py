@@ -46,7 +46,7 @@ import numpy as np
 
 from looprl import checks, defaults
 from looprl.ir.nest import LAYOUT_TENSORS, LoopNest
-from looprl.ir.plans import PLAN_PREFIX, Plan, plan_catalogue, plan_nest, why_not_plan
+from looprl.ir.plans import PLAN_PREFIX, Plan, plan_catalogue, planned
 from looprl.ir.problem import Problem
 
 MOVES = ("up", "down")
@@ -111,7 +111,8 @@ def _plan_names(plans) -> tuple[str, ...]:
         raise ValueError(f"plans must be a sequence of plan names, got {plans!r}")
     names = tuple(plans)
     for name in names:
-        if Plan.parse(name) is None or Plan.parse(name).name != name:
+        plan = Plan.parse(name)
+        if plan is None or plan.name != name:
             raise ValueError(f"unknown plan {name!r}: plans are named like plan_6x2, plan_6x2_k256_pack or plan_stream_8x64")
     if len(set(names)) != len(names):
         raise ValueError(f"plans must be distinct, got {names}")
@@ -288,14 +289,17 @@ class ActionSet:
             return State(self._layout_nest(nest, cursor, act.kind), cursor)
         return State(nest.split(cursor, act.factor), cursor)
 
+    def applicable_plans(self, state: State) -> list[int]:
+        """The indices of the plan actions that apply in ``state``, in the set's order."""
+        return [index for index, action in enumerate(self.actions) if action.kind == PLAN and self.can_apply(state, index)]
+
     def _plan_nest(self, nest: LoopNest, plan: Plan) -> LoopNest | str:
         """``plan``'s schedule of ``nest``'s problem, or why there is none (remembered per
         problem: an episode asks for every plan's mask at each step)."""
         key = (nest.problem, plan)
         found = self._planned.get(key)
         if found is None:
-            why = why_not_plan(nest.problem, self.target, plan)
-            found = why if why is not None else plan_nest(nest.problem, self.target, plan)
+            found = planned(nest.problem, self.target, plan)
             if not isinstance(found, str) and len(found) > self.max_loops:
                 found = f"{plan.name} makes {len(found)} loops, more than max_loops={self.max_loops}"
             if len(self._planned) > PLANS_REMEMBERED:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
-from looprl.ir.register_tiles import tile_steps, why_not_tile
+from looprl.ir.register_tiles import clipped_tile, packed_right, tile_steps, why_not_tile
 from looprl.ir.schedules import STREAM_TILES, cache_blocks, stream_steps, why_not_stream
 from looprl.target import Target
 
@@ -90,20 +90,17 @@ def plan_catalogue(target: Target) -> tuple[Plan, ...]:
 def plan_tile(problem: Problem, target: Target, plan: Plan) -> tuple[int, int]:
     """(rows, columns) of ``plan``'s register tile on ``problem``: clipped to its output as
     :func:`~looprl.ir.register_tiles.tile_shapes` clips the target's tiles."""
-    rows, vectors = plan.rows, plan.vectors
-    row_size, col_size = problem.size(problem.output[-2]), problem.size(problem.output[-1])
-    if row_size < rows:
-        rows = row_size
-        vectors = max(1, target.most_vectors(rows))
-    return rows, min(vectors * target.vector_width, col_size)
+    return clipped_tile(problem, target, plan.rows, plan.vectors)
 
 
-def why_not_plan(problem: Problem, target: Target, plan: Plan) -> str | None:
-    """Why ``plan`` has no schedule of ``problem`` on ``target``, or None."""
+def planned(problem: Problem, target: Target, plan: Plan) -> LoopNest | str:
+    """The schedule ``plan`` stands for on ``problem``, or why there is none (built once: what
+    :func:`why_not_plan` and :func:`plan_nest` ask, and what plan actions remember)."""
     if len(problem.output) < 2 or not problem.reduction_dims:
         return f"{problem.name}: a plan needs two output dimensions and a reduction"
     if plan.stream:
-        return why_not_stream(problem, plan.rows, plan.vectors)
+        why = why_not_stream(problem, plan.rows, plan.vectors)
+        return why if why is not None else initial_nest(problem).apply(stream_steps(problem, plan.rows, plan.vectors))
     rows, columns = plan_tile(problem, target, plan)
     blocks = (None, None)
     if plan.k_block:
@@ -112,33 +109,25 @@ def why_not_plan(problem: Problem, target: Target, plan: Plan) -> str | None:
             return f"{problem.name}: no k block of {plan.k_block} around a tile {columns} wide (the problem is too small)"
         blocks = matching[0]
     why = why_not_tile(problem, rows, columns, *blocks)
-    if why is None and plan.packed and _packed(initial_nest(problem).apply(tile_steps(problem, rows, columns, *blocks)), problem) is None:
-        return f"{problem.name}: tile {rows}x{columns} leaves nothing to pack"
-    return why
+    if why is not None:
+        return why
+    nest = initial_nest(problem).apply(tile_steps(problem, rows, columns, *blocks))
+    if not plan.packed:
+        return nest
+    packed = packed_right(nest)
+    return packed if packed is not None else f"{problem.name}: tile {rows}x{columns} leaves nothing to pack"
+
+
+def why_not_plan(problem: Problem, target: Target, plan: Plan) -> str | None:
+    """Why ``plan`` has no schedule of ``problem`` on ``target``, or None."""
+    found = planned(problem, target, plan)
+    return found if isinstance(found, str) else None
 
 
 def plan_nest(problem: Problem, target: Target, plan: Plan) -> LoopNest:
     """The schedule ``plan`` stands for on ``problem`` (ValueError with
     :func:`why_not_plan`'s reason when there is none)."""
-    why = why_not_plan(problem, target, plan)
-    if why is not None:
-        raise ValueError(why)
-    if plan.stream:
-        return initial_nest(problem).apply(stream_steps(problem, plan.rows, plan.vectors))
-    rows, columns = plan_tile(problem, target, plan)
-    blocks = (None, None)
-    if plan.k_block:
-        blocks = next(pair for pair in cache_blocks(problem, columns) if pair[0] == plan.k_block)
-    nest = initial_nest(problem).apply(tile_steps(problem, rows, columns, *blocks))
-    return _packed(nest, problem) if plan.packed else nest
-
-
-def _packed(nest: LoopNest, problem: Problem) -> LoopNest | None:
-    """``nest`` with the right operand packed by its innermost column loop's tile width, or
-    None when that changes nothing (a tile one column wide, or a layout it refuses)."""
-    column = problem.output[-1]
-    loops = [loop for loop in nest.compute if loop.var == column]
-    width = loops[-2].step if len(loops) > 1 else 1
-    if width < 2 or nest.why_not_layout_pack("in1", column, width) is not None:
-        return None
-    return nest.layout_pack("in1", column, width)
+    found = planned(problem, target, plan)
+    if isinstance(found, str):
+        raise ValueError(found)
+    return found

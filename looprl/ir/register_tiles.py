@@ -21,19 +21,38 @@ def tile_shapes(problem: Problem, target: Target) -> list[tuple[int, int]]:
     fewer rows than a tile (a GEMV-like m), the tile is widened instead to the most vectors that
     fit with those rows, so that it still keeps most registers busy. Columns are a whole number
     of vectors; a tile wider than the output is clipped to it."""
-    lanes = Target.required(target, "tile_shapes").vector_width
+    Target.required(target, "tile_shapes")
     if len(problem.output) < 2:
         raise ValueError(f"{problem.name}: register tiles need two output dimensions")
-    row_size, col_size = problem.size(problem.output[-2]), problem.size(problem.output[-1])
     shapes = []
     for rows, vectors in target.register_tiles():
-        if row_size < rows:
-            rows = row_size
-            vectors = max(1, target.most_vectors(rows))
-        columns = min(vectors * lanes, col_size)
-        if (rows, columns) not in shapes:
-            shapes.append((rows, columns))
+        shape = clipped_tile(problem, target, rows, vectors)
+        if shape not in shapes:
+            shapes.append(shape)
     return shapes
+
+
+def clipped_tile(problem: Problem, target: Target, rows: int, vectors: int) -> tuple[int, int]:
+    """(rows, columns) of a register tile of ``rows`` x ``vectors`` (the target's vectors) on
+    ``problem``'s output: with fewer output rows, all of them and as many vectors as fit them;
+    columns clipped to the output's."""
+    row_size, col_size = problem.size(problem.output[-2]), problem.size(problem.output[-1])
+    if row_size < rows:
+        rows = row_size
+        vectors = max(1, target.most_vectors(rows))
+    return rows, min(vectors * target.vector_width, col_size)
+
+
+def packed_right(nest: LoopNest) -> LoopNest | None:
+    """``nest`` with the right operand packed by its innermost output-column loop's tile width
+    (the step of the column loop around it), or None when that changes nothing (a tile one
+    column wide, or a layout the nest refuses)."""
+    column = nest.problem.output[-1]
+    loops = [loop for loop in nest.compute if loop.var == column]
+    width = loops[-2].step if len(loops) > 1 else 1
+    if width < 2 or nest.why_not_layout_pack("in1", column, width) is not None:
+        return None
+    return nest.layout_pack("in1", column, width)
 
 
 def tile_steps(problem: Problem, rows: int, columns: int, k_block: int | None = None, n_block: int | None = None) -> list[tuple]:

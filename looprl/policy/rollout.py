@@ -170,8 +170,7 @@ def greedy_schedules(policy: Policy, problem: Problem, target: Target | None = N
     schedules = list(reversed(list(passed.values())))
     if actions.plans:
         scores = policy.scores(observation(root.nest, 0, actions.max_loops, policy.observation_kind == "normalized"))
-        plans = [index for index, action in enumerate(actions.actions) if action.kind == "plan" and actions.can_apply(root, index)]
-        for index in sorted(plans, key=lambda index: -scores[index]):
+        for index in sorted(actions.applicable_plans(root), key=lambda index: -scores[index]):
             nest = actions.apply(root, index).nest
             if nest.key not in passed:
                 passed[nest.key] = nest

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from looprl.actions import ActionSet, State, follow
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
-from looprl.ir.register_tiles import tile_of, tile_shapes, tile_steps, why_not_tile
+from looprl.ir.register_tiles import packed_right, tile_of, tile_shapes, tile_steps, why_not_tile
 from looprl.ir.schedules import STREAM_TILES, cache_blocks, panel_steps, panel_widths, stream_steps, why_not_stream
 from looprl.search.context import BudgetExhausted, SearchContext
 
@@ -134,22 +134,12 @@ def all_tiles(problem: Problem, target) -> list[LoopNest]:
     nests: list[LoopNest] = []
     if len(problem.output) < 2 or not problem.reduction_dims:
         return nests
-    column = problem.output[-1]
     for rows, columns in tile_shapes(problem, target):
         for blocks in [(None, None)] + cache_blocks(problem, columns):
             if why_not_tile(problem, rows, columns, *blocks) is not None:
                 continue
             nest = initial_nest(problem).apply(tile_steps(problem, rows, columns, *blocks))
-            for variant in (nest, _pack_right(nest, column)):
+            for variant in (nest, packed_right(nest)):
                 if variant is not None and variant not in nests:
                     nests.append(variant)
     return nests
-
-
-def _pack_right(nest: LoopNest, column: str) -> LoopNest | None:
-    """``nest`` with the right operand packed by its innermost column loop's tile width."""
-    loops = [loop for loop in nest.compute if loop.var == column]
-    width = loops[-2].step if len(loops) > 1 else 1
-    if width < 2 or nest.why_not_layout_pack("in1", column, width) is not None:
-        return None
-    return nest.layout_pack("in1", column, width)

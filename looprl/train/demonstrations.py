@@ -111,9 +111,7 @@ def plan_values(problem: Problem, actions: ActionSet, evaluator: Evaluator) -> d
     root = State(initial_nest(problem), 0)
     values: dict[int, float] = {}
     by_schedule: dict[str, float] = {}
-    for index, action in enumerate(actions.actions):
-        if action.kind != "plan" or not actions.can_apply(root, index):
-            continue
+    for index in actions.applicable_plans(root):
         nest = actions.apply(root, index).nest
         if nest.key not in by_schedule:
             measurement = evaluator(nest)

@@ -34,7 +34,7 @@ def training_record(run: Path, policy: Policy, config: str | None = None) -> dic
     """What trained ``policy`` (a snapshot of ``run``), from the run's files (each checked)."""
     agent, _, arguments = RunDirectory(run).load()
     snapshot = policy.metadata.get("validation") or policy.metadata.get("metrics") or {}
-    algorithm = "APEX-DQN (RLlib DQN with Ape-X per-runner epsilons)" if agent.get("apex") else agent["algorithm"].upper()
+    algorithm = "APEX-DQN (RLlib DQN with Ape-X per-runner epsilons)" if agent.get("apex") else _algorithm(agent)
     record = {
         "algorithm": algorithm,
         "rl_iterations": snapshot.get("iteration"),
@@ -74,6 +74,11 @@ def training_record(run: Path, policy: Policy, config: str | None = None) -> dic
     return record
 
 
+def _algorithm(agent: dict) -> str:
+    """The RL algorithm of ``agent``'s run, as a record names it."""
+    return "APEX-DQN" if agent.get("apex") else str(agent["algorithm"]).upper()
+
+
 def clone_record(run: Path, policy: Policy, config: str | None = None) -> dict:
     """What made ``policy``, the clone ``run`` started from: behaviour cloning, no RL."""
     agent, _, arguments = RunDirectory(run).load()
@@ -87,7 +92,7 @@ def clone_record(run: Path, policy: Policy, config: str | None = None) -> dict:
         "starting_validation": arguments.get("start_validation"),
         "reproduce": f"python -m looprl.train --config {config or arguments.get('config') or 'agent.yaml'} --seed {arguments.get('seed', 0)}"
                      " (the run's pretrained/ policy)",
-        "note": f"the clone the {'APEX-DQN' if agent.get('apex') else agent.get('algorithm', 'RL').upper()} run started from, "
+        "note": f"the clone the {_algorithm(agent)} run started from, "
                 "shipped instead of its best validated snapshot",
     }
 
