@@ -61,6 +61,26 @@ def test_adapt_writes_a_policy_its_demonstrations_and_a_report_and_resumes(tmp_p
     assert "adapted / starting policy" in adapting.format_report(again)
 
 
+def test_adapting_a_plan_policy_to_another_isa_gives_it_that_isa_s_plans_and_reports_the_mapping(tmp_path):
+    """The AVX-512 default adapted to AVX2 code: it acts with AVX2's plans (demonstrated by the
+    planner), and the report times the plans' mapping before fine-tuning beside before and after."""
+    from looprl.ir.plans import plan_catalogue
+    from looprl.policy.loading import load_policy
+
+    avx2 = looprl.Target.named("avx2")
+    out = tmp_path / "adapted"
+    report = adapting.adapt(load_policy("default", looprl.Target.named("avx512")), out=out, target=avx2, budget_s=60, cache=":memory:",
+                            training_problems=["mk,kn->mn:m=48,k=64,n=64"], held_out_problems=HELD_OUT, log=lambda *_: None)
+    adapted = Policy.load(out / "policy")
+    assert adapted.metadata["plans"] == [plan.name for plan in plan_catalogue(avx2)]
+    assert adapted.metadata["retargeted"]["from_target"] == "avx512" and adapted.target.isa == "avx2"
+    saved = json.loads((out / "demonstrations.json").read_text())["demonstrations"]
+    assert saved[0]["actions"][0] in adapted.metadata["plans"] and not saved[0]["from_search"]
+    assert report.retargeted_gflops is not None and len(report.retargeted_gflops) == len(HELD_OUT)
+    assert report.ratio_over_retargeted > 0 and "mapped" in adapting.format_report(report)
+    assert json.loads((out / "adapt.json").read_text())["retargeted_plans"]["plan_6x2"] == "plan_14x2"
+
+
 def test_adapt_refuses_another_policys_demonstrations_and_bad_settings(tmp_path):
     policy = random_policy(seed=1, target=looprl.Target.host())
     out = tmp_path / "adapted"

@@ -195,17 +195,52 @@ def test_a_policy_cloned_on_plans_tunes_through_them_and_its_answer_replays(tmp_
         assert_matches(measured.problem, measured.kernel, a, b)
 
 
-def test_a_plan_policy_adapted_to_another_target_keeps_its_own_plans():
-    """``looprl-train --adapt`` fine-tunes the policy's own outputs: the AVX-512 default's plans
-    (named by AVX-512's tiles) stay its actions when it is adapted to AVX2 code."""
+def test_a_plan_of_another_target_has_the_counterpart_of_the_same_role():
+    """counterpart: the tile with as many vectors per row (the nearest count where none has
+    as many), the same cache block and packing; streams and plans already there map to themselves."""
+    from looprl.ir.plans import counterpart
+
+    avx2, avx512 = plan_catalogue(AVX2), plan_catalogue(AVX512)
+    assert counterpart(Plan.parse("plan_14x2_k256_pack"), avx2) == Plan.parse("plan_6x2_k256_pack")
+    assert counterpart(Plan.parse("plan_9x3"), avx2) == Plan.parse("plan_4x3")
+    assert counterpart(Plan.parse("plan_4x6_pack"), avx2) == Plan.parse("plan_2x4_pack")  # no 6-vector tile on AVX2: 4
+    assert counterpart(Plan.parse("plan_2x4_k512"), avx512) == Plan.parse("plan_6x4_k512")
+    assert counterpart(Plan.parse("plan_stream_8x64"), avx2) == Plan.parse("plan_stream_8x64")
+    assert counterpart(Plan.parse("plan_6x2"), avx2) == Plan.parse("plan_6x2")
+    with pytest.raises(ValueError, match="makes the decision"):
+        counterpart(Plan.parse("plan_stream_8x16"), [p for p in avx2 if not p.stream])
+
+
+@pytest.mark.parametrize("source, target", [(AVX512, AVX2), (AVX2, AVX512)])
+def test_a_plan_policy_adapted_to_another_target_gets_that_target_s_plans(source, target):
+    """``looprl-train --adapt`` to another ISA first gives the policy the target's plans: each
+    new plan's score is the old counterpart's, the other actions' scores and the value head
+    unchanged, and the adaptation agent and action set are the target's."""
+    from looprl.ir.plans import counterpart
     from looprl.policy.loading import load_policy
+    from looprl.policy.retarget import needs_retargeting, retargeted
+    from looprl.policy.rollout import policy_actions
     from looprl.train.adapt import adaptation_agent
     from looprl.train.config import agent_actions
 
-    policy = load_policy("default", AVX512)
-    agent = adaptation_agent(policy, AVX2)
-    assert agent["env"]["plans"] == policy.metadata["plans"]
-    assert agent_actions(agent, AVX2).names == tuple(policy.action_names)
+    policy = load_policy("default", source)
+    moved = retargeted(policy, target)
+    catalogue = [plan.name for plan in plan_catalogue(target)]
+    assert needs_retargeting(policy, target) and not needs_retargeting(moved, target)
+    assert moved.metadata["plans"] == catalogue and moved.target.isa == target.isa
+    assert moved.metadata["retargeted"]["from_target"] == source.isa
+    assert policy_actions(moved, target).names == moved.action_names
+    assert adaptation_agent(moved, target)["env"]["plans"] == catalogue
+    assert agent_actions(adaptation_agent(moved, target), target).names == moved.action_names
+    observations = np.random.default_rng(0).random((5, *policy.observation_shape), dtype=np.float32)
+    old, new = policy.scores(observations), moved.scores(observations)
+    for i, name in enumerate(moved.action_names):
+        plan = Plan.parse(name)
+        source_name = name if plan is None else counterpart(plan, [Plan.parse(n) for n in policy.metadata["plans"]]).name
+        np.testing.assert_allclose(new[:, i], old[:, policy.action_names.index(source_name)], rtol=1e-5, atol=1e-6)  # BLAS may round apart
+    for head in set(policy.heads) - {policy.metadata["network"]["greedy"]}:
+        assert moved.heads[head] is policy.heads[head]
+    assert retargeted(moved, target) is moved and retargeted(policy, source) is policy
 
 
 def test_a_plan_policy_s_prior_is_its_episode_then_its_other_plans_as_it_ranks_them():
@@ -229,3 +264,21 @@ def test_a_plan_policy_s_prior_is_its_episode_then_its_other_plans_as_it_ranks_t
     head = {t.state.nest.key for t in replay(actions, root, float("nan"), episode.final_actions) if t.valid} - {root.nest.key}
     rest = [key for key in dict.fromkeys(ranked) if key not in head]
     assert len(schedules) == len(head) + len(rest) and [nest.key for nest in schedules[len(head):]] == rest
+
+
+def test_tune_with_a_plan_policy_made_for_another_isa_acts_with_this_isa_s_plans(tmp_path, monkeypatch):
+    """looprl.tune(policy=<the AVX-512 default>, target=avx2): the policy's episode chooses among
+    AVX2's plans (no AVX-512 tile spilling on 16 registers), with a warning that says so."""
+    from looprl.policy import tuner
+    from looprl.policy.loading import default_policy_dir
+
+    monkeypatch.setattr(tuner, "_warned_mismatch", set())  # said once per process: whatever ran before
+
+    problem = looprl.matmul(96, 200, 300)
+    with pytest.warns(RuntimeWarning, match="mapped to avx2's"):
+        alone = looprl.tune(problem, default_policy_dir(AVX512), measure=False, target=AVX2, cache=str(tmp_path / "c.sqlite"))
+    plans = [name for name in alone.actions if name.startswith("plan_")]
+    assert plans and set(plans) <= {plan.name for plan in plan_catalogue(AVX2)}
+    assert set(alone.action_set.plans) <= {plan.name for plan in plan_catalogue(AVX2)}  # the set that replays the answer
+    a, b = random_inputs(alone.problem, 1)
+    assert_matches(alone.problem, alone.kernel, a, b)

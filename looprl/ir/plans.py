@@ -131,3 +131,24 @@ def plan_nest(problem: Problem, target: Target, plan: Plan) -> LoopNest:
     if isinstance(found, str):
         raise ValueError(found)
     return found
+
+
+def counterpart(plan: Plan, plans) -> Plan:
+    """The plan among ``plans`` (another target's catalogue, say) that makes the same decision
+    as ``plan``: ``plan`` itself if it is there; a streaming plan's nearest streaming tile; a
+    register tile's with the same cache block and packing whose vectors per row are closest
+    (the catalogue's tiles are "as many rows as fit for v vectors", so ``plan_14x2`` on
+    AVX-512 and ``plan_6x2`` on AVX2 are one role), the first in ``plans``' order on a tie.
+    ValueError when ``plans`` hold nothing of the kind."""
+    plans = tuple(plans)
+    if plan in plans:
+        return plan
+    if plan.stream:
+        kin = [p for p in plans if p.stream]
+        key = lambda p: (abs(p.rows - plan.rows) + abs(p.vectors - plan.vectors))  # noqa: E731
+    else:
+        kin = [p for p in plans if not p.stream and p.k_block == plan.k_block and p.packed == plan.packed]
+        key = lambda p: abs(p.vectors - plan.vectors)  # noqa: E731
+    if not kin:
+        raise ValueError(f"no plan among {[p.name for p in plans]} makes the decision {plan.name} makes")
+    return min(kin, key=key)

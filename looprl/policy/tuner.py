@@ -50,6 +50,7 @@ from looprl.policy.guided import guided_search
 from looprl.policy.loading import load_policy
 from looprl.policy.numpy_policy import Policy
 from looprl.policy.parallel import parallel_proposals
+from looprl.policy.retarget import retargeted
 from looprl.policy.rollout import greedy_rollout, policy_actions
 from looprl.ir.register_tiles import tile_of
 from looprl.policy.tiles import measure_tiles
@@ -147,7 +148,9 @@ def tune(
     ``problem``: a :class:`Problem` (e.g. :func:`looprl.linear`, epilogue included),
     ``"MxNxK"``, an ``(m, n, k)`` tuple or arrays ``(A, B)``.
     ``policy``: ``"default"`` (the shipped policy made for the target's ISA, else the closest,
-    with a warning), a policy folder or a :class:`Policy`. ``steps``: actions of the greedy
+    with a warning), a policy folder or a :class:`Policy`; a plan policy made for another ISA
+    acts with this target's plans, each mapped from its counterpart
+    (:func:`looprl.policy.retarget.retargeted`). ``steps``: actions of the greedy
     rollout (None: the policy's training episode length). ``budget_s``: seconds the measured search may take, counted from the call
     (None: scaled to the problem, see :mod:`looprl.search.budget`; 0: the rollout only, every
     state of it measured whatever it costs);
@@ -184,6 +187,7 @@ def tune(
     searched = plan.searched
     loaded = load_policy(policy, target)
     _warn_if_made_for_another_target(loaded, target)
+    loaded = retargeted(loaded, target)  # another ISA's plans would spill here: this target's, each from its counterpart
     policy_actions(loaded, target).check_fits(searched)  # before anything is measured
     evaluator = Evaluator(cache, measure_budget_s, target=target)
     if not measure:
@@ -410,7 +414,8 @@ def _warn_if_made_for_another_target(policy: Policy, target: Target) -> None:
     if pair not in _warned_mismatch:
         _warned_mismatch.add(pair)
         warnings.warn(
-            f"the policy was trained for {made_for.isa}, tuning for {target.isa}: its proposals are refined by measurement",
+            f"the policy was trained for {made_for.isa}, tuning for {target.isa}: its plans (if any) are mapped to {target.isa}'s "
+            f"and its proposals refined by measurement (looprl-train --adapt fits it to this target)",
             RuntimeWarning,
             stacklevel=3,
         )

@@ -5,9 +5,14 @@ register tile, whether to block for the caches) can be wrong, and ``looprl.tune`
 its measurements correcting them. Adapting is expert iteration on this machine, with measured
 tune as the expert, at a scale that fits a coffee break:
 
+0. **Plans of this target**: a plan policy trained for another ISA (whose register tiles do
+   not fit this one's registers) is given this target's plans first
+   (:func:`looprl.policy.retarget.retargeted`: each new plan starts from the old plan of the
+   same role).
 1. **Demonstrations** (``GATHER_SHARE`` of the budget): training problems of the policy's own
    kind, taken in turn from each dataset, are tuned by measured tune with the policy
-   (:func:`looprl.train.demonstrations.expert_demonstration`: tune's own budget, one thread);
+   (:func:`looprl.train.demonstrations.expert_demonstration`: tune's own budget, one thread;
+   for a plan policy the planner: every plan measured, the first within 3% of the fastest);
    each answer whose path replays in the policy's actions is a demonstration. Each one is
    written to ``OUT/demonstrations.json`` as it is found, so an interrupted adaptation run
    again with the same ``OUT`` goes on from there.
@@ -17,7 +22,8 @@ tune as the expert, at a scale that fits a coffee break:
    policy it started from.
 3. **Before and after**, on held-out shapes (the models dataset's test split, whole models no
    training problem comes from): one greedy episode of each policy per problem, its final state
-   timed, both re-timed together in interleaved rounds (best kept). The figures are printed
+   timed, both re-timed together in interleaved rounds (best kept), and with them the
+   retargeted policy before fine-tuning (step 0), when there was one. The figures are printed
    and written to ``OUT/adapt.json``; the adapted policy is ``OUT/policy``
    (``looprl.tune(problem, policy="OUT/policy")``).
 """
@@ -36,9 +42,10 @@ from looprl import checks, defaults
 from looprl.backend.kernel import compile
 from looprl.ir.problem import Problem, as_problem, parse_problem
 from looprl.measurement.evaluator import Evaluator
-from looprl.measurement.timing import time_kernel
+from looprl.measurement.timing import Workspace, time_kernel
 from looprl.policy.loading import load_policy
 from looprl.policy.numpy_policy import Dense, Policy
+from looprl.policy.retarget import retargeted
 from looprl.policy.rollout import greedy_rollout, policy_actions
 from looprl.target import Target
 from looprl.train.demonstrations import Demonstration, demonstration_arrays, expert_demonstration, margin_loss
@@ -48,7 +55,8 @@ from looprl.workloads.datasets import dataset_problems
 TRAINING_DATASETS = ("models", "gemm-shapes", "mm64-256")
 HELD_OUT = ("models", "test")
 GATHER_SHARE = 0.75  # of the budget: demonstrations; the rest fine-tunes and compares
-RETIME_ROUNDS = 3
+RETIME_ROUNDS = 5
+RETIME_S = 0.05  # per kernel and round (a large problem's single call can take 30 ms)
 DEMONSTRATIONS_NAME = "demonstrations.json"
 REPORT_NAME = "adapt.json"
 ACTIVATIONS = ("relu", "tanh", "linear")
@@ -61,6 +69,7 @@ class AdaptReport:
     problems: tuple[str, ...]  # the held-out problems
     before_gflops: tuple[float, ...]  # the starting policy's greedy final state, re-timed
     after_gflops: tuple[float, ...]  # the adapted policy's
+    retargeted_gflops: tuple[float, ...] | None  # the starting policy given the target's plans, not fine-tuned (None: it had them)
     demonstrations: int
     pairs: int
     agreement_before: float  # share of demonstrated actions the starting policy already chose
@@ -71,8 +80,19 @@ class AdaptReport:
     @property
     def ratio(self) -> float:
         """Geometric mean of after / before over the held-out problems."""
-        pairs = [a / b for a, b in zip(self.after_gflops, self.before_gflops) if a > 0 and b > 0]
-        return math.exp(sum(map(math.log, pairs)) / len(pairs)) if pairs else math.nan
+        return geomean_ratio(self.after_gflops, self.before_gflops)
+
+    @property
+    def ratio_over_retargeted(self) -> float:
+        """Geometric mean of after / retargeted (what the measurements and fine-tuning added to
+        the plans' mapping), NaN when the policy needed no retargeting."""
+        return math.nan if self.retargeted_gflops is None else geomean_ratio(self.after_gflops, self.retargeted_gflops)
+
+
+def geomean_ratio(numerators, denominators) -> float:
+    """Geometric mean of the ratios of the pairs both positive (NaN when none is)."""
+    pairs = [a / b for a, b in zip(numerators, denominators) if a > 0 and b > 0]
+    return math.exp(sum(map(math.log, pairs)) / len(pairs)) if pairs else math.nan
 
 
 def adaptation_agent(policy: Policy, target: Target) -> dict:
@@ -207,15 +227,16 @@ def _final_nests(policy: Policy, problems: list[Problem]):
 def retimed(nests_by_method: dict[str, list], target: Target, rounds: int = RETIME_ROUNDS) -> dict[str, list[float]]:
     """GFLOPS of each schedule, the distinct ones timed in interleaved rounds (best kept), so
     that two methods that reach one schedule get one figure."""
-    kernels, best = {}, {}
+    kernels, best, workspaces = {}, {}, {}
     for nests in nests_by_method.values():
         for nest in nests:
             if nest.key not in kernels:
                 kernels[nest.key] = compile(nest, target=target)
                 best[nest.key] = 0.0
+            workspaces.setdefault(nest.problem.name, Workspace(nest.problem))  # one buffer set per problem, kept warm
     for _ in range(rounds):
         for key, kernel in kernels.items():
-            best[key] = max(best[key], time_kernel(kernel, 0.03).gflops)
+            best[key] = max(best[key], time_kernel(kernel, RETIME_S, workspace=workspaces[kernel.problem.name]).gflops)
     return {method: [best[n.key] for n in nests] for method, nests in nests_by_method.items()}
 
 
@@ -232,10 +253,14 @@ def adapt(policy: Policy | str | Path = "default", *, out: str | Path, target: T
     target.check_runs_on_host()
     source = str(policy) if not isinstance(policy, Policy) else "the given policy"
     loaded = load_policy(policy, target)
+    start = retargeted(loaded, target)  # another target's plans replaced by this one's
+    if start is not loaded:
+        log(f"[adapt] the policy's plans are {loaded.target.isa if loaded.target else 'another target'}'s: given {target.isa}'s "
+            f"(each from the plan of as many vectors per row), then fine-tuned")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    agent = adaptation_agent(loaded, target)
-    actions = policy_actions(loaded, target)
+    agent = adaptation_agent(start, target)
+    actions = policy_actions(start, target)
     evaluator = Evaluator(cache, defaults.STATE_BUDGET_S, target=target, samples=1)
     episode_length = int(loaded.metadata["episode_length"])
     progress_path = out / DEMONSTRATIONS_NAME
@@ -249,7 +274,9 @@ def adapt(policy: Policy | str | Path = "default", *, out: str | Path, target: T
     for problem in problems:
         if time.perf_counter() >= gather_until:
             break
-        demo, from_search = expert_demonstration(problem, actions, evaluator, episode_length, loaded, None)
+        # a plan policy's expert is the planner (every plan measured, what tune's tile stage
+        # measures): more problems in the budget than a search each; others: measured tune
+        demo, from_search = expert_demonstration(problem, actions, evaluator, episode_length, start, 0.0 if actions.plans else None)
         items.append({"problem": problem.name, "actions": [actions.names[a] for a in demo.actions], "gflops": demo.gflops,
                       "initial_gflops": demo.initial_gflops, "from_search": bool(from_search)})
         _save_progress(progress_path, source, target, items)
@@ -260,8 +287,8 @@ def adapt(policy: Policy | str | Path = "default", *, out: str | Path, target: T
     if not demos:
         raise ValueError(f"no demonstration was gathered in {budget_s:.0f} s: give a larger budget")
     x, y = demonstration_arrays(agent, demos)
-    before_agreement = agreement(loaded, x, y)
-    adapted = fine_tune(loaded, x, y, seed=seed)
+    before_agreement = agreement(start, x, y)
+    adapted = fine_tune(start, x, y, seed=seed)
     after_agreement = agreement(adapted, x, y)
     log(f"[adapt] fine-tuned on {len(demos)} demonstrations ({len(y)} state-action pairs): the greedy action matches "
         f"{before_agreement:.1%} of them before, {after_agreement:.1%} after")
@@ -277,8 +304,11 @@ def adapt(policy: Policy | str | Path = "default", *, out: str | Path, target: T
     else:
         problems_held_out = [as_problem(p) for p in held_out_problems]
     nests = {"before": _final_nests(loaded, problems_held_out), "after": _final_nests(adapted, problems_held_out)}
+    if start is not loaded:
+        nests["retargeted"] = _final_nests(start, problems_held_out)
     gflops = retimed(nests, target)
-    report = AdaptReport(tuple(p.name for p in problems_held_out), tuple(gflops["before"]), tuple(gflops["after"]), len(demos),
+    report = AdaptReport(tuple(p.name for p in problems_held_out), tuple(gflops["before"]), tuple(gflops["after"]),
+                         tuple(gflops["retargeted"]) if "retargeted" in gflops else None, len(demos),
                          int(len(y)), before_agreement, after_agreement, time.perf_counter() - started, out)
     (out / REPORT_NAME).write_text(json.dumps({
         "policy": source, "target": target.isa, "host_cpu": Target.host().cpu, "seconds": round(report.seconds, 1),
@@ -286,15 +316,25 @@ def adapt(policy: Policy | str | Path = "default", *, out: str | Path, target: T
         "agreement_after": round(after_agreement, 4), "held_out": list(report.problems),
         "before_gflops": [round(g, 2) for g in report.before_gflops], "after_gflops": [round(g, 2) for g in report.after_gflops],
         "after_over_before_geomean": round(report.ratio, 4),
+        **({} if report.retargeted_gflops is None else {
+            "retargeted_gflops": [round(g, 2) for g in report.retargeted_gflops],
+            "after_over_retargeted_geomean": round(report.ratio_over_retargeted, 4),
+            "retargeted_plans": start.metadata["retargeted"]["plans"],
+        }),
     }, indent=1) + "\n", encoding="utf-8")
     return report
 
 
 def format_report(report: AdaptReport) -> str:
     """The before/after table an adaptation prints."""
-    lines = [f"{'held-out problem':44s} {'before':>9s} {'after':>9s} {'ratio':>6s}"]
-    for name, before, after in zip(report.problems, report.before_gflops, report.after_gflops):
-        lines.append(f"{name:44s} {before:9.1f} {after:9.1f} {after / before if before > 0 else math.nan:6.2f}")
+    mapped = report.retargeted_gflops
+    lines = [f"{'held-out problem':44s} {'before':>9s}" + (f" {'mapped':>9s}" if mapped else "") + f" {'after':>9s} {'ratio':>6s}"]
+    for i, (name, before, after) in enumerate(zip(report.problems, report.before_gflops, report.after_gflops)):
+        lines.append(f"{name:44s} {before:9.1f}" + (f" {mapped[i]:9.1f}" if mapped else "")
+                     + f" {after:9.1f} {after / before if before > 0 else math.nan:6.2f}")
     lines.append(f"adapted / starting policy, one greedy episode each: geomean {report.ratio:.3f} over {len(report.problems)} "
                  f"held-out problems ({report.seconds:.0f} s; policy in {report.out / 'policy'})")
+    if mapped:
+        lines.append(f"adapted / starting policy with this target's plans mapped in ('mapped', no measurement): geomean "
+                     f"{report.ratio_over_retargeted:.3f}")
     return "\n".join(lines)
