@@ -45,3 +45,25 @@ def test_the_real_models_experiment_writes_every_method_and_its_summary(tmp_path
         cap = max(1, round(by[problem, "tune-random"] / 3))
         assert by[problem, "tune-third"] <= cap and by[problem, "tune-random-third"] <= cap
         assert by[problem, "tune-4"] <= 4 and by[problem, "tune-random-4"] <= 4
+
+
+def test_the_autotvm_ceiling_experiment_times_three_answers_per_problem_and_prints_each_class(tmp_path):
+    """One small problem per class: random search, AutoTVM with the policy's prior and measured
+    tune found, re-timed together, one row each; the per-class ratios printed."""
+    import csv
+
+    from looprl.target import Target
+
+    isa = Target.host().isa
+    for name, problem in (("models", "mk,kn->mn:m=20,k=24,n=32"), ("offgrid", "mk,kn->mn:m=13,k=17,n=19"), ("mm64", "mk,kn->mn:m=16,k=16,n=16")):
+        (tmp_path / f"autotvm64_{name}_{isa}.csv").write_text(f'problem,method\n"{problem}",random\n"{problem}",autotvm\n')
+    script = Path(__file__).resolve().parent.parent / "experiments" / "autotvm_ceiling.py"
+    done = subprocess.run([sys.executable, str(script), "--trials-dir", str(tmp_path), "--trials", "4", "--rounds", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader((tmp_path / f"ceiling_{isa}.csv").open()))
+    assert [r["class"] for r in rows] == ["models", "offgrid", "mm64"]
+    assert all(float(r[f"{m}_gflops"]) > 0 for r in rows for m in ("random", "autotvm-policy", "tune"))
+    assert all(f"  {name}" in done.stdout for name in ("models", "offgrid", "mm64", "all")) and "tune/random" in done.stdout
+    missing = subprocess.run([sys.executable, str(script), "--trials-dir", str(tmp_path / "none")], capture_output=True, text=True, timeout=120)
+    assert missing.returncode != 0 and "is missing" in missing.stderr
