@@ -282,3 +282,15 @@ def test_tune_with_a_plan_policy_made_for_another_isa_acts_with_this_isa_s_plans
     assert set(alone.action_set.plans) <= {plan.name for plan in plan_catalogue(AVX2)}  # the set that replays the answer
     a, b = random_inputs(alone.problem, 1)
     assert_matches(alone.problem, alone.kernel, a, b)
+
+
+def test_autotvm_s_prior_from_a_plan_policy_made_for_another_isa_ranks_this_isa_s_plans():
+    from looprl.policy.loading import load_policy
+    from looprl.policy.retarget import retargeted
+    from looprl.policy.rollout import PolicyPrior, greedy_schedules
+
+    policy = load_policy("default", AVX512)
+    problem = looprl.matmul(100, 300, 200)
+    schedules = PolicyPrior(policy, AVX2)(problem)
+    assert [n.key for n in schedules] == [n.key for n in greedy_schedules(retargeted(policy, AVX2), problem, AVX2)]
+    assert {n.key for n in schedules} >= {plan_nest(problem, AVX2, plan).key for plan in plan_catalogue(AVX2)[:2]}

@@ -27,6 +27,7 @@ from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.measurement.evaluator import Evaluator
 from looprl.policy.numpy_policy import Policy
+from looprl.policy.retarget import retargeted
 from looprl.search.context import BudgetExhausted
 
 
@@ -182,13 +183,16 @@ def greedy_schedules(policy: Policy, problem: Problem, target: Target | None = N
 class PolicyPrior:
     """A search's prior from a trained policy: ``prior(problem)`` is
     :func:`greedy_schedules` (what AutoTVM's first batch measures instead of random schedules:
-    a plan policy's greedy episode, then its other plans as it ranks them)."""
+    a plan policy's greedy episode, then its other plans as it ranks them). A plan policy made
+    for another ISA than ``target`` ranks ``target``'s plans, each mapped from its counterpart
+    (:func:`~looprl.policy.retarget.retargeted`), as in :func:`looprl.tune`."""
 
     policy: Policy
     target: Target | None = None
 
     def __call__(self, problem: Problem) -> list[LoopNest]:
-        return greedy_schedules(self.policy, problem, self.target)
+        policy = self.policy if self.target is None else retargeted(self.policy, self.target)
+        return greedy_schedules(policy, problem, self.target)
 
 
 def measured_path(problem: Problem, names, evaluator: Evaluator, actions: ActionSet | None = None) -> list[float]:
