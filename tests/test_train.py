@@ -142,12 +142,20 @@ def test_one_iteration_checkpoint_and_exported_policy_match(algo, ray_session, t
     observations = np.random.default_rng(0).random((300, 10, 20), dtype=np.float32)
     with torch.no_grad():
         output = module.forward_inference({"obs": torch.from_numpy(observations.reshape(300, -1))})
+    scores = policy.scores(observations)
     if "actions" in output:
         theirs = output["actions"].numpy()
     else:
-        theirs = output["action_dist_inputs"].numpy().argmax(-1)
+        logits = output["action_dist_inputs"].numpy()
+        np.testing.assert_allclose(scores, logits, rtol=1e-4, atol=1e-5)  # the same network, the same outputs
+        theirs = logits.argmax(-1)
     ours = np.array([policy.act(o) for o in observations])
-    np.testing.assert_array_equal(ours, theirs)
+    # The greedy actions agree wherever the best two scores are not a float rounding apart
+    # (numpy's and torch's matmuls round differently: a near-tie may go either way).
+    top_two = np.sort(scores, axis=-1)[:, -2:]
+    clear = (top_two[:, 1] - top_two[:, 0]) > 1e-4 * np.maximum(1.0, np.abs(top_two[:, 1]))
+    assert clear.mean() > 0.9
+    np.testing.assert_array_equal(ours[clear], theirs[clear])
 
 
 def test_a_layout_agent_trains_and_exports_a_policy_with_pack_and_pad(ray_session, tmp_path):
