@@ -10,8 +10,8 @@ empty cache: random search with ``--trials`` measurements, AutoTVM whose first b
 shipped policy ranks (``autotvm-policy``) with as many, and measured ``looprl.tune`` at its
 own budget (the best schedule known here: its stages measure every register tile, cache block
 and packing of the target). The three schedules are then re-timed together in ``--rounds``
-interleaved rounds on one buffer set per problem (best kept), so the figures compare in one
-run. Prints per class the geometric means of autotvm-policy / random and of tune / random:
+interleaved rounds on one buffer set per problem (best kept; ``looprl.train.adapt.retimed``),
+so the figures compare in one run. Prints per class the geometric means of autotvm-policy / random and of tune / random:
 the second is the most any method could gain over random search on that class; writes one
 CSV row per problem (``<out>.csv``).
 """
@@ -20,28 +20,20 @@ from __future__ import annotations
 
 import argparse
 import csv
-import math
-import statistics
 from pathlib import Path
 
 import looprl
-from looprl.backend.kernel import compile
 from looprl.ir.problem import parse_problem
 from looprl.measurement.evaluator import Evaluator
-from looprl.measurement.timing import Workspace, time_kernel
 from looprl.policy.loading import load_policy
 from looprl.policy.rollout import PolicyPrior
 from looprl.search import run
 from looprl.target import TARGET_CHOICES, Target
+from looprl.train.adapt import geomean_ratio, retimed
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CLASSES = ("models", "offgrid", "mm64")
 METHODS = ("random", "autotvm-policy", "tune")
-
-
-def geomean(values) -> float:
-    values = [v for v in values if v > 0]
-    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else math.nan
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,11 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                 nests[method] = result.best_nest
             tuned = looprl.tune(problem, policy, cache=":memory:", target=target, remember=False, threads=1)
             nests["tune"] = tuned.nest
-            workspace, kernels = Workspace(problem), {m: compile(n, target=target) for m, n in nests.items()}
-            best = dict.fromkeys(kernels, 0.0)
-            for _ in range(args.rounds):
-                for method, kernel in kernels.items():
-                    best[method] = max(best[method], time_kernel(kernel, 0.05, workspace=workspace).gflops)
+            best = {method: gflops[0] for method, gflops in retimed({m: [n] for m, n in nests.items()}, target, args.rounds).items()}
             rows.append({"class": name, "problem": problem_name, "target": target.isa, "tune_measured": tuned.measured,
                          **{f"{m}_gflops": round(best[m], 2) for m in METHODS}})
             print(f"[{name} {index + 1}/{len(problems)}] {problem_name}: " + ", ".join(f"{m} {best[m]:.1f}" for m in METHODS)
@@ -92,10 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{target.isa} ({target.cpu}), {args.trials} measurements, re-timed together; geomean ratios to random search:")
     for name in list(CLASSES) + ["all"]:
         chosen = [r for r in rows if name == "all" or r["class"] == name]
-        policy_ratio = [r["autotvm-policy_gflops"] / r["random_gflops"] for r in chosen]
-        ceiling = [r["tune_gflops"] / r["random_gflops"] for r in chosen]
-        print(f"  {name:8s} autotvm-policy/random {geomean(policy_ratio):.3f} (lowest {min(policy_ratio):.3f})   "
-              f"tune/random {geomean(ceiling):.3f}   ({len(chosen)} problems)")
+        random = [r["random_gflops"] for r in chosen]
+        prior, tuned = [r["autotvm-policy_gflops"] for r in chosen], [r["tune_gflops"] for r in chosen]
+        lowest = min(a / b for a, b in zip(prior, random))
+        print(f"  {name:8s} autotvm-policy/random {geomean_ratio(prior, random):.3f} (lowest {lowest:.3f})   "
+              f"tune/random {geomean_ratio(tuned, random):.3f}   ({len(chosen)} problems)")
     return 0
 
 

@@ -35,12 +35,9 @@ def retargeted(policy: Policy, target: Target) -> Policy:
     old_names = policy.action_names
     old_plans = tuple(Plan.parse(name) for name in policy.metadata["plans"])
     new_plans = plan_catalogue(target)
-    plan_names = set(policy.metadata["plans"])
-    kept = [name for name in old_names if name not in plan_names]
-    if old_names[: len(kept)] != tuple(kept):
-        raise ValueError(f"a plan policy's plan actions come last, got {old_names}")
+    kept = list(old_names[: len(old_names) - len(old_plans)])  # the plan actions end action_names (check_metadata)
     mapping = {plan.name: counterpart(plan, old_plans).name for plan in new_plans}
-    rows = [old_names.index(name) for name in kept] + [old_names.index(mapping[plan.name]) for plan in new_plans]
+    rows = list(range(len(kept))) + [old_names.index(mapping[plan.name]) for plan in new_plans]
     greedy = policy.metadata["network"]["greedy"]
     heads = dict(policy.heads)
     for name, layers in policy.heads.items():

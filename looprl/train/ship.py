@@ -34,7 +34,7 @@ def training_record(run: Path, policy: Policy, config: str | None = None) -> dic
     """What trained ``policy`` (a snapshot of ``run``), from the run's files (each checked)."""
     agent, _, arguments = RunDirectory(run).load()
     snapshot = policy.metadata.get("validation") or policy.metadata.get("metrics") or {}
-    algorithm = "APEX-DQN (RLlib DQN with Ape-X per-runner epsilons)" if agent.get("apex") else _algorithm(agent)
+    algorithm = _algorithm(agent) + (" (RLlib DQN with Ape-X per-runner epsilons)" if agent.get("apex") else "")
     record = {
         "algorithm": algorithm,
         "rl_iterations": snapshot.get("iteration"),
