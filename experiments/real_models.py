@@ -19,7 +19,7 @@ problem comes from). For each problem, from an empty cache:
 * ``tune-4`` / ``tune-random-4``: the same, capped at four schedules (:data:`SCARCE`): what
   the weights are worth when measurements are scarce;
 * ``hand``: the best of every hand-written register tile, cache-blocked variant and packed
-  variant (``looprl.policy.tiles.all_tiles``), each measured: what the action space can express;
+  variant (``looprl.search.tiles.all_tiles``), each measured: what the action space can express;
 * ``search`` (with ``--search-budget S``): beam4bfs for S seconds;
 * ``untuned``: the initial nest.
 
@@ -57,7 +57,7 @@ from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.numpy_baseline import numpy_gflops
 from looprl.measurement.timing import time_kernel
 from looprl.policy.loading import load_policy
-from looprl.policy.tiles import all_tiles
+from looprl.search.tiles import all_tiles
 from looprl.policy.tuner import tune
 
 RESULTS = Path(__file__).resolve().parent / "results"

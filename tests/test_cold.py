@@ -17,7 +17,7 @@ from looprl.ir.schedules import PANEL_REGISTERS, panel_steps, panel_widths
 from looprl.measurement import timing
 from looprl.measurement.cache import MeasurementCache
 from looprl.measurement.evaluator import Evaluator
-from looprl.policy.tiles import measure_tiles
+from looprl.search.tiles import measure_tiles
 from looprl.search.context import SearchContext
 from looprl.target import Target
 from tests.policies import random_policy

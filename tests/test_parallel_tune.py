@@ -12,7 +12,7 @@ from looprl.actions import ActionSet, State, reach
 from looprl.search.context import SearchContext
 from looprl.ir.nest import COMPUTE, WRITE_BACK
 from looprl.measurement.cache import MeasurementCache
-from looprl.policy.parallel import outermost_parallel_loop, parallel_proposals, parallel_variant, teams_per_call, hoisted_variant
+from looprl.search.parallel import outermost_parallel_loop, parallel_proposals, parallel_variant, teams_per_call, hoisted_variant
 from looprl.search import Candidate, confirm_winner
 from looprl.policy.tuner import TEAM_WITHIN
 from tests.policies import random_policy
@@ -211,7 +211,7 @@ def test_an_evaluator_on_more_threads_shares_cache_and_buffers():
 
 
 def test_a_loop_of_few_iterations_gets_a_balanced_alternative():
-    from looprl.policy.parallel import parallel_variants
+    from looprl.search.parallel import parallel_variants
 
     nest = looprl.initial_nest(looprl.matmul(64, 96, 32)).split(2, 40)  # m, k, n/40 (2 + tail), n40 | m, n
     nest = nest.swap(1).swap(0)  # n/40, m, k, n40: 3 iterations, then m with 64

@@ -17,7 +17,7 @@ from looprl.measurement.evaluator import Evaluator
 from looprl.search.budget import MAX_BUDGET_S, MIN_BUDGET_S, scaled_budget
 from looprl.search.context import BudgetExhausted, SearchContext
 from looprl.policy.rollout import measured_path
-from looprl.policy.tiles import measure_tiles
+from looprl.search.tiles import measure_tiles
 from tests.guarded import GuardedArray
 from tests.policies import random_policy
 

@@ -10,7 +10,7 @@ compiles of random schedules for the target, in a fresh process per target.
 
 ``--threads 1,2``: for each further thread count N, numpy on N BLAS threads, the target's
 measured N-thread peak and the best expert schedule with its outermost eligible loops made
-parallel (:func:`looprl.policy.parallel.parallel_variant`), timed on N threads, side by side
+parallel (:func:`looprl.search.parallel.parallel_variant`), timed on N threads, side by side
 with the one-thread figures (``_t<N>`` fields in the JSON).
 """
 
@@ -33,7 +33,7 @@ from looprl.measurement.numpy_baseline import numpy_gflops
 from looprl.measurement.peak import measure_peak_gflops
 from looprl.measurement.roofline import roofline
 from looprl.measurement.timing import time_kernel
-from looprl.policy.parallel import parallel_variant
+from looprl.search.parallel import parallel_variant
 from looprl.target import TARGET_NAMES, Target
 
 DEFAULT_SHAPES = [(64, 64, 64), (128, 128, 128), (192, 192, 192), (256, 256, 256), (128, 256, 64), (256, 64, 192), (100, 72, 200)]

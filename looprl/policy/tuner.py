@@ -8,7 +8,7 @@ Two modes:
   rollout (:func:`~looprl.policy.rollout.greedy_rollout`, the env's transition rules) comes
   first; then, until ``budget_s`` is spent (by default scaled to the problem:
   :mod:`looprl.search.budget`), the register tile the policy built is refined
-  (:mod:`looprl.policy.tiles`: canonical order, cache blocks, packed right operand) and
+  (:mod:`looprl.search.tiles`: canonical order, cache blocks, packed right operand) and
   :func:`~looprl.policy.guided.guided_search` measures the policy's few best actions and
   tiles from a small beam of states, so a policy
   trained on another machine is corrected by this machine's measurements. Tiles may split by
@@ -49,11 +49,11 @@ from looprl.measurement.evaluator import Evaluator
 from looprl.policy.guided import guided_search
 from looprl.policy.loading import load_policy
 from looprl.policy.numpy_policy import Policy
-from looprl.policy.parallel import parallel_proposals
+from looprl.search.parallel import parallel_proposals
 from looprl.policy.retarget import retargeted
 from looprl.policy.rollout import greedy_rollout, policy_actions
 from looprl.ir.register_tiles import tile_of
-from looprl.policy.tiles import measure_tiles
+from looprl.search.tiles import measure_tiles
 from looprl.search.budget import MIN_BUDGET_S, REFINEMENTS, scaled_budget
 from looprl.search.context import BudgetExhausted
 from looprl.search.staged import Candidate, StagedSearch, confirm_winner
@@ -161,7 +161,7 @@ def tune(
     ``threads``: how many threads the kernel may use (None: the cores this process may use,
     as numpy does; 1: a serial kernel). In measured mode with more than one, the best serial
     schedules found are proposed again with their outermost eligible loops parallel
-    (:mod:`looprl.policy.parallel`) and measured on that many threads, after the serial
+    (:mod:`looprl.search.parallel`) and measured on that many threads, after the serial
     search (which keeps its whole budget: the proposals get a quarter of it more); the faster
     of the serial best and the parallel proposals is returned, so a problem too small for
     threads to pay gets a serial kernel. Pure policy mode stays serial.
@@ -325,7 +325,7 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, step
     The untuned nest; the policy's greedy rollout, always measured whole (a dozen actions at
     most: a bounded cost, and tune is never below the rollout); then, until the deadline (a
     measurement predicted to end after it is not started), the rollout's register tile and the
-    target's own register tiles refined (:func:`~looprl.policy.tiles.measure_tiles`) and the
+    target's own register tiles refined (:func:`~looprl.search.tiles.measure_tiles`) and the
     policy-guided search; the stage winners confirmed (:func:`~looprl.search.staged.
     confirm_winner`); with threads, the best serial schedules made parallel, in a quarter of
     the budget more, and the winner confirmed among them and the serial best. The budget counts
