@@ -408,3 +408,30 @@ def test_pretrain_policy_and_evaluate_read_no_checkpoint_from_elsewhere(tmp_path
     with pytest.raises(ValueError, match="no policy at"):
         resolve_policy(elsewhere)  # a checkpoint outside a run folder's checkpoints/
     assert not marker.exists()
+
+
+def _crafted_checkpoint(tmp_path: Path) -> tuple[RunDirectory, Path, Path]:
+    """A copied run folder whose newest checkpoint holds a crafted RLlib module pickle."""
+    run = _checkpointed_run(tmp_path / "copied" / "run", "iter_000001")
+    checkpoint = run.checkpoints / "iter_000001"
+    module = checkpoint / "learner_group" / "learner" / "rl_module" / "default_policy"
+    module.mkdir(parents=True)
+    (checkpoint / "rllib_checkpoint.json").write_text("{}")
+    marker = tmp_path / "unpickled"
+    (module / "class_and_ctor_args.pkl").write_bytes(pickle.dumps(_Trap(marker)))
+    return run, checkpoint, marker
+
+
+@pytest.mark.parametrize("flag", ["--evaluate", "--init-from"])
+def test_a_checkpoint_is_read_only_through_its_export_never_unpickled(tmp_path, flag):
+    """Issue 51 item 8: --evaluate RUN/checkpoints/iter_000001 unpickled its
+    class_and_ctor_args.pkl (code ran), then failed with a raw AttributeError."""
+    run, checkpoint, marker = _crafted_checkpoint(tmp_path)
+    extra = ["--limit", "1"] if flag == "--evaluate" else ["--out", tmp_path / "new", "--iterations", "1"]
+    status, errors = cli(flag, checkpoint, "--cache", ":memory:", *extra)
+    assert_refused(status, errors, str(checkpoint), "never unpickles")
+    assert not marker.exists() and not (tmp_path / "new").exists()
+    # The policy exported into the checkpoint when it was saved is what is read (plain arrays).
+    random_policy(hidden=8).save(checkpoint / "looprl_policy")
+    assert resolve_policy(checkpoint).metadata == Policy.load(checkpoint / "looprl_policy").metadata
+    assert not marker.exists()

@@ -7,18 +7,15 @@ import csv
 import math
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.numpy_baseline import numpy_gflops
 from looprl.policy.numpy_policy import JSON_NAME, Policy
 from looprl.policy.rollout import greedy_rollout
-from looprl.train.config import read_agent
-from looprl.train.export import export_policy
-from looprl.train.extra import require_training_extra
-from looprl.train.run_folder import CHECKPOINTS, NEWEST_POLICY, RunDirectory
+from looprl.train.run_folder import BEST_POLICY, CHECKPOINTS, NEWEST_POLICY, RunDirectory
 
+CHECKPOINT_POLICY = "looprl_policy"  # inside each checkpoint: the policy exported from it when it was saved
 FIELDS = ["problem", "m", "n", "k", "initial_gflops", "final_gflops", "best_gflops", "speedup", "numpy_gflops", "final_vs_numpy", "failures", "stopped", "actions"]
 
 
@@ -34,20 +31,30 @@ def policy_folder(path: str | Path) -> Policy | None:
 
 def resolve_policy(path: str | Path) -> Policy:
     """A policy from a policy folder, a training run folder (its ``policy/``) or an RLlib
-    checkpoint of a run folder, ``RUN/checkpoints/iter_NNNNNN`` (exported on the fly with the
-    run's checked ``agent.yaml``; a checkpoint anywhere else is not read)."""
+    checkpoint of a run folder, ``RUN/checkpoints/iter_NNNNNN``. A checkpoint is read only
+    through the policy exported from it when it was saved (its ``looprl_policy/``, or the
+    run's ``policy/`` when that records this checkpoint): plain JSON and numpy arrays. RLlib's
+    own files in a checkpoint are pickles, and unpickling runs whatever code they name, so
+    they are never read here; a checkpoint with no export is refused."""
     path = Path(path)
     policy = policy_folder(path)
     if policy is not None:
         return policy
+    if not (path / "rllib_checkpoint.json").exists() or path.parent.name != CHECKPOINTS:
+        raise ValueError(f"no policy at {path}: expected a policy folder, a run folder or a checkpoint inside a run folder")
     run = RunDirectory(path.parent.parent)
-    if (path / "rllib_checkpoint.json").exists() and path.parent.name == CHECKPOINTS and run.agent_path.exists():
-        require_training_extra(f"reading the RLlib checkpoint {path}")
-        checkpoint = run.checkpoint_folder(path.name)
-        agent = read_agent(run.agent_path)
-        with tempfile.TemporaryDirectory() as folder:
-            return Policy.load(export_policy(checkpoint, folder, agent))
-    raise ValueError(f"no policy at {path}: expected a policy folder, a run folder or a checkpoint inside a run folder")
+    checkpoint = run.checkpoint_folder(path.name)  # inside the run folder, no symbolic link
+    own = checkpoint / CHECKPOINT_POLICY
+    if (own / JSON_NAME).is_file():
+        return Policy.load(own)
+    newest = run.path / NEWEST_POLICY
+    if (newest / JSON_NAME).is_file():
+        policy = Policy.load(newest)
+        if policy.metadata.get("checkpoint") == path.name:
+            return policy
+    raise ValueError(f"{path}: no policy was exported from this checkpoint (its {CHECKPOINT_POLICY}/ is missing, and the run's "
+                     f"{NEWEST_POLICY}/ is not this checkpoint's); looprl never unpickles RLlib's checkpoint files: give the run "
+                     f"folder or one of its policy folders ({NEWEST_POLICY}/, {BEST_POLICY}/) instead")
 
 
 def evaluate(policy: Policy, problems, evaluator: Evaluator, *, use_mask: bool = False, numpy: bool = False,

@@ -27,7 +27,7 @@ from looprl.policy.numpy_policy import Policy
 from looprl.train import expert_iteration
 from looprl.train.config import agent_measure_budget_s, agent_target, check_env, load_agent, validate_agent
 from looprl.train.demonstrations import pretrain_policy
-from looprl.train.evaluate import resolve_policy
+from looprl.train.evaluate import CHECKPOINT_POLICY, resolve_policy
 from looprl.train.export import export_policy, policy_from_module
 from looprl.train.loop import train
 from looprl.train.run_folder import BEST_POLICY, DEMONSTRATIONS_FILE, NEWEST_POLICY, PRETRAINED_POLICY, RunDirectory, RunState
@@ -269,7 +269,10 @@ def _train(plan: Plan, algo, initial_policy: Policy | None, log: Log) -> None:
         return extra
 
     def export(checkpoint: Path) -> None:
-        export_policy(checkpoint, run.path / NEWEST_POLICY, agent, metrics())
+        # Exported into the checkpoint too: --evaluate and --init-from read a checkpoint only
+        # through that export, never RLlib's pickles.
+        exported = export_policy(checkpoint, checkpoint / CHECKPOINT_POLICY, agent, metrics())
+        Policy.load(exported).save(run.path / NEWEST_POLICY)
 
     def validate():
         # The local env runner's module, brought up to the learner's weights.
