@@ -435,3 +435,22 @@ def test_a_checkpoint_is_read_only_through_its_export_never_unpickled(tmp_path, 
     random_policy(hidden=8).save(checkpoint / "looprl_policy")
     assert resolve_policy(checkpoint).metadata == Policy.load(checkpoint / "looprl_policy").metadata
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("address", ["auto", "ray://10.255.255.1:10001"])
+def test_an_unreachable_cluster_is_one_line_and_leaves_no_run_folder(tmp_path, monkeypatch, address):
+    """Issue 51 item 15: --address auto with no cluster running left agent.yaml, run.json and
+    checkpoints/ in --out. Ray's own init is replaced by one that fails as it does."""
+    ray = pytest.importorskip("ray")
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("Could not find any running Ray instance.")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", unreachable)
+    monkeypatch.setattr(training, "start_algorithm", _no_ray)
+    config = write_yaml(tmp_path / "agent.yaml", tiny_agent("dqn", ":memory:"))
+    out = tmp_path / "run"
+    status, errors = cli("--config", config, "--address", address, "--out", out, "--iterations", "1", "--validate-every", "0")
+    assert_refused(status, errors, f"--address {address}", "cannot attach")
+    assert not out.exists()

@@ -27,7 +27,9 @@ PROBLEMS_PER_TASK = 4
 
 
 def attach(address: str) -> None:
-    """Connect this process to the Ray cluster at ``address`` (once)."""
+    """Connect this process to the Ray cluster at ``address`` (once); a cluster that cannot be
+    reached (``auto`` with none running, a ``ray://`` address Ray cannot use, a head node that
+    does not answer) is a ValueError naming ``--address``."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
 
@@ -35,7 +37,7 @@ def attach(address: str) -> None:
         return
     try:
         ray.init(address=address, include_dashboard=False, logging_level="warning")
-    except ConnectionError as error:
+    except (ConnectionError, TimeoutError, ValueError) as error:
         raise ValueError(f"--address {address}: cannot attach to the Ray cluster: {' '.join(str(error).split())}") from None
 
 

@@ -3,8 +3,9 @@ parses the flags and reports).
 
 :func:`prepare` checks everything a run depends on (the agent configuration against the
 schema, the run folder's files when resuming, the env, the starting policy, the Ray address)
-and writes nothing; :func:`execute` then makes the run folder (the starting policy, expert
-iteration's demonstrations, ``agent.yaml``, ``run.json``), starts Ray and the algorithm and
+and writes nothing; :func:`execute` then attaches to the cluster (``--address``: one that
+cannot be reached is refused before anything is written), makes the run folder (the starting
+policy, expert iteration's demonstrations, ``agent.yaml``, ``run.json``), starts Ray and the algorithm and
 trains until the run's limit, validating and checkpointing on the way. A start refused for
 bad input therefore leaves ``--out`` as it was.
 """
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from looprl.measurement.evaluator import Evaluator
 from looprl.policy.numpy_policy import Policy
-from looprl.train import expert_iteration
+from looprl.train import cluster, expert_iteration
 from looprl.train.config import agent_measure_budget_s, agent_target, check_env, load_agent, validate_agent
 from looprl.train.demonstrations import pretrain_policy
 from looprl.train.evaluate import CHECKPOINT_POLICY, resolve_policy
@@ -217,6 +218,8 @@ def execute(plan: Plan, log: Log = _print) -> None:
     saves a final checkpoint, stops Ray and raises :class:`RunInterrupted` (before Ray started:
     KeyboardInterrupt)."""
     run, agent, arguments, initial_policy = plan.run, plan.agent, plan.arguments, plan.initial_policy
+    if plan.address:
+        start_ray(plan.address)  # attached before anything is written: an unreachable cluster leaves --out as it was
     if plan.starting:
         if plan.resumed:
             log(f"{run.path} holds no checkpoint (its start did not get that far): starting it again")
@@ -315,37 +318,42 @@ def _train(plan: Plan, algo, initial_policy: Policy | None, log: Log) -> None:
 
 def start_algorithm(agent: dict, seed: int, num_env_runners: int | None, address: str | None, demonstrations: Path | None = None):
     """Start (or attach to) Ray and build the algorithm."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    # Ray, torch and the learners (which import both) only now: checking a run needs none of them.
-    import ray
+    start_ray(address)
+    # torch and the learners (which import Ray and torch) only now: checking a run needs none of them.
     import torch
 
     from looprl.train.learners import build_config
 
     torch.set_num_threads(1)  # on 2 cores torch's own threads make iterations swing wildly
+    try:
+        return build_config(agent, seed=seed, num_env_runners=num_env_runners, demonstrations=demonstrations).build_algo()
+    except BaseException:
+        shutdown_ray(quickly=True)
+        raise
+
+
+def start_ray(address: str | None) -> None:
+    """Attach to the Ray cluster at ``address`` (:func:`looprl.train.cluster.attach`), or with
+    no address start a Ray of this run's own; nothing when Ray is running already."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    if ray.is_initialized():
+        return  # attached already (execute, or gathering demonstrations on the cluster)
     # The processes Ray starts (GCS, raylet, their workers) inherit this thread's signal mask:
     # with SIGTERM blocked they outlive a SIGTERM to the process group (a scheduler stopping the
     # job), so this process can save its final checkpoint and then stop them itself. (Ray blocks
     # SIGINT in them for the same reason.)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
-        if ray.is_initialized():
-            pass  # attached already, to gather demonstrations on the cluster (looprl.train.cluster)
-        elif address:
-            ray.init(address=address, include_dashboard=False)
+        if address:
+            cluster.attach(address)
         else:
             # "local": a Ray of its own, never a cluster another process started on this machine
             # (ray.init() alone attaches to the newest one it finds, e.g. a concurrent run's).
             ray.init(address="local", include_dashboard=False, configure_logging=True, logging_level="warning")
-    except ConnectionError as error:
-        raise ValueError(f"--address {address}: cannot attach to the Ray cluster: {' '.join(str(error).split())}") from None
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    try:
-        return build_config(agent, seed=seed, num_env_runners=num_env_runners, demonstrations=demonstrations).build_algo()
-    except BaseException:
-        shutdown_ray(quickly=True)
-        raise
 
 
 def stop(algo, quickly: bool) -> None:
