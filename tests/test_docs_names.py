@@ -10,7 +10,8 @@ module is imported only where an attribute could not be found in its source.
 - an experiment script (``experiments/x.py``) and a result (``experiments/results/...``) exist:
   ``{a,b}`` stands for both, ``*`` and ``<placeholder>`` for any text; a name without an
   extension (an ``--out`` prefix) for the files it begins; a file git ignores (a local cache
-  the page says how to make) is not looked for;
+  the page says how to make) is not looked for, nor one that a paragraph saying its figures are
+  "to be re-measured with experiments/x.py" names as that script's output (``x_<cpu>.json``);
 - a benchmark named as ``looprl-bench <benchmark>`` or ``python -m looprl.bench <benchmark>``
   is one of ``looprl-bench``'s subcommands;
 - in a table row whose first cell is a package folder (``looprl/train/``), each backticked
@@ -202,11 +203,31 @@ def _experiment_path_exists(relative: str) -> bool:
     return not any(sign in relative for sign in "*?[") and _ignored_by_git(relative)
 
 
+PENDING = re.compile(r"to\s+be\s+re-measured\s+with\s+experiments/(\w+)\.py")
+
+
+def _pending_scripts(text: str, position: int) -> set[str]:
+    """The scripts the paragraph around ``position`` says its figures are to be re-measured with
+    ("not scripted; to be re-measured with experiments/x.py")."""
+    start = text.rfind("\n\n", 0, position)
+    end = text.find("\n\n", position)
+    return set(PENDING.findall(text[start + 1 if start >= 0 else 0:end if end >= 0 else len(text)]))
+
+
 def test_experiment_scripts_and_results_exist():
+    """A result file is there, or is one a script the paragraph names as to re-measure its
+    figures will write (its name begins with the script's), that script being there."""
     missing = []
-    for where, pattern in _mentions(EXPERIMENT_PATH):
-        pattern = pattern.rstrip(".,")
-        missing += [f"{where}: {path}" for path in _expansions(pattern) if not _experiment_path_exists(path)]
+    for path in DOCUMENTS:
+        text = path.read_text()
+        for match in EXPERIMENT_PATH.finditer(text):
+            where = f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, match.start()) + 1}"
+            pending = {stem for stem in _pending_scripts(text, match.start()) if (ROOT / "experiments" / f"{stem}.py").is_file()}
+            for name in _expansions(match.group(0).rstrip(".,")):
+                to_come = name.startswith("experiments/results/") and any(
+                    name.removeprefix("experiments/results/").startswith(stem) for stem in pending)
+                if not to_come and not _experiment_path_exists(name):
+                    missing.append(f"{where}: {name}")
     assert not missing, _report(missing, "experiment scripts or result files")
 
 
