@@ -18,7 +18,8 @@ interleaved rounds, each timed by looprl's rule for ``--budget`` seconds (best k
 - ``frozen_call``: the ``frozen=True`` layer's call (the kernel with nothing compared);
 - ``f_linear``: ``torch.nn.functional.linear``, what the original layer runs.
 
-Prints a table and writes ``<out>/content_cache_cost_<cpu>.json`` (the CPU as
+Prints a table and writes ``<out>/content_cache_cost_<cpu>.json`` (``_rows<N>_<cpu>`` for
+``--rows`` other than 1; the CPU as
 ``looprl.backend.host.cpu_model_name()`` reports it, in lower case, runs of other characters
 as ``_``). ``--quick``: a 64x128 layer, 0.05 s a tuned problem, one round of 0.01 s: checks
 that the script runs, measures nothing worth keeping.
@@ -122,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{shape:>11} {figures['call_us']:>8.1f} {figures['comparison_us']:>8.1f} {figures['frozen_call_us']:>8.1f} "
               f"{figures['f_linear_us']:>8.1f}")
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"content_cache_cost_{cpu_slug(cpu)}.json"
+    rows = "" if args.rows == 1 else f"_rows{args.rows}"
+    path = args.out / f"content_cache_cost{rows}_{cpu_slug(cpu)}.json"
     path.write_text(json.dumps({
         "command": " ".join(["python", "experiments/content_cache_cost.py", *(sys.argv[1:] if argv is None else argv)]),
         "cpu": cpu, "threads": args.threads, "rows": args.rows, "quick": args.quick, "torch": torch.__version__,
