@@ -7,6 +7,8 @@ from hypothesis import strategies as st
 
 import looprl
 from looprl.backend import register_plan
+from looprl.ir.step import MERGE, Step
+from looprl.search.autotvm import ScheduleSpace
 from looprl.target import TARGET_NAMES, Target
 from tests.guarded import GuardedArray
 from tests.schedules import action_steps, walk
@@ -66,6 +68,27 @@ def test_the_random_walks_take_their_steps_by_the_transition_rule():
 def test_random_schedules_match_numpy(problem, steps, seed):
     nest = walk(problem, steps)
     a, b = random_inputs(problem, seed)
+    assert_matches(problem, looprl.compile(nest), a, b)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=st.sampled_from(PROBLEMS), steps=action_steps(kinds=("split", "split", "swap_down", "swap_up", "parallel")),
+       seed=st.integers(0, 2**16))
+def test_merged_schedules_match_numpy(problem, steps, seed):
+    """AutoTVM's merge (``LoopNest.merge``, an IR step no env action takes): a random schedule
+    with up to three of its splits merged back, tails included, computes what numpy computes,
+    and so does a short walk of AutoTVM's annealing moves (splits, swaps, merges) from it."""
+    nest = walk(problem, steps)
+    rng = np.random.default_rng(seed)
+    for _ in range(3):
+        merges = [Step(MERGE, i) for i in range(len(nest)) if nest.why_not(Step(MERGE, i)) is None]
+        if merges:
+            nest = nest.apply([merges[int(rng.integers(len(merges)))]])
+    a, b = random_inputs(problem, seed)
+    assert_matches(problem, looprl.compile(nest), a, b)
+    space = ScheduleSpace(nest, 12)
+    for _ in range(4):
+        nest = space.neighbour(nest, rng)
     assert_matches(problem, looprl.compile(nest), a, b)
 
 

@@ -3,6 +3,7 @@ import pytest
 
 import looprl
 from looprl.ir.nest import COMPUTE, WRITE_BACK
+from looprl.ir.step import Step
 
 
 def test_initial_nest_is_first_appearance_order_plus_write_back():
@@ -60,7 +61,7 @@ def test_swap_refusals():
         (lambda n: n.split(-1, 2), "out of range"),
         (lambda n: n.split(0, 2.0), "must be an integer"),
         (lambda n: n.swap("0"), "must be an integer"),
-        (lambda n: n.apply([("fuse", 0)]), "unknown transform"),
+        (lambda n: n.apply([Step("fuse", 0)]), "unknown transform"),
     ],
 )
 def test_invalid_arguments_raise_value_error(call, message):
@@ -92,7 +93,7 @@ def test_numpy_integers_are_accepted_as_indices_and_factors():
     assert nest.split(np.uint8(1), np.uint64(4)) == split
     assert nest.swap(np.int64(0)) == nest.swap(0)
     assert nest.swap(np.array(0)) == nest.swap(0)
-    assert nest.apply([("split", np.int64(1), np.int16(4)), ("swap", np.int8(0))]) == nest.apply([("split", 1, 4), ("swap", 0)])
+    assert nest.apply([Step("split", np.int64(1), np.int16(4)), Step("swap", np.int8(0))]) == nest.apply([Step("split", 1, 4), Step("swap", 0)])
     with pytest.raises(ValueError, match="out of range"):
         nest.swap(np.int64(-1))
 

@@ -9,6 +9,7 @@ import looprl
 from looprl import search
 from looprl.backend.threads import available_cores
 from looprl.actions import ActionSet, State
+from looprl.ir.step import Step
 
 needs_two = pytest.mark.skipif(available_cores() < 2, reason="needs two cores")
 
@@ -31,7 +32,7 @@ def test_the_parallel_action_comes_last_and_follows_the_ir_rules():
     assert actions.with_splits([6]).names[-1] == "parallel"
     assert ActionSet((4,)).extended(["split_6", "parallel"]).parallel
     assert ActionSet.covering(["split_4", "parallel"]).names[-1] == "parallel"
-    path, reached = actions.path(state, [("split", 0, 4), ("parallel", 0)])
+    path, reached = actions.path(state, [Step("split", 0, 4), Step("parallel", 0)])
     assert reached.nest == state.nest.split(0, 4).parallel(0)
     assert [actions.names[a] for a in path] == ["split_4", "parallel"]
 

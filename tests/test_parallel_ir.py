@@ -5,6 +5,7 @@ import pytest
 
 import looprl
 from looprl.ir.nest import LoopNest
+from looprl.ir.step import Step
 
 
 @pytest.fixture
@@ -103,4 +104,4 @@ def test_printed_nest_shows_the_mark(nest):
 
 
 def test_apply_takes_parallel_steps(nest):
-    assert nest.apply([("split", 0, 4), ("parallel", 0)]) == nest.split(0, 4).parallel(0)
+    assert nest.apply([Step("split", 0, 4), Step("parallel", 0)]) == nest.split(0, 4).parallel(0)

@@ -109,7 +109,7 @@ def _check_against_guard_pages(nest, target, side):
 def test_an_action_path_builds_exactly_the_nest_the_steps_build(rows, columns, blocked):
     problem = looprl.matmul(100, 700, 600)
     steps = tile_steps(problem, rows, columns, *((256, columns * 4) if blocked else (None, None)))
-    actions = ActionSet().extended([f"split_{s[2]}" for s in steps if s[0] == "split"])
+    actions = ActionSet().extended([f"split_{s.arg}" for s in steps if s.op == "split"])
     path, state = actions.path(State(looprl.initial_nest(problem), 0), steps)
     assert state.nest == looprl.initial_nest(problem).apply(steps)
     replayed = State(looprl.initial_nest(problem), 0)
@@ -117,7 +117,7 @@ def test_an_action_path_builds_exactly_the_nest_the_steps_build(rows, columns, b
         replayed = actions.apply(replayed, action)
     assert replayed == state
     assert ActionSet().path(State(looprl.initial_nest(problem), 0), steps) is None or all(
-        f"split_{s[2]}" in ActionSet().names for s in steps if s[0] == "split")
+        f"split_{s.arg}" in ActionSet().names for s in steps if s.op == "split")
 
 
 def test_a_streaming_tile_reads_k_inner_rows_of_a_panel_inside_the_output_rows():

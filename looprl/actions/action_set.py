@@ -46,23 +46,30 @@ import numpy as np
 
 from looprl import checks, defaults
 from looprl.ir.nest import LAYOUT_TENSORS, LoopNest
-from looprl.ir.plans import PLAN_PREFIX, Plan, plan_catalogue, planned
+from looprl.ir.plans import Plan, plan_catalogue, planned
 from looprl.ir.problem import Problem
+from looprl.ir.step import MAX_FACTOR, MIN_FACTOR, PARALLEL, SPLIT, SWAP, Step
 
 MOVES = ("up", "down")
 SWAPS = ("swap_up", "swap_down")
 LAYOUT_ACTIONS = ("pack", "pad")
-PARALLEL = "parallel"
-SPLIT = "split"
 PLAN = "plan"
 KINDS = MOVES + SWAPS + (SPLIT,) + LAYOUT_ACTIONS + (PARALLEL, PLAN)
 PLANS_REMEMBERED = 4096  # plan schedules (or reasons) an action set keeps, per problem and plan
-MIN_FACTOR, MAX_FACTOR = 2, 512  # wide enough for cache blocks (k blocks of 256, n blocks of 512)
+# The actions that take an IR step (looprl.ir.step), relative to the cursor c: kind -> (the
+# step's op, its loop minus c, where the cursor goes minus c). The cursor follows a swapped loop.
+# swap_down comes first: where both swaps reach a step at the same distance, paths take it.
+STEP_ACTIONS = {"swap_down": (SWAP, 0, 1), "swap_up": (SWAP, -1, -1), SPLIT: (SPLIT, 0, 0), PARALLEL: (PARALLEL, 0, 0)}
+_SPLIT_PREFIX = SPLIT + "_"
 
 
 @dataclass(frozen=True)
 class Action:
-    """One action as data: its kind and, for a split, its factor."""
+    """One action as data: its kind and, for a split, its factor; for a plan action, the plan.
+
+    :attr:`name` and :meth:`parse` are the one pair that turns actions into names and back
+    (``"split_16"``, ``"swap_up"``, a plan's name: :class:`~looprl.ir.plans.Plan`); an action
+    that changes the loops names an IR step relative to the cursor (:meth:`step`)."""
 
     kind: str
     factor: int = 0  # split factor (splits only)
@@ -79,7 +86,31 @@ class Action:
     def name(self) -> str:
         if self.kind == PLAN:
             return self.plan.name
-        return f"split_{self.factor}" if self.kind == SPLIT else self.kind
+        return f"{_SPLIT_PREFIX}{self.factor}" if self.kind == SPLIT else self.kind
+
+    def step(self, cursor: int) -> Step | None:
+        """The IR step this action takes with the cursor on loop ``cursor`` (a swap, a split,
+        a parallel mark), or None for an action that takes none (a cursor move, a layout
+        action, a plan)."""
+        found = STEP_ACTIONS.get(self.kind)
+        if found is None:
+            return None
+        op, offset, _ = found
+        return Step(op, cursor + offset, self.factor)
+
+    def cursor_after(self, cursor: int) -> int:
+        """Where the cursor goes when this action applies with the cursor on loop ``cursor``."""
+        if self.kind in MOVES:
+            return cursor - 1 if self.kind == "up" else cursor + 1
+        if self.kind == PLAN:
+            return 0
+        return cursor + STEP_ACTIONS.get(self.kind, (None, 0, 0))[2]
+
+    @classmethod
+    def taking(cls, step: Step) -> "list[tuple[Action, int]]":
+        """The actions that take IR ``step``, each with the loop the cursor must be on (a swap
+        of loops i and i + 1: ``swap_down`` from i, ``swap_up`` from i + 1); none for a merge."""
+        return [(cls(kind, step.arg), step.loop - offset) for kind, (op, offset, _) in STEP_ACTIONS.items() if op == step.op]
 
     @property
     def is_move(self) -> bool:
@@ -91,12 +122,12 @@ class Action:
         """The action named ``name`` (``"split_16"``, ``"up"``, ...), or None for no such name."""
         if not isinstance(name, str):
             return None
-        if name.startswith("split_") and name[len("split_"):].isdigit():
-            factor = int(name[len("split_"):])
+        if name.startswith(_SPLIT_PREFIX) and name[len(_SPLIT_PREFIX):].isdigit():
+            factor = int(name[len(_SPLIT_PREFIX):])
             return cls(SPLIT, factor) if factor > 0 else None
-        if name.startswith(PLAN_PREFIX):
-            plan = Plan.parse(name)
-            return None if plan is None else cls(PLAN, plan=plan)
+        plan = Plan.parse(name)
+        if plan is not None:
+            return cls(PLAN, plan=plan)
         return cls(name) if name in KINDS and name not in (SPLIT, PLAN) else None
 
 
@@ -248,10 +279,8 @@ class ActionSet:
             return None if cursor > 0 else "the cursor is on the first loop"
         if act.kind == "down":
             return None if cursor + 1 < len(nest) else "the cursor is on the last loop"
-        if act.kind in SWAPS:
-            return nest.why_not_swap(cursor - 1 if act.kind == "swap_up" else cursor)
-        if act.kind == PARALLEL:
-            return nest.why_not_parallel(cursor)
+        if act.kind in SWAPS or act.kind == PARALLEL:
+            return nest.why_not(act.step(cursor))
         if act.kind == PLAN:
             planned = self._plan_nest(nest, act.plan)
             if isinstance(planned, str):
@@ -261,7 +290,7 @@ class ActionSet:
             return None if self._layout_nest(nest, cursor, act.kind) is not None else f"{act.kind} changes no tensor here"
         if len(nest) + 1 > self.max_loops:
             return f"a split would make more than max_loops={self.max_loops} loops"
-        return nest.why_not_split(cursor, act.factor)
+        return nest.why_not(act.step(cursor))
 
     def can_apply(self, state: State, action: int) -> bool:
         """Whether ``action`` applies in ``state``."""
@@ -273,21 +302,14 @@ class ActionSet:
             return None
         act = self.actions[int(action)]
         nest, cursor = state.nest, state.cursor
-        if act.kind == "up":
-            return State(nest, cursor - 1)
-        if act.kind == "down":
-            return State(nest, cursor + 1)
-        if act.kind == "swap_up":  # the cursor follows its loop
-            return State(nest.swap(cursor - 1), cursor - 1)
-        if act.kind == "swap_down":
-            return State(nest.swap(cursor), cursor + 1)
-        if act.kind == PARALLEL:
-            return State(nest.parallel(cursor), cursor)
-        if act.kind == PLAN:
-            return State(self._plan_nest(nest, act.plan), 0)
-        if act.kind in LAYOUT_ACTIONS:
-            return State(self._layout_nest(nest, cursor, act.kind), cursor)
-        return State(nest.split(cursor, act.factor), cursor)
+        step = act.step(cursor)
+        if step is not None:
+            nest = nest.apply((step,))
+        elif act.kind == PLAN:
+            nest = self._plan_nest(nest, act.plan)
+        elif act.kind in LAYOUT_ACTIONS:
+            nest = self._layout_nest(nest, cursor, act.kind)
+        return State(nest, act.cursor_after(cursor))
 
     def applicable_plans(self, state: State) -> list[int]:
         """The indices of the plan actions that apply in ``state``, in the set's order."""
@@ -337,30 +359,24 @@ class ActionSet:
         return (move,) * abs(start - cursor)
 
     def path(self, state: State, steps) -> tuple[tuple[int, ...], State] | None:
-        """The actions that carry out the IR ``steps`` (``("split", i, f)``, ``("swap", i)``,
-        ``("parallel", i)``, as :meth:`LoopNest.apply` takes them) from ``state``: cursor moves to loop ``i``, then
-        ``split_<f>``; for a swap, moves to loop ``i`` and ``swap_down`` or to loop ``i + 1``
-        and ``swap_up``, whichever is nearer. Returns the actions and the state reached, or None when
-        a step has no action here (a factor outside this set, a split past ``max_loops``)."""
+        """The actions that carry out the IR ``steps`` (:class:`~looprl.ir.step.Step`, as
+        :meth:`LoopNest.apply` takes them) from ``state``: for each, cursor moves to the loop
+        an action taking it must start from (:meth:`Action.taking`), the nearest where there
+        are two (a swap: ``swap_down`` from loop i or ``swap_up`` from i + 1), then that action.
+        Returns the actions and the state reached, or None when a step has no action here (a
+        merge, a factor outside this set, a split past ``max_loops``)."""
         path: list[int] = []
         for step in steps:
-            name, index, *rest = step
-            if name == "split":
-                action = f"split_{rest[0]}"
-            elif name == "swap":  # from loop index (swap_down) or from the loop below it (swap_up)
-                action = "swap_down" if abs(state.cursor - index) <= abs(state.cursor - index - 1) else "swap_up"
-                index = index if action == "swap_down" else index + 1
-            elif name == PARALLEL:
-                action = PARALLEL
-            else:
+            taking = [(act, at) for act, at in Action.taking(step) if act.name in self.names]
+            if not taking:
                 return None
-            if action not in self.names:
-                return None
+            act, index = min(taking, key=lambda pair: abs(state.cursor - pair[1]))
+            action = self.names.index(act.name)
             path += self.moves(state.cursor, index)
-            following = self.apply(state.at(index), self.names.index(action))
+            following = self.apply(state.at(index), action)
             if following is None:
                 return None
-            path.append(self.names.index(action))
+            path.append(action)
             state = following
         return tuple(path), state
 

@@ -1,4 +1,5 @@
-"""The loop-nest IR: immutable values and pure transforms (``split``, ``swap``).
+"""The loop-nest IR: immutable values and pure transforms (``split``, ``swap``, ``merge``,
+``parallel``), applied one by one or as :class:`~looprl.ir.step.Step` values (:meth:`LoopNest.apply`).
 
 A schedule of a :class:`~looprl.problem.Problem` is two nests, run one after the other:
 
@@ -25,8 +26,9 @@ threads. Only a loop over an output dimension may be parallel (its iterations wr
 output elements and each element's sum runs in the serial order, so the results are
 bit-identical to the serial kernel's), and at most one loop per nest (compute, write-back):
 nested parallel loops are refused, not flattened. A split keeps the mark on the outer loop; a
-swap moves the mark with its loop. The mark shows in the printed nest (``parallel for``) and as
-a ``p`` after the loop in :attr:`LoopNest.key`; keys of serial schedules are unchanged.
+swap moves the mark with its loop; a merge keeps it on the merged loop. The mark shows in the
+printed nest (``parallel for``) and as a ``p`` after the loop in :attr:`LoopNest.key`; keys of
+serial schedules are unchanged.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from functools import cached_property
 from looprl import checks, defaults
 from looprl.ir.layout import Layout
 from looprl.ir.problem import FLOAT32_BYTES, Problem
+from looprl.ir.step import MIN_FACTOR, Step
 
 COMPUTE = "compute"
 WRITE_BACK = "write_back"
@@ -83,7 +86,8 @@ class Loop:
 class LoopNest:
     """A schedule: the problem plus the compute and write-back loops, outermost first.
 
-    Indices used by :meth:`split` and :meth:`swap` run over :attr:`loops`, which lists the
+    Indices used by the transforms (:meth:`split`, :meth:`swap`, :meth:`merge`,
+    :meth:`parallel`, and :meth:`apply`'s steps) run over :attr:`loops`, which lists the
     compute loops then the write-back loops (depth-first order).
     """
 
@@ -302,8 +306,8 @@ class LoopNest:
     def why_not_split(self, index: int, factor: int) -> str | None:
         """Why :meth:`split` refuses loop ``index`` by ``factor``, or None if it applies."""
         loop = self._loop(checks.integer(index, "loop index"))
-        if factor < 2:
-            return f"split factor must be >= 2, got {factor}"
+        if factor < MIN_FACTOR:
+            return f"split factor must be >= {MIN_FACTOR}, got {factor}"
         if factor > loop.size:
             return f"cannot split loop {index} ({loop.describe()}) by {factor}: factor exceeds its size"
         return None
@@ -328,6 +332,37 @@ class LoopNest:
             return f"cannot swap loop {index}: it is the innermost loop of the {first.nest} nest"
         if first.var == self.loops[index + 1].var:
             return f"cannot swap loops {index} and {index + 1}: both walk {first.var!r}, and the inner one covers the outer one's step"
+        return None
+
+    def merge(self, index: int) -> "LoopNest":
+        """Merge loop ``index`` with loop ``index + 1``, the inner loop of a split of its
+        dimension, into one loop (the inverse of :meth:`split`): an outer loop of ``a``
+        iterations of step ``f * s`` with a tail of ``t`` elements over an inner one of ``f``
+        iterations of step ``s`` becomes ``a * f + t // s`` iterations of step ``s`` with a tail
+        of ``t % s``, the same elements in the same order. A parallel mark stays on the merged loop."""
+        index = checks.integer(index, "loop index")
+        self._loop(index)
+        why = self.why_not_merge(index)
+        if why is not None:
+            raise ValueError(why)
+        outer, inner = self.loops[index], self.loops[index + 1]
+        size = outer.size * inner.size + outer.tail // inner.step
+        merged = Loop(outer.var, size, inner.step, outer.tail % inner.step, outer.nest, outer.parallel or inner.parallel)
+        return self._replace_range(index, index + 2, (merged,))
+
+    def why_not_merge(self, index: int) -> str | None:
+        """Why :meth:`merge` refuses loop ``index`` (merging it with the next), or None."""
+        index = checks.integer(index, "loop index")
+        if not 0 <= index < len(self):
+            return f"loop index {index} out of range: the nest has {len(self)} loops"
+        outer = self.loops[index]
+        if index + 1 >= len(self) or self.loops[index + 1].nest != outer.nest:
+            return f"cannot merge loop {index}: it is the innermost loop of the {outer.nest} nest"
+        inner = self.loops[index + 1]
+        if inner.var != outer.var or inner.budget != outer.step:
+            return f"cannot merge loops {index} and {index + 1}: they are not a split of one dimension ({outer.describe()}; {inner.describe()})"
+        if inner.tail:
+            return f"cannot merge loops {index} and {index + 1}: the inner one has a tail of its own (merge the loops inside it first)"
         return None
 
     def parallel(self, index: int) -> "LoopNest":
@@ -374,22 +409,25 @@ class LoopNest:
         write_back = tuple(lp for lp in loops if lp.nest == WRITE_BACK)
         return replace(self, compute=compute, write_back=write_back)
 
-    def apply(self, steps: "list[tuple]") -> "LoopNest":
-        """Apply ``[("split", i, f), ("swap", i), ("parallel", i), ...]`` in order."""
+    def apply(self, steps) -> "LoopNest":
+        """This schedule after ``steps`` (:class:`~looprl.ir.step.Step` values), in order: each
+        by the transform its op names; a step that does not apply raises that transform's
+        ValueError."""
         nest = self
         for step in steps:
-            name, *args = step
-            if name == "split":
-                nest = nest.split(*args)
-            elif name == "swap":
-                nest = nest.swap(*args)
-            elif name == "parallel":
-                nest = nest.parallel(*args)
-            elif name in ("layout_split", "layout_reorder", "layout_fuse", "layout_pad", "layout_pack"):
-                nest = getattr(nest, name)(*args)
-            else:
-                raise ValueError(f"unknown transform {name!r}; expected 'split', 'swap', 'parallel' or a layout_* transform")
+            if not isinstance(step, Step):
+                raise ValueError(f"expected a Step (looprl.ir.step), got {step!r:.200}")
+            nest = getattr(nest, step.op)(*step.args)
         return nest
+
+    def why_not(self, step: Step) -> str | None:
+        """Why ``step`` does not apply to this schedule (its transform's ``why_not_<op>``), or
+        None if it applies."""
+        if not isinstance(step, Step):
+            raise ValueError(f"expected a Step (looprl.ir.step), got {step!r:.200}")
+        if not 0 <= step.loop < len(self):
+            return f"loop index {step.loop} out of range: the nest has {len(self)} loops"
+        return getattr(self, f"why_not_{step.op}")(*step.args)
 
 
 def _check_chains(problem: Problem, loops: list[Loop], dims: tuple[str, ...], which: str, key: str) -> None:

@@ -26,8 +26,8 @@ from looprl.target import Target
 
 PLAN_PREFIX = "plan_"
 K_BLOCKS = (256, 512)  # the reduction blocks of schedules.cache_blocks
-_TILE_NAME = re.compile(r"plan_(\d+)x(\d+)(?:_k(\d+))?(_pack)?")
-_STREAM_NAME = re.compile(r"plan_stream_(\d+)x(\d+)")
+_TILE_NAME = re.compile(re.escape(PLAN_PREFIX) + r"(\d+)x(\d+)(?:_k(\d+))?(_pack)?")
+_STREAM_NAME = re.compile(re.escape(PLAN_PREFIX) + r"stream_(\d+)x(\d+)")
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,8 @@ class Plan:
 
     @classmethod
     def parse(cls, name: str) -> "Plan | None":
-        """The plan named ``name``, or None for no such name."""
+        """The plan named ``name``, or None for no such name (:attr:`name` and this are the
+        one pair that writes and reads plan names)."""
         if not isinstance(name, str):
             return None
         stream = _STREAM_NAME.fullmatch(name)

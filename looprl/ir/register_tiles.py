@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
+from looprl.ir.step import SPLIT, SWAP, Step
 from looprl.target import Target
 
 
@@ -55,7 +56,7 @@ def packed_right(nest: LoopNest) -> LoopNest | None:
     return nest.layout_pack("in1", column, width)
 
 
-def tile_steps(problem: Problem, rows: int, columns: int, k_block: int | None = None, n_block: int | None = None) -> list[tuple]:
+def tile_steps(problem: Problem, rows: int, columns: int, k_block: int | None = None, n_block: int | None = None) -> list[Step]:
     """IR steps (``nest.apply``) from ``problem``'s untiled nest to a register tile of ``rows``
     output rows by ``columns`` output columns, optionally cache-blocked.
 
@@ -75,7 +76,7 @@ def tile_steps(problem: Problem, rows: int, columns: int, k_block: int | None = 
     red = problem.reduction_dims[0]
     nest = initial_nest(problem)
     names = [f"{loop.var}0" for loop in nest.compute]  # one loop per dimension, first appearance
-    steps: list[tuple] = []
+    steps: list[Step] = []
 
     def split(name: str, factor: int, inner: str) -> None:
         nonlocal nest
@@ -83,7 +84,7 @@ def tile_steps(problem: Problem, rows: int, columns: int, k_block: int | None = 
         if not 2 <= factor <= nest.compute[index].size:
             raise ValueError(f"{problem.name}: cannot split {name} by {factor}")
         nest = nest.split(index, factor)
-        steps.append(("split", index, factor))
+        steps.append(Step(SPLIT, index, factor))
         names.insert(index + 1, inner)
 
     blocked = k_block is not None and n_block is not None
@@ -122,12 +123,12 @@ def tile_steps(problem: Problem, rows: int, columns: int, k_block: int | None = 
     return steps
 
 
-def lift(nest: LoopNest, names: list[str], steps: list[tuple], name: str, place: int) -> LoopNest:
+def lift(nest: LoopNest, names: list[str], steps: list[Step], name: str, place: int) -> LoopNest:
     """Swap the loop called ``name`` up to position ``place`` (``names`` and ``steps`` follow)."""
     index = names.index(name)
     while index > place:
         nest = nest.swap(index - 1)
-        steps.append(("swap", index - 1))
+        steps.append(Step(SWAP, index - 1))
         names[index - 1], names[index] = names[index], names[index - 1]
         index -= 1
     return nest

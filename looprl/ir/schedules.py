@@ -6,6 +6,7 @@ from looprl.ir.layout import Layout
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.ir.register_tiles import lift
+from looprl.ir.step import SPLIT, Step
 from looprl.target import Target
 
 
@@ -158,7 +159,7 @@ def why_not_stream(problem: Problem, k_inner: int, columns: int) -> str | None:
     return None
 
 
-def stream_steps(problem: Problem, k_inner: int, columns: int) -> list[tuple]:
+def stream_steps(problem: Problem, k_inner: int, columns: int) -> list[Step]:
     """IR steps (``nest.apply``) from ``problem``'s untiled nest to a streaming tile:
     ``b..., k/k_inner, n/columns, m, k_inner, n_columns``. For each block of ``k_inner``
     reduction rows, each ``columns``-wide panel of them is read once, every output row's
@@ -172,17 +173,17 @@ def stream_steps(problem: Problem, k_inner: int, columns: int) -> list[tuple]:
     return _split_and_ordered(problem, ((red, k_inner), (col, columns)), [red, col, row, f"{red}_in", f"{col}_in"])
 
 
-def _split_and_ordered(problem: Problem, splits, order: list[str]) -> list[tuple]:
+def _split_and_ordered(problem: Problem, splits, order: list[str]) -> list[Step]:
     """IR steps from ``problem``'s untiled nest that split each ``(dimension, factor)`` of
     ``splits`` (its inner loop named ``<dimension>_in``), then put the loops in ``order``
     after the batch dimensions (the output's dimensions before its last two)."""
     nest = initial_nest(problem)
     names = [loop.var for loop in nest.compute]  # one loop per dimension
-    steps: list[tuple] = []
+    steps: list[Step] = []
     for var, factor in splits:
         index = names.index(var)
         nest = nest.split(index, factor)
-        steps.append(("split", index, factor))
+        steps.append(Step(SPLIT, index, factor))
         names.insert(index + 1, f"{var}_in")
     for place, name in enumerate(list(problem.output[:-2]) + order):
         nest = lift(nest, names, steps, name, place)
@@ -209,7 +210,7 @@ def panel_widths(problem: Problem, target: Target) -> list[int]:
     return [w for w in PANEL_COLUMNS if w < cols and rows * -(-w // lanes) <= PANEL_REGISTERS]
 
 
-def panel_steps(problem: Problem, columns: int) -> list[tuple]:
+def panel_steps(problem: Problem, columns: int) -> list[Step]:
     """IR steps (``nest.apply``) from ``problem``'s untiled nest to a panel schedule:
     ``b..., n/columns, k, m, n_columns``: each panel of ``columns`` output columns is computed
     whole, its accumulators (every row's) in registers across the entire reduction, before the

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from looprl.actions import State, replay
+from looprl.actions import Action, State, replay
 from looprl.env.observation import observation
 from looprl.ir.nest import LoopNest, initial_nest
+from looprl.ir.step import SPLIT
 from looprl.policy.numpy_policy import Policy
 from looprl.policy.rollout import policy_actions
 from looprl.search.context import BudgetExhausted, SearchContext
@@ -177,7 +178,7 @@ def _tiles(actions, state: State, scores_at: np.ndarray, top_k: int, tile_rows: 
     ``tile_rows`` (e.g. 4 and 6 on AVX2), whether or not the policy was trained with that split:
     the policy knows where to tile, the target how many rows fit. Sizes the factor does not
     divide are fine: the split leaves a tail."""
-    splits = [a for a in range(len(actions)) if actions.names[a].startswith("split_")]
+    splits = [a for a in range(len(actions)) if actions.actions[a].kind == SPLIT]
     policy_tiles, row_loops = [], []
     row_dims = set(state.nest.problem.output[:-1])
     for cursor, loop in enumerate(state.nest.loops):
@@ -198,7 +199,7 @@ def _tiles(actions, state: State, scores_at: np.ndarray, top_k: int, tile_rows: 
     if row_loops:
         score, cursor = max(row_loops)
         for rows in dict.fromkeys(tile_rows):
-            name = f"split_{rows}"
+            name = Action(SPLIT, rows).name
             tile = _tile(actions, state, cursor, actions.index(name)) if name in actions.names else None
             if tile is not None:
                 register_tiles.append((score, *tile))

@@ -31,6 +31,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from looprl.ir.plans import Plan
 from looprl.target import Target
 
 POLICY_FORMAT = "looprl-policy"
@@ -327,7 +328,7 @@ def check_metadata(metadata: Any, where: str = "policy metadata") -> None:
     if len(set(names)) != len(names):
         fail(f"action_names repeat a name: {names!r}")
     plans = metadata.get("plans", [])
-    if not isinstance(plans, list) or not all(isinstance(plan, str) and plan.startswith("plan_") for plan in plans):
+    if not isinstance(plans, list) or not all(Plan.parse(plan) is not None for plan in plans):
         fail(f"plans must be a list of plan names (plan_...), got {plans!r}")
     if plans and names[-len(plans):] != plans:
         fail(f"the plan actions must end action_names in the order of plans: {plans!r}")

@@ -2,14 +2,16 @@
 looprl's schedules.
 
 The schedule space is every nest the environment's transforms can build from the untiled
-nest: splits of a loop by any factor from 2 to 64 that fits it, swaps of neighbouring loops
-of one nest, at most ``max_loops`` loops (the action set's bound). The annealing draws a
-split's factor from the action set's split factors half the time (the factors random search
-and beam use), else from 2..64 (register tiles often need a 6, 12 or 48 those lack). Each round:
+nest: splits of a loop by any factor from 2 to 64 (:data:`AUTOTVM_MAX_SPLIT`) that fits it,
+swaps of neighbouring loops of one nest, at most ``max_loops`` loops (the action set's bound).
+The annealing draws a split's factor from the action set's split factors half the time (the
+factors random search and beam use), else from 2..64 (register tiles often need a 6, 12 or 48
+those lack). Each round:
 
 1. parallel simulated-annealing chains walk the space on the cost model's scores (the
-   chains persist across rounds); a neighbour splits a loop, swaps two loops or merges two
-   neighbouring loops of one dimension (undoing a split);
+   chains persist across rounds); a neighbour is one IR step (:class:`~looprl.ir.step.Step`)
+   of the nest: it splits a loop, swaps two loops or merges two neighbouring loops of one
+   dimension (undoing a split: :meth:`LoopNest.merge <looprl.ir.nest.LoopNest.merge>`);
 2. a batch of ``batch_size`` schedules not yet measured is picked: ``(1 - epsilon)`` of it
    greedily from the ``diversity`` x ``batch_size`` best-scored candidates, trading score
    against the schedule components (each dimension's tiling, the loop order, the write-back
@@ -35,56 +37,46 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import replace
-
 import numpy as np
 
 from looprl import checks, defaults
 from looprl.costmodel.schedule_features import features_batch
 from looprl.costmodel.model import CostModel, TransferModel, import_xgboost
 from looprl.actions import State
-from looprl.ir.nest import COMPUTE, Loop, LoopNest
+from looprl.ir.nest import LoopNest
+from looprl.ir.step import MAX_FACTOR, MERGE, MIN_FACTOR, SPLIT, SWAP, Step
 from looprl.measurement.records import measured_nests
 from looprl.search.context import BudgetExhausted, SearchContext
 
 logger = logging.getLogger("looprl.search")
 
-MIN_FACTOR, MAX_FACTOR = 2, 64
+# AutoTVM's own cap on the factors its annealing draws (MIN_FACTOR..this), within the one range
+# of split factors: a wider draw spends the annealing on factors that do not pay at its budgets.
+AUTOTVM_MAX_SPLIT = min(64, MAX_FACTOR)
 UNBOUNDED_TRIALS = 1000  # measurements when neither a time nor an evaluation budget is set
 MAX_TRANSFER_RECORDS = 20000  # global model: at most this many cached measurements (a sample)
 
 
 # -- the schedule space ------------------------------------------------------------------
-def _replace_loops(nest: LoopNest, loops: tuple[Loop, ...]) -> LoopNest:
-    compute = tuple(lp for lp in loops if lp.nest == COMPUTE)
-    return replace(nest, compute=compute, write_back=tuple(lp for lp in loops if lp.nest != COMPUTE))
-
-
-def _can_merge(loops: tuple[Loop, ...], i: int) -> bool:
-    """Whether loops i and i + 1 are a split that can be undone (one dimension, the inner one
-    covering the outer one's step); the merged loop must be reachable again: the outermost
-    loop of its dimension, or at most MAX_FACTOR iterations."""
-    if not 0 <= i < len(loops) - 1:
+def in_space(nest: LoopNest, step: Step) -> bool:
+    """Whether ``step`` applies to ``nest`` and leads to a schedule of the space: a merge's
+    loop must be reachable again by a split, so it is the outermost loop of its dimension or
+    has at most :data:`AUTOTVM_MAX_SPLIT` iterations."""
+    if nest.why_not(step) is not None:
         return False
-    outer, inner = loops[i], loops[i + 1]
-    if outer.nest != inner.nest or outer.var != inner.var or inner.tail or inner.budget != outer.step:
-        return False
+    if step.op != MERGE:
+        return True
+    loops, i = nest.loops, step.loop
+    outer = loops[i]
     outermost = not any(lp.var == outer.var and lp.nest == outer.nest for lp in loops[:i])
-    return outermost or outer.size * inner.size + outer.tail // inner.step <= MAX_FACTOR
-
-
-def _merge(nest: LoopNest, i: int) -> LoopNest:
-    loops = nest.loops
-    outer, inner = loops[i], loops[i + 1]
-    merged = Loop(outer.var, outer.size * inner.size + outer.tail // inner.step, inner.step, outer.tail % inner.step, outer.nest)
-    return _replace_loops(nest, loops[:i] + (merged,) + loops[i + 2 :])
+    return outermost or nest.merge(i).loops[i].size <= AUTOTVM_MAX_SPLIT
 
 
 def split_factor(size: int, rng) -> int:
     """A split factor for a loop of ``size`` iterations: any of 2..min(64, size), drawn half
     the time among the powers of two and a quarter of the time among the divisors of
     ``size`` (the factors hand-tuned schedules use), else uniformly."""
-    top = min(MAX_FACTOR, size)
+    top = min(AUTOTVM_MAX_SPLIT, size)
     draw = rng.random()
     if draw < 0.5:
         return 1 << int(rng.integers(1, top.bit_length()))
@@ -102,7 +94,7 @@ class ScheduleSpace:
         self.root = root
         self.max_loops = max_loops
         self.actions = actions  # an ActionSet: random schedules are its walks, as random search's
-        self.factors = factors  # split factors a neighbour uses half the time (None: always any of 2..64)
+        self.factors = factors  # split factors a neighbour uses half the time (None: always any of 2..AUTOTVM_MAX_SPLIT)
 
     @staticmethod
     def _index(nest: LoopNest, rng, pairs: bool) -> int:
@@ -122,17 +114,21 @@ class ScheduleSpace:
         if size < MIN_FACTOR:
             return None
         if self.factors is not None and rng.random() < 0.5:
-            fitting = [f for f in self.factors if nest.why_not_split(i, f) is None]
-            return nest.split(i, fitting[int(rng.integers(len(fitting)))]) if fitting else None
-        return nest.split(i, split_factor(size, rng))
+            fitting = [f for f in self.factors if nest.why_not(Step(SPLIT, i, f)) is None]
+            return nest.apply((Step(SPLIT, i, fitting[int(rng.integers(len(fitting)))]),)) if fitting else None
+        return nest.apply((Step(SPLIT, i, split_factor(size, rng)),))
 
     def _swap(self, nest: LoopNest, rng) -> LoopNest | None:
-        i = self._index(nest, rng, True)
-        return nest.swap(i) if nest.why_not_swap(i) is None else None
+        return self._pair_step(nest, rng, SWAP)
 
     def _merge(self, nest: LoopNest, rng) -> LoopNest | None:
-        i = self._index(nest, rng, True)
-        return _merge(nest, i) if _can_merge(nest.loops, i) else None
+        return self._pair_step(nest, rng, MERGE)
+
+    def _pair_step(self, nest: LoopNest, rng, op: str) -> LoopNest | None:
+        """``op`` (a swap or a merge) of a random loop and the next, or None where it does not
+        apply or leaves the space."""
+        step = Step(op, self._index(nest, rng, True))
+        return nest.apply((step,)) if in_space(nest, step) else None
 
     def neighbour(self, nest: LoopNest, rng) -> LoopNest:
         """One random split, swap or merge of ``nest`` (``nest`` itself if none applies)."""

@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 
 from looprl.actions import ActionSet, State, replay
-from looprl.actions.action_set import PARALLEL
 from looprl.ir.nest import COMPUTE, WRITE_BACK, LoopNest, initial_nest
+from looprl.ir.step import PARALLEL, SWAP, Step
 from looprl.search.context import BudgetExhausted, SearchContext
 from looprl.search.staged import Candidate
 
@@ -158,7 +158,7 @@ def _path(nest: LoopNest, actions: tuple[str, ...], swaps: tuple[int, ...], indi
     state = transitions[-1].state if transitions else start
     if state.nest != nest:
         return actions
-    found = action_set.path(state, [("swap", index) for index in swaps] + [(PARALLEL, index) for index in indices])
+    found = action_set.path(state, [Step(SWAP, index) for index in swaps] + [Step(PARALLEL, index) for index in indices])
     if found is None:
         return actions
     return actions + tuple(action_set.names[a] for a in found[0])

@@ -25,6 +25,7 @@ from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.ir.register_tiles import packed_right, tile_of, tile_shapes, tile_steps, why_not_tile
 from looprl.ir.schedules import STREAM_TILES, cache_blocks, panel_steps, panel_widths, stream_steps, why_not_stream
+from looprl.ir.step import SPLIT, Step
 from looprl.search.context import BudgetExhausted, SearchContext
 
 
@@ -64,9 +65,9 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
             return None
         return reached(tile_steps(problem, rows, columns, *blocks))
 
-    def reached(steps: list[tuple]) -> tuple[tuple[str, ...], State] | None:
+    def reached(steps: list[Step]) -> tuple[tuple[str, ...], State] | None:
         """The path of actions that takes the untiled nest through IR ``steps``, and its state."""
-        extended = actions.extended([f"split_{step[2]}" for step in steps if step[0] == "split"])
+        extended = actions.with_splits(step.arg for step in steps if step.op == SPLIT)
         found = extended.path(root, steps)
         if found is None:
             return None  # e.g. more loops than max_loops
