@@ -223,7 +223,7 @@ def _isotonic(y: np.ndarray) -> np.ndarray:
 
 
 def reward_model(model, *, evaluator, refit_every: int = 32, seed: int | None = 0, objective: str = "rank") -> SurrogateReward:
-    """The env's reward model (:data:`looprl.env.reward_model.ENTRY_POINT`) from ``model``: a path
+    """The env's reward model (:func:`looprl.env.reward_model.make_reward_model`) from ``model``: a path
     to a saved CostModel, a fitted CostModel, or None (fit one on the cache's records for
     ``evaluator``'s target and budget, if there are ``refit_every`` of them). A bad path or
     file, an unfitted model, or one whose features describe another ISA is a ValueError."""

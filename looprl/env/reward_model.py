@@ -10,18 +10,15 @@ with two methods (:class:`RewardModel`):
   measures those states instead;
 * ``observe(nest, gflops)``: a measurement the env made (the model may refit on it).
 
-The layers put the cost model (:mod:`looprl.costmodel`) above the env, so the env never
-imports it. The env owns this protocol; the cost-model layer implements it
-(:func:`looprl.costmodel.surrogate_reward.reward_model`), and the env reaches that implementation
-through the plugin entry point :data:`ENTRY_POINT`, a ``"module:function"`` string resolved
-only when a ``reward="model"`` env is created — as gymnasium resolves ``entry_point``
-strings. So ``model`` can stay a JSON value (a path, or None) in an env config shipped to Ray
-workers, and the default env never imports the cost model or XGBoost.
+The env owns this protocol; the cost-model layer below it (:mod:`looprl.costmodel`, which
+knows nothing of the env) implements it: :func:`looprl.costmodel.surrogate_reward.reward_model`,
+imported only when a ``reward="model"`` env is created. So ``model`` can stay a JSON value (a
+path, or None) in an env config shipped to Ray workers, and the default env never imports the
+cost model or XGBoost.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 from typing import Any, Protocol, Sequence, runtime_checkable
 
@@ -31,7 +28,6 @@ from looprl import checks
 from looprl.ir.nest import LoopNest
 
 REWARDS = ("measured", "model")
-ENTRY_POINT = "looprl.costmodel.surrogate_reward:reward_model"
 DEFAULT_MEASURE_FRACTION = 0.1
 DEFAULT_REFIT_EVERY = 32
 
@@ -63,9 +59,6 @@ def make_reward_model(model: Any, evaluator, *, refit_every: int, seed: int | No
     the measurement cache's records for ``evaluator``'s target)."""
     if isinstance(model, RewardModel):
         return model
-    module_name, _, name = ENTRY_POINT.partition(":")
-    factory = getattr(importlib.import_module(module_name), name)
-    built = factory(model, evaluator=evaluator, refit_every=refit_every, seed=seed)
-    if not isinstance(built, RewardModel):  # a broken plugin: a bug, not bad input
-        raise TypeError(f"{ENTRY_POINT} returned {type(built).__name__}, which lacks predict() and observe()")
-    return built
+    from looprl.costmodel.surrogate_reward import reward_model  # deferred: the default env needs neither it nor XGBoost
+
+    return reward_model(model, evaluator=evaluator, refit_every=refit_every, seed=seed)
