@@ -49,7 +49,7 @@ def test_adapt_writes_a_policy_its_demonstrations_and_a_report_and_resumes(tmp_p
                             held_out_problems=HELD_OUT, log=lambda *_: None)
     assert report.demonstrations == 2 and len(report.before_gflops) == len(report.after_gflops) == 2
     assert all(g > 0 for g in report.before_gflops + report.after_gflops) and report.ratio > 0
-    adapted = Policy.load(out / "policy")
+    adapted = Policy.load(out / ("policy-rejected" if report.kept_start else "policy"))  # slower here: kept aside
     assert adapted.metadata["adapted"]["demonstrations"] == 2 and "no RL" in adapted.metadata["adapted"]["how"]
     saved = json.loads((out / "demonstrations.json").read_text())
     assert [d["problem"] for d in saved["demonstrations"]] == [as_problem(p).name for p in TRAINING[:2]]
@@ -71,7 +71,7 @@ def test_adapting_a_plan_policy_to_another_isa_gives_it_that_isa_s_plans_and_rep
     out = tmp_path / "adapted"
     report = adapting.adapt(load_policy("default", looprl.Target.named("avx512")), out=out, target=avx2, budget_s=60, cache=":memory:",
                             training_problems=["mk,kn->mn:m=48,k=64,n=64"], held_out_problems=HELD_OUT, log=lambda *_: None)
-    adapted = Policy.load(out / "policy")
+    adapted = Policy.load(out / ("policy-rejected" if report.kept_start else "policy"))  # slower here: kept aside
     assert adapted.metadata["plans"] == [plan.name for plan in plan_catalogue(avx2)]
     assert adapted.metadata["retargeted"]["from_target"] == "avx512" and adapted.target.isa == "avx2"
     saved = json.loads((out / "demonstrations.json").read_text())["demonstrations"]
@@ -98,9 +98,79 @@ def test_adapt_refuses_another_policys_demonstrations_and_bad_settings(tmp_path)
     (["--adapt", "--held-out", "0"], "--held-out must be positive"),
     (["--adapt", "--time-budget", "soon"], "--time-budget"),
     (["--adapt", "--evaluate", "checkpoints/apex-dqn/policy"], "two commands"),
+    # issue 51 item 7: 100000 silently became 57, --threads 0 was accepted and ignored, a 5 s budget took 13-16 s
+    (["--adapt", "--held-out", "100000"], "--held-out must be at most 57"),
+    (["--adapt", "--threads", "0"], "--adapt does not use --threads"),
+    (["--adapt", "--iterations", "3"], "--adapt does not use --iterations"),
+    (["--adapt", "--time-budget", "5s"], "--adapt needs at least 30 s"),
 ])
 def test_adapt_flags_are_checked(argv, message, capsys):
     from looprl.cli.train import main
 
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def _retimed_as(after_over_before: float, seen: dict):
+    """A stand-in for adapt.retimed: every 'after' schedule ``after_over_before`` times as fast
+    as 'before', and the budget it was given recorded in ``seen``."""
+    def retimed(nests, target, rounds=adapting.RETIME_ROUNDS, *, budget_s=None, kernels=None):
+        seen["retime_budget_s"] = budget_s
+        return {method: [10.0 * (after_over_before if method == "after" else 1.0)] * len(found) for method, found in nests.items()}
+    return retimed
+
+
+@pytest.mark.parametrize("after_over_before", [0.5, 1.25])
+def test_a_slower_adapted_policy_is_never_written_as_the_policy(tmp_path, monkeypatch, after_over_before):
+    """Issue 51 item 7: a 5 s adaptation printed geomean 0.749 (one problem 94.5 -> 3.6 GFLOPS),
+    exited 0 and wrote the slower policy as OUT/policy with no warning."""
+    seen, lines = {}, []
+    monkeypatch.setattr(adapting, "retimed", _retimed_as(after_over_before, seen))
+    policy = random_policy(seed=1, target=looprl.Target.host())
+    out = tmp_path / "adapted"
+    report = adapting.adapt(policy, out=out, budget_s=60, cache=":memory:", training_problems=TRAINING[:1],
+                            held_out_problems=HELD_OUT, log=lines.append)
+    written = Policy.load(out / "policy")
+    record = json.loads((out / "adapt.json").read_text())
+    text = adapting.format_report(report)
+    if after_over_before < 1:
+        assert report.kept_start and record["written"] == "the starting policy" and record["rejected"] == "policy-rejected"
+        assert "adapted" not in written.metadata and written.metadata["adaptation"]["kept"] == "the starting policy"
+        assert np.array_equal(written.trunk[0].weight, policy.trunk[0].weight)
+        assert "adapted" in Policy.load(out / "policy-rejected").metadata
+        assert "kept the STARTING policy" in text and any("warning" in line for line in lines)
+    else:
+        assert not report.kept_start and record["written"] == "the adapted policy" and "adapted" in written.metadata
+        assert not (out / "policy-rejected").exists() and "written: the adapted policy" in text
+    assert 0 <= seen["retime_budget_s"] <= 60  # the re-timing gets what is left of the budget
+
+
+def test_the_budget_is_shared_out_from_the_command_s_start(tmp_path, monkeypatch):
+    """The budget bounds the whole adaptation: fine-tuning stops by its share, the re-timing
+    gets what is left, and the command passes on the budget less its own start-up."""
+    import time
+
+    from looprl.cli.train import main
+
+    seen = {}
+    real_fine_tune = adapting.fine_tune
+
+    def fine_tune(*args, until=None, **kwargs):
+        seen["until"] = until
+        return real_fine_tune(*args, until=until, **kwargs)
+
+    monkeypatch.setattr(adapting, "fine_tune", fine_tune)
+    monkeypatch.setattr(adapting, "retimed", _retimed_as(1.0, seen))
+    began = time.perf_counter()
+    adapting.adapt(random_policy(seed=1, target=looprl.Target.host()), out=tmp_path / "a", budget_s=40, cache=":memory:",
+                   training_problems=TRAINING[:1], held_out_problems=HELD_OUT[:1], log=lambda *_: None)
+    assert seen["until"] is not None and seen["until"] <= began + 40
+    assert seen["retime_budget_s"] < 40
+
+    def fake_adapt(policy, **kwargs):
+        seen.update(kwargs)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(adapting, "adapt", fake_adapt)
+    assert main(["--adapt", "--time-budget", "45s", "--out", str(tmp_path / "b"), "--cache", ":memory:"]) == 2
+    assert 0 < seen["budget_s"] < 45 and seen["held_out"] == 12

@@ -454,3 +454,23 @@ def test_an_unreachable_cluster_is_one_line_and_leaves_no_run_folder(tmp_path, m
     status, errors = cli("--config", config, "--address", address, "--out", out, "--iterations", "1", "--validate-every", "0")
     assert_refused(status, errors, f"--address {address}", "cannot attach")
     assert not out.exists()
+
+
+def test_shipping_a_run_that_never_validated_says_its_policy_was_not_compared_with_its_start(tmp_path):
+    """Issue 51 item 7, the training path: a run that never validated shipped its newest
+    snapshot as policy/ with nothing said, though the policy it started from may be faster."""
+    from looprl.train.ship import ship
+
+    run = unstarted_run(tmp_path / "run")
+    random_policy(seed=1, hidden=8).save(run.path / "pretrained")
+    random_policy(seed=2, hidden=8).save(run.path / "policy")
+    warnings = []
+    shipped = ship(run.path, tmp_path / "shipped", warn=warnings.append)
+    record = Policy.load(shipped / "policy").metadata["training"]
+    assert "never validated" in record["note"] and len(warnings) == 1 and "pretrained" in warnings[0]
+    # A validated run ships its best snapshot (the starting policy competes in validation) without a warning.
+    best = random_policy(seed=3, hidden=8)
+    Policy(dict(best.metadata, validation={"speedup_geomean": 1.5, "iteration": 2, "env_steps": 40}), best.trunk, best.heads).save(
+        run.path / "policy-best")
+    ship(run.path, tmp_path / "again", warn=warnings.append)
+    assert len(warnings) == 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 from looprl import defaults
@@ -53,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--evaluate", type=Path, default=None, metavar="POLICY", help="evaluate a policy folder, run folder or checkpoint")
     parser.add_argument("--adapt", nargs="?", const="default", default=None, metavar="POLICY",
                         help="adapt a policy (default: the shipped one for the target) to this CPU within --time-budget "
-                             "(default 10m): measured tune's answers here, fine-tuning, before/after on held-out shapes")
+                             "(default 10m, at least 30s, the whole command): measured tune's answers here, fine-tuning, "
+                             "before/after on held-out shapes; a slower result is kept aside, not written as OUT/policy")
     parser.add_argument("--held-out", type=int, default=12, help="--adapt: held-out problems compared before and after (default 12)")
     parser.add_argument("--split", choices=SPLITS, default="test", help="--evaluate: dataset split (default test)")
     parser.add_argument("--dataset", default=defaults.DATASET)
@@ -75,16 +77,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return run_command("looprl-train", lambda: _interruptible(args))
+    started = time.perf_counter()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.started = started
+    return run_command("looprl-train", lambda: _interruptible(args, parser))
 
 
-def _interruptible(args) -> int:
+def _interruptible(args, parser: argparse.ArgumentParser) -> int:
     """The command, with SIGTERM handled as Ctrl-C: what was done is saved and the exit status is 130."""
     try:
         with terminate_as_interrupt():
             if args.adapt is not None:
-                return _adapt(args)
+                return _adapt(args, parser)
             return _evaluate(args) if args.evaluate is not None else _train(args)
     except KeyboardInterrupt as interrupt:
         hint = interrupt.hint if isinstance(interrupt, training.RunInterrupted) else None
@@ -112,27 +117,45 @@ def _evaluate(args) -> int:
     return 0
 
 
-def _adapt(args) -> int:
+ADAPT_FLAGS = ("adapt", "time_budget", "out", "cache", "target", "seed", "held_out")  # what --adapt reads; any other flag is refused
+
+
+def _adapt(args, parser: argparse.ArgumentParser) -> int:
     from datetime import datetime, timezone
 
-    from looprl.train.adapt import adapt, format_report
+    from looprl.train.adapt import MIN_BUDGET_S, adapt, format_report, held_out_problems_for
 
     if args.evaluate is not None:
         raise ValueError("--adapt and --evaluate are two commands: give one")
+    for action in parser._actions:
+        if action.dest not in ADAPT_FLAGS and action.option_strings and action.dest != "help" \
+                and getattr(args, action.dest) != action.default:
+            raise ValueError(f"--adapt does not use {action.option_strings[-1]}: leave it out")
     budget_s = 600.0
     if args.time_budget is not None:
         try:
             budget_s = parse_duration(args.time_budget)
         except ValueError as error:
             raise ValueError(f"--time-budget: {error}") from None
+    if budget_s < MIN_BUDGET_S:
+        raise ValueError(f"--time-budget {args.time_budget}: --adapt needs at least {MIN_BUDGET_S:.0f} s (loading, importing torch, "
+                         f"compiling and comparing on the held-out problems alone take about 10 s)")
     if args.held_out < 1:
         raise ValueError(f"--held-out must be positive, got {args.held_out}")
+    try:
+        held_out_problems_for(args.held_out)
+    except ValueError as error:
+        raise ValueError(f"--{str(error).replace('_', '-', 1)}") from None
     require_training_extra("adapting", ("torch",))
     cache = cache_path(args.cache)
     out = args.out or Path("runs") / f"adapt__{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
     writable_folder(out, "--out")
-    report = adapt(args.adapt, out=out, target=args.target, budget_s=budget_s, held_out=args.held_out, cache=cache, seed=args.seed)
+    left_s = budget_s - (time.perf_counter() - args.started)  # the budget counts from the command's start
+    report = adapt(args.adapt, out=out, target=args.target, budget_s=left_s, held_out=args.held_out, cache=cache, seed=args.seed)
     print(format_report(report), flush=True)
+    if report.kept_start:
+        print(f"looprl-train: warning: the adapted policy was slower than the starting one on the held-out problems; "
+              f"{out / 'policy'} is the starting policy", file=sys.stderr, flush=True)
     return 0
 
 

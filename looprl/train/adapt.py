@@ -25,13 +25,28 @@ tune as the expert, at a scale that fits a coffee break:
    timed, both re-timed together in interleaved rounds (best kept), and with them the
    retargeted policy before fine-tuning (step 0), when there was one. The figures are printed
    and written to ``OUT/adapt.json``; the adapted policy is ``OUT/policy``
-   (``looprl.tune(problem, policy="OUT/policy")``).
+   (``looprl.tune(problem, policy="OUT/policy")``), unless it is slower than the starting
+   policy (geomean of after / before below 1): then ``OUT/policy`` is the starting policy
+   (its metadata's ``adaptation`` says so), the adapted one is ``OUT/policy-rejected``, a
+   warning is printed, and ``adapt.json``'s ``written`` names which was written.
+
+The budget bounds the whole adaptation: the starting policy's held-out schedules are
+compiled and torch imported first, the demonstrations gathered until what the end needs is
+left (at most ``GATHER_SHARE`` of the budget; a demonstration that would not end in time is
+not begun), fine-tuning stops after the epoch that passes its share, and the re-timing takes
+what is left (each timing at least ``MIN_RETIME_S`` and one call). What can run past it: the
+demonstration in progress when the gathering's time was misjudged (at most the longest one
+seen, about a second on a small problem), one fine-tuning epoch, compiling the adapted
+policy's schedules, and a timing's single call (tens of milliseconds on a large problem):
+a few seconds at most.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +57,7 @@ from looprl import checks, defaults
 from looprl.backend.kernel import compile
 from looprl.ir.problem import Problem, as_problem, parse_problem
 from looprl.measurement.evaluator import Evaluator
+from looprl.measurement.lock import machine_lock
 from looprl.measurement.timing import Workspace, time_kernel
 from looprl.policy.loading import load_policy
 from looprl.policy.numpy_policy import Dense, Policy
@@ -56,9 +72,13 @@ TRAINING_DATASETS = ("models", "gemm-shapes", "mm64-256")
 HELD_OUT = ("models", "test")
 GATHER_SHARE = 0.75  # of the budget: demonstrations; the rest fine-tunes and compares
 RETIME_ROUNDS = 5
-RETIME_S = 0.05  # per kernel and round (a large problem's single call can take 30 ms)
+RETIME_S = 0.05  # per kernel and round (a large problem's single call can take 30 ms), when the budget leaves room
+MIN_RETIME_S = 0.002  # per kernel and round when it does not (a timing still makes at least one call)
+MIN_BUDGET_S = 30.0  # looprl-train --adapt's least --time-budget: loading, torch, compiling and comparing alone take ~10 s
+FINE_TUNE_SHARE = 0.1  # of the budget: the most fine-tuning may take (its first epoch always runs)
 DEMONSTRATIONS_NAME = "demonstrations.json"
 REPORT_NAME = "adapt.json"
+REJECTED_POLICY = "policy-rejected"  # the adapted policy, when it was slower than the starting one
 ACTIVATIONS = ("relu", "tanh", "linear")
 
 
@@ -76,6 +96,7 @@ class AdaptReport:
     agreement_after: float
     seconds: float
     out: Path
+    kept_start: bool = False  # the adapted policy was slower on the held-out problems: OUT/policy is the starting policy
 
     @property
     def ratio(self) -> float:
@@ -137,14 +158,15 @@ def _spread_order(n: int) -> list[int]:
 
 
 def fine_tune(policy: Policy, observations: np.ndarray, labels: np.ndarray, *, epochs: int = 200, lr: float = 1e-3,
-              margin: float = 0.05, seed: int = 0) -> Policy:
+              margin: float = 0.05, seed: int = 0, until: float | None = None) -> Policy:
     """``policy`` with its trunk and greedy head trained to choose ``labels`` on
     ``observations`` (flattened), starting from its own weights, by DQfD's large-margin loss
     ``max_a [Q(s, a) + l(a_E, a)] - Q(s, a_E)`` (``l`` = ``margin`` for every action but the
     demonstrated one): it is zero where the policy already prefers the demonstrated action by
     the margin, so what the policy does right is left alone, and its scores keep their scale
     (a DQN's Q-values, on the scale of rewards). Stops early once every demonstrated action
-    leads. Its other heads (a DQN's value head) stay as they were."""
+    leads, or after the epoch that ends past ``until`` (a ``time.perf_counter()`` value).
+    Its other heads (a DQN's value head) stay as they were."""
     import torch  # the [train] extra
 
     network = policy.metadata["network"]
@@ -181,6 +203,8 @@ def fine_tune(policy: Policy, observations: np.ndarray, labels: np.ndarray, *, e
         with torch.no_grad():
             if margin_loss(forward(x), y, margin).item() == 0.0:
                 break
+        if until is not None and time.perf_counter() >= until:
+            break
     tuned = [Dense(linear.weight.detach().numpy().astype(np.float32), linear.bias.detach().numpy().astype(np.float32), layer.activation)
              for linear, layer in zip(linears, layers)]
     trunk = tuple(tuned[: len(policy.trunk)])
@@ -224,33 +248,71 @@ def _final_nests(policy: Policy, problems: list[Problem]):
     return [greedy_rollout(policy, problem, None).final_nest for problem in problems]
 
 
-def retimed(nests_by_method: dict[str, list], target: Target, rounds: int = RETIME_ROUNDS) -> dict[str, list[float]]:
+def compiled(nests, target: Target, kernels: dict) -> None:
+    """Compile each schedule of ``nests`` not in ``kernels`` (schedule key -> kernel) into it."""
+    for nest in nests:
+        if nest.key not in kernels:
+            kernels[nest.key] = compile(nest, target=target)
+
+
+def retimed(nests_by_method: dict[str, list], target: Target, rounds: int = RETIME_ROUNDS, *, budget_s: float | None = None,
+            kernels: dict | None = None) -> dict[str, list[float]]:
     """GFLOPS of each schedule, the distinct ones timed in interleaved rounds (best kept), so
-    that two methods that reach one schedule get one figure."""
-    kernels, best, workspaces = {}, {}, {}
+    that two methods that reach one schedule get one figure. Each timing takes ``RETIME_S``;
+    with ``budget_s`` (seconds for all the timings) less where the budget is short (its share,
+    at least ``MIN_RETIME_S`` and one call), and the rounds after the first stop when it is
+    spent. ``kernels``: schedules compiled already (:func:`compiled`). The machine-wide lock
+    is held once, over all the rounds."""
+    kernels = {} if kernels is None else kernels
     for nests in nests_by_method.values():
-        for nest in nests:
-            if nest.key not in kernels:
-                kernels[nest.key] = compile(nest, target=target)
-                best[nest.key] = 0.0
-            workspaces.setdefault(nest.problem.name, Workspace(nest.problem))  # one buffer set per problem, kept warm
-    for _ in range(rounds):
-        for key, kernel in kernels.items():
-            best[key] = max(best[key], time_kernel(kernel, RETIME_S, workspace=workspaces[kernel.problem.name]).gflops)
+        compiled(nests, target, kernels)
+    keys = list(dict.fromkeys(n.key for nests in nests_by_method.values() for n in nests))
+    per_timing = RETIME_S if budget_s is None else min(RETIME_S, max(MIN_RETIME_S, budget_s / (rounds * max(len(keys), 1))))
+    workspaces = {}
+    for key in keys:
+        workspaces.setdefault(kernels[key].problem.name, Workspace(kernels[key].problem))  # one buffer set per problem, kept warm
+    best = dict.fromkeys(keys, 0.0)
+    with machine_lock():
+        until = None if budget_s is None else time.perf_counter() + budget_s
+        for round_number in range(rounds):
+            if round_number and until is not None and time.perf_counter() >= until:
+                break
+            for key in keys:
+                kernel = kernels[key]
+                timing = time_kernel(kernel, per_timing, min_runs=1, workspace=workspaces[kernel.problem.name],
+                                     lock=contextlib.nullcontext())
+                best[key] = max(best[key], timing.gflops)
     return {method: [best[n.key] for n in nests] for method, nests in nests_by_method.items()}
+
+
+def held_out_problems_for(count: int) -> list[Problem]:
+    """``count`` problems spread over the held-out split; a ValueError when it has fewer."""
+    available = dataset_problems(*HELD_OUT)
+    if count > len(available):
+        raise ValueError(f"held_out must be at most {len(available)} (the held-out split {'/'.join(HELD_OUT)} has "
+                         f"{len(available)} problems), got {count}")
+    return spread(available, count)
 
 
 def adapt(policy: Policy | str | Path = "default", *, out: str | Path, target: Target | str | None = None, budget_s: float = 600.0,
           held_out: int = 12, cache=None, seed: int = 0, log=print, training_problems=None, held_out_problems=None) -> AdaptReport:
     """Adapt ``policy`` (``"default"``: the shipped one for ``target``) to this machine within
-    about ``budget_s`` seconds (module docstring) and write it to ``out/policy``; returns the
-    before/after figures on ``held_out`` problems of the held-out split. ``training_problems``
-    and ``held_out_problems`` (lists of problems) replace the datasets' when given."""
+    ``budget_s`` seconds (module docstring: what may run past it) and write it to
+    ``out/policy``, unless it is slower than the starting policy on the held-out problems:
+    then ``out/policy`` is the starting policy and the adapted one ``out/policy-rejected``
+    (the report's ``kept_start``). Returns the before/after figures on ``held_out`` problems
+    of the held-out split. ``training_problems`` and ``held_out_problems`` (lists of
+    problems) replace the datasets' when given."""
     started = time.perf_counter()
     budget_s = checks.seconds(budget_s, "budget_s")
+    deadline = started + budget_s
     held_out = checks.positive_int(held_out, "held_out")
     target = Target.resolve(target)
     target.check_runs_on_host()
+    if held_out_problems is None:
+        problems_held_out = held_out_problems_for(held_out)
+    else:
+        problems_held_out = [as_problem(p) for p in held_out_problems]
     source = str(policy) if not isinstance(policy, Policy) else "the given policy"
     loaded = load_policy(policy, target)
     start = retargeted(loaded, target)  # another target's plans replaced by this one's
@@ -270,13 +332,30 @@ def adapt(policy: Policy | str | Path = "default", *, out: str | Path, target: T
     problems = [p for p in pool if p.name not in done]
     if items:
         log(f"[adapt] {len(items)} demonstrations from the interrupted run in {out}: going on")
-    gather_until = started + GATHER_SHARE * budget_s
+    # What the end costs, paid first where it can be: the starting policy's held-out schedules
+    # compiled (the adapted policy's take about as long again), and torch imported.
+    nests = {"before": _final_nests(loaded, problems_held_out)}
+    if start is not loaded:
+        nests["retargeted"] = _final_nests(start, problems_held_out)
+    kernels: dict = {}
+    compiling = time.perf_counter()
+    for method_nests in nests.values():
+        compiled(method_nests, target, kernels)
+    compile_s = time.perf_counter() - compiling
+    import torch  # noqa: F401  (the [train] extra: fine_tune's, imported now so that its cost counts before the gathering)
+
+    end_s = compile_s + FINE_TUNE_SHARE * budget_s + RETIME_ROUNDS * MIN_RETIME_S * 2 * len(kernels)
+    gather_until = min(started + GATHER_SHARE * budget_s, deadline - end_s)
+    gathering = time.perf_counter()
+    demo_s = 0.0  # the longest demonstration so far: one that would end past gather_until is not begun
     for problem in problems:
-        if time.perf_counter() >= gather_until:
+        if time.perf_counter() + demo_s >= gather_until:
             break
+        began = time.perf_counter()
         # a plan policy's expert is the planner (every plan measured, what tune's tile stage
         # measures): more problems in the budget than a search each; others: measured tune
         demo, from_search = expert_demonstration(problem, actions, evaluator, episode_length, start, 0.0 if actions.plans else None)
+        demo_s = max(demo_s, time.perf_counter() - began)
         items.append({"problem": problem.name, "actions": [actions.names[a] for a in demo.actions], "gflops": demo.gflops,
                       "initial_gflops": demo.initial_gflops, "from_search": bool(from_search)})
         _save_progress(progress_path, source, target, items)
@@ -285,10 +364,11 @@ def adapt(policy: Policy | str | Path = "default", *, out: str | Path, target: T
     demos = [Demonstration(parse_problem(item["problem"]), tuple(actions.index(a) for a in item["actions"]), float(item["gflops"]),
                            float(item["initial_gflops"])) for item in items]
     if not demos:
-        raise ValueError(f"no demonstration was gathered in {budget_s:.0f} s: give a larger budget")
+        raise ValueError(f"no demonstration fitted in the {budget_s:.0f} s budget (loading, compiling the held-out schedules and "
+                         f"importing torch took {gathering - started:.0f} s, comparing needs about {end_s:.0f} s): give a larger budget")
     x, y = demonstration_arrays(agent, demos)
     before_agreement = agreement(start, x, y)
-    adapted = fine_tune(start, x, y, seed=seed)
+    adapted = fine_tune(start, x, y, seed=seed, until=min(time.perf_counter() + FINE_TUNE_SHARE * budget_s, deadline - compile_s))
     after_agreement = agreement(adapted, x, y)
     log(f"[adapt] fine-tuned on {len(demos)} demonstrations ({len(y)} state-action pairs): the greedy action matches "
         f"{before_agreement:.1%} of them before, {after_agreement:.1%} after")
@@ -298,20 +378,29 @@ def adapt(policy: Policy | str | Path = "default", *, out: str | Path, target: T
         "host_cpu": Target.host().cpu, "target": target.isa, "demonstrations": len(demos), "pairs": int(len(y)),
         "training_of_the_starting_policy": training,
     }), adapted.trunk, adapted.heads)
-    adapted.save(out / "policy")
-    if held_out_problems is None:
-        problems_held_out = spread(dataset_problems(*HELD_OUT), held_out)
+    nests["after"] = _final_nests(adapted, problems_held_out)
+    compiled(nests["after"], target, kernels)
+    gflops = retimed(nests, target, budget_s=max(deadline - time.perf_counter(), 0.0), kernels=kernels)
+    ratio = geomean_ratio(gflops["after"], gflops["before"])
+    kept_start = not ratio >= 1.0  # slower (or not comparable): the starting policy stays OUT/policy
+    comparison = {"after_over_before_geomean": round(ratio, 4), "held_out": len(problems_held_out)}
+    if kept_start:
+        Policy(dict(adapted.metadata, adaptation_rejected={**comparison, "why": "slower than the starting policy"}),
+               adapted.trunk, adapted.heads).save(out / REJECTED_POLICY)
+        Policy(dict(loaded.metadata, adaptation={**comparison, "kept": "the starting policy", "from": source,
+                                                  "rejected": REJECTED_POLICY}), loaded.trunk, loaded.heads).save(out / "policy")
+        log(f"[adapt] warning: the adapted policy is slower than the starting one on the held-out problems (geomean "
+            f"{ratio:.3f}): {out / 'policy'} is the starting policy; the adapted one is in {out / REJECTED_POLICY}")
     else:
-        problems_held_out = [as_problem(p) for p in held_out_problems]
-    nests = {"before": _final_nests(loaded, problems_held_out), "after": _final_nests(adapted, problems_held_out)}
-    if start is not loaded:
-        nests["retargeted"] = _final_nests(start, problems_held_out)
-    gflops = retimed(nests, target)
+        adapted.save(out / "policy")
+        shutil.rmtree(out / REJECTED_POLICY, ignore_errors=True)  # an earlier run's, into the same folder
     report = AdaptReport(tuple(p.name for p in problems_held_out), tuple(gflops["before"]), tuple(gflops["after"]),
                          tuple(gflops["retargeted"]) if "retargeted" in gflops else None, len(demos),
-                         int(len(y)), before_agreement, after_agreement, time.perf_counter() - started, out)
+                         int(len(y)), before_agreement, after_agreement, time.perf_counter() - started, out, kept_start)
     (out / REPORT_NAME).write_text(json.dumps({
         "policy": source, "target": target.isa, "host_cpu": Target.host().cpu, "seconds": round(report.seconds, 1),
+        "budget_s": budget_s, "written": "the starting policy" if kept_start else "the adapted policy",
+        **({"rejected": REJECTED_POLICY} if kept_start else {}),
         "demonstrations": report.demonstrations, "pairs": report.pairs, "agreement_before": round(before_agreement, 4),
         "agreement_after": round(after_agreement, 4), "held_out": list(report.problems),
         "before_gflops": [round(g, 2) for g in report.before_gflops], "after_gflops": [round(g, 2) for g in report.after_gflops],
@@ -333,7 +422,12 @@ def format_report(report: AdaptReport) -> str:
         lines.append(f"{name:44s} {before:9.1f}" + (f" {mapped[i]:9.1f}" if mapped else "")
                      + f" {after:9.1f} {after / before if before > 0 else math.nan:6.2f}")
     lines.append(f"adapted / starting policy, one greedy episode each: geomean {report.ratio:.3f} over {len(report.problems)} "
-                 f"held-out problems ({report.seconds:.0f} s; policy in {report.out / 'policy'})")
+                 f"held-out problems ({report.seconds:.0f} s)")
+    if report.kept_start:
+        lines.append(f"WARNING: the adapted policy is slower than the starting one: kept the STARTING policy as "
+                     f"{report.out / 'policy'}; the adapted one is in {report.out / REJECTED_POLICY}")
+    else:
+        lines.append(f"written: the adapted policy, {report.out / 'policy'}")
     if mapped:
         lines.append(f"adapted / starting policy with this target's plans mapped in ('mapped', no measurement): geomean "
                      f"{report.ratio_over_retargeted:.3f}")

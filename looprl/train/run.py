@@ -83,7 +83,7 @@ class RunSettings:
 
 
 @dataclass(frozen=True)
-class Plan:
+class RunSpec:
     """A checked run, ready to :func:`execute`."""
 
     run: RunDirectory
@@ -111,7 +111,7 @@ class RunInterrupted(KeyboardInterrupt):
         self.hint = hint
 
 
-def prepare(options: TrainOptions, log: Log = _print) -> Plan:
+def prepare(options: TrainOptions, log: Log = _print) -> RunSpec:
     """Check everything a run depends on and write nothing: a ValueError names what is wrong."""
     if options.resume:
         run = RunDirectory(options.out)
@@ -146,7 +146,7 @@ def prepare(options: TrainOptions, log: Log = _print) -> Plan:
         check_compatible(initial_policy, agent, arguments["init_from"])
     settings = run_settings(options, agent)
     address = reachable(options.address) if options.address else None
-    return Plan(
+    return RunSpec(
         run=run, agent=agent, state=state, arguments=arguments, starting=starting, resumed=options.resume, settings=settings,
         time_budget_s=options.time_budget_s, env_steps=options.env_steps,
         validator=validator_for(agent, settings.validation_problems, address) if settings.validate_every else None,
@@ -213,8 +213,8 @@ def reachable(address: str) -> str:
     return address
 
 
-def execute(plan: Plan, log: Log = _print) -> None:
-    """Write the run folder, start Ray and train (a checked :class:`Plan`). Ctrl-C or SIGTERM
+def execute(plan: RunSpec, log: Log = _print) -> None:
+    """Write the run folder, start Ray and train (a checked :class:`RunSpec`). Ctrl-C or SIGTERM
     saves a final checkpoint, stops Ray and raises :class:`RunInterrupted` (before Ray started:
     KeyboardInterrupt)."""
     run, agent, arguments, initial_policy = plan.run, plan.agent, plan.arguments, plan.initial_policy
@@ -252,7 +252,7 @@ def execute(plan: Plan, log: Log = _print) -> None:
         stop(algo, quickly=False)
 
 
-def _train(plan: Plan, algo, initial_policy: Policy | None, log: Log) -> None:
+def _train(plan: RunSpec, algo, initial_policy: Policy | None, log: Log) -> None:
     run, state, agent, arguments, settings = plan.run, plan.state, plan.agent, plan.arguments, plan.settings
     if not plan.starting:
         run.restore(algo, state)
@@ -313,6 +313,11 @@ def _train(plan: Plan, algo, initial_policy: Policy | None, log: Log) -> None:
         run.save_state(state, arguments)
     best = run.best_validation()
     kept = f"; best validated policy ({best:.3f}x) in {run.path / BEST_POLICY}" if best > 0 else ""
+    if best > 0 and Policy.load(run.path / BEST_POLICY).metadata.get("validation", {}).get("policy") == "the starting policy":
+        kept += " (the starting policy: no snapshot validated better)"
+    elif best <= 0 and initial_policy is not None:
+        kept = (f"; not validated: the newest policy was not compared with the starting one "
+                f"({run.path / PRETRAINED_POLICY}), which may be faster")
     log(f"done: {state.iteration} iterations, {state.env_steps} env steps; newest policy in {run.path / NEWEST_POLICY}{kept}")
 
 

@@ -100,7 +100,14 @@ def clone_record(run: Path, policy: Policy, config: str | None = None) -> dict:
 SNAPSHOTS = ("best", "pretrained")
 
 
-def ship(run: Path, to: Path, config: str | None = None, snapshot: str = "best") -> Path:
+def _warn(line: str) -> None:
+    print(f"python -m looprl.train.ship: warning: {line}", file=sys.stderr, flush=True)
+
+
+def ship(run: Path, to: Path, config: str | None = None, snapshot: str = "best", warn=_warn) -> Path:
+    """Ship ``run`` into ``to`` (module docstring). A run that never validated ships its newest
+    snapshot, which nothing compared with the policy the run started from: ``warn`` says so,
+    and the record's ``note`` too."""
     run, to = Path(run), Path(to)
     if snapshot not in SNAPSHOTS:
         raise ValueError(f"snapshot must be one of {', '.join(SNAPSHOTS)}, got {snapshot!r}")
@@ -125,6 +132,11 @@ def ship(run: Path, to: Path, config: str | None = None, snapshot: str = "best")
         if (run / name).exists():
             Policy.load(run / name).save(to / name)
     record = clone_record(run, policy, config) if snapshot == "pretrained" else training_record(run, policy, config)
+    if snapshot == "best" and source.name != BEST_POLICY and (run / PRETRAINED_POLICY / JSON_NAME).exists():
+        record["note"] = (f"never validated: this newest snapshot was not compared with the policy the run started from "
+                          f"({PRETRAINED_POLICY}/), which may be faster; --snapshot pretrained ships that one")
+        warn(f"{run} never validated: shipping its newest snapshot, not compared with the policy it started from "
+             f"({run / PRETRAINED_POLICY}); --snapshot pretrained ships that one instead")
     metadata = {**policy.metadata, "training": record}
     dataclasses.replace(policy, metadata=metadata).save(to / "policy")
     return to
