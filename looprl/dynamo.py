@@ -57,8 +57,11 @@ from looprl.measurement.evaluator import open_cache
 from looprl.measurement.timing import best_time
 from looprl.policy.tuner import tune
 from looprl import checks
-from looprl.torch import (GELU_NAMES, LinearKernels, check_max_rows, layer_problem, layer_shape, route_summary, summarise_calls,
-                          tuned_row_counts, weights_outgrow_cache)
+from looprl.torch.activations import activation_of_call
+from looprl.torch.layers import layer_shape, tune_layer, weights_outgrow_cache
+from looprl.torch.records import route_summary, summarise_calls
+from looprl.torch.routes import LinearKernels
+from looprl.torch.rows import check_max_rows
 
 __all__ = ["looprl_backend", "stats"]
 
@@ -68,23 +71,14 @@ LINEAR_TARGETS = (torch._C._nn.linear, functional.linear)
 MATMUL_TARGETS = (operator.matmul, torch.matmul, torch.bmm)
 PAYS_BUDGET_S = 0.02  # seconds to time the kernel, and torch, on a batched product before choosing
 PAYS_MARGIN = 0.9  # replaced only when the kernel took at most this fraction of torch's time (timing noise)
-RELU = (torch.relu, functional.relu)
-SILU = (functional.silu,)
-GELU = (functional.gelu, torch._C._nn.gelu)
 
 
 def _activation_name(node) -> str | None:
-    """The activation a graph node computes on its one argument, if it is one we fuse."""
+    """The activation a graph node computes on its one argument, if it is one we fuse
+    (:data:`looprl.torch.activations.ACTIVATIONS`)."""
     if node.op != "call_function" or len(node.args) != 1:
         return None
-    target, kwargs = node.target, node.kwargs
-    if target in RELU and not kwargs:
-        return "relu"
-    if target in SILU and not kwargs.get("inplace", False):
-        return "silu"
-    if target in GELU and set(kwargs) <= {"approximate"}:
-        return GELU_NAMES.get(kwargs.get("approximate", "none"))
-    return None
+    return activation_of_call(node.target, node.kwargs)
 
 
 _layers: list[LinearKernels] = []  # the operators' kernels, by the index the graph passes
@@ -242,12 +236,7 @@ def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: in
         users = list(node.users)
         activation = _activation_name(users[0]) if len(users) == 1 else None
         rows = max(1, math.prod(_hint(size) for size in x_value.shape[:-1]))
-        per_rows = {}
-        for count in tuned_row_counts({rows}, max_rows):
-            problem = layer_problem(count, in_features, out_features, bias is not None, activation, cold_weights)
-            if problem.name not in results:
-                results[problem.name] = tune(problem, **tuning)
-            per_rows[count] = results[problem.name]
+        per_rows = tune_layer(in_features, out_features, bias is not None, activation, {rows}, max_rows, cold_weights, results, tuning)
         shape = layer_shape(per_rows)
         # Under Inductor's freezing the caller has promised the parameters keep their values: bound once, as Inductor does.
         kernels = LinearKernels(in_features, out_features, activation, per_rows, routes=judged.get(shape), frozen=_freezing())

@@ -132,7 +132,7 @@ def test_tune_module_tunes_few_rows_cold_where_the_model_s_weights_outgrow_the_c
     torch = pytest.importorskip("torch")
     from looprl import torch as looprl_torch
 
-    monkeypatch.setattr(looprl_torch, "cache_sizes", lambda: (1 << 16, llc_bytes))  # weights: 36 KB
+    monkeypatch.setattr("looprl.torch.layers.cache_sizes", lambda: (1 << 16, llc_bytes))  # weights: 36 KB
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 32)).eval()
     policy = random_policy(seed=5).save(tmp_path / "policy")
@@ -153,7 +153,7 @@ def test_a_frozen_layer_judges_its_cold_rows_on_copies_of_the_weight_in_turn(mon
     torch = pytest.importorskip("torch")
     from looprl import torch as looprl_torch
 
-    monkeypatch.setattr(looprl_torch, "cold_copy_count", lambda nbytes: 3)
+    monkeypatch.setattr("looprl.torch.routes.cold_copy_count", lambda nbytes: 3)
     results = {}
     for rows in (1, 32):
         problem = linear(rows, 48, 40, bias=True)

@@ -129,7 +129,6 @@ def test_where_the_whole_model_runs_slower_the_example_s_rows_go_to_torch(option
     is slower the rows that example gave each layer are routed to torch. Here the per-layer
     judgement is made to say looprl wins while the kernels run the untuned nest (many times
     slower than torch): the model's timing must catch it."""
-    import looprl.torch as looprl_torch
 
     def untuned_tune(problem, *args, **kwargs):  # the untuned nest of the very problem asked for (its epilogue included)
         nest = looprl.initial_nest(problem)
@@ -141,7 +140,7 @@ def test_where_the_whole_model_runs_slower_the_example_s_rows_go_to_torch(option
         self._torch_rows = {}
         return self.routes
 
-    monkeypatch.setattr(looprl_torch, "tune", untuned_tune)
+    monkeypatch.setattr("looprl.torch.layers.tune", untuned_tune)
     monkeypatch.setattr(LinearKernels, "judge", looprl_always_wins)
     torch.manual_seed(4)
     model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256)).eval()

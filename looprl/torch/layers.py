@@ -1,0 +1,100 @@
+"""A linear layer as looprl tunes it: its problem for each row count, the tunes, the module.
+
+:func:`tune_layer` is the one tune loop of a linear layer (a problem per row count of
+:func:`~looprl.torch.rows.tuned_row_counts`, cold where :func:`weights_outgrow_cache`), used by
+:func:`~looprl.torch.tune_module` and by the ``torch.compile`` backend (:mod:`looprl.dynamo`);
+:class:`TunedLinear` is the ``nn.Linear`` that :func:`~looprl.torch.tune_module` puts in a model.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from looprl.backend.host import cache_sizes
+from looprl.ir.layers import linear
+from looprl.policy.tuner import TuneResult, tune
+from looprl.torch.activations import activation_of_module
+from looprl.torch.routes import LinearKernels, Route
+from looprl.torch.rows import tuned_row_counts
+
+
+# Row counts up to this are tuned cold (looprl.ir.problem.Problem.cold: the weight timed as read
+# from memory) when the model's weights together outgrow the last-level cache: in a decode step
+# each layer's weight has been evicted by the others' since its last call, and the schedule that
+# is fastest with the weight in the cache (GPT-2 small's 768->3072 on a Zen 4: 44 GFLOPS warm) is
+# not the one that streams it fastest from memory (12 against 14.5 GFLOPS for packed panels).
+COLD_ROWS = 16
+
+
+def weights_outgrow_cache(weights, llc_bytes: int | None = None) -> bool:
+    """Whether the tensors ``weights`` (each counted once) hold more bytes than the
+    last-level cache (``llc_bytes``, default this host's)."""
+    sizes = {w.data_ptr(): w.numel() * w.element_size() for w in weights}
+    return sum(sizes.values()) > (cache_sizes()[1] if llc_bytes is None else llc_bytes)
+
+
+def layer_problem(count: int, in_features: int, out_features: int, bias: bool, activation: str | None, cold_weights: bool):
+    """The problem tuned for ``count`` rows of a linear layer: cold when the model's weights
+    outgrow the cache (``cold_weights``) and the rows are few (:data:`COLD_ROWS`)."""
+    problem = linear(count, in_features, out_features, bias=bias, activation=activation)
+    return problem.with_cold() if cold_weights and count <= COLD_ROWS else problem
+
+
+def tune_layer(in_features: int, out_features: int, bias: bool, activation: str | None, rows: set[int], max_rows: int | None,
+               cold_weights: bool, results: dict[str, TuneResult], tuning: dict) -> dict[int, TuneResult]:
+    """A linear layer's tuned results by row count, for the row counts of
+    :func:`~looprl.torch.rows.tuned_row_counts` (``rows``: those seen, ``max_rows``), each the
+    :func:`looprl.tune` (with ``tuning``: its keyword arguments) of :func:`layer_problem`.
+    ``results`` (problem name -> result) is shared by the layers of a model: a problem already
+    in it is not tuned again, one tuned here is added."""
+    per_rows = {}
+    for count in tuned_row_counts(rows, max_rows):
+        problem = layer_problem(count, in_features, out_features, bias, activation, cold_weights)
+        if problem.name not in results:
+            results[problem.name] = tune(problem, **tuning)
+        per_rows[count] = results[problem.name]
+    return per_rows
+
+
+def layer_shape(per_rows: dict[int, TuneResult]) -> tuple:
+    """What makes two tuned layers one shape: the problems tuned for them, by row count."""
+    return tuple(sorted((count, result.problem.name) for count, result in per_rows.items()))
+
+
+class TunedLinear(nn.Module):
+    """An ``nn.Linear`` (and the activation fused after it) that runs looprl kernels on any
+    number of rows (:class:`LinearKernels`) and is the original layer where a kernel would not
+    compute the layer's function (see :mod:`looprl.torch`). It holds the original's
+    ``weight`` and ``bias`` parameters themselves, so its ``state_dict`` has the original's
+    keys. ``results`` maps a row count to its :class:`~looprl.policy.tuner.TuneResult` (1 must
+    be one of them); ``records``, their answers as the cache exported them (:func:`save_records`)."""
+
+    def __init__(self, original: nn.Linear, activation: nn.Module | None, results: dict[int, TuneResult], records=(),
+                 routes: dict[int, Route] | None = None, frozen: bool = False):
+        super().__init__()
+        self.in_features, self.out_features = original.in_features, original.out_features
+        self.weight = original.weight
+        self.bias = original.bias  # None registers no parameter, as in nn.Linear(bias=False)
+        self.activation = activation  # the fused activation module, or None
+        self.kernels = LinearKernels(self.in_features, self.out_features, None if activation is None else activation_of_module(activation),
+                                     results, records, routes, frozen)
+
+    @property
+    def results(self) -> dict[int, TuneResult]:
+        return self.kernels.results
+
+    @property
+    def records(self) -> list[dict]:
+        return self.kernels.records
+
+    def extra_repr(self) -> str:
+        fused = f", activation={activation_of_module(self.activation)}" if self.activation is not None else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}{fused}, rows={sorted(self.results)}"
+
+    def why_not(self, x) -> str | None:
+        """Why a call on ``x`` falls back to the original layer (a short reason, the key of
+        :func:`stats`' ``fallbacks``), or None if a looprl kernel computes it."""
+        return self.kernels.why_not(x, self.weight, self.bias)
+
+    def forward(self, x):
+        return self.kernels(x, self.weight, self.bias)

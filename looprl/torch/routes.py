@@ -1,0 +1,264 @@
+"""A linear layer's looprl kernels on any row count, and which of looprl and torch runs each.
+
+:class:`LinearKernels` computes ``activation(x @ weight.T + bias)`` by row plans of tuned
+kernels bound to the weight and bias as they are now, or by torch where a kernel would not
+compute exactly; :meth:`LinearKernels.judge` times its plan against torch's own call at each
+tuned row count (:func:`interleaved_best_seconds`) and the :class:`Route` of each says which
+one computes those rows.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as functional
+from torch import nn
+
+from looprl import checks
+from looprl.backend.buffers import aligned_empty
+from looprl.measurement.timing import best_time, cold_copy_count
+from looprl.policy.tuner import TuneResult
+from looprl.torch.activations import ACTIVATIONS
+from looprl.torch.rows import any_rows_kernel, row_plan
+from looprl.torch.weights import ContentCache, FrozenCache
+
+
+ROUTE_BUDGET_S = 0.005  # seconds to time looprl's plan, and torch's call, for one row count in one round
+ROUTE_ROUNDS = 2  # interleaved rounds (looprl, torch, looprl, torch); each side's best is compared
+TORCH_FASTER = "torch timed faster at this row count"  # the fallback reason of a call routed to torch
+
+
+@dataclass(frozen=True)
+class Route:
+    """Which of looprl's plan and torch's own call computes a layer's calls on ``rows`` rows:
+    both timed on this machine, the same threads, the same epilogue, best of
+    :data:`ROUTE_ROUNDS` interleaved rounds; torch's where it was faster (``decided_by``
+    "layer"), or torch's because the whole model ran slower with looprl's on an example that
+    gave the layer these rows (``"model"``, see :func:`tune_module`)."""
+
+    rows: int
+    looprl_s: float
+    torch_s: float
+    decided_by: str = "layer"
+
+    @property
+    def runs(self) -> str:
+        return "torch" if self.decided_by == "model" or self.torch_s < self.looprl_s else "looprl"
+
+
+class LinearKernels:
+    """looprl kernels for one linear layer's shape, ``y = activation(x @ weight.T + bias)``, on
+    any number of rows (row plans of the counts in ``results``: row count ->
+    :class:`~looprl.policy.tuner.TuneResult`, 1 among them), with the weight and bias given on
+    each call and bound to the kernels again whenever their values change
+    (:class:`ContentCache`). A call a kernel would not compute exactly (see :meth:`why_not`) is
+    computed by torch (``functional.linear``, then the activation). Used by :class:`TunedLinear` and by the ``torch.compile`` backend
+    (:mod:`looprl.dynamo`); safe to call from several threads at once."""
+
+    def __init__(self, in_features: int, out_features: int, activation: str | None, results: dict[int, TuneResult], records=(),
+                 routes: dict[int, Route] | None = None, frozen: bool = False):
+        if 1 not in results:
+            raise ValueError(f"a tuned linear layer needs a kernel for 1 row (so that any row count is covered), got rows {sorted(results)}")
+        if activation is not None and activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)} or None, got {activation!r}")
+        self.in_features, self.out_features, self.activation = in_features, out_features, activation
+        self.results = dict(results)
+        self.records = list(records)  # the tuned answers as exported records (save_records)
+        self._with_bias = "bias" in self.results[1].problem.epilogue.inputs
+        self._weight_shape, self._bias_shape = (out_features, in_features), (out_features,)
+        flops = 2 * in_features * out_features
+        self._seconds = {rows: flops * rows / (result.gflops * 1e9) for rows, result in self.results.items()}
+        self._kernels = {count: any_rows_kernel(result) or result.kernel for count, result in self.results.items()}
+        self.runtime_rows = frozenset(count for count, kernel in self._kernels.items() if getattr(kernel, "runtime_rows", False))
+        self._plans: dict[int, list[tuple[int, int, int]]] = {}  # row count -> its row plan
+        self._bound = ContentCache(self._bind)  # the kernels bound to the weight and bias as they are now
+        self.frozen = checks.flag(frozen, "frozen")  # bound once per weight tensor: its values promised not to change
+        self._frozen = FrozenCache(self._bind)  # the kernels bound once per weight and bias tensor (frozen)
+        self._local = threading.local()  # per thread: workspaces and padded buffers by row count
+        self._stats_lock = threading.Lock()
+        self.calls: dict[str, int] = {}  # "looprl" or a fallback's reason -> calls (see stats())
+        self.routes: dict[int, Route] = dict(routes or {})  # judged row counts (see judge()); none: every call is looprl's
+        self._torch_rows: dict[int, bool] = {}  # row count -> whether torch computes it, from the routes
+
+    def counted(self) -> dict[str, int]:
+        with self._stats_lock:
+            return dict(self.calls)
+
+    def forget_calls(self) -> None:
+        """Start counting calls afresh (tune_module's own timing calls are not the user's)."""
+        with self._stats_lock:
+            self.calls = {}
+
+    def fallback(self, x, weight, bias):
+        y = functional.linear(x, weight, bias)
+        return ACTIVATIONS[self.activation].function(y) if self.activation is not None else y
+
+    def _bind(self, weight: np.ndarray, bias: np.ndarray | None) -> dict[int, object]:
+        """The kernels, by row count, bound to copies of ``weight`` and ``bias``."""
+        constants = {"b": weight} if bias is None else {"b": weight, "bias": bias}
+        return {rows: kernel.bind(**constants) for rows, kernel in self._kernels.items()}
+
+    def why_not(self, x, weight, bias) -> str | None:
+        """Why a call on ``x`` falls back to torch (a short reason, the key of :func:`stats`'
+        ``fallbacks``), or None if looprl kernels compute it."""
+        float32 = torch.float32  # dtypes are singletons: compared by identity, and is_cpu is cheaper than device.type
+        if type(x) is not torch.Tensor or x.dtype is not float32 or not x.is_cpu or x.dim() < 1:
+            return "input not a float32 CPU tensor"
+        if x.shape[-1] != self.in_features:
+            return "input's last dimension is not in_features"
+        if x.numel() == 0:
+            return "empty input"
+        if (type(weight) not in (torch.Tensor, nn.Parameter) or weight.dtype is not float32 or not weight.is_cpu
+                or weight.shape != self._weight_shape
+                or (bias is not None and (bias.dtype is not float32 or not bias.is_cpu or bias.shape != self._bias_shape))):
+            return "parameters not float32 on the CPU"
+        if (bias is None) == self._with_bias:
+            return "bias given or not as tuned"
+        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
+            return "autograd"
+        return None
+
+    def _count(self, why: str | None) -> None:
+        with self._stats_lock:
+            self.calls[why or "looprl"] = self.calls.get(why or "looprl", 0) + 1
+
+    def judge(self, weight, bias, counts=None, *, budget_s: float = ROUTE_BUDGET_S, rounds: int = ROUTE_ROUNDS) -> dict[int, Route]:
+        """Time looprl's plan and torch's call (``functional.linear`` and the activation) on
+        ``counts`` rows (default: every tuned row count) with this ``weight`` and ``bias``,
+        interleaved, under ``torch.no_grad()`` and torch's threads as they are set now; the
+        routes become this layer's (:meth:`runs_torch`) and are returned."""
+        counts = sorted(self.results if counts is None else {checks.positive_int(c, "row count") for c in counts})
+        inputs = {count: torch.randn(count, self.in_features) for count in counts}
+        cold = self._cold_calls(weight, bias) if self.frozen else None
+        calls = []
+        for count in counts:
+            if cold is not None and self.results[count].problem.cold:
+                calls += [(cold[0], (inputs[count],)), (cold[1], (inputs[count],))]
+            else:
+                calls += [(self.compute, (inputs[count], weight, bias)), (self.fallback, (inputs[count], weight, bias))]
+        seconds = interleaved_best_seconds(calls, budget_s, rounds)
+        routes = {count: Route(count, seconds[2 * i], seconds[2 * i + 1]) for i, count in enumerate(counts)}
+        self.routes = routes
+        self._torch_rows = {}
+        return routes
+
+    def _cold_calls(self, weight, bias) -> tuple | None:
+        """``(looprl's call, torch's call)`` on ``x`` that read the weight from memory, as a
+        frozen layer's cold row counts do in a model whose weights outgrow the cache: each call
+        takes the next of :func:`~looprl.measurement.timing.cold_copy_count` copies of
+        ``weight`` (torch's call a copy of the tensor, looprl's the kernels bound to it), as
+        cold problems are timed when tuned. None when no row count was tuned cold. (Judged with
+        the weight warm, torch's one-row GEMV had looked faster on GPT-2's 3072->768, where from
+        memory looprl's streams at about twice its bandwidth.)"""
+        cold = [count for count, result in self.results.items() if result.problem.cold]
+        if not cold:
+            return None
+        weights = [weight] + [weight.clone() for _ in range(cold_copy_count(weight.numel() * weight.element_size()) - 1)]
+        bias_array = None if bias is None else bias.detach().numpy()
+        kernel_sets = []
+        for copy in weights:
+            constants = {"b": copy.detach().numpy()} if bias is None else {"b": copy.detach().numpy(), "bias": bias_array}
+            kernel_sets.append({count: self._kernels[count].bind(**constants) for count in cold})
+        turns = {"looprl": 0, "torch": 0}
+
+        def next_copy(side: str) -> int:
+            turns[side] += 1
+            return turns[side] % len(weights)
+
+        return (lambda x: self._run_plan(x, kernel_sets[next_copy("looprl")]),
+                lambda x: self.fallback(x, weights[next_copy("torch")], bias))
+
+    def route_to_torch(self, counts) -> None:
+        """Give the row counts ``counts`` to torch, decided by the whole model's timing."""
+        for count in counts:
+            known = self.routes.get(count)
+            self.routes[count] = Route(count, math.nan if known is None else known.looprl_s, math.nan if known is None else known.torch_s, "model")
+        self._torch_rows = {}
+
+    def runs_torch(self, rows: int) -> bool:
+        """Whether a call on ``rows`` rows is routed to torch: a judged row count by its own
+        route, any other by the judged counts on either side of it (torch if either ran torch:
+        looprl's plan for 100 rows is made of its plans for 64 and below)."""
+        if not self.routes:
+            return False
+        found = self._torch_rows.get(rows)
+        if found is None:
+            counts = sorted(self.routes)
+            below = [count for count in counts if count <= rows]
+            above = [count for count in counts if count >= rows]
+            near = below[-1:] + above[:1]
+            found = self._torch_rows[rows] = any(self.routes[count].runs == "torch" for count in near)
+        return found
+
+    def __call__(self, x, weight, bias):
+        why = self.why_not(x, weight, bias)
+        if why is None and self.runs_torch(math.prod(x.shape[:-1])):
+            why = TORCH_FASTER
+        self._count(why)
+        if why is not None:
+            return self.fallback(x, weight, bias)
+        return self.compute(x, weight, bias)
+
+    def compute(self, x, weight, bias):
+        """The call by looprl's kernels, for arguments :meth:`why_not` accepts (not checked here)."""
+        kernels = self._frozen.get(weight, bias) if self.frozen else self._bound.get(weight, bias)
+        return self._run_plan(x, kernels)
+
+    def _run_plan(self, x, kernels: dict[int, object]):
+        """``x``'s rows through the row plan of its row count with ``kernels`` (by row count)."""
+        rows = math.prod(x.shape[:-1])
+        plan = self._plans.get(rows)
+        if plan is None:
+            plan = self._plans[rows] = row_plan(rows, self._seconds, self.runtime_rows)
+        flat = x.detach().reshape(rows, self.in_features)
+        if not flat.is_contiguous():
+            flat = flat.contiguous()
+        out = torch.empty((rows, self.out_features), dtype=torch.float32)
+        # Checked above (float32, CPU, contiguous, the shapes): the kernels are called on addresses.
+        source, target = flat.data_ptr(), out.data_ptr()
+        in_row, out_row = 4 * self.in_features, 4 * self.out_features
+        runtime = self.runtime_rows
+        for start, length, count in plan:
+            kernel = kernels[count]
+            workspace, padded_in, padded_out = self._scratch(count, kernel)
+            if length == count:
+                kernel.address_call(target + start * out_row, workspace.ctypes.data, source + start * in_row)
+            elif count in runtime:
+                kernel.address_call(target + start * out_row, workspace.ctypes.data, source + start * in_row, rows=length)
+            else:  # padded: the rows into the first rows of a buffer of the kernel's count, and back
+                padded_in[:length] = flat[start:start + length].numpy()
+                kernel.address_call(padded_out.ctypes.data, workspace.ctypes.data, padded_in.ctypes.data)
+                out[start:start + length].numpy()[...] = padded_out[:length]
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def _scratch(self, count: int, kernel) -> tuple:
+        """This thread's workspace for the kernel of ``count`` rows, and its padded input and
+        output (zeros: the padding rows stay zero)."""
+        buffers = self._local.__dict__.setdefault("buffers", {})
+        found = buffers.get(count)
+        if found is None:
+            found = buffers[count] = (aligned_empty(kernel.kernel.workspace_elements),
+                                      np.zeros((count, self.in_features), np.float32), np.zeros((count, self.out_features), np.float32))
+        return found
+
+
+
+def interleaved_best_seconds(calls: list[tuple], budget_s: float, rounds: int) -> list[float]:
+    """Best seconds of one ``function(*args)`` for each ``(function, args)`` of ``calls``, under
+    ``torch.no_grad()``, by looprl's timing rule (``budget_s`` each), in ``rounds`` rounds that
+    time them in turn (a slow phase of the machine hits every call alike)."""
+    best = [math.inf] * len(calls)
+    with torch.no_grad():
+        for _ in range(rounds):
+            for index, (function, args) in enumerate(calls):
+
+                def repeat(reps: int, function=function, args=args) -> None:
+                    for _ in range(reps):
+                        function(*args)
+
+                best[index] = min(best[index], best_time(repeat, budget_s).seconds)
+    return best
