@@ -52,6 +52,25 @@ SCHEMA_0_1 = [
 # table when an older file is opened).
 SCHEMA_0_2 = SCHEMA_0_1[:2] + [SCHEMA_0_1[2].replace("checksum INTEGER,\n", "checksum INTEGER,\n        actions TEXT,\n")]
 
+# 0.3: looprl.tune's answers are schedule records, a field a column (0.2's tuned rows are copied
+# into it when an older file is opened; its table is left in place).
+SCHEMA_0_3 = SCHEMA_0_2[:2] + [
+    """CREATE TABLE records (
+        host TEXT NOT NULL,
+        problem TEXT NOT NULL,
+        tuner TEXT NOT NULL,
+        schedule TEXT NOT NULL,
+        gflops REAL NOT NULL,
+        budget REAL NOT NULL,
+        actions TEXT,
+        replays_on TEXT,
+        found_by TEXT NOT NULL,
+        created REAL NOT NULL,
+        checksum INTEGER,
+        PRIMARY KEY (host, problem, tuner)
+    )""",
+]
+
 
 def _crc(table, key, value):
     """The row checksum's definition, written independently of the code: CRC32 over the
@@ -92,7 +111,7 @@ def test_a_new_cache_has_todays_schema(tmp_path):
         stored = dict(connection.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'").fetchall())
         assert connection.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID == 0x4C4F4F50
     assert {name: _normalised(sql) for name, sql in stored.items()} == {
-        sql.split()[2]: _normalised(sql) for sql in SCHEMA_0_2
+        sql.split()[2]: _normalised(sql) for sql in SCHEMA_0_3
     }
 
 
@@ -129,10 +148,36 @@ def test_a_file_written_with_todays_schema_is_read(todays_file):
         value = cache.lookup(nest, "avx2", 0.008)
         assert (value.gflops, value.samples) == (12.5, 3)
         assert cache.get_peak("avx2") == 100.25
-        assert cache.get_tuned(nest.problem.name, "avx2", 0.008, tuner="v1") == (nest.key, 11.0, 2.0, None, None)  # no path stored
+        known = cache.get_tuned(nest.problem, "avx2", 0.008, tuner="v1")
+        assert (known.nest.key, known.gflops, known.budget_s, known.actions, known.replays_on) == (nest.key, 11.0, 2.0, None, None)  # no path stored
         assert cache.records("avx2", 0.008) == [(nest.problem.name, nest.key, 12.5)]
         assert len(cache) == 1 and cache.damaged == 0
         assert cache.add_sample(nest, 13.0, "avx2", 0.008).samples == 4
     with sqlite3.connect(path) as connection:  # opening it migrated nothing
         columns = [row[1] for row in connection.execute("PRAGMA table_info(measurements)")]
         assert columns == ["host", "problem", "schedule", "gflops", "created", "checksum", "samples"]
+
+
+def test_a_file_of_0_2_has_its_tuned_answers_migrated_to_records(tmp_path):
+    nest = looprl.initial_nest(looprl.matmul(16, 16, 16)).split(0, 4)
+    host, problem = measurement_key("avx2", 0.008), nest.problem.name
+    path = tmp_path / "v0_2.sqlite"
+    connection = sqlite3.connect(path)
+    connection.execute("PRAGMA application_id = 1280266064")
+    for ddl in SCHEMA_0_2:
+        connection.execute(ddl)
+    rows = [(f"{problem}|v1", '["down", "split_4"]', 11.0), (f"{problem}|v2", '{"names": ["up"], "replays_on": "relaid twin"}', 12.0),
+            (f"{problem}|v3", '["down"]', 13.0)]
+    for column, actions, gflops in rows:
+        checksum = _crc("tuned", (host, column, nest.key, repr(2.0), actions), gflops)
+        connection.execute("INSERT INTO tuned VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                           (host, column, nest.key, gflops, 2.0, 1.7e9, checksum + (column.endswith("v3")), actions))
+    connection.commit()
+    connection.close()
+    with MeasurementCache(path) as cache:
+        first, second = (cache.get_tuned(nest.problem, "avx2", 0.008, tuner=tuner) for tuner in ("v1", "v2"))
+        assert (first.nest, first.gflops, first.actions, first.replays_on, first.tuner) == (nest, 11.0, ("down", "split_4"), None, "v1")
+        assert (second.gflops, second.actions, second.replays_on) == (12.0, ("up",), "relaid twin")
+        assert cache.get_tuned(nest.problem, "avx2", 0.008, tuner="v3") is None  # failed its checksum: not copied
+    with sqlite3.connect(path) as connection:  # 0.2's table is left for an older looprl sharing the file
+        assert connection.execute("SELECT count(*) FROM tuned").fetchone()[0] == 3

@@ -11,6 +11,7 @@ from looprl.actions import ActionSet, State, replay
 from looprl.ir.nest import initial_nest
 from looprl.ir.problem import matmul
 from looprl.measurement.evaluator import Evaluator
+from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.policy import tuner
 from looprl.target import Target
 from looprl.train import demonstrations as demos
@@ -64,7 +65,7 @@ def _found(problem, action_set, actions, gflops):
     for name in actions:
         if name in action_set.names:
             state = action_set.apply(state, action_set.index(name)) or state
-    return tuner.Found(state.nest, gflops, tuple(actions), 1.0, 1.0, 0.5, 1, 0.0, None)
+    return tuner.Answer(ScheduleRecord(state.nest, gflops, tuple(actions), budget_s=0.5), "measured", 1.0, 1.0, 1, 0.0, None)
 
 
 @pytest.mark.parametrize(("names", "gflops", "taken"), [

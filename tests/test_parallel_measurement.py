@@ -7,6 +7,7 @@ from looprl.backend.threads import available_cores
 from looprl.measurement import peak as peak_module
 from looprl.measurement.cache import MeasurementCache
 from looprl.measurement.keys import measurement_key, peak_key
+from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.measurement.numpy_baseline import baseline_environment, baseline_label
 
 CORES = available_cores()
@@ -34,9 +35,9 @@ def test_the_cache_keeps_parallel_schedules_per_thread_count_and_serial_ones_onc
     assert cache.get(serial, threads=2) == 5.0
     assert [r[1] for r in cache.records(threads=2)] == [parallel.key]
     assert [r[1] for r in cache.records()] == [serial.key]
-    cache.put_tuned(serial, 5.0, 0.4, threads=2, tuner="t")
-    assert cache.get_tuned(serial.problem.name, tuner="t") is None
-    assert cache.get_tuned(serial.problem.name, tuner="t", threads=2)[0] == serial.key
+    cache.put_tuned(ScheduleRecord(serial, 5.0, threads=2, budget_s=0.4, tuner="t"))
+    assert cache.get_tuned(serial.problem, tuner="t") is None
+    assert cache.get_tuned(serial.problem, tuner="t", threads=2).nest.key == serial.key
 
 
 @needs_two

@@ -13,7 +13,7 @@ from looprl.search.context import SearchContext
 from looprl.ir.nest import COMPUTE, WRITE_BACK
 from looprl.measurement.cache import MeasurementCache
 from looprl.search.parallel import outermost_parallel_loop, parallel_proposals, parallel_variant, teams_per_call, hoisted_variant
-from looprl.search import Candidate, confirm_winner
+from looprl.search import ScheduleRecord, confirm_winner
 from looprl.policy.tuner import TEAM_WITHIN
 from tests.policies import random_policy
 
@@ -45,12 +45,12 @@ def test_proposals_replay_from_the_untuned_nest_and_the_fastest_wins():
 
     other = looprl.initial_nest(problem)
     values = iter([5.0, 4.0, 9.0])  # the first candidate: both nests parallel, then the copy serial
-    proposals = parallel_proposals([Candidate(nest, 3.0, actions), Candidate(other, 1.0, ())], SearchContext(problem, ActionSet(), evaluator), 2)
+    proposals = parallel_proposals([ScheduleRecord(nest, 3.0, actions), ScheduleRecord(other, 1.0, ())], SearchContext(problem, ActionSet(), evaluator), 2)
     chosen = max(proposals, key=lambda c: c.gflops)
     assert chosen.gflops == 9.0 and chosen.nest == other.parallel(0).parallel(3) and len(proposals) == 3
     replay = ActionSet.covering(chosen.actions)
     assert reach(replay, State(other, 0), chosen.actions).nest == chosen.nest
-    first = parallel_proposals([Candidate(nest, 3.0, actions)], SearchContext(problem, ActionSet(), lambda n: looprl.Measurement(7.0, False)), 2)
+    first = parallel_proposals([ScheduleRecord(nest, 3.0, actions)], SearchContext(problem, ActionSet(), lambda n: looprl.Measurement(7.0, False)), 2)
     assert first[0].actions[:3] == actions and first[0].actions.count("parallel") == 2
 
 
@@ -86,7 +86,7 @@ def test_a_parallel_schedule_that_does_not_pay_is_not_returned(monkeypatch):
 
     def slow(candidates, context, threads):
         best = candidates[0]
-        return [Candidate(parallel_variant(best.nest, threads)[0], best.gflops / 3, best.actions)]
+        return [ScheduleRecord(parallel_variant(best.nest, threads)[0], best.gflops / 3, best.actions)]
 
     monkeypatch.setattr(tune_module, "parallel_proposals", slow)
     result = looprl.tune(PROBLEM, random_policy(seed=1), cache=":memory:", budget_s=0.2, measure_budget_s=0.002, threads=2, remember=False)
@@ -124,7 +124,7 @@ def test_variants_that_start_fewest_teams_a_call_are_measured_first():
             return looprl.Measurement(1.0, False)
 
     context = SearchContext(problem, ActionSet(), Recording())
-    found = parallel_proposals([Candidate(inside_reduction, 5.0, ()), Candidate(outermost, 4.0, ())], context, 2)
+    found = parallel_proposals([ScheduleRecord(inside_reduction, 5.0, ()), ScheduleRecord(outermost, 4.0, ())], context, 2)
     teams = [teams_per_call(c.nest, next(i for i, loop in enumerate(c.nest.loops) if loop.parallel)) for c in found]
     assert teams == sorted(teams) and teams[0] == 1 and max(teams) >= 64
     assert found[0].nest.serial() == outermost  # the second candidate's one-team variant before the first's inside k
@@ -144,7 +144,7 @@ def test_a_schedule_that_starts_with_the_reduction_gets_a_variant_with_the_outpu
     assert swaps == (1, 0) and indices[0] == 0 and teams_per_call(marked, 0) == 1
     assert [(loop.var, loop.iterations) for loop in marked.loops[:3]] == [("n", 2), ("k", 64), ("m", 1)] and marked.loops[0].parallel
     context = SearchContext(problem, ActionSet(), lambda nest: looprl.Measurement(1.0, False))
-    found = parallel_proposals([Candidate(nest, 5.0, actions)], context, 2)
+    found = parallel_proposals([ScheduleRecord(nest, 5.0, actions)], context, 2)
     hoisted = next(candidate for candidate in found if candidate.nest == marked)
     assert hoisted is found[0]  # one team a call: measured first
     replayed = reach(ActionSet.covering(hoisted.actions), State(looprl.initial_nest(problem), 0), hoisted.actions).nest
@@ -193,10 +193,10 @@ def test_a_proposal_slower_than_the_serial_best_is_timed_again_before_it_loses()
 
     noisy = Noisy()
     context = SearchContext(problem, ActionSet(), noisy)
-    proposals = parallel_proposals([Candidate(nest, 5.0, ())], context, 2)
+    proposals = parallel_proposals([ScheduleRecord(nest, 5.0, ())], context, 2)
     # each variant slower than the serial best it was made of: timed again at once
     assert noisy.calls == ["measure", "remeasure"] * 2 and [p.gflops for p in proposals] == [8.0, 8.0]
-    serial = Candidate(nest.split(0, 4), 5.0, ())
+    serial = ScheduleRecord(nest.split(0, 4), 5.0, ())
     context.values[serial.nest.key] = 5.0
     ranked = confirm_winner(context, [serial] + proposals, within=TEAM_WITHIN, rounds=2).ranked
     assert ranked[0].gflops == 8.0 and ranked[0].nest.is_parallel

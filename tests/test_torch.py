@@ -283,16 +283,18 @@ def test_a_tuned_module_s_records_load_without_tuning_on_the_same_cpu_and_tune_a
 def test_the_cache_exports_and_imports_tuned_answers_and_refuses_bad_records():
     import looprl
     from looprl.measurement.cache import MeasurementCache
+    from looprl.measurement.schedule_record import ScheduleRecord
 
     source, destination = MeasurementCache(":memory:"), MeasurementCache(":memory:")
     problem = looprl.matmul(8, 16, 8)
     nest = looprl.initial_nest(problem).split(2, 8)
-    source.put_tuned(nest, 12.5, 0.4, tuner="tune-vX")
+    source.put_tuned(ScheduleRecord(nest, 12.5, budget_s=0.4, tuner="tune-vX"))
     exported = source.export_tuned()
     assert len(exported) == 1 and exported[0]["schedule"] == nest.key and exported[0]["gflops"] == pytest.approx(12.5)
     assert source.export_tuned(["another problem"]) == []
     assert destination.import_tuned(exported) == 1
-    assert destination.get_tuned(problem.name, tuner="tune-vX")[:3] == (nest.key, pytest.approx(12.5), 0.4)
+    known = destination.get_tuned(problem, tuner="tune-vX")
+    assert (known.nest.key, known.gflops, known.budget_s) == (nest.key, pytest.approx(12.5), 0.4)
     for bad, what in (({**exported[0], "gflops": -1.0}, "positive"), ({**exported[0], "schedule": 3}, "schedule"), ("row", "not a dict")):
         with pytest.raises(ValueError, match=what):
             MeasurementCache(":memory:").import_tuned([exported[0], bad])

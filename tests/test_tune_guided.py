@@ -266,9 +266,9 @@ def _two_schedules():
 
 
 def _settle(context, candidates, max_cost_s):
-    from looprl.search import Candidate, confirm_winner
+    from looprl.search import ScheduleRecord, confirm_winner
 
-    return confirm_winner(context, [Candidate(n, g, ()) for n, g in candidates], within=0.9, rounds=2, max_cost_s=max_cost_s).ranked
+    return confirm_winner(context, [ScheduleRecord(n, g, ()) for n, g in candidates], within=0.9, rounds=2, max_cost_s=max_cost_s).ranked
 
 
 def test_close_contenders_are_retimed_together_before_one_wins():
@@ -329,7 +329,7 @@ def test_the_rollout_ends_where_the_measurement_cap_runs_out():
     policy = random_policy(seed=0)
     context = SearchContext(PROBLEM, policy_actions(policy), Evaluator(":memory:", 0.001, samples=1), max_evaluations=2)
     context.root()
-    rollout = greedy_rollout(policy, PROBLEM, context, length=40)
+    rollout = greedy_rollout(policy, PROBLEM, context, episode_length=40)
     assert context.evaluations <= 2
     assert rollout.stopped in ("budget", "cycle", "length")
 

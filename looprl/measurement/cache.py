@@ -16,31 +16,18 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import NamedTuple
-
 from looprl import checks, defaults
 from looprl.target import Target
 from looprl.ir.nest import LoopNest
-from looprl.measurement.keys import bandwidth_key, measurement_host, measurement_key, peak_key, schedule_threads, tuned_problem, tuned_problem_name
-from looprl.measurement.store import CachedValue, CacheStore, row_checksum, stored_value
+from looprl.ir.problem import Problem
+from looprl.measurement.keys import bandwidth_key, measurement_host, measurement_key, peak_key, schedule_threads
+from looprl.measurement.schedule_record import ScheduleRecord, checked_entry
+from looprl.measurement.store import CachedValue, CacheStore, record_checksum, row_checksum, stored_value
 
 
 def _like_prefix(text: str) -> str:
     """A LIKE pattern matching strings that start with ``text``."""
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-
-
-class TunedRow(NamedTuple):
-    """:func:`looprl.tune`'s remembered answer for a problem: the schedule key, its GFLOPS, the
-    search budget spent, the action names that reach it (None when not known: a row an older
-    looprl wrote) and, when they reach it through an equivalent problem, that rewrite's kind
-    (:mod:`looprl.ir.rewrites`)."""
-
-    schedule: str
-    gflops: float
-    budget_s: float
-    actions: tuple[str, ...] | None
-    replays_on: str | None = None
 
 
 class MeasurementCache:
@@ -145,92 +132,68 @@ class MeasurementCache:
     def put_bandwidth(self, gbs: float, level: str, target: Target, threads: int = 1) -> None:
         self._store.write("peaks", (bandwidth_key(level, target, threads),), gbs)
 
-    # -- tuned results ---------------------------------------------------------
-    def get_tuned(self, problem_name: str, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S,
-                  tuner: str = "", threads: int = 1) -> TunedRow | None:
-        """The :class:`TunedRow` that :func:`looprl.tune` remembered for the problem on this host
-        and ``target`` with ``budget_s`` per state and ``threads`` threads offered (the answer
-        may be serial), or None (also when the row fails its checksum). ``tuner`` names the
-        tuning procedure's version: an answer stored by another version is not returned."""
+    # -- tuned answers (schedule records) ------------------------------------------
+    def get_tuned(self, problem: Problem, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S,
+                  tuner: str = "", threads: int = 1) -> ScheduleRecord | None:
+        """The :class:`~looprl.measurement.schedule_record.ScheduleRecord` that
+        :func:`looprl.tune` remembered for ``problem`` on this host and ``target`` with
+        ``budget_s`` per state and ``threads`` threads offered (the answer may be serial), or
+        None (also when the row fails its checksum, or its schedule is not one of ``problem``:
+        another IR version's). ``tuner`` names the tuning procedure's version: an answer stored
+        by another version is not returned."""
         host = measurement_key(target, budget_s, threads)
-        problem_name = tuned_problem(problem_name, tuner)
-        row = self._store.one("SELECT schedule, gflops, budget, checksum, actions FROM tuned WHERE host = ? AND problem = ?",
-                              (host, problem_name))
-        if row is None:
+        row = self._store.one(f"SELECT {_RECORD_COLUMNS} FROM records WHERE host = ? AND problem = ? AND tuner = ?",
+                              (host, problem.name, tuner))
+        entry = None if row is None else _entry(row)
+        if entry is None:
+            if row is not None:
+                self._store.damaged += 1
             return None
-        schedule, gflops, budget, checksum, actions = row
-        if not (isinstance(gflops, float) and isinstance(budget, float) and isinstance(schedule, str)):
+        try:
+            nest = LoopNest.from_key(problem, entry["schedule"])
+        except ValueError:
             return None
-        if not _tuned_row_intact(host, problem_name, schedule, gflops, budget, checksum, actions):
-            self._store.damaged += 1
-            return None
-        return TunedRow(schedule, gflops, budget, *_action_path(actions))
+        actions = None if entry["actions"] is None else tuple(entry["actions"])
+        return ScheduleRecord(nest, entry["gflops"], actions, entry["found_by"], Target.resolve(target), threads, entry["budget_s"],
+                              tuner, entry["replays_on"])
 
-    def put_tuned(
-        self, nest: LoopNest, gflops: float, search_budget_s: float, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S,
-        tuner: str = "", threads: int = 1, actions: tuple[str, ...] | None = None, replays_on: str | None = None,
-    ) -> None:
-        """Remember ``nest`` as :func:`looprl.tune`'s answer for its problem (and ``tuner``)
-        when ``threads`` threads were offered; ``actions``: the names that reach it (from the
-        untuned nest of the rewrite ``replays_on`` names, if given)."""
-        host = measurement_key(target, budget_s, threads)
-        self._write_tuned(host, tuned_problem(nest.problem.name, tuner), nest.key, stored_value(gflops), float(search_budget_s),
-                          _actions_text(actions, replays_on))
+    def put_tuned(self, record: ScheduleRecord, budget_s: float = defaults.STATE_BUDGET_S) -> None:
+        """Remember ``record`` as :func:`looprl.tune`'s answer for its problem, target, threads
+        offered and tuner (timed with ``budget_s`` per state), replacing what was there."""
+        host = measurement_key(record.target, budget_s, record.threads)
+        self._write_record({"host": host, "problem": record.problem.name, "tuner": record.tuner, "schedule": record.nest.key,
+                            "gflops": stored_value(record.gflops), "budget_s": float(record.budget_s),
+                            "actions": None if record.actions is None else list(record.actions), "replays_on": record.replays_on,
+                            "found_by": record.found_by})
 
-    def _write_tuned(self, host: str, problem: str, schedule: str, value: float, budget: float, actions: str | None = None) -> None:
-        """One row of the tuned table, checksummed (replacing the host's row for the problem)."""
-        checksum = row_checksum("tuned", _tuned_key(host, problem, schedule, budget, actions), value)
-        self._store.one(
-            "INSERT OR REPLACE INTO tuned (host, problem, schedule, gflops, budget, created, checksum, actions) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (host, problem, schedule, value, budget, time.time(), checksum, actions),
-        )
+    def _write_record(self, entry: dict) -> None:
+        """One row of the records table (a stored record, :data:`STORED_FIELDS`), checksummed."""
+        actions = None if entry["actions"] is None else json.dumps(entry["actions"])
+        values = (entry["host"], entry["problem"], entry["tuner"], entry["schedule"], entry["gflops"], entry["budget_s"], actions,
+                  entry["replays_on"], entry["found_by"])
+        self._store.one(f"INSERT OR REPLACE INTO records ({_RECORD_COLUMNS}, created) VALUES ({', '.join('?' * 11)})",
+                        (*values, record_checksum(*values), time.time()))
 
     def export_tuned(self, problem_names=None) -> list[dict]:
-        """:func:`looprl.tune`'s remembered answers as plain records (every host's, or only
-        those of ``problem_names``): ``{"host", "problem", "schedule", "gflops", "budget_s"}``
-        with the stored text as it is (``host`` names the CPU, the target, the code generator's
-        and the timing's versions and the threads; ``problem`` the problem and the tuner's
-        version). Rows failing their checksum are left out. :meth:`import_tuned` stores them in
-        another cache, where an answer is returned only on a host whose key is the same."""
+        """:func:`looprl.tune`'s remembered answers as stored records (every host's, or only
+        those of ``problem_names``): dicts of :data:`~looprl.measurement.schedule_record.
+        STORED_FIELDS` (``host`` names the CPU, the target, the code generator's and the
+        timing's versions and the threads). Rows failing their checksum are left out.
+        :meth:`import_tuned` stores them in another cache, where an answer is returned only on a
+        host whose key is the same."""
         wanted = None if problem_names is None else set(problem_names)
-        rows = self._store.rows("SELECT host, problem, schedule, gflops, budget, checksum, actions FROM tuned ORDER BY rowid")
-        records = []
-        for host, problem, schedule, gflops, budget, checksum, actions in rows:
-            if not (isinstance(gflops, float) and isinstance(budget, float) and isinstance(schedule, str)):
-                continue
-            if not _tuned_row_intact(host, problem, schedule, gflops, budget, checksum, actions):
-                continue
-            if wanted is not None and tuned_problem_name(problem) not in wanted:
-                continue
-            record = {"host": host, "problem": problem, "schedule": schedule, "gflops": gflops, "budget_s": budget}
-            if actions is not None and _action_path(actions)[0] is not None:
-                record["actions"] = json.loads(actions)
-            records.append(record)
-        return records
+        entries = (_entry(row) for row in self._store.rows(f"SELECT {_RECORD_COLUMNS} FROM records ORDER BY rowid"))
+        return [entry for entry in entries if entry is not None and (wanted is None or entry["problem"] in wanted)]
 
     def import_tuned(self, records) -> int:
         """Store records of :meth:`export_tuned` (replacing this cache's answer for the same
-        host and problem); how many were stored. A record that is not such a dict is a
-        ValueError naming what is wrong with it, and nothing is stored."""
-        checked = []
-        for index, record in enumerate(records):
-            if not isinstance(record, dict):
-                raise ValueError(f"tuned record {index} is not a dict: {record!r}")
-            for key in ("host", "problem", "schedule"):
-                if not isinstance(record.get(key), str):
-                    raise ValueError(f"tuned record {index}: {key!r} must be a str, got {record.get(key)!r}")
-            gflops = checks.positive_float(record.get("gflops"), f"tuned record {index}: gflops")
-            budget = checks.seconds(record.get("budget_s"), f"tuned record {index}: budget_s", allow_zero=True)
-            actions = record.get("actions")
-            text = None if actions is None else json.dumps(actions)
-            if text is not None and _action_path(text)[0] is None:
-                raise ValueError(f"tuned record {index}: 'actions' must be a list of action names or "
-                                 f"{{'names': [...], 'replays_on': '...'}}, got {actions!r:.200}")
-            checked.append((record["host"], record["problem"], record["schedule"], stored_value(gflops), budget, text))
+        host, problem and tuner); how many were stored. A record that is not such a dict is a
+        ValueError naming what is wrong with it
+        (:func:`~looprl.measurement.schedule_record.checked_entry`), and nothing is stored."""
+        checked = [checked_entry(record, f"tuned record {index}") for index, record in enumerate(records)]
         with self._store.transaction():
-            for row in checked:
-                self._write_tuned(*row)
+            for entry in checked:
+                self._write_record(entry)
         return len(checked)
 
     def close(self) -> None:
@@ -250,39 +213,17 @@ class MeasurementCache:
         self.__init__(state["path"], state["timeout_s"])
 
 
-def _tuned_key(host: str, problem: str, schedule: str, budget: float, actions: str | None) -> tuple[str, ...]:
-    """The checksummed fields of a tuned row (a row without an action path: as before there was one)."""
-    fields = (host, problem, schedule, repr(budget))
-    return fields if actions is None else fields + (actions,)
+_RECORD_COLUMNS = "host, problem, tuner, schedule, gflops, budget, actions, replays_on, found_by, checksum"
 
 
-def _tuned_row_intact(host: str, problem: str, schedule: str, gflops: float, budget: float, checksum, actions=None) -> bool:
-    """Whether a tuned row's checksum matches its values."""
-    if actions is not None and not isinstance(actions, str):
-        return False
-    return checksum == row_checksum("tuned", _tuned_key(host, problem, schedule, budget, actions), gflops)
-
-
-def _actions_text(actions: tuple[str, ...] | None, replays_on: str | None = None) -> str | None:
-    """The stored form of an action path: a JSON list of names, or with the rewrite it replays
-    on, ``{"names": [...], "replays_on": kind}``."""
-    if actions is None:
+def _entry(row: tuple) -> dict | None:
+    """A stored record from a row of the records table, or None when its checksum fails."""
+    host, problem, tuner, schedule, gflops, budget, actions, replays_on, found_by, checksum = row
+    texts = (host, problem, tuner, schedule, found_by)
+    if not (all(isinstance(t, str) for t in texts) and isinstance(gflops, float) and isinstance(budget, float)
+            and isinstance(actions, (str, type(None))) and isinstance(replays_on, (str, type(None)))):
         return None
-    return json.dumps(list(actions) if replays_on is None else {"names": list(actions), "replays_on": replays_on})
-
-
-def _action_path(text: str | None) -> tuple[tuple[str, ...] | None, str | None]:
-    """``(names, replays_on)`` of a stored action path; ``(None, None)`` when none is stored or
-    the text is not one (another version's)."""
-    if text is None:
-        return None, None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None, None
-    replays_on = None
-    if isinstance(value, dict) and set(value) == {"names", "replays_on"} and isinstance(value["replays_on"], str):
-        value, replays_on = value["names"], value["replays_on"]
-    if isinstance(value, list) and all(isinstance(n, str) for n in value):
-        return tuple(value), replays_on
-    return None, None
+    if checksum != record_checksum(host, problem, tuner, schedule, gflops, budget, actions, replays_on, found_by):
+        return None
+    return {"host": host, "problem": problem, "tuner": tuner, "schedule": schedule, "gflops": gflops, "budget_s": budget,
+            "actions": None if actions is None else json.loads(actions), "replays_on": replays_on, "found_by": found_by}

@@ -37,6 +37,7 @@ files of earlier versions (tests/test_cache_schema.py opens one written from tod
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import secrets
@@ -51,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from looprl.measurement.lock import LockWaitTimeout, describe_holders
+from looprl.measurement.schedule_record import legacy_fields
 
 APPLICATION_ID = 0x4C4F4F50  # b"LOOP": the mark of looprl's databases
 _SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -73,20 +75,26 @@ TABLES = {
         created REAL NOT NULL,
         checksum INTEGER
     )""",
-    # looprl.tune's answers: the best schedule found for a problem, and the search budget spent.
-    "tuned": """CREATE TABLE tuned (
+    # looprl.tune's answers, one schedule record (looprl.measurement.schedule_record) a row: the
+    # best schedule found for a problem by a tuner's version, and how. Replaces 0.2's ``tuned``
+    # table (its rows are copied here when a file of 0.2 is first opened; the table is left for
+    # an older looprl sharing the file).
+    "records": """CREATE TABLE records (
         host TEXT NOT NULL,
         problem TEXT NOT NULL,
+        tuner TEXT NOT NULL,
         schedule TEXT NOT NULL,
         gflops REAL NOT NULL,
         budget REAL NOT NULL,
+        actions TEXT,
+        replays_on TEXT,
+        found_by TEXT NOT NULL,
         created REAL NOT NULL,
         checksum INTEGER,
-        actions TEXT,
-        PRIMARY KEY (host, problem)
+        PRIMARY KEY (host, problem, tuner)
     )""",
 }
-KEY_COLUMNS = {"measurements": ("host", "problem", "schedule"), "peaks": ("host",), "tuned": ("host", "problem")}
+KEY_COLUMNS = {"measurements": ("host", "problem", "schedule"), "peaks": ("host",), "records": ("host", "problem", "tuner")}
 # The columns an older looprl's tables had: how an unmarked database is recognised as ours.
 _LEGACY_COLUMNS = {"measurements": {"host", "problem", "schedule", "gflops", "created"}, "peaks": {"host", "gflops", "created"}}
 
@@ -171,6 +179,44 @@ def stored_value(gflops: float) -> float:
     return value + 0.0  # SQLite stores -0.0 as 0.0: checksum what will read back
 
 
+def record_checksum(host: str, problem: str, tuner: str, schedule: str, gflops: float, budget: float, actions: str | None,
+                    replays_on: str | None, found_by: str) -> int:
+    """The checksum of a row of the records table: over every column but ``created`` (a NULL
+    as the empty string, which neither column ever holds)."""
+    key = (host, problem, tuner, schedule, repr(budget), actions or "", replays_on or "", found_by)
+    return row_checksum("records", key, gflops)
+
+
+def _copy_tuned_rows(connection: sqlite3.Connection, columns: set[str]) -> None:
+    """Migrate 0.2's ``tuned`` table into the records table: each row whose checksum holds (a
+    row of a table older than checksums is trusted, as :meth:`CacheStore._add_checksums` trusts
+    it), its problem column ``"name|tuner"`` split, its action path (a JSON list, or
+    ``{"names": [...], "replays_on": kind}``) split into the names and the rewrite."""
+    checksum = "checksum" if "checksum" in columns else "NULL"
+    actions = "actions" if "actions" in columns else "NULL"
+    rows = connection.execute(f"SELECT host, problem, schedule, gflops, budget, {checksum}, {actions} FROM tuned").fetchall()
+    copied = []
+    for host, problem, schedule, gflops, budget, stored, path in rows:
+        if not (all(isinstance(f, str) for f in (host, problem, schedule)) and isinstance(gflops, float) and isinstance(budget, float)):
+            continue
+        if path is not None and not isinstance(path, str):
+            continue
+        key = (host, problem, schedule, repr(budget)) + (() if path is None else (path,))
+        if checksum != "NULL" and stored != row_checksum("tuned", key, gflops):
+            continue
+        try:
+            name, tuner, names, replays_on = legacy_fields(problem, None if path is None else json.loads(path))
+        except ValueError:
+            name, tuner, names, replays_on = legacy_fields(problem, None)
+        if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+            names, replays_on = None, None  # no path known (another version's form): tune again finds one
+        names = None if names is None else json.dumps(names)
+        copied.append((host, name, tuner, schedule, gflops, budget, names, replays_on, "measured", time.time(),
+                       record_checksum(host, name, tuner, schedule, gflops, budget, names, replays_on, "measured")))
+    connection.executemany("INSERT OR IGNORE INTO records (host, problem, tuner, schedule, gflops, budget, actions, replays_on, "
+                           "found_by, created, checksum) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", copied)
+
+
 class CacheStore:
     """One open connection to a measurement cache file (``":memory:"``: a private database):
     statements that survive a corrupt file (:meth:`one`), transactions, and rows read and
@@ -220,15 +266,14 @@ class CacheStore:
                 if name not in tables:
                     connection.execute(ddl)
                     changed = True
+                    if name == "records" and "tuned" in tables:
+                        _copy_tuned_rows(connection, tables["tuned"])
                 else:
                     if "checksum" not in tables[name]:
                         self._add_checksums(connection, name)
                         changed = True
                     if name == "measurements" and "samples" not in tables[name]:
                         connection.execute("ALTER TABLE measurements ADD COLUMN samples INTEGER")
-                        changed = True
-                    if name == "tuned" and "actions" not in tables[name]:  # the answer's action path (NULL: not known)
-                        connection.execute("ALTER TABLE tuned ADD COLUMN actions TEXT")
                         changed = True
             for name in TABLES:  # reads the tables: most corruption shows here, not mid-run
                 connection.execute(f"SELECT count(*) FROM {name}").fetchone()

@@ -30,25 +30,28 @@ from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.step import SPLIT
 from looprl.policy.numpy_policy import Policy
 from looprl.policy.rollout import policy_actions
-from looprl.search.context import BudgetExhausted, SearchContext
+from looprl.measurement.schedule_record import ScheduleRecord
+from looprl.search.context import BudgetExhausted, Node, SearchContext
 
 
 @dataclass(frozen=True)
 class GuidedResult:
-    best_nest: LoopNest
-    best_gflops: float
-    best_actions: tuple[str, ...]
+    best: ScheduleRecord  # found by "guided"
     measured: int  # schedules this search had timed (not final in the cache)
     expanded: int  # states whose successors were considered
     stopped: str  # "deadline", "depth" or "exhausted" (no new state left)
 
+    @property
+    def best_nest(self) -> LoopNest:
+        return self.best.nest
 
-@dataclass(frozen=True)
-class _Node:
-    state: State
-    gflops: float
-    preference: float  # the policy's score of the action that led here (higher first)
-    path: tuple[int, ...]
+    @property
+    def best_gflops(self) -> float:
+        return self.best.gflops
+
+    @property
+    def best_actions(self) -> tuple[str, ...]:
+        return self.best.actions
 
 
 def guided_search(
@@ -71,9 +74,10 @@ def guided_search(
     normalized = policy.observation_kind == "normalized"
     before = context.new_measurements
     root_state = State(initial_nest(context.problem), 0)
-    root = _Node(root_state, context.measure(root_state.nest, force=True).gflops, 0.0, ())
+    root = Node(root_state, (), context.measure(root_state.nest, force=True).gflops)
     best = root
-    frontier = [root]
+    frontier = [root]  # nodes, each with the policy's score of the action that led there (``preference``)
+    preference = {root.state.key: 0.0}
     expanded = 0
     stopped = "depth"
     try:
@@ -81,41 +85,43 @@ def guided_search(
             node = root
             for transition, index in zip(replay(actions, root.state, root.gflops, start[0], context.measure), start[0]):
                 if transition.applied:  # replay the path (values come from the memo or the cache)
-                    node = _Node(transition.state, transition.gflops, 0.0, node.path + (actions.index(index),))
+                    node = Node(transition.state, node.path + (actions.index(index),), transition.gflops)
+                    preference[node.state.key] = 0.0
                     if node.gflops > best.gflops:
                         best = node
             if node is not root:
                 frontier.append(node)
         seen = {node.state.key for node in frontier}
         for _ in range(depth):
-            children: list[_Node] = []
+            children: list[Node] = []
             for node in frontier:
                 reason = context.exhausted()
                 if reason is not None:
                     raise BudgetExhausted(reason)
                 expanded += 1
-                for preference, path, following in _proposals(policy, actions, node.state, normalized, top_k, tile_rows):
+                for score, path, following in _proposals(policy, actions, node.state, normalized, top_k, tile_rows):
                     if following is None or following.key in seen:
                         continue
                     seen.add(following.key)
                     measurement = context.measure(following.nest)
                     if not measurement.ok:
                         continue  # failed to compile or run: no successor, as in the env
-                    child = _Node(following, measurement.gflops, preference, node.path + path)
+                    child = Node(following, node.path + path, measurement.gflops)
+                    preference[child.state.key] = score
                     children.append(child)
                     if child.gflops > best.gflops:
                         best = child
             if not children:
                 stopped = "exhausted"
                 break
-            children.sort(key=lambda child: (-child.gflops, -child.preference))
+            children.sort(key=lambda child: (-child.gflops, -preference[child.state.key]))
             frontier = children[:beam]
     except BudgetExhausted:
         stopped = "deadline"
+    found = ScheduleRecord(best.state.nest, best.gflops, tuple(actions.names[a] for a in best.path), "guided", context.target,
+                           context.threads)
     return GuidedResult(
-        best_nest=best.state.nest,
-        best_gflops=best.gflops,
-        best_actions=tuple(actions.names[a] for a in best.path),
+        best=found,
         measured=context.new_measurements - before,
         expanded=expanded,
         stopped=stopped,

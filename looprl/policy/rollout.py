@@ -26,6 +26,7 @@ from looprl.env.observation import observation
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.measurement.evaluator import Evaluator
+from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.policy.numpy_policy import Policy
 from looprl.policy.retarget import retargeted
 from looprl.search.context import BudgetExhausted
@@ -39,17 +40,37 @@ class Rollout:
 
     problem: Problem
     actions: tuple[str, ...]  # actions taken until the episode ended or its first cycle closed
-    length: int  # the episode length asked for
+    episode_length: int  # the episode length asked for (the env's name for it)
     initial_gflops: float
-    final_nest: LoopNest  # the state after ``length`` actions
-    final_gflops: float
-    final_actions: tuple[str, ...]  # the shortest prefix of ``actions`` that reaches it
-    best_nest: LoopNest  # the fastest state measured on the way (the initial one included)
-    best_gflops: float
-    best_actions: tuple[str, ...]  # the actions that reach ``best_nest``
+    final: ScheduleRecord  # the state after ``episode_length`` actions, its actions the shortest prefix of ``actions`` that reaches it
+    best: ScheduleRecord  # the fastest state measured on the way (the initial one included)
     measured: int  # schedules compiled and timed (not found in the cache)
     failures: int  # structural actions refused because their schedule failed to compile or run
     stopped: str  # "length" (all actions taken), "cycle" (the rest repeats a cycle) or "budget" (a search's cap ran out)
+
+    @property
+    def final_nest(self) -> LoopNest:
+        return self.final.nest
+
+    @property
+    def final_gflops(self) -> float:
+        return self.final.gflops
+
+    @property
+    def final_actions(self) -> tuple[str, ...]:
+        return self.final.actions
+
+    @property
+    def best_nest(self) -> LoopNest:
+        return self.best.nest
+
+    @property
+    def best_gflops(self) -> float:
+        return self.best.gflops
+
+    @property
+    def best_actions(self) -> tuple[str, ...]:
+        return self.best.actions
 
     @property
     def speedup(self) -> float:
@@ -76,10 +97,10 @@ def greedy_rollout(
     problem: Problem,
     evaluator,
     *,
-    length: int | None = None,
+    episode_length: int | None = None,
     use_mask: bool = False,
 ) -> Rollout:
-    """Run ``policy`` greedily for ``length`` actions (its training episode length by default)
+    """Run ``policy`` greedily for ``episode_length`` actions (its training episode length by default)
     from ``problem``'s untiled nest, measuring every new schedule through ``evaluator`` (an
     :class:`Evaluator`, or a :class:`~looprl.search.context.SearchContext` whose memo and
     budget then apply: a :class:`~looprl.search.context.BudgetExhausted` raised by the root's
@@ -88,9 +109,9 @@ def greedy_rollout(
     ``evaluator=None`` follows the policy without measuring anything (every transition then
     succeeds, as nothing is compiled). ``use_mask`` restricts choices to valid actions;
     without it an invalid choice is a no-op, as in the env."""
-    if length is None:
-        length = policy.metadata["episode_length"]
-    length = checks.count(length, "length")
+    if episode_length is None:
+        episode_length = policy.metadata["episode_length"]
+    episode_length = checks.count(episode_length, "episode_length")
     actions = policy_actions(policy, evaluator.target if evaluator is not None else None)
     actions.check_fits(problem)
     normalized = policy.metadata["observation"] == "normalized"
@@ -111,7 +132,7 @@ def greedy_rollout(
     taken: list[str] = []
     failures = 0
     stopped = "length"
-    for _ in range(length):
+    for _ in range(episode_length):
         obs = observation(state.nest, state.cursor, actions.max_loops, normalized)
         action = policy.act(obs, actions.mask(state) if use_mask else None)
         taken.append(actions.names[action])
@@ -125,7 +146,7 @@ def greedy_rollout(
         state, gflops = transition.state, transition.gflops
         if transition.changed and gflops > best:
             best_nest, best, best_length = state.nest, gflops, len(taken)
-        if len(taken) == length:
+        if len(taken) == episode_length:
             break
         if state.key in seen:
             stopped = "cycle"
@@ -134,23 +155,19 @@ def greedy_rollout(
         history.append((state, gflops))
     final_index = len(taken)
     if stopped == "cycle":
-        # history[start:] repeats from here on: the state after ``length`` actions is the one
+        # history[start:] repeats from here on: the state after ``episode_length`` actions is the one
         # the cycle reaches after the remaining steps.
         start = seen[state.key]
         period = len(history) - start
-        final_index = start + (length - start) % period
+        final_index = start + (episode_length - start) % period
         state, gflops = history[final_index]
     return Rollout(
         problem=problem,
         actions=tuple(taken),
-        length=length,
+        episode_length=episode_length,
         initial_gflops=initial,
-        final_nest=state.nest,
-        final_gflops=gflops,
-        final_actions=tuple(taken[:final_index]),
-        best_nest=best_nest,
-        best_gflops=best,
-        best_actions=tuple(taken[:best_length]),
+        final=ScheduleRecord(state.nest, gflops, tuple(taken[:final_index]), "policy", actions.target, 1),
+        best=ScheduleRecord(best_nest, best, tuple(taken[:best_length]), "rollout", actions.target, 1),
         measured=measured,
         failures=failures,
         stopped=stopped,

@@ -44,8 +44,9 @@ from looprl.backend.threads import available_cores, check_threads
 from looprl.actions import ActionSet, State, replay
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, as_problem, matmul
-from looprl.ir.rewrites import Rewrite, RewritePlan, plan_rewrites, relaid_twin
+from looprl.ir.rewrites import RewriteChain, plan_rewrites, relaid_twin
 from looprl.measurement.evaluator import Evaluator
+from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.policy.guided import guided_search
 from looprl.policy.loading import load_policy
 from looprl.policy.numpy_policy import Policy
@@ -56,7 +57,7 @@ from looprl.ir.register_tiles import tile_of
 from looprl.search.tiles import measure_tiles
 from looprl.search.budget import MIN_BUDGET_S, REFINEMENTS, scaled_budget
 from looprl.search.context import BudgetExhausted
-from looprl.search.staged import Candidate, StagedSearch, confirm_winner
+from looprl.search.staged import StagedSearch, confirm_winner
 
 # Search time of measured tune by default: None scales it with the problem
 # (:func:`~looprl.search.budget.scaled_budget`: 0.4 s up to ~256^3, where a new state costs
@@ -76,29 +77,75 @@ _warned_mismatch: set[tuple[str, str]] = set()
 
 
 @dataclass(frozen=True)
+class Answer:
+    """A schedule of the problem searched, as a record (its actions replay on the rewrite
+    ``record.replays_on`` names, if any), and what finding it cost."""
+
+    record: ScheduleRecord
+    mode: str  # "measured", "remembered" (a lookup of an earlier measured tune) or "policy"
+    initial_gflops: float
+    greedy_gflops: float | None = None  # the best state of the policy's greedy rollout (measured mode)
+    measured: int = 0  # schedules timed
+    waited_s: float = 0.0  # spent waiting for another process's timing (the machine-wide lock)
+    serial_gflops: float | None = None  # the best serial schedule's, when parallel proposals were measured
+
+    @property
+    def nest(self) -> LoopNest:
+        return self.record.nest
+
+    @property
+    def gflops(self) -> float:
+        return self.record.gflops
+
+    @property
+    def actions(self) -> tuple[str, ...]:
+        return self.record.actions or ()
+
+
+@dataclass(frozen=True, init=False)
 class TuneResult:
-    """A tuned schedule and its compiled kernel."""
+    """A tuned schedule and its compiled kernel: the :class:`Answer` (its record carried back
+    to ``problem``), the kernel, and the call's own facts. A right operand stored across the
+    output's columns (a linear layer's W) is tuned as its twin (looprl.ir.rewrites), a problem
+    with dimensions that always go together (a 1x1 convolution's h and w) as its fused view
+    (looprl.ir.rewrites.fused_view): ``actions`` then replay on ``tuned_as``, not ``problem``;
+    for a fused view, ``nest`` (and ``initial_gflops``) are the view's, and ``kernel`` takes
+    ``problem``'s arrays.
+
+    Built from an answer (``answer=``) or, as before there were answers, from the fields it
+    exposes (``nest``, ``actions``, ``gflops``, ``target``, ``threads`` and the answer's)."""
 
     problem: Problem
-    nest: LoopNest
+    answer: Answer
     kernel: Kernel | ReshapedKernel  # callable: kernel(a, b) -> output array (kernel(a, b, bias, residual) with an epilogue)
-    actions: tuple[str, ...]
-    gflops: float
-    initial_gflops: float
     seconds: float  # wall clock of the whole call, compile of the returned kernel included
-    mode: str  # "measured", "remembered" (a lookup of an earlier measured tune) or "policy"
-    target: Target | None = None
-    greedy_gflops: float | None = None  # the best state of the policy's greedy rollout (measured mode)
-    measured: int = 0  # schedules timed by this call
-    waited_s: float = 0.0  # of ``seconds``, spent waiting for another process's timing (the machine-wide lock)
-    # A right operand stored across the output's columns (a linear layer's W) is tuned as its
-    # twin (looprl.ir.rewrites), a problem with dimensions that always go together (a 1x1
-    # convolution's h and w) as its fused view (looprl.ir.rewrites.fused_view): ``actions`` then
-    # replay on this problem, not ``problem``; for a fused view, ``nest`` (and ``initial_gflops``)
-    # are the view's, and ``kernel`` takes ``problem``'s arrays.
     tuned_as: Problem | None = None
-    threads: int = 1  # threads offered: the kernel's parallel loops (if any) run on as many
-    serial_gflops: float | None = None  # the best serial schedule's, when parallel proposals were measured
+
+    def __init__(self, problem: Problem, nest: LoopNest | None = None, kernel=None, actions=(), gflops: float = 0.0,
+                 initial_gflops: float = math.nan, seconds: float = 0.0, mode: str = "measured", target: Target | None = None,
+                 greedy_gflops: float | None = None, measured: int = 0, waited_s: float = 0.0, tuned_as: Problem | None = None,
+                 threads: int = 1, serial_gflops: float | None = None, *, answer: Answer | None = None):
+        if answer is None:
+            answer = Answer(ScheduleRecord(nest, gflops, tuple(actions), mode, target, threads), mode, initial_gflops, greedy_gflops,
+                            measured, waited_s, serial_gflops)
+        for name, value in (("problem", problem), ("answer", answer), ("kernel", kernel), ("seconds", seconds), ("tuned_as", tuned_as)):
+            object.__setattr__(self, name, value)
+
+    @property
+    def record(self) -> ScheduleRecord:
+        return self.answer.record
+
+    nest = property(lambda self: self.record.nest)
+    gflops = property(lambda self: self.record.gflops)
+    actions = property(lambda self: self.record.actions or ())
+    target = property(lambda self: self.record.target)
+    threads = property(lambda self: self.record.threads, doc="threads offered: the kernel's parallel loops (if any) run on as many")
+    mode = property(lambda self: self.answer.mode)
+    initial_gflops = property(lambda self: self.answer.initial_gflops)
+    greedy_gflops = property(lambda self: self.answer.greedy_gflops)
+    measured = property(lambda self: self.answer.measured, doc="schedules timed by this call")
+    waited_s = property(lambda self: self.answer.waited_s)
+    serial_gflops = property(lambda self: self.answer.serial_gflops)
 
     @property
     def action_set(self) -> ActionSet:
@@ -197,53 +244,35 @@ def tune(
         if answer is None:
             answer = _measured_answer(loaded, searched, evaluator, steps, budget_s, threads, started, max_measurements)
             if remember:
-                evaluator.cache.put_tuned(answer.nest, answer.gflops, answer.budget_s, target, measure_budget_s, tuner=TUNER,
-                                          threads=threads, actions=answer.actions,
-                                          replays_on=None if answer.replays_on is None else answer.replays_on.kind)
+                evaluator.cache.put_tuned(answer.record, measure_budget_s)
     return _finish(plan, answer, evaluator, threads, started)
 
 
-@dataclass(frozen=True)
-class Answer:
-    """A schedule of the problem searched, and how it was found."""
-
-    nest: LoopNest
-    gflops: float
-    actions: tuple[str, ...]
-    mode: str  # "measured", "remembered" or "policy"
-    initial_gflops: float
-    replays_on: Rewrite | None = None  # the actions replay on this rewrite's ``searched`` problem, not on ``nest``'s
-    greedy_gflops: float | None = None
-    budget_s: float = 0.0
-    measured: int = 0
-    waited_s: float = 0.0
-    serial_gflops: float | None = None
-
-
-def _finish(plan: RewritePlan, answer: Answer, evaluator: Evaluator, threads: int, started: float) -> TuneResult:
+def _finish(plan: RewriteChain, answer: Answer, evaluator: Evaluator, threads: int, started: float) -> TuneResult:
     """The one finishing step: ``answer`` (a schedule of the plan's searched problem) carried
     back through the plan's rewrites, compiled once (a fused view's kernel called through
     reshapes), and the result built."""
+    threads = threads if answer.mode != "policy" else 1
     nest = plan.carry_back(answer.nest)
-    kernel = compile(nest, target=evaluator.target, threads=threads if answer.mode != "policy" else 1)
+    kernel = compile(nest, target=evaluator.target, threads=threads)
     if plan.through_fused_view:
         kernel = ReshapedKernel(kernel, plan.original)
-    if answer.replays_on is not None:
-        tuned_as = answer.replays_on.searched
+    if answer.record.replays_on is not None:
+        tuned_as = relaid_twin(plan.searched).searched
     else:
         tuned_as = plan.searched if plan.chain else None
-    return TuneResult(plan.original, nest, kernel, answer.actions, answer.gflops, answer.initial_gflops, time.perf_counter() - started,
-                      answer.mode, evaluator.target, greedy_gflops=answer.greedy_gflops, measured=answer.measured or evaluator.compiled,
-                      waited_s=answer.waited_s, tuned_as=tuned_as, threads=threads if answer.mode != "policy" else 1,
-                      serial_gflops=answer.serial_gflops)
+    record = replace(answer.record, nest=nest, target=evaluator.target, threads=threads)
+    answer = replace(answer, record=record, measured=answer.measured or evaluator.compiled)
+    return TuneResult(plan.original, kernel=kernel, seconds=time.perf_counter() - started, tuned_as=tuned_as, answer=answer)
 
 
 def _policy_answer(policy: Policy, problem: Problem, evaluator: Evaluator, steps: int | None) -> Answer:
     """Pure policy mode: the greedy actions, unmeasured; the state they end in is timed once."""
-    rollout = greedy_rollout(policy, problem, None, length=steps)
+    rollout = greedy_rollout(policy, problem, None, episode_length=steps)
     initial = evaluator(initial_nest(problem)).gflops
     gflops = evaluator(rollout.final_nest).gflops
-    return Answer(rollout.final_nest, gflops, tuple(rollout.final_actions), "policy", initial, measured=evaluator.compiled)
+    record = ScheduleRecord(rollout.final_nest, gflops, rollout.final_actions, "policy", evaluator.target)
+    return Answer(record, "policy", initial, measured=evaluator.compiled)
 
 
 def _measured_answer(policy: Policy, problem: Problem, evaluator: Evaluator, steps: int | None, budget_s: float | None,
@@ -257,55 +286,34 @@ def _measured_answer(policy: Policy, problem: Problem, evaluator: Evaluator, ste
     conversion costs as much as the product; on 128x960x960 (Zen 4) the re-laid kernel ran at
     98 GFLOPS for AVX-512 against 113 as given, and at 101 against 84 for AVX2."""
     direct = measured_search(policy, problem, evaluator, steps, budget_s, threads, started, max_measurements)
-    answer = Answer(direct.nest, direct.gflops, direct.actions, "measured", direct.initial_gflops, None, direct.greedy_gflops,
-                    direct.budget_s, direct.measured, direct.waited_s, direct.serial_gflops)
     relaid = relaid_twin(problem)
     if relaid is None:
-        return answer
+        return direct
     through = measured_search(policy, relaid.searched, evaluator, steps, budget_s, threads, time.perf_counter(), max_measurements)
     carried = relaid.carry_back(through.nest)  # parallel marks included
     timed = evaluator.with_threads(threads) if threads > 1 else evaluator
     carried_gflops = timed(carried).gflops  # the conversion inside the timed call
     measured = direct.measured + through.measured + 1
     if carried_gflops < direct.gflops:
-        return replace(answer, measured=measured, waited_s=direct.waited_s + through.waited_s)
-    return Answer(carried, carried_gflops, through.actions, "measured", direct.initial_gflops, relaid, direct.greedy_gflops,
-                  direct.budget_s, measured, direct.waited_s + through.waited_s, through.serial_gflops)
+        return replace(direct, measured=measured, waited_s=direct.waited_s + through.waited_s)
+    record = replace(through.record, nest=carried, gflops=carried_gflops, budget_s=direct.record.budget_s, replays_on=relaid.kind)
+    return Answer(record, "measured", direct.initial_gflops, direct.greedy_gflops, measured, direct.waited_s + through.waited_s,
+                  through.serial_gflops)
 
 
 def _remembered(evaluator: Evaluator, problem: Problem, budget_s: float, threads: int) -> Answer | None:
     """The answer an earlier measured tune of ``problem`` on ``threads`` threads remembered, if
     it was found with at least ``budget_s`` and its action path is known (else: tune again)."""
-    known = evaluator.cache.get_tuned(problem.name, evaluator.target, evaluator.budget_s, tuner=TUNER, threads=threads)
+    known = evaluator.cache.get_tuned(problem, evaluator.target, evaluator.budget_s, tuner=TUNER, threads=threads)
     if known is None or known.budget_s < budget_s or known.actions is None:
-        return None
-    try:
-        nest = LoopNest.from_key(problem, known.schedule)
-    except ValueError:
-        return None  # another IR version wrote it: tune again
-    replays_on = None
+        return None  # (also when another IR version wrote it) tune again
     if known.replays_on is not None:
-        replays_on = relaid_twin(problem)
-        if replays_on is None or replays_on.kind != known.replays_on:
+        relaid = relaid_twin(problem)
+        if relaid is None or relaid.kind != known.replays_on:
             return None  # written for another rewrite of this problem: tune again
     root = initial_nest(problem)
     initial = evaluator.cache.get(root, evaluator.target, evaluator.budget_s) or evaluator(root).gflops
-    return Answer(nest, known.gflops, known.actions, "remembered", initial, replays_on, measured=evaluator.compiled)
-
-
-@dataclass(frozen=True)
-class Found:
-    """What the measured search found."""
-
-    nest: LoopNest
-    gflops: float
-    actions: tuple[str, ...]
-    initial_gflops: float
-    greedy_gflops: float
-    budget_s: float  # the search budget it had (scaled, when none was given)
-    measured: int
-    waited_s: float
-    serial_gflops: float | None
+    return Answer(known, "remembered", initial, measured=evaluator.compiled)
 
 
 # Stage winners this close to the best are timed again together before one is returned: a
@@ -320,7 +328,7 @@ TEAM_WITHIN = 0.5
 
 
 def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, steps: int | None, budget_s: float | None, threads: int,
-                    started: float, max_measurements: int | None = None) -> Found:
+                    started: float, max_measurements: int | None = None) -> Answer:
     """Measured tune: stages of one staged search (:class:`~looprl.search.staged.StagedSearch`).
     The untuned nest; the policy's greedy rollout, always measured whole (a dozen actions at
     most: a bounded cost, and tune is never below the rollout); then, until the deadline (a
@@ -343,7 +351,7 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, step
         # The policy's own answer first: the state its greedy episode ends in, followed without
         # measuring and timed at once, so that a trained policy's answer is in hand after two
         # measurements whatever the cap (the measured rollout then finds it in the memo).
-        ahead = greedy_rollout(policy, problem, None, length=steps)
+        ahead = greedy_rollout(policy, problem, None, episode_length=steps)
         found = []
         if ahead.final_nest.key != untuned.state.nest.key:
             try:
@@ -351,10 +359,10 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, step
             except BudgetExhausted:
                 node = None
             if node is not None:
-                found.append(Candidate(ahead.final_nest, node.gflops, _applied(action_set, problem, ahead.final_actions)))
-        rollout = greedy_rollout(policy, problem, context, length=steps)
+                found.append(replace(ahead.final, gflops=node.gflops, actions=_applied(action_set, problem, ahead.final_actions)))
+        rollout = greedy_rollout(policy, problem, context, episode_length=steps)
         rollouts.append(rollout)
-        return found + [Candidate(rollout.best_nest, rollout.best_gflops, tuple(rollout.best_actions))]
+        return found + [rollout.best]
 
     search.run(context, rollout_stage)
     rollout = rollouts[0]
@@ -369,14 +377,14 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, step
         # The policy's tile, then the target's own register tiles (a rollout may build none,
         # or a one-row tile on a decode GEMM), refined: canonical order, cache blocks, packed.
         def tiles_stage(context):
-            tiles = measure_tiles(context, action_set, lead=tile_of(rollout.best_nest))
-            return [Candidate(tiles.nest, tiles.gflops, tuple(tiles.actions))] if tiles.nest is not None else []
+            tiles, _ = measure_tiles(context, action_set, lead=tile_of(rollout.best_nest))
+            return [tiles] if tiles is not None else []
 
         def guided_stage(context):
             best = search.best()
             rows = tuple(rows for rows, _ in evaluator.target.register_tiles())  # e.g. 6 on AVX2: the policy may lack split_6
             guided = guided_search(policy, context, start=(best.actions, best.gflops), tile_rows=rows)
-            return [Candidate(guided.best_nest, guided.best_gflops, tuple(guided.best_actions))]
+            return [guided.best]
 
         search.run(context, tiles_stage)
         search.run(context, guided_stage)
@@ -389,15 +397,15 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, step
         # last schedule the serial stages measured: that may be a slow one (8 GFLOPS after a
         # 219 GFLOPS best), predicting a 0.5 s measurement and refusing every team.
         team_context.budget.reference_gflops = best.gflops
-        proposals: list[Candidate] = []
+        proposals: list[ScheduleRecord] = []
         search.run(team_context, lambda c: proposals.extend(parallel_proposals(ranked, c, threads)) or proposals)
         serial_gflops = best.gflops
         if proposals:  # the teams against the serial best, re-timed together when close
             best = confirm_winner(team_context, [best] + proposals, within=TEAM_WITHIN, rounds=CONTENDER_ROUNDS,
                                   max_cost_s=budget_s / 4).ranked[0]
             serial_gflops = team_context.values.get(ranked[0].nest.key, serial_gflops)
-    return Found(best.nest, best.gflops, tuple(best.actions or ()), rollout.initial_gflops, rollout.best_gflops, budget_s,
-                 search.new_measurements, search.waited_s, serial_gflops)
+    record = replace(best, actions=tuple(best.actions or ()), target=evaluator.target, threads=threads, budget_s=budget_s, tuner=TUNER)
+    return Answer(record, "measured", rollout.initial_gflops, rollout.best_gflops, search.new_measurements, search.waited_s, serial_gflops)
 
 
 def _applied(actions: ActionSet, problem: Problem, names) -> tuple[str, ...]:

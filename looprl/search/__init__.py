@@ -14,7 +14,8 @@ policy-guided search and stages of ``looprl.tune``; one driver runs staged searc
 from looprl.search.algorithms import PAPER_ALGORITHMS, parse_algorithm
 from looprl.search.context import SearchContext
 from looprl.search.runner import DEFAULT_BUDGET_S, DEFAULT_DEPTH, SearchResult, run
-from looprl.search.staged import Candidate, StagedSearch, confirm_winner
+from looprl.measurement.schedule_record import ScheduleRecord
+from looprl.search.staged import StagedSearch, confirm_winner
 
-__all__ = ["DEFAULT_BUDGET_S", "DEFAULT_DEPTH", "PAPER_ALGORITHMS", "Candidate", "SearchContext", "SearchResult", "StagedSearch",
+__all__ = ["DEFAULT_BUDGET_S", "DEFAULT_DEPTH", "PAPER_ALGORITHMS", "ScheduleRecord", "SearchContext", "SearchResult", "StagedSearch",
            "confirm_winner", "parse_algorithm", "run"]

@@ -109,6 +109,11 @@ class SearchContext:
         return time.perf_counter() - self.started
 
     @property
+    def threads(self) -> int:
+        """The threads the evaluator measures on."""
+        return getattr(self.evaluator, "threads", 1)
+
+    @property
     def measure_budget_s(self) -> float:
         """The evaluator's timing budget per schedule (what a measurement costs at least)."""
         return getattr(self.evaluator, "budget_s", 0.0)

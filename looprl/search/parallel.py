@@ -24,7 +24,7 @@ from looprl.actions import ActionSet, State, replay
 from looprl.ir.nest import COMPUTE, WRITE_BACK, LoopNest, initial_nest
 from looprl.ir.step import PARALLEL, SWAP, Step
 from looprl.search.context import BudgetExhausted, SearchContext
-from looprl.search.staged import Candidate
+from looprl.measurement.schedule_record import ScheduleRecord
 
 
 MANY = 4  # iterations per thread from which a loop's shares are taken to be balanced
@@ -72,12 +72,12 @@ def parallel_variant(nest: LoopNest, threads: int, iterations: int | None = None
     return marked, indices
 
 
-def parallel_proposals(candidates, context: SearchContext, threads: int) -> list[Candidate]:
-    """The parallel variants of ``candidates`` (:class:`~looprl.search.staged.Candidate`,
-    best first; duplicates skipped), measured through ``context`` (whose evaluator measures on
+def parallel_proposals(candidates, context: SearchContext, threads: int) -> list[ScheduleRecord]:
+    """The parallel variants of ``candidates`` (:class:`~looprl.measurement.schedule_record.
+    ScheduleRecord` s, best first; duplicates skipped), measured through ``context`` (whose evaluator measures on
     ``threads`` threads, and whose budget ends the stage), as candidates. Each one's actions
     replay it from the untuned nest: the candidate's, then cursor moves and ``parallel`` at
-    each marked loop. Which of them, or the serial best, wins is decided by the one rule of
+    each marked loop; each is found by ``"parallel"`` on ``threads`` threads. Which of them, or the serial best, wins is decided by the one rule of
     :func:`~looprl.search.staged.confirm_winner` (a team is slowed by anything else running
     on its cores: one timing must not decide)."""
     proposals, seen = [], set()
@@ -109,7 +109,7 @@ def parallel_proposals(candidates, context: SearchContext, threads: int) -> list
                 measurement = context.remeasure(marked)
             if measurement.ok:
                 actions = _path(candidate.nest, tuple(candidate.actions or ()), swaps, indices, context.target)
-                found.append(Candidate(marked, measurement.gflops, actions))
+                found.append(ScheduleRecord(marked, measurement.gflops, actions, "parallel", context.target, threads))
     except BudgetExhausted:
         pass  # the stage ends at the deadline with what it measured
     return found

@@ -20,9 +20,10 @@ from looprl.ir.nest import LoopNest
 from looprl.ir.problem import Problem, as_problem
 from looprl.ir.schedules import layout_starts, target_split_factors
 from looprl.measurement.evaluator import Evaluator
+from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.search.algorithms import check_options, parse_algorithm
 from looprl.search.context import SearchContext
-from looprl.search.staged import INTERRUPTED, Candidate, StagedSearch, confirm_winner
+from looprl.search.staged import INTERRUPTED, StagedSearch, confirm_winner
 
 DEFAULT_BUDGET_S = 60.0
 DEFAULT_DEPTH = 10
@@ -35,10 +36,8 @@ class SearchResult:
 
     problem: Problem
     algorithm: str
-    best_nest: LoopNest
-    best_gflops: float
+    best: ScheduleRecord  # its actions from the initial nest (cursor on loop 0); None: no path (a re-laid start)
     initial_gflops: float
-    actions: tuple[str, ...]  # action names from the initial nest (cursor on loop 0)
     evaluations: int  # distinct schedules evaluated (cached or measured)
     new_measurements: int  # of which compiled and timed by this search
     failures: int
@@ -48,6 +47,19 @@ class SearchResult:
     curve: tuple[tuple[float, int, float], ...]  # (seconds, evaluations, best GFLOPS so far)
     settings: dict[str, Any]
     graph: nx.DiGraph = field(repr=False, compare=False)
+
+    @property
+    def best_nest(self) -> LoopNest:
+        return self.best.nest
+
+    @property
+    def best_gflops(self) -> float:
+        return self.best.gflops
+
+    @property
+    def actions(self) -> tuple[str, ...]:
+        """The best schedule's action names from the initial nest (empty when no path leads there)."""
+        return self.best.actions or ()
 
     @property
     def speedup(self) -> float:
@@ -208,7 +220,7 @@ def run(
         ]
         stages.append((then, None if budget_s is None else budget_s * (1 - share), max_evaluations, "best"))
     search = StagedSearch(problem, evaluator, target=search_target, progress=progress, return_on_interrupt=True)
-    overall: Candidate | None = None  # the best of any stage, with its action names (None: no path)
+    overall: ScheduleRecord | None = None  # the best of any stage, with its action names (None: no path)
     overall_cursor = 0  # where its stage left the cursor: the next stage's path moves it back up to loop 0
     root_value = None
     for index, (stage_actions, stage_budget, stage_evals, stage_start) in enumerate(stages):
@@ -224,7 +236,8 @@ def run(
         elif index > 0:
             names = None  # from a re-laid input: no action path from the untuned nest leads there
         if overall is None or best.gflops > overall.gflops:
-            overall, overall_cursor = Candidate(best.state.nest, best.gflops, names), best.state.cursor
+            overall = ScheduleRecord(best.state.nest, best.gflops, names, algo.strip().lower(), search_target, threads, budget_s or 0.0)
+            overall_cursor = best.state.cursor
         if stopped == INTERRUPTED:
             break
     search.add([overall])
@@ -239,10 +252,8 @@ def run(
     return SearchResult(
         problem=problem,
         algorithm=algo.strip().lower(),
-        best_nest=overall.nest,
-        best_gflops=overall.gflops,
+        best=overall,
         initial_gflops=root_value,
-        actions=overall.actions or (),
         evaluations=search.evaluations,
         new_measurements=new_measurements,
         failures=search.failures,

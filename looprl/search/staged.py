@@ -4,7 +4,8 @@ search, parallel proposals) and the thread choice.
 
 A *stage* is a function of a :class:`~looprl.search.context.SearchContext`: it proposes
 schedules through the context (which measures them, within the context's budget) and
-returns the :class:`Candidate` s it found (its best at least). :class:`StagedSearch` owns
+returns the :class:`~looprl.measurement.schedule_record.ScheduleRecord` s it found (its best
+at least). :class:`StagedSearch` owns
 what the stages share: the memo of measured schedules (a stage's context starts with every
 value an earlier stage measured), the count of new measurements and failures, the best-so-far
 curve and the search graph, and the candidates; a stage that runs out of budget or is
@@ -24,23 +25,14 @@ import networkx as nx
 from looprl.actions import ActionSet
 from looprl.ir.nest import LoopNest
 from looprl.ir.problem import Problem
+from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.search.budget import state_cost_s
 from looprl.search.context import BudgetExhausted, SearchContext
 
 INTERRUPTED = "interrupted"
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """A measured schedule: its GFLOPS and the action names that reach it from the untuned nest
-    (None when no action path does, e.g. from a re-laid layout start)."""
-
-    nest: LoopNest
-    gflops: float
-    actions: tuple[str, ...] | None
-
-
-Stage = Callable[[SearchContext], Iterable[Candidate]]
+Stage = Callable[[SearchContext], Iterable[ScheduleRecord]]
 
 
 class StagedSearch:
@@ -52,7 +44,7 @@ class StagedSearch:
         self.evaluator = evaluator
         self.target = target if target is not None else getattr(evaluator, "target", None)
         self.progress = progress
-        self.candidates: list[Candidate] = []
+        self.candidates: list[ScheduleRecord] = []
         self.stopped = "done"  # why the last stage ended
         self.elapsed_s = 0.0  # summed over the contexts, in the order they ran
         self.curve: list[tuple[float, int, float]] = []
@@ -77,7 +69,7 @@ class StagedSearch:
         budget that ran out, or ``"interrupted"`` (Ctrl-C, with ``return_on_interrupt``: the caller
         stops there and returns what was found; without it, Ctrl-C propagates)."""
         started = context.elapsed_s
-        found: list[Candidate] = []
+        found: list[ScheduleRecord] = []
         stopped = "done"
         try:
             found = list(stage(context) or ())
@@ -94,8 +86,8 @@ class StagedSearch:
         self.stopped = stopped
         return stopped
 
-    def add(self, candidates: Iterable[Candidate]) -> None:
-        """Candidates a caller made of a stage's context (e.g. its best node, with the action
+    def add(self, candidates: Iterable[ScheduleRecord]) -> None:
+        """ScheduleRecords a caller made of a stage's context (e.g. its best node, with the action
         path that leads there)."""
         self.candidates += [c for c in candidates if c.nest is not None and c.gflops > 0]
 
@@ -136,7 +128,7 @@ class StagedSearch:
             graph = nx.compose(graph, other)
         return graph
 
-    def best(self) -> Candidate | None:
+    def best(self) -> ScheduleRecord | None:
         """The fastest candidate so far (the earliest among equals)."""
         return max(self.candidates, key=lambda c: c.gflops, default=None)
 
@@ -155,11 +147,11 @@ class Confirmed:
     """:func:`confirm_winner`'s answer: the candidates fastest first (confirmed figures for the
     re-timed ones), and the winner's best fresh timing (None when it was not re-timed)."""
 
-    ranked: list[Candidate]
+    ranked: list[ScheduleRecord]
     winner_retimed_gflops: float | None
 
 
-def confirm_winner(context: SearchContext, candidates: Iterable[Candidate], *, within: float, rounds: int,
+def confirm_winner(context: SearchContext, candidates: Iterable[ScheduleRecord], *, within: float, rounds: int,
                    max_cost_s: float | None = None, alone: bool = False) -> Confirmed:
     """The one rule that decides a search's winner. ``candidates`` (measured in ``context``)
     without repeats (the faster figure of a schedule kept); the contenders, those within
@@ -168,7 +160,7 @@ def confirm_winner(context: SearchContext, candidates: Iterable[Candidate], *, w
     only with ``alone`` (search's verification of its winner). No round is run when their
     predicted cost exceeds ``max_cost_s`` (None: no limit): the first timings decide. A
     schedule that fails when timed again drops out."""
-    unique: dict[str, Candidate] = {}
+    unique: dict[str, ScheduleRecord] = {}
     for candidate in candidates:
         if candidate.nest is None or not candidate.gflops > 0:
             continue
@@ -198,7 +190,7 @@ def confirm_winner(context: SearchContext, candidates: Iterable[Candidate], *, w
                 continue
             sample = getattr(measurement, "sample_gflops", None) or measurement.gflops
             fresh[key] = max(fresh.get(key, 0.0), sample)
-    settled = [Candidate(c.nest, context.values.get(c.nest.key, c.gflops), c.actions) for c in ranked if c.nest.key not in failed]
+    settled = [c.with_gflops(context.values.get(c.nest.key, c.gflops)) for c in ranked if c.nest.key not in failed]
     settled.sort(key=lambda c: -c.gflops)
     if not settled:
         return Confirmed([], None)

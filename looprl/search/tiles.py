@@ -18,29 +18,21 @@ as the actions that build it, so the answer replays in the env like any other pa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from looprl.actions import ActionSet, State, follow
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.ir.register_tiles import packed_right, tile_of, tile_shapes, tile_steps, why_not_tile
+from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.ir.schedules import STREAM_TILES, cache_blocks, panel_steps, panel_widths, stream_steps, why_not_stream
 from looprl.ir.step import SPLIT, Step
 from looprl.search.context import BudgetExhausted, SearchContext
 
 
-@dataclass(frozen=True)
-class TileResult:
-    actions: tuple[str, ...]  # the best tile's path from the untiled nest (empty if none measured)
-    nest: LoopNest | None
-    gflops: float
-    tried: int  # tiles measured (or refused by the deadline)
-
-
-def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=None) -> TileResult:
+def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=None) -> tuple[ScheduleRecord | None, int]:
     """Measure register tiles of the context's problem (until its budget is spent) and return
-    the fastest as a path of action names from the untiled nest (``actions`` extended as
-    needed). ``shapes``: the (rows, columns) tiles to start from (default: the target's
+    the fastest, its actions a path of action names from the untiled nest (``actions`` extended
+    as needed), or None if none was measured; and how many tiles were tried (measured, or
+    refused by the deadline). ``shapes``: the (rows, columns) tiles to start from (default: the target's
     :func:`~looprl.ir.register_tiles.tile_shapes`), after ``lead`` (e.g. the tile a policy built)
     when given; each is measured in the canonical order, then the fastest with cache blocks
     and packed."""
@@ -75,7 +67,7 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
         return _packed(problem, names, actions) if transposed else (names, found[1])
 
     if len(problem.output) < 2 or not problem.reduction_dims:
-        return TileResult((), None, 0.0, 0)
+        return None, 0
     # The output's columns are the vectors' lanes: if they are not the right operand's
     # contiguous dimension (A @ B.T, attention's q . k^T), every tile is measured packed.
     transposed = problem.operands[1][-1] != problem.output[-1]
@@ -109,7 +101,8 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
                 attempt(*packed, best[2])
     except BudgetExhausted:
         pass  # the stage ends at the deadline with what it measured
-    return TileResult(best[1], best[3], best[0], tried)
+    found = None if best[3] is None else ScheduleRecord(best[3], best[0], best[1], "tiles", target, context.threads)
+    return found, tried
 
 
 def _packed(problem: Problem, names: tuple[str, ...], actions: ActionSet) -> tuple[tuple[str, ...], State] | None:

@@ -1,0 +1,118 @@
+"""The one record of a schedule found: every search stage returns them, ``looprl.search.run``
+and ``looprl.tune`` answer with one, the measurement cache remembers tune's as one, and the
+tuned-records files ship them.
+
+A :class:`ScheduleRecord` is a value: the schedule (a :class:`~looprl.ir.nest.LoopNest`, so
+its problem too), its GFLOPS, the action names that reach it from the untuned nest (None when
+no action path does, e.g. from a re-laid layout start), how it was found (a stage or a mode:
+``"rollout"``, ``"tiles"``, ``"guided"``, ``"parallel"``, ``"policy"``, an algorithm's name),
+the target and threads it was measured for, the search budget it was found with and the
+tuner's version. Where its actions replay on an equivalent problem rather than its own
+(:mod:`looprl.ir.rewrites`), ``replays_on`` names that rewrite.
+
+Stored (the cache's ``records`` table, a tuned-records file) a record is a flat dict of
+:data:`STORED_FIELDS`, with the host key it was measured under: :func:`checked_entry` is the
+one check of such a dict, GFLOPS against :data:`MAX_GFLOPS` included.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from looprl.ir.nest import LoopNest
+from looprl.ir.problem import Problem
+from looprl.target import Target
+
+# A fixed physical bound on a measured figure: 100 TFLOPS of fp32. The largest CPU sockets peak
+# several times lower (128 AVX-512 cores at 2 GHz: 128 x 2 FMA units x 16 lanes x 2 flops x 2e9 =
+# 16 TFLOPS), so a stored figure above it is not a measurement (a damaged or forged record).
+MAX_GFLOPS = 100_000.0
+
+# A stored record: the host key it was measured under (CPU, target, code generator and timing
+# versions, threads), the problem's name, the tuner's version, the schedule's key, its GFLOPS,
+# the search budget, the action names (a list, or None), the rewrite they replay on and how it
+# was found.
+STORED_FIELDS = ("host", "problem", "tuner", "schedule", "gflops", "budget_s", "actions", "replays_on", "found_by")
+
+
+@dataclass(frozen=True)
+class ScheduleRecord:
+    """A measured schedule and how it was found."""
+
+    nest: LoopNest
+    gflops: float
+    actions: tuple[str, ...] | None = None  # from the untuned nest (of ``replays_on``'s problem, if set)
+    found_by: str = ""  # the stage or mode that found it
+    target: Target | None = None
+    threads: int = 1  # threads offered: its parallel loops (if any) run on as many
+    budget_s: float = 0.0  # the search budget it was found with
+    tuner: str = ""  # the tuning procedure's version (looprl.tune's answers)
+    replays_on: str | None = None  # the rewrite whose searched problem ``actions`` replay on
+
+    @property
+    def problem(self) -> Problem:
+        return self.nest.problem
+
+    def with_gflops(self, gflops: float) -> "ScheduleRecord":
+        return replace(self, gflops=gflops)
+
+
+def check_gflops(value, where: str) -> float:
+    """``value`` as a positive, finite figure no larger than :data:`MAX_GFLOPS`, else a ValueError
+    naming ``where``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_GFLOPS:
+        raise ValueError(f"{where}: gflops must be a positive number of at most {MAX_GFLOPS:g} (a physical bound), got {value!r:.80}")
+    return float(value)
+
+
+def checked_entry(entry, where: str) -> dict:
+    """A stored record (:data:`STORED_FIELDS`) checked field by field: a ValueError naming
+    ``where`` and what is wrong, else the entry with its fields in order."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where} is not a dict: {entry!r:.200}")
+    unknown = set(entry) - set(STORED_FIELDS)
+    if unknown:
+        raise ValueError(f"{where}: unknown fields {sorted(unknown)!r:.200}")
+    for key in ("host", "problem", "schedule"):
+        if not isinstance(entry.get(key), str):
+            raise ValueError(f"{where}: {key!r} must be a str, got {entry.get(key)!r:.200}")
+    for key in ("tuner", "found_by"):
+        if not isinstance(entry.get(key, ""), str):
+            raise ValueError(f"{where}: {key!r} must be a str, got {entry.get(key)!r:.200}")
+    if not isinstance(entry.get("replays_on"), (str, type(None))):
+        raise ValueError(f"{where}: 'replays_on' must be a str or null, got {entry.get('replays_on')!r:.200}")
+    actions = entry.get("actions")
+    if actions is not None and not (isinstance(actions, list) and all(isinstance(name, str) for name in actions)):
+        raise ValueError(f"{where}: 'actions' must be a list of action names or null, got {actions!r:.200}")
+    budget = entry.get("budget_s")
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not (math.isfinite(budget) and budget >= 0):
+        raise ValueError(f"{where}: budget_s must be a finite number of seconds >= 0, got {budget!r:.80}")
+    return {
+        "host": entry["host"], "problem": entry["problem"], "tuner": entry.get("tuner", ""), "schedule": entry["schedule"],
+        "gflops": check_gflops(entry.get("gflops"), where), "budget_s": float(budget),
+        "actions": None if actions is None else list(actions), "replays_on": entry.get("replays_on"),
+        "found_by": entry.get("found_by", ""),
+    }
+
+
+def upgraded_entry(entry) -> dict:
+    """A version-1 stored record (of a tuned-records file of version 1) as today's, for
+    :func:`checked_entry`; anything else is returned as it is (and refused there)."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("problem"), str):
+        return entry
+    name, tuner, actions, replays_on = legacy_fields(entry["problem"], entry.get("actions"))
+    kept = {key: value for key, value in entry.items() if key not in ("problem", "actions")}
+    return {**kept, "problem": name, "tuner": tuner, "actions": actions, "replays_on": replays_on, "found_by": "measured"}
+
+
+def legacy_fields(problem: str, actions) -> tuple[str, str, list | None, str | None]:
+    """What looprl 0.2 stored in two fields (its tuned table, tuned-records files of version 1)
+    as today's four: ``problem`` (``"name|tuner"``) split, and ``actions`` (a list of names, or
+    ``{"names": [...], "replays_on": kind}``) as ``(names, replays_on)``: ``(name, tuner,
+    names, replays_on)``. Actions of another form are kept as they are (refused by
+    :func:`checked_entry`)."""
+    name, _, tuner = problem.partition("|")
+    if isinstance(actions, dict) and set(actions) == {"names", "replays_on"} and isinstance(actions["replays_on"], str):
+        return name, tuner, actions["names"], actions["replays_on"]
+    return name, tuner, actions, None
