@@ -74,13 +74,20 @@ def test_autotvm_reproduces_with_a_seed_and_differs_with_another():
     assert list(other.calls) != list(first.calls)
 
 
-def test_autotvm_finds_better_than_random_picks_on_a_learnable_evaluator():
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_autotvm_finds_better_than_random_picks_on_a_learnable_evaluator(isa):
+    """Averaged over three seeds, for each target's action set (the evaluator is fake, so the
+    host must not decide which space is searched): one seed alone can be unlucky (AVX2's space
+    with seed 3 and any factor stays at the random batch's level, the other seeds gain 32)."""
     for options, margin in (({"any_factor": True}, 10), ({}, 5)):  # the annealing's splits: any of 2..64, or mixed with the action set's
-        evaluator = FakeEvaluator()
-        run(evaluator, max_evaluations=48, walks=False, **options)  # random picks from the whole 2..64 space
-        values = [evaluator.value(LoopNest.from_key(SMALL, k)) for k in evaluator.calls]
-        first, later = np.mean(values[1:9]), np.mean(values[-16:])  # the random batch vs model-picked ones
-        assert later > first + margin
+        gains = []
+        for seed in (3, 4, 5):
+            evaluator = FakeEvaluator()
+            evaluator.target = looprl.Target.named(isa)
+            run(evaluator, max_evaluations=48, walks=False, seed=seed, **options)  # random picks from the whole 2..64 space
+            values = [evaluator.value(LoopNest.from_key(SMALL, k)) for k in evaluator.calls]
+            gains.append(np.mean(values[-16:]) - np.mean(values[1:9]))  # model-picked ones vs the random batch
+        assert np.mean(gains) > margin, gains
 
 
 def test_autotvm_draws_its_random_batch_from_env_action_walks_by_default():
