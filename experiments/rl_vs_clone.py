@@ -12,6 +12,17 @@ final nests are then re-timed together, ``--rounds`` interleaved rounds, best ke
 phase of the machine hits every policy alike. Prints, per split, each policy's geometric-mean
 speed-up over the untuned nest and its ratio to the starting clone; writes one CSV row per
 problem and policy (``<out>.csv``) and a bar chart (``<out>.png``).
+
+Choosing between policies (the clone or an RL snapshot to ship) uses the ``validation`` split,
+never ``test``: ``dataset:validation:count`` spreads ``count`` problems over the dataset's
+training problems that the run's pretraining did not demonstrate (its agent's
+``pretrain.problems_per_dataset`` spread over each dataset, the same rule that chose them), so
+no policy compared was trained on their labels. A dataset whose training problems were all
+demonstrated (``models``: 150 of 150 at 200 per dataset) has no validation problems.
+
+    python experiments/rl_vs_clone.py --run checkpoints/apex-dqn-plans-avx2 --target avx2 \
+        --splits gemm-shapes:validation:40,mm64-256:validation:40 \
+        --also "RL snapshot=checkpoints/apex-dqn-plans-avx2/policy" --out experiments/results/select_default_avx2
 """
 
 from __future__ import annotations
@@ -29,7 +40,8 @@ from looprl.measurement.timing import time_kernel
 from looprl.policy.numpy_policy import Policy
 from looprl.policy.rollout import greedy_rollout
 from looprl.target import TARGET_CHOICES, Target
-from looprl.train.validation import spread
+from looprl.train.config import read_agent
+from looprl.train.validation import spread, spread_over_datasets
 from looprl.workloads.datasets import dataset_problems
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -62,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"target {target.isa} ({target.cpu}); CPU {cpu_model_name()}; run {args.run}", flush=True)
     for item in args.splits.split(","):
         dataset, split, count = item.split(":")
-        problems = spread(dataset_problems(dataset, split), int(count))
+        problems = spread(split_problems(args.run, dataset, split), int(count))
         for problem in problems:
             evaluator = Evaluator(":memory:", target=target, samples=1)
             finals = {label: greedy_rollout(policy, problem, evaluator).final_nest for label, policy in policies.items()}
@@ -84,6 +96,19 @@ def main(argv: list[str] | None = None) -> int:
     plot(rows, out.with_suffix(".png"), f"{target.isa} code on {cpu_model_name()}")
     print(f"wrote {out.with_suffix('.csv')} and {out.with_suffix('.png')}")
     return 0
+
+
+def split_problems(run: Path, dataset: str, split: str) -> list:
+    """The problems of ``split`` of ``dataset``; ``validation``: its training problems that the
+    run's pretraining did not demonstrate (see the module docstring)."""
+    if split != "validation":
+        return list(dataset_problems(dataset, split))
+    agent = read_agent(run / "agent.yaml")
+    demonstrated = {p.name for p in spread_over_datasets(agent, agent["pretrain"]["problems_per_dataset"])}
+    held_out = [p for p in dataset_problems(dataset, "train") if p.name not in demonstrated]
+    if not held_out:
+        raise SystemExit(f"{dataset}: every training problem was demonstrated to {run}: no validation problems")
+    return held_out
 
 
 def geomeans(rows, dataset, split) -> dict[str, float]:

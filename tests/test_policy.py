@@ -109,10 +109,10 @@ def test_greedy_rollout_keeps_the_state_when_a_schedule_fails(monkeypatch, faili
     monkeypatch.setenv("LOOPRL_STRICT", "0")
     policy = random_policy(bias=[0, 0, 0, 0, 9, 0, 0])  # always split_4
     problem = looprl.matmul(24, 16, 20)
-    reference = greedy_rollout(policy, problem, Evaluator(":memory:", budget_s=0.001), length=10)
+    reference = greedy_rollout(policy, problem, Evaluator(":memory:", budget_s=0.001), episode_length=10)
     assert reference.final_nest != looprl.initial_nest(problem)
     failing_compiles(lambda nest: nest != looprl.initial_nest(problem))
-    rollout = greedy_rollout(policy, problem, Evaluator(":memory:", budget_s=0.001), length=10)
+    rollout = greedy_rollout(policy, problem, Evaluator(":memory:", budget_s=0.001), episode_length=10)
     assert rollout.final_nest == looprl.initial_nest(problem)  # never moved to a failed state
     assert rollout.failures == 1 and rollout.stopped == "cycle" and rollout.final_actions == ()
     assert rollout.final_gflops == rollout.initial_gflops > 0

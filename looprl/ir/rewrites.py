@@ -81,7 +81,7 @@ def transposed_twin(problem: Problem, constant_only: bool = True) -> Problem | N
 
 
 @dataclass(frozen=True)
-class RewritePlan:
+class RewriteChain:
     """``original`` tuned through a chain of exact rewrites (each one's ``original`` the
     previous one's ``searched``): :attr:`searched` is what is searched, :meth:`carry_back`
     brings its schedule back."""
@@ -105,7 +105,7 @@ class RewritePlan:
         return nest
 
 
-def plan_rewrites(problem: Problem) -> RewritePlan:
+def plan_rewrites(problem: Problem) -> RewriteChain:
     """The exact rewrites ``tune`` applies, in order: the fused view (if any), then the
     transposed twin of what it leads to (if its right operand is constant)."""
     chain: list[Rewrite] = []
@@ -117,7 +117,7 @@ def plan_rewrites(problem: Problem) -> RewritePlan:
     twin = transposed_twin(searched)
     if twin is not None:
         chain.append(Rewrite(TRANSPOSED_TWIN, searched, twin))
-    return RewritePlan(problem, tuple(chain))
+    return RewriteChain(problem, tuple(chain))
 
 
 def relaid_twin(problem: Problem) -> Rewrite | None:
