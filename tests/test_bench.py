@@ -237,3 +237,72 @@ def test_the_torch_baseline_of_a_narrower_isa_holds_torch_s_kernels_to_it():
     figures, label = torch_gflops([parse_problem("8x16x16")], 0.002, isa="avx2")
     assert "AVX2 kernels" in label and "up to AVX2" in label and figures[0]["torch.matmul"] > 0
     assert "AVX512 kernels" in torch_gflops([parse_problem("8x16x16")], 0.002)[1]
+
+
+def test_a_failed_baseline_child_is_one_line_and_the_other_figures_still_print(tmp_path, monkeypatch, capsys):
+    """Issue 51 item 9: a torch child whose ``import torch`` raised OSError, or a numpy child
+    killed, was a nested traceback / exit 1 / "numpy baseline process failed:" with nothing
+    after it. Issue 50 row 5: the peers are timed after tuning, with the tuned kernel."""
+    from looprl.bench import tune_quality
+    from looprl.cli.bench import main
+    from looprl.measurement import numpy_baseline
+
+    fake = tmp_path / "fake" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise OSError('libtorch_cpu.so: cannot open shared object file')\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    monkeypatch.setenv("PYTHONPATH", f"{fake.parent}{os.pathsep}{root}")
+    killed = "import json, os, signal, sys; print(json.dumps({'label': 'numpy'}), flush=True); sys.stdin.readline(); os.kill(os.getpid(), signal.SIGKILL)"
+    monkeypatch.setattr(numpy_baseline, "NUMPY_CHILD", ("-c", killed))
+    events = []
+    real_tune, real_timed_with = tune_quality.tune, tune_quality.Peers.timed_with
+    monkeypatch.setattr(tune_quality, "tune", lambda *a, **k: events.append("tune") or real_tune(*a, **k))
+    monkeypatch.setattr(tune_quality.Peers, "timed_with", lambda self, *a, **k: events.append("timed") or real_timed_with(self, *a, **k))
+    path = tmp_path / "tune.json"
+    status = main(["tune", "--problems", "32x32x32", "--budget", "0.002", "--tune-budget", "0.05", "--mode", "policy", "--json", str(path)])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 2 and "Traceback" not in err, err
+    assert any("numpy baseline process was killed by SIGKILL" in line for line in lines), err
+    assert any("torch baseline process failed: import torch failed: OSError: libtorch_cpu.so" in line for line in lines), err
+    row = json.loads(path.read_text())["rows"][0]
+    assert row["tuned_gflops"] > 0 and row["untuned_gflops"] > 0 and np.isnan(row["numpy_gflops"]) and np.isnan(row["torch_gflops"])
+    assert "tune time: median" in out and events == ["tune", "timed"]  # the peers timed after tuning
+
+
+def test_the_peers_are_timed_in_turn_with_the_kernels_round_after_round(monkeypatch):
+    """Issue 50 row 5: numpy and torch were timed once, before all tuning; now each round times
+    the problem's kernels, then numpy, then torch, and each keeps its best."""
+    from looprl.bench import peers as peers_module
+    from looprl.bench import tune_quality
+    from looprl.ir.problem import parse_problem
+
+    order, figures = [], iter(range(1, 100))
+
+    class Child:
+        failure, label = None, "fake"
+
+        def __init__(self, name):
+            self.name = name
+
+        def time(self, problem, budget_s):
+            order.append(self.name)
+            value = float(next(figures))
+            return value if self.name == "numpy" else {"torch.matmul": value, "F.linear": None, "oneDNN packed": value / 2}
+
+        def close(self):
+            pass
+
+    class Timing:
+        gflops = 1.0
+
+    monkeypatch.setattr(peers_module, "numpy_child", lambda isa, threads: Child("numpy"))
+    monkeypatch.setattr(peers_module, "torch_child", lambda isa, threads: Child("torch"))
+    monkeypatch.setattr(peers_module, "time_kernel", lambda kernel, budget_s, **kw: order.append(kernel) or Timing())
+    peers = tune_quality.Peers(None, [1])
+    best = peers.timed_with({"tuned": "K", "untuned": "U"}, parse_problem("8x8x8"), 0.01, 1)
+    assert order == ["K", "U", "numpy", "torch"] * tune_quality.TIMING_ROUNDS
+    rounds = tune_quality.TIMING_ROUNDS  # the children answer 1, 2, 3, ... in turn: the last round is the best
+    assert best["numpy"] == 2 * rounds - 1 and best["torch"]["torch.matmul"] == 2 * rounds and best["torch"]["oneDNN packed"] == rounds
+    assert best["torch"]["F.linear"] is None and best["tuned"] == 1.0

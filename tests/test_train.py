@@ -175,7 +175,7 @@ def test_a_layout_agent_trains_and_exports_a_policy_with_pack_and_pad(ray_sessio
     policy = Policy.load(export_policy(checkpoint, tmp_path / "policy", agent))
     assert policy.action_names[-2:] == ("pack", "pad") and policy.metadata["layouts"] is True
     assert policy_actions(policy).layouts
-    assert greedy_rollout(policy, looprl.matmul(16, 24, 8), None).length == policy.metadata["episode_length"]
+    assert greedy_rollout(policy, looprl.matmul(16, 24, 8), None).episode_length == policy.metadata["episode_length"]
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
@@ -197,7 +197,7 @@ def test_a_two_thread_agent_trains_and_exports_a_policy_with_the_parallel_action
     assert policy.action_names[-1] == "parallel" and policy.metadata["threads"] == 2
     assert policy_actions(policy).parallel
     evaluator = looprl.Evaluator(str(tmp_path / "cache.sqlite"), 0.001, threads=2)
-    assert greedy_rollout(policy, looprl.matmul(16, 24, 8), evaluator).length == policy.metadata["episode_length"]
+    assert greedy_rollout(policy, looprl.matmul(16, 24, 8), evaluator).episode_length == policy.metadata["episode_length"]
 
 
 # -- the command line: checkpoints, resume, Ctrl-C, evaluation ------------------------------------------

@@ -2,9 +2,14 @@
 
 The benchmarks compare looprl with the best library on the host: numpy (OpenBLAS,
 :mod:`looprl.measurement.numpy_baseline`) and torch, whose CPU GEMMs are MKL's or oneDNN's,
-whichever torch dispatches to. Each is timed in a fresh interpreter with ``threads`` threads
+whichever torch dispatches to. torch is timed in a child process with ``threads`` threads
 (``torch.set_num_threads`` and the BLAS thread variables), by the common timing rule, while this
-process holds the machine-wide lock; a machine without torch gets None for each figure.
+process holds the machine-wide lock: :func:`torch_child` keeps one up and times a problem per
+request (its operands made and its weight packed once per problem, outside the timed calls),
+so that a benchmark times torch in turn with its own kernels (:mod:`looprl.bench.peers`);
+:func:`torch_gflops` times a list of problems once. A machine without torch gets None for each
+figure; an ``import torch`` that raises anything else (a broken install's ``OSError``) is the
+child's failure, one line naming it.
 
 What is timed is what a torch user writes for the problem, under ``torch.no_grad()``:
 
@@ -32,13 +37,12 @@ import contextlib
 import json
 import math
 import os
-import subprocess
 import sys
 
 from looprl import checks
 from looprl.backend.threads import check_threads
 from looprl.measurement.lock import machine_lock
-from looprl.measurement.numpy_baseline import baseline_environment, coretype_for
+from looprl.measurement.numpy_baseline import BaselineChild, baseline_environment, coretype_for
 from looprl.measurement.timing import best_time
 
 CALLS = ("torch.matmul", "F.linear", "oneDNN packed")
@@ -62,22 +66,31 @@ def torch_environment(isa: str | None = None, threads: int = 1) -> dict[str, str
     return env
 
 
+TORCH_CHILD = ("-m", "looprl.bench.torch_baseline", "--serve")  # the child's interpreter arguments
+
+
+def torch_child(isa: str | None = None, threads: int = 1) -> BaselineChild:
+    """A running torch baseline (:class:`~looprl.measurement.numpy_baseline.BaselineChild`) on
+    ``threads`` threads, its kernels held to ``isa`` (:func:`torch_environment`): each
+    ``time(problem, budget_s)`` answers ``{call: GFLOPS or None}``; its ``label`` says what
+    ran. An ``import torch`` that fails with anything but ImportError (a broken install's
+    OSError) is the child's failure, one line."""
+    return BaselineChild("torch baseline", TORCH_CHILD, torch_environment(isa, check_threads(threads)))
+
+
 def torch_gflops(problems: list, budget_s: float = 0.3, threads: int = 1, isa: str | None = None) -> tuple[list[dict[str, float | None]], str]:
     """For each problem, ``{"torch.matmul": ..., "F.linear": ..., "oneDNN packed": ...}``, GFLOPS or None
     (None: the call does not apply to the spec, or torch is not installed), timed in a child
     process on ``threads`` threads; and what ran, for reports (torch's version and the kernels
     it chose, e.g. ``"torch 2.13.0+cpu, AVX512 kernels"``). ``isa``: torch's kernels held to
-    it where it is narrower than the host's (:func:`torch_environment`; None: the host's)."""
+    it where it is narrower than the host's (:func:`torch_environment`; None: the host's).
+    A child that fails is a RuntimeError of one line naming it and the signal or error."""
     budget_s = checks.seconds(budget_s, "budget_s")
-    threads = check_threads(threads)
-    request = json.dumps({"problems": [p.name for p in problems], "budget_s": budget_s, "threads": threads})
-    with machine_lock():
-        result = subprocess.run([sys.executable, "-m", "looprl.bench.torch_baseline"], input=request, capture_output=True, text=True,
-                                env=torch_environment(isa, threads), check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"torch baseline process failed:\n{result.stderr}")
-    answer = json.loads(result.stdout)
-    return answer["gflops"], answer["torch"]
+    with machine_lock(), torch_child(isa, threads) as child:
+        figures = [child.time(problem, budget_s) for problem in problems]
+        if child.failure is not None:
+            raise RuntimeError(child.failure)
+    return figures, child.label
 
 
 def best_torch(figures: dict[str, float | None]) -> float:
@@ -139,35 +152,56 @@ def _calls(problem, torch, functional):
     return {"torch.matmul": lambda: finish(torch.einsum(spec, a, b), False)}  # torch.einsum: the matmul of other specs
 
 
-def _time_in_process(names: list[str], budget_s: float, threads: int) -> tuple[list[dict[str, float | None]], str]:
+def _timed_calls(calls: dict, flops: int, budget_s: float) -> dict[str, float | None]:
+    figures = dict.fromkeys(CALLS)
+    for call_name, call in calls.items():
+
+        def repeat(reps: int, call=call) -> None:
+            for _ in range(reps):
+                call()
+
+        # The parent holds the machine-wide lock while this process runs.
+        figures[call_name] = best_time(repeat, budget_s, flops=flops, lock=contextlib.nullcontext()).gflops
+    return figures
+
+
+def _label(torch) -> str:
+    narrowed = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    kernels = f"{torch.backends.cpu.get_cpu_capability()} kernels" + (f", oneDNN and MKL up to {narrowed}" if narrowed else "")
+    return f"torch {torch.__version__}, {kernels}"
+
+
+def _serve() -> None:
+    """The child's loop (:class:`~looprl.measurement.numpy_baseline.BaselineChild`): one
+    problem per request line, its operands made (and its weight packed) once and kept while
+    the next requests name the same problem."""
     from looprl.ir.problem import parse_problem
 
     try:
         import torch
         import torch.nn.functional as functional
     except ImportError:
-        return [dict.fromkeys(CALLS) for _ in names], "torch not installed"
-    torch.set_num_threads(threads)
-    results = []
-    with torch.no_grad():
-        for name in names:
-            problem = parse_problem(name)
-            figures = dict.fromkeys(CALLS)
-            for call_name, call in _calls(problem, torch, functional).items():
-
-                def repeat(reps: int, call=call) -> None:
-                    for _ in range(reps):
-                        call()
-
-                # The parent holds the machine-wide lock while this process runs.
-                figures[call_name] = best_time(repeat, budget_s, flops=problem.flops, lock=contextlib.nullcontext()).gflops
-            results.append(figures)
-    narrowed = os.environ.get("ONEDNN_MAX_CPU_ISA")
-    kernels = f"{torch.backends.cpu.get_cpu_capability()} kernels" + (f", oneDNN and MKL up to {narrowed}" if narrowed else "")
-    return results, f"torch {torch.__version__}, {kernels}"
+        torch = None
+    except Exception as error:  # a broken install (a missing shared library: OSError): the child's failure
+        print(json.dumps({"error": f"import torch failed: {type(error).__name__}: {' '.join(str(error).split())}"}), flush=True)
+        return
+    print(json.dumps({"label": "torch not installed" if torch is None else _label(torch)}), flush=True)
+    if torch is not None:
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    problem, calls = None, None
+    for line in sys.stdin:
+        request = json.loads(line)
+        if torch is None:
+            print(json.dumps({"gflops": dict.fromkeys(CALLS)}), flush=True)
+            continue
+        with torch.no_grad():
+            if problem is None or request["problem"] != problem.name:
+                problem, calls = None, None  # the previous problem's tensors freed first
+                problem = parse_problem(request["problem"])
+                calls = _calls(problem, torch, functional)
+            figures = _timed_calls(calls, problem.flops, request["budget_s"])
+        print(json.dumps({"gflops": figures}), flush=True)
 
 
 if __name__ == "__main__":
-    request = json.loads(sys.stdin.read())
-    gflops, runs = _time_in_process(request["problems"], request["budget_s"], request["threads"])
-    print(json.dumps({"gflops": gflops, "torch": runs}))
+    _serve()

@@ -2,12 +2,24 @@
 
 For each problem: the wall-clock time of ``looprl.tune`` for ``--target`` (default this
 machine; a narrower ISA is cross-compiled) from a cold cache (compile of the returned kernel
-included), then the returned kernel and the untuned nest re-timed with the same budget, and
-numpy single-thread in a child process, with the OpenBLAS kernels of the target's ISA
-(native for the host's own ISA; ``OPENBLAS_CORETYPE=Haswell`` for AVX2 code on an AVX-512
-host: see :mod:`looprl.measurement.numpy_baseline`). Reports median and p95 tune time and the
-geometric means of GFLOPS against numpy, the untuned nest and the measured peak; on a dataset
-whose rows name their model (``models``), also a table per model.
+included); then, after tuning, the returned kernel, the untuned nest and the peers timed in
+turn, round after round (:mod:`looprl.bench.peers`): numpy in a child process with the OpenBLAS
+kernels of the target's ISA (``OPENBLAS_CORETYPE`` unset, native, for the host's own ISA;
+``Haswell`` for AVX2 code on an AVX-512 host: see :mod:`looprl.measurement.numpy_baseline`),
+and torch in another, ``torch.matmul``, ``F.linear`` and oneDNN's linear on a weight packed
+once (``torch.ops.mkldnn._reorder_linear_weight`` then ``_linear_pointwise``, what Inductor's
+freezing runs; :mod:`looprl.bench.torch_baseline`). Reports median and p95 tune time and the
+geometric means of GFLOPS against numpy, torch, the better of the two, the untuned nest and
+the measured peak; on a dataset whose rows name their model (``models``), also a table per
+model.
+
+The columns, per problem: ``tune ms`` (``looprl.tune``'s wall-clock time), ``untuned`` and
+``tuned`` (GFLOPS of the initial nest and of tune's answer), ``numpy`` and ``torch`` (GFLOPS;
+torch's is the best of its calls), ``tuned/numpy``, ``tuned/torch`` and ``tuned/best`` (the
+tuned kernel against numpy, torch, and the better of the two: the headline), ``bound`` (the
+roofline's GFLOPS bound, ``P`` peak, ``L`` last-level cache or ``D`` DRAM bandwidth) and ``of
+bound``. A peer whose child failed prints one warning line and ``nan`` in its columns; the
+others are still printed.
 
 ``--threads 1,2`` tunes every problem once per thread count (``looprl.tune(threads=N)``, each
 from a cold cache), times the returned kernel on N threads and numpy on N BLAS threads, and
@@ -15,10 +27,11 @@ prints the figures side by side; for N > 1 also the returned schedule made seria
 thread (its one-thread counterpart). The first count's figures keep the one-count names in
 the JSON rows and summary; the others get a ``_t<N>`` suffix.
 
-Every figure is the best of :data:`TIMING_ROUNDS` timings: looprl's kernels are timed that many
-times, one after the other, with ``--budget`` each, and numpy and torch get that many times
-``--budget`` (on this 2-vCPU VM one bad moment, the host taking the second vCPU away, made a
-two-thread team time at one thread's speed: 115 against 217 GFLOPS re-timed alone).
+Every figure is the best of :data:`~looprl.bench.peers.TIMING_ROUNDS` rounds, each timing
+looprl's kernels, numpy and torch one after the other with ``--budget`` each (on this 2-vCPU VM
+one bad moment, the host taking the second vCPU away, made a two-thread team time at one
+thread's speed: 115 against 217 GFLOPS re-timed alone; in turn, such a moment lowers one
+round of every figure, not one side of a ratio).
 
 ``--repeat`` tunes every problem a second time, from another cold cache, at each thread count,
 and re-times the two answers together (``REPEAT_ROUNDS`` interleaved rounds, best of each):
@@ -42,8 +55,9 @@ from looprl.bench.neighbour import KINDS, Neighbour
 from looprl.workloads.datasets import SPLITS, dataset_entries
 from looprl.ir.nest import initial_nest
 from looprl.ir.problem import parse_problems
-from looprl.bench.torch_baseline import best_torch, torch_gflops
-from looprl.measurement.numpy_baseline import baseline_label, numpy_gflops
+from looprl.bench.peers import TIMING_ROUNDS, Peers
+from looprl.bench.torch_baseline import best_torch
+from looprl.measurement.numpy_baseline import baseline_label
 from looprl.measurement.peak import measure_peak_gflops
 from looprl.measurement.roofline import roofline
 from looprl.measurement.timing import time_kernel
@@ -141,12 +155,15 @@ def print_per_model(models: list[dict], out) -> None:
               f"{m['tune_s_median']:13.3f} {m['tune_s_max']:10.3f} {'-' if math.isnan(search) else f'{search:.2f}':>12}", file=out)
 
 
-TIMING_ROUNDS = 3
-
-
 def _timed(kernel, budget_s: float, threads: int | None = None) -> float:
     """``kernel``'s GFLOPS: the best of :data:`TIMING_ROUNDS` timings of ``budget_s`` each."""
     return max(time_kernel(kernel, budget_s, threads=threads).gflops for _ in range(TIMING_ROUNDS))
+
+
+def _best_library(numpy_value: float, torch_value: float) -> float:
+    """The better of numpy and torch, NaN only when neither was timed."""
+    timed = [v for v in (numpy_value, torch_value) if v == v]
+    return max(timed) if timed else math.nan
 
 
 def _retimed_together(kernels, budget_s: float, threads: int) -> list[float]:
@@ -200,8 +217,6 @@ def main(args, out=sys.stdout) -> dict:
     if args.tune_budget is not None:  # None: scaled to each problem
         checks.seconds(args.tune_budget, "--tune-budget", allow_zero=True)
     counts = thread_counts(getattr(args, "threads", "1"))
-    repeat = getattr(args, "repeat", False)
-    neighbour = getattr(args, "neighbour", None)
     first = counts[0]
     target = Target.resolve(args.target)
     target.check_runs_on_host()
@@ -216,13 +231,20 @@ def main(args, out=sys.stdout) -> dict:
         source = f"{args.dataset}/{args.split}"
     peak = measure_peak_gflops(target, threads=first)
     ceilings = roofline(peak, target, ":memory:", threads=first, fresh=True)
-    library_budget = TIMING_ROUNDS * args.budget  # as long as looprl's rounds together
-    numpy = numpy_gflops(problems, library_budget, isa=target.isa, threads=first)
     numpy_label = baseline_label(target.isa, threads=first)
-    others = {n: numpy_gflops(problems, library_budget, isa=target.isa, threads=n) for n in counts[1:]}
-    torch_figures, torch_label = torch_gflops(problems, library_budget, threads=first, isa=target.isa)  # torch.matmul, F.linear, oneDNN packed
-    torch_others = {n: torch_gflops(problems, library_budget, threads=n, isa=target.isa)[0] for n in counts[1:]}
     peaks = {n: measure_peak_gflops(target, threads=n) for n in counts[1:]}
+    peers = Peers(target.isa, counts)  # numpy and torch (torch.matmul, F.linear, oneDNN packed), timed with each problem's kernels
+    try:
+        return _run(args, out, target, policy, problems, entries, source, counts, peak, ceilings, numpy_label, peaks, peers)
+    finally:
+        peers.close()
+
+
+def _run(args, out, target, policy, problems, entries, source, counts, peak, ceilings, numpy_label, peaks, peers) -> dict:
+    repeat = getattr(args, "repeat", False)
+    neighbour = getattr(args, "neighbour", None)
+    first = counts[0]
+    torch_label = peers.label("torch", first)
     made_for = policy.target.isa if policy.target is not None else "unknown"
     print(f"target {target}; peak {peak:.1f} GFLOPS; policy made for {made_for}; {len(problems)} problems ({source}); "
           f"{args.mode} mode, search budget {'scaled to the problem' if args.tune_budget is None else f'{args.tune_budget} s'}; CPU {cpu_model_name()}", file=out)
@@ -237,16 +259,18 @@ def main(args, out=sys.stdout) -> dict:
                     for n in counts[1:]),
           file=out)
     rows = []
-    for index, (problem, entry, numpy_value) in enumerate(zip(problems, entries, numpy)):
+    for problem, entry in zip(problems, entries):
         result = tune(problem, policy, measure=args.mode == "measured", cache=":memory:", target=target, budget_s=args.tune_budget,
                       threads=first)
-        tuned = _timed(result.kernel, args.budget)
-        untuned = _timed(compile(initial_nest(problem), target=target), args.budget)
+        # After tuning, the answer, the untuned nest, numpy and torch timed in turn, round after round.
+        timed = peers.timed_with({"tuned": result.kernel, "untuned": compile(initial_nest(problem), target=target)}, problem,
+                                 args.budget, first)
+        tuned, untuned, numpy_value = timed["tuned"], timed["untuned"], timed["numpy"]
         bound = ceilings.bound(problem)
-        torch_value = best_torch(torch_figures[index])
-        best_value = max(numpy_value, torch_value) if torch_value == torch_value else numpy_value  # NaN: no torch
+        torch_value = best_torch(timed["torch"])
+        best_value = _best_library(numpy_value, torch_value)
         row = {"problem": problem.name, "tune_s": result.seconds, "waited_s": result.waited_s, "untuned_gflops": untuned, "tuned_gflops": tuned,
-               "numpy_gflops": numpy_value, "torch_gflops": torch_value, "torch_calls_gflops": torch_figures[index], "best_library_gflops": best_value,
+               "numpy_gflops": numpy_value, "torch_gflops": torch_value, "torch_calls_gflops": timed["torch"], "best_library_gflops": best_value,
                "bound_gflops": bound.gflops, "bound": bound.limit, "actions": list(result.actions),
                "schedule": result.nest.key}
         if entry is not None and entry.model is not None:
@@ -264,12 +288,17 @@ def main(args, out=sys.stdout) -> dict:
         for n in counts[1:]:
             threaded = tune(problem, policy, measure=args.mode == "measured", cache=":memory:", target=target,
                             budget_s=args.tune_budget, threads=n)
-            gflops = _timed(threaded.kernel, args.budget)
-            serial = gflops if not threaded.nest.is_parallel else _timed(compile(threaded.nest.serial(), target=target), args.budget)
+            kernels = {"tuned": threaded.kernel}
+            if threaded.nest.is_parallel:
+                kernels["serial"] = compile(threaded.nest.serial(), target=target)
+            timed_n = peers.timed_with(kernels, problem, args.budget, n)
+            gflops = timed_n["tuned"]
+            serial = timed_n.get("serial", gflops)
+            numpy_n = timed_n["numpy"]
             suffix = _suffix(n, first)
-            torch_n = best_torch(torch_others[n][index])
-            best_n = max(others[n][index], torch_n) if torch_n == torch_n else others[n][index]
-            row.update({f"tune_s{suffix}": threaded.seconds, f"tuned_gflops{suffix}": gflops, f"numpy_gflops{suffix}": others[n][index],
+            torch_n = best_torch(timed_n["torch"])
+            best_n = _best_library(numpy_n, torch_n)
+            row.update({f"tune_s{suffix}": threaded.seconds, f"tuned_gflops{suffix}": gflops, f"numpy_gflops{suffix}": numpy_n,
                         f"torch_gflops{suffix}": torch_n, f"best_library_gflops{suffix}": best_n,
                         f"serial_counterpart_gflops{suffix}": serial, f"actions{suffix}": list(threaded.actions),
                         f"schedule{suffix}": threaded.nest.key})
@@ -277,7 +306,7 @@ def main(args, out=sys.stdout) -> dict:
                 row[f"repeat{suffix}"] = agreement(threaded, problem, policy, args, target, n)
             if neighbour:
                 row[f"neighbour{suffix}"] = beside_neighbour(threaded, problem, policy, args, target, n)
-            columns += f" {gflops:9.1f} {others[n][index]:9.1f} {torch_n:9.1f} {gflops / best_n:9.2f} {gflops / tuned:7.2f} {serial:9.1f}"
+            columns += f" {gflops:9.1f} {numpy_n:9.1f} {torch_n:9.1f} {gflops / best_n:9.2f} {gflops / tuned:7.2f} {serial:9.1f}"
         rows.append(row)
         label = _label(problem)
         print(f"{label:>14} {1000 * result.seconds:8.0f} {untuned:8.1f} {tuned:8.1f} {numpy_value:8.1f} {torch_value:8.1f} {tuned / numpy_value:11.2f}"

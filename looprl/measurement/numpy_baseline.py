@@ -22,6 +22,12 @@ views (``km,kn->mn``, ``bkm,bkn->bmn`` and the 1x1 convolutions ``nchw,oc->nohw`
 ``nhwc,oc->nhwo``); then the problem's epilogue, if it has one, one numpy call
 per step (:mod:`looprl.measurement.numpy_epilogue`): numpy's time covers the same work as the
 fused kernel's.
+
+:class:`BaselineChild` keeps such a child running and times one problem at a time on request
+(one JSON line in, one out), so that a benchmark can time numpy in turn with its own kernels,
+round after round, rather than once before all of them. A child that dies (killed by a
+signal, or an import that fails in it) is one line naming the child and the signal or error
+(:attr:`BaselineChild.failure`); its figures are then None.
 """
 
 from __future__ import annotations
@@ -29,8 +35,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 
 from looprl import checks
 from looprl.backend.threads import check_threads
@@ -77,26 +85,108 @@ def baseline_label(isa: str | None = None, host_isa: str | None = None, threads:
     return f"numpy, {threads} thread{'s' if threads != 1 else ''}, {kernels}"
 
 
+NUMPY_CHILD = ("-m", "looprl.measurement.numpy_baseline", "--serve")  # the child's interpreter arguments
+
+
+class BaselineChild:
+    """A baseline timed in a child process that stays up: ``time(problem, budget_s)`` sends it
+    one problem and returns what it answers (None once it failed). The child prints one JSON
+    line when ready (``{"label": ...}``, or ``{"error": ...}`` when it cannot time at all), then
+    answers each request line ``{"problem": name, "budget_s": s}`` with ``{"gflops": ...}``.
+    The caller holds the machine-wide lock while it times; ``name`` says which child it is in
+    messages ("numpy baseline")."""
+
+    def __init__(self, name: str, arguments, environment: dict[str, str]):
+        self.name = name
+        self.failure: str | None = None
+        self._errors = tempfile.TemporaryFile(mode="w+", encoding="utf-8")  # a file, not a pipe: a chatty child never blocks
+        self._process = subprocess.Popen([sys.executable, *arguments], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=self._errors, text=True, env=environment)
+        hello = self._answer()
+        self.label = None if hello is None else hello.get("label")
+
+    def time(self, problem, budget_s: float):
+        """The child's figure for ``problem`` (its name is sent), or None once it has failed."""
+        if self.failure is not None:
+            return None
+        try:
+            self._process.stdin.write(json.dumps({"problem": problem.name, "budget_s": budget_s}) + "\n")
+            self._process.stdin.flush()
+        except OSError:
+            pass  # it died: the answer's end of file says how
+        answer = self._answer()
+        return None if answer is None else answer.get("gflops")
+
+    def _answer(self) -> dict | None:
+        line = self._process.stdout.readline()
+        answer = None
+        if line:
+            try:
+                answer = json.loads(line)
+            except ValueError:
+                answer = {"error": f"unreadable answer {line.strip()[:200]!r}"}
+        if answer is not None and "error" not in answer:
+            return answer
+        self.failure = f"{self.name} process failed: {answer['error']}" if answer is not None else self._death()
+        self.close()
+        return None
+
+    def _death(self) -> str:
+        """One line: how the child ended (the signal that killed it, or its status and last error line)."""
+        try:
+            status = self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            status = self._process.wait()
+        self._errors.seek(0)
+        lines = [line.strip() for line in self._errors.read().splitlines() if line.strip()]
+        last = f": {lines[-1]}" if lines else " (no error output)"
+        if status < 0:
+            try:
+                signal_name = signal.Signals(-status).name
+            except ValueError:
+                signal_name = f"signal {-status}"
+            return f"{self.name} process was killed by {signal_name}{last if lines else ''}"
+        return f"{self.name} process ended (exit status {status}){last}"
+
+    def close(self) -> None:
+        """End the child (its stdin closed; killed if it does not end in a few seconds)."""
+        if self._process.poll() is None:
+            try:
+                self._process.stdin.close()
+                self._process.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                self._process.kill()
+                self._process.wait()
+        for stream in (self._process.stdin, self._process.stdout):
+            with contextlib.suppress(OSError):
+                stream.close()
+        self._errors.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def numpy_child(isa: str | None = None, threads: int = 1) -> BaselineChild:
+    """A running numpy baseline (:class:`BaselineChild`) with ``threads`` BLAS threads and the
+    OpenBLAS kernels for ``isa`` (:func:`baseline_environment`)."""
+    return BaselineChild("numpy baseline", NUMPY_CHILD, baseline_environment(isa, threads=threads))
+
+
 def numpy_gflops(problems: list, budget_s: float = 0.3, isa: str | None = None, threads: int = 1) -> list[float]:
     """GFLOPS of numpy (see the module docstring for the call) for each problem, measured in
     a child process with ``threads`` BLAS threads (default one) and the OpenBLAS kernels for
     ``isa`` (None: native), by the common timing rule; this process holds the machine-wide
-    lock meanwhile."""
+    lock meanwhile. A child that fails is a RuntimeError of one line naming it and the signal or error."""
     budget_s = checks.seconds(budget_s, "budget_s")
-    environment = baseline_environment(isa, threads=threads)
-    request = json.dumps({"problems": [p.name for p in problems], "budget_s": budget_s})
-    with machine_lock():
-        result = subprocess.run(
-            [sys.executable, "-m", "looprl.measurement.numpy_baseline"],
-            input=request,
-            capture_output=True,
-            text=True,
-            env=environment,
-            check=False,
-        )
-    if result.returncode != 0:
-        raise RuntimeError(f"numpy baseline process failed:\n{result.stderr}")
-    return json.loads(result.stdout)["gflops"]
+    with machine_lock(), numpy_child(isa, threads) as child:
+        values = [child.time(problem, budget_s) for problem in problems]
+        if child.failure is not None:
+            raise RuntimeError(child.failure)
+    return values
 
 
 def _einsum_call(spec: str, a, b, out):
@@ -144,50 +234,84 @@ def _faster(einsum_run, view_run, budget_s: float):
     return view_run if times[1] < times[0] else einsum_run
 
 
-def _time_in_process(names: list[str], budget_s: float) -> list[float]:
+def _numpy_call(problem, rng, budget_s: float):
+    """A ``repeat(reps)`` that runs ``problem`` in numpy (module docstring) on fresh operands
+    (where two calls could do, the faster in a short timing out of ``budget_s``)."""
     import numpy as np
 
     from looprl.backend.buffers import aligned_empty
+    from looprl.measurement.numpy_epilogue import apply_epilogue
+
+    a, b = (aligned_empty(s) for s in problem.input_shapes)
+    a[...] = rng.uniform(-1, 1, a.shape)
+    b[...] = rng.uniform(-1, 1, b.shape)
+    out = aligned_empty(problem.output_shape)
+    if problem.spec in _MATMUL_SPECS:
+        def run():
+            np.matmul(a, b, out=out)
+    elif problem.spec in _TRANSPOSED_SPECS:
+        def run():
+            np.matmul(a, b.swapaxes(-1, -2), out=out)
+    else:
+        run = _faster(_einsum_call(problem.spec, a, b, out), _view_call(problem, a, b, out), budget_s)
+
+    extra = {}
+    for what, shape in problem.epilogue_shapes:
+        extra[what] = aligned_empty(shape)
+        extra[what][...] = rng.uniform(-1, 1, shape)
+    scratch = aligned_empty(problem.output_shape)
+    epilogue = problem.epilogue
+
+    def repeat(reps: int) -> None:
+        for _ in range(reps):
+            run()
+            if not epilogue.is_identity:
+                apply_epilogue(epilogue, out, scratch, extra.get("bias"), extra.get("residual"))
+
+    return repeat
+
+
+def _time_in_process(names: list[str], budget_s: float) -> list[float]:
+    import numpy as np
+
     from looprl.ir.problem import parse_problem
-    from looprl.measurement.numpy_epilogue import apply_epilogue, erf_source
+    from looprl.measurement.numpy_epilogue import erf_source
 
     erf_source()  # imports scipy's erf now, if there is one, not inside a timing
-
-    results = []
     rng = np.random.default_rng(0)
+    results = []
     for name in names:
         problem = parse_problem(name)
-        a, b = (aligned_empty(s) for s in problem.input_shapes)
-        a[...] = rng.uniform(-1, 1, a.shape)
-        b[...] = rng.uniform(-1, 1, b.shape)
-        out = aligned_empty(problem.output_shape)
-        if problem.spec in _MATMUL_SPECS:
-            def run():
-                np.matmul(a, b, out=out)
-        elif problem.spec in _TRANSPOSED_SPECS:
-            def run():
-                np.matmul(a, b.swapaxes(-1, -2), out=out)
-        else:
-            run = _faster(_einsum_call(problem.spec, a, b, out), _view_call(problem, a, b, out), budget_s)
-
-        extra = {}
-        for what, shape in problem.epilogue_shapes:
-            extra[what] = aligned_empty(shape)
-            extra[what][...] = rng.uniform(-1, 1, shape)
-        scratch = aligned_empty(problem.output_shape)
-        epilogue = problem.epilogue
-
-        def repeat(reps: int) -> None:
-            for _ in range(reps):
-                run()
-                if not epilogue.is_identity:
-                    apply_epilogue(epilogue, out, scratch, extra.get("bias"), extra.get("residual"))
-
         # The parent holds the machine-wide lock while this process runs.
-        results.append(best_time(repeat, budget_s, flops=problem.flops, lock=contextlib.nullcontext()).gflops)
+        results.append(best_time(_numpy_call(problem, rng, budget_s), budget_s, flops=problem.flops, lock=contextlib.nullcontext()).gflops)
     return results
 
 
+def _serve() -> None:
+    """The child's loop (:class:`BaselineChild`): one problem per request line, its operands
+    made once and kept while the next requests name the same problem."""
+    import numpy as np
+
+    from looprl.ir.problem import parse_problem
+    from looprl.measurement.numpy_epilogue import erf_source
+
+    erf_source()
+    print(json.dumps({"label": "numpy " + np.__version__}), flush=True)
+    rng = np.random.default_rng(0)
+    problem, repeat = None, None
+    for line in sys.stdin:
+        request = json.loads(line)
+        if problem is None or request["problem"] != problem.name:
+            problem, repeat = None, None  # the previous problem's buffers freed first
+            problem = parse_problem(request["problem"])
+            repeat = _numpy_call(problem, rng, request["budget_s"])
+        timing = best_time(repeat, request["budget_s"], flops=problem.flops, lock=contextlib.nullcontext())
+        print(json.dumps({"gflops": timing.gflops}), flush=True)
+
+
 if __name__ == "__main__":
-    request = json.loads(sys.stdin.read())
-    print(json.dumps({"gflops": _time_in_process(request["problems"], request["budget_s"])}))
+    if sys.argv[1:] == ["--serve"]:
+        _serve()
+    else:
+        request = json.loads(sys.stdin.read())
+        print(json.dumps({"gflops": _time_in_process(request["problems"], request["budget_s"])}))
