@@ -208,3 +208,28 @@ def test_under_inductor_freezing_the_backend_binds_once(options):
         torch.testing.assert_close(compiled(x), module(x), rtol=1e-5, atol=1e-5)
     assert dynamo._layers[-1].frozen  # the newest operator's kernels
     torch._dynamo.reset()
+
+
+def test_a_frozen_layer_binds_a_new_tensor_even_at_a_freed_tensor_s_address(options):
+    """Issue 51 #3: a weight replaced twice between calls (``.data =``, a new Parameter) often
+    gets the freed address of the tensor the kernels were bound to; a frozen layer binds by
+    identity (it keeps the bound tensor), so every new tensor is bound again."""
+    size = 256  # large enough for the allocator to hand a freed block back whole
+    x = torch.randn(4, size)
+    layer = looprl_torch.tune_module(nn.Linear(size, size), x, frozen=True, **dict(options, progress=False))
+    assert layer.kernels.frozen
+    counter = iter(range(10**6))
+    replacements = [
+        lambda: setattr(layer.weight, "data", fresh((size, size), next(counter))),
+        lambda: setattr(layer, "weight", nn.Parameter(fresh((size, size), next(counter)))),
+        lambda: setattr(layer.bias, "data", fresh((size,), next(counter))),
+    ]
+    with torch.no_grad():
+        for round in range(30):
+            replace = replacements[round % len(replacements)]
+            layer(x)
+            replace()
+            replace()
+            torch.testing.assert_close(layer(x), functional.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-4,
+                                       msg=lambda m: f"round {round}: {m}")
+    assert looprl_torch.stats(layer)["fallback_calls"] == 0

@@ -113,23 +113,40 @@ _memcmp = _load_memcmp()
 
 
 class FrozenCache:
-    """A value derived from copies of a weight and a bias (or None) once per pair of tensors
-    (their addresses, and the weight's strides): what :func:`~looprl.torch.tune_module`'s
-    ``frozen=True`` promises is that their values do not change, as ``torch.compile`` with
-    Inductor's ``freezing`` does. A new tensor (``.data = new``, ``load_state_dict(assign=True)``)
-    is derived from again; an in-place edit is not seen. ``derive(weight, bias)`` gets
-    C-contiguous numpy copies (None for no bias)."""
+    """A value derived from copies of a weight and a bias (or None) once per pair of tensors:
+    what :func:`~looprl.torch.tune_module`'s ``frozen=True`` promises is that their values do
+    not change, as ``torch.compile`` with Inductor's ``freezing`` does. A new tensor (``.data =
+    new``, a new Parameter, ``load_state_dict(assign=True)``) is derived from again; an in-place
+    edit is not seen. ``derive(weight, bias)`` gets C-contiguous numpy copies (None for no bias).
+
+    Bound by identity, not by address: the cache keeps an alias of each tensor it derived from
+    (``tensor.detach()``: the same storage), so that storage stays allocated and no other
+    tensor can be given its address; a tensor whose data pointer, strides, shape and dtype are
+    those of the kept alias is then the tensor bound (the same memory), any other is new. (A
+    key of addresses alone, kept after the tensor was freed, took a new tensor allocated at the
+    freed address for the old one: 38 of 40 rounds of ``.data = new`` twice between calls on a
+    256x256 layer, torch 2.13.) The cost: the bound tensors stay allocated until the next call
+    binds their replacements (a weight replaced and never called again is kept)."""
 
     def __init__(self, derive):
         self._derive = derive
-        self._entry: tuple[tuple, object] | None = None  # ((weight's address, strides, bias's address), the value), replaced whole
+        self._entry: tuple[tuple, object] | None = None  # ((the bound weight's alias, the bias's or None), the value), replaced whole
 
     def get(self, weight, bias):
-        """The value derived from ``weight`` and ``bias``, or from the tensors before them at
-        the same addresses."""
-        key = (weight.data_ptr(), tuple(weight.stride()), None if bias is None else bias.data_ptr())
+        """The value derived from ``weight`` and ``bias``, bound again when either is another
+        tensor than the one bound."""
         entry = self._entry
-        if entry is None or entry[0] != key:
-            copies = (weight.detach().numpy().copy(), None if bias is None else bias.detach().numpy().copy())
-            entry = self._entry = (key, self._derive(*copies))
+        if entry is None or not (_same_tensor(entry[0][0], weight) and _same_tensor(entry[0][1], bias)):
+            kept = (weight.detach(), None if bias is None else bias.detach())
+            copies = tuple(None if alias is None else alias.numpy().copy() for alias in kept)
+            entry = self._entry = (kept, self._derive(*copies))
         return entry[1]
+
+
+def _same_tensor(alias, tensor) -> bool:
+    """Whether ``tensor`` (or None) is the memory of ``alias`` (kept alive, so no other tensor
+    can lie at its address) seen the same way."""
+    if alias is None or tensor is None:
+        return alias is tensor
+    return (tensor.data_ptr() == alias.data_ptr() and tensor.dtype == alias.dtype and tensor.shape == alias.shape
+            and tensor.stride() == alias.stride())
