@@ -82,7 +82,7 @@ def test_tuned_records_refuse_a_folder_or_an_unwritable_path_and_write_nothing(t
     (["tune", "--problems", "64x64x64", "--budget", "inf"], "looprl.bench.tune_quality.load_policy", "--budget"),
     (["codegen", "--shapes", "16x16x16", "--budget", "nan"], "looprl.bench.codegen.run", "--budget"),
     (["env", "--budget-ms", "inf"], "looprl.bench.env.peak_gflops", "--budget-ms"),
-    (["layers", "--layers", "4,8,8", "--tune-budget", "-1"], "looprl.bench.layers.numpy_gflops", "--tune-budget"),
+    (["layers", "--layers", "4,8,8", "--tune-budget", "-1"], "looprl.bench.layers.Peers", "--tune-budget"),
 ])
 def test_bench_numbers_are_checked_before_any_work(arguments, first_work, flag, monkeypatch, capsys):
     monkeypatch.setattr(first_work, lambda *args, **kwargs: pytest.fail(f"{first_work} ran before {flag} was checked"))
