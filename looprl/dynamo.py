@@ -14,8 +14,11 @@ plans, so ``dynamic=True`` (a symbolic row count) needs no recompilation; any ca
 not compute exactly (another dtype, autograd, ...) falls back to torch, so no call gives a wrong
 answer. Each call computes with the values the weight and bias hold at that moment, however
 they were changed since (:class:`looprl.torch.ContentCache`), except under Inductor's
-``torch._inductor.config.freezing``, which promises the parameters keep their values: then
-they are bound once, as Inductor itself does (``tune_module(frozen=True)``). The rest of the graph, with the
+``torch._inductor.config.freezing``, which promises that the module's parameters and buffers
+keep their values: a weight and bias that are such (``get_attr`` nodes of the graph, as Dynamo
+hands them over under freezing) are bound once per tensor, as Inductor itself does
+(``tune_module(frozen=True)``); a weight or bias that is an input of the graph (an argument of
+the compiled function) is not covered by the promise and is still compared on every call. The rest of the graph, with the
 operators in it, goes to ``inductor`` (torch's default backend; ``options={"rest": "eager"}``
 runs it as captured instead).
 
@@ -218,6 +221,7 @@ def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: in
     weights = [_example_value(gm, node.args[1], values) for node in gm.graph.nodes
                if node.op == "call_function" and node.target in LINEAR_TARGETS and len(node.args) > 1]
     cold_weights = weights_outgrow_cache(w for w in weights if isinstance(w, torch.Tensor))
+    freezing = _freezing()
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in LINEAR_TARGETS:
             continue
@@ -238,8 +242,10 @@ def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: in
         rows = max(1, math.prod(_hint(size) for size in x_value.shape[:-1]))
         per_rows = tune_layer(in_features, out_features, bias is not None, activation, {rows}, max_rows, cold_weights, results, tuning)
         shape = layer_shape(per_rows)
-        # Under Inductor's freezing the caller has promised the parameters keep their values: bound once, as Inductor does.
-        kernels = LinearKernels(in_features, out_features, activation, per_rows, routes=judged.get(shape), frozen=_freezing())
+        # Under Inductor's freezing the caller has promised that the parameters and buffers (get_attr nodes) keep their
+        # values: bound once, as Inductor does. A weight or bias that is a graph input carries no such promise: compared.
+        frozen = freezing and all(node is None or getattr(node, "op", None) == "get_attr" for node in (weight, bias))
+        kernels = LinearKernels(in_features, out_features, activation, per_rows, routes=judged.get(shape), frozen=frozen)
         if compare_torch and shape not in judged:
             judged[shape] = kernels.judge(weight_value.detach(), None if bias_value is None else bias_value.detach())
         index = _register(_layers, kernels)
@@ -255,7 +261,8 @@ def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: in
 
 
 def _freezing() -> bool:
-    """Whether Inductor's ``freezing`` is on (the model's parameters promised constant)."""
+    """Whether Inductor's ``freezing`` is on (the model's parameters and buffers promised
+    constant; not the graph's inputs)."""
     import torch._inductor.config as inductor_config
 
     return bool(inductor_config.freezing)

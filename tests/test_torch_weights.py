@@ -233,3 +233,34 @@ def test_a_frozen_layer_binds_a_new_tensor_even_at_a_freed_tensor_s_address(opti
             torch.testing.assert_close(layer(x), functional.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-4,
                                        msg=lambda m: f"round {round}: {m}")
     assert looprl_torch.stats(layer)["fallback_calls"] == 0
+
+
+def test_under_inductor_freezing_weights_given_as_inputs_are_still_compared(options):
+    """Issue 51 #2: freezing promises that the parameters and buffers (``get_attr`` nodes) keep
+    their values, not the graph's inputs: a weight passed to the compiled function is compared
+    on every call, and a module's parameter in the same run stays bound once."""
+    import torch._inductor.config as inductor_config
+
+    from looprl import dynamo
+
+    def f(x, weight, bias):
+        return torch.relu(functional.linear(x, weight, bias))
+
+    torch._dynamo.reset()
+    x, weight, bias = torch.randn(4, IN), fresh((OUT, IN), 20), fresh((OUT,), 21)
+    module = nn.Sequential(nn.Linear(IN, OUT)).eval()
+    compiled_f = torch.compile(f, backend="looprl", options=dict(options, rest="eager"))
+    compiled_module = torch.compile(module, backend="looprl", options=dict(options, rest="eager"))
+    with inductor_config.patch(freezing=True), torch.no_grad():
+        torch.testing.assert_close(compiled_f(x, weight, bias), f(x, weight, bias), rtol=1e-5, atol=1e-5)
+        by_input = dynamo._layers[max(dynamo._layers)] if isinstance(dynamo._layers, dict) else dynamo._layers[-1]
+        weight.copy_(fresh((OUT, IN), 22))  # in place: an input carries no promise
+        bias.mul_(-2)
+        torch.testing.assert_close(compiled_f(x, weight, bias), f(x, weight, bias), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(compiled_module(x), module(x), rtol=1e-5, atol=1e-5)
+        by_attribute = dynamo._layers[max(dynamo._layers)] if isinstance(dynamo._layers, dict) else dynamo._layers[-1]
+        before = compiled_module(x)
+        module[0].weight.data.mul_(2)  # in place on a frozen parameter: the promise broken, not seen
+        torch.testing.assert_close(compiled_module(x), before, rtol=0, atol=0)
+    assert not by_input.frozen and by_attribute.frozen
+    torch._dynamo.reset()
