@@ -28,7 +28,16 @@ from looprl.torch.weights import ContentCache, FrozenCache
 
 
 ROUTE_BUDGET_S = 0.005  # seconds to time looprl's plan, and torch's call, for one row count in one round
-ROUTE_ROUNDS = 2  # interleaved rounds (looprl, torch, looprl, torch); each side's best is compared
+ROUTE_ROUNDS = 3  # interleaved rounds (looprl, torch, looprl, torch, ...); each side's best is compared
+# looprl keeps a row count only where its best time is at least this much below torch's: a
+# near-tie goes to torch. Why 5%: one 4 ms timing falls short of the machine's best by 4.3% at
+# the 90th percentile (docs/measurement.md, "The env's budget": experiments/timing_budget_noise.py,
+# avx512 code, Zen 4; 1.3% for AVX2 code), so a smaller gap is within what two timings of
+# the same code differ by, and best-of interleaved rounds only narrow it. A tie goes to torch
+# because torch's call is the layer's own (no copy of the weights compared, nothing bound) and
+# computes the layer's answer bit for bit: the deterministic side to fall to when looprl has
+# not shown it is faster.
+ROUTE_MARGIN = 0.05
 TORCH_FASTER = "torch timed faster at this row count"  # the fallback reason of a call routed to torch
 
 
@@ -36,9 +45,11 @@ TORCH_FASTER = "torch timed faster at this row count"  # the fallback reason of 
 class Route:
     """Which of looprl's plan and torch's own call computes a layer's calls on ``rows`` rows:
     both timed on this machine, the same threads, the same epilogue, best of
-    :data:`ROUTE_ROUNDS` interleaved rounds; torch's where it was faster (``decided_by``
+    :data:`ROUTE_ROUNDS` interleaved rounds; looprl's only where it was faster by at least
+    :data:`ROUTE_MARGIN` (torch's where torch was faster, and on a near-tie: ``decided_by``
     "layer"), or torch's because the whole model ran slower with looprl's on an example that
-    gave the layer these rows (``"model"``, see :func:`tune_module`)."""
+    gave the layer these rows (``"model"``, see :func:`tune_module`; a route the layer's own
+    timing had already given to torch keeps ``"layer"``)."""
 
     rows: int
     looprl_s: float
@@ -47,7 +58,10 @@ class Route:
 
     @property
     def runs(self) -> str:
-        return "torch" if self.decided_by == "model" or self.torch_s < self.looprl_s else "looprl"
+        if self.decided_by == "model":
+            return "torch"
+        # looprl only when clearly faster; a tie, a near-tie or a NaN (nothing timed) is torch's
+        return "looprl" if self.torch_s >= (1.0 + ROUTE_MARGIN) * self.looprl_s else "torch"
 
 
 class LinearKernels:
@@ -129,10 +143,14 @@ class LinearKernels:
     def judge(self, weight, bias, counts=None, *, budget_s: float = ROUTE_BUDGET_S, rounds: int = ROUTE_ROUNDS) -> dict[int, Route]:
         """Time looprl's plan and torch's call (``functional.linear`` and the activation) on
         ``counts`` rows (default: every tuned row count) with this ``weight`` and ``bias``,
-        interleaved, under ``torch.no_grad()`` and torch's threads as they are set now; the
-        routes become this layer's (:meth:`runs_torch`) and are returned."""
+        interleaved (looprl's and torch's call on a row count one after the other, every count
+        in turn, :data:`ROUTE_ROUNDS` times; each side's best kept), under ``torch.no_grad()``
+        and torch's threads as they are set now; the routes (looprl's where it was at least
+        :data:`ROUTE_MARGIN` faster, see :class:`Route`) become this layer's
+        (:meth:`runs_torch`) and are returned."""
         counts = sorted(self.results if counts is None else {checks.positive_int(c, "row count") for c in counts})
-        inputs = {count: torch.randn(count, self.in_features) for count in counts}
+        generator = torch.Generator().manual_seed(0)  # the inputs drawn from our own generator: torch's global one is the user's
+        inputs = {count: torch.randn(count, self.in_features, generator=generator) for count in counts}
         cold = self._cold_calls(weight, bias) if self.frozen else None
         calls = []
         for count in counts:
@@ -173,9 +191,12 @@ class LinearKernels:
                 lambda x: self.fallback(x, weights[next_copy("torch")], bias))
 
     def route_to_torch(self, counts) -> None:
-        """Give the row counts ``counts`` to torch, decided by the whole model's timing."""
+        """Give the row counts ``counts`` to torch, decided by the whole model's timing (a
+        count the layer's own timing had already given to torch keeps that first reason)."""
         for count in counts:
             known = self.routes.get(count)
+            if known is not None and known.runs == "torch":
+                continue
             self.routes[count] = Route(count, math.nan if known is None else known.looprl_s, math.nan if known is None else known.torch_s, "model")
         self._torch_rows = {}
 
