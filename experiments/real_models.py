@@ -13,7 +13,7 @@ problem comes from). For each problem, from an empty cache:
 * ``rollout`` / ``rollout-random``: ``tune(budget_s=0)``, the greedy rollout alone, trained /
   random weights;
 * ``tune-third`` / ``tune-random-third``: the same tune, trained / random weights, capped at a
-  third of the schedules ``tune-random`` measured (``tune(max_measurements=...)``, the untuned
+  third of the schedules ``tune-random`` measured (``tune(max_evaluations=...)``, the untuned
   nest and the rollout's states included): what the trained weights add at equal
   measurements, and whether they reach the random weights' quality with a third of them;
 * ``tune-4`` / ``tune-random-4``: the same, capped at four schedules (:data:`SCARCE`): what
@@ -102,7 +102,7 @@ def run_problem(entry, target, policy, random_policy, search_budget: float, thre
                                    ("tune-4", policy, None), ("tune-random-4", random_policy, None)):
         cap = max(1, round(found["tune-random"][3] / 3)) if method.endswith("-third") else SCARCE if method.endswith("-4") else None
         result = tune(problem, chosen, cache=":memory:", budget_s=budget, target=target, remember=False, threads=threads,
-                      max_measurements=cap)
+                      max_evaluations=cap)
         found[method] = (result.nest, result.seconds - result.waited_s, " ".join(result.actions), result.measured)
         if method == "tune":
             check_correct(result.kernel)

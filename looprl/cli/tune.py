@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=None, help="actions of the policy's greedy rollout (default: its training episode length)")
     parser.add_argument("--budget", type=float, default=TUNE_BUDGET_S,
                         help=f"seconds of measured search guided by the policy (default {TUNE_BUDGET_S}; 0: the rollout only)")
-    parser.add_argument("--max-measurements", type=int, default=None,
+    parser.add_argument("--max-evaluations", "--max-measurements", dest="max_evaluations", type=int, default=None,
                         help="at most this many schedules in the serial search, the untuned nest and the rollout's included "
                              "(default: no cap, only --budget); a capped answer is not remembered")
     parser.add_argument("--fresh", action="store_true", help="tune again even if this problem was tuned before (no lookup)")
@@ -98,7 +98,7 @@ def _main(args) -> int:
               f"so measuring the untuned nest and each state of the policy's rollout (measured whole, whatever --budget says) "
               f"takes seconds each, then the best schedule is compiled", file=sys.stderr, flush=True)
     result = tune(problem, policy, steps=args.steps, measure=not args.no_measure, cache=cache, budget_s=args.budget,
-                  target=args.target, remember=not args.fresh, threads=args.threads, max_measurements=args.max_measurements)
+                  target=args.target, remember=not args.fresh, threads=args.threads, max_evaluations=args.max_evaluations)
     print(result.nest.to_text())
     if result.mode == "remembered":
         print("actions: (the schedule tuned before for this problem and target; --fresh tunes again)")

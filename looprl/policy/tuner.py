@@ -57,7 +57,7 @@ from looprl.ir.register_tiles import tile_of
 from looprl.search.tiles import measure_tiles
 from looprl.search.budget import MIN_BUDGET_S, REFINEMENTS, scaled_budget
 from looprl.search.context import BudgetExhausted
-from looprl.search.staged import StagedSearch, confirm_winner
+from looprl.search.staged import Stage, StagedSearch, confirm_winner
 
 # Search time of measured tune by default: None scales it with the problem
 # (:func:`~looprl.search.budget.scaled_budget`: 0.4 s up to ~256^3, where a new state costs
@@ -188,7 +188,8 @@ def tune(
     target: Target | str | None = None,
     remember: bool = True,
     threads: int | None = None,
-    max_measurements: int | None = None,
+    max_evaluations: int | None = None,
+    **deprecated: Any,
 ) -> TuneResult:
     """Schedule ``problem`` with ``policy`` and compile it for ``target`` (None: this machine).
 
@@ -213,6 +214,11 @@ def tune(
     of the serial best and the parallel proposals is returned, so a problem too small for
     threads to pay gets a serial kernel. Pure policy mode stays serial.
 
+    ``max_evaluations``: at most this many distinct schedules in the serial search, the untuned
+    nest and the rollout's included (the name ``looprl.search.run`` gives the same cap; the
+    former ``max_measurements`` is accepted with a DeprecationWarning); a capped answer is not
+    remembered.
+
     One pass: the exact rewrites of the problem (:func:`looprl.ir.rewrites.plan_rewrites`:
     its fused view, its transposed twin) give the problem searched; the answer for it comes
     from the policy alone, from the cache, or from one measured search (two for a right
@@ -226,8 +232,9 @@ def tune(
     if not isinstance(policy, (Policy, str, os.PathLike)):
         raise ValueError(f"policy must be a Policy, 'default' or a path to a policy folder, got {type(policy).__name__}")
     threads = available_cores() if threads is None else check_threads(threads)
-    max_measurements = None if max_measurements is None else checks.positive_int(max_measurements, "max_measurements")
-    remember = remember and max_measurements is None
+    max_evaluations, name = _evaluation_cap(max_evaluations, deprecated)
+    max_evaluations = None if max_evaluations is None else checks.positive_int(max_evaluations, name)
+    remember = remember and max_evaluations is None
     target = Target.resolve(target)
     target.check_runs_on_host()
     plan = plan_rewrites(as_tunable_problem(problem))
@@ -242,7 +249,7 @@ def tune(
     else:
         answer = _remembered(evaluator, searched, MIN_BUDGET_S if budget_s is None else budget_s, threads) if remember else None
         if answer is None:
-            answer = _measured_answer(loaded, searched, evaluator, steps, budget_s, threads, started, max_measurements)
+            answer = _measured_answer(loaded, searched, evaluator, steps, budget_s, threads, started, max_evaluations)
             if remember:
                 evaluator.cache.put_tuned(answer.record, measure_budget_s)
     return _finish(plan, answer, evaluator, threads, started)
@@ -276,7 +283,7 @@ def _policy_answer(policy: Policy, problem: Problem, evaluator: Evaluator, steps
 
 
 def _measured_answer(policy: Policy, problem: Problem, evaluator: Evaluator, steps: int | None, budget_s: float | None,
-                     threads: int, started: float, max_measurements: int | None = None) -> Answer:
+                     threads: int, started: float, max_evaluations: int | None = None) -> Answer:
     """The measured search of ``problem``. A right operand that changes per call and is stored
     across the output's columns (``bmk,bnk->bmn``) is searched two ways, each a whole measured
     search with the budget: through its re-laid twin (:data:`looprl.ir.rewrites.RELAID_TWIN`),
@@ -285,11 +292,11 @@ def _measured_answer(policy: Policy, problem: Problem, evaluator: Evaluator, ste
     faster is kept. Which wins depends on the shape and the target: with one row the
     conversion costs as much as the product; on 128x960x960 (Zen 4) the re-laid kernel ran at
     98 GFLOPS for AVX-512 against 113 as given, and at 101 against 84 for AVX2."""
-    direct = measured_search(policy, problem, evaluator, steps, budget_s, threads, started, max_measurements)
+    direct = measured_search(policy, problem, evaluator, steps, budget_s, threads, started, max_evaluations)
     relaid = relaid_twin(problem)
     if relaid is None:
         return direct
-    through = measured_search(policy, relaid.searched, evaluator, steps, budget_s, threads, time.perf_counter(), max_measurements)
+    through = measured_search(policy, relaid.searched, evaluator, steps, budget_s, threads, time.perf_counter(), max_evaluations)
     carried = relaid.carry_back(through.nest)  # parallel marks included
     timed = evaluator.with_threads(threads) if threads > 1 else evaluator
     carried_gflops = timed(carried).gflops  # the conversion inside the timed call
@@ -328,7 +335,7 @@ TEAM_WITHIN = 0.5
 
 
 def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, steps: int | None, budget_s: float | None, threads: int,
-                    started: float, max_measurements: int | None = None) -> Answer:
+                    started: float, max_evaluations: int | None = None) -> Answer:
     """Measured tune: stages of one staged search (:class:`~looprl.search.staged.StagedSearch`).
     The untuned nest; the policy's greedy rollout, always measured whole (a dozen actions at
     most: a bounded cost, and tune is never below the rollout); then, until the deadline (a
@@ -340,11 +347,12 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, step
     from ``started`` (tune's call)."""
     action_set = policy_actions(policy, evaluator.target)
     search = StagedSearch(problem, evaluator)
-    context = search.context(action_set, max_evaluations=max_measurements)
+    context = search.context(action_set, max_evaluations=max_evaluations)
     untuned = context.root()
     scaled = budget_s is None
     if scaled:
         budget_s = scaled_budget(problem.flops, untuned.gflops, evaluator.budget_s)
+    search.limit(budget_s, started)
     rollouts = []
 
     def rollout_stage(context):
@@ -364,13 +372,8 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, step
         rollouts.append(rollout)
         return found + [rollout.best]
 
-    search.run(context, rollout_stage)
+    search.run(context, Stage("rollout", rollout_stage, share=math.inf))  # measured whole, whatever the budget
     rollout = rollouts[0]
-    context.budget.reference_gflops = max(rollout.best_gflops, context.budget.reference_gflops)  # refinements start from its best
-    context.deadline = started + budget_s if budget_s > 0 else None
-    if scaled and context.deadline is not None:
-        # However long the rollout took, its tile gets a few refinements (budget.REFINEMENTS).
-        context.deadline = max(context.deadline, time.perf_counter() + REFINEMENTS * context.predicted_cost_s())
     # Fastest first; among equals the measured rollout's best (the shorter path to it).
     ranked = sorted(reversed(search.candidates), key=lambda candidate: -candidate.gflops)
     if budget_s > 0:
@@ -386,19 +389,21 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, step
             guided = guided_search(policy, context, start=(best.actions, best.gflops), tile_rows=rows)
             return [guided.best]
 
-        search.run(context, tiles_stage)
-        search.run(context, guided_stage)
-        ranked = confirm_winner(context, search.candidates, within=CONTENDER_WITHIN, rounds=CONTENDER_ROUNDS, max_cost_s=budget_s / 4).ranked
+        # However long the rollout took, its tile gets a few refinements (budget.REFINEMENTS).
+        search.run(context, Stage("tiles", tiles_stage, refinements=REFINEMENTS if scaled else 0, from_best=True))
+        search.run(context, Stage("guided", guided_stage))
+        ranked = search.confirm(context, within=CONTENDER_WITHIN, rounds=CONTENDER_ROUNDS, max_cost_s=budget_s / 4).ranked
     best = ranked[0]
     serial_gflops = None
     if threads > 1:  # the best serial schedules with their outermost loops parallel, measured on the threads
-        team_context = search.context(action_set, budget_s / 4 if budget_s > 0 else None, evaluator=evaluator.with_threads(threads))
+        team_context = search.context(action_set, evaluator=evaluator.with_threads(threads))
         # A team is predicted from the serial schedule it is made of (the best), not from the
         # last schedule the serial stages measured: that may be a slow one (8 GFLOPS after a
         # 219 GFLOPS best), predicting a 0.5 s measurement and refusing every team.
-        team_context.budget.reference_gflops = best.gflops
         proposals: list[ScheduleRecord] = []
-        search.run(team_context, lambda c: proposals.extend(parallel_proposals(ranked, c, threads)) or proposals)
+        teams = Stage("parallel", lambda c: proposals.extend(parallel_proposals(ranked, c, threads)) or proposals, share=0.25,
+                      from_best=True)
+        search.run(team_context, teams)
         serial_gflops = best.gflops
         if proposals:  # the teams against the serial best, re-timed together when close
             best = confirm_winner(team_context, [best] + proposals, within=TEAM_WITHIN, rounds=CONTENDER_ROUNDS,
@@ -406,6 +411,21 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, step
             serial_gflops = team_context.values.get(ranked[0].nest.key, serial_gflops)
     record = replace(best, actions=tuple(best.actions or ()), target=evaluator.target, threads=threads, budget_s=budget_s, tuner=TUNER)
     return Answer(record, "measured", rollout.initial_gflops, rollout.best_gflops, search.new_measurements, search.waited_s, serial_gflops)
+
+
+def _evaluation_cap(max_evaluations: int | None, deprecated: dict) -> tuple[int | None, str]:
+    """The cap on distinct schedules and the keyword it was given by: ``max_evaluations``, or
+    the former ``max_measurements`` (a DeprecationWarning); any other keyword is a TypeError."""
+    unknown = set(deprecated) - {"max_measurements"}
+    if unknown:
+        raise TypeError(f"tune() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+    if "max_measurements" not in deprecated:
+        return max_evaluations, "max_evaluations"
+    warnings.warn("tune(max_measurements=...) is now max_evaluations=... (the name looprl.search.run gives the same cap)",
+                  DeprecationWarning, stacklevel=3)
+    if max_evaluations is not None:
+        raise ValueError("give max_evaluations only (max_measurements is its former name)")
+    return deprecated["max_measurements"], "max_measurements"
 
 
 def _applied(actions: ActionSet, problem: Problem, names) -> tuple[str, ...]:

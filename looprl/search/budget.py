@@ -12,6 +12,12 @@ within bounds; :class:`Budget` refuses a measurement predicted to end after the 
 that one slow candidate cannot carry a search past it, and moves the deadline by the time
 spent waiting for another looprl process's timing (the machine-wide lock): a search on a busy
 machine takes longer rather than returning whatever it had measured.
+
+The limits' names: ``max_evaluations`` caps distinct schedules everywhere (``looprl.search.run``,
+``looprl.tune``, whose former ``max_measurements`` still works with a DeprecationWarning).
+``budget_s=None`` still means two things: in ``looprl.search.run`` and a
+:class:`~looprl.search.staged.StagedSearch`, no time limit; in ``looprl.tune``, a budget
+scaled to the problem (:func:`scaled_budget`), its default.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,7 +23,7 @@ from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.search.algorithms import check_options, parse_algorithm
 from looprl.search.context import SearchContext
-from looprl.search.staged import INTERRUPTED, StagedSearch, confirm_winner
+from looprl.search.staged import INTERRUPTED, Stage, StagedSearch, confirm_winner
 
 DEFAULT_BUDGET_S = 60.0
 DEFAULT_DEPTH = 10
@@ -207,28 +207,29 @@ def run(
     if layouts:
         loop_actions, actions = actions, ActionSet.for_target(search_target, split_factors, max_loops, layouts=True, parallel=parallel)
         starts = layout_starts(problem)
-    stages = [(actions, budget_s, max_evaluations, None)]
+    stages = [(actions, 1.0, max_evaluations, None)]  # (actions, share of the budget, evaluation cap, start)
     if layouts:
         # Loops from each layout start (an equal share each), then the layout actions from the
         # best schedule (LAYOUT_REFINE_SHARE); with layout_stage, ALT's order: the layout
         # actions from each start first, then loops only from the best.
         first, share, then = (loop_actions, 1 - LAYOUT_REFINE_SHARE, actions) if layout_stage is None else (actions, layout_stage, loop_actions)
         stages = [
-            (first, None if budget_s is None else budget_s * share / len(starts),
+            (first, share / len(starts),
              None if max_evaluations is None else max(1, int(max_evaluations * share * (i + 1) / len(starts))), start)
             for i, start in enumerate(starts)
         ]
-        stages.append((then, None if budget_s is None else budget_s * (1 - share), max_evaluations, "best"))
-    search = StagedSearch(problem, evaluator, target=search_target, progress=progress, return_on_interrupt=True)
+        stages.append((then, 1 - share, max_evaluations, "best"))
+    search = StagedSearch(problem, evaluator, target=search_target, progress=progress, return_on_interrupt=True, budget_s=budget_s)
+    algorithm = Stage(algo.strip().lower(), lambda c: function(c, depth, np.random.default_rng(seed), **options))
     overall: ScheduleRecord | None = None  # the best of any stage, with its action names (None: no path)
     overall_cursor = 0  # where its stage left the cursor: the next stage's path moves it back up to loop 0
     root_value = None
-    for index, (stage_actions, stage_budget, stage_evals, stage_start) in enumerate(stages):
+    for index, (stage_actions, share, stage_evals, stage_start) in enumerate(stages):
         start = overall.nest if stage_start == "best" else stage_start
-        context = search.context(stage_actions, stage_budget, stage_evals, start=start)
+        context = search.context(stage_actions, max_evaluations=stage_evals, start=start)
         root = context.root()
         root_value = root.gflops if root_value is None else root_value
-        stopped = search.run(context, lambda c: function(c, depth, np.random.default_rng(seed), **options))
+        stopped = search.run(context, replace(algorithm, share=share))
         best = context.best
         names: tuple[str, ...] | None = tuple(stage_actions.names[a] for a in best.path)
         if stage_start == "best":

@@ -2,11 +2,12 @@
 starts, layout actions), ``looprl.tune``'s (the policy's rollout, register tiles, the guided
 search, parallel proposals) and the thread choice.
 
-A *stage* is a function of a :class:`~looprl.search.context.SearchContext`: it proposes
-schedules through the context (which measures them, within the context's budget) and
-returns the :class:`~looprl.measurement.schedule_record.ScheduleRecord` s it found (its best
-at least). :class:`StagedSearch` owns
-what the stages share: the memo of measured schedules (a stage's context starts with every
+A :class:`Stage` is a name, a function of a :class:`~looprl.search.context.SearchContext`
+that proposes schedules through the context (which measures them, within the context's
+budget) and returns the :class:`~looprl.measurement.schedule_record.ScheduleRecord` s it found
+(its best at least), and its share of the search's budget. :class:`StagedSearch` owns
+what the stages share: the search's budget and deadline, which it gives each stage's context
+(and, to a stage that refines the best so far, that best's speed to predict its costs from), the memo of measured schedules (a stage's context starts with every
 value an earlier stage measured), the count of new measurements and failures, the best-so-far
 curve and the search graph, and the candidates; a stage that runs out of budget or is
 interrupted ends with what its context found. :func:`confirm_winner` is the one rule that
@@ -17,6 +18,8 @@ so a first timing that caught the machine's slow phase does not decide.
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -32,13 +35,29 @@ from looprl.search.context import BudgetExhausted, SearchContext
 INTERRUPTED = "interrupted"
 
 
-Stage = Callable[[SearchContext], Iterable[ScheduleRecord]]
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a staged search. ``share``: the part of the search's budget it may spend,
+    counted from its context's start (None: until the search's deadline, or later where an earlier
+    stage in the same context moved it; ``math.inf``: whatever it takes, as tune's rollout). ``refinements``: new measurements it may start however long
+    the stages before it took (the deadline moves for them). ``from_best``: it refines the best
+    schedule so far, whose speed predicts what its measurements cost (not the last schedule
+    measured, which may be a slow one)."""
+
+    name: str
+    propose: Callable[[SearchContext], Iterable[ScheduleRecord]]
+    share: float | None = None
+    refinements: int = 0
+    from_best: bool = False
 
 
 class StagedSearch:
-    """Runs stages over contexts that share one memo, and collects what they found."""
+    """Runs stages over contexts that share one memo, and collects what they found.
+    ``budget_s`` (None or 0: no limit; :mod:`looprl.search.budget`) counts from ``started``
+    (default: now); :meth:`limit` sets it later (e.g. once a budget is scaled to the problem)."""
 
-    def __init__(self, problem: Problem, evaluator, target=None, progress=None, return_on_interrupt: bool = False):
+    def __init__(self, problem: Problem, evaluator, target=None, progress=None, return_on_interrupt: bool = False,
+                 budget_s: float | None = None, started: float | None = None):
         self.problem = problem
         self.return_on_interrupt = return_on_interrupt  # Ctrl-C ends the stage (search.run) rather than the call (tune)
         self.evaluator = evaluator
@@ -49,6 +68,13 @@ class StagedSearch:
         self.elapsed_s = 0.0  # summed over the contexts, in the order they ran
         self.curve: list[tuple[float, int, float]] = []
         self._contexts: list[SearchContext] = []
+        self.limit(budget_s, time.perf_counter() if started is None else started)
+
+    def limit(self, budget_s: float | None, started: float) -> None:
+        """The search's budget: ``budget_s`` seconds from ``started`` (a ``time.perf_counter()``
+        value); None or 0: no deadline."""
+        self.budget_s = budget_s
+        self.deadline = started + budget_s if budget_s else None
 
     # -- contexts --------------------------------------------------------------------
     def context(self, actions: ActionSet, budget_s: float | None = None, max_evaluations: int | None = None,
@@ -63,16 +89,18 @@ class StagedSearch:
         return context
 
     def run(self, context: SearchContext, stage: Stage) -> str:
-        """Run ``stage`` in ``context`` (one of :meth:`context`'s); the candidates it returns join
+        """Run ``stage`` in ``context`` (one of :meth:`context`'s, whose deadline and reference
+        speed the stage's budget sets: :meth:`_limit`); the records it returns join
         :attr:`candidates` (a stage that ran out of budget returns nothing: its context's best
         node is found by the caller, in ``context.best``). Returns why it ended: ``"done"``, the
         budget that ran out, or ``"interrupted"`` (Ctrl-C, with ``return_on_interrupt``: the caller
         stops there and returns what was found; without it, Ctrl-C propagates)."""
+        self._limit(context, stage)
         started = context.elapsed_s
         found: list[ScheduleRecord] = []
         stopped = "done"
         try:
-            found = list(stage(context) or ())
+            found = list(stage.propose(context) or ())
         except BudgetExhausted as reason:
             stopped = str(reason)
         except KeyboardInterrupt:
@@ -85,6 +113,28 @@ class StagedSearch:
         self.elapsed_s = offset + context.elapsed_s
         self.stopped = stopped
         return stopped
+
+    def _limit(self, context: SearchContext, stage: Stage) -> None:
+        """Give ``context`` the stage's deadline and, for a refinement, the best speed so far."""
+        if stage.share is None:  # a context's deadline moved later (lock waits, refinements) stays
+            later = context.deadline is not None and self.deadline is not None and context.deadline > self.deadline
+            context.deadline = context.deadline if later else self.deadline
+        elif math.isinf(stage.share) or not self.budget_s:
+            context.deadline = None
+        else:
+            context.deadline = context.started + stage.share * self.budget_s
+        best = self.best()
+        if stage.from_best and best is not None:
+            context.budget.reference_gflops = max(best.gflops, context.budget.reference_gflops)
+        if stage.refinements and context.deadline is not None:
+            context.deadline = max(context.deadline, time.perf_counter() + stage.refinements * context.predicted_cost_s())
+
+    def confirm(self, context: SearchContext, **rule) -> "Confirmed":
+        """:func:`confirm_winner` among the candidates so far, which become its ranking (the
+        confirmed figures, fastest first)."""
+        confirmed = confirm_winner(context, self.candidates, **rule)
+        self.candidates = list(confirmed.ranked)
+        return confirmed
 
     def add(self, candidates: Iterable[ScheduleRecord]) -> None:
         """ScheduleRecords a caller made of a stage's context (e.g. its best node, with the action
