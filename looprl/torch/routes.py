@@ -39,6 +39,7 @@ ROUTE_ROUNDS = 3  # interleaved rounds (looprl, torch, looprl, torch, ...); each
 # not shown it is faster.
 ROUTE_MARGIN = 0.05
 TORCH_FASTER = "torch timed faster at this row count"  # the fallback reason of a call routed to torch
+NEGATIVE_VIEW = "parameters are negative or conjugate views"  # the fallback reason of a weight or bias with torch's neg (or conj) bit
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,8 @@ class LinearKernels:
                 or weight.shape != self._weight_shape
                 or (bias is not None and (bias.dtype is not float32 or not bias.is_cpu or bias.shape != self._bias_shape))):
             return "parameters not float32 on the CPU"
+        if weight.is_neg() or weight.is_conj() or (bias is not None and (bias.is_neg() or bias.is_conj())):
+            return NEGATIVE_VIEW  # their memory holds the values unnegated: the kernels would read them so
         if (bias is None) == self._with_bias:
             return "bias given or not as tuned"
         if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
@@ -236,6 +239,8 @@ class LinearKernels:
         if plan is None:
             plan = self._plans[rows] = row_plan(rows, self._seconds, self.runtime_rows)
         flat = x.detach().reshape(rows, self.in_features)
+        if flat.is_neg() or flat.is_conj():  # a view whose memory holds the values unnegated (torch._neg_view): the values themselves
+            flat = flat.resolve_neg().resolve_conj()
         if not flat.is_contiguous():
             flat = flat.contiguous()
         out = torch.empty((rows, self.out_features), dtype=torch.float32)
