@@ -89,7 +89,7 @@ def test_greedy_rollout_ends_where_the_env_episode_ends(seed, use_mask):
     evaluator = Evaluator(":memory:", budget_s=0.001, samples=1)  # final values: both see the same numbers
     problem = looprl.matmul(24, 16, 20)
     for length in (3, 10, 17):
-        rollout = greedy_rollout(policy, problem, evaluator, length=length, use_mask=use_mask)
+        rollout = greedy_rollout(policy, problem, evaluator, episode_length=length, use_mask=use_mask)
         nest, gflops = _env_episode(policy, problem, evaluator, length, use_mask)
         assert rollout.final_nest == nest
         assert rollout.final_gflops == gflops
@@ -101,7 +101,7 @@ def test_greedy_rollout_ends_where_the_env_episode_ends(seed, use_mask):
 def test_greedy_rollout_stops_at_its_first_cycle():
     policy = make_policy(seed=1)
     evaluator = Evaluator(":memory:", budget_s=0.001)
-    rollout = greedy_rollout(policy, looprl.matmul(24, 16, 20), evaluator, length=10**9)
+    rollout = greedy_rollout(policy, looprl.matmul(24, 16, 20), evaluator, episode_length=10**9)
     assert rollout.stopped == "cycle" and len(rollout.actions) < 100
 
 
