@@ -41,8 +41,8 @@ class Peers:
     thread count. A child that fails is reported once, in one line on ``errors``; its figures
     are then NaN."""
 
-    def __init__(self, isa: str | None, counts: list[int], errors=sys.stderr, torch: bool = True):
-        self.errors, self.reported, self.children = errors, set(), {}
+    def __init__(self, isa: str | None, counts: list[int], errors=None, torch: bool = True):
+        self.errors, self.reported, self.children = errors, set(), {}  # errors: None, sys.stderr when a line is printed
         try:
             for n in counts:
                 self.children[("numpy", n)] = numpy_child(isa, threads=n)
@@ -61,7 +61,7 @@ class Peers:
     def _report(self, child) -> None:
         if child.failure is not None and child not in self.reported:
             self.reported.add(child)
-            print(f"looprl-bench: warning: {child.failure}; its figures are nan", file=self.errors, flush=True)
+            print(f"looprl-bench: warning: {child.failure}; its figures are nan", file=self.errors or sys.stderr, flush=True)
 
     def timed_with(self, kernels: dict, problem, budget_s: float, threads: int, rounds: int = TIMING_ROUNDS) -> dict:
         """Each of ``kernels`` (name -> kernel, timed on its own thread count) and numpy and
