@@ -170,7 +170,7 @@ def test_stats_count_looprl_calls_and_fallbacks_by_reason(options):
     assert counted["fallbacks"] == {"empty input": layers, "autograd": layers}
     assert set(counted["layers"]) == {name for name, _ in tuned_layers(tuned)}
     assert all(entry["looprl_calls"] == 2 and entry["fallback_calls"] == 2 for entry in counted["layers"].values())
-    assert stats(nn.Linear(3, 4)) == {"looprl_calls": 0, "fallback_calls": 0, "fallbacks": {}, "layers": {}}
+    assert stats(nn.Linear(3, 4)) == {"looprl_calls": 0, "fallback_calls": 0, "fallbacks": {}, "layers": {}, "left_to_torch": {}}
 
 
 def test_a_row_plan_covers_every_row_once_at_the_least_measured_time():

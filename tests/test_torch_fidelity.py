@@ -53,3 +53,157 @@ def test_a_negative_view_input_is_computed_with_its_values_and_a_negative_weight
         close(tuned(x), layer(x))
         close(tuned(x), functional.linear(x, -weight, layer.bias))
     assert stats(tuned)["fallbacks"] == {NEGATIVE_VIEW: 2}
+
+
+_HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_backward_hooks",
+                "_backward_pre_hooks", "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
+                "_load_state_dict_post_hooks")
+
+
+def state_digest(module: nn.Module, rng: bool = True) -> str:
+    """A hash of everything a call or a tune could change in ``module``: every module's type and
+    ``training``, its hook tables (keys and the hooks' identities), its parametrizations, every
+    parameter's and buffer's identity, dtype, shape, ``requires_grad`` and bytes, and the plain
+    tensor attributes (pruning's ``weight``); and (``rng``) torch's CPU random generator's state."""
+    digest = hashlib.sha256()
+
+    def add(*parts):
+        digest.update(repr(parts).encode())
+
+    def tensor_bytes(tensor):
+        return tensor.detach().resolve_neg().contiguous().numpy().tobytes()
+
+    for name, sub in module.named_modules(remove_duplicate=False):
+        add(name, type(sub).__qualname__, sub.training)
+        for table in _HOOK_TABLES:
+            add(table, [(key, id(hook)) for key, hook in getattr(sub, table, {}).items()])
+        if parametrize.is_parametrized(sub):
+            add("parametrized", {key: [type(p).__qualname__ for p in plist] for key, plist in sub.parametrizations.items()})
+        for key, value in vars(sub).items():
+            if isinstance(value, torch.Tensor):
+                add("attribute", key, value.dtype, tuple(value.shape))
+                digest.update(tensor_bytes(value))
+        for key, tensor in list(sub._parameters.items()) + list(sub._buffers.items()):
+            add(key, None if tensor is None else (id(tensor), tensor.dtype, tuple(tensor.shape), tensor.requires_grad))
+            if tensor is not None:
+                digest.update(tensor_bytes(tensor))
+    if rng:
+        digest.update(torch.random.get_rng_state().numpy().tobytes())
+    return digest.hexdigest()
+
+
+@pytest.mark.filterwarnings("ignore:tune_module. on example:RuntimeWarning")  # the model check's timing, on a busy machine
+def test_tuning_leaves_the_model_and_torch_s_generator_as_they_were(options):
+    """Issue 51 #4 (issue 50 row 8): BatchNorm and Dropout in train mode; the whole-model check on."""
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Dropout(0.5), nn.Linear(16, 8))  # train mode
+    x = torch.randn(6, 8)
+    before, module_alone = state_digest(model), state_digest(model, rng=False)
+    reference = copy.deepcopy(model)
+    tuned = tune_module(model, x, **dict(options, compare_torch=True))
+    assert state_digest(model) == before  # parameters, buffers, modes, hooks and torch's generator, bit for bit
+    assert model[1].num_batches_tracked.item() == 0
+    assert tuned.training and all(a.training == b.training for a, b in zip(tuned.modules(), model.modules()))
+    assert {name: buffer.clone() for name, buffer in tuned.named_buffers()}.keys() == dict(model.named_buffers()).keys()
+    for (name, buffer), (_, given) in zip(tuned.named_buffers(), model.named_buffers()):
+        assert torch.equal(buffer, given), name  # the given module's values, not advanced by the timing
+    assert len(tuned_layers(tuned)) == 2
+    for grad in (False, True):  # looprl's kernels (no grad), torch's (autograd): the same numbers, the same statistics
+        with torch.set_grad_enabled(grad):
+            torch.manual_seed(11)
+            expected = reference(x)
+            torch.manual_seed(11)
+            close(tuned(x), expected)
+        for (name, buffer), (_, given) in zip(tuned.named_buffers(), reference.named_buffers()):
+            close(buffer.float(), given.float())
+    tuned.eval(), reference.eval()
+    with torch.no_grad():
+        close(tuned(x), reference(x))
+    assert state_digest(model, rng=False) == module_alone  # the returned model's calls did not touch the given one
+
+
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8)).eval()
+
+
+def test_a_pruned_or_hooked_layer_is_left_to_torch_with_its_reason(options):
+    """Issue 51 #5: pruning's mask (a forward pre-hook) and a forward hook stay in force."""
+    from looprl.torch.module import HOOKED, PRUNED
+
+    x = torch.randn(4, 8)
+    model = mlp()
+    with torch.no_grad():
+        prune.l1_unstructured(model[0], "weight", 0.5)
+    before = state_digest(model)
+    tuned = tune_module(model, x, **options)
+    assert state_digest(model) == before
+    assert not isinstance(tuned[0], TunedLinear) and isinstance(tuned[2], TunedLinear)
+    assert stats(tuned)["left_to_torch"] == {"0": PRUNED}
+    assert tuned.state_dict().keys() == model.state_dict().keys()  # weight_orig and weight_mask kept
+    tuned.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        close(tuned(x), model(x))
+        for pruned in (model[0], tuned[0]):
+            pruned.weight_mask.fill_(1.0)  # the mask changed after tuning
+        close(tuned(x), model(x))
+
+    hooked = mlp(1)
+    hooked[2].register_forward_hook(lambda layer, args, output: output * 2)
+    hooked[0].register_forward_pre_hook(lambda layer, args: (args[0] + 1,))
+    with pytest.warns(RuntimeWarning, match="tuned no layer"):
+        tuned = tune_module(hooked, x, **options)
+    assert stats(tuned)["left_to_torch"] == {"0": HOOKED, "2": HOOKED}
+    with torch.no_grad():
+        close(tuned(x), hooked(x))
+
+
+def test_global_module_hooks_and_parametrizations_leave_layers_to_torch(options):
+    from looprl.torch.module import GLOBAL_HOOKS, PARAMETRIZED
+
+    class Double(nn.Module):
+        def forward(self, weight):
+            return 2 * weight
+
+    x = torch.randn(4, 8)
+    model = mlp(2)
+    parametrize.register_parametrization(model[2], "weight", Double())
+    tuned = tune_module(model, x, **options)
+    assert isinstance(tuned[0], TunedLinear) and stats(tuned)["left_to_torch"] == {"2": PARAMETRIZED}
+    with torch.no_grad():
+        close(tuned(x), model(x))
+    seen = []
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda module, args, output: seen.append(type(module)))
+    try:
+        with pytest.warns(RuntimeWarning, match="tuned no layer"):
+            tuned = tune_module(mlp(3), x, **options)
+        assert set(stats(tuned)["left_to_torch"].values()) == {GLOBAL_HOOKS}
+    finally:
+        handle.remove()
+
+
+@pytest.mark.filterwarnings("ignore:.*weight_norm.*:FutureWarning")
+def test_weight_norm_and_pruning_in_grad_mode_leave_their_layers_to_torch_and_the_rest_is_tuned(options):
+    """Issue 51 #10: their weight is not a graph leaf, which copy.deepcopy refuses."""
+    from looprl.torch.module import PARAMETRIZED, PRUNED, WEIGHT_NORM
+
+    x = torch.randn(4, 8)
+    for normalise, why in ((torch.nn.utils.weight_norm, WEIGHT_NORM), (torch.nn.utils.parametrizations.weight_norm, PARAMETRIZED),
+                           (lambda layer: prune.l1_unstructured(layer, "weight", 0.5), PRUNED)):
+        model = mlp(4)
+        normalise(model[0])
+        assert torch.is_grad_enabled()
+        before = state_digest(model)
+        tuned = tune_module(model, x, **options)
+        assert state_digest(model) == before
+        assert stats(tuned)["left_to_torch"] == {"0": why} and isinstance(tuned[2], TunedLinear)
+        assert tuned[0].weight.grad_fn is not None  # computed from the copy's own parameters, as in the model
+        with torch.no_grad():
+            close(tuned(x), model(x))
+        tuned(x).sum().backward()  # gradients reach the copy's parameters
+        assert all(p.grad is not None for p in tuned[0].parameters())
+        with torch.no_grad():
+            for layer in (model[0], tuned[0]):
+                for parameter in layer.parameters():
+                    parameter.mul_(1.5)
+            close(tuned(x), model(x))

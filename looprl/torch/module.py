@@ -16,6 +16,10 @@ import warnings
 
 import torch
 from torch import nn
+from torch.nn.modules import module as torch_module
+from torch.nn.utils import parametrize
+from torch.nn.utils.prune import BasePruningMethod
+from torch.nn.utils.weight_norm import WeightNorm
 
 from looprl import checks
 from looprl.measurement.evaluator import open_cache
@@ -24,8 +28,8 @@ from looprl.measurement.tuned_records import read_tuned_records
 from looprl.policy.tuner import TuneResult
 from looprl.torch.activations import activation_of_module
 from looprl.torch.layers import TunedLinear, layer_shape, tune_layer, weights_outgrow_cache
-from looprl.torch.records import kernels_by_shape, route_table, shape_words, tuned_names
-from looprl.torch.routes import Route, interleaved_best_seconds
+from looprl.torch.records import LEFT_TO_TORCH, kernels_by_shape, route_table, shape_words, tuned_names
+from looprl.torch.routes import NEGATIVE_VIEW, interleaved_best_seconds
 from looprl.torch.rows import check_max_rows
 
 
@@ -41,15 +45,88 @@ def _as_examples(example_inputs) -> list[tuple]:
     raise ValueError("example_inputs must be a tensor, a tuple of a call's arguments, or a non-empty list of them")
 
 
-def _tunable(layer: nn.Module) -> bool:
-    if type(layer) is not nn.Linear:  # subclasses (e.g. attention's out_proj) may be used through their weights
-        return False
+# Why a linear layer is left to torch (``stats()["left_to_torch"]``): replacing it would change
+# what the model computes or keeps, now or after a later edit.
+PARAMETRIZED = "parametrized (torch.nn.utils.parametrize): its weight is computed on every call"
+PRUNED = "pruned (torch.nn.utils.prune): its weight is the mask times weight_orig, recomputed by a forward pre-hook"
+WEIGHT_NORM = "weight_norm: its weight is recomputed from weight_g and weight_v by a forward pre-hook"
+HOOKED = "has hooks (forward, forward-pre, backward or state-dict) that a replacement would drop"
+GLOBAL_HOOKS = "global module hooks are registered (torch.nn.modules.module.register_module_forward_hook and the like)"
+SUBCLASS = "a subclass of nn.Linear (its module may use the weight itself)"
+NOT_PARAMETERS = "its weight or bias is not a Parameter"
+NOT_FLOAT32 = "parameters not float32 on the CPU"
+NOT_CALLED = "not called with a float32 CPU input by the examples"
+
+# The per-module hook tables of torch 2.x: a layer with an entry in one is left to torch.
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
+          "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
+# Hooks registered for every module's call (torch.nn.modules.module.register_module_*_hook).
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks", "_global_backward_pre_hooks")
+
+
+def global_hooks() -> bool:
+    """Whether any global module hook (one called around every module's call) is registered."""
+    return any(getattr(torch_module, name, None) for name in _GLOBAL_HOOKS)
+
+
+def hooked(module: nn.Module) -> bool:
+    """Whether ``module`` has an entry in one of its hook tables."""
+    return any(getattr(module, name, None) for name in _HOOKS)
+
+
+def _left_to_torch(layer: nn.Module) -> str | None:
+    """Why the ``nn.Linear`` (or subclass) ``layer`` is left as it is, or None if looprl may tune it."""
+    if parametrize.is_parametrized(layer):
+        return PARAMETRIZED
+    pre_hooks = list(layer._forward_pre_hooks.values())
+    if any(isinstance(hook, BasePruningMethod) for hook in pre_hooks):
+        return PRUNED
+    if any(isinstance(hook, WeightNorm) for hook in pre_hooks):
+        return WEIGHT_NORM
+    if type(layer) is not nn.Linear:
+        return SUBCLASS
+    if hooked(layer):
+        return HOOKED
+    if global_hooks():
+        return GLOBAL_HOOKS
     weight, bias = layer.weight, layer.bias
-    return weight.dtype == torch.float32 and weight.device.type == "cpu" and (bias is None or (bias.dtype == torch.float32 and bias.device.type == "cpu"))
+    if type(weight) is not nn.Parameter or (bias is not None and type(bias) is not nn.Parameter):
+        return NOT_PARAMETERS
+    if weight.dtype != torch.float32 or weight.device.type != "cpu" or (bias is not None and (bias.dtype != torch.float32 or bias.device.type != "cpu")):
+        return NOT_FLOAT32
+    if weight.is_neg() or weight.is_conj() or (bias is not None and (bias.is_neg() or bias.is_conj())):
+        return NEGATIVE_VIEW
+    return None
 
 
-def _record_rows(module: nn.Module, examples: list[tuple]) -> list[dict[nn.Linear, set[int]]]:
-    """Per example, the row counts of the float32 CPU inputs every tunable linear layer sees."""
+def _copy(module: nn.Module, memo: dict | None = None) -> nn.Module:
+    """A deep copy of ``module`` (``memo``: objects to keep as they are, by ``id``), also where
+    it holds tensors computed from its parameters as plain attributes: ``weight_norm``'s and
+    pruning's ``weight``, computed in grad mode, are not graph leaves, which ``copy.deepcopy``
+    refuses. Such a tensor is copied as a detached clone and then computed again in the copy,
+    from the copy's own parameters, by the forward pre-hook that computes it (pruning's, weight
+    norm's), as it will be before every call. The given module is not changed."""
+    memo = {} if memo is None else memo
+    computed = []  # (the module's position in modules(), the attribute's name)
+    for position, sub in enumerate(module.modules()):
+        for name, value in vars(sub).items():
+            if isinstance(value, torch.Tensor) and not value.is_leaf and id(value) not in memo:
+                memo[id(value)] = value.detach().clone()
+                computed.append((position, name))
+    copied = copy.deepcopy(module, memo)
+    if computed:
+        copies = list(copied.modules())
+        for position, name in computed:
+            sub = copies[position]
+            for hook in list(sub._forward_pre_hooks.values()):
+                if getattr(hook, "_tensor_name", getattr(hook, "name", None)) == name and isinstance(hook, (BasePruningMethod, WeightNorm)):
+                    with torch.enable_grad():
+                        hook(sub, ())
+    return copied
+
+
+def _record_rows(module: nn.Module, examples: list[tuple], layers) -> list[dict[nn.Linear, set[int]]]:
+    """Per example, the row counts of the float32 CPU inputs each of ``layers`` (in ``module``) sees."""
     per_example: list[dict[nn.Linear, set[int]]] = []
     hooks = []
 
@@ -58,9 +135,8 @@ def _record_rows(module: nn.Module, examples: list[tuple]) -> list[dict[nn.Linea
         if type(x) is torch.Tensor and x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() >= 1 and x.numel():
             per_example[-1].setdefault(layer, set()).add(math.prod(x.shape[:-1]))
 
-    for layer in module.modules():
-        if _tunable(layer):
-            hooks.append(layer.register_forward_hook(hook))
+    for layer in layers:
+        hooks.append(layer.register_forward_hook(hook))
     try:
         with torch.no_grad():
             for args in examples:
@@ -83,7 +159,15 @@ def _check_against_the_model(module: nn.Module, tuned: nn.Module, examples: list
     the row counts that example gave each layer to torch (:meth:`LinearKernels.route_to_torch`)
     and time again. A layer judged alone runs with its weights warm in the cache; in a model,
     the other layers' weights (and looprl's copies and packed forms of them) compete for it,
-    which the judgement cannot see. Still slower after that: a ``RuntimeWarning``."""
+    which the judgement cannot see. Still slower after that: a ``RuntimeWarning``.
+
+    Both are timed as copies, in the modes they are in (a model in train mode is timed in train
+    mode): a call may change a module's state (BatchNorm's running statistics advance in train
+    mode), and neither the given model nor the tuned one returned may keep what thousands of
+    timing calls did to it. The tuned copy shares its tuned layers with ``tuned`` (they hold no
+    state a call changes), so routes given to torch here are the returned model's."""
+    module = _copy(module)
+    tuned = _copy(tuned, {id(layer): layer for layer in replacements.values()})
     for number, (args, seen) in enumerate(zip(examples, per_example), start=1):
         seen = {layer: rows for layer, rows in seen.items() if layer in replacements}
         if not seen:
@@ -103,12 +187,12 @@ def _check_against_the_model(module: nn.Module, tuned: nn.Module, examples: list
         if routed_s > MODEL_TOLERANCE * original_s:
             warnings.warn(f"tune_module: on example {number} the tuned model took {1e3 * routed_s:.3f} ms against the model's "
                           f"{1e3 * original_s:.3f} ms, its layers routed to torch (the calls' own cost, or timing noise)",
-                          RuntimeWarning, stacklevel=3)
+                          RuntimeWarning, stacklevel=4)
 
 
-def _fusions(module: nn.Module) -> dict[nn.Linear, tuple[nn.Sequential, int]]:
-    """Linear layers followed, in an ``nn.Sequential``, by an activation we fuse: layer ->
-    (the sequential, the activation's index)."""
+def _fusions(module: nn.Module, tunable) -> dict[nn.Linear, tuple[nn.Sequential, int]]:
+    """Layers of ``tunable`` followed, in an ``nn.Sequential``, by an activation we fuse (one
+    without hooks): layer -> (the sequential, the activation's index)."""
     registered: dict[nn.Module, int] = {}  # how often each module is some module's child
     for parent in module.modules():
         for child in parent._modules.values():
@@ -121,7 +205,7 @@ def _fusions(module: nn.Module) -> dict[nn.Linear, tuple[nn.Sequential, int]]:
         children = list(parent)
         for i, (layer, following) in enumerate(zip(children, children[1:])):
             # a layer used in several places must stay what it is everywhere: not fused
-            if _tunable(layer) and activation_of_module(following) is not None and registered[layer] == 1:
+            if layer in tunable and activation_of_module(following) is not None and not hooked(following) and registered[layer] == 1:
                 found[layer] = (parent, i + 1)
     return found
 
@@ -170,19 +254,44 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
     cache = open_cache(cache)  # one cache for every layer (a ":memory:" one included)
     if records is not None:
         cache.import_tuned(read_tuned_records(records))
-    tuned = copy.deepcopy(module)
-    per_example = _record_rows(tuned, examples)
+    with torch.random.fork_rng(devices=[]):  # the examples' runs (Dropout) and the timing draw from it: the user's state restored
+        return _tune(module, examples, cache, fuse, max_rows, compare_torch, progress, frozen,
+                     {"policy": policy, "cache": cache, "budget_s": budget_s, "target": target, "threads": threads})
+
+
+def _tune(module: nn.Module, examples: list[tuple], cache, fuse: bool, max_rows, compare_torch: bool, progress: bool, frozen: bool,
+          tuning: dict) -> nn.Module:
+    """:func:`tune_module` past its arguments' checks (``tuning``: :func:`looprl.tune`'s keyword arguments)."""
+    tuned = _copy(module)  # what is returned: never called here, so its state is the given module's
+    left = {}  # the linear layers left to torch: name -> why
+    tunable = []
+    for name, layer in tuned.named_modules():
+        if isinstance(layer, nn.Linear):
+            why = _left_to_torch(layer)
+            if why is None:
+                tunable.append(layer)
+            else:
+                left[name] = why
+    probe = _copy(module)  # what the examples run: a call may change a module's state (BatchNorm's statistics in train mode)
+    to_tuned = dict(zip(probe.modules(), tuned.modules()))
+    tunable_set = set(tunable)
+    per_example = [{to_tuned[layer]: rows for layer, rows in seen.items()}
+                   for seen in _record_rows(probe, examples, [p for p, t in to_tuned.items() if t in tunable_set])]
+    del probe
     rows_seen: dict[nn.Linear, set[int]] = {}
     for seen in per_example:
         for layer, rows in seen.items():
             rows_seen.setdefault(layer, set()).update(rows)
-    fusions = _fusions(tuned) if fuse else {}
+    names = {layer: name for name, layer in tuned.named_modules()}
+    for layer in tunable:
+        if layer not in rows_seen:
+            left[names[layer]] = NOT_CALLED
+    fusions = _fusions(tuned, set(rows_seen)) if fuse else {}
     results: dict[str, TuneResult] = {}  # by problem name: layers of one shape share a kernel
     planned = []  # (layer, its fused activation module, row count -> TuneResult, its layer shape)
     shapes = set()  # the layer shapes tuned so far
     started = time.perf_counter()
     cold_weights = weights_outgrow_cache(layer.weight for layer in rows_seen)
-    tuning = {"policy": policy, "cache": cache, "budget_s": budget_s, "target": target, "threads": threads}  # looprl.tune's
     for layer, rows in rows_seen.items():
         activation_module = fusions[layer][0][fusions[layer][1]] if layer in fusions else None
         activation = activation_of_module(activation_module) if activation_module is not None else None
@@ -197,10 +306,10 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
         planned.append((layer, activation_module, per_rows, shape))
     exported = cache.export_tuned(tuned_names(results.values()))  # one read of the cache for every layer's records
     replacements: dict[nn.Linear, TunedLinear] = {}
-    judged: dict[tuple, dict[int, Route]] = {}  # a layer shape's routes: judged once, shared by its layers
+    judged: dict[tuple, dict] = {}  # a layer shape's routes: judged once, shared by its layers
     for layer, activation_module, per_rows, shape in planned:
-        names = tuned_names(per_rows.values())
-        records = [record for record in exported if tuned_problem_name(record["problem"]) in names]
+        problem_names = tuned_names(per_rows.values())
+        records = [record for record in exported if tuned_problem_name(record["problem"]) in problem_names]
         replacement = replacements[layer] = TunedLinear(layer, activation_module, per_rows, records, judged.get(shape), frozen)
         if compare_torch and shape not in judged:
             judged[shape] = replacement.kernels.judge(layer.weight.detach(), None if layer.bias is None else layer.bias.detach())
@@ -212,6 +321,8 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
         if layer in replacements:
             parent[index] = nn.Identity()
     answer = replacements.get(tuned, tuned)  # a module that is itself a tuned layer is replaced whole
+    if left:
+        answer.__dict__[LEFT_TO_TORCH] = left  # a plain attribute (stats() reads it), not a registered one
     if compare_torch and replacements:
         _check_against_the_model(module, answer, examples, per_example, replacements, progress)
         for replacement in replacements.values():
@@ -221,6 +332,8 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
         print(f"looprl: {len(shapes)} layer shape(s), {len(replacements)} layer(s) in {time.perf_counter() - started:.1f} s",
               file=sys.stderr, flush=True)
     if not replacements:
+        reasons = "; ".join(f"{name or 'the module'}: {why}" for name, why in left.items())
         warnings.warn("tune_module tuned no layer: no float32 CPU torch.nn.Linear in the module was called with a float32 CPU input "
-                      "by the examples; the copy returned runs as the module does", RuntimeWarning, stacklevel=2)
+                      "by the examples and free to be replaced" + (f" (left to torch: {reasons})" if reasons else "")
+                      + "; the copy returned runs as the module does", RuntimeWarning, stacklevel=3)
     return answer

@@ -15,6 +15,9 @@ from looprl.torch.layers import TunedLinear, layer_shape
 from looprl.torch.routes import LinearKernels
 
 
+LEFT_TO_TORCH = "_looprl_left_to_torch"  # tune_module's answer holds, under this attribute, its linear layers left to torch: name -> why
+
+
 def shape_words(in_features: int, out_features: int, activation: str | None) -> str:
     return f"linear {in_features}->{out_features}" + (f" +{activation}" if activation else "")
 
@@ -79,13 +82,26 @@ def stats(module: nn.Module) -> dict:
     kernel computed the call), ``fallback_calls`` (the original layer did) and ``fallbacks``
     (why: ``{reason: calls}``, the reasons of :meth:`TunedLinear.why_not`), in all and per
     layer (``layers``: name -> the same three and ``routes``: judged row count ->
-    ``{"looprl_ms", "torch_ms", "runs"}``, see :meth:`LinearKernels.judge`). Calls routed to
-    torch are fallbacks for the reason :data:`TORCH_FASTER`."""
+    ``{"looprl_ms", "torch_ms", "runs", "decided_by"}``, see :meth:`LinearKernels.judge`). Calls routed to
+    torch are fallbacks for the reason :data:`TORCH_FASTER`. ``left_to_torch``: the linear
+    layers :func:`tune_module` did not replace, name -> why (hooks, parametrizations, pruning,
+    weight norm, a layer the examples never called, ...)."""
     layers = tuned_layers(module)
     summary = summarise_calls({name: layer.kernels.counted() for name, layer in layers})
     for name, layer in layers:
         summary["layers"][name]["routes"] = route_summary(layer.kernels)
+    summary["left_to_torch"] = left_to_torch(module)
     return summary
+
+
+def left_to_torch(module: nn.Module) -> dict[str, str]:
+    """The linear layers that :func:`tune_module` left to torch in ``module`` (or in a tuned
+    model inside it), by name, with the reason."""
+    found = {}
+    for prefix, sub in module.named_modules():
+        for name, why in sub.__dict__.get(LEFT_TO_TORCH, {}).items():
+            found[".".join(part for part in (prefix, name) if part)] = why
+    return found
 
 
 def route_summary(kernels: LinearKernels) -> dict[int, dict]:
