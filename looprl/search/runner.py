@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,7 +23,7 @@ from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.search.algorithms import check_options, parse_algorithm
 from looprl.search.context import SearchContext
-from looprl.search.staged import INTERRUPTED, Stage, StagedSearch, confirm_winner
+from looprl.search.staged import BEST_SO_FAR, INTERRUPTED, Scope, Stage, StagedSearch, Start, confirm_winner
 
 DEFAULT_BUDGET_S = 60.0
 DEFAULT_DEPTH = 10
@@ -106,6 +106,23 @@ class SearchResult:
             data = nx.node_link_data(self.graph, edges="edges")
             path.write_text(json.dumps(data) + "\n", encoding="utf-8")
         return path
+
+
+def _layout_stages(name: str, searched, starts: list[LoopNest], loop_actions: ActionSet, layout_actions: ActionSet,
+                   layout_stage: float | None, max_evaluations: int | None) -> list[Stage]:
+    """``layouts=True``'s stages: loops from each layout start (an equal share each; only the
+    first, the untuned nest, has an action path), then the layout actions from the best
+    schedule (LAYOUT_REFINE_SHARE); with ``layout_stage``, ALT's order: the layout actions from
+    each start first, then loops only from the best. The evaluation cap grows with the stages."""
+    first, share, then = ((loop_actions, 1 - LAYOUT_REFINE_SHARE, layout_actions) if layout_stage is None
+                          else (layout_actions, layout_stage, loop_actions))
+    stages = [
+        Stage(name, searched, share=share / len(starts), scope=Scope(
+            first, Start(start, () if i == 0 else None),
+            None if max_evaluations is None else max(1, int(max_evaluations * share * (i + 1) / len(starts)))))
+        for i, start in enumerate(starts)
+    ]
+    return stages + [Stage(name, searched, share=1 - share, scope=Scope(then, BEST_SO_FAR, max_evaluations))]
 
 
 def run(
@@ -203,45 +220,20 @@ def run(
     actions = ActionSet(split_factors, max_loops, parallel=parallel)
     actions.check_fits(problem)
     evaluator = evaluator if evaluator is not None else Evaluator(cache, measure_budget_s, target=target, threads=threads)
-    starts: list[LoopNest | None] = [None]  # None: the untuned nest, row-major
+    name = algo.strip().lower()
+
+    def searched(context: SearchContext) -> None:
+        return function(context, depth, np.random.default_rng(seed), **options)
+
     if layouts:
         loop_actions, actions = actions, ActionSet.for_target(search_target, split_factors, max_loops, layouts=True, parallel=parallel)
         starts = layout_starts(problem)
-    stages = [(actions, 1.0, max_evaluations, None)]  # (actions, share of the budget, evaluation cap, start)
-    if layouts:
-        # Loops from each layout start (an equal share each), then the layout actions from the
-        # best schedule (LAYOUT_REFINE_SHARE); with layout_stage, ALT's order: the layout
-        # actions from each start first, then loops only from the best.
-        first, share, then = (loop_actions, 1 - LAYOUT_REFINE_SHARE, actions) if layout_stage is None else (actions, layout_stage, loop_actions)
-        stages = [
-            (first, share / len(starts),
-             None if max_evaluations is None else max(1, int(max_evaluations * share * (i + 1) / len(starts))), start)
-            for i, start in enumerate(starts)
-        ]
-        stages.append((then, 1 - share, max_evaluations, "best"))
+        stages = _layout_stages(name, searched, starts, loop_actions, actions, layout_stage, max_evaluations)
+    else:
+        stages = [Stage(name, searched, share=1.0, scope=Scope(actions, Start(), max_evaluations))]
     search = StagedSearch(problem, evaluator, target=search_target, progress=progress, return_on_interrupt=True, budget_s=budget_s)
-    algorithm = Stage(algo.strip().lower(), lambda c: function(c, depth, np.random.default_rng(seed), **options))
-    overall: ScheduleRecord | None = None  # the best of any stage, with its action names (None: no path)
-    overall_cursor = 0  # where its stage left the cursor: the next stage's path moves it back up to loop 0
-    root_value = None
-    for index, (stage_actions, share, stage_evals, stage_start) in enumerate(stages):
-        start = overall.nest if stage_start == "best" else stage_start
-        context = search.context(stage_actions, max_evaluations=stage_evals, start=start)
-        root = context.root()
-        root_value = root.gflops if root_value is None else root_value
-        stopped = search.run(context, replace(algorithm, share=share))
-        best = context.best
-        names: tuple[str, ...] | None = tuple(stage_actions.names[a] for a in best.path)
-        if stage_start == "best":
-            names = None if overall.actions is None else overall.actions + ("up",) * overall_cursor + names
-        elif index > 0:
-            names = None  # from a re-laid input: no action path from the untuned nest leads there
-        if overall is None or best.gflops > overall.gflops:
-            overall = ScheduleRecord(best.state.nest, best.gflops, names, algo.strip().lower(), search_target, threads, budget_s or 0.0)
-            overall_cursor = best.state.cursor
-        if stopped == INTERRUPTED:
-            break
-    search.add([overall])
+    overall = search.run_stages(stages)  # the best of any stage, with its action names (None: no path)
+    stopped, context, root_value = search.stopped, search.latest_context, search.initial_gflops
     elapsed = search.elapsed_s
     curve = search.curve + [(elapsed, search.evaluations, overall.gflops)]
     new_measurements = search.new_measurements  # the search's own: verification's timings are outside its budget
@@ -252,7 +244,7 @@ def run(
         verified = confirmed.winner_retimed_gflops
     return SearchResult(
         problem=problem,
-        algorithm=algo.strip().lower(),
+        algorithm=name,
         best=overall,
         initial_gflops=root_value,
         evaluations=search.evaluations,

@@ -5,7 +5,10 @@ search, parallel proposals) and the thread choice.
 A :class:`Stage` is a name, a function of a :class:`~looprl.search.context.SearchContext`
 that proposes schedules through the context (which measures them, within the context's
 budget) and returns the :class:`~looprl.measurement.schedule_record.ScheduleRecord` s it found
-(its best at least), and its share of the search's budget. :class:`StagedSearch` owns
+(its best at least), and its share of the search's budget; a stage with a :class:`Scope` (its
+actions, evaluation cap and :class:`Start`: a nest and the action path to it) runs in a context
+of its own, in a plain list of them (:meth:`StagedSearch.run_stages`, ``looprl.search.run``'s
+stages). :class:`StagedSearch` owns
 what the stages share: the search's budget and deadline, which it gives each stage's context
 (and, to a stage that refines the best so far, that best's speed to predict its costs from), the memo of measured schedules (a stage's context starts with every
 value an earlier stage measured), the count of new measurements and failures, the best-so-far
@@ -49,6 +52,35 @@ class Stage:
     share: float | None = None
     refinements: int = 0
     from_best: bool = False
+    scope: Scope | None = None  # its own context, for run_stages (None: the one given to run)
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where a stage's own context starts: ``nest`` (None: the untuned nest) with the cursor on
+    loop 0, and ``path``, the action names that lead there from the untuned nest with the cursor
+    on loop 0 (None: none does, as for a re-laid layout start)."""
+
+    nest: LoopNest | None = None
+    path: tuple[str, ...] | None = ()
+
+    def followed(self, actions: ActionSet, taken) -> tuple[str, ...] | None:
+        """The path on from here by the action indices ``taken`` of ``actions`` (None: no path)."""
+        return None if self.path is None else self.path + tuple(actions.names[a] for a in taken)
+
+
+BEST_SO_FAR = "best so far"  # a Scope's start: the best schedule an earlier stage found, by its path
+
+
+@dataclass(frozen=True)
+class Scope:
+    """A stage's own context (:meth:`StagedSearch.run_stages`): the ``actions`` it searches
+    with, its ``start`` (a :class:`Start`, or :data:`BEST_SO_FAR`) and its cap on distinct
+    schedules, the earlier stages' included (None: no cap)."""
+
+    actions: ActionSet
+    start: Start | str = Start()
+    max_evaluations: int | None = None
 
 
 class StagedSearch:
@@ -87,6 +119,42 @@ class StagedSearch:
             context.failed.update(earlier.failed)
         self._contexts.append(context)
         return context
+
+    def run_stages(self, stages: Iterable[Stage]) -> ScheduleRecord:
+        """Run ``stages`` in order, each in a context of its own made of its :attr:`Stage.scope`
+        (whose root is evaluated first, whatever the budget). Returns the best schedule they found
+        (the earliest among equals; each stage's best joins :attr:`candidates`), its ``actions``
+        the path from the untuned nest (None where none leads there); a stage from
+        :data:`BEST_SO_FAR` starts from it, its path followed by the cursor moves back to loop 0
+        (:meth:`~looprl.actions.ActionSet.moves`). An interrupted stage ends the run."""
+        best: ScheduleRecord | None = None
+        best_start = Start()
+        for stage in stages:
+            scope = stage.scope
+            start = best_start if scope.start == BEST_SO_FAR else scope.start
+            context = self.context(scope.actions, max_evaluations=scope.max_evaluations, start=start.nest)
+            context.root()
+            stopped = self.run(context, stage)
+            node = context.best
+            found = ScheduleRecord(node.state.nest, node.gflops, start.followed(scope.actions, node.path), stage.name,
+                                   self.target, context.threads, self.budget_s or 0.0)
+            self.add([found])
+            if best is None or found.gflops > best.gflops:
+                best = found
+                best_start = Start(found.nest, start.followed(scope.actions, node.path + scope.actions.moves(node.state.cursor, 0)))
+            if stopped == INTERRUPTED:
+                break
+        return best
+
+    @property
+    def latest_context(self) -> SearchContext:
+        """The context of the stage that ran last."""
+        return self._contexts[-1]
+
+    @property
+    def initial_gflops(self) -> float:
+        """The first context's root speed (the untuned nest's, where the first stage starts there)."""
+        return self._contexts[0].root().gflops
 
     def run(self, context: SearchContext, stage: Stage) -> str:
         """Run ``stage`` in ``context`` (one of :meth:`context`'s, whose deadline and reference
