@@ -34,6 +34,10 @@ Dynamo guards on grad mode, so a model compiled for inference and later called w
 is compiled again, untouched). :func:`stats` counts the calls the operators served and the
 fallbacks, as :func:`looprl.torch.stats` does for a module.
 
+The compiled graph owns its operators (their kernels and weight copies): they are freed with
+it (``torch._dynamo.reset()``, or the model and its compiled code freed); the registry the
+operators find them in by index holds them weakly.
+
 **Batched products** (``matmul``, ``bmm``, ``@`` on two float32 CPU tensors of three or more
 dimensions with the same batch dimensions, as attention's ``q @ k.transpose(-2, -1)`` and
 ``p @ v``) of fixed shapes (not symbolic: ``dynamic=False``, or a fixed sequence length) become
@@ -47,9 +51,11 @@ time (option ``bmm``). A call on other shapes or layouts is ``torch.matmul``'s.
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 import threading
+import weakref
 
 import torch
 import torch.nn.functional as functional
@@ -84,13 +90,26 @@ def _activation_name(node) -> str | None:
     return activation_of_call(node.target, node.kwargs)
 
 
-_layers: list[LinearKernels] = []  # the operators' kernels, by the index the graph passes
+# The operators' kernels by the index the graph passes them, held weakly: the compiled graph owns
+# its operators (see _owned), so they and their copies of the weights are freed with it (a graph
+# dropped by torch._dynamo.reset() or by its model being freed). An index is never used twice.
+_layers: weakref.WeakValueDictionary[int, LinearKernels] = weakref.WeakValueDictionary()
 _layers_lock = threading.Lock()
+_indices = itertools.count()
+_retired: dict[str, int] = {}  # the calls of the operators freed so far, by outcome ("looprl" or a fallback's reason)
+
+
+def _operator(registry, index: int, what: str):
+    found = registry.get(index)
+    if found is None:
+        raise RuntimeError(f"looprl::{what} operator {index} was freed with the graph it was compiled into; this graph "
+                           "no longer owns it (compile the model again)")
+    return found
 
 
 @torch.library.custom_op("looprl::linear", mutates_args=())
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, layer: int) -> torch.Tensor:
-    return _layers[layer](x, weight, bias)
+    return _operator(_layers, layer, "linear")(x, weight, bias)
 
 
 @_linear.register_fake
@@ -148,12 +167,12 @@ class BatchedProduct:
         return out
 
 
-_products: list[BatchedProduct] = []
+_products: weakref.WeakValueDictionary[int, BatchedProduct] = weakref.WeakValueDictionary()  # as _layers
 
 
 @torch.library.custom_op("looprl::matmul", mutates_args=())
 def _matmul(a: torch.Tensor, b: torch.Tensor, product: int) -> torch.Tensor:
-    return _products[product](a, b)
+    return _operator(_products, product, "matmul")(a, b)
 
 
 @_matmul.register_fake
@@ -164,10 +183,14 @@ def _(a, b, product):
 def stats() -> dict:
     """Calls served by looprl kernels and fallbacks (by reason) of every linear layer and batched
     product the backend replaced in this process: ``{"looprl_calls", "fallback_calls",
-    "fallbacks", "layers"}`` (``layers``: the linear layers, then the batched products)."""
+    "fallbacks", "layers"}``. The totals count every operator's calls, those freed with their
+    graphs included; ``layers`` lists the operators alive (their graphs not freed): the linear
+    layers, then the batched products, each in the order compiled."""
     with _layers_lock:
-        layers = list(_layers) + list(_products)
-    summary = summarise_calls({index: kernels.counted() for index, kernels in enumerate(layers)})
+        layers = [_layers[i] for i in sorted(_layers.keys())] + [_products[i] for i in sorted(_products.keys())]
+        retired = dict(_retired)
+    summary = summarise_calls({index: kernels.counted() for index, kernels in enumerate(layers)} | {"retired": retired})
+    del summary["layers"]["retired"]
     for index, kernels in enumerate(layers):
         if isinstance(kernels, LinearKernels):
             summary["layers"][index]["routes"] = route_summary(kernels)
@@ -196,23 +219,44 @@ def looprl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
         raise ValueError(f"option bmm must be one of {', '.join(BMM_CHOICES)}, got {bmm!r}")
     check_max_rows(options.get("max_rows"))
     compare_torch = checks.flag(options.get("compare_torch", True), "option compare_torch")
+    owned: list = []  # the operators put in this graph: what is returned owns them
     if not torch.is_grad_enabled():
         tuning = {"policy": options.get("policy", "default"), "target": options.get("target"), "budget_s": options.get("budget_s"),
                   "threads": options.get("threads", 1), "cache": open_cache(options.get("cache"))}  # one cache for the graph
-        _replace_linear_calls(gm, example_inputs, options.get("max_rows"), tuning, compare_torch)
+        _replace_linear_calls(gm, example_inputs, options.get("max_rows"), tuning, compare_torch, owned)
         if bmm != "never":
-            _replace_batched_products(gm, bmm == "faster", tuning)
+            _replace_batched_products(gm, bmm == "faster", tuning, owned)
     if rest == "eager":
+        gm._looprl_operators = owned  # the graph module runs, and owns them
         return gm.forward
     from torch._inductor.compile_fx import compile_fx
 
-    return compile_fx(gm, example_inputs)
+    return _owning(compile_fx(gm, example_inputs), owned)
 
 
-def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: int | None, tuning: dict, compare_torch: bool) -> int:
+def _owning(function, owned: list):
+    """``function`` (what Inductor compiled, which does not keep the graph module alive) in a
+    wrapper that holds the operators ``owned``, for as long as Dynamo holds it. A wrapper, not
+    an attribute: Dynamo unwraps a function that is itself a ``torch._dynamo.disable`` wrapper,
+    as Inductor's is, and keeps only the function inside (the attribute went with the outer
+    one); and not the graph module given to Inductor, which pickles it for its cache key."""
+    if not owned:
+        return function
+
+    def call(*args, **kwargs):
+        return function(*args, **kwargs)
+
+    if hasattr(function, "_boxed_call"):
+        call._boxed_call = function._boxed_call  # its calling convention: one list of arguments
+    call._looprl_operators = owned
+    return call
+
+
+def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: int | None, tuning: dict, compare_torch: bool,
+                          owned: list) -> int:
     """Replace the graph's eligible linear calls by ``looprl::linear`` (kernels tuned with
     ``tuning``: :func:`looprl.tune`'s keyword arguments; with ``compare_torch``, routed to
-    torch at the row counts where torch's call timed faster); how many."""
+    torch at the row counts where torch's call timed faster; each added to ``owned``); how many."""
     placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
     values = {node: value for node, value in zip(placeholders, example_inputs)}
     results: dict[str, object] = {}
@@ -248,7 +292,7 @@ def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: in
         kernels = LinearKernels(in_features, out_features, activation, per_rows, routes=judged.get(shape), frozen=frozen)
         if compare_torch and shape not in judged:
             judged[shape] = kernels.judge(weight_value.detach(), None if bias_value is None else bias_value.detach())
-        index = _register(_layers, kernels)
+        index = _register(_layers, kernels, owned)
         end = users[0] if activation is not None else node
         _replace_node(gm, end, torch.ops.looprl.linear.default, (x, weight, bias, index))
         if end is not node:
@@ -282,11 +326,22 @@ def _example_value(gm: torch.fx.GraphModule, node, values: dict):
     return None
 
 
-def _register(registry: list, item) -> int:
-    """Add ``item`` to an operator's registry; the index the graph passes the operator."""
+def _register(registry: weakref.WeakValueDictionary, item, owned: list) -> int:
+    """Add ``item`` to an operator's registry (weakly: ``owned``, the graph's list, holds it);
+    the index the graph passes the operator. Its calls go to the totals when it is freed."""
     with _layers_lock:
-        registry.append(item)
-        return len(registry) - 1
+        index = next(_indices)
+        registry[index] = item
+    owned.append(item)
+    weakref.finalize(item, _retire, item.calls)
+    return index
+
+
+def _retire(calls: dict[str, int]) -> None:
+    """Add a freed operator's calls (its ``calls``, by outcome) to :func:`stats`' totals."""
+    with _layers_lock:
+        for outcome, count in calls.items():
+            _retired[outcome] = _retired.get(outcome, 0) + count
 
 
 def _replace_node(gm: torch.fx.GraphModule, node, operator_overload, args: tuple) -> None:
@@ -314,12 +369,12 @@ def _seconds(product, a, b) -> float:
         return best_time(repeat, PAYS_BUDGET_S).seconds
 
 
-def _replace_batched_products(gm: torch.fx.GraphModule, when_faster: bool, tuning: dict) -> int:
+def _replace_batched_products(gm: torch.fx.GraphModule, when_faster: bool, tuning: dict, owned: list) -> int:
     """Replace the graph's batched products of fixed shapes (``matmul``, ``bmm``, ``@`` on two
     float32 CPU tensors of at least three dimensions, the same batch dimensions) by
     ``looprl::matmul`` (kernels tuned with ``tuning``), all of them or (``when_faster``) those
     whose kernel, timed against ``torch.matmul`` on operands of the same shapes and layouts,
-    took at most :data:`PAYS_MARGIN` of its time; how many."""
+    took at most :data:`PAYS_MARGIN` of its time; each added to ``owned``; how many."""
     replaced = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in MATMUL_TARGETS or len(node.args) != 2 or node.kwargs:
@@ -346,7 +401,7 @@ def _replace_batched_products(gm: torch.fx.GraphModule, when_faster: bool, tunin
         ours = _seconds(product.compute, a, b)  # called as the graph will call it, Python's part included
         if when_faster and ours > PAYS_MARGIN * _seconds(torch.matmul, a, b):
             continue  # not clearly faster than torch's: left to torch
-        _replace_node(gm, node, torch.ops.looprl.matmul.default, (node.args[0], node.args[1], _register(_products, product)))
+        _replace_node(gm, node, torch.ops.looprl.matmul.default, (node.args[0], node.args[1], _register(_products, product, owned)))
         replaced += 1
     if replaced:
         gm.graph.lint()

@@ -59,11 +59,14 @@ def test_the_rest_of_the_graph_goes_to_inductor(options):
 def test_with_inductor_freezing_the_linear_layers_are_still_replaced(options):
     """With ``torch._inductor.config.freezing`` on, Dynamo hands the parameters to the backend
     as attributes of the graph (``get_attr``), not as inputs: they must be found there too."""
+    import gc
+
     import torch._inductor.config as inductor_config
 
     from looprl import dynamo
 
     torch._dynamo.reset()
+    gc.collect()  # the graphs reset dropped, freed now: stats() lists the operators alive
     module = model()
     before = dynamo.stats()
     compiled = torch.compile(module, backend="looprl", options=dict(options, rest="eager"))
@@ -114,14 +117,57 @@ def test_attention_s_batched_products_become_tuned_kernels_of_their_shapes(optio
         torch.testing.assert_close(compiled(q, k, v.contiguous()), module(q, k, v), rtol=1e-5, atol=1e-5)
     after = dynamo.stats()
     assert after["looprl_calls"] - before["looprl_calls"] == 4 and after["fallback_calls"] == before["fallback_calls"]
-    product = dynamo._products[-2]  # q @ k^T: the transposed right operand is read in place
+    product = dynamo._products[sorted(dynamo._products.keys())[-2]]  # q @ k^T: the transposed right operand is read in place
     assert product.transposed and product.result.problem.spec == "bmk,bnk->bmn"
     with torch.no_grad():  # a layout other than the tuned one: torch's answer
         wide = torch.randn(2, 3, 8, 20)[..., :10]
-        torch.testing.assert_close(dynamo._products[-2](q, wide), torch.matmul(q, wide))
+        torch.testing.assert_close(product(q, wide), torch.matmul(q, wide))
     assert dynamo.stats()["fallbacks"].get("right operand's layout not as tuned", 0) >= 1
     never = torch.compile(Attention(), backend="looprl", options=dict(options, rest="eager", bmm="never"))
-    counted = len(dynamo._products)
+    newest = max(dynamo._products.keys())
     with torch.no_grad():
         torch.testing.assert_close(never(q, k, v), module(q, k, v), rtol=1e-5, atol=1e-5)
-    assert len(dynamo._products) == counted
+    assert max(dynamo._products.keys()) == newest  # no product registered
+
+
+@pytest.mark.parametrize("rest", ["eager", "inductor"])
+def test_compiled_layers_are_freed_with_their_graphs(options, rest):
+    """Issue 51 #12: every compilation registered its operators' kernels (and their copies of
+    the weights) for the life of the process; now the compiled graph owns them (as long as
+    Dynamo keeps it: they survive a collection), and ``torch._dynamo.reset()`` (dropping the
+    graphs) frees them."""
+    import gc
+    import weakref
+
+    from looprl import dynamo
+
+    module = model()
+    x = torch.randn(4, 24)
+    torch._dynamo.reset()
+    gc.collect()
+    alive = len(dynamo._layers)
+    kept = []  # weak references to each compilation's kernels and to one of their weight copies
+    for _ in range(3):
+        compiled = torch.compile(module, backend="looprl", options=dict(options, rest=rest))
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), module(x), rtol=1e-5, atol=1e-5)
+            gc.collect()  # the graph Dynamo keeps still owns its operators
+            torch.testing.assert_close(compiled(x), module(x), rtol=1e-5, atol=1e-5)
+        assert len(dynamo._layers) == alive + 3  # this compilation's three linear layers, no more
+        newest = dynamo._layers[max(dynamo._layers.keys())]
+        copy = newest._bound._entry[0][0][1]  # the weight copy its kernels were bound from
+        kept += [weakref.ref(newest), weakref.ref(copy)]
+        del compiled, newest, copy
+        torch._dynamo.reset()
+        gc.collect()
+        assert len(dynamo._layers) == alive
+    assert all(reference() is None for reference in kept)
+    # the calls of freed layers still count in the totals
+    before = dynamo.stats()
+    compiled = torch.compile(module, backend="looprl", options=dict(options, rest=rest))
+    with torch.no_grad():
+        compiled(x)
+    del compiled
+    torch._dynamo.reset()
+    gc.collect()
+    assert dynamo.stats()["looprl_calls"] == before["looprl_calls"] + 3
