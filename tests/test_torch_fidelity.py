@@ -207,3 +207,48 @@ def test_weight_norm_and_pruning_in_grad_mode_leave_their_layers_to_torch_and_th
                 for parameter in layer.parameters():
                     parameter.mul_(1.5)
             close(tuned(x), model(x))
+
+
+class CallsItsFirstLayerAlone(nn.Module):
+    """Issue 51 #1: a layer run by its sequence (fused with the ReLU after it) and called directly."""
+
+    def __init__(self):
+        super().__init__()
+        self.seq = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+
+    def forward(self, x):
+        return self.seq(x).sum(-1, keepdim=True) + self.seq[0](x)
+
+
+def test_a_fused_layer_called_alone_computes_the_layer_alone(options):
+    from looprl.torch.layers import ALONE
+
+    torch.manual_seed(6)
+    model = CallsItsFirstLayerAlone().eval()
+    x = torch.randn(4, 8)
+    tuned = tune_module(model, x, **options)
+    layer = tuned.seq[0]
+    assert isinstance(layer, TunedLinear) and layer.activation is not None and layer.alone is not None  # fused, and tuned alone too
+    assert type(tuned.seq[1]) is nn.ReLU  # the activation module in its place
+    with torch.no_grad():
+        close(tuned(x), model(x))
+        close(tuned.seq[0](x), model.seq[0](x))  # the layer's own function, not relu of it
+        close(tuned.seq(x), model.seq(x))
+    assert stats(tuned)["fallback_calls"] == 0  # every call looprl's: fused in the sequence, alone by the layer's own kernels
+
+    # Fused only: called alone after tuning, the layer is computed by torch (and says why).
+    sequence = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)).eval()
+    tuned = tune_module(sequence, x, **options)
+    assert tuned[0].alone is None
+    with torch.no_grad():
+        close(tuned[0](x), sequence[0](x))
+        close(tuned(x), sequence(x))
+        tuned[1] = nn.SiLU()  # the activation replaced after tuning: the pair runs as two modules
+        sequence[1] = nn.SiLU()
+        close(tuned(x), sequence(x))
+        tuned[1] = nn.GELU()
+        sequence[1] = nn.GELU()
+        tuned[1].register_forward_hook(lambda module, args, output: output + 1)  # a hook on the activation: it runs
+        sequence[1].register_forward_hook(lambda module, args, output: output + 1)
+        close(tuned(x), sequence(x))
+    assert stats(tuned)["fallbacks"] == {ALONE: 3}

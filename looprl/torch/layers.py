@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import torch.nn.functional as functional
 from torch import nn
 
 from looprl.backend.host import cache_sizes
@@ -24,6 +25,10 @@ from looprl.torch.rows import tuned_row_counts
 # is fastest with the weight in the cache (GPT-2 small's 768->3072 on a Zen 4: 44 GFLOPS warm) is
 # not the one that streams it fastest from memory (12 against 14.5 GFLOPS for packed panels).
 COLD_ROWS = 16
+# The fallback reason of a fused layer called apart from its activation (directly, or by a
+# sequence whose next module is no longer that activation, or with hooks to run), when no example
+# called it so: its kernels apply the activation, so torch computes the linear layer alone.
+ALONE = "called apart from its fused activation (tuned only with it)"
 
 
 def weights_outgrow_cache(weights, llc_bytes: int | None = None) -> bool:
@@ -62,15 +67,21 @@ def layer_shape(per_rows: dict[int, TuneResult]) -> tuple:
 
 
 class TunedLinear(nn.Module):
-    """An ``nn.Linear`` (and the activation fused after it) that runs looprl kernels on any
-    number of rows (:class:`LinearKernels`) and is the original layer where a kernel would not
-    compute the layer's function (see :mod:`looprl.torch`). It holds the original's
-    ``weight`` and ``bias`` parameters themselves, so its ``state_dict`` has the original's
-    keys. ``results`` maps a row count to its :class:`~looprl.policy.tuner.TuneResult` (1 must
-    be one of them); ``records``, their answers as the cache exported them (:func:`save_records`)."""
+    """An ``nn.Linear`` that runs looprl kernels on any number of rows (:class:`LinearKernels`)
+    and is the original layer where a kernel would not compute the layer's function (see
+    :mod:`looprl.torch`). It holds the original's ``weight`` and ``bias`` parameters
+    themselves, so its ``state_dict`` has the original's keys. ``results`` maps a row count to
+    its :class:`~looprl.policy.tuner.TuneResult` (1 must be one of them); ``records``, their
+    answers as the cache exported them (:func:`save_records`).
+
+    With an ``activation`` (the module that follows the layer in an ``nn.Sequential``),
+    ``kernels`` compute ``activation(linear(x))``, for that sequence only (:meth:`fused`, called
+    by :class:`~looprl.torch.module.FusedSequential`); the layer called itself (``forward``)
+    still computes the linear layer alone, as the original did: by ``alone`` (the layer's
+    kernels without the activation, where an example called it so) or else by torch."""
 
     def __init__(self, original: nn.Linear, activation: nn.Module | None, results: dict[int, TuneResult], records=(),
-                 routes: dict[int, Route] | None = None, frozen: bool = False):
+                 routes: dict[int, Route] | None = None, frozen: bool = False, alone: LinearKernels | None = None):
         super().__init__()
         self.in_features, self.out_features = original.in_features, original.out_features
         self.weight = original.weight
@@ -78,6 +89,7 @@ class TunedLinear(nn.Module):
         self.activation = activation  # the fused activation module, or None
         self.kernels = LinearKernels(self.in_features, self.out_features, None if activation is None else activation_of_module(activation),
                                      results, records, routes, frozen)
+        self.alone = alone if activation is not None else None  # the linear layer's own kernels, where it is also called alone
 
     @property
     def results(self) -> dict[int, TuneResult]:
@@ -85,7 +97,19 @@ class TunedLinear(nn.Module):
 
     @property
     def records(self) -> list[dict]:
-        return self.kernels.records
+        return self.kernels.records + (self.alone.records if self.alone is not None else [])
+
+    def all_kernels(self) -> list[LinearKernels]:
+        """``kernels`` and, where there are, the kernels of the layer alone."""
+        return [self.kernels] + ([self.alone] if self.alone is not None else [])
+
+    def counted(self) -> dict[str, int]:
+        """Calls by outcome (``"looprl"`` or a fallback's reason), the fused and the lone ones together."""
+        total: dict[str, int] = {}
+        for kernels in self.all_kernels():
+            for why, count in kernels.counted().items():
+                total[why] = total.get(why, 0) + count
+        return total
 
     def extra_repr(self) -> str:
         fused = f", activation={activation_of_module(self.activation)}" if self.activation is not None else ""
@@ -97,4 +121,14 @@ class TunedLinear(nn.Module):
         return self.kernels.why_not(x, self.weight, self.bias)
 
     def forward(self, x):
+        """The linear layer's own function, ``x @ weight.T + bias`` (never the fused activation)."""
+        if self.activation is None:
+            return self.kernels(x, self.weight, self.bias)
+        if self.alone is not None:
+            return self.alone(x, self.weight, self.bias)
+        self.kernels._count(ALONE)
+        return functional.linear(x, self.weight, self.bias)
+
+    def fused(self, x):
+        """``activation(linear(x))``: the layer and the activation that follows it in its sequence."""
         return self.kernels(x, self.weight, self.bias)

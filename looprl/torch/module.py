@@ -29,7 +29,7 @@ from looprl.policy.tuner import TuneResult
 from looprl.torch.activations import activation_of_module
 from looprl.torch.layers import TunedLinear, layer_shape, tune_layer, weights_outgrow_cache
 from looprl.torch.records import LEFT_TO_TORCH, kernels_by_shape, route_table, shape_words, tuned_names
-from looprl.torch.routes import NEGATIVE_VIEW, interleaved_best_seconds
+from looprl.torch.routes import NEGATIVE_VIEW, LinearKernels, interleaved_best_seconds
 from looprl.torch.rows import check_max_rows
 
 
@@ -125,18 +125,25 @@ def _copy(module: nn.Module, memo: dict | None = None) -> nn.Module:
     return copied
 
 
-def _record_rows(module: nn.Module, examples: list[tuple], layers) -> list[dict[nn.Linear, set[int]]]:
-    """Per example, the row counts of the float32 CPU inputs each of ``layers`` (in ``module``) sees."""
-    per_example: list[dict[nn.Linear, set[int]]] = []
+def _record_rows(module: nn.Module, examples: list[tuple], layers, fusions: dict) -> list[dict[tuple, set[int]]]:
+    """Per example, the row counts of the float32 CPU inputs each of ``layers`` (in ``module``)
+    sees, by ``(layer, fused)``: ``fused`` when the call is its sequence's, followed by the
+    activation ``fusions`` (layer -> (sequence, the activation's index)) would fuse into it.
+    ``module`` is a probe: its sequences are made to say which calls are theirs."""
+    per_example: list[dict[tuple, set[int]]] = []
+    from_sequence: set = set()  # the layers being called by their sequence right now
     hooks = []
 
     def hook(layer, args, _output):
         x = args[0] if args else None
         if type(x) is torch.Tensor and x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() >= 1 and x.numel():
-            per_example[-1].setdefault(layer, set()).add(math.prod(x.shape[:-1]))
+            per_example[-1].setdefault((layer, layer in from_sequence), set()).add(math.prod(x.shape[:-1]))
 
     for layer in layers:
         hooks.append(layer.register_forward_hook(hook))
+    for layer, (sequence, _) in fusions.items():
+        sequence.__class__ = _ProbeSequential
+        sequence.__dict__.setdefault("_looprl_probe", (set(), from_sequence))[0].add(layer)
     try:
         with torch.no_grad():
             for args in examples:
@@ -146,6 +153,54 @@ def _record_rows(module: nn.Module, examples: list[tuple], layers) -> list[dict[
         for handle in hooks:
             handle.remove()
     return per_example
+
+
+class _ProbeSequential(nn.Sequential):
+    """A sequence of the probe copy (:func:`_record_rows`): it runs as ``nn.Sequential`` does,
+    and marks the calls of its layers to fuse as its own."""
+
+    def forward(self, input):  # noqa: A002 - nn.Sequential's name
+        fused, from_sequence = self.__dict__["_looprl_probe"]
+        for module in self:
+            if module in fused:
+                from_sequence.add(module)
+                try:
+                    input = module(input)
+                finally:
+                    from_sequence.discard(module)
+            else:
+                input = module(input)
+        return input
+
+
+class FusedSequential(nn.Sequential):
+    """An ``nn.Sequential`` in which a :class:`TunedLinear` followed by the activation fused into
+    its kernels runs as one call (:meth:`TunedLinear.fused`), the activation module still in
+    its place: the layer called alone computes the linear layer alone, the sequence computes
+    what it did. Checked on every call: where the next module is not that activation any more,
+    or either has hooks, or global module hooks are registered, both run as modules, one after
+    the other (an ``nn.Sequential``'s own call). ``tune_module`` gives a copied sequence this
+    class; its children and ``state_dict`` are the sequence's."""
+
+    def forward(self, input):  # noqa: A002 - nn.Sequential's name
+        modules = list(self._modules.values())
+        last, index = len(modules) - 1, 0
+        while index <= last:
+            module = modules[index]
+            if (type(module) is TunedLinear and module.activation is not None and index < last
+                    and activation_of_module(modules[index + 1]) == module.kernels.activation
+                    and not hooked(module) and not hooked(modules[index + 1]) and not global_hooks()):
+                input = module.fused(input)
+                index += 2
+            else:
+                input = module(input)
+                index += 1
+        return input
+
+
+def _kernels_for(layer: TunedLinear, fused: bool):
+    """The kernels of ``layer`` that compute its calls from its sequence (``fused``) or alone."""
+    return layer.kernels if fused or layer.activation is None else layer.alone
 
 
 MODEL_BUDGET_S = 0.05  # seconds to time the model, and the tuned model, on one example in one round
@@ -169,7 +224,7 @@ def _check_against_the_model(module: nn.Module, tuned: nn.Module, examples: list
     module = _copy(module)
     tuned = _copy(tuned, {id(layer): layer for layer in replacements.values()})
     for number, (args, seen) in enumerate(zip(examples, per_example), start=1):
-        seen = {layer: rows for layer, rows in seen.items() if layer in replacements}
+        seen = {key: rows for key, rows in seen.items() if key[0] in replacements}
         if not seen:
             continue
         original_s, tuned_s = interleaved_best_seconds([(module, args), (tuned, args)], MODEL_BUDGET_S, MODEL_ROUNDS)
@@ -178,12 +233,12 @@ def _check_against_the_model(module: nn.Module, tuned: nn.Module, examples: list
                 print(f"looprl: example {number}: the tuned model {1e3 * tuned_s:.3f} ms, the model {1e3 * original_s:.3f} ms",
                       file=sys.stderr, flush=True)
             continue
-        for layer, rows in seen.items():
-            replacements[layer].kernels.route_to_torch(rows)
+        for (layer, fused), rows in seen.items():
+            _kernels_for(replacements[layer], fused).route_to_torch(rows)
         original_s, routed_s = interleaved_best_seconds([(module, args), (tuned, args)], MODEL_BUDGET_S, MODEL_ROUNDS)
         if progress:
             print(f"looprl: example {number}: the tuned model {1e3 * tuned_s:.3f} ms, slower than the model's; its rows routed to torch "
-                  f"in {len(seen)} layer(s): now {1e3 * routed_s:.3f} ms against {1e3 * original_s:.3f} ms", file=sys.stderr, flush=True)
+                  f"in {len({layer for layer, _ in seen})} layer(s): now {1e3 * routed_s:.3f} ms against {1e3 * original_s:.3f} ms", file=sys.stderr, flush=True)
         if routed_s > MODEL_TOLERANCE * original_s:
             warnings.warn(f"tune_module: on example {number} the tuned model took {1e3 * routed_s:.3f} ms against the model's "
                           f"{1e3 * original_s:.3f} ms, its layers routed to torch (the calls' own cost, or timing noise)",
@@ -274,26 +329,28 @@ def _tune(module: nn.Module, examples: list[tuple], cache, fuse: bool, max_rows,
                 left[name] = why
     probe = _copy(module)  # what the examples run: a call may change a module's state (BatchNorm's statistics in train mode)
     to_tuned = dict(zip(probe.modules(), tuned.modules()))
-    tunable_set = set(tunable)
-    per_example = [{to_tuned[layer]: rows for layer, rows in seen.items()}
-                   for seen in _record_rows(probe, examples, [p for p, t in to_tuned.items() if t in tunable_set])]
-    del probe
-    rows_seen: dict[nn.Linear, set[int]] = {}
+    to_probe = {t: p for p, t in to_tuned.items()}
+    fusions = _fusions(tuned, set(tunable)) if fuse else {}
+    probe_fusions = {to_probe[layer]: (to_probe[sequence], index) for layer, (sequence, index) in fusions.items()}
+    per_example = [{(to_tuned[layer], fused): rows for (layer, fused), rows in seen.items()}
+                   for seen in _record_rows(probe, examples, [to_probe[layer] for layer in tunable], probe_fusions)]
+    del probe, to_tuned, to_probe
+    rows_seen: dict[tuple, set[int]] = {}  # (layer, fused) -> rows: a fused layer's calls from its sequence, and alone
     for seen in per_example:
-        for layer, rows in seen.items():
-            rows_seen.setdefault(layer, set()).update(rows)
+        for key, rows in seen.items():
+            rows_seen.setdefault(key, set()).update(rows)
     names = {layer: name for name, layer in tuned.named_modules()}
+    called = {layer for layer, _ in rows_seen}
     for layer in tunable:
-        if layer not in rows_seen:
+        if layer not in called:
             left[names[layer]] = NOT_CALLED
-    fusions = _fusions(tuned, set(rows_seen)) if fuse else {}
     results: dict[str, TuneResult] = {}  # by problem name: layers of one shape share a kernel
-    planned = []  # (layer, its fused activation module, row count -> TuneResult, its layer shape)
+    planned = {}  # (layer, fused) -> (its fused activation module or None, row count -> TuneResult, its layer shape)
     shapes = set()  # the layer shapes tuned so far
     started = time.perf_counter()
-    cold_weights = weights_outgrow_cache(layer.weight for layer in rows_seen)
-    for layer, rows in rows_seen.items():
-        activation_module = fusions[layer][0][fusions[layer][1]] if layer in fusions else None
+    cold_weights = weights_outgrow_cache(layer.weight for layer in called)
+    for (layer, fused), rows in rows_seen.items():
+        activation_module = fusions[layer][0][fusions[layer][1]] if fused else None
         activation = activation_of_module(activation_module) if activation_module is not None else None
         shape_started = time.perf_counter()
         per_rows = tune_layer(layer.in_features, layer.out_features, layer.bias is not None, activation, rows, max_rows, cold_weights,
@@ -303,30 +360,46 @@ def _tune(module: nn.Module, examples: list[tuple], cache, fuse: bool, max_rows,
             print(f"looprl: tuned {shape_words(layer.in_features, layer.out_features, activation)} for rows "
                   f"{', '.join(map(str, sorted(per_rows)))} in {time.perf_counter() - shape_started:.1f} s", file=sys.stderr, flush=True)
         shapes.add(shape)
-        planned.append((layer, activation_module, per_rows, shape))
+        planned[layer, fused] = (activation_module, per_rows, shape)
     exported = cache.export_tuned(tuned_names(results.values()))  # one read of the cache for every layer's records
-    replacements: dict[nn.Linear, TunedLinear] = {}
     judged: dict[tuple, dict] = {}  # a layer shape's routes: judged once, shared by its layers
-    for layer, activation_module, per_rows, shape in planned:
+
+    def records_of(per_rows):
         problem_names = tuned_names(per_rows.values())
-        records = [record for record in exported if tuned_problem_name(record["problem"]) in problem_names]
-        replacement = replacements[layer] = TunedLinear(layer, activation_module, per_rows, records, judged.get(shape), frozen)
-        if compare_torch and shape not in judged:
-            judged[shape] = replacement.kernels.judge(layer.weight.detach(), None if layer.bias is None else layer.bias.detach())
+        return [record for record in exported if tuned_problem_name(record["problem"]) in problem_names]
+
+    replacements: dict[nn.Linear, TunedLinear] = {}
+    for layer in dict.fromkeys(layer for layer, _ in planned):  # each layer once, in order
+        fused, alone = planned.get((layer, True)), planned.get((layer, False))
+        if fused is not None:
+            activation_module, per_rows, shape = fused
+            if alone is not None:  # a fused layer also called alone: its own kernels for that
+                alone = LinearKernels(layer.in_features, layer.out_features, None, alone[1], records_of(alone[1]), judged.get(alone[2]),
+                                      frozen)
+        else:
+            (activation_module, per_rows, shape), alone = alone, None
+        replacement = replacements[layer] = TunedLinear(layer, activation_module, per_rows, records_of(per_rows), judged.get(shape), frozen,
+                                                        alone)
+        if compare_torch:
+            for kernels in replacement.all_kernels():
+                shape = layer_shape(kernels.results)
+                if shape not in judged:
+                    judged[shape] = kernels.judge(layer.weight.detach(), None if layer.bias is None else layer.bias.detach())
     for parent in list(tuned.modules()):
         for name, child in list(parent._modules.items()):  # every registration, a shared layer's too
             if child is not None and child in replacements:
                 setattr(parent, name, replacements[child])
-    for layer, (parent, index) in fusions.items():
-        if layer in replacements:
-            parent[index] = nn.Identity()
+    for layer, (sequence, _) in fusions.items():
+        if layer in replacements and replacements[layer].activation is not None:
+            sequence.__class__ = FusedSequential  # the activation stays in its place; the sequence runs the pair as one call
     answer = replacements.get(tuned, tuned)  # a module that is itself a tuned layer is replaced whole
     if left:
         answer.__dict__[LEFT_TO_TORCH] = left  # a plain attribute (stats() reads it), not a registered one
     if compare_torch and replacements:
         _check_against_the_model(module, answer, examples, per_example, replacements, progress)
         for replacement in replacements.values():
-            replacement.kernels.forget_calls()
+            for kernels in replacement.all_kernels():
+                kernels.forget_calls()
     if progress and replacements:
         print(route_table(kernels_by_shape(replacements.values())), file=sys.stderr, flush=True)
         print(f"looprl: {len(shapes)} layer shape(s), {len(replacements)} layer(s) in {time.perf_counter() - started:.1f} s",

@@ -23,13 +23,14 @@ def shape_words(in_features: int, out_features: int, activation: str | None) -> 
 
 
 def kernels_by_shape(layers) -> list[LinearKernels]:
-    """The kernels of ``layers`` (TunedLinear modules), one per layer shape, in order."""
+    """The kernels of ``layers`` (TunedLinear modules: fused, and alone), one per layer shape, in order."""
     seen, found = set(), []
     for layer in layers:
-        shape = layer_shape(layer.kernels.results)
-        if shape not in seen:
-            seen.add(shape)
-            found.append(layer.kernels)
+        for kernels in layer.all_kernels():
+            shape = layer_shape(kernels.results)
+            if shape not in seen:
+                seen.add(shape)
+                found.append(kernels)
     return found
 
 
@@ -82,14 +83,18 @@ def stats(module: nn.Module) -> dict:
     kernel computed the call), ``fallback_calls`` (the original layer did) and ``fallbacks``
     (why: ``{reason: calls}``, the reasons of :meth:`TunedLinear.why_not`), in all and per
     layer (``layers``: name -> the same three and ``routes``: judged row count ->
-    ``{"looprl_ms", "torch_ms", "runs", "decided_by"}``, see :meth:`LinearKernels.judge`). Calls routed to
+    ``{"looprl_ms", "torch_ms", "runs", "decided_by"}``, see :meth:`LinearKernels.judge`; and
+    ``routes_alone``, those of a fused layer's kernels without its activation, where it was
+    also called alone). Calls routed to
     torch are fallbacks for the reason :data:`TORCH_FASTER`. ``left_to_torch``: the linear
     layers :func:`tune_module` did not replace, name -> why (hooks, parametrizations, pruning,
     weight norm, a layer the examples never called, ...)."""
     layers = tuned_layers(module)
-    summary = summarise_calls({name: layer.kernels.counted() for name, layer in layers})
+    summary = summarise_calls({name: layer.counted() for name, layer in layers})
     for name, layer in layers:
         summary["layers"][name]["routes"] = route_summary(layer.kernels)
+        if layer.alone is not None:  # a fused layer also called alone: the routes of its kernels without the activation
+            summary["layers"][name]["routes_alone"] = route_summary(layer.alone)
     summary["left_to_torch"] = left_to_torch(module)
     return summary
 
