@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import sqlite3
 from pathlib import Path
 
@@ -56,7 +57,7 @@ def fill_source(path: Path, problems, trials: int, target=None) -> int:
                 name = f"{problem.name}/{algo}/{trials}" + ("" if target is None else f"/{target.isa}")
                 if name in done:
                     continue
-                result = run(problem, algo, budget_s=None, max_evaluations=trials, seed=0, evaluator=evaluator, verify_s=None)
+                result = run(problem, algo, budget_s=math.inf, max_evaluations=trials, seed=0, evaluator=evaluator, verify_s=None)
                 if result.stopped == "interrupted":
                     raise KeyboardInterrupt
                 done.add(name)

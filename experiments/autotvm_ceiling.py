@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 from pathlib import Path
 
 import looprl
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             nests = {}
             for method in ("random", "autotvm-policy"):
                 options = {"prior": PolicyPrior(policy, target)} if method == "autotvm-policy" else {}
-                result = run(problem, "random" if method == "random" else "autotvm", budget_s=None, max_evaluations=args.trials,
+                result = run(problem, "random" if method == "random" else "autotvm", budget_s=math.inf, max_evaluations=args.trials,
                              seed=0, evaluator=Evaluator(":memory:", target=target), verify_s=None, **options)
                 nests[method] = result.best_nest
             tuned = looprl.tune(problem, policy, cache=":memory:", target=target, remember=False, threads=1)

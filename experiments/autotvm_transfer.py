@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                     copy = Path(scratch) / f"run{index}_{seed}_{transfer}.sqlite"
                     copy_cache(source, copy)
                     with MeasurementCache(copy) as cache:
-                        result = run(problem, "autotvm", budget_s=None, max_evaluations=args.trials, seed=seed,
+                        result = run(problem, "autotvm", budget_s=math.inf, max_evaluations=args.trials, seed=seed,
                                      evaluator=Evaluator(cache), verify_s=None, transfer=transfer)
                     copy.unlink()
                     if result.stopped == "interrupted":

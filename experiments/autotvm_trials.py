@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                     algo, options = PRIOR_METHODS.get(method, method), {}
                     if method in PRIOR_METHODS:
                         options["prior"] = PolicyPrior(load_policy(args.policy, target), target)
-                    result = run(problem, algo, budget_s=None, max_evaluations=args.trials, seed=seed,
+                    result = run(problem, algo, budget_s=math.inf, max_evaluations=args.trials, seed=seed,
                                  evaluator=Evaluator(":memory:", target=target), verify_s=None, **options)
                     if result.stopped == "interrupted":
                         print("interrupted; finished rows are kept in", table)

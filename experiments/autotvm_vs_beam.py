@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             if beam.stopped == "interrupted":
                 return 130
             allowed = max(32, beam.evaluations // 2)
-            tuner = run(problem, "autotvm", budget_s=None, max_evaluations=allowed, seed=args.seed,
+            tuner = run(problem, "autotvm", budget_s=math.inf, max_evaluations=allowed, seed=args.seed,
                         evaluator=Evaluator(":memory:", target=target), verify_s=None)
             if tuner.stopped == "interrupted":
                 return 130

@@ -119,7 +119,7 @@ def search_curve(problem, method: str, seed: int, trials: int, target: Target, s
             cache = MeasurementCache(path)
         else:
             cache = ":memory:"
-        result = run(problem, algo, budget_s=None, max_evaluations=trials, seed=seed, evaluator=Evaluator(cache, target=target),
+        result = run(problem, algo, budget_s=math.inf, max_evaluations=trials, seed=seed, evaluator=Evaluator(cache, target=target),
                      verify_s=None, **options)
         if not isinstance(cache, str):
             cache.close()

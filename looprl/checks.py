@@ -66,22 +66,27 @@ def finite_float(value, what: str, minimum: float | None = None, maximum: float 
     return number
 
 
-def positive_float(value, what: str, *, unit: str | None = None, allow_zero: bool = False, allow_none: bool = False) -> float | None:
+def positive_float(value, what: str, *, unit: str | None = None, allow_zero: bool = False, allow_none: bool = False,
+                   allow_inf: bool = False) -> float | None:
     """``value`` as a finite ``float`` > 0 (>= 0 with ``allow_zero``; None passes with
-    ``allow_none``). ``unit`` (e.g. ``"GFLOPS"``) is named in the message."""
+    ``allow_none``; a float ``inf``, not an integer too large for a float, with ``allow_inf``).
+    ``unit`` (e.g. ``"GFLOPS"``) is named in the message."""
     if value is None and allow_none:
         return None
     requirement = f"{'a non-negative' if allow_zero else 'a positive'}, finite number{f' of {unit}' if unit else ''}"
+    requirement += (", math.inf" if allow_none else " or math.inf") if allow_inf else ""
     requirement += " or None" if allow_none else ""
     number = _real(value, what, requirement)
-    if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
+    infinite = allow_inf and number == math.inf and isinstance(value, (float, np.floating))
+    if not (math.isfinite(number) or infinite) or number < 0 or (number == 0 and not allow_zero):
         raise ValueError(f"{what} must be {requirement}, got {value!r}")
     return number
 
 
-def seconds(value, what: str, *, allow_zero: bool = False, allow_none: bool = False) -> float | None:
-    """A time budget or duration: :func:`positive_float` in seconds."""
-    return positive_float(value, what, unit="seconds", allow_zero=allow_zero, allow_none=allow_none)
+def seconds(value, what: str, *, allow_zero: bool = False, allow_none: bool = False, allow_inf: bool = False) -> float | None:
+    """A time budget or duration: :func:`positive_float` in seconds (``allow_inf``: a budget
+    that may be ``math.inf``, no time limit)."""
+    return positive_float(value, what, unit="seconds", allow_zero=allow_zero, allow_none=allow_none, allow_inf=allow_inf)
 
 
 def fraction(value, what: str, *, allow_zero: bool = True, allow_one: bool = True) -> float:

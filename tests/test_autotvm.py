@@ -1,6 +1,7 @@
 """The AutoTVM search: budgets, the untuned nest as a floor, reproducibility, transfer."""
 
 import hashlib
+import math
 from collections import Counter
 
 import numpy as np
@@ -44,7 +45,7 @@ class FakeEvaluator:
 
 
 def run(evaluator, **options):
-    settings = {"max_evaluations": 40, "budget_s": None, "verify_s": None, "seed": 3, **FAST, **options}
+    settings = {"max_evaluations": 40, "budget_s": math.inf, "verify_s": None, "seed": 3, **FAST, **options}
     return search.run(SMALL, algo=settings.pop("algo", "autotvm"), evaluator=evaluator, **settings)
 
 
@@ -176,7 +177,7 @@ def test_context_visit_refuses_another_problems_nest():
 def test_a_real_evaluator_cache_feeds_records():
     evaluator = Evaluator(":memory:")
     evaluator(looprl.initial_nest(looprl.matmul(8, 8, 8)))
-    result = search.run(SMALL, algo="autotvm", max_evaluations=4, budget_s=None, evaluator=evaluator, verify_s=None, transfer=True, **FAST)
+    result = search.run(SMALL, algo="autotvm", max_evaluations=4, budget_s=math.inf, evaluator=evaluator, verify_s=None, transfer=True, **FAST)
     assert result.evaluations == 4
 
 

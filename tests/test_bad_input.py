@@ -18,6 +18,7 @@ from looprl.measurement.cache import MeasurementCache
 from looprl.measurement.evaluator import Evaluator, Measurement
 from looprl.measurement.keys import measurement_key
 from looprl.measurement.timing import best_time
+from looprl.search.budget import MAX_BUDGET_S
 from tests.policies import random_policy
 
 PEAK = 100.0
@@ -86,12 +87,16 @@ def test_env_accepts_numpy_peaks_and_budgets():
 @pytest.mark.parametrize("name", ["budget_s", "verify_s", "measure_budget_s"])
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -1.0, 0, "1", True])
 def test_search_refuses_bad_budgets(name, bad):
+    if name == "budget_s" and bad == math.inf:  # no time limit
+        assert run(budget_s=bad).settings["budget_s"] == math.inf
+        return
     with pytest.raises(ValueError, match=f"{name} must be a positive"):
         run(**{name: bad})
 
 
 def test_search_budgets_none_and_numpy():
     assert run(budget_s=None).stopped == "evaluation budget"
+    assert 0 < run(budget_s=None).settings["budget_s"] <= MAX_BUDGET_S  # scaled to the problem, as tune's
     result = run(budget_s=np.float32(5.0), measure_budget_s=np.float64(0.002))
     assert result.settings["budget_s"] == 5.0
     with pytest.raises(ValueError, match="measure_budget_s"):

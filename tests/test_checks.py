@@ -112,6 +112,16 @@ def test_positive_float_and_seconds_name_the_unit_zero_and_none():
         checks.positive_float(True, "peak", allow_none=True)
 
 
+def test_seconds_take_infinity_only_where_allowed():
+    assert checks.seconds(math.inf, "budget_s", allow_none=True, allow_inf=True) == math.inf
+    assert checks.seconds(np.float32("inf"), "budget_s", allow_inf=True) == math.inf
+    with pytest.raises(ValueError, match="^budget_s must be a positive, finite number of seconds, math.inf or None, got -inf$"):
+        checks.seconds(-math.inf, "budget_s", allow_none=True, allow_inf=True)
+    for bad in (math.nan, 10**400, 0):
+        with pytest.raises(ValueError, match="^budget_s must be a positive, finite number of seconds or math.inf, got"):
+            checks.seconds(bad, "budget_s", allow_inf=True)
+
+
 def test_fraction_bounds_open_and_closed():
     assert checks.fraction(0, "p") == 0.0 and checks.fraction(1, "p") == 1.0
     for bad in (-0.01, 1.01, math.nan):

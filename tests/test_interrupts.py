@@ -1,3 +1,4 @@
+import math
 import os
 import signal
 
@@ -31,7 +32,7 @@ def _lose_a_sigterm():
 def test_a_sigterm_whose_interrupt_was_lost_still_stops_a_search():
     with terminate_as_interrupt():
         _lose_a_sigterm()  # no exception reaches here
-        result = search.run("24x16x8", "random", budget_s=None, max_evaluations=200, cache=":memory:", verify_s=None)
+        result = search.run("24x16x8", "random", budget_s=math.inf, max_evaluations=200, cache=":memory:", verify_s=None)
     assert result.stopped == "interrupted"
     assert result.evaluations < 200
 

@@ -1,5 +1,7 @@
 """The parallel action in the environment and the searches."""
 
+import math
+
 import gymnasium
 import numpy as np
 import pytest
@@ -74,7 +76,7 @@ def test_the_surrogate_reward_is_for_one_thread():
 
 @needs_two
 def test_searches_take_threads(cache_path):
-    result = search.run("64x32x48", "greedy1", budget_s=None, max_evaluations=30, cache=cache_path, threads=2,
+    result = search.run("64x32x48", "greedy1", budget_s=math.inf, max_evaluations=30, cache=cache_path, threads=2,
                         measure_budget_s=0.002, verify_s=None)
     assert result.settings["threads"] == 2
     assert "threads" not in search.run("16x16x16", "greedy1", max_evaluations=3, cache=":memory:", verify_s=None).settings

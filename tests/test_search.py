@@ -1,6 +1,7 @@
 import csv
 import hashlib
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -61,7 +62,7 @@ def replay(result, cache=":memory:"):
 @pytest.mark.parametrize("algo", search.PAPER_ALGORITHMS)
 def test_each_algorithm_improves_replays_and_measures_nothing_twice(algo):
     evaluator = FakeEvaluator()
-    result = search.run(SMALL, algo, verify_s=None, budget_s=None, max_evaluations=150, evaluator=evaluator, depth=6)
+    result = search.run(SMALL, algo, verify_s=None, budget_s=math.inf, max_evaluations=150, evaluator=evaluator, depth=6)
     assert result.best_gflops >= result.initial_gflops
     assert result.best_gflops == evaluator.value(result.best_nest)
     assert replay(result) == result.best_nest
@@ -92,7 +93,7 @@ def test_real_measurements_through_the_cache(algo):
 def test_beam_bfs_with_full_width_is_exhaustive():
     actions = ActionSet()
     evaluator = FakeEvaluator()
-    result = search.run(SMALL, f"beam{len(actions)}bfs", verify_s=None, budget_s=None, evaluator=evaluator, depth=3)
+    result = search.run(SMALL, f"beam{len(actions)}bfs", verify_s=None, budget_s=math.inf, evaluator=evaluator, depth=3)
     everything = reachable(actions, 3)
     assert set(evaluator.calls) == everything
     assert result.best_gflops == max(evaluator.value(_Keyed(key)) for key in everything)
@@ -109,14 +110,14 @@ def test_candidates_are_ranked_by_gflops_not_by_name():
     # split_4 wins although "split_16" sorts first by name and comes first in no order here.
     boost = {start.split(0, 4).key: 500.0, start.split(0, 16).key: 1.0, start.split(0, 8).key: 2.0}
     for algo in ("beam1dfs", "beam1bfs", "greedy1"):
-        result = search.run(SMALL, algo, verify_s=None, budget_s=None, evaluator=FakeEvaluator(boost), depth=1)
+        result = search.run(SMALL, algo, verify_s=None, budget_s=math.inf, evaluator=FakeEvaluator(boost), depth=1)
         assert result.actions == ("split_4",) and result.best_gflops == 500.0
 
 
 def test_greedy1_stops_at_a_local_optimum():
     actions = ActionSet()
     evaluator = FakeEvaluator()
-    result = search.run(SMALL, "greedy1", verify_s=None, budget_s=None, evaluator=evaluator, depth=10)
+    result = search.run(SMALL, "greedy1", verify_s=None, budget_s=math.inf, evaluator=evaluator, depth=10)
     state = State(looprl.initial_nest(SMALL), 0)
     values = [evaluator.value(state.nest)]
     for name in result.actions:
@@ -137,15 +138,15 @@ def test_greedy2_can_cross_a_step_that_is_no_better():
     split = actions.index("split_4")
     two = actions.apply(actions.apply(root, split), split).nest
     boost[two.key] = 400.0
-    assert search.run(SMALL, "greedy1", verify_s=None, budget_s=None, evaluator=FakeEvaluator(boost), depth=10).best_gflops == 50.0
-    result = search.run(SMALL, "greedy2", verify_s=None, budget_s=None, evaluator=FakeEvaluator(boost), depth=10)
+    assert search.run(SMALL, "greedy1", verify_s=None, budget_s=math.inf, evaluator=FakeEvaluator(boost), depth=10).best_gflops == 50.0
+    result = search.run(SMALL, "greedy2", verify_s=None, budget_s=math.inf, evaluator=FakeEvaluator(boost), depth=10)
     assert result.best_gflops >= 400.0 and result.actions[:2] == ("split_4", "split_4")
 
 
 def test_random_search_is_seeded():
-    first = search.run(SMALL, "random", verify_s=None, budget_s=None, max_evaluations=60, evaluator=FakeEvaluator(), seed=3)
-    second = search.run(SMALL, "random", verify_s=None, budget_s=None, max_evaluations=60, evaluator=FakeEvaluator(), seed=3)
-    other = search.run(SMALL, "random", verify_s=None, budget_s=None, max_evaluations=60, evaluator=FakeEvaluator(), seed=4)
+    first = search.run(SMALL, "random", verify_s=None, budget_s=math.inf, max_evaluations=60, evaluator=FakeEvaluator(), seed=3)
+    second = search.run(SMALL, "random", verify_s=None, budget_s=math.inf, max_evaluations=60, evaluator=FakeEvaluator(), seed=3)
+    other = search.run(SMALL, "random", verify_s=None, budget_s=math.inf, max_evaluations=60, evaluator=FakeEvaluator(), seed=4)
     assert (first.actions, first.best_gflops) == (second.actions, second.best_gflops)
     assert first.stopped == "evaluation budget" and first.evaluations == 60
     assert set(first.graph.nodes) != set(other.graph.nodes)
@@ -179,7 +180,7 @@ def test_bad_arguments_are_rejected():
 
 
 def test_results_and_graph_are_saved(tmp_path):
-    result = search.run(SMALL, "beam2bfs", verify_s=None, budget_s=None, evaluator=FakeEvaluator(), depth=3)
+    result = search.run(SMALL, "beam2bfs", verify_s=None, budget_s=math.inf, evaluator=FakeEvaluator(), depth=3)
     data = json.loads(result.save_json(tmp_path / "r.json").read_text())
     assert data["best_schedule"] == result.best_nest.key and data["actions"] == list(result.actions)
     assert data["evaluations"] == result.evaluations and data["stopped"] == "done"
@@ -284,7 +285,7 @@ def test_search_with_the_target_s_split_factors_uses_and_reports_them(tmp_path):
     from looprl.ir.schedules import target_split_factors
 
     sse4 = looprl.Target.named("sse4")  # runs on every x86-64 host
-    result = search.run("24x16x8", "random", max_evaluations=6, budget_s=None, cache=":memory:", target=sse4,
+    result = search.run("24x16x8", "random", max_evaluations=6, budget_s=math.inf, cache=":memory:", target=sse4,
                         split_factors="target", measure_budget_s=0.001, verify_s=None)
     assert result.settings["split_factors"] == list(target_split_factors(sse4))
     assert result.settings["target"] == "sse4"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import csv
 import fcntl
+import math
 import os
 import sys
 import time
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dataset", default=defaults.DATASET)
     parser.add_argument("--limit", type=int, default=None, help="first N problems of the split (after --offset)")
     parser.add_argument("--offset", type=int, default=0)
-    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help="seconds per search (default 60; 0 = no limit)")
+    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help="seconds per search (default 60; inf or 0 = no limit)")
     parser.add_argument("--evaluations", type=int, default=None, help="distinct schedules per search (default: no limit)")
     parser.add_argument("--depth", type=int, default=DEFAULT_DEPTH, help="actions from the initial nest (default 10)")
     parser.add_argument("--split-factors", type=_factors, default=defaults.SPLIT_FACTORS, help="comma-separated, default 4,8,16; 'target': also those forming the target's register tiles")
@@ -190,14 +191,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args) -> int:
     algorithms = _algorithms(args.algo)
-    checks.seconds(args.budget, "--budget", allow_zero=True)
+    checks.seconds(args.budget, "--budget", allow_zero=True, allow_inf=True)
     checks.positive_float(args.verify_ms, "--verify-ms", unit="milliseconds", allow_zero=True)
     checks.positive_float(args.measure_budget_ms, "--measure-budget-ms", unit="milliseconds")
     if args.limit is not None:
         checks.positive_int(args.limit, "--limit")
     checks.count(args.offset, "--offset")
     settings = dict(
-        budget_s=args.budget or None,
+        budget_s=args.budget or math.inf,
         max_evaluations=args.evaluations,
         depth=args.depth,
         split_factors=args.split_factors,

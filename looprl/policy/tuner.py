@@ -55,7 +55,7 @@ from looprl.policy.retarget import retargeted
 from looprl.policy.rollout import greedy_rollout, policy_actions
 from looprl.ir.register_tiles import tile_of
 from looprl.search.tiles import measure_tiles
-from looprl.search.budget import MIN_BUDGET_S, REFINEMENTS, scaled_budget
+from looprl.search.budget import MIN_BUDGET_S, REFINEMENTS
 from looprl.search.context import BudgetExhausted
 from looprl.search.staged import Stage, StagedSearch, confirm_winner
 
@@ -346,13 +346,11 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, step
     the budget more, and the winner confirmed among them and the serial best. The budget counts
     from ``started`` (tune's call)."""
     action_set = policy_actions(policy, evaluator.target)
-    search = StagedSearch(problem, evaluator)
+    search = StagedSearch(problem, evaluator, budget_s=budget_s, started=started)
     context = search.context(action_set, max_evaluations=max_evaluations)
     untuned = context.root()
-    scaled = budget_s is None
-    if scaled:
-        budget_s = scaled_budget(problem.flops, untuned.gflops, evaluator.budget_s)
-    search.limit(budget_s, started)
+    search.scale(untuned.gflops)  # a budget of None: scaled to the problem
+    scaled, budget_s = search.scaled, search.budget_s
     rollouts = []
 
     def rollout_stage(context):

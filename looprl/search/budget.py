@@ -15,9 +15,12 @@ machine takes longer rather than returning whatever it had measured.
 
 The limits' names: ``max_evaluations`` caps distinct schedules everywhere (``looprl.search.run``,
 ``looprl.tune``, whose former ``max_measurements`` still works with a DeprecationWarning).
-``budget_s=None`` still means two things: in ``looprl.search.run`` and a
-:class:`~looprl.search.staged.StagedSearch`, no time limit; in ``looprl.tune``, a budget
-scaled to the problem (:func:`scaled_budget`), its default.
+``budget_s=None`` means one thing everywhere (``looprl.tune``, whose default it is,
+``looprl.search.run`` and a :class:`~looprl.search.staged.StagedSearch`): a budget scaled to
+the problem (:func:`scaled_budget`, from the untuned nest's speed, measured first). No time
+limit is spelt ``math.inf`` (``looprl.search.run``, a StagedSearch's default; ``looprl-search
+--budget inf``), which the budget checks (:func:`looprl.checks.seconds` with ``allow_inf``)
+accept there; tune's ``budget_s=0`` is its rollout alone.
 """
 
 from __future__ import annotations

@@ -148,8 +148,9 @@ def run(
 ) -> SearchResult:
     """Search ``problem``'s schedules with ``algo`` (``greedy1``, ``greedy2``, ``beam2dfs``,
     ``beam4bfs``, ``random``, ...) over the environment's actions, at most ``depth`` actions
-    from the untiled nest, until the algorithm finishes or ``budget_s`` seconds or
-    ``max_evaluations`` distinct schedules are spent (None: no such limit). Measurements go
+    from the untiled nest, until the algorithm finishes or ``budget_s`` seconds (None: scaled
+    to the problem, as tune's, :func:`~looprl.search.budget.scaled_budget`; ``math.inf``: no
+    time limit) or ``max_evaluations`` distinct schedules (None: no cap) are spent. Measurements go
     through ``evaluator`` (or a new one on ``cache``). Ctrl-C ends the search early and
     returns what was found, with ``stopped="interrupted"``.
 
@@ -170,7 +171,7 @@ def run(
     so: ALT's layout candidates) and the ``pack`` and ``pad`` actions (:mod:`looprl.actions`).
     A loop search runs from each start (an equal share of ``1 - LAYOUT_REFINE_SHARE``), then
     the search with ``pack`` and ``pad`` continues from the best schedule found with the rest.
-    ``layout_stage`` (a fraction in (0, 1), with ``layouts=True`` and a ``budget_s``) is
+    ``layout_stage`` (a fraction in (0, 1), with ``layouts=True`` and a finite ``budget_s``) is
     ALT's two-stage order instead: the search with ``pack`` and ``pad`` from each start gets
     that share, then a loops-only search continues from the best schedule (layouts kept).
     Converting an input to its layout is part of the measured kernel unless the problem
@@ -191,7 +192,7 @@ def run(
     problem = as_problem(problem)
     function, defaults_ = parse_algorithm(algo)
     options = {**defaults_, **check_options(function, algo, options)}
-    budget_s = checks.seconds(budget_s, "budget_s", allow_none=True)
+    budget_s = checks.seconds(budget_s, "budget_s", allow_none=True, allow_inf=True)
     verify_s = checks.seconds(verify_s, "verify_s", allow_none=True)
     measure_budget_s = checks.seconds(measure_budget_s, "measure_budget_s")
     max_evaluations = None if max_evaluations is None else checks.positive_int(max_evaluations, "max_evaluations")
@@ -203,7 +204,7 @@ def run(
         raise ValueError(f"progress must be a callable or None, got {type(progress).__name__}")
     layouts = checks.flag(layouts, "layouts")
     if layout_stage is not None:
-        if not layouts or budget_s is None:
+        if not layouts or budget_s == math.inf:
             raise ValueError("layout_stage needs layouts=True and a budget_s to divide")
         layout_stage = checks.fraction(layout_stage, "layout_stage", allow_zero=False, allow_one=False)
     # The evaluator's target (a stand-in evaluator may have none: then ``target``'s).
@@ -255,7 +256,7 @@ def run(
         verified_gflops=verified,
         curve=tuple(curve),
         settings={
-            "budget_s": budget_s,
+            "budget_s": search.budget_s,  # a budget of None scaled to the problem
             "max_evaluations": max_evaluations,
             "depth": depth,
             "split_factors": list(actions.split_factors),

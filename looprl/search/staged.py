@@ -32,7 +32,7 @@ from looprl.actions import ActionSet
 from looprl.ir.nest import LoopNest
 from looprl.ir.problem import Problem
 from looprl.measurement.schedule_record import ScheduleRecord
-from looprl.search.budget import state_cost_s
+from looprl.search.budget import scaled_budget, state_cost_s
 from looprl.search.context import BudgetExhausted, SearchContext
 
 INTERRUPTED = "interrupted"
@@ -85,11 +85,12 @@ class Scope:
 
 class StagedSearch:
     """Runs stages over contexts that share one memo, and collects what they found.
-    ``budget_s`` (None or 0: no limit; :mod:`looprl.search.budget`) counts from ``started``
-    (default: now); :meth:`limit` sets it later (e.g. once a budget is scaled to the problem)."""
+    ``budget_s`` counts from ``started`` (default: now): None, scaled to the problem once the
+    untuned nest's speed is known (:meth:`scale`; :mod:`looprl.search.budget`); ``math.inf``, no
+    time limit; 0, no deadline either (tune's ``budget_s=0``: stages that run whole)."""
 
     def __init__(self, problem: Problem, evaluator, target=None, progress=None, return_on_interrupt: bool = False,
-                 budget_s: float | None = None, started: float | None = None):
+                 budget_s: float | None = math.inf, started: float | None = None):
         self.problem = problem
         self.return_on_interrupt = return_on_interrupt  # Ctrl-C ends the stage (search.run) rather than the call (tune)
         self.evaluator = evaluator
@@ -104,9 +105,16 @@ class StagedSearch:
 
     def limit(self, budget_s: float | None, started: float) -> None:
         """The search's budget: ``budget_s`` seconds from ``started`` (a ``time.perf_counter()``
-        value); None or 0: no deadline."""
-        self.budget_s = budget_s
-        self.deadline = started + budget_s if budget_s else None
+        value); no deadline for ``math.inf`` or 0, nor for None until :meth:`scale` sets it."""
+        self.budget_s, self.started, self.scaled = budget_s, started, budget_s is None
+        self.deadline = started + budget_s if budget_s and math.isfinite(budget_s) else None
+
+    def scale(self, untuned_gflops: float) -> None:
+        """Set a budget scaled to the problem (``budget_s`` None) from the untuned nest's speed
+        (:func:`~looprl.search.budget.scaled_budget`); a budget given, or scaled already, stays."""
+        if self.budget_s is None:
+            self.budget_s = scaled_budget(self.problem.flops, untuned_gflops, getattr(self.evaluator, "budget_s", 0.0))
+            self.deadline = self.started + self.budget_s
 
     # -- contexts --------------------------------------------------------------------
     def context(self, actions: ActionSet, budget_s: float | None = None, max_evaluations: int | None = None,
@@ -122,7 +130,8 @@ class StagedSearch:
 
     def run_stages(self, stages: Iterable[Stage]) -> ScheduleRecord:
         """Run ``stages`` in order, each in a context of its own made of its :attr:`Stage.scope`
-        (whose root is evaluated first, whatever the budget). Returns the best schedule they found
+        (whose root is evaluated first, whatever the budget; the first root, the untuned nest,
+        scales a budget of None). Returns the best schedule they found
         (the earliest among equals; each stage's best joins :attr:`candidates`), its ``actions``
         the path from the untuned nest (None where none leads there); a stage from
         :data:`BEST_SO_FAR` starts from it, its path followed by the cursor moves back to loop 0
@@ -133,11 +142,11 @@ class StagedSearch:
             scope = stage.scope
             start = best_start if scope.start == BEST_SO_FAR else scope.start
             context = self.context(scope.actions, max_evaluations=scope.max_evaluations, start=start.nest)
-            context.root()
+            self.scale(context.root().gflops)
             stopped = self.run(context, stage)
             node = context.best
             found = ScheduleRecord(node.state.nest, node.gflops, start.followed(scope.actions, node.path), stage.name,
-                                   self.target, context.threads, self.budget_s or 0.0)
+                                   self.target, context.threads, self.budget_s)
             self.add([found])
             if best is None or found.gflops > best.gflops:
                 best = found
@@ -187,7 +196,7 @@ class StagedSearch:
         if stage.share is None:  # a context's deadline moved later (lock waits, refinements) stays
             later = context.deadline is not None and self.deadline is not None and context.deadline > self.deadline
             context.deadline = context.deadline if later else self.deadline
-        elif math.isinf(stage.share) or not self.budget_s:
+        elif math.isinf(stage.share) or not self.budget_s or math.isinf(self.budget_s):
             context.deadline = None
         else:
             context.deadline = context.started + stage.share * self.budget_s
