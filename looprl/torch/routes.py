@@ -9,6 +9,7 @@ one computes those rows.
 
 from __future__ import annotations
 
+import copy
 import math
 import threading
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from looprl.backend.buffers import aligned_empty
 from looprl.measurement.timing import best_time, cold_copy_count
 from looprl.policy.tuner import TuneResult
 from looprl.torch.activations import ACTIVATIONS
-from looprl.torch.rows import any_rows_kernel, row_plan
+from looprl.torch.rows import any_rows_kernel, foreign_target, rebuilt_result, result_state, row_plan
 from looprl.torch.weights import ContentCache, FrozenCache
 
 
@@ -99,6 +100,38 @@ class LinearKernels:
         self.routes: dict[int, Route] = dict(routes or {})  # judged row counts (see judge()); none: every call is looprl's
         self._torch_rows: dict[int, bool] = {}  # row count -> whether torch computes it, from the routes
 
+    foreign: str | None = None  # unpickled on a CPU that cannot run the kernels' code: why (every call is torch's)
+
+    def __getstate__(self) -> dict:
+        """What a pickle (``torch.save`` of a model) keeps: the schedules tuned, not their
+        compiled code (:func:`~looprl.torch.rows.result_state`), the records, routes and calls."""
+        return {"version": 1, "in_features": self.in_features, "out_features": self.out_features, "activation": self.activation,
+                "results": {rows: result_state(result) for rows, result in self.results.items()}, "records": self.records,
+                "routes": self.routes, "frozen": self.frozen, "calls": self.counted()}
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickled: the schedules compiled again (compile only, nothing measured or tuned);
+        on a CPU that lacks their target's features nothing is compiled and every call is
+        torch's, for the reason :attr:`foreign` (tune the model again there for kernels)."""
+        if state.get("version") != 1:
+            raise ValueError(f"cannot unpickle looprl kernels of state version {state.get('version')!r} (this looprl reads version 1)")
+        foreign = foreign_target(state["results"].values())
+        results = {rows: (TuneResult(saved["problem"], answer=saved["answer"], tuned_as=saved["tuned_as"]) if foreign else rebuilt_result(saved))
+                   for rows, saved in state["results"].items()}
+        self.__init__(state["in_features"], state["out_features"], state["activation"], results, state["records"], state["routes"],
+                      state["frozen"])
+        self.calls, self.foreign = dict(state["calls"]), foreign
+
+    def __deepcopy__(self, memo) -> "LinearKernels":
+        """A copy sharing the compiled kernels (read-only, callable from several threads), with
+        its own bound weights, buffers and counts."""
+        clone = type(self).__new__(type(self))
+        memo[id(self)] = clone
+        clone.__init__(self.in_features, self.out_features, self.activation, self.results, copy.deepcopy(self.records, memo),
+                       dict(self.routes), self.frozen)
+        clone.calls, clone.foreign = self.counted(), self.foreign
+        return clone
+
     def counted(self) -> dict[str, int]:
         with self._stats_lock:
             return dict(self.calls)
@@ -120,6 +153,8 @@ class LinearKernels:
     def why_not(self, x, weight, bias) -> str | None:
         """Why a call on ``x`` falls back to torch (a short reason, the key of :func:`stats`'
         ``fallbacks``), or None if looprl kernels compute it."""
+        if self.foreign is not None:
+            return self.foreign
         float32 = torch.float32  # dtypes are singletons: compared by identity, and is_cpu is cheaper than device.type
         if type(x) is not torch.Tensor or x.dtype is not float32 or not x.is_cpu or x.dim() < 1:
             return "input not a float32 CPU tensor"

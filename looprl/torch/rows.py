@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from looprl import checks
-from looprl.backend.kernel import Kernel
+from looprl.backend.kernel import Kernel, ReshapedKernel
 from looprl.backend.kernel import compile as looprl_compile
 from looprl.backend.loops import RuntimeRowsUnsupported
 from looprl.policy.tuner import TuneResult
@@ -83,6 +83,37 @@ def any_rows_kernel(result: TuneResult):
         return looprl_compile(kernel.nest, kernel.target, kernel.threads, runtime_rows=True)
     except RuntimeRowsUnsupported:
         return None
+
+
+def result_state(result: TuneResult) -> dict:
+    """What a pickle or copy of a tuned layer keeps of ``result``: its problem, answer (the
+    schedule record: nest, GFLOPS, target, threads) and the problem it was tuned as, not its
+    compiled kernel (native code, which cannot be pickled); :func:`rebuilt_result` compiles it
+    again."""
+    return {"problem": result.problem, "answer": result.answer, "tuned_as": result.tuned_as, "seconds": result.seconds,
+            "reshaped": isinstance(result.kernel, ReshapedKernel)}
+
+
+def foreign_target(states) -> str | None:
+    """Why the schedules of ``states`` (:func:`result_state`'s) cannot run here (a target whose
+    features this CPU lacks), or None."""
+    for state in states:
+        target = state["answer"].record.target
+        missing = target.missing_on_host()
+        if missing:
+            return f"tuned for a CPU with {', '.join(missing)}, which this one lacks"
+    return None
+
+
+def rebuilt_result(state: dict) -> TuneResult:
+    """The :class:`TuneResult` of :func:`result_state`'s ``state``, its schedule compiled again
+    for its target and threads (compile only: nothing is measured or tuned). The target must
+    run on this CPU (:func:`foreign_target`)."""
+    record = state["answer"].record
+    kernel = looprl_compile(record.nest, record.target, record.threads)
+    if state["reshaped"]:
+        kernel = ReshapedKernel(kernel, state["problem"])
+    return TuneResult(state["problem"], kernel=kernel, seconds=state["seconds"], tuned_as=state["tuned_as"], answer=state["answer"])
 
 
 def check_max_rows(max_rows) -> None:
