@@ -252,3 +252,182 @@ def test_a_fused_layer_called_alone_computes_the_layer_alone(options):
         sequence[1].register_forward_hook(lambda module, args, output: output + 1)
         close(tuned(x), sequence(x))
     assert stats(tuned)["fallbacks"] == {ALONE: 3}
+
+
+# ---------------------------------------------------------------------------------------------
+# The property: random small models, tuned, then edited; the tuned model computes what the model does.
+
+PROPERTY_MODELS = 14
+# Through up to eight float32 layers of at most 16 terms each, a reordered sum differs by a few
+# ulp per layer, relative to the values' size (up to ~10 here, after hooks and edits scale them).
+PROPERTY_TOLERANCE = {"rtol": 3e-5, "atol": 3e-5}
+ACTIVATION_MODULES = (nn.ReLU, nn.GELU, lambda: nn.GELU(approximate="tanh"), nn.SiLU)
+_UNTUNED: dict = {}
+
+
+def untuned_tune(problem, *args, **kwargs):
+    """looprl.tune's stand-in here: the problem's untuned nest, compiled once per problem (a real
+    looprl kernel, its epilogue included; what is under test is the integration, not the search)."""
+    if problem.name not in _UNTUNED:
+        nest = looprl.initial_nest(problem)
+        _UNTUNED[problem.name] = looprl.TuneResult(problem=problem, nest=nest, kernel=looprl.compile(nest), actions=(), gflops=1.0,
+                                                   initial_gflops=1.0, seconds=0.0, mode="policy")
+    return _UNTUNED[problem.name]
+
+
+def compiled_once(any_rows_kernel):
+    """``any_rows_kernel`` compiling each result's kernel of runtime rows once (each tuned layer
+    compiles its own; the stand-in results here are shared by every layer of a problem)."""
+    compiled = {}
+
+    def once(result):
+        if id(result) not in compiled:
+            compiled[id(result)] = (result, any_rows_kernel(result))
+        return compiled[id(result)][1]
+
+    return once
+
+
+class RandomModel(nn.Module):
+    """Linear layers (ReLU/GELU/SiLU after some) in nested sequences with BatchNorm and Dropout,
+    a layer called twice, one whose weight may be tied to it, and the first layer called directly."""
+
+    def __init__(self, rng: random.Random):
+        super().__init__()
+        self.width = width = rng.choice((8, 16))
+        parts, self.first = [], None
+        for index in range(rng.randint(2, 4)):
+            out = rng.choice((8, 16))
+            block = [nn.Linear(width, out, bias=rng.random() < 0.8)]
+            if rng.random() < 0.7:
+                block.append(rng.choice(ACTIVATION_MODULES)())
+            if rng.random() < 0.35:
+                block.append(nn.BatchNorm1d(out))
+            if rng.random() < 0.35:
+                block.append(nn.Dropout(0.25))
+            nested = rng.random() < 0.5
+            parts.append(nn.Sequential(*block) if nested else block)
+            if index == 0:
+                self.first = "body.0.0" if nested else "body.0"
+            width = out
+        self.body = nn.Sequential(*[module for part in parts for module in ([part] if isinstance(part, nn.Module) else part)])
+        self.twice = nn.Linear(width, width)
+        self.tied = nn.Linear(width, width)
+        if rng.random() < 0.5:
+            self.tied.weight = self.twice.weight
+        self.direct = rng.random() < 0.5
+
+    def forward(self, x):
+        y = self.body(x)
+        y = self.twice(torch.relu(self.twice(y)))
+        y = y + self.tied(y)
+        if self.direct:
+            y = y + self.get_submodule(self.first)(x).sum(-1, keepdim=True)
+        return y
+
+
+def random_model(seed: int) -> tuple[RandomModel, set[str]]:
+    """A random model and the features it has (for the coverage check)."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    model = RandomModel(rng)
+    features = set()
+    linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    body_linears = [name for name in linears if name.startswith("body")]
+    if rng.random() < 0.35:
+        model.get_submodule(rng.choice(linears)).register_forward_hook(lambda module, args, output: output * 1.5)
+        features.add("forward hook")
+    if rng.random() < 0.25:
+        model.get_submodule(rng.choice(linears)).register_forward_pre_hook(lambda module, args: (args[0] + 0.5,))
+        features.add("forward pre-hook")
+    if rng.random() < 0.4:
+        with torch.set_grad_enabled(rng.random() < 0.5):
+            prune.l1_unstructured(model.get_submodule(rng.choice(body_linears)), "weight", 0.4)
+        features.add("pruned")
+    if model.tied.weight is model.twice.weight:
+        features.add("tied")
+    if model.direct:
+        features.add("called directly")
+    for module in model.modules():
+        if isinstance(module, nn.BatchNorm1d):
+            features.add("batchnorm")
+        if isinstance(module, nn.Dropout):
+            features.add("dropout")
+    model.train(rng.random() < 0.5)
+    features.add("train" if model.training else "eval")
+    return model, features
+
+
+def random_edit(rng: random.Random, model: nn.Module, tuned: nn.Module) -> str:
+    """One edit, made alike to the model and to the tuned model: a weight's or bias's values
+    through ``.data``, a pruning mask, or the mode."""
+    kind = rng.choice(("weight", "bias", "mask", "mode"))
+    linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    name = rng.choice(linears)
+    if kind == "mode":
+        training = not model.training
+        model.train(training), tuned.train(training)
+        return kind
+    if kind == "mask":
+        pruned = [n for n in linears if hasattr(model.get_submodule(n), "weight_mask")]
+        if not pruned:
+            return "none"
+        mask = (torch.rand(model.get_submodule(pruned[0]).weight_mask.shape, generator=torch.Generator().manual_seed(rng.randrange(9999))) < 0.7)
+        for m in (model, tuned):
+            m.get_submodule(pruned[0]).weight_mask.copy_(mask.float())
+        return kind
+    factor = rng.choice((-1.3, 0.5, 2.0))
+    for m in (model, tuned):
+        layer = m.get_submodule(name)
+        if kind == "bias":
+            if layer.bias is not None:
+                layer.bias.data.add_(factor)
+        else:
+            (layer.weight_orig if hasattr(layer, "weight_orig") else layer.weight).data.mul_(factor)
+    return kind
+
+
+def compare(model: nn.Module, tuned: nn.Module, x, seed: int) -> None:
+    """Both models on ``x``, without and with grad mode (looprl's kernels, then torch's), each
+    call after the same seed (Dropout in train mode draws alike)."""
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            torch.manual_seed(seed)
+            expected = model(x)
+            torch.manual_seed(seed)
+            got = tuned(x)
+        torch.testing.assert_close(got, expected, **PROPERTY_TOLERANCE)
+
+
+def test_random_models_tuned_compute_what_they_compute_after_random_edits(monkeypatch):
+    from looprl.torch import routes
+
+    monkeypatch.setattr("looprl.torch.layers.tune", untuned_tune)
+    monkeypatch.setattr(routes, "any_rows_kernel", compiled_once(routes.any_rows_kernel))
+    covered, calls = set(), {"looprl": 0}
+    options = {"cache": ":memory:", "compare_torch": False, "progress": False}
+    for seed in range(PROPERTY_MODELS):
+        model, features = random_model(seed)
+        covered |= features
+        rng = random.Random(1000 + seed)
+        examples = [torch.randn(4, model.width), torch.randn(6, model.width)]
+        before = state_digest(model)
+        tuned = tune_module(model, examples, **options)
+        assert state_digest(model) == before, seed  # the given model and torch's generator as they were
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            tuned(examples[0])  # the returned model's call changes its own state (BatchNorm in train mode), not the model's
+        assert state_digest(model) == before, seed
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            model(examples[0])  # the same call: both models' states alike again
+        for step in range(4):
+            compare(model, tuned, torch.randn(rng.choice((2, 3, 5, 9)), model.width), 100 * seed + step)
+            covered.add("edit " + random_edit(rng, model, tuned))
+        if any(isinstance(module, TunedLinear) and module.activation is not None for module in tuned.modules()):
+            covered.add("fused")
+        if any(isinstance(module, TunedLinear) and module.alone is not None for module in tuned.modules()):
+            covered.add("fused and tuned alone")
+        calls["looprl"] += stats(tuned)["looprl_calls"]
+    assert calls["looprl"] > 0
+    expected = {"forward hook", "forward pre-hook", "pruned", "tied", "called directly", "batchnorm", "dropout", "train", "eval",
+                "edit weight", "edit bias", "edit mask", "edit mode", "fused", "fused and tuned alone"}
+    assert expected <= covered, expected - covered
