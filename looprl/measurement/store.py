@@ -322,7 +322,11 @@ class CacheStore:
             status = os.fstat(handle.fileno())
             if not stat.S_ISREG(status.st_mode):
                 raise ValueError(f"cannot use {self.path} as the measurement cache: it is {_file_kind(status.st_mode)}, not a regular file")
-            header = handle.read(_HEADER_SIZE)
+            try:  # a file that cannot be read like one (/proc/self/mem: EIO)
+                header = handle.read(_HEADER_SIZE)
+            except OSError as error:
+                raise ValueError(f"cannot use {self.path} as the measurement cache: its first bytes cannot be read "
+                                 f"({error.strerror or error})") from error
         return status, header
 
     def _refuse(self, why: str) -> ValueError:
