@@ -146,6 +146,22 @@ def test_bad_arguments_are_value_errors(options):
     assert isinstance(TunedLinear, type)
 
 
+@pytest.mark.parametrize("flag", ["fuse", "frozen", "compare_torch", "progress"])
+@pytest.mark.parametrize("value", ["no", 1, 0, None])
+def test_flags_must_be_bools_named_in_the_error(options, flag, value):
+    """Issue 51 #13: ``fuse="no"`` was taken as true (a non-empty string)."""
+    with pytest.raises(ValueError, match=f"^{flag} must be True or False, got {value!r}$"):
+        tune_module(block(), torch.randn(2, 24), **dict(options, **{flag: value}))
+
+
+@pytest.mark.parametrize("path", ["/proc/self/mem", "/dev/null", "/proc/self/status"])
+def test_a_cache_path_sqlite_cannot_use_is_one_value_error_naming_it(options, path):
+    """Issue 51 #13: ``cache="/proc/self/mem"`` gave a raw ``OSError`` (its first bytes cannot be read)."""
+    with pytest.raises(ValueError, match=f"{path}") as refused:
+        tune_module(block(), torch.randn(2, 24), **dict(options, cache=path))
+    assert "\n" not in str(refused.value)
+
+
 def test_importing_looprl_does_not_import_torch():
     code = "import sys, looprl; looprl.linear(2, 3, 4); assert 'torch' not in sys.modules, 'torch imported'"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -305,6 +305,7 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
     compare_torch = checks.flag(compare_torch, "compare_torch")
     progress = checks.flag(progress, "progress")
     frozen = checks.flag(frozen, "frozen")
+    fuse = checks.flag(fuse, "fuse")
     examples = _as_examples(example_inputs)
     cache = open_cache(cache)  # one cache for every layer (a ":memory:" one included)
     if records is not None:
