@@ -26,9 +26,12 @@ input to a layout) pads a shorter block into a buffer of its count instead. The 
 tuning: one tune per power of two, ``log2(max_rows) + 1`` per
 distinct layer shape. In an ``nn.Sequential``, an ``nn.ReLU``,
 ``nn.GELU`` (either approximation) or ``nn.SiLU`` right after such a linear layer is fused into
-its kernel's epilogue (the activation module is replaced by ``nn.Identity``, the linear layer
-applies it). Everything else stays as it was. The module returned is a copy (the given one is
-not changed); its tuned layers are :class:`TunedLinear` modules (see :func:`tuned_layers`).
+its kernel's epilogue for that sequence (the activation module stays; the sequence becomes a
+``FusedSequential`` that runs the pair as one call; the layer called alone still computes the
+linear layer alone). Layers with hooks, parametrizations, pruning or weight norm are left to
+torch (``stats()["left_to_torch"]`` says why). Everything else stays as it was. The module
+returned is a copy (the given one, and torch's random generator, are left as they were, bit for
+bit); its tuned layers are :class:`TunedLinear` modules (see :func:`tuned_layers`).
 
 A tuned layer runs its kernel only when that gives exactly the layer's function on this input;
 otherwise it falls back to the original ``nn.Linear`` (and activation), so a call never gives
