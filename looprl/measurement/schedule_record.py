@@ -58,6 +58,26 @@ class ScheduleRecord:
         return replace(self, gflops=gflops)
 
 
+class BestOf:
+    """The old names of a result's best schedule (``best_nest``, ``best_gflops``,
+    ``best_actions``), read from its ``best`` record: the one place a result that holds a
+    :class:`ScheduleRecord` as ``best`` answers them."""
+
+    best: ScheduleRecord
+
+    @property
+    def best_nest(self) -> LoopNest:
+        return self.best.nest
+
+    @property
+    def best_gflops(self) -> float:
+        return self.best.gflops
+
+    @property
+    def best_actions(self) -> tuple[str, ...] | None:
+        return self.best.actions
+
+
 def check_gflops(value, where: str) -> float:
     """``value`` as a positive, finite figure no larger than :data:`MAX_GFLOPS`, else a ValueError
     naming ``where``."""

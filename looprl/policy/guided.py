@@ -26,32 +26,20 @@ import numpy as np
 
 from looprl.actions import Action, State, replay
 from looprl.env.observation import observation
-from looprl.ir.nest import LoopNest, initial_nest
+from looprl.ir.nest import initial_nest
 from looprl.ir.step import SPLIT
 from looprl.policy.numpy_policy import Policy
 from looprl.policy.rollout import policy_actions
-from looprl.measurement.schedule_record import ScheduleRecord
+from looprl.measurement.schedule_record import BestOf, ScheduleRecord
 from looprl.search.context import BudgetExhausted, Node, SearchContext
 
 
 @dataclass(frozen=True)
-class GuidedResult:
+class GuidedResult(BestOf):
     best: ScheduleRecord  # found by "guided"
     measured: int  # schedules this search had timed (not final in the cache)
     expanded: int  # states whose successors were considered
     stopped: str  # "deadline", "depth" or "exhausted" (no new state left)
-
-    @property
-    def best_nest(self) -> LoopNest:
-        return self.best.nest
-
-    @property
-    def best_gflops(self) -> float:
-        return self.best.gflops
-
-    @property
-    def best_actions(self) -> tuple[str, ...]:
-        return self.best.actions
 
 
 def guided_search(

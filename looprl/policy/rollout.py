@@ -26,14 +26,14 @@ from looprl.env.observation import observation
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.measurement.evaluator import Evaluator
-from looprl.measurement.schedule_record import ScheduleRecord
+from looprl.measurement.schedule_record import BestOf, ScheduleRecord
 from looprl.policy.numpy_policy import Policy
 from looprl.policy.retarget import retargeted
 from looprl.search.context import BudgetExhausted
 
 
 @dataclass(frozen=True)
-class Rollout:
+class Rollout(BestOf):
     """One greedy episode: where it started, where it ended and the best state on the way.
 
     GFLOPS are NaN when the rollout ran without an evaluator (nothing measured)."""
@@ -59,18 +59,6 @@ class Rollout:
     @property
     def final_actions(self) -> tuple[str, ...]:
         return self.final.actions
-
-    @property
-    def best_nest(self) -> LoopNest:
-        return self.best.nest
-
-    @property
-    def best_gflops(self) -> float:
-        return self.best.gflops
-
-    @property
-    def best_actions(self) -> tuple[str, ...]:
-        return self.best.actions
 
     @property
     def speedup(self) -> float:

@@ -20,7 +20,7 @@ from looprl.ir.nest import LoopNest
 from looprl.ir.problem import Problem, as_problem
 from looprl.ir.schedules import layout_starts, target_split_factors
 from looprl.measurement.evaluator import Evaluator
-from looprl.measurement.schedule_record import ScheduleRecord
+from looprl.measurement.schedule_record import BestOf, ScheduleRecord
 from looprl.search.algorithms import check_options, parse_algorithm
 from looprl.search.context import SearchContext
 from looprl.search.staged import BEST_SO_FAR, INTERRUPTED, Scope, Stage, StagedSearch, Start, confirm_winner
@@ -31,7 +31,7 @@ LAYOUT_REFINE_SHARE = 0.25  # layouts=True: the budget share of the layout actio
 
 
 @dataclass(frozen=True)
-class SearchResult:
+class SearchResult(BestOf):
     """What one search found and what it cost."""
 
     problem: Problem
@@ -47,14 +47,6 @@ class SearchResult:
     curve: tuple[tuple[float, int, float], ...]  # (seconds, evaluations, best GFLOPS so far)
     settings: dict[str, Any]
     graph: nx.DiGraph = field(repr=False, compare=False)
-
-    @property
-    def best_nest(self) -> LoopNest:
-        return self.best.nest
-
-    @property
-    def best_gflops(self) -> float:
-        return self.best.gflops
 
     @property
     def actions(self) -> tuple[str, ...]:
@@ -85,7 +77,7 @@ class SearchResult:
             "stopped": self.stopped,
             "verified_gflops": self.verified_gflops,
             "curve": [list(point) for point in self.curve],
-            "settings": self.settings,
+            "settings": {key: "inf" if isinstance(value, float) and math.isinf(value) else value for key, value in self.settings.items()},
             "graph_nodes": self.graph.number_of_nodes(),
             "graph_edges": self.graph.number_of_edges(),
         }
