@@ -186,11 +186,23 @@ def test_search_refuses_bad_integers(name, bad):
         run(**{name: bad})
 
 
-def test_tune_takes_numpy_steps(policy_dir):
-    result = looprl.tune((16, 16, 16), policy_dir, steps=np.int64(3), cache=":memory:", budget_s=0)
+def test_tune_takes_a_numpy_episode_length(policy_dir):
+    result = looprl.tune((16, 16, 16), policy_dir, episode_length=np.int64(3), cache=":memory:", budget_s=0)
     assert len(result.actions) <= 3
-    with pytest.raises(ValueError, match="steps"):
-        looprl.tune((16, 16, 16), policy_dir, steps=np.bool_(True), cache=":memory:")
+    with pytest.raises(ValueError, match="episode_length"):
+        looprl.tune((16, 16, 16), policy_dir, episode_length=np.bool_(True), cache=":memory:")
+
+
+def test_tune_takes_the_episode_length_by_its_former_name_with_a_warning(policy_dir):
+    with pytest.warns(DeprecationWarning, match="episode_length"):
+        result = looprl.tune((16, 16, 16), policy_dir, steps=2, cache=":memory:", budget_s=0)
+    assert len(result.actions) <= 2
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="steps"):
+        looprl.tune((16, 16, 16), policy_dir, steps=-1, cache=":memory:")
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="only"):
+        looprl.tune((16, 16, 16), policy_dir, 3, steps=3, cache=":memory:")
+    with pytest.raises(TypeError, match="stepz"):
+        looprl.tune((16, 16, 16), policy_dir, stepz=3, cache=":memory:")
 
 
 def test_timing_min_runs_may_be_a_numpy_integer():

@@ -46,8 +46,8 @@ def test_problem_from_arrays_and_tuple(policy_dir):
     for bad in [(a, a), (1, 2), "12x", None, (a,)]:
         with pytest.raises(ValueError):
             looprl.tune(bad, policy_dir, cache=":memory:")
-    with pytest.raises(ValueError, match="steps"):
-        looprl.tune((8, 8, 8), policy_dir, steps=-1, cache=":memory:")
+    with pytest.raises(ValueError, match="episode_length"):
+        looprl.tune((8, 8, 8), policy_dir, episode_length=-1, cache=":memory:")
 
 
 def test_tune_stops_when_the_policy_picks_an_action_that_cannot_apply(tmp_path):
@@ -76,8 +76,8 @@ def test_pure_policy_mode_stops_when_the_policy_oscillates(tmp_path):
     # an odd number on loop 1 (the same schedule either way), and a million steps cost nothing.
     result = looprl.tune((32, 32, 32), folder, measure=False, cache=":memory:")
     assert result.actions == () and result.nest == looprl.initial_nest(result.problem)
-    assert looprl.tune((32, 32, 32), folder, steps=9, measure=False, cache=":memory:").actions == ("down",)
-    assert looprl.tune((32, 32, 32), folder, steps=10**6 + 1, measure=False, cache=":memory:").actions == ("down",)
+    assert looprl.tune((32, 32, 32), folder, episode_length=9, measure=False, cache=":memory:").actions == ("down",)
+    assert looprl.tune((32, 32, 32), folder, episode_length=10**6 + 1, measure=False, cache=":memory:").actions == ("down",)
     # Measured, the answer is the rollout's state or a register tile of tune's tile stage (whose
     # path may be longer than an episode): a finite path that replays to the answer.
     from looprl.actions import State, follow
@@ -157,7 +157,7 @@ def test_measured_tune_stops_at_a_cycle_however_many_steps(tmp_path):
     # Always "split_4": the first split applies, then the nest is full or the loop too short
     # and the policy repeats a no-op forever; a million steps must not mean a million calls.
     folder = random_policy(bias=[0, 0, 0, 0, 9, 0, 0]).save(tmp_path / "p")
-    result = looprl.tune((64, 64, 64), folder, steps=10**6, measure=True, cache=":memory:", budget_s=0, threads=1)
+    result = looprl.tune((64, 64, 64), folder, episode_length=10**6, measure=True, cache=":memory:", budget_s=0, threads=1)
     assert len(result.actions) <= 10 and result.gflops >= result.initial_gflops
 
 

@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--epilogue", default=None, help="epilogue of a matmul or --spec problem, e.g. bias+relu or scale0.125")
     parser.add_argument("--policy", default="default", help="policy folder (default: the shipped policy for the target)")
     parser.add_argument("--target", default=None, choices=TARGET_CHOICES, help="generate code for this target (default: this machine)")
-    parser.add_argument("--steps", type=int, default=None, help="actions of the policy's greedy rollout (default: its training episode length)")
+    parser.add_argument("--episode-length", "--steps", dest="episode_length", type=int, default=None,
+                        help="actions of the policy's greedy rollout (default: its training episode length; --steps is its former name)")
     parser.add_argument("--budget", type=float, default=TUNE_BUDGET_S,
                         help=f"seconds of measured search guided by the policy (default {TUNE_BUDGET_S}; 0: the rollout only)")
     parser.add_argument("--max-evaluations", "--max-measurements", dest="max_evaluations", type=int, default=None,
@@ -97,7 +98,7 @@ def _main(args) -> int:
         print(f"looprl-tune: {problem.name} is {problem.flops / 1e9:.0f} GFLOP of work: timing it runs the whole kernel, "
               f"so measuring the untuned nest and each state of the policy's rollout (measured whole, whatever --budget says) "
               f"takes seconds each, then the best schedule is compiled", file=sys.stderr, flush=True)
-    result = tune(problem, policy, steps=args.steps, measure=not args.no_measure, cache=cache, budget_s=args.budget,
+    result = tune(problem, policy, episode_length=args.episode_length, measure=not args.no_measure, cache=cache, budget_s=args.budget,
                   target=args.target, remember=not args.fresh, threads=args.threads, max_evaluations=args.max_evaluations)
     print(result.nest.to_text())
     if result.mode == "remembered":

@@ -179,7 +179,7 @@ def as_tunable_problem(problem: Any) -> Problem:
 def tune(
     problem: Any,
     policy: Policy | str | Path = "default",
-    steps: int | None = None,
+    episode_length: int | None = None,
     measure: bool = True,
     *,
     cache=None,
@@ -198,8 +198,10 @@ def tune(
     ``policy``: ``"default"`` (the shipped policy made for the target's ISA, else the closest,
     with a warning), a policy folder or a :class:`Policy`; a plan policy made for another ISA
     acts with this target's plans, each mapped from its counterpart
-    (:func:`looprl.policy.retarget.retargeted`). ``steps``: actions of the greedy
-    rollout (None: the policy's training episode length). ``budget_s``: seconds the measured search may take, counted from the call
+    (:func:`looprl.policy.retarget.retargeted`). ``episode_length``: actions of the greedy
+    rollout (None: the policy's training episode length; the env, the agent YAML and the
+    policy's metadata use the same name; the former ``steps`` is accepted with a
+    DeprecationWarning). ``budget_s``: seconds the measured search may take, counted from the call
     (None: scaled to the problem, see :mod:`looprl.search.budget`; 0: the rollout only, every
     state of it measured whatever it costs);
     ``measure_budget_s``: timing budget per new schedule. ``cache``: the measurement cache (a
@@ -225,14 +227,18 @@ def tune(
     operand re-laid per call, :func:`_measured_answer`); :func:`_finish` carries it back,
     compiles it once, remembers it and builds the result."""
     started = time.perf_counter()
-    steps = None if steps is None else checks.count(steps, "steps")
+    unknown = set(deprecated) - {"max_measurements", "steps"}
+    if unknown:
+        raise TypeError(f"tune() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+    episode_length, name = _former_name(deprecated, "steps", "episode_length", episode_length)
+    episode_length = None if episode_length is None else checks.count(episode_length, name)
     measure, remember = checks.flag(measure, "measure"), checks.flag(remember, "remember")
     budget_s = checks.seconds(budget_s, "budget_s", allow_zero=True, allow_none=True)
     measure_budget_s = checks.seconds(measure_budget_s, "measure_budget_s")
     if not isinstance(policy, (Policy, str, os.PathLike)):
         raise ValueError(f"policy must be a Policy, 'default' or a path to a policy folder, got {type(policy).__name__}")
     threads = available_cores() if threads is None else check_threads(threads)
-    max_evaluations, name = _evaluation_cap(max_evaluations, deprecated)
+    max_evaluations, name = _former_name(deprecated, "max_measurements", "max_evaluations", max_evaluations)
     max_evaluations = None if max_evaluations is None else checks.positive_int(max_evaluations, name)
     remember = remember and max_evaluations is None
     target = Target.resolve(target)
@@ -245,11 +251,11 @@ def tune(
     policy_actions(loaded, target).check_fits(searched)  # before anything is measured
     evaluator = Evaluator(cache, measure_budget_s, target=target)
     if not measure:
-        answer = _policy_answer(loaded, searched, evaluator, steps)
+        answer = _policy_answer(loaded, searched, evaluator, episode_length)
     else:
         answer = _remembered(evaluator, searched, MIN_BUDGET_S if budget_s is None else budget_s, threads) if remember else None
         if answer is None:
-            answer = _measured_answer(loaded, searched, evaluator, steps, budget_s, threads, started, max_evaluations)
+            answer = _measured_answer(loaded, searched, evaluator, episode_length, budget_s, threads, started, max_evaluations)
             if remember:
                 evaluator.cache.put_tuned(answer.record, measure_budget_s)
     return _finish(plan, answer, evaluator, threads, started)
@@ -273,16 +279,16 @@ def _finish(plan: RewriteChain, answer: Answer, evaluator: Evaluator, threads: i
     return TuneResult(plan.original, kernel=kernel, seconds=time.perf_counter() - started, tuned_as=tuned_as, answer=answer)
 
 
-def _policy_answer(policy: Policy, problem: Problem, evaluator: Evaluator, steps: int | None) -> Answer:
+def _policy_answer(policy: Policy, problem: Problem, evaluator: Evaluator, episode_length: int | None) -> Answer:
     """Pure policy mode: the greedy actions, unmeasured; the state they end in is timed once."""
-    rollout = greedy_rollout(policy, problem, None, episode_length=steps)
+    rollout = greedy_rollout(policy, problem, None, episode_length=episode_length)
     initial = evaluator(initial_nest(problem)).gflops
     gflops = evaluator(rollout.final_nest).gflops
     record = ScheduleRecord(rollout.final_nest, gflops, rollout.final_actions, "policy", evaluator.target)
     return Answer(record, "policy", initial, measured=evaluator.compiled)
 
 
-def _measured_answer(policy: Policy, problem: Problem, evaluator: Evaluator, steps: int | None, budget_s: float | None,
+def _measured_answer(policy: Policy, problem: Problem, evaluator: Evaluator, episode_length: int | None, budget_s: float | None,
                      threads: int, started: float, max_evaluations: int | None = None) -> Answer:
     """The measured search of ``problem``. A right operand that changes per call and is stored
     across the output's columns (``bmk,bnk->bmn``) is searched two ways, each a whole measured
@@ -292,11 +298,11 @@ def _measured_answer(policy: Policy, problem: Problem, evaluator: Evaluator, ste
     faster is kept. Which wins depends on the shape and the target: with one row the
     conversion costs as much as the product; on 128x960x960 (Zen 4) the re-laid kernel ran at
     98 GFLOPS for AVX-512 against 113 as given, and at 101 against 84 for AVX2."""
-    direct = measured_search(policy, problem, evaluator, steps, budget_s, threads, started, max_evaluations)
+    direct = measured_search(policy, problem, evaluator, episode_length, budget_s, threads, started, max_evaluations)
     relaid = relaid_twin(problem)
     if relaid is None:
         return direct
-    through = measured_search(policy, relaid.searched, evaluator, steps, budget_s, threads, time.perf_counter(), max_evaluations)
+    through = measured_search(policy, relaid.searched, evaluator, episode_length, budget_s, threads, time.perf_counter(), max_evaluations)
     carried = relaid.carry_back(through.nest)  # parallel marks included
     timed = evaluator.with_threads(threads) if threads > 1 else evaluator
     carried_gflops = timed(carried).gflops  # the conversion inside the timed call
@@ -334,7 +340,7 @@ CONTENDER_ROUNDS = 2
 TEAM_WITHIN = 0.5
 
 
-def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, steps: int | None, budget_s: float | None, threads: int,
+def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, episode_length: int | None, budget_s: float | None, threads: int,
                     started: float, max_evaluations: int | None = None) -> Answer:
     """Measured tune: stages of one staged search (:class:`~looprl.search.staged.StagedSearch`).
     The untuned nest; the policy's greedy rollout, always measured whole (a dozen actions at
@@ -357,7 +363,7 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, step
         # The policy's own answer first: the state its greedy episode ends in, followed without
         # measuring and timed at once, so that a trained policy's answer is in hand after two
         # measurements whatever the cap (the measured rollout then finds it in the memo).
-        ahead = greedy_rollout(policy, problem, None, episode_length=steps)
+        ahead = greedy_rollout(policy, problem, None, episode_length=episode_length)
         found = []
         if ahead.final_nest.key != untuned.state.nest.key:
             try:
@@ -366,7 +372,7 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, step
                 node = None
             if node is not None:
                 found.append(replace(ahead.final, gflops=node.gflops, actions=_applied(action_set, problem, ahead.final_actions)))
-        rollout = greedy_rollout(policy, problem, context, episode_length=steps)
+        rollout = greedy_rollout(policy, problem, context, episode_length=episode_length)
         rollouts.append(rollout)
         return found + [rollout.best]
 
@@ -411,19 +417,16 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, step
     return Answer(record, "measured", rollout.initial_gflops, rollout.best_gflops, search.new_measurements, search.waited_s, serial_gflops)
 
 
-def _evaluation_cap(max_evaluations: int | None, deprecated: dict) -> tuple[int | None, str]:
-    """The cap on distinct schedules and the keyword it was given by: ``max_evaluations``, or
-    the former ``max_measurements`` (a DeprecationWarning); any other keyword is a TypeError."""
-    unknown = set(deprecated) - {"max_measurements"}
-    if unknown:
-        raise TypeError(f"tune() got an unexpected keyword argument {sorted(unknown)[0]!r}")
-    if "max_measurements" not in deprecated:
-        return max_evaluations, "max_evaluations"
-    warnings.warn("tune(max_measurements=...) is now max_evaluations=... (the name looprl.search.run gives the same cap)",
-                  DeprecationWarning, stacklevel=3)
-    if max_evaluations is not None:
-        raise ValueError("give max_evaluations only (max_measurements is its former name)")
-    return deprecated["max_measurements"], "max_measurements"
+def _former_name(deprecated: dict, former: str, name: str, value):
+    """The value of ``tune``'s argument ``name`` and the keyword it was given by: ``name``, or
+    its former keyword ``former`` in ``deprecated`` (a DeprecationWarning; both given: a
+    ValueError)."""
+    if former not in deprecated:
+        return value, name
+    warnings.warn(f"tune({former}=...) is now {name}=... (the name the rest of looprl gives it)", DeprecationWarning, stacklevel=3)
+    if value is not None:
+        raise ValueError(f"give {name} only ({former} is its former name)")
+    return deprecated[former], former
 
 
 def _applied(actions: ActionSet, problem: Problem, names) -> tuple[str, ...]:
