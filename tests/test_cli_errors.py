@@ -115,3 +115,20 @@ def test_cache_path_refuses_what_it_would_otherwise_move_aside(tmp_path):
 def test_one_line():
     assert common.one_line(ValueError("a\n\n  b ")) == "a b"
     assert common.one_line(ValueError()) == "ValueError"
+
+
+def test_a_failed_numpy_baseline_is_one_line_and_the_tuned_figures_still_print(monkeypatch, capsys, tmp_path):
+    """looprl-tune prints what it tuned; numpy's child process failing (killed, its import
+    raising) is one line on stderr, not a traceback."""
+    from looprl.cli import tune as tune_command
+    from looprl.measurement import numpy_baseline
+
+    def failed(*_args, **_kwargs):
+        raise RuntimeError("numpy baseline process killed by SIGKILL")
+
+    monkeypatch.setattr(numpy_baseline, "numpy_gflops", failed)
+    policy = random_policy().save(tmp_path / "p")
+    assert tune_command.main(["16", "16", "16", "--policy", str(policy), "--budget", "0", "--cache", ":memory:"]) == 0
+    out, err = capsys.readouterr()
+    assert "GFLOPS" in out and "Traceback" not in err
+    assert err.strip().endswith("not measured (numpy baseline process killed by SIGKILL)") and len(err.strip().splitlines()) == 1

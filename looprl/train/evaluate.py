@@ -63,7 +63,10 @@ def evaluate(policy: Policy, problems, evaluator: Evaluator, *, use_mask: bool =
     numpy_values = [math.nan] * len(problems)
     if numpy:
         # numpy's kernels for the same ISA, on as many BLAS threads as the evaluator's kernels
-        numpy_values = numpy_gflops(list(problems), 0.1, isa=evaluator.target.isa, threads=getattr(evaluator, "threads", 1))
+        try:
+            numpy_values = numpy_gflops(list(problems), 0.1, isa=evaluator.target.isa, threads=getattr(evaluator, "threads", 1))
+        except RuntimeError as error:  # the baseline's child process failed: the episodes are still evaluated, numpy's column nan
+            print(f"numpy baseline not measured ({error})", file=sys.stderr)
     rows = []
     table = _RowFile(csv_path)  # each row written (and flushed) when its episode ends: an interrupt keeps them
     try:
