@@ -77,12 +77,12 @@ def test_autotvm_reproduces_with_a_seed_and_differs_with_another():
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
 def test_autotvm_finds_better_than_random_picks_on_a_learnable_evaluator(isa):
-    """Averaged over three seeds, for each target's action set (the evaluator is fake, so the
+    """Averaged over two seeds, for each target's action set (the evaluator is fake, so the
     host must not decide which space is searched): one seed alone can be unlucky (AVX2's space
-    with seed 3 and any factor stays at the random batch's level, the other seeds gain 32)."""
+    with seed 3 and any factor stays at the random batch's level, seed 4 gains 33)."""
     for options, margin in (({"any_factor": True}, 10), ({}, 5)):  # the annealing's splits: any of 2..64, or mixed with the action set's
         gains = []
-        for seed in (3, 4, 5):
+        for seed in (3, 4):
             evaluator = FakeEvaluator()
             evaluator.target = looprl.Target.named(isa)
             run(evaluator, max_evaluations=48, walks=False, seed=seed, **options)  # random picks from the whole 2..64 space
