@@ -81,7 +81,11 @@ def test_real_measurements_through_the_cache(algo):
     stored = cache.lookup(result.best_nest, budget_s=0.001)
     assert stored.gflops >= max(result.best_gflops, result.verified_gflops)  # the best of all samples
     assert stored.samples >= 4  # the search's timing and at least three for verification
-    assert cache.get(looprl.initial_nest(result.problem), budget_s=0.001) == result.initial_gflops
+    initial = looprl.initial_nest(result.problem)
+    if result.best_nest == initial:  # nothing beat it (a loaded host): verification re-timed it, the cache keeps its best sample
+        assert cache.get(initial, budget_s=0.001) >= result.initial_gflops
+    else:
+        assert cache.get(initial, budget_s=0.001) == result.initial_gflops
     assert result.best_gflops >= result.initial_gflops
     assert evaluator.compiled - evaluator.resampled == result.new_measurements == result.evaluations
     assert result.verified_gflops > 0 and result.to_dict()["verified_gflops"] == result.verified_gflops

@@ -313,7 +313,7 @@ def test_tune_measures_the_targets_own_tiles_when_the_rollout_builds_none():
 def test_a_measurement_cap_bounds_the_serial_search_and_its_answer_is_correct(cap):
     policy = random_policy(seed=2)
     cache = MeasurementCache(":memory:")
-    result = looprl.tune(PROBLEM, policy, cache=cache, budget_s=5.0, measure_budget_s=0.001, threads=1, max_measurements=cap)
+    result = looprl.tune(PROBLEM, policy, cache=cache, budget_s=5.0, measure_budget_s=0.001, threads=1, max_evaluations=cap)
     assert 1 <= result.measured <= cap
     assert result.gflops >= result.initial_gflops
     a, b = (np.random.default_rng(0).standard_normal(s).astype(np.float32) for s in PROBLEM.input_shapes)
@@ -345,7 +345,7 @@ def test_the_policys_own_answer_is_measured_first_so_two_measurements_return_it(
     ahead = greedy_rollout(policy, PROBLEM, None)
     assert ahead.final_nest.key != initial_nest(PROBLEM).key
     cache = MeasurementCache(":memory:")
-    result = looprl.tune(PROBLEM, policy, cache=cache, budget_s=5.0, measure_budget_s=0.001, threads=1, max_measurements=2)
+    result = looprl.tune(PROBLEM, policy, cache=cache, budget_s=5.0, measure_budget_s=0.001, threads=1, max_evaluations=2)
     schedules = {key for problem, key, _ in cache.records(budget_s=0.001) if problem == PROBLEM.name}
     assert schedules == {initial_nest(PROBLEM).key, ahead.final_nest.key}  # the policy's answer was the one measured
     assert result.nest.key in (ahead.final_nest.key, initial_nest(PROBLEM).key)
