@@ -16,7 +16,10 @@ interleaved rounds, each timed by looprl's rule for ``--budget`` seconds (best k
 - ``comparison``: ``ContentCache.get(weight, bias)`` of a cache already derived from them
   (what a call adds to compare, and nothing else);
 - ``frozen_call``: the ``frozen=True`` layer's call (the kernel with nothing compared);
-- ``f_linear``: ``torch.nn.functional.linear``, what the original layer runs.
+- ``f_linear``: ``torch.nn.functional.linear``, what the original layer runs;
+- ``onednn_packed``: oneDNN's linear on the weight packed once outside the timed call
+  (``torch.ops.mkldnn._reorder_linear_weight``, then ``_linear_pointwise``: what Inductor's
+  freezing runs for ``nn.Linear``), the faster torch path on AMD hosts.
 
 Prints a table and writes ``<out>/content_cache_cost_<cpu>.json`` (``_rows<N>_<cpu>`` for
 ``--rows`` other than 1; the CPU as
@@ -92,11 +95,14 @@ def main(argv: list[str] | None = None) -> int:
             cache = ContentCache(lambda *arrays: None)
             cache.get(weight, bias)  # derived once; every later get only compares
 
+            with torch.no_grad():
+                packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), args.rows)
             calls = {
                 "call": lambda: compared(x),
                 "comparison": lambda: cache.get(weight, bias),
                 "frozen_call": lambda: frozen(x),
                 "f_linear": lambda: functional.linear(x, weight, bias),
+                "onednn_packed": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], ""),
             }
 
             class Call:  # what _torch_timing.seconds times: module(x)
@@ -112,16 +118,17 @@ def main(argv: list[str] | None = None) -> int:
                     best[name] = min(best[name], seconds(Call(function), x, args.budget))
             with torch.inference_mode():
                 same = bool(torch.allclose(compared(x), layer(x), rtol=1e-4, atol=1e-4)
-                            and torch.allclose(frozen(x), layer(x), rtol=1e-4, atol=1e-4))
+                            and torch.allclose(frozen(x), layer(x), rtol=1e-4, atol=1e-4)
+                            and torch.allclose(calls["onednn_packed"](), layer(x), rtol=1e-4, atol=1e-4))
             results[f"{fan_in}x{fan_out}"] = {**{f"{name}_us": round(value * 1e6, 1) for name, value in best.items()},
                                               "allclose": same, "tune_s": round(tune_s, 1)}
 
     cpu = cpu_model_name()
     print(f"\n{cpu}, {args.threads} thread(s), {args.rows} row(s): µs per call")
-    print(f"{'layer':>11} {'call':>8} {'compare':>8} {'frozen':>8} {'F.linear':>8}")
+    print(f"{'layer':>11} {'call':>8} {'compare':>8} {'frozen':>8} {'F.linear':>8} {'oneDNN':>8}")
     for shape, figures in results.items():
         print(f"{shape:>11} {figures['call_us']:>8.1f} {figures['comparison_us']:>8.1f} {figures['frozen_call_us']:>8.1f} "
-              f"{figures['f_linear_us']:>8.1f}")
+              f"{figures['f_linear_us']:>8.1f} {figures['onednn_packed_us']:>8.1f}")
     args.out.mkdir(parents=True, exist_ok=True)
     rows = "" if args.rows == 1 else f"_rows{args.rows}"
     path = args.out / f"content_cache_cost{rows}_{cpu_slug(cpu)}.json"

@@ -49,8 +49,9 @@ class ContentCache:
     alone, weights resident in the cache, took 91 us and ``F.linear`` 125 us (the comparison
     and the copy push the kernel's packed weights out of the cache); a 1024x1024 layer's 131 us
     (comparison 93, kernel alone 43, ``F.linear`` 57); not scripted. Scripted since
-    (``experiments/content_cache_cost.py``, AMD EPYC Zen 1): 1915 us, of which the comparison
-    1143, against 744 frozen and 825 for ``F.linear`` at 768->3072. So on few rows the call usually loses to
+    (``experiments/content_cache_cost.py``, AMD EPYC Zen 1, AVX2): 2195 us, of which the
+    comparison 1391, against 901 frozen, 930 for ``F.linear`` and 1000 for oneDNN's packed
+    linear at 768->3072. So on few rows the call usually loses to
     torch's, and the layer's routes (:meth:`LinearKernels.judge`) give those rows to torch.
     Binding again instead of comparing would cost more (0.8 ms for 1024x1024, the weight
     re-laid element by element). Safe to use from several threads: the copies and the
