@@ -24,16 +24,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def cpu_slug(name: str) -> str:
-    """A file-name form of a CPU's name: lower case, runs of other characters as ``_``."""
-    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key.replace('_over_native_geomean', '')} / native, geomean over {len(problems)} problems: {value:.3f}")
     cpu = cpu_model_name()
     args.out.mkdir(parents=True, exist_ok=True)
+    from _names import cpu_slug  # the experiments' folder
     path = args.out / f"adapt_vs_native_{target.isa}_{cpu_slug(cpu)}.json"
     path.write_text(json.dumps({
         "command": " ".join(["python", "experiments/adapt_vs_native.py", *(sys.argv[1:] if argv is None else argv)]),

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 import tempfile
@@ -36,11 +35,6 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def cpu_slug(name: str) -> str:
-    """A file-name form of a CPU's name: lower case, runs of other characters as ``_``."""
-    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "unknown"
 
 
 def timed_calls_us(call, count: int) -> list[float]:
@@ -118,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, figures in by_layer.items():
             print(f"{count:>5} {name:>8} {figures['alone_us']:>9.1f} {figures['in_turn_us']:>9.1f} {figures['in_turn_over_alone']:>6.2f}")
     args.out.mkdir(parents=True, exist_ok=True)
+    from _names import cpu_slug  # the experiments' folder
     path = args.out / f"block_layers_in_turn{'_frozen' if args.frozen else ''}_{cpu_slug(cpu)}.json"
     path.write_text(json.dumps({
         "command": " ".join(["python", "experiments/block_layers_in_turn.py", *(sys.argv[1:] if argv is None else argv)]),

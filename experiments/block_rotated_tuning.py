@@ -33,18 +33,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import re
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def cpu_slug(name: str) -> str:
-    """A file-name form of a CPU's name: lower case, runs of other characters as ``_``."""
-    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "unknown"
 
 
 @contextlib.contextmanager
@@ -133,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{count:>6} {figures['eager_ms']:>8.3f} {figures['warm_ms']:>8.3f} {figures['rotated_ms']:>8.3f} "
               f"{figures['rotated_speedup_over_warm']:>12.2f}")
     args.out.mkdir(parents=True, exist_ok=True)
+    from _names import cpu_slug  # the experiments' folder
     path = args.out / f"block_rotated_tuning_{cpu_slug(cpu)}.json"
     path.write_text(json.dumps({
         "command": " ".join(["python", "experiments/block_rotated_tuning.py", *(sys.argv[1:] if argv is None else argv)]),

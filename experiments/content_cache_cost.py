@@ -32,18 +32,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def cpu_slug(name: str) -> str:
-    """A file-name form of a CPU's name: lower case, runs of other characters as ``_``."""
-    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "unknown"
 
 
 def shape_pairs(text: str) -> list[tuple[int, int]]:
@@ -131,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{figures['f_linear_us']:>8.1f} {figures['onednn_packed_us']:>8.1f}")
     args.out.mkdir(parents=True, exist_ok=True)
     rows = "" if args.rows == 1 else f"_rows{args.rows}"
+    from _names import cpu_slug  # the experiments' folder
     path = args.out / f"content_cache_cost{rows}_{cpu_slug(cpu)}.json"
     path.write_text(json.dumps({
         "command": " ".join(["python", "experiments/content_cache_cost.py", *(sys.argv[1:] if argv is None else argv)]),
