@@ -43,9 +43,14 @@ class Step:
     def __post_init__(self):
         if self.op not in OPS:
             raise ValueError(f"unknown transform {self.op!r}; expected one of {', '.join(OPS)}")
-        object.__setattr__(self, "op", str(self.op))
-        object.__setattr__(self, "loop", checks.integer(self.loop, "loop index"))
-        object.__setattr__(self, "arg", checks.integer(self.arg, "split factor" if self.op == SPLIT else "step argument"))
+        # Plain ints (what the actions and searches pass, on env.step's path) are taken as they
+        # are; anything else (numpy integers, bools) goes through the one integer check.
+        if type(self.op) is not str:
+            object.__setattr__(self, "op", str(self.op))
+        if type(self.loop) is not int:
+            object.__setattr__(self, "loop", checks.integer(self.loop, "loop index"))
+        if type(self.arg) is not int:
+            object.__setattr__(self, "arg", checks.integer(self.arg, "split factor" if self.op == SPLIT else "step argument"))
         if self.op != SPLIT and self.arg != 0:
             raise ValueError(f"only a split takes an argument: {self.op} of loop {self.loop} with {self.arg}")
 
