@@ -72,7 +72,7 @@ def test_adapting_a_plan_policy_to_another_isa_gives_it_that_isa_s_plans_and_rep
     report = adapting.adapt(load_policy("default", looprl.Target.named("avx512")), out=out, target=avx2, budget_s=60, cache=":memory:",
                             training_problems=["mk,kn->mn:m=48,k=64,n=64"], held_out_problems=HELD_OUT, log=lambda *_: None)
     adapted = Policy.load(out / ("policy-rejected" if report.kept_start else "policy"))  # slower here: kept aside
-    assert adapted.metadata["plans"] == [plan.name for plan in plan_catalogue(avx2)]
+    assert adapted.metadata["plans"] == [plan.name for plan in plan_catalogue(avx2) if not plan.dot]  # kinds the policy knows
     assert adapted.metadata["retargeted"]["from_target"] == "avx512" and adapted.target.isa == "avx2"
     saved = json.loads((out / "demonstrations.json").read_text())["demonstrations"]
     assert saved[0]["actions"][0] in adapted.metadata["plans"] and not saved[0]["from_search"]

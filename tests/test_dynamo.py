@@ -155,7 +155,8 @@ def test_compiled_layers_are_freed_with_their_graphs(options, rest):
             torch.testing.assert_close(compiled(x), module(x), rtol=1e-5, atol=1e-5)
         assert len(dynamo._layers) == alive + 3  # this compilation's three linear layers, no more
         newest = dynamo._layers[max(dynamo._layers.keys())]
-        copy = newest._bound._entry[0][0][1]  # the weight copy its kernels were bound from
+        entry = newest._bound._entry  # the weight copy its kernels were bound from (none where they read it in place)
+        copy = entry[0][0][1] if entry is not None else newest
         kept += [weakref.ref(newest), weakref.ref(copy)]
         del compiled, newest, copy
         torch._dynamo.reset()

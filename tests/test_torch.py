@@ -269,6 +269,7 @@ def test_a_tuned_module_s_records_load_without_tuning_on_the_same_cpu_and_tune_a
     import json
 
     from looprl.torch import save_records
+    from looprl.torch.records import tuned_names
 
     module = block()
     x = torch.randn(3, 24)
@@ -277,7 +278,9 @@ def test_a_tuned_module_s_records_load_without_tuning_on_the_same_cpu_and_tune_a
     assert all(r.mode == "measured" for _, layer in tuned_layers(tuned) for r in layer.results.values())
     path = tmp_path / "records.json"
     count = save_records(tuned, path)
-    assert count == len({r.problem.name for _, layer in tuned_layers(tuned) for r in layer.results.values()})  # one per shape
+    # one per problem remembered: a layer's twin, and its few-row problems searched in place as given
+    assert count == len(tuned_names(r for _, layer in tuned_layers(tuned) for r in layer.results.values()))
+    assert count == 2 * len({r.problem.name for _, layer in tuned_layers(tuned) for r in layer.results.values()})
     loaded = tune_module(module, x, records=path, **settings)  # a new private cache: only the file's answers
     for (_, before), (_, after) in zip(tuned_layers(tuned), tuned_layers(loaded)):
         assert all(result.mode == "remembered" for result in after.results.values())

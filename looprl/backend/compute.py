@@ -12,9 +12,9 @@ from __future__ import annotations
 from looprl.backend.abi import EPILOGUE_TENSORS
 from looprl.backend.epilogue_ir import emit_epilogue
 from looprl.backend.layout_plan import strides
-from looprl.backend.llvm_text import Function, load, multiply_add, store, vector_type
+from looprl.backend.llvm_text import Function, horizontal_sum, load, multiply_add, store, vector_type
 from looprl.backend.loops import KernelModule, NestEmitter
-from looprl.backend.register_plan import RegisterScope, leaf_count, vector_chunks
+from looprl.backend.register_plan import RegisterScope, leaf_count, reduction_chunks, vector_chunks
 from looprl.ir.nest import LoopNest
 
 # Unroll a reduction loop inside the register scope while the unrolled body has at most this
@@ -79,16 +79,30 @@ class ComputeEmitter(NestEmitter):
             types: dict[int, tuple[int, int]] = {}
             for offset, lanes, active in block:
                 types[offset] = (lanes, active)
-                if self.plan.zero_init:
+                if self.plan.reduces_vector:  # partial sums along the reduction, the sum so far in lane 0
+                    types[offset] = (self.width, self.width)
+                    tile[offset] = self.partial_sums(fn, ptrs, offset)
+                elif self.plan.zero_init:
                     tile[offset] = "0.0" if lanes == 1 else "zeroinitializer"
                 else:
                     tile[offset] = load(self.module, fn, ptrs["acc"], offset, lanes, active, 1, cache=False)
             self.emit_in_scope(fn, level, budgets, ptrs, {t: 0 for t in ptrs}, tile, types, 1)
             for offset, (lanes, active) in types.items():
+                if self.plan.reduces_vector:
+                    tile[offset], lanes, active = horizontal_sum(fn, tile[offset], self.width), 1, 1
                 if self.direct:
                     self.store_output(fn, ptrs, offset, lanes, active, tile[offset])
                 else:
                     store(self.module, fn, ptrs["acc"], offset, lanes, active, tile[offset])
+
+    def partial_sums(self, fn: Function, ptrs: dict[str, str], offset: int) -> str:
+        """The register of partial sums of output element ``offset`` at the scope's start: zeros,
+        or (a reduction loop outside the scope) the sum so far in lane 0."""
+        zero = "zeroinitializer"
+        if self.plan.zero_init:
+            return zero
+        so_far = load(self.module, fn, ptrs["acc"], offset, 1, 1, 1, cache=False)
+        return fn.value(f"insertelement {vector_type(self.width)} {zero}, float {so_far}, i64 0", "p")
 
     def store_output(self, fn: Function, ptrs: dict[str, str], offset: int, lanes: int, active: int, value: str) -> None:
         """Store a finished register of the tile (``offset`` in the row-major output, vectors
@@ -112,7 +126,8 @@ class ComputeEmitter(NestEmitter):
         loop = self.loops[level]
         budget = budgets[loop.var]
         if level == self.depth - 1 and self.vector_var is not None:
-            for c, lanes, active in vector_chunks(budget, self.width):
+            chunks = reduction_chunks if self.plan.reduces_vector else vector_chunks
+            for c, lanes, active in chunks(budget, self.width):
                 moved = {t: consts[t] + self.delta(t, loop.var, c) for t in consts}
                 if moved["acc"] in tile:
                     self.leaf(fn, ptrs, moved, tile, lanes, active)

@@ -251,6 +251,25 @@ def vector_sum(fn: Function, values: list[str], typ: str) -> str:
     return total
 
 
+def horizontal_sum(fn: Function, value: str, lanes: int) -> str:
+    """The sum of the ``lanes`` floats of the vector ``value`` (a power of two), as a float:
+    the upper half added to the lower half until two lanes are left, then those two (a fixed
+    order, so the same kernel always gives the same bits)."""
+    if lanes == 1:
+        return value
+    while lanes > 2:
+        half = lanes // 2
+        typ = vector_type(lanes)
+        low = ", ".join(f"i32 {i}" for i in range(half))
+        high = ", ".join(f"i32 {i}" for i in range(half, lanes))
+        lower = fn.value(f"shufflevector {typ} {value}, {typ} poison, <{half} x i32> <{low}>", "h")
+        upper = fn.value(f"shufflevector {typ} {value}, {typ} poison, <{half} x i32> <{high}>", "h")
+        value, lanes = fn.value(f"fadd {vector_type(half)} {lower}, {upper}", "h"), half
+    first = fn.value(f"extractelement <2 x float> {value}, i64 0", "h")
+    second = fn.value(f"extractelement <2 x float> {value}, i64 1", "h")
+    return fn.value(f"fadd float {first}, {second}", "h")
+
+
 def multiply_add(module: Module, fn: Function, a: str, b: str, c: str, lanes: int, fma: bool) -> str:
     """``a * b + c`` on ``lanes`` floats: ``llvm.fma`` where the target has FMA instructions,
     else a multiply, then an add (there ``llvm.fma`` would be a call to ``fmaf`` per lane)."""

@@ -43,6 +43,8 @@ class ComputePlan:
     tile_registers: int  # registers the output tile takes in the full context
     blocks: int = 1  # register blocks the tile is split into (1: the whole tile fits)
     block_registers: int = 0  # accumulators of the largest block (== tile_registers when 1 block)
+    reduces_vector: bool = False  # vector_var is a reduction dimension: one vector of partial sums per output element
+
 
 
 def lanes_for(budget: int, width: int) -> int:
@@ -59,6 +61,13 @@ def vector_chunks(count: int, width: int) -> list[tuple[int, int, int]]:
     active lanes) of each, the last one masked when the lanes do not divide ``count``."""
     lanes = lanes_for(count, width)
     return [(c, lanes, min(lanes, count - c)) for c in range(0, count, lanes)]
+
+
+def reduction_chunks(count: int, width: int) -> list[tuple[int, int, int]]:
+    """``count`` consecutive floats of a reduction read as full-width vectors (partial sums of
+    one output element keep one register type whatever the loop's budget): (first element,
+    lanes, active lanes), the last one masked (its other lanes read as zeros)."""
+    return [(c, width, min(width, count - c)) for c in range(0, count, width)]
 
 
 def tile_walk(budget: int, step: int) -> tuple[tuple[int, int], ...]:
@@ -103,6 +112,8 @@ def leaf_count(loops, repeated, width, vector_var, level, budgets) -> int:
     loop = loops[level]
     budget = dict(budgets)[loop.var]
     if level == len(loops) - 1 and vector_var is not None:
+        if loop.var not in repeated:  # a reduction vectorised: its vectors update one register
+            return 1
         return -(-budget // lanes_for(budget, width))
     walk = tile_walk(budget, loop.step)
     if loop.var not in repeated:  # every iteration runs through the same leaves
@@ -157,6 +168,8 @@ class RegisterScope:
         self.output_dims = set(problem.output)
         self.acc_strides = strides(problem, problem.output)
         self.acc_layout = (layouts or {}).get("out")  # the accumulator's layout is the output's
+        self.input_layouts = {t: (layouts or {}).get(t) for t in ("in0", "in1")}
+        self.problem = problem
         # Loops down to a parallel loop stay runtime loops outside the register scope.
         self.floor = max((i for i, lp in enumerate(self.loops) if lp.parallel), default=-1)
         self._subtrees: dict[tuple, frozenset[int]] = {}
@@ -174,10 +187,13 @@ class RegisterScope:
             vector_var = innermost.var if unit else None
         else:
             vector_var = innermost.var if problem.output[-1] == innermost.var else None
+        if vector_var is None and self._reads_both_along(innermost.var):
+            vector_var = innermost.var  # a dot product: vectors of partial sums, summed across at the store
         if self.floor == n - 1:  # a parallel innermost loop runs element by element
             vector_var = None
         target = self.target
         self.vector_var = vector_var
+        self.reduces_vector = vector_var is not None and vector_var not in self.output_dims
         if vector_var is None:
             start, tile = n, 1
             for level in range(n - 1, self.floor, -1):
@@ -188,7 +204,7 @@ class RegisterScope:
             streaming = False
         else:
             start, tile, streaming = n - 1, 1, True
-            inner_chunks = -(-innermost.budget // lanes_for(innermost.budget, self.width))
+            inner_chunks = 1 if self.reduces_vector else -(-innermost.budget // lanes_for(innermost.budget, self.width))
             for level in range(n - 1, self.floor, -1):
                 size = self.tile_size(level)
                 if not target.holds(size, inner_chunks):
@@ -209,8 +225,20 @@ class RegisterScope:
         reduction_outside = any(lp.var not in self.output_dims for lp in self.loops[:start])
         blocks = [] if streaming else self.blocks(start, dict(entry_budgets(self.loops, start)))
         block_registers = max((len(b) for b in blocks), default=1 if streaming else tile)
-        return ComputePlan(vector_var, start, streaming, not reduction_outside, tile, max(len(blocks), 1), block_registers)
+        return ComputePlan(vector_var, start, streaming, not reduction_outside, tile, max(len(blocks), 1), block_registers,
+                           self.reduces_vector)
 
+    def _reads_both_along(self, var: str) -> bool:
+        """Whether ``var`` is a reduction dimension both inputs store contiguously (unit stride,
+        through their layouts where applied): the innermost loop over it then vectorises as a
+        dot product (``nn.Linear``'s ``x[m, k]`` and ``W[n, k]`` read as they lie)."""
+        problem = self.problem
+        if var not in problem.reduction_dims:
+            return False
+        for tensor, term in zip(("in0", "in1"), problem.operands):
+            if var not in term or offset_along(strides(problem, term), self.input_layouts[tensor], var, 1) != 1:
+                return False
+        return True
     def tile_size(self, level: int) -> int:
         """Registers of the tile of a scope starting at ``level`` (in the full context)."""
         return leaf_count(self.loops, frozenset(self.output_dims), self.width, self.vector_var, level, entry_budgets(self.loops, level))
@@ -224,6 +252,8 @@ class RegisterScope:
         loop = self.loops[level]
         budget = budgets[loop.var]
         if level == self.depth - 1 and self.vector_var is not None:
+            if self.reduces_vector:  # one output element: one register of partial sums
+                return [[(acc_offset, 1, 1)]]
             return [[(acc_offset + self.acc_delta(loop.var, c), lanes, active) for c, lanes, active in vector_chunks(budget, self.width)]]
         walk = iterations(budget, loop.step)
         if loop.var not in self.output_dims:  # every iteration updates the same registers
@@ -245,7 +275,7 @@ class RegisterScope:
         grid = self.rows(level, budgets, 0)
         size = sum(len(row) for row in grid)
         longest = max(len(row) for row in grid)
-        if self.target.holds(size, longest if self.vector_var is not None else 1):  # as in _plan
+        if self.target.holds(size, longest if self.vector_var is not None and not self.reduces_vector else 1):  # as in _plan
             return [[slot for row in grid for slot in row]]
         rows_per, cols_per = block_shape(len(grid), longest, self.target)
         result = []

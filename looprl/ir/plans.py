@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.ir.register_tiles import clipped_tile, packed_right, tile_steps, why_not_tile
-from looprl.ir.schedules import STREAM_TILES, cache_blocks, stream_steps, why_not_stream
+from looprl.ir.schedules import STREAM_TILES, cache_blocks, dot_steps, dot_tiles, stream_steps, why_not_dot, why_not_stream
 from looprl.target import Target
 
 PLAN_PREFIX = "plan_"
 K_BLOCKS = (256, 512)  # the reduction blocks of schedules.cache_blocks
 _TILE_NAME = re.compile(re.escape(PLAN_PREFIX) + r"(\d+)x(\d+)(?:_k(\d+))?(_pack)?")
 _STREAM_NAME = re.compile(re.escape(PLAN_PREFIX) + r"stream_(\d+)x(\d+)")
+_DOT_NAME = re.compile(re.escape(PLAN_PREFIX) + r"dot_(\d+)x(\d+)")
 
 
 @dataclass(frozen=True)
@@ -35,26 +36,34 @@ class Plan:
     """A register tile of ``rows`` x ``vectors`` (the target's vectors), cache-blocked by
     ``k_block`` reduction elements (0: not blocked), its right operand packed or not; or,
     with ``stream=True``, a streaming tile of ``rows`` (k_inner) reduction rows by ``vectors``
-    (here: columns) output columns."""
+    (here: columns) output columns; or, with ``dot=True``, a dot-product tile of ``rows`` output
+    rows by ``vectors`` (here: columns) output columns that reads both inputs along the
+    reduction, where both store it contiguously (``nn.Linear``'s weight as it lies: nothing
+    copied, nothing re-laid; :func:`~looprl.ir.schedules.dot_steps`)."""
 
     rows: int
     vectors: int
     k_block: int = 0
     packed: bool = False
     stream: bool = False
+    dot: bool = False
 
     def __post_init__(self):
         if self.rows < 1 or self.vectors < 1:
             raise ValueError(f"a plan's tile must be positive, got {self.rows}x{self.vectors}")
         if self.k_block not in (0,) + K_BLOCKS:
             raise ValueError(f"a plan's k block is one of {(0,) + K_BLOCKS}, got {self.k_block}")
-        if self.stream and (self.k_block or self.packed):
-            raise ValueError("a streaming plan has no cache block and no packing")
+        if (self.stream or self.dot) and (self.k_block or self.packed):
+            raise ValueError("a streaming or dot-product plan has no cache block and no packing")
+        if self.stream and self.dot:
+            raise ValueError("a plan is a streaming tile or a dot-product tile, not both")
 
     @property
     def name(self) -> str:
         if self.stream:
             return f"{PLAN_PREFIX}stream_{self.rows}x{self.vectors}"
+        if self.dot:
+            return f"{PLAN_PREFIX}dot_{self.rows}x{self.vectors}"
         return f"{PLAN_PREFIX}{self.rows}x{self.vectors}" + (f"_k{self.k_block}" if self.k_block else "") + ("_pack" if self.packed else "")
 
     @classmethod
@@ -66,6 +75,9 @@ class Plan:
         stream = _STREAM_NAME.fullmatch(name)
         if stream:
             return _or_none(lambda: cls(int(stream[1]), int(stream[2]), stream=True))
+        dot = _DOT_NAME.fullmatch(name)
+        if dot:
+            return _or_none(lambda: cls(int(dot[1]), int(dot[2]), dot=True))
         tile = _TILE_NAME.fullmatch(name)
         if tile:
             return _or_none(lambda: cls(int(tile[1]), int(tile[2]), int(tile[3] or 0), bool(tile[4])))
@@ -81,11 +93,12 @@ def _or_none(make):
 
 def plan_catalogue(target: Target) -> tuple[Plan, ...]:
     """Every plan of ``target``: each of its register tiles flat, with each k block, each
-    unpacked and packed; then the streaming tiles."""
+    unpacked and packed; then the streaming tiles; then the dot-product tiles."""
     target = Target.required(target, "plan_catalogue")
     plans = [Plan(rows, vectors, k_block, packed) for rows, vectors in target.register_tiles()
              for k_block in (0,) + K_BLOCKS for packed in (False, True)]
-    return tuple(plans) + tuple(Plan(k_inner, columns, stream=True) for k_inner, columns in STREAM_TILES)
+    return (tuple(plans) + tuple(Plan(k_inner, columns, stream=True) for k_inner, columns in STREAM_TILES)
+            + tuple(Plan(rows, columns, dot=True) for rows, columns in dot_tiles(target)))
 
 
 def plan_tile(problem: Problem, target: Target, plan: Plan) -> tuple[int, int]:
@@ -102,6 +115,9 @@ def planned(problem: Problem, target: Target, plan: Plan) -> LoopNest | str:
     if plan.stream:
         why = why_not_stream(problem, plan.rows, plan.vectors)
         return why if why is not None else initial_nest(problem).apply(stream_steps(problem, plan.rows, plan.vectors))
+    if plan.dot:
+        why = why_not_dot(problem)
+        return why if why is not None else initial_nest(problem).apply(dot_steps(problem, target, plan.rows, plan.vectors))
     rows, columns = plan_tile(problem, target, plan)
     blocks = (None, None)
     if plan.k_block:
@@ -144,11 +160,11 @@ def counterpart(plan: Plan, plans) -> Plan:
     plans = tuple(plans)
     if plan in plans:
         return plan
-    if plan.stream:
-        kin = [p for p in plans if p.stream]
+    if plan.stream or plan.dot:
+        kin = [p for p in plans if p.stream == plan.stream and p.dot == plan.dot]
         key = lambda p: (abs(p.rows - plan.rows) + abs(p.vectors - plan.vectors))  # noqa: E731
     else:
-        kin = [p for p in plans if not p.stream and p.k_block == plan.k_block and p.packed == plan.packed]
+        kin = [p for p in plans if not p.stream and not p.dot and p.k_block == plan.k_block and p.packed == plan.packed]
         key = lambda p: abs(p.vectors - plan.vectors)  # noqa: E731
     if not kin:
         raise ValueError(f"no plan among {[p.name for p in plans]} makes the decision {plan.name} makes")

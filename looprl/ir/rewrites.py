@@ -98,6 +98,13 @@ class RewriteChain:
         """Whether the answer's kernel is called through reshapes (:data:`FUSED_VIEW`)."""
         return bool(self.chain) and self.chain[0].kind == FUSED_VIEW
 
+    def as_given(self) -> "RewriteChain | None":
+        """This chain without its last rewrite when that is a :data:`TRANSPOSED_TWIN` (what
+        tune searches in place: the right operand read as it is stored), else None."""
+        if not self.chain or self.chain[-1].kind != TRANSPOSED_TWIN:
+            return None
+        return RewriteChain(self.original, self.chain[:-1])
+
     def carry_back(self, nest: LoopNest) -> LoopNest:
         """``nest`` (a schedule of :attr:`searched`) carried back through the chain."""
         for rewrite in reversed(self.chain):

@@ -173,6 +173,63 @@ def stream_steps(problem: Problem, k_inner: int, columns: int) -> list[Step]:
     return _split_and_ordered(problem, ((red, k_inner), (col, columns)), [red, col, row, f"{red}_in", f"{col}_in"])
 
 
+# A problem whose inputs both store the reduction contiguously (``nn.Linear``'s ``x[m, k]`` and
+# ``W[n, k]``, attention's ``q[b, m, k]`` and ``keys[b, n, k]``) is read in place by a dot-product
+# tile: for each panel of ``columns`` output columns and block of ``rows`` output rows, one
+# vector of partial sums per output element runs along the whole reduction (the code generator
+# vectorises an innermost loop that walks a reduction both inputs hold contiguously), and the
+# partial sums are added across once, at the end. Each of the panel's weight rows streams front
+# to back; the rows' activations are reread from the cache for every panel. No copy of the
+# weight: in a model nothing derived from it has to be kept in step with it.
+DOT_ROWS = (1, 2, 4)  # output rows of a dot-product tile
+DOT_COLUMNS = 8  # at most this many output columns (weight rows streaming at once)
+
+
+def dot_tiles(target: Target) -> tuple[tuple[int, int], ...]:
+    """(rows, columns) of the target's dot-product tiles: for each of :data:`DOT_ROWS`, the
+    most columns (up to :data:`DOT_COLUMNS`) whose partial sums and inputs fit the register file
+    (each column's weight vector is reused by every row, as a register tile's vectors are), and
+    half of that."""
+    tiles = []
+    for rows in DOT_ROWS:
+        most = min(target.most_vectors(rows), DOT_COLUMNS)
+        for columns in dict.fromkeys((most, min(most, 4))):
+            if columns >= 2:
+                tiles.append((rows, columns))
+    return tuple(tiles)
+
+
+def why_not_dot(problem: Problem) -> str | None:
+    """Why :func:`dot_steps` has no schedule of ``problem``, or None: it needs two output
+    dimensions and one reduction, stored last (contiguously) by both inputs."""
+    if len(problem.output) < 2 or len(problem.reduction_dims) != 1:
+        return f"{problem.name}: a dot-product tile needs two output dimensions and one reduction"
+    red = problem.reduction_dims[0]
+    if any(term[-1] != red for term in problem.operands):
+        return f"{problem.name}: a dot-product tile reads both inputs along the reduction {red!r}; both must store it last"
+    return None
+
+
+def dot_steps(problem: Problem, target: Target, rows: int, columns: int) -> list[Step]:
+    """IR steps (``nest.apply``) from ``problem``'s untiled nest to a dot-product tile of at most
+    ``rows`` x ``columns`` output elements: ``b..., n/columns, m/rows, k/lanes, m_in, n_in,
+    k_in`` (``lanes`` the target's vector width; a loop the problem is too small to split is
+    left whole). Sizes the factors do not divide leave tails. Raises ValueError with
+    :func:`why_not_dot`'s reason when there is none."""
+    why = why_not_dot(problem)
+    if why is not None:
+        raise ValueError(why)
+    row, col, red = problem.output[-2], problem.output[-1], problem.reduction_dims[0]
+    factors = {red: target.vector_width, col: columns, row: rows}
+    splits = [(var, factors[var]) for var in (red, col, row) if 1 < factors[var] < problem.size(var)]
+    split = {var for var, _ in splits}
+    # a dimension split has an outer loop and an inner one in the tile; one not split is all in
+    # the tile, or (a factor of 1) all outside it
+    outer = [var for var in (col, row, red) if var in split or factors[var] == 1 < problem.size(var)]
+    inner = [f"{var}_in" if var in split else var for var in (row, col, red) if var not in outer or var in split]
+    return _split_and_ordered(problem, splits, outer + inner)
+
+
 def _split_and_ordered(problem: Problem, splits, order: list[str]) -> list[Step]:
     """IR steps from ``problem``'s untiled nest that split each ``(dimension, factor)`` of
     ``splits`` (its inner loop named ``<dimension>_in``), then put the loops in ``order``

@@ -26,15 +26,24 @@ def needs_retargeting(policy: Policy, target: Target) -> bool:
     return bool(plans) and not plans <= {p.name for p in plan_catalogue(target)}
 
 
+def _has_counterpart(plan: Plan, plans) -> bool:
+    try:
+        counterpart(plan, plans)
+    except ValueError:
+        return False
+    return True
+
+
 def retargeted(policy: Policy, target: Target) -> Policy:
     """``policy`` with ``target``'s plan catalogue in place of its own plans (module
-    docstring); ``policy`` itself when it has no plans or already has those."""
+    docstring), less the kinds of plan it has none of (a policy trained before the dot-product
+    plans gets none); ``policy`` itself when it has no plans or already has those."""
     target = Target.required(target, "retargeted")
     if not needs_retargeting(policy, target):
         return policy
     old_names = policy.action_names
     old_plans = tuple(Plan.parse(name) for name in policy.metadata["plans"])
-    new_plans = plan_catalogue(target)
+    new_plans = tuple(plan for plan in plan_catalogue(target) if _has_counterpart(plan, old_plans))  # kinds it never had: not given
     kept = list(old_names[: len(old_names) - len(old_plans)])  # the plan actions end action_names (check_metadata)
     mapping = {plan.name: counterpart(plan, old_plans).name for plan in new_plans}
     rows = list(range(len(kept))) + [old_names.index(mapping[plan.name]) for plan in new_plans]

@@ -58,6 +58,7 @@ from looprl.search.tiles import measure_tiles
 from looprl.search.budget import MIN_BUDGET_S, REFINEMENTS
 from looprl.search.context import BudgetExhausted
 from looprl.search.staged import Stage, StagedSearch, confirm_winner
+from looprl.search.dots import in_place_rows, in_place_search
 
 # Search time of measured tune by default: None scales it with the problem
 # (:func:`~looprl.search.budget.scaled_budget`: 0.4 s up to ~256^3, where a new state costs
@@ -72,7 +73,9 @@ TUNE_BUDGET_S = None
 # remembered by v5 at two threads included serial ones a noisy moment had chosen).
 # 7: the policy's own answer (its unmeasured greedy episode's last state) measured first.
 # 8: the default policies act with plan actions (checkpoints/clone-plans*): their answers differ.
-TUNER = "tune-v8"
+# 9: few-row problems whose inputs both store the reduction last are also searched in place
+# (dot-product tiles, looprl.search.dots), and kept unless the re-laid twin is IN_PLACE_MARGIN faster.
+TUNER = "tune-v9"
 _warned_mismatch: set[tuple[str, str]] = set()
 
 
@@ -252,13 +255,48 @@ def tune(
     evaluator = Evaluator(cache, measure_budget_s, target=target)
     if not measure:
         answer = _policy_answer(loaded, searched, evaluator, episode_length)
-    else:
-        answer = _remembered(evaluator, searched, MIN_BUDGET_S if budget_s is None else budget_s, threads) if remember else None
-        if answer is None:
-            answer = _measured_answer(loaded, searched, evaluator, episode_length, budget_s, threads, started, max_evaluations)
-            if remember:
-                evaluator.cache.put_tuned(answer.record, measure_budget_s)
-    return _finish(plan, answer, evaluator, threads, started)
+        return _finish(plan, answer, evaluator, threads, started)
+    given = plan.as_given()  # the problem with its twin undone: searched in place too, where it has few rows
+    given = given if given is not None and in_place_rows(given.searched) else None
+    if remember:
+        least = MIN_BUDGET_S if budget_s is None else budget_s
+        answer = _remembered(evaluator, searched, least, threads)
+        in_place = _remembered(evaluator, given.searched, least, threads) if given is not None else None
+        if answer is not None and (given is None or in_place is not None):
+            return _finish(*_preferred(plan, answer, given, in_place), evaluator, threads, started)
+    in_place = _in_place_answer(given.searched, evaluator, threads) if given is not None else None
+    answer = _measured_answer(loaded, searched, evaluator, episode_length, budget_s, threads, started, max_evaluations)
+    if in_place is not None:
+        in_place = replace(in_place, record=replace(in_place.record, budget_s=answer.record.budget_s))
+    if remember:
+        evaluator.cache.put_tuned(answer.record, measure_budget_s)
+        if in_place is not None:
+            evaluator.cache.put_tuned(in_place.record, measure_budget_s)
+    return _finish(*_preferred(plan, answer, given, in_place), evaluator, threads, started)
+
+
+# A schedule that reads the weight in place is kept unless the one through the re-laid twin is
+# at least this much faster: the twin's kernel reads a copy of the weight, which a model must
+# keep in step with the weight (compared on every call unless frozen); a near-tie goes to the
+# schedule that keeps nothing. 5%: what two timings of one kernel differ by (torch.routes).
+IN_PLACE_MARGIN = 0.05
+
+
+def _preferred(plan: RewriteChain, answer: Answer, given: RewriteChain | None, in_place: Answer | None) -> tuple[RewriteChain, Answer]:
+    """The chain and answer tune returns: the in-place answer where there is one and the
+    twin's is not :data:`IN_PLACE_MARGIN` faster, else the twin's."""
+    if in_place is None or answer.gflops >= (1.0 + IN_PLACE_MARGIN) * in_place.gflops:
+        return plan, answer
+    return given, replace(in_place, measured=in_place.measured + answer.measured, waited_s=in_place.waited_s + answer.waited_s)
+
+
+def _in_place_answer(problem: Problem, evaluator: Evaluator, threads: int) -> Answer | None:
+    """The in-place search's answer (:func:`looprl.search.dots.in_place_search`), or None."""
+    found = in_place_search(problem, evaluator, threads)
+    if found.best is None:
+        return None
+    record = replace(found.best, threads=threads, tuner=TUNER)
+    return Answer(record, "measured", found.initial_gflops, None, found.measured, found.waited_s, found.serial_gflops)
 
 
 def _finish(plan: RewriteChain, answer: Answer, evaluator: Evaluator, threads: int, started: float) -> TuneResult:

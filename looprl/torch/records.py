@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from looprl.ir.rewrites import plan_rewrites
 from looprl.measurement.tuned_records import write_tuned_records
 from looprl.torch.layers import TunedLinear, layer_shape
 from looprl.torch.routes import LinearKernels
@@ -50,11 +51,12 @@ def route_table(kernels: list[LinearKernels]) -> str:
 
 
 def tuned_names(results) -> set[str]:
-    """The problems tune remembered answers under for ``results`` (a linear layer's is tuned
-    as its transposed twin)."""
+    """The problems tune remembered answers under for ``results``: a linear layer's is tuned as
+    its transposed twin and, with few rows, in place as well (both remembered, so that a tune
+    from the records makes the same choice between them)."""
     names = set()
     for result in results:
-        names.add(result.problem.name)
+        names.update((result.problem.name, plan_rewrites(result.problem).searched.name))
         if result.tuned_as is not None:
             names.add(result.tuned_as.name)
     return names

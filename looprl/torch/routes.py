@@ -89,6 +89,9 @@ class LinearKernels:
         flops = 2 * in_features * out_features
         self._seconds = {rows: flops * rows / (result.gflops * 1e9) for rows, result in self.results.items()}
         self._kernels = {count: any_rows_kernel(result) or result.kernel for count, result in self.results.items()}
+        # Row counts whose kernels read the weight and bias where they lie (nothing converted: a
+        # dot-product tile of the layer as given): called on the live tensors, nothing copied or compared.
+        self.in_place = frozenset(count for count, kernel in self._kernels.items() if not getattr(kernel, "packed_inputs", ("?",)))
         self.runtime_rows = frozenset(count for count, kernel in self._kernels.items() if getattr(kernel, "runtime_rows", False))
         self._plans: dict[int, list[tuple[int, int, int]]] = {}  # row count -> its row plan
         self._bound = ContentCache(self._bind)  # the kernels bound to the weight and bias as they are now
@@ -146,9 +149,10 @@ class LinearKernels:
         return ACTIVATIONS[self.activation].function(y) if self.activation is not None else y
 
     def _bind(self, weight: np.ndarray, bias: np.ndarray | None) -> dict[int, object]:
-        """The kernels, by row count, bound to copies of ``weight`` and ``bias``."""
+        """The kernels, by row count, bound to copies of ``weight`` and ``bias`` (those that
+        convert the weight: the in-place ones read the live tensors)."""
         constants = {"b": weight} if bias is None else {"b": weight, "bias": bias}
-        return {rows: kernel.bind(**constants) for rows, kernel in self._kernels.items()}
+        return {rows: kernel.bind(**constants) for rows, kernel in self._kernels.items() if rows not in self.in_place}
 
     def why_not(self, x, weight, bias) -> str | None:
         """Why a call on ``x`` falls back to torch (a short reason, the key of :func:`stats`'
@@ -263,16 +267,31 @@ class LinearKernels:
         return self.compute(x, weight, bias)
 
     def compute(self, x, weight, bias):
-        """The call by looprl's kernels, for arguments :meth:`why_not` accepts (not checked here)."""
-        kernels = self._frozen.get(weight, bias) if self.frozen else self._bound.get(weight, bias)
+        """The call by looprl's kernels, for arguments :meth:`why_not` accepts (not checked here):
+        the row plan's in-place kernels on the live weight and bias (a strided one read through
+        a contiguous copy made for the call), the others bound to copies (compared with the
+        tensors on every call, or bound once when frozen), looked up only when the plan uses one."""
+        plan = self._plan_of(math.prod(x.shape[:-1]))
+        counts = {count for _, _, count in plan}
+        kernels = {}
+        if not counts <= self.in_place:
+            kernels.update(self._frozen.get(weight, bias) if self.frozen else self._bound.get(weight, bias))
+        if counts & self.in_place:
+            weight = weight if weight.is_contiguous() else weight.contiguous()
+            bias = bias if bias is None or bias.is_contiguous() else bias.contiguous()
+            kernels.update({count: InPlaceKernel(self._kernels[count], weight, bias) for count in counts & self.in_place})
         return self._run_plan(x, kernels)
+
+    def _plan_of(self, rows: int) -> list[tuple[int, int, int]]:
+        plan = self._plans.get(rows)
+        if plan is None:
+            plan = self._plans[rows] = row_plan(rows, self._seconds, self.runtime_rows)
+        return plan
 
     def _run_plan(self, x, kernels: dict[int, object]):
         """``x``'s rows through the row plan of its row count with ``kernels`` (by row count)."""
         rows = math.prod(x.shape[:-1])
-        plan = self._plans.get(rows)
-        if plan is None:
-            plan = self._plans[rows] = row_plan(rows, self._seconds, self.runtime_rows)
+        plan = self._plan_of(rows)
         flat = x.detach().reshape(rows, self.in_features)
         if flat.is_neg() or flat.is_conj():  # a view whose memory holds the values unnegated (torch._neg_view): the values themselves
             flat = flat.resolve_neg().resolve_conj()
@@ -306,6 +325,22 @@ class LinearKernels:
                                       np.zeros((count, self.in_features), np.float32), np.zeros((count, self.out_features), np.float32))
         return found
 
+
+
+class InPlaceKernel:
+    """A kernel that converts nothing, called on a live weight and bias (float32 CPU tensors,
+    contiguous, checked by the caller): what a bound kernel is to :meth:`LinearKernels.
+    _run_plan`, the tensors' own memory in place of copies. Holds the tensors for the call."""
+
+    __slots__ = ("kernel", "weight", "bias", "_weight", "_bias")
+
+    def __init__(self, kernel, weight, bias):
+        self.kernel, self.weight, self.bias = kernel, weight, bias
+        self._weight, self._bias = weight.data_ptr(), (() if bias is None else (bias.data_ptr(),))
+
+    def address_call(self, out: int, workspace: int, x: int, rows: int | None = None) -> None:
+        kernel = self.kernel
+        kernel._call(kernel._function, (x, self._weight, out, workspace, *self._bias), 1, kernel.threads, rows)
 
 
 def interleaved_best_seconds(calls: list[tuple], budget_s: float, rounds: int) -> list[float]:
