@@ -58,9 +58,9 @@ def test_bandwidths_are_measured_once_and_cached(monkeypatch, tmp_path):
     monkeypatch.setattr(roofline_module, "measure_bandwidth_gbs", measured)
     cache = looprl.MeasurementCache(str(tmp_path / "c.sqlite"))
     first = memory_bandwidth(cache=cache)
-    assert first == {"llc": 10.0, "dram": 20.0} and calls[0] < calls[1]  # the DRAM buffer is the larger
-    assert memory_bandwidth(cache=cache) == first and len(calls) == 2
-    assert memory_bandwidth(cache=cache, refresh=True) == {"llc": 30.0, "dram": 40.0}
+    assert first == {"l2": 10.0, "llc": 20.0, "dram": 30.0} and calls[0] < calls[1] < calls[2]  # L2, LLC, DRAM buffers: larger each
+    assert memory_bandwidth(cache=cache) == first and len(calls) == 3
+    assert memory_bandwidth(cache=cache, refresh=True) == {"l2": 40.0, "llc": 50.0, "dram": 60.0}
 
 
 def test_a_real_measurement_is_a_plausible_bandwidth():
@@ -71,7 +71,12 @@ def test_a_real_measurement_is_a_plausible_bandwidth():
 def test_each_problem_gets_the_bound_of_the_memory_its_data_lives_in():
     ceilings = Roofline(peak_gflops=100.0, llc_gbs=80.0, dram_gbs=20.0, l2_bytes=2**20, llc_bytes=32 * 2**20)
     small = looprl.matmul(64, 64, 64)  # 48 KB: in the L2
-    assert ceilings.bound(small).limit == "peak" and ceilings.bound(small).gflops == 100.0
+    assert ceilings.bound(small).limit == "peak" and ceilings.bound(small).gflops == 100.0  # L2 not measured: no bound below the peak
+    measured_l2 = Roofline(100.0, 80.0, 20.0, 2**20, 32 * 2**20, l2_gbs=150.0)
+    assert measured_l2.bound(small).limit == "peak"  # 64^3: 5 flops per byte, 750 GFLOPS from the L2
+    few_rows = looprl.linear(1, 256, 256)  # 257 KB, half a flop per byte
+    assert measured_l2.bound(few_rows).limit == "L2 bandwidth" and 70 < measured_l2.bound(few_rows).gflops < 75
+    assert measured_l2.gbs(few_rows, measured_l2.bound(few_rows).gflops) == pytest.approx(150.0)
     decode = looprl.matmul(1, 4096, 4096)  # a 64 MB weight read for 2 flops per 4 bytes
     bound = ceilings.bound(decode)
     assert bound.limit == "DRAM bandwidth" and bound.gflops == pytest.approx(20.0 * decode.flops / problem_bytes(decode))

@@ -96,8 +96,9 @@ def _target_rows(target: Target, problems: list[Problem], numpy: list[float], bu
     return rows
 
 
-def run(shapes: list[tuple[int, int, int]], budget_s: float, compiles: int, out=sys.stdout, targets: list[str] | None = None,
+def run(shapes: list[tuple[int, int, int]], budget_s: float, compiles: int, out=None, targets: list[str] | None = None,
         threads: tuple[int, ...] = (1,)) -> dict:
+    out = sys.stdout if out is None else out  # the stream at the call, not at import
     problems: list[Problem] = [matmul(*s) for s in shapes]
     started = time.perf_counter()
     chosen = benchmark_targets(targets)

@@ -100,7 +100,8 @@ def _workload(name: str, problems, args, peak: float, out, target=None) -> dict:
     return row
 
 
-def main(args, out=sys.stdout) -> dict:
+def main(args, out=None) -> dict:
+    out = sys.stdout if out is None else out  # the stream at the call, not at import
     checks.positive_int(args.steps, "--steps")
     checks.positive_float(args.budget_ms, "--budget-ms", unit="milliseconds")
     target = Target.resolve(getattr(args, "target", None))

@@ -98,7 +98,8 @@ def _seconds(problem, gflops) -> float:
     return problem.flops / gflops / 1e9 if gflops is not None and gflops > 0 else math.nan
 
 
-def main(args, out=sys.stdout) -> dict:
+def main(args, out=None) -> dict:
+    out = sys.stdout if out is None else out  # the stream at the call, not at import
     checks.seconds(args.budget, "--budget")
     if args.tune_budget is not None:  # None: scaled to the layer
         checks.seconds(args.tune_budget, "--tune-budget", allow_zero=True)
@@ -144,7 +145,7 @@ def _run(args, out, target, layers, problems, ceilings, peers) -> dict:
         print(f"{name:>38} {shape:>16} {result.seconds:6.2f} {1e3 * fused_s:8.3f} {1e3 * peer_s['numpy']:8.3f} "
               f"{1e3 * peer_s['F.linear']:8.3f} {1e3 * peer_s['oneDNN']:9.3f} {timed['fused']:7.1f} {row['vs_numpy']:7.2f} "
               f"{row['vs_torch']:7.2f} {row['vs_onednn']:8.2f} {row['vs_best']:6.2f} {best_peer or '-':>8} "
-              f"{bound.gflops:6.1f}{bound.limit[0].upper()} {timed['fused'] / bound.gflops:8.2f}", file=out, flush=True)
+              f"{bound.gflops:6.1f}{bound.letter} {timed['fused'] / bound.gflops:8.2f}", file=out, flush=True)
     activated = [r for r, p in zip(rows, problems) if p.epilogue.activation is not None]
     summary = {}
     for key in ("vs_best", "vs_numpy", "vs_torch", "vs_onednn"):

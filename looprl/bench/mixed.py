@@ -56,7 +56,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", type=Path, default=None)
 
 
-def main(args, out=sys.stdout) -> dict:
+def main(args, out=None) -> dict:
+    out = sys.stdout if out is None else out  # the stream at the call, not at import
     threads = available_cores() if args.threads is None else args.threads
     if threads < 2 or threads > available_cores():
         raise ValueError(f"--threads must be 2..{available_cores()} (the cores this process may use), got {threads}")

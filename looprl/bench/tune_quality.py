@@ -17,8 +17,9 @@ The columns, per problem: ``tune ms`` (``looprl.tune``'s wall-clock time), ``unt
 ``tuned`` (GFLOPS of the initial nest and of tune's answer), ``numpy`` and ``torch`` (GFLOPS;
 torch's is the best of its calls), ``tuned/numpy``, ``tuned/torch`` and ``tuned/best`` (the
 tuned kernel against numpy, torch, and the better of the two: the headline), ``bound`` (the
-roofline's GFLOPS bound, ``P`` peak, ``L`` last-level cache or ``D`` DRAM bandwidth) and ``of
-bound``. A peer whose child failed prints one warning line and ``nan`` in its columns; the
+roofline's GFLOPS bound, ``P`` peak, ``2`` L2, ``L`` last-level cache or ``D`` DRAM bandwidth),
+``of bound`` and ``GB/s`` (the compulsory traffic's rate: a decode kernel's weight streaming);
+with more thread counts each one's ``of bound`` too, from the roofline measured on as many threads. A peer whose child failed prints one warning line and ``nan`` in its columns; the
 others are still printed.
 
 ``--threads 1,2`` tunes every problem once per thread count (``looprl.tune(threads=N)``, each
@@ -209,7 +210,8 @@ def summarise_agreement(rows: list[dict], key: str) -> dict:
             "problems": len(values)}
 
 
-def main(args, out=sys.stdout) -> dict:
+def main(args, out=None) -> dict:
+    out = sys.stdout if out is None else out  # the stream at the call, not at import
     if args.limit is not None:
         checks.positive_int(args.limit, "--limit")
     checks.seconds(args.budget, "--budget")
@@ -233,14 +235,15 @@ def main(args, out=sys.stdout) -> dict:
     ceilings = roofline(peak, target, ":memory:", threads=first, fresh=True)
     numpy_label = baseline_label(target.isa, threads=first)
     peaks = {n: measure_peak_gflops(target, threads=n) for n in counts[1:]}
+    team_ceilings = {n: roofline(peaks[n], target, ":memory:", threads=n, fresh=True) for n in counts[1:]}
     peers = Peers(target.isa, counts)  # numpy and torch (torch.matmul, F.linear, oneDNN packed), timed with each problem's kernels
     try:
-        return _run(args, out, target, policy, problems, entries, source, counts, peak, ceilings, numpy_label, peaks, peers)
+        return _run(args, out, target, policy, problems, entries, source, counts, peak, ceilings, numpy_label, peaks, peers, team_ceilings)
     finally:
         peers.close()
 
 
-def _run(args, out, target, policy, problems, entries, source, counts, peak, ceilings, numpy_label, peaks, peers) -> dict:
+def _run(args, out, target, policy, problems, entries, source, counts, peak, ceilings, numpy_label, peaks, peers, team_ceilings) -> dict:
     repeat = getattr(args, "repeat", False)
     neighbour = getattr(args, "neighbour", None)
     first = counts[0]
@@ -253,9 +256,9 @@ def _run(args, out, target, policy, problems, entries, source, counts, peak, cei
           f"{'s' if first > 1 else ''}); best = the better of numpy and torch" + "".join(f"; on {n} threads with {baseline_label(target.isa, threads=n)} "
                                                     f"(peak {peaks[n]:.1f})" for n in counts[1:]), file=out)
     print(f"{'problem':>14} {'tune ms':>8} {'untuned':>8} {'tuned':>8} {'numpy':>8} {'torch':>8} {'tuned/numpy':>11} {'tuned/torch':>11} "
-          f"{'tuned/best':>10} {'bound':>7} {'of bound':>8}"
+          f"{'tuned/best':>10} {'bound':>7} {'of bound':>8} {'GB/s':>6}"
           + (f" {'search':>8}" if args.search else "")
-          + "".join(f" {f'tuned@{n}':>9} {f'numpy@{n}':>9} {f'torch@{n}':>9} {f'@{n}/best':>9} {f'@{n}/@1':>7} {f'serial@{n}':>9}"
+          + "".join(f" {f'tuned@{n}':>9} {f'numpy@{n}':>9} {f'torch@{n}':>9} {f'@{n}/best':>9} {f'@{n}/@1':>7} {f'serial@{n}':>9} {f'bound@{n}':>8}"
                     for n in counts[1:]),
           file=out)
     rows = []
@@ -271,7 +274,7 @@ def _run(args, out, target, policy, problems, entries, source, counts, peak, cei
         best_value = _best_library(numpy_value, torch_value)
         row = {"problem": problem.name, "tune_s": result.seconds, "waited_s": result.waited_s, "untuned_gflops": untuned, "tuned_gflops": tuned,
                "numpy_gflops": numpy_value, "torch_gflops": torch_value, "torch_calls_gflops": timed["torch"], "best_library_gflops": best_value,
-               "bound_gflops": bound.gflops, "bound": bound.limit, "actions": list(result.actions),
+               "bound_gflops": bound.gflops, "bound": bound.limit, "gbs": ceilings.gbs(problem, tuned), "actions": list(result.actions),
                "schedule": result.nest.key}
         if entry is not None and entry.model is not None:
             row.update(model=entry.model, layer=entry.layer)
@@ -298,6 +301,8 @@ def _run(args, out, target, policy, problems, entries, source, counts, peak, cei
             suffix = _suffix(n, first)
             torch_n = best_torch(timed_n["torch"])
             best_n = _best_library(numpy_n, torch_n)
+            bound_n = team_ceilings[n].bound(problem)
+            row.update({f"bound_gflops{suffix}": bound_n.gflops, f"bound{suffix}": bound_n.limit})
             row.update({f"tune_s{suffix}": threaded.seconds, f"tuned_gflops{suffix}": gflops, f"numpy_gflops{suffix}": numpy_n,
                         f"torch_gflops{suffix}": torch_n, f"best_library_gflops{suffix}": best_n,
                         f"serial_counterpart_gflops{suffix}": serial, f"actions{suffix}": list(threaded.actions),
@@ -306,12 +311,13 @@ def _run(args, out, target, policy, problems, entries, source, counts, peak, cei
                 row[f"repeat{suffix}"] = agreement(threaded, problem, policy, args, target, n)
             if neighbour:
                 row[f"neighbour{suffix}"] = beside_neighbour(threaded, problem, policy, args, target, n)
-            columns += f" {gflops:9.1f} {numpy_n:9.1f} {torch_n:9.1f} {gflops / best_n:9.2f} {gflops / tuned:7.2f} {serial:9.1f}"
+            columns += (f" {gflops:9.1f} {numpy_n:9.1f} {torch_n:9.1f} {gflops / best_n:9.2f} {gflops / tuned:7.2f} {serial:9.1f}"
+                        f" {gflops / bound_n.gflops:8.2f}")
         rows.append(row)
         label = _label(problem)
         print(f"{label:>14} {1000 * result.seconds:8.0f} {untuned:8.1f} {tuned:8.1f} {numpy_value:8.1f} {torch_value:8.1f} {tuned / numpy_value:11.2f}"
               f" {tuned / torch_value:11.2f} {tuned / best_value:10.2f}"
-              f" {bound.gflops:6.1f}{bound.limit[0].upper()} {tuned / bound.gflops:8.2f}"
+              f" {bound.gflops:6.1f}{bound.letter} {tuned / bound.gflops:8.2f} {ceilings.gbs(problem, tuned):6.1f}"
               + (f" {row['search_gflops']:8.1f}" if args.search else "") + columns, file=out, flush=True)
     times = sorted(r["tune_s"] for r in rows)
     summary = {
@@ -340,7 +346,7 @@ def _run(args, out, target, policy, problems, entries, source, counts, peak, cei
         f"geomean tuned/numpy {summary['tuned_vs_numpy_geomean']:.2f}, tuned/torch {summary['tuned_vs_torch_geomean']:.2f}, "
         f"tuned/best library {summary['tuned_vs_best_library_geomean']:.2f} (lowest {summary['tuned_vs_best_library_min']:.2f}), tuned/untuned {summary['tuned_vs_untuned_geomean']:.2f}, "
         f"tuned/peak {summary['tuned_vs_peak_geomean']:.2f}, tuned/bound {summary['tuned_vs_bound_geomean']:.2f} "
-        f"(bound: P peak, L last-level cache or D DRAM bandwidth x flops per byte)" + (f" ({first} thread{'s' if first > 1 else ''})" if len(counts) > 1 else ""),
+        f"(bound: P peak, 2 L2, L last-level cache or D DRAM bandwidth x flops per byte)" + (f" ({first} thread{'s' if first > 1 else ''})" if len(counts) > 1 else ""),
         file=out,
     )
     for n in counts[1:]:

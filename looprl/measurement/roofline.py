@@ -4,13 +4,12 @@ applies to a problem.
 A kernel cannot beat the FMA peak, nor move its data faster than the memory it comes from
 allows. :func:`memory_bandwidth` measures, with the code generator's streaming kernel
 (:mod:`looprl.backend.stream_kernel`: full-width vector loads into independent sums, the same
-timing rule as everything else), the read bandwidth from the last-level cache (a buffer of
-four times the L2) and from DRAM (a buffer of eight times its size, at least 256 MB), cached per
-host, target and thread count like the peak. :meth:`Roofline.bound` takes a problem's
-compulsory traffic (its inputs, the epilogue's inputs and the output, each once, in float32):
-a working set that fits the L2 is bound by the peak; one that fits the last-level cache by
-that cache's bandwidth times the arithmetic intensity (flops per byte), one that does not by
-DRAM's, whichever is lower than the peak. Decode-step GEMMs (m = 1..16: a weight matrix read
+timing rule as everything else), the read bandwidth from the L2 (a buffer of half of it), the
+last-level cache (four times the L2) and DRAM (eight times the last-level cache, at least
+256 MB), cached per host, target and thread count like the peak. :meth:`Roofline.bound` takes a
+problem's compulsory traffic (its inputs, the epilogue's inputs and the output, each once, in
+float32): the bandwidth of the level its working set fits in (L2, last-level cache, DRAM)
+times the arithmetic intensity (flops per byte), or the peak where that is lower. Decode-step GEMMs (m = 1..16: a weight matrix read
 for m/2 flops per byte) are the bandwidth-bound case."""
 
 from __future__ import annotations
@@ -30,17 +29,19 @@ from looprl.measurement.timing import best_time
 from looprl.target import Target
 
 FLOAT32_BYTES = 4
-LEVELS = ("llc", "dram")
+LEVELS = ("l2", "llc", "dram")
 MIN_DRAM_BUFFER_BYTES = 256 * 2**20
 
 
 def level_buffer_bytes(level: str) -> int:
-    """The buffer that measures ``level``: four times the L2 (past it, in the last-level cache;
-    at most half that cache), or eight times the last-level cache (at least
+    """The buffer that measures ``level``: half the L2; four times the L2 (past it, in the
+    last-level cache; at most half that cache); or eight times the last-level cache (at least
     :data:`MIN_DRAM_BUFFER_BYTES`) for DRAM. A bound must not be beaten: the last-level cache is
     read fastest just past the L2 (on a Zen 4 VM: 99 GB/s at 2-8 MB, 81 at 16 MB, 67 at 24)."""
     level = checks.one_of(level, "memory level", LEVELS)
     l2, llc = cache_sizes()
+    if level == "l2":
+        return max(l2 // 2, 64 * 2**10)
     if level == "llc":
         return max(min(4 * l2, llc // 2), 2**20)
     return max(8 * llc, MIN_DRAM_BUFFER_BYTES)
@@ -74,7 +75,7 @@ def measure_bandwidth_gbs(target: Target, buffer_bytes: int, threads: int = 1, b
 
 
 def memory_bandwidth(target: Target | str | None = None, cache=None, *, threads: int = 1, refresh: bool = False) -> dict[str, float]:
-    """``{"llc": GB/s, "dram": GB/s}`` of this host for ``target`` (default the host's) on
+    """``{"l2": GB/s, "llc": GB/s, "dram": GB/s}`` of this host for ``target`` (default the host's) on
     ``threads`` threads, measured once and cached (the default persistent cache unless
     ``cache`` is given)."""
     from looprl.measurement.evaluator import open_cache
@@ -102,7 +103,12 @@ def problem_bytes(problem: Problem) -> int:
 @dataclass(frozen=True)
 class Bound:
     gflops: float
-    limit: str  # "peak", "LLC bandwidth" or "DRAM bandwidth"
+    limit: str  # "peak", "L2 bandwidth", "LLC bandwidth" or "DRAM bandwidth"
+
+    @property
+    def letter(self) -> str:
+        """The limit in one letter, as the benchmarks' tables print it: P, 2 (L2), L (LLC) or D."""
+        return {"peak": "P", "L2 bandwidth": "2", "LLC bandwidth": "L", "DRAM bandwidth": "D"}[self.limit]
 
 
 @dataclass(frozen=True)
@@ -115,19 +121,26 @@ class Roofline:
     dram_gbs: float
     l2_bytes: int
     llc_bytes: int
+    l2_gbs: float = math.inf  # not measured: the L2 bounds nothing below the peak
 
     def bound(self, problem: Problem) -> Bound:
         """The roofline bound of ``problem`` on this host (see the module's text)."""
         traffic = problem_bytes(problem)
         if traffic <= self.l2_bytes:
-            return Bound(self.peak_gflops, "peak")
-        name, gbs = ("LLC", self.llc_gbs) if traffic <= self.llc_bytes else ("DRAM", self.dram_gbs)
+            name, gbs = "L2", self.l2_gbs
+        else:
+            name, gbs = ("LLC", self.llc_gbs) if traffic <= self.llc_bytes else ("DRAM", self.dram_gbs)
         memory = gbs * problem.flops / traffic
         return Bound(memory, f"{name} bandwidth") if memory < self.peak_gflops else Bound(self.peak_gflops, "peak")
 
+    def gbs(self, problem: Problem, gflops: float) -> float:
+        """The compulsory traffic's rate (GB/s) of a kernel of ``problem`` at ``gflops``."""
+        return gflops * problem_bytes(problem) / problem.flops
+
     def describe(self) -> str:
-        return (f"roofline: peak {self.peak_gflops:.1f} GFLOPS, last-level cache {self.llc_gbs:.0f} GB/s "
-                f"({self.llc_bytes // 2**20} MB), DRAM {self.dram_gbs:.1f} GB/s, L2 {self.l2_bytes // 2**10} KB")
+        l2 = f"L2 {self.l2_gbs:.0f} GB/s ({self.l2_bytes // 2**10} KB)" if math.isfinite(self.l2_gbs) else f"L2 {self.l2_bytes // 2**10} KB"
+        return (f"roofline: peak {self.peak_gflops:.1f} GFLOPS, {l2}, last-level cache {self.llc_gbs:.0f} GB/s "
+                f"({self.llc_bytes // 2**20} MB), DRAM {self.dram_gbs:.1f} GB/s")
 
 
 def roofline(peak_gflops: float, target: Target | str | None = None, cache=None, *, threads: int = 1, fresh: bool = False) -> Roofline:
@@ -137,4 +150,4 @@ def roofline(peak_gflops: float, target: Target | str | None = None, cache=None,
     kernels timed in one run)."""
     bandwidth = memory_bandwidth(target, cache, threads=threads, refresh=fresh)
     l2, llc = cache_sizes()
-    return Roofline(peak_gflops, bandwidth["llc"], bandwidth["dram"], l2, llc)
+    return Roofline(peak_gflops, bandwidth["llc"], bandwidth["dram"], l2, llc, bandwidth["l2"])
