@@ -10,7 +10,7 @@ import pytest
 import looprl
 from looprl.backend.buffers import aligned_zeros
 from looprl.backend.jit import CompiledModule
-from looprl.backend.stream_kernel import STREAM_ACCUMULATORS, stream_ir
+from looprl.backend.stream_kernel import STREAM_ACCUMULATORS, STREAM_PATTERNS, stream_ir
 from looprl.backend.threads import available_cores, before_parallel_call, ensure_openmp_runtime
 from looprl.measurement import roofline as roofline_module
 from looprl.measurement.roofline import Roofline, memory_bandwidth, problem_bytes
@@ -19,10 +19,12 @@ from looprl.target import TARGET_NAMES, Target
 HOST_TARGETS = [name for name in TARGET_NAMES if not Target.named(name).missing_on_host()]
 
 
+@pytest.mark.parametrize("streams", STREAM_PATTERNS)
 @pytest.mark.parametrize("name", HOST_TARGETS)
-def test_the_stream_kernel_sums_every_element_it_reads(name):
+def test_the_stream_kernel_sums_every_element_it_reads(name, streams):
+    """Every element once per repetition, whatever the read pattern (one stream, or regions side by side)."""
     target = Target.named(name)
-    module = CompiledModule(stream_ir(target), "stream", target)
+    module = CompiledModule(stream_ir(target, streams=streams), "stream", target)
     kernel = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)(module.address)
     blocks = 37
     data = aligned_zeros(blocks * STREAM_ACCUMULATORS * target.vector_width)
@@ -30,6 +32,8 @@ def test_the_stream_kernel_sums_every_element_it_reads(name):
     out = aligned_zeros(target.vector_width)
     kernel(data.ctypes.data, blocks, 3, out.ctypes.data)
     assert out.sum() == pytest.approx(3 * data.sum())
+    with pytest.raises(ValueError, match="divide"):
+        stream_ir(target, streams=3)
 
 
 @pytest.mark.skipif(available_cores() < 2, reason="needs two cores")
