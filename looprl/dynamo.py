@@ -67,7 +67,7 @@ from looprl.measurement.timing import best_time
 from looprl.policy.tuner import tune
 from looprl import checks
 from looprl.torch.activations import activation_of_call
-from looprl.torch.layers import layer_shape, tune_layer, weights_outgrow_cache
+from looprl.torch.layers import layer_shape, tune_layer, weight_bytes
 from looprl.torch.records import route_summary, summarise_calls
 from looprl.torch.routes import LinearKernels
 from looprl.torch.rows import check_max_rows
@@ -264,7 +264,7 @@ def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: in
     replaced = 0
     weights = [_example_value(gm, node.args[1], values) for node in gm.graph.nodes
                if node.op == "call_function" and node.target in LINEAR_TARGETS and len(node.args) > 1]
-    cold_weights = weights_outgrow_cache(w for w in weights if isinstance(w, torch.Tensor))
+    model_bytes = weight_bytes(w for w in weights if isinstance(w, torch.Tensor))
     freezing = _freezing()
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in LINEAR_TARGETS:
@@ -284,7 +284,7 @@ def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: in
         users = list(node.users)
         activation = _activation_name(users[0]) if len(users) == 1 else None
         rows = max(1, math.prod(_hint(size) for size in x_value.shape[:-1]))
-        per_rows = tune_layer(in_features, out_features, bias is not None, activation, {rows}, max_rows, cold_weights, results, tuning)
+        per_rows = tune_layer(in_features, out_features, bias is not None, activation, {rows}, max_rows, model_bytes, results, tuning)
         shape = layer_shape(per_rows)
         # Under Inductor's freezing the caller has promised that the parameters and buffers (get_attr nodes) keep their
         # values: bound once, as Inductor does. A weight or bias that is a graph input carries no such promise: compared.

@@ -35,12 +35,32 @@ def test_a_cold_problem_is_named_parsed_and_kept_through_its_rewrites():
         looprl.contraction("mk,kn->mn", m=2, n=2, k=2, constant="b", cold="yes")
     with pytest.raises(ValueError, match="bad part"):
         parse_problem("mk,kn->mn:m=2,k=2,n=2;const=in1;cold=1")
+    # bytes other work reads between two calls: named, parsed, carried through the rewrites
+    some = linear(4, 96, 200).with_between(3 << 20)
+    assert some.cold and some.between == 3 << 20 and some.name.endswith(";between=3145728") and parse_problem(some.name) == some
+    assert plan_rewrites(some).searched.between == 3 << 20 and some.with_epilogue(bias=False).between == 3 << 20
+    assert problem.between == looprl.ir.problem.COLD and not linear(4, 96, 200).cold
+    for bad, match in (("-1", "whole number"), ("1.5", "whole number"), ("x", "whole number")):
+        with pytest.raises(ValueError, match=match):
+            parse_problem(f"mk,nk->mn:m=2,k=2,n=2;const=in1;between={bad}")
+    with pytest.raises(ValueError, match="one of them"):
+        parse_problem("mk,nk->mn:m=2,k=2,n=2;const=in1;cold;between=5")
+    with pytest.raises(ValueError, match="between"):
+        linear(4, 96, 200).with_between(-5)
+    with pytest.raises(ValueError, match="constant"):
+        looprl.matmul(4, 8, 8).with_between(100)
+    with pytest.raises(ValueError, match="not both"):
+        looprl.contraction("mk,kn->mn", m=2, n=2, k=2, constant="b", cold=True, between=10)
 
 
 def test_copies_cover_twice_the_last_level_cache_and_one_input_larger_than_that_is_its_own():
     assert timing.cold_copy_count(8 << 20, llc_bytes=32 << 20) == 9  # 8 copies pass 64 MB, + the one in use
     assert timing.cold_copy_count(100 << 20, llc_bytes=32 << 20) == 1
     assert timing.cold_copy_count(1 << 10, llc_bytes=32 << 20) == timing.MAX_COLD_COPIES
+    # a given number of bytes between calls: copies that put about as many between two uses of one
+    assert timing.cold_copy_count(8 << 20, llc_bytes=32 << 20, between=16 << 20) == 3
+    assert timing.cold_copy_count(8 << 20, llc_bytes=32 << 20, between=3 << 20) == 1  # less than half a weight: warm
+    assert timing.cold_copy_count(8 << 20, llc_bytes=32 << 20, between=1 << 30) == 9  # past twice the cache: as cold
 
 
 @pytest.mark.parametrize("key", [None, "n3s64t8,k40s1,m2s1,n64s1|m2s1,n200s1|in1=n64.k1.n1%64"])
@@ -128,11 +148,13 @@ def test_tune_of_a_cold_problem_returns_a_kernel_that_computes_the_layer(tmp_pat
 
 
 @pytest.mark.parametrize("llc_bytes", [10_000, 1 << 30])
-def test_tune_module_tunes_few_rows_cold_where_the_model_s_weights_outgrow_the_cache(llc_bytes, tmp_path, monkeypatch):
+def test_tune_module_tunes_few_rows_with_the_other_layers_bytes_between_calls(llc_bytes, tmp_path, monkeypatch):
+    """Rows up to COLD_ROWS carry the bytes of the model's other weights (read between two calls
+    of the layer in a decode step), named cold where that reaches twice the last-level cache."""
     torch = pytest.importorskip("torch")
     from looprl import torch as looprl_torch
 
-    monkeypatch.setattr("looprl.torch.layers.cache_sizes", lambda: (1 << 16, llc_bytes))  # weights: 36 KB
+    monkeypatch.setattr("looprl.torch.layers.cache_sizes", lambda: (1 << 16, llc_bytes))  # weights: 24 KB and 12 KB
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 32)).eval()
     policy = random_policy(seed=5).save(tmp_path / "policy")
@@ -141,9 +163,12 @@ def test_tune_module_tunes_few_rows_cold_where_the_model_s_weights_outgrow_the_c
                                      compare_torch=False)
     layers = looprl_torch.tuned_layers(tuned)
     assert len(layers) == 2
+    others = {64: 4 * 96 * 32, 96: 4 * 64 * 96}  # by in_features: the other layer's weight
     for _, layer in layers:
-        cold = {rows: result.problem.cold for rows, result in layer.results.items()}
-        assert cold == {rows: llc_bytes == 10_000 and rows <= looprl_torch.COLD_ROWS for rows in cold}, cold
+        between = others[layer.in_features]
+        expected = looprl.ir.problem.COLD if llc_bytes == 10_000 and between >= 2 * llc_bytes else between
+        found = {rows: result.problem.between for rows, result in layer.results.items()}
+        assert found == {rows: expected if rows <= looprl_torch.COLD_ROWS else 0 for rows in found}, found
     with torch.no_grad():
         for x in examples + [torch.randn(5, 64)]:
             torch.testing.assert_close(tuned(x), model(x), rtol=1e-4, atol=1e-4)
@@ -153,7 +178,7 @@ def test_a_frozen_layer_judges_its_cold_rows_on_copies_of_the_weight_in_turn(mon
     torch = pytest.importorskip("torch")
     from looprl import torch as looprl_torch
 
-    monkeypatch.setattr("looprl.torch.routes.cold_copy_count", lambda nbytes: 3)
+    monkeypatch.setattr("looprl.torch.routes.cold_copy_count", lambda nbytes, **_: 3)
     results = {}
     for rows in (1, 32):
         problem = linear(rows, 48, 40, bias=True)

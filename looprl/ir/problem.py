@@ -40,19 +40,22 @@ class Problem:
     (``...;epilogue=bias+gelu``) unless it is the identity. :attr:`flops` counts the
     contraction only.
 
-    ``cold``: the constant inputs arrive from memory on every call, not from the caches (a
-    model's weights that together outgrow the last-level cache: in a decode step each layer's
-    weight was evicted by the others' since its last call). A cold problem is timed so
-    (:func:`looprl.measurement.timing.time_kernel` rotates copies of its constant inputs),
-    and its schedules are searched for that; it needs a constant input. Part of :attr:`name`
-    (``...;cold``) only when set.
+    ``between``: bytes that other work reads between two calls of the problem (a model's other
+    layers, in a decode step, between two calls of this layer), which evict its constant inputs
+    (weights) from the caches as far as they reach: 0 (the default) for calls back to back, the
+    weights as warm as the caches keep them; :data:`COLD` for "more than any cache holds" (the
+    weights read from memory on every call: ``cold``, a problem's name saying ``;cold``). A
+    problem with bytes between is timed so (:func:`looprl.measurement.timing.time_kernel` rotates
+    copies of its constant inputs: as many as put that many bytes between two uses of one
+    copy), and its schedules are searched for that; it needs a constant input. Part of
+    :attr:`name` (``...;between=<bytes>``, or ``...;cold``) only when set.
     """
 
     spec: str
     sizes: tuple[tuple[str, int], ...]
     constant: tuple[str, ...] = ()
     epilogue: Epilogue = IDENTITY
-    cold: bool = False
+    between: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "epilogue", as_epilogue(self.epilogue))
@@ -69,11 +72,15 @@ class Problem:
         if not names <= {"in0", "in1"}:
             raise ValueError(f"constant inputs must be 'in0'/'a' (the first) or 'in1'/'b' (the second), got {self.constant!r}")
         object.__setattr__(self, "constant", tuple(sorted(names)))
-        if not isinstance(self.cold, bool):
-            raise ValueError(f"cold must be True or False, got {self.cold!r}")
-        if self.cold and not self.constant:
-            raise ValueError("cold=True is for constant inputs (weights read from memory on every call): the problem has none; "
+        object.__setattr__(self, "between", _between_bytes(self.between))
+        if self.between and not self.constant:
+            raise ValueError("bytes read between calls (cold=True, between=) evict constant inputs (weights): the problem has none; "
                              "give constant='in1' (or 'in0') too")
+
+    @property
+    def cold(self) -> bool:
+        """Whether other work reads anything between two calls (:attr:`between` > 0)."""
+        return self.between > 0
 
     # -- structure -----------------------------------------------------------------
     @cached_property
@@ -119,6 +126,12 @@ class Problem:
         return self.shape(self.output)
 
     @property
+    def constant_bytes(self) -> int:
+        """float32 bytes of the constant inputs (the weights that bytes between calls evict)."""
+        shapes = dict(zip(("in0", "in1"), self.input_shapes))
+        return FLOAT32_BYTES * sum(math.prod(shapes[t]) for t in self.constant)
+
+    @property
     def epilogue_shapes(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
         """The epilogue's extra inputs in call order, with their shapes: ``("bias", (n,))``
         (``n`` the output's last extent) and ``("residual", output shape)``."""
@@ -134,12 +147,16 @@ class Problem:
         unknown = sorted(set(parts) - {"scale", "bias", "activation", "residual"})
         if unknown:
             raise ValueError(f"unknown epilogue part(s) {unknown}; expected scale=, bias=, activation=, residual=")
-        return Problem(self.spec, self.sizes, self.constant, Epilogue(**parts) if parts else as_epilogue(epilogue), self.cold)
+        return Problem(self.spec, self.sizes, self.constant, Epilogue(**parts) if parts else as_epilogue(epilogue), self.between)
 
     def with_cold(self, cold: bool = True) -> "Problem":
-        """This problem with its constant inputs read from memory on every call (``cold``), or
-        from the caches (see :class:`Problem`)."""
-        return Problem(self.spec, self.sizes, self.constant, self.epilogue, cold)
+        """This problem with its constant inputs read from memory on every call (``cold``:
+        :data:`COLD` bytes between calls), or called back to back (see :class:`Problem`)."""
+        return self.with_between(COLD if checks.flag(cold, "cold") else 0)
+
+    def with_between(self, between: int) -> "Problem":
+        """This problem with ``between`` bytes read by other work between two calls (see :class:`Problem`)."""
+        return Problem(self.spec, self.sizes, self.constant, self.epilogue, between)
 
     @property
     def flops(self) -> int:
@@ -157,8 +174,10 @@ class Problem:
             text += ";const=" + ",".join(self.constant)
         if not self.epilogue.is_identity:
             text += ";epilogue=" + self.epilogue.key
-        if self.cold:
+        if self.between == COLD:
             text += ";cold"
+        elif self.between:
+            text += f";between={self.between}"
         return text
 
     def __str__(self) -> str:
@@ -167,12 +186,21 @@ class Problem:
 
 
 _INPUT_ALIASES = {"a": "in0", "b": "in1"}
+# Bytes between calls that stand for "more than any cache holds" (a problem named ``;cold``): 1 TiB.
+COLD = 2**40
 
 
-def contraction(spec: str, /, sizes: Mapping[str, int] | None = None, *, constant=(), epilogue=None, cold=False, **dims: int) -> Problem:
+def _between_bytes(value) -> int:
+    if isinstance(value, bool):  # the former ``cold`` flag, given where the bytes go now
+        return COLD if value else 0
+    return checks.integer(value, "bytes read between calls (between)", minimum=0)
+
+
+def contraction(spec: str, /, sizes: Mapping[str, int] | None = None, *, constant=(), epilogue=None, cold=False, between: int = 0,
+                **dims: int) -> Problem:
     """A contraction of two inputs in einsum notation, e.g.
-    ``contraction("bmk,bkn->bmn", b=4, m=64, k=32, n=16)``; ``constant``, ``epilogue`` and ``cold``: see
-    :class:`Problem`.
+    ``contraction("bmk,bkn->bmn", b=4, m=64, k=32, n=16)``; ``constant``, ``epilogue`` and ``between``: see
+    :class:`Problem` (``cold=True``: :data:`COLD` bytes between).
 
     Spaces in ``spec`` are ignored; any other character outside ``a-z , ->`` (a newline or a
     tab included) is an error. Sizes may be Python or numpy integers."""
@@ -185,7 +213,9 @@ def contraction(spec: str, /, sizes: Mapping[str, int] | None = None, *, constan
     if twice:
         raise ValueError(f"size(s) of {twice} given both in the sizes mapping and as keywords")
     merged.update(dims)
-    return Problem(spec.replace(" ", ""), tuple(merged.items()), constant, epilogue, cold)
+    if checks.flag(cold, "cold") and between:
+        raise ValueError("give cold=True or between=<bytes>, not both")
+    return Problem(spec.replace(" ", ""), tuple(merged.items()), constant, epilogue, COLD if cold else between)
 
 
 def matmul(m: int, n: int, k: int, *, constant=(), epilogue=None) -> Problem:
@@ -196,7 +226,7 @@ def matmul(m: int, n: int, k: int, *, constant=(), epilogue=None) -> Problem:
 
 def parse_problem(text: str) -> Problem:
     """Parse ``"MxNxK"`` (a matmul, m x n x k) or a :attr:`Problem.name` string (with its
-    optional ``;const=...``, ``;epilogue=...`` and ``;cold`` parts).
+    optional ``;const=...``, ``;epilogue=...`` and ``;cold`` or ``;between=<bytes>`` parts).
 
     Surrounding whitespace is ignored; anything else that is not part of the syntax is a
     :class:`ValueError`."""
@@ -209,14 +239,18 @@ def parse_problem(text: str) -> Problem:
         for part in parts:
             key, equals, value = part.partition("=")
             key = key.strip()
-            if (not equals or key not in ("const", "epilogue")) and not (key == "cold" and not equals):
-                raise ValueError(f"bad part {part!r} of problem {text!r}; expected ';const=<inputs>', ';epilogue=<parts>' or ';cold'")
+            if (not equals or key not in ("const", "epilogue", "between")) and not (key == "cold" and not equals):
+                raise ValueError(f"bad part {part!r} of problem {text!r}; expected ';const=<inputs>', ';epilogue=<parts>', ';cold' "
+                                 "or ';between=<bytes>'")
             if key in options:
                 raise ValueError(f"problem {text!r} gives {key} twice")
             options[key] = value
         problem = parse_problem(base)
         constant = tuple(n.strip() for n in options["const"].split(",")) if "const" in options else ()
-        return Problem(problem.spec, problem.sizes, constant, Epilogue.from_key(options.get("epilogue", "")), "cold" in options)
+        if "cold" in options and "between" in options:
+            raise ValueError(f"problem {text!r} gives ';cold' and ';between=': one of them")
+        between = COLD if "cold" in options else _parsed_bytes(options.get("between", "0"), text)
+        return Problem(problem.spec, problem.sizes, constant, Epilogue.from_key(options.get("epilogue", "")), between)
     if ":" in text:
         spec, _, rest = text.partition(":")
         sizes: dict[str, int] = {}
@@ -253,6 +287,12 @@ def parse_problems(items: str | Sequence[str]) -> list[Problem]:
     if not texts:
         raise ValueError("no problems given")
     return [parse_problem(text) for text in texts]
+
+
+def _parsed_bytes(text: str, problem: str) -> int:
+    if not text.strip().isdigit():
+        raise ValueError(f"problem {problem!r}: ';between=' takes a whole number of bytes, got {text!r}")
+    return int(text)
 
 
 def as_problem(item: Problem | str) -> Problem:

@@ -25,13 +25,15 @@ from looprl.backend.abi import kernel_tensors, pack_function_name
 from looprl.backend.host import cache_sizes
 from looprl.backend.kernel import Kernel, ReshapedKernel
 from looprl.backend.threads import check_threads
+from looprl.ir.problem import COLD
 from looprl.measurement.lock import machine_lock
 
 # Part of the measurement cache key: bump when the rule below changes what it reports.
 TIMING_PROTOCOL_VERSION = 2
 DEFAULT_BUDGET_S = 0.015
-# A cold problem's constant inputs (Problem.cold) are timed from this many copies at most, used
-# in turn: enough that each copy's last use lies twice the last-level cache behind.
+# A problem's constant inputs, when other work reads bytes between its calls (Problem.between), are
+# timed from this many copies at most, used in turn: as many as put those bytes (at most twice the
+# last-level cache: beyond that everything comes from memory) between two uses of one copy.
 MAX_COLD_COPIES = 64
 COLD_LAYOUTS_KEPT = 2  # packed forms of the copies kept per workspace (one per layout: the latest)
 
@@ -109,15 +111,15 @@ class Workspace:
         return self.inputs[0 if tensor == "in0" else 1]
 
     def cold_copies(self, tensor: str, layout=None, packer=None) -> list[np.ndarray]:
-        """The copies of constant input ``tensor`` that a cold problem is timed on besides
-        :attr:`inputs`' own (:func:`cold_copy_count` in all), row-major, or converted into
+        """The copies of constant input ``tensor`` that a problem with bytes between calls is
+        timed on besides :attr:`inputs`' own (:func:`cold_copy_count` in all), row-major, or converted into
         ``layout`` by ``packer`` (a kernel's packing function: ``packer(src, dst)``); the
         latest :data:`COLD_LAYOUTS_KEPT` layouts' are kept."""
         sources = self._cold_sources.get(tensor)
         if sources is None:
             source = self.input(tensor)
             sources = []
-            for _ in range(cold_copy_count(source.nbytes) - 1):
+            for _ in range(cold_copy_count(source.nbytes, between=self.problem.between) - 1):
                 copy = aligned_empty(source.shape)
                 copy[...] = source  # the values do not matter, only that each copy is its own memory
                 sources.append(copy)
@@ -165,7 +167,7 @@ def time_kernel(
     threads = kernel.threads if threads is None else check_threads(threads)
     ws = workspace if workspace is not None and workspace.problem == kernel.problem else Workspace(kernel.problem)
     ws.ensure(kernel.workspace_elements)  # packed inputs live there: their conversion is timed
-    if kernel.problem.cold:
+    if cold_copy_count(kernel.problem.constant_bytes, between=kernel.problem.between) > 1:
         return best_time(_cold_call(kernel, ws, threads), budget_s, flops=kernel.problem.flops, min_runs=min_runs, lock=lock)
     call, pointers = kernel.raw_call, ws.pointers
     constant = [t for t in kernel.problem.constant if t in kernel.packed_inputs]
@@ -177,16 +179,21 @@ def time_kernel(
     return best_time(lambda reps: call(pointers, reps, threads), budget_s, flops=kernel.problem.flops, min_runs=min_runs, lock=lock)
 
 
-def cold_copy_count(nbytes: int, llc_bytes: int | None = None) -> int:
-    """Copies of a constant input of ``nbytes`` that a cold problem is timed on, each call
-    taking the next: enough that at least twice the last-level cache (``llc_bytes``, default
-    this host's) has been read since a copy's last use (one, for an input that large), at
-    most :data:`MAX_COLD_COPIES`."""
+def cold_copy_count(nbytes: int, llc_bytes: int | None = None, between: int = COLD) -> int:
+    """Copies of a constant input of ``nbytes`` that a problem with ``between`` bytes read by
+    other work between two calls is timed on, each call taking the next: as many that the
+    other copies put about ``between`` bytes between two uses of one copy (at least twice the
+    last-level cache, ``llc_bytes``, default this host's, where ``between`` reaches that: from
+    memory); one where that is less than half an input, or where the input alone is twice the
+    cache; at most
+    :data:`MAX_COLD_COPIES`."""
     llc = cache_sizes()[1] if llc_bytes is None else llc_bytes
     nbytes = max(nbytes, 1)
-    if nbytes >= 2 * llc:
+    if nbytes >= 2 * llc or between <= 0:
         return 1
-    return min(MAX_COLD_COPIES, -(-2 * llc // nbytes) + 1)
+    if between >= 2 * llc:  # from memory: at least twice the cache between two uses
+        return min(MAX_COLD_COPIES, 1 + math.ceil(2 * llc / nbytes))
+    return min(MAX_COLD_COPIES, 1 + round(between / nbytes))
 
 
 def _cold_call(kernel, ws: Workspace, threads: int):

@@ -1,7 +1,7 @@
 """A linear layer as looprl tunes it: its problem for each row count, the tunes, the module.
 
 :func:`tune_layer` is the one tune loop of a linear layer (a problem per row count of
-:func:`~looprl.torch.rows.tuned_row_counts`, cold where :func:`weights_outgrow_cache`), used by
+:func:`~looprl.torch.rows.tuned_row_counts`, few rows with the model's other weights read between calls), used by
 :func:`~looprl.torch.tune_module` and by the ``torch.compile`` backend (:mod:`looprl.dynamo`);
 :class:`TunedLinear` is the ``nn.Linear`` that :func:`~looprl.torch.tune_module` puts in a model.
 """
@@ -19,11 +19,11 @@ from looprl.torch.routes import LinearKernels, Route
 from looprl.torch.rows import tuned_row_counts
 
 
-# Row counts up to this are tuned cold (looprl.ir.problem.Problem.cold: the weight timed as read
-# from memory) when the model's weights together outgrow the last-level cache: in a decode step
-# each layer's weight has been evicted by the others' since its last call, and the schedule that
-# is fastest with the weight in the cache (GPT-2 small's 768->3072 on a Zen 4: 44 GFLOPS warm) is
-# not the one that streams it fastest from memory (12 against 14.5 GFLOPS for packed panels).
+# Row counts up to this are tuned with the bytes the model's other layers read between two calls
+# of the layer (looprl.ir.problem.Problem.between: the weight timed as cold as a decode step leaves
+# it): the schedule that is fastest with the weight in the cache (GPT-2 small's 768->3072 on a
+# Zen 4: 44 GFLOPS warm) is not the one that streams it fastest from memory (12 against 14.5
+# GFLOPS for packed panels). More rows read the weight once for many flops: tuned warm.
 COLD_ROWS = 16
 # The fallback reason of a fused layer called apart from its activation (directly, or by a
 # sequence whose next module is no longer that activation, or with hooks to run), when no example
@@ -31,30 +31,40 @@ COLD_ROWS = 16
 ALONE = "called apart from its fused activation (tuned only with it)"
 
 
+def weight_bytes(weights) -> int:
+    """Bytes of the tensors ``weights``, each counted once (a tied weight is read once)."""
+    sizes = {w.data_ptr(): w.numel() * w.element_size() for w in weights}
+    return sum(sizes.values())
+
+
 def weights_outgrow_cache(weights, llc_bytes: int | None = None) -> bool:
     """Whether the tensors ``weights`` (each counted once) hold more bytes than the
     last-level cache (``llc_bytes``, default this host's)."""
-    sizes = {w.data_ptr(): w.numel() * w.element_size() for w in weights}
-    return sum(sizes.values()) > (cache_sizes()[1] if llc_bytes is None else llc_bytes)
+    return weight_bytes(weights) > (cache_sizes()[1] if llc_bytes is None else llc_bytes)
 
 
-def layer_problem(count: int, in_features: int, out_features: int, bias: bool, activation: str | None, cold_weights: bool):
-    """The problem tuned for ``count`` rows of a linear layer: cold when the model's weights
-    outgrow the cache (``cold_weights``) and the rows are few (:data:`COLD_ROWS`)."""
+def layer_problem(count: int, in_features: int, out_features: int, bias: bool, activation: str | None, model_bytes: int):
+    """The problem tuned for ``count`` rows of a linear layer in a model whose layers' weights
+    hold ``model_bytes``: with few rows (:data:`COLD_ROWS`), the other layers' bytes read
+    between two of its calls (named cold, shared by every model, where they reach twice this
+    host's last-level cache: past that every call reads the weight from memory)."""
     problem = linear(count, in_features, out_features, bias=bias, activation=activation)
-    return problem.with_cold() if cold_weights and count <= COLD_ROWS else problem
+    between = max(0, int(model_bytes) - 4 * in_features * out_features)
+    if count > COLD_ROWS or not between:
+        return problem
+    return problem.with_cold() if between >= 2 * cache_sizes()[1] else problem.with_between(between)
 
 
 def tune_layer(in_features: int, out_features: int, bias: bool, activation: str | None, rows: set[int], max_rows: int | None,
-               cold_weights: bool, results: dict[str, TuneResult], tuning: dict) -> dict[int, TuneResult]:
+               model_bytes: int, results: dict[str, TuneResult], tuning: dict) -> dict[int, TuneResult]:
     """A linear layer's tuned results by row count, for the row counts of
     :func:`~looprl.torch.rows.tuned_row_counts` (``rows``: those seen, ``max_rows``), each the
-    :func:`looprl.tune` (with ``tuning``: its keyword arguments) of :func:`layer_problem`.
-    ``results`` (problem name -> result) is shared by the layers of a model: a problem already
-    in it is not tuned again, one tuned here is added."""
+    :func:`looprl.tune` (with ``tuning``: its keyword arguments) of :func:`layer_problem` in a
+    model of ``model_bytes`` of weights. ``results`` (problem name -> result) is shared by the
+    layers of a model: a problem already in it is not tuned again, one tuned here is added."""
     per_rows = {}
     for count in tuned_row_counts(rows, max_rows):
-        problem = layer_problem(count, in_features, out_features, bias, activation, cold_weights)
+        problem = layer_problem(count, in_features, out_features, bias, activation, model_bytes)
         if problem.name not in results:
             results[problem.name] = tune(problem, **tuning)
         per_rows[count] = results[problem.name]

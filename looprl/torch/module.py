@@ -27,7 +27,7 @@ from looprl.measurement.keys import tuned_problem_name
 from looprl.measurement.tuned_records import read_tuned_records
 from looprl.policy.tuner import TuneResult
 from looprl.torch.activations import activation_of_module
-from looprl.torch.layers import TunedLinear, layer_shape, tune_layer, weights_outgrow_cache
+from looprl.torch.layers import TunedLinear, layer_shape, tune_layer, weight_bytes
 from looprl.torch.records import LEFT_TO_TORCH, kernels_by_shape, route_table, shape_words, tuned_names
 from looprl.torch.routes import NEGATIVE_VIEW, LinearKernels, interleaved_best_seconds
 from looprl.torch.rows import check_max_rows
@@ -287,9 +287,10 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
     and a call compares nothing (a weight replaced by another tensor is bound again; an
     in-place edit is not seen). Default False: every call compares the values (see
     :class:`ContentCache`), which costs a read of the weights per call.
-    When the layers' weights together outgrow this host's last-level cache, row counts up to
-    :data:`COLD_ROWS` are tuned with their weights read from memory (cold problems: decode
-    steps stream every weight from memory).
+    Row counts up to :data:`COLD_ROWS` are tuned with the bytes the other layers' weights hold
+    read between two calls (:attr:`~looprl.ir.problem.Problem.between`: a decode step reads
+    every other layer's weight before it calls a layer again; named cold where that reaches
+    twice the last-level cache).
     ``compare_torch``: time each layer shape's looprl plan against torch's own call at every
     tuned row count (same threads, same epilogue; :meth:`LinearKernels.judge`) and route the
     row counts where torch was faster to torch, so that the tuned model is never slower than
@@ -349,12 +350,12 @@ def _tune(module: nn.Module, examples: list[tuple], cache, fuse: bool, max_rows,
     planned = {}  # (layer, fused) -> (its fused activation module or None, row count -> TuneResult, its layer shape)
     shapes = set()  # the layer shapes tuned so far
     started = time.perf_counter()
-    cold_weights = weights_outgrow_cache(layer.weight for layer in called)
+    model_bytes = weight_bytes(layer.weight for layer in called)
     for (layer, fused), rows in rows_seen.items():
         activation_module = fusions[layer][0][fusions[layer][1]] if fused else None
         activation = activation_of_module(activation_module) if activation_module is not None else None
         shape_started = time.perf_counter()
-        per_rows = tune_layer(layer.in_features, layer.out_features, layer.bias is not None, activation, rows, max_rows, cold_weights,
+        per_rows = tune_layer(layer.in_features, layer.out_features, layer.bias is not None, activation, rows, max_rows, model_bytes,
                               results, tuning)
         shape = layer_shape(per_rows)
         if progress and shape not in shapes:

@@ -193,7 +193,11 @@ class LinearKernels:
         counts = sorted(self.results if counts is None else {checks.positive_int(c, "row count") for c in counts})
         generator = torch.Generator().manual_seed(0)  # the inputs drawn from our own generator: torch's global one is the user's
         inputs = {count: torch.randn(count, self.in_features, generator=generator) for count in counts}
-        cold = self._cold_calls(weight, bias) if self.frozen else None
+        # Timed on rotating copies of the weight where the call reads nothing else (frozen, or the
+        # cold row counts' kernels all in place): else the default path's comparison of its copies
+        # is part of the call, timed as it runs.
+        cold_counts = {count for count, result in self.results.items() if result.problem.cold}
+        cold = self._cold_calls(weight, bias) if self.frozen or cold_counts <= self.in_place else None
         calls = []
         for count in counts:
             if cold is not None and self.results[count].problem.cold:
@@ -207,8 +211,8 @@ class LinearKernels:
         return routes
 
     def _cold_calls(self, weight, bias) -> tuple | None:
-        """``(looprl's call, torch's call)`` on ``x`` that read the weight from memory, as a
-        frozen layer's cold row counts do in a model whose weights outgrow the cache: each call
+        """``(looprl's call, torch's call)`` on ``x`` that read the weight as cold as the layer's
+        cold row counts do in its model (their problems' bytes between calls): each call
         takes the next of :func:`~looprl.measurement.timing.cold_copy_count` copies of
         ``weight`` (torch's call a copy of the tensor, looprl's the kernels bound to it), as
         cold problems are timed when tuned. None when no row count was tuned cold. (Judged with
@@ -217,7 +221,8 @@ class LinearKernels:
         cold = [count for count, result in self.results.items() if result.problem.cold]
         if not cold:
             return None
-        weights = [weight] + [weight.clone() for _ in range(cold_copy_count(weight.numel() * weight.element_size()) - 1)]
+        between = max(self.results[count].problem.between for count in cold)
+        weights = [weight] + [weight.clone() for _ in range(cold_copy_count(weight.numel() * weight.element_size(), between=between) - 1)]
         bias_array = None if bias is None else bias.detach().numpy()
         kernel_sets = []
         for copy in weights:
