@@ -6,10 +6,12 @@ from their own folder.
 
 from __future__ import annotations
 
+import copy
 import csv
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from looprl.measurement.timing import best_time
 
@@ -35,3 +37,34 @@ def write_csv(out: Path, fields: list[str], rows: list[dict]) -> Path:
         writer.writerows(rows)
     print(f"wrote {path}")
     return path
+
+
+class OneDNNLinear(nn.Module):
+    """An ``nn.Linear`` computed by oneDNN's linear on its weight packed once
+    (``torch.ops.mkldnn._reorder_linear_weight`` for ``rows`` rows, then ``_linear_pointwise``):
+    what Inductor's ``freezing`` runs for a linear layer, without the rest of its graph. The
+    peer a tuned layer is compared with on the library side."""
+
+    def __init__(self, linear: nn.Linear, rows: int):
+        super().__init__()
+        self.out_features = linear.out_features
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows)
+        self.bias = None if linear.bias is None else linear.bias.detach()
+
+    def forward(self, x):
+        flat = x.reshape(-1, x.shape[-1])
+        y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+def onednn_packed(module: nn.Module, rows: int) -> nn.Module | None:
+    """A copy of ``module`` whose ``nn.Linear`` layers are :class:`OneDNNLinear` (packed for
+    ``rows`` rows), or None where torch has no oneDNN."""
+    if not torch.backends.mkldnn.is_available():
+        return None
+    packed = copy.deepcopy(module)
+    for name, child in list(packed.named_modules()):
+        for attribute, layer in list(child.named_children()):
+            if type(layer) is nn.Linear:
+                setattr(child, attribute, OneDNNLinear(layer, rows))
+    return packed

@@ -12,7 +12,9 @@ with its residual. It is tuned once (``looprl.torch.tune_module``) with one exam
 blocks of the powers of two tuned (see ``looprl.torch``); then, at each length of
 ``--tokens``, the original and the tuned block are checked equal (float32 tolerance) and timed
 in interleaved rounds (``torch.set_num_threads(--threads)``, ``torch.inference_mode()``,
-looprl's timing rule, best of the rounds). ``looprl.torch.stats`` must show no call that fell
+looprl's timing rule, best of the rounds) with the block whose linear layers run oneDNN's linear
+on weights packed once for that length (``onednn_packed_ms``: what Inductor's freezing runs for
+them, the rest of the block eager). ``looprl.torch.stats`` must show no call that fell
 back for a reason other than torch timing faster (the layer's routes, printed as a table).
 With ``--compile``, ``torch.compile(block, dynamic=True)`` (inductor),
 ``torch.compile(block, mode="max-autotune")`` with ``torch._inductor.config.freezing = True``
@@ -47,7 +49,7 @@ import torch
 import torch.nn.functional as functional
 from torch import nn
 
-from _torch_timing import seconds, write_csv
+from _torch_timing import onednn_packed, seconds, write_csv
 
 from looprl.backend.host import cpu_model_name
 from looprl.target import TARGET_CHOICES, Target
@@ -55,6 +57,7 @@ from looprl.torch import TORCH_FASTER, route_table, save_records, stats, tune_mo
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FIELDS = ["tokens", "target", "torch_isa", "cpu", "threads", "torch_ms", "looprl_ms", "speedup", "max_abs_diff", "allclose",
+          "onednn_packed_ms", "vs_onednn_packed",
           "inductor_ms", "max_autotune_ms", "vs_max_autotune", "compiled_looprl_ms", "compiled_looprl_speedup", "compiled_allclose"]
 
 
@@ -147,8 +150,10 @@ def main(argv=None) -> int:
         x = torch.randn(1, tokens, 640)
         with torch.no_grad():
             expected, got = block(x), tuned(x)
-        best = {"torch": math.inf, "looprl": math.inf, **{name: math.inf for name in compiled}}
-        runs = {"torch": block, "looprl": tuned, **compiled}
+        packed = onednn_packed(block, tokens)  # oneDNN's linear on weights packed once, for this length
+        peers = {"onednn_packed": packed} if packed is not None else {}
+        best = {"torch": math.inf, "looprl": math.inf, **{name: math.inf for name in compiled}, **{name: math.inf for name in peers}}
+        runs = {"torch": block, "looprl": tuned, **compiled, **peers}
         for _ in range(args.rounds):
             for name, fn in runs.items():
                 best[name] = min(best[name], seconds(fn, x, args.budget))
@@ -160,6 +165,8 @@ def main(argv=None) -> int:
             "max_abs_diff": float((expected - got).abs().max()), "allclose": bool(torch.allclose(expected, got, rtol=1e-4, atol=1e-4)),
         })
         row = rows[-1]
+        if peers:
+            row.update(onednn_packed_ms=round(1e3 * best["onednn_packed"], 4), vs_onednn_packed=round(best["onednn_packed"] / best["looprl"], 3))
         if compiled:
             with torch.inference_mode():
                 compiled_out = compiled["compiled_looprl"](x)
@@ -169,6 +176,7 @@ def main(argv=None) -> int:
                        compiled_looprl_speedup=round(best["torch"] / best["compiled_looprl"], 3),
                        compiled_allclose=bool(torch.allclose(expected, compiled_out, rtol=1e-4, atol=1e-4)))
         print(f"{tokens:5d} tokens: torch {row['torch_ms']:.3f} ms, looprl {row['looprl_ms']:.3f} ms, {row['speedup']:.2f}x; "
+              + (f"oneDNN packed {row['onednn_packed_ms']:.3f} ms (looprl {row['vs_onednn_packed']:.2f}x it); " if peers else "") +
               f"max |diff| {row['max_abs_diff']:.2e} ({'allclose' if row['allclose'] else 'NOT allclose'})"
               + (f"; inductor {row['inductor_ms']:.3f} ms, max-autotune {row['max_autotune_ms']:.3f} ms "
                  f"(looprl {row['vs_max_autotune']:.2f}x it), backend='looprl' {row['compiled_looprl_ms']:.3f} ms "

@@ -24,7 +24,14 @@ Modes, each at every ``--threads`` count (``torch.set_num_threads``):
 * ``backend``: ``torch.compile(model, backend="looprl", dynamic=True, options={"threads": N})``;
 * ``backend-frozen``: the same compiled and called with ``torch._inductor.config.freezing = True``
   (looprl's kernels bound to the weights once, the rest of the graph compiled by Inductor with
-  freezing: the peer of ``max-autotune``).
+  freezing: the peer of ``max-autotune``);
+* ``onednn-packed``: the model with every ``nn.Linear`` run by oneDNN's linear on its weight
+  packed once for one row (what Inductor's freezing runs for a linear layer), the rest eager.
+
+Beside each mode's decode rate: ``of_bound``, the weights' bytes read per generated token (every
+linear layer's weight once, the LM head's included) at that rate, as a fraction of this host's
+DRAM read bandwidth on that many threads (``looprl.measurement.roofline.memory_bandwidth``: the
+bound of a decode step whose weights outgrow the caches).
 
 Every mode must generate the same tokens as eager (greedy, so a wrong answer shows); its
 time to prepare (tuning, compiling: the first generation) is reported, then the best of
@@ -45,13 +52,14 @@ import torch
 import torch.nn.functional as functional
 from torch import nn
 
-from _torch_timing import write_csv
+from _torch_timing import onednn_packed, write_csv
 
 from looprl.backend.host import cpu_model_name
 
 RESULTS = Path(__file__).resolve().parent / "results"
-MODES = ("eager", "looprl", "looprl-frozen", "inductor", "max-autotune", "backend", "backend-frozen")
-FIELDS = ["mode", "threads", "cpu", "prepare_s", "prefill_ms", "decode_tokens_per_s", "vs_eager", "same_tokens"]
+MODES = ("eager", "looprl", "looprl-frozen", "inductor", "max-autotune", "backend", "backend-frozen", "onednn-packed")
+FIELDS = ["mode", "threads", "cpu", "prepare_s", "prefill_ms", "decode_tokens_per_s", "vs_eager", "same_tokens", "weight_mb_per_token",
+          "dram_gbs", "of_bound"]
 
 
 class Block(nn.Module):
@@ -137,6 +145,11 @@ def prepared(mode: str, model, prompt, threads: int):
         return frozen
     if mode == "backend":
         return torch.compile(model, backend="looprl", dynamic=True, options={"threads": threads, "cache": ":memory:"})
+    if mode == "onednn-packed":
+        packed = onednn_packed(model, 1)
+        if packed is None:
+            raise ValueError("mode onednn-packed: this torch has no oneDNN (torch.backends.mkldnn)")
+        return packed
     raise ValueError(f"unknown mode {mode!r}; modes: {', '.join(MODES)}")
 
 
@@ -175,15 +188,22 @@ def main(argv=None) -> int:
                 entry = best[mode]
                 entry[0], entry[1], entry[2] = min(entry[0], prefill), min(entry[1], decode), tokens
         eager_rate = (args.generate - 1) / best["eager"][1] if "eager" in best else None
+        from looprl.measurement.roofline import memory_bandwidth
+
+        dram_gbs = memory_bandwidth(cache=":memory:", threads=threads)["dram"]
+        weight_bytes = sum(layer.weight.numel() * 4 for layer in model.modules() if isinstance(layer, nn.Linear))
         for mode in modes:
             prefill, decode, tokens = best[mode]
             rate = (args.generate - 1) / decode
             rows.append({"mode": mode, "threads": threads, "cpu": cpu_model_name(), "prepare_s": round(prepare[mode], 2),
                          "prefill_ms": round(1e3 * prefill, 2), "decode_tokens_per_s": round(rate, 2),
-                         "vs_eager": round(rate / eager_rate, 3) if eager_rate else None, "same_tokens": tokens == reference})
+                         "vs_eager": round(rate / eager_rate, 3) if eager_rate else None, "same_tokens": tokens == reference,
+                         "weight_mb_per_token": round(weight_bytes / 1e6, 1), "dram_gbs": round(dram_gbs, 2),
+                         "of_bound": round(rate * weight_bytes / 1e9 / dram_gbs, 3)})
             row = rows[-1]
-            print(f"{threads} thread(s) {mode:>12}: prepare {row['prepare_s']:7.1f} s, prefill {row['prefill_ms']:8.1f} ms, "
-                  f"decode {row['decode_tokens_per_s']:6.2f} tokens/s ({row['vs_eager']}x eager), "
+            print(f"{threads} thread(s) {mode:>13}: prepare {row['prepare_s']:7.1f} s, prefill {row['prefill_ms']:8.1f} ms, "
+                  f"decode {row['decode_tokens_per_s']:6.2f} tokens/s ({row['vs_eager']}x eager, {row['of_bound']:.2f} of the "
+                  f"{dram_gbs:.1f} GB/s bound), "
                   f"{'same tokens' if row['same_tokens'] else 'OTHER TOKENS'}", flush=True)
     write_csv(args.out, FIELDS, rows)
     return 0 if all(row["same_tokens"] for row in rows) else 1
