@@ -222,7 +222,8 @@ def looprl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     owned: list = []  # the operators put in this graph: what is returned owns them
     if not torch.is_grad_enabled():
         tuning = {"policy": options.get("policy", "default"), "target": options.get("target"), "budget_s": options.get("budget_s"),
-                  "threads": options.get("threads", 1), "cache": open_cache(options.get("cache"))}  # one cache for the graph
+                  "threads": options.get("threads", 1), "cache": open_cache(options.get("cache")),  # one cache for the graph
+                  "weights_change": not _freezing()}  # without freezing the weights are compared on every call
         _replace_linear_calls(gm, example_inputs, options.get("max_rows"), tuning, compare_torch, owned)
         if bmm != "never":
             _replace_batched_products(gm, bmm == "faster", tuning, owned)

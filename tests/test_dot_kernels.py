@@ -186,3 +186,39 @@ def _answer(nest):
 def test_each_target_has_dot_tiles_that_fit_its_registers(target):
     for plan in dot_plans(target):
         assert target.fits(plan.rows, plan.vectors)
+
+
+def test_a_re_laid_copy_that_is_compared_on_every_call_must_win_with_its_comparison_counted():
+    """tune's choice between the twin (a re-laid copy of the weight) and the in-place answer: the
+    twin must be IN_PLACE_MARGIN faster, with the seconds of comparing its copy on every call
+    added to its call where the weights may change (``weights_change``)."""
+    from dataclasses import replace
+
+    from looprl.ir.rewrites import plan_rewrites
+    from looprl.policy.tuner import IN_PLACE_MARGIN, _preferred
+
+    problem = looprl.linear(64, 640, 640)
+    plan = plan_rewrites(problem)
+    given = plan.as_given()
+    twin, in_place = _answer(looprl.initial_nest(plan.searched)), _answer(looprl.initial_nest(problem))
+    twin = replace(twin, record=replace(twin.record, gflops=40.0))
+    in_place = replace(in_place, record=replace(in_place.record, gflops=36.0))
+    assert _preferred(plan, twin, given, in_place)[0] is plan  # 11% faster: the twin
+    assert _preferred(plan, twin, given, replace(in_place, record=replace(in_place.record, gflops=39.0)))[0] is given  # a near-tie
+    call_s = problem.flops / 40e9
+    assert _preferred(plan, twin, given, in_place, compare_s=0.2 * call_s)[0] is given  # the comparison makes the twin 33 GFLOPS
+    assert _preferred(plan, twin, given, None)[0] is plan
+    assert IN_PLACE_MARGIN == 0.05
+
+
+def test_tune_searches_every_row_count_in_place_where_the_weights_may_change(tmp_path):
+    problem = looprl.linear(64, 96, 64)
+    result = looprl.tune(problem, cache=str(tmp_path / "c.sqlite"), threads=1, weights_change=True)
+    arrays = inputs(problem, 2)
+    np.testing.assert_allclose(result.kernel(*arrays), reference(problem, arrays), rtol=0, atol=1e-4)
+    from looprl.measurement.cache import MeasurementCache
+
+    cache = MeasurementCache(str(tmp_path / "c.sqlite"))
+    assert cache.get_tuned(problem, HOST, threads=1, tuner=looprl.policy.tuner.TUNER) is not None  # searched in place, remembered
+    with pytest.raises(ValueError, match="weights_change"):
+        looprl.tune(problem, cache=":memory:", weights_change="yes")

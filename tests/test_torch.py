@@ -247,14 +247,16 @@ def test_a_remainder_of_rows_is_one_call_of_a_runtime_rows_kernel(options, monke
     tuned = tune_module(module, torch.randn(8, 24), max_rows=8, **options)
     if not {4, 8} <= tuned.kernels.runtime_rows:
         pytest.skip("a tuned schedule converts its input: no runtime rows for it")
+    from looprl.torch.routes import InPlaceKernel
+
     calls = []
-    original = BoundKernel.address_call
+    for kind in (BoundKernel, InPlaceKernel):  # kernels bound to copies, and those reading the weight in place
 
-    def recording(self, out, workspace, *free, rows=None):
-        calls.append((self.kernel.problem.size("m"), rows))
-        original(self, out, workspace, *free, rows=rows)
+        def recording(self, out, workspace, *free, rows=None, original=kind.address_call):
+            calls.append((self.kernel.problem.size("m"), rows))
+            original(self, out, workspace, *free, rows=rows)
 
-    monkeypatch.setattr(BoundKernel, "address_call", recording)
+        monkeypatch.setattr(kind, "address_call", recording)
     for rows in (5, 7, 3):
         calls.clear()
         x = torch.randn(rows, 24)

@@ -192,6 +192,7 @@ def tune(
     remember: bool = True,
     threads: int | None = None,
     max_evaluations: int | None = None,
+    weights_change: bool = False,
     **deprecated: Any,
 ) -> TuneResult:
     """Schedule ``problem`` with ``policy`` and compile it for ``target`` (None: this machine).
@@ -224,6 +225,14 @@ def tune(
     former ``max_measurements`` is accepted with a DeprecationWarning); a capped answer is not
     remembered.
 
+    ``weights_change``: the problem's constant inputs may change between calls (a model whose
+    weights are followed: ``tune_module``'s default path), so a schedule that reads a re-laid
+    copy of them pays, on every call, for comparing that copy with them (two reads of the
+    weights at this host's measured bandwidth, :func:`~looprl.measurement.roofline.
+    memory_bandwidth`); its in-place rival (below) is then searched at any row count and kept
+    unless the twin is faster with that cost counted. Default False: constant means constant
+    (bound once, as ``frozen=True`` and Inductor's freezing promise).
+
     One pass: the exact rewrites of the problem (:func:`looprl.ir.rewrites.plan_rewrites`:
     its fused view, its transposed twin) give the problem searched; the answer for it comes
     from the policy alone, from the cache, or from one measured search (two for a right
@@ -244,6 +253,7 @@ def tune(
     max_evaluations, name = _former_name(deprecated, "max_measurements", "max_evaluations", max_evaluations)
     max_evaluations = None if max_evaluations is None else checks.positive_int(max_evaluations, name)
     remember = remember and max_evaluations is None
+    weights_change = checks.flag(weights_change, "weights_change")
     target = Target.resolve(target)
     target.check_runs_on_host()
     plan = plan_rewrites(as_tunable_problem(problem))
@@ -257,13 +267,14 @@ def tune(
         answer = _policy_answer(loaded, searched, evaluator, episode_length)
         return _finish(plan, answer, evaluator, threads, started)
     given = plan.as_given()  # the problem with its twin undone: searched in place too, where it has few rows
-    given = given if given is not None and in_place_rows(given.searched) else None
+    given = given if given is not None and (in_place_rows(given.searched) or (weights_change and in_place_rows(given.searched, None))) else None
+    compare_s = _comparison_seconds(plan.original, evaluator, threads) if weights_change and given is not None else 0.0
     if remember:
         least = MIN_BUDGET_S if budget_s is None else budget_s
         answer = _remembered(evaluator, searched, least, threads)
         in_place = _remembered(evaluator, given.searched, least, threads) if given is not None else None
         if answer is not None and (given is None or in_place is not None):
-            return _finish(*_preferred(plan, answer, given, in_place), evaluator, threads, started)
+            return _finish(*_preferred(plan, answer, given, in_place, compare_s), evaluator, threads, started)
     in_place = _in_place_answer(given.searched, evaluator, threads) if given is not None else None
     answer = _measured_answer(loaded, searched, evaluator, episode_length, budget_s, threads, started, max_evaluations)
     if in_place is not None:
@@ -272,7 +283,19 @@ def tune(
         evaluator.cache.put_tuned(answer.record, measure_budget_s)
         if in_place is not None:
             evaluator.cache.put_tuned(in_place.record, measure_budget_s)
-    return _finish(*_preferred(plan, answer, given, in_place), evaluator, threads, started)
+    return _finish(*_preferred(plan, answer, given, in_place, compare_s), evaluator, threads, started)
+
+
+def _comparison_seconds(problem: Problem, evaluator: Evaluator, threads: int) -> float:
+    """What comparing a re-laid copy of ``problem``'s constant inputs with them costs a call:
+    both read once, at the host's measured bandwidth from where they live (the last-level cache
+    when both fit it, else memory)."""
+    from looprl.backend.host import cache_sizes
+    from looprl.measurement.roofline import memory_bandwidth
+
+    read = 2 * problem.constant_bytes
+    bandwidth = memory_bandwidth(evaluator.target, evaluator.cache, threads=threads)
+    return read / (1e9 * bandwidth["llc" if read <= cache_sizes()[1] else "dram"])
 
 
 # A schedule that reads the weight in place is kept unless the one through the re-laid twin is
@@ -282,10 +305,16 @@ def tune(
 IN_PLACE_MARGIN = 0.05
 
 
-def _preferred(plan: RewriteChain, answer: Answer, given: RewriteChain | None, in_place: Answer | None) -> tuple[RewriteChain, Answer]:
+def _preferred(plan: RewriteChain, answer: Answer, given: RewriteChain | None, in_place: Answer | None,
+               compare_s: float = 0.0) -> tuple[RewriteChain, Answer]:
     """The chain and answer tune returns: the in-place answer where there is one and the
-    twin's is not :data:`IN_PLACE_MARGIN` faster, else the twin's."""
-    if in_place is None or answer.gflops >= (1.0 + IN_PLACE_MARGIN) * in_place.gflops:
+    twin's is not :data:`IN_PLACE_MARGIN` faster (its call's time with ``compare_s``, the
+    comparison of its copies, added), else the twin's."""
+    if in_place is None:
+        return plan, answer
+    flops = plan.original.flops
+    twin_gflops = flops / (flops / (answer.gflops * 1e9) + compare_s) / 1e9 if answer.gflops > 0 else 0.0
+    if twin_gflops >= (1.0 + IN_PLACE_MARGIN) * in_place.gflops:
         return plan, answer
     return given, replace(in_place, measured=in_place.measured + answer.measured, waited_s=in_place.waited_s + answer.waited_s)
 

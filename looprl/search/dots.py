@@ -33,10 +33,11 @@ CONFIRM_WITHIN, CONFIRM_ROUNDS = 0.9, 2  # tune's rule for stage winners (policy
 TEAM_WITHIN = 0.5  # and for a team against the serial best
 
 
-def in_place_rows(problem: Problem) -> bool:
+def in_place_rows(problem: Problem, most: int | None = IN_PLACE_ROWS) -> bool:
     """Whether ``problem`` is searched in place: dot-product tiles apply and its output rows
-    (all but the last dimension) are at most :data:`IN_PLACE_ROWS`."""
-    return why_not_dot(problem) is None and math.prod(problem.output_shape[:-1]) <= IN_PLACE_ROWS
+    (all but the last dimension) are at most ``most`` (None: any number; tune's choice where
+    the weights may change between calls, and a re-laid copy of them costs a comparison)."""
+    return why_not_dot(problem) is None and (most is None or math.prod(problem.output_shape[:-1]) <= most)
 
 
 def in_place_actions(target, parallel: bool = False) -> ActionSet:

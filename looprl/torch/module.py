@@ -313,7 +313,8 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
         cache.import_tuned(read_tuned_records(records))
     with torch.random.fork_rng(devices=[]):  # the examples' runs (Dropout) and the timing draw from it: the user's state restored
         return _tune(module, examples, cache, fuse, max_rows, compare_torch, progress, frozen,
-                     {"policy": policy, "cache": cache, "budget_s": budget_s, "target": target, "threads": threads})
+                     {"policy": policy, "cache": cache, "budget_s": budget_s, "target": target, "threads": threads,
+                      "weights_change": not frozen})  # followed weights: a re-laid copy is compared on every call
 
 
 def _tune(module: nn.Module, examples: list[tuple], cache, fuse: bool, max_rows, compare_torch: bool, progress: bool, frozen: bool,
