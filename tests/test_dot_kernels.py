@@ -222,3 +222,19 @@ def test_tune_searches_every_row_count_in_place_where_the_weights_may_change(tmp
     assert cache.get_tuned(problem, HOST, threads=1, tuner=looprl.policy.tuner.TUNER) is not None  # searched in place, remembered
     with pytest.raises(ValueError, match="weights_change"):
         looprl.tune(problem, cache=":memory:", weights_change="yes")
+
+
+def test_many_rows_are_searched_in_place_only_where_the_comparison_is_a_share_of_the_call():
+    from dataclasses import replace
+
+    from looprl.ir.rewrites import plan_rewrites
+    from looprl.policy.tuner import COMPARISON_SHARE, _searches_in_place
+
+    for rows, compare_share, expected in ((8, 0.0, True), (64, 2 * COMPARISON_SHARE, True), (512, COMPARISON_SHARE / 4, False)):
+        problem = looprl.linear(rows, 640, 640)
+        plan = plan_rewrites(problem)
+        twin = _answer(looprl.initial_nest(plan.searched))
+        twin = replace(twin, record=replace(twin.record, gflops=40.0))
+        compare_s = compare_share * problem.flops / 40e9
+        assert _searches_in_place(plan.as_given(), twin, compare_s) is expected, rows
+    assert not _searches_in_place(None, twin, 1.0)

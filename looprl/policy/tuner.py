@@ -267,16 +267,18 @@ def tune(
         answer = _policy_answer(loaded, searched, evaluator, episode_length)
         return _finish(plan, answer, evaluator, threads, started)
     given = plan.as_given()  # the problem with its twin undone: searched in place too, where it has few rows
-    given = given if given is not None and (in_place_rows(given.searched) or (weights_change and in_place_rows(given.searched, None))) else None
+    given = given if given is not None and in_place_rows(given.searched, None) else None
     compare_s = _comparison_seconds(plan.original, evaluator, threads) if weights_change and given is not None else 0.0
     if remember:
         least = MIN_BUDGET_S if budget_s is None else budget_s
         answer = _remembered(evaluator, searched, least, threads)
-        in_place = _remembered(evaluator, given.searched, least, threads) if given is not None else None
-        if answer is not None and (given is None or in_place is not None):
+        if answer is not None and not _searches_in_place(given, answer, compare_s):
+            return _finish(plan, answer, evaluator, threads, started)
+        in_place = _remembered(evaluator, given.searched, least, threads) if answer is not None else None
+        if in_place is not None:
             return _finish(*_preferred(plan, answer, given, in_place, compare_s), evaluator, threads, started)
-    in_place = _in_place_answer(given.searched, evaluator, threads) if given is not None else None
     answer = _measured_answer(loaded, searched, evaluator, episode_length, budget_s, threads, started, max_evaluations)
+    in_place = _in_place_answer(given.searched, evaluator, threads) if _searches_in_place(given, answer, compare_s) else None
     if in_place is not None:
         in_place = replace(in_place, record=replace(in_place.record, budget_s=answer.record.budget_s))
     if remember:
@@ -284,6 +286,26 @@ def tune(
         if in_place is not None:
             evaluator.cache.put_tuned(in_place.record, measure_budget_s)
     return _finish(*_preferred(plan, answer, given, in_place, compare_s), evaluator, threads, started)
+
+
+# Where the weights may change, a problem of more rows than looprl.search.dots.IN_PLACE_ROWS is
+# searched in place too when comparing the twin's copy would cost at least this share of the
+# twin's call: below it the in-place answer would have to win on speed alone, which dot-product
+# tiles do not at many rows (two loads per multiply-add), and its search would cost measurements
+# for nothing (at 512 rows of 640->1920 the comparison is 0.5% of the call; at 64 rows, 4%).
+COMPARISON_SHARE = 0.02
+
+
+def _searches_in_place(given: RewriteChain | None, answer: Answer, compare_s: float) -> bool:
+    """Whether tune searches ``given`` (the problem as given, or None) in place, the twin's
+    ``answer`` in hand: few rows always; more where the comparison ``compare_s`` of the
+    twin's copy is :data:`COMPARISON_SHARE` of its call or more."""
+    if given is None:
+        return False
+    if in_place_rows(given.searched):
+        return True
+    call_s = given.original.flops / (answer.gflops * 1e9) if answer.gflops > 0 else math.inf
+    return compare_s >= COMPARISON_SHARE * call_s
 
 
 def _comparison_seconds(problem: Problem, evaluator: Evaluator, threads: int) -> float:
