@@ -238,3 +238,12 @@ def test_many_rows_are_searched_in_place_only_where_the_comparison_is_a_share_of
         compare_s = compare_share * problem.flops / 40e9
         assert _searches_in_place(plan.as_given(), twin, compare_s) is expected, rows
     assert not _searches_in_place(None, twin, 1.0)
+
+
+def test_a_rollout_alone_or_a_capped_tune_does_not_search_in_place():
+    """budget_s=0 is the policy's rollout alone, and max_evaluations caps the schedules measured:
+    neither measures the dot-product tiles besides."""
+    problem = looprl.linear(1, 64, 48)
+    for options in ({"budget_s": 0}, {"max_evaluations": 3}):
+        result = looprl.tune(problem, cache=":memory:", threads=1, **options)
+        assert result.answer.record.found_by != "in place" and result.tuned_as is not None, options

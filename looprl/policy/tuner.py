@@ -223,7 +223,8 @@ def tune(
     ``max_evaluations``: at most this many distinct schedules in the serial search, the untuned
     nest and the rollout's included (the name ``looprl.search.run`` gives the same cap; the
     former ``max_measurements`` is accepted with a DeprecationWarning); a capped answer is not
-    remembered.
+    remembered, and a capped tune (or one of budget 0) does not search a linear layer in place
+    (below).
 
     ``weights_change``: the problem's constant inputs may change between calls (a model whose
     weights are followed: ``tune_module``'s default path), so a schedule that reads a re-laid
@@ -267,7 +268,10 @@ def tune(
         answer = _policy_answer(loaded, searched, evaluator, episode_length)
         return _finish(plan, answer, evaluator, threads, started)
     given = plan.as_given()  # the problem with its twin undone: searched in place too, where it has few rows
-    given = given if given is not None and in_place_rows(given.searched, None) else None
+    # ... unless the search is the rollout alone (budget 0) or capped in schedules (measurements outside the cap would
+    # make a capped comparison unequal)
+    searches_given = given is not None and in_place_rows(given.searched, None) and budget_s != 0 and max_evaluations is None
+    given = given if searches_given else None
     compare_s = _comparison_seconds(plan.original, evaluator, threads) if weights_change and given is not None else 0.0
     if remember:
         least = MIN_BUDGET_S if budget_s is None else budget_s
