@@ -76,14 +76,24 @@ def test_parallel_schedules_are_bit_identical_to_serial(problem, steps, seed, ta
     np.testing.assert_allclose(expected, np.einsum(problem.spec, a.astype(np.float64), b.astype(np.float64)), atol=1e-3)
     out = np.empty_like(expected)
     kernel.run(a, b, out)  # one thread: the outlined bodies are called directly
-    assert np.array_equal(out, expected)
+    same = np.array_equal if bit_identical(nest, target) else lambda x, y: np.allclose(x, y, rtol=1e-5, atol=1e-5)
+    assert same(out, expected)
     if nest.is_parallel and regions(nest) <= 64:  # thousands of teams take long on a busy machine
         out[...] = np.nan
         kernel.run(a, b, out, threads=available_cores())
-        assert np.array_equal(out, expected)
+        assert same(out, expected)
     if nest.is_parallel and regions(nest) <= 8:
         for team in RAW_TEAMS:
-            assert np.array_equal(raw_run(kernel, a, b, team, reps=2), expected), team
+            assert same(raw_run(kernel, a, b, team, reps=2), expected), team
+
+
+def bit_identical(nest, target) -> bool:
+    """Whether the parallel kernel of ``nest`` sums as its serial counterpart does: always,
+    except a dot-product scope that the parallel loop cuts (docs/threads.md)."""
+    from looprl.backend.register_plan import plan
+
+    parallel, serial = plan(nest, target), plan(nest.serial(), target)
+    return not parallel.reduces_vector or parallel.scope_start == serial.scope_start
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

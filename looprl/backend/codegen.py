@@ -27,7 +27,8 @@ The loop order is taken as given. In the compute nest:
   (``GOMP_parallel``, see :mod:`looprl.backend.threads`), each thread taking a contiguous
   share of the iterations, the tail iteration included, balanced by elements. Each output
   element is still summed in the serial order, so results are bit-identical to the serial
-  kernel's. A kernel with a parallel loop takes the thread count as an extra ``i32``
+  kernel's (except for a dot-product scope cut by a parallel loop inside a reduction loop: its
+  partial sums are added across per iteration of that loop, within float32 rounding). A kernel with a parallel loop takes the thread count as an extra ``i32``
   argument; on one thread it calls the outlined body directly.
 
 The write-back nest copies the accumulator to the output and applies the problem's epilogue
