@@ -14,7 +14,7 @@ from looprl.ir.nest import COMPUTE, WRITE_BACK
 from looprl.measurement.cache import MeasurementCache
 from looprl.search.parallel import outermost_parallel_loop, parallel_proposals, parallel_variant, teams_per_call, hoisted_variant
 from looprl.search import ScheduleRecord, confirm_winner
-from looprl.policy.tuner import TEAM_WITHIN
+from looprl.search.staged import TEAM_WITHIN
 from tests.policies import random_policy
 
 needs_two = pytest.mark.skipif(available_cores() < 2, reason="needs two cores")
@@ -79,7 +79,7 @@ def test_tune_on_two_threads_is_never_slower_than_its_serial_best(tmp_path):
 @needs_two
 def test_a_parallel_schedule_that_does_not_pay_is_not_returned(monkeypatch):
     """A parallel proposal measured more than twice slower than the serial best leaves the
-    serial answer (within 2x the two would be re-timed together: tuner.TEAM_WITHIN)."""
+    serial answer (within 2x the two would be re-timed together: looprl.search.staged.TEAM_WITHIN)."""
     import importlib
 
     tune_module = importlib.import_module("looprl.policy.tuner")  # the module, not the function it exports

@@ -46,7 +46,6 @@ class ComputePlan:
     reduces_vector: bool = False  # vector_var is a reduction dimension: one vector of partial sums per output element
 
 
-
 def lanes_for(budget: int, width: int) -> int:
     """Vector length for an innermost loop of ``budget`` elements: full width, or the next
     power of two for short loops."""

@@ -57,8 +57,10 @@ from looprl.ir.register_tiles import tile_of
 from looprl.search.tiles import measure_tiles
 from looprl.search.budget import MIN_BUDGET_S, REFINEMENTS
 from looprl.search.context import BudgetExhausted
-from looprl.search.staged import Stage, StagedSearch, confirm_winner
+from looprl.search.staged import CONTENDER_ROUNDS, CONTENDER_WITHIN, TEAM_WITHIN, Stage, StagedSearch, confirm_winner
 from looprl.search.dots import in_place_rows, in_place_search
+from looprl.backend.host import cache_sizes
+from looprl.measurement.roofline import memory_bandwidth
 
 # Search time of measured tune by default: None scales it with the problem
 # (:func:`~looprl.search.budget.scaled_budget`: 0.4 s up to ~256^3, where a new state costs
@@ -230,8 +232,9 @@ def tune(
     weights are followed: ``tune_module``'s default path), so a schedule that reads a re-laid
     copy of them pays, on every call, for comparing that copy with them (two reads of the
     weights at this host's measured bandwidth, :func:`~looprl.measurement.roofline.
-    memory_bandwidth`); its in-place rival (below) is then searched at any row count and kept
-    unless the twin is faster with that cost counted. Default False: constant means constant
+    memory_bandwidth`); its in-place rival (below) is then kept unless the twin is faster
+    with that cost counted, and searched at more rows too where that cost is
+    :data:`COMPARISON_SHARE` of the twin's call or more. Default False: constant means constant
     (bound once, as ``frozen=True`` and Inductor's freezing promise).
 
     One pass: the exact rewrites of the problem (:func:`looprl.ir.rewrites.plan_rewrites`:
@@ -273,22 +276,22 @@ def tune(
     searches_given = given is not None and in_place_rows(given.searched, None) and budget_s != 0 and max_evaluations is None
     given = given if searches_given else None
     compare_s = _comparison_seconds(plan.original, evaluator, threads) if weights_change and given is not None else 0.0
+    answer = in_place = None
     if remember:
         least = MIN_BUDGET_S if budget_s is None else budget_s
         answer = _remembered(evaluator, searched, least, threads)
-        if answer is not None and not _searches_in_place(given, answer, compare_s):
-            return _finish(plan, answer, evaluator, threads, started)
-        in_place = _remembered(evaluator, given.searched, least, threads) if answer is not None else None
+        if answer is not None and _searches_in_place(given, answer, compare_s):
+            in_place = _remembered(evaluator, given.searched, least, threads)
+    if answer is None:
+        answer = _measured_answer(loaded, searched, evaluator, episode_length, budget_s, threads, started, max_evaluations)
+        if remember:
+            evaluator.cache.put_tuned(answer.record, measure_budget_s)
+    if in_place is None and _searches_in_place(given, answer, compare_s):  # a remembered twin is not searched again
+        in_place = _in_place_answer(given.searched, evaluator, threads)
         if in_place is not None:
-            return _finish(*_preferred(plan, answer, given, in_place, compare_s), evaluator, threads, started)
-    answer = _measured_answer(loaded, searched, evaluator, episode_length, budget_s, threads, started, max_evaluations)
-    in_place = _in_place_answer(given.searched, evaluator, threads) if _searches_in_place(given, answer, compare_s) else None
-    if in_place is not None:
-        in_place = replace(in_place, record=replace(in_place.record, budget_s=answer.record.budget_s))
-    if remember:
-        evaluator.cache.put_tuned(answer.record, measure_budget_s)
-        if in_place is not None:
-            evaluator.cache.put_tuned(in_place.record, measure_budget_s)
+            in_place = replace(in_place, record=replace(in_place.record, budget_s=answer.record.budget_s))
+            if remember:
+                evaluator.cache.put_tuned(in_place.record, measure_budget_s)
     return _finish(*_preferred(plan, answer, given, in_place, compare_s), evaluator, threads, started)
 
 
@@ -316,9 +319,6 @@ def _comparison_seconds(problem: Problem, evaluator: Evaluator, threads: int) ->
     """What comparing a re-laid copy of ``problem``'s constant inputs with them costs a call:
     both read once, at the host's measured bandwidth from where they live (the last-level cache
     when both fit it, else memory)."""
-    from looprl.backend.host import cache_sizes
-    from looprl.measurement.roofline import memory_bandwidth
-
     read = 2 * problem.constant_bytes
     bandwidth = memory_bandwidth(evaluator.target, evaluator.cache, threads=threads)
     return read / (1e9 * bandwidth["llc" if read <= cache_sizes()[1] else "dram"])
@@ -422,15 +422,6 @@ def _remembered(evaluator: Evaluator, problem: Problem, budget_s: float, threads
     return Answer(known, "remembered", initial, measured=evaluator.compiled)
 
 
-# Stage winners this close to the best are timed again together before one is returned: a
-# first timing that caught the machine's slow phase must not decide (two tune calls on one
-# problem should return kernels of the same speed).
-CONTENDER_WITHIN = 0.9
-CONTENDER_ROUNDS = 2
-# A team and the serial best it was made from are re-timed together unless one is more than
-# twice the other: a team is slowed by anything on any of its cores, and one disturbed timing
-# must not send a problem that threads speed up 1.8x back to one thread.
-TEAM_WITHIN = 0.5
 
 
 def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, episode_length: int | None, budget_s: float | None, threads: int,

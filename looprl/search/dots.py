@@ -22,15 +22,13 @@ from looprl.ir.problem import Problem
 from looprl.ir.schedules import why_not_dot
 from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.search.parallel import parallel_proposals
-from looprl.search.staged import Stage, StagedSearch, confirm_winner
+from looprl.search.staged import CONTENDER_ROUNDS, CONTENDER_WITHIN, TEAM_WITHIN, Stage, StagedSearch, confirm_winner
 
 # Problems with at most this many output rows are searched in place too: a decode step's few
 # rows stream the weight once, bound by its bandwidth, where a dot-product tile reads it as fast
 # as a re-laid copy and keeps no copy. Above it the register tiles' broadcasts win (two loads
 # per multiply-add in a dot-product tile against one per few in a register tile).
 IN_PLACE_ROWS = 16
-CONFIRM_WITHIN, CONFIRM_ROUNDS = 0.9, 2  # tune's rule for stage winners (policy.tuner)
-TEAM_WITHIN = 0.5  # and for a team against the serial best
 
 
 def in_place_rows(problem: Problem, most: int | None = IN_PLACE_ROWS) -> bool:
@@ -78,7 +76,7 @@ def in_place_search(problem: Problem, evaluator, threads: int = 1) -> InPlaceRes
         return found
 
     search.run(context, Stage("in place", dots, share=math.inf))
-    ranked = confirm_winner(context, search.candidates, within=CONFIRM_WITHIN, rounds=CONFIRM_ROUNDS).ranked
+    ranked = confirm_winner(context, search.candidates, within=CONTENDER_WITHIN, rounds=CONTENDER_ROUNDS).ranked
     if not ranked:
         return InPlaceResult(None, None, root.gflops, search.new_measurements, search.waited_s)
     best, serial = ranked[0], ranked[0].gflops
@@ -88,5 +86,5 @@ def in_place_search(problem: Problem, evaluator, threads: int = 1) -> InPlaceRes
         search.run(team_context, Stage("parallel", lambda c: proposals.extend(parallel_proposals(ranked, c, threads)) or proposals,
                                        share=math.inf))
         if proposals:
-            best = confirm_winner(team_context, [best] + proposals, within=TEAM_WITHIN, rounds=CONFIRM_ROUNDS).ranked[0]
+            best = confirm_winner(team_context, [best] + proposals, within=TEAM_WITHIN, rounds=CONTENDER_ROUNDS).ranked[0]
     return InPlaceResult(best, serial, root.gflops, search.new_measurements, search.waited_s)

@@ -72,7 +72,7 @@ whole-model check), :mod:`~looprl.torch.layers` (a layer's problems and its one 
 """
 
 from looprl.torch.activations import ACTIVATIONS
-from looprl.torch.layers import COLD_ROWS, TunedLinear, layer_problem, layer_shape, tune_layer, weight_bytes, weights_outgrow_cache
+from looprl.torch.layers import COLD_ROWS, TunedLinear, layer_problem, layer_shape, tune_layer, weight_bytes
 from looprl.torch.module import MODEL_BUDGET_S, MODEL_ROUNDS, MODEL_TOLERANCE, tune_module
 from looprl.torch.records import kernels_by_shape, route_summary, route_table, save_records, stats, summarise_calls, tuned_layers
 from looprl.torch.routes import ROUTE_BUDGET_S, ROUTE_ROUNDS, TORCH_FASTER, LinearKernels, Route, interleaved_best_seconds

@@ -37,12 +37,6 @@ def weight_bytes(weights) -> int:
     return sum(sizes.values())
 
 
-def weights_outgrow_cache(weights, llc_bytes: int | None = None) -> bool:
-    """Whether the tensors ``weights`` (each counted once) hold more bytes than the
-    last-level cache (``llc_bytes``, default this host's)."""
-    return weight_bytes(weights) > (cache_sizes()[1] if llc_bytes is None else llc_bytes)
-
-
 def layer_problem(count: int, in_features: int, out_features: int, bias: bool, activation: str | None, model_bytes: int):
     """The problem tuned for ``count`` rows of a linear layer in a model whose layers' weights
     hold ``model_bytes``: with few rows (:data:`COLD_ROWS`), the other layers' bytes read

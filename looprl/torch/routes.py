@@ -91,7 +91,7 @@ class LinearKernels:
         self._kernels = {count: any_rows_kernel(result) or result.kernel for count, result in self.results.items()}
         # Row counts whose kernels read the weight and bias where they lie (nothing converted: a
         # dot-product tile of the layer as given): called on the live tensors, nothing copied or compared.
-        self.in_place = frozenset(count for count, kernel in self._kernels.items() if not getattr(kernel, "packed_inputs", ("?",)))
+        self.in_place = frozenset(count for count, kernel in self._kernels.items() if not kernel.packed_inputs)
         self.runtime_rows = frozenset(count for count, kernel in self._kernels.items() if getattr(kernel, "runtime_rows", False))
         self._plans: dict[int, list[tuple[int, int, int]]] = {}  # row count -> its row plan
         self._bound = ContentCache(self._bind)  # the kernels bound to the weight and bias as they are now
@@ -344,8 +344,7 @@ class InPlaceKernel:
         self._weight, self._bias = weight.data_ptr(), (() if bias is None else (bias.data_ptr(),))
 
     def address_call(self, out: int, workspace: int, x: int, rows: int | None = None) -> None:
-        kernel = self.kernel
-        kernel._call(kernel._function, (x, self._weight, out, workspace, *self._bias), 1, kernel.threads, rows)
+        self.kernel.raw_call((x, self._weight, out, workspace, *self._bias), 1, rows=rows)
 
 
 def interleaved_best_seconds(calls: list[tuple], budget_s: float, rounds: int) -> list[float]:
