@@ -91,7 +91,7 @@ class LinearKernels:
         self._kernels = {count: any_rows_kernel(result) or result.kernel for count, result in self.results.items()}
         # Row counts whose kernels read the weight and bias where they lie (nothing converted: a
         # dot-product tile of the layer as given): called on the live tensors, nothing copied or compared.
-        self.in_place = frozenset(count for count, kernel in self._kernels.items() if not kernel.packed_inputs)
+        self.in_place = frozenset(count for count, kernel in self._kernels.items() if kernel is not None and not kernel.packed_inputs)
         self.runtime_rows = frozenset(count for count, kernel in self._kernels.items() if getattr(kernel, "runtime_rows", False))
         self._plans: dict[int, list[tuple[int, int, int]]] = {}  # row count -> its row plan
         self._bound = ContentCache(self._bind)  # the kernels bound to the weight and bias as they are now
