@@ -23,7 +23,8 @@ operators in it, goes to ``inductor`` (torch's default backend; ``options={"rest
 runs it as captured instead).
 
 Options (``torch.compile(..., options={...})``): ``max_rows``, ``policy``, ``target``,
-``budget_s``, ``cache``, ``threads``, ``compare_torch`` (as :func:`looprl.torch.tune_module`;
+``budget_s``, ``cache``, ``threads``, ``compare_torch``, ``measure`` (as :func:`looprl.torch.tune_module`;
+``measure=False``: the fast path, every layer scheduled by the policy alone;
 threads 1 by default; with ``compare_torch``, the default, each linear layer's looprl plan is
 timed against torch's call at every tuned row count, with the graph's own weight, and the row
 counts where torch was faster stay torch's), ``rest`` (``"inductor"`` or ``"eager"``), ``bmm`` (``"faster"``: batched products
@@ -74,7 +75,7 @@ from looprl.torch.rows import check_max_rows
 
 __all__ = ["looprl_backend", "stats"]
 
-OPTIONS = ("max_rows", "policy", "target", "budget_s", "cache", "threads", "rest", "bmm", "compare_torch")
+OPTIONS = ("max_rows", "policy", "target", "budget_s", "cache", "threads", "rest", "bmm", "compare_torch", "measure")
 BMM_CHOICES = ("faster", "always", "never")
 LINEAR_TARGETS = (torch._C._nn.linear, functional.linear)
 MATMUL_TARGETS = (operator.matmul, torch.matmul, torch.bmm)
@@ -219,11 +220,13 @@ def looprl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
         raise ValueError(f"option bmm must be one of {', '.join(BMM_CHOICES)}, got {bmm!r}")
     check_max_rows(options.get("max_rows"))
     compare_torch = checks.flag(options.get("compare_torch", True), "option compare_torch")
+    measure = checks.flag(options.get("measure", True), "option measure")
     owned: list = []  # the operators put in this graph: what is returned owns them
     if not torch.is_grad_enabled():
         tuning = {"policy": options.get("policy", "default"), "target": options.get("target"), "budget_s": options.get("budget_s"),
                   "threads": options.get("threads", 1), "cache": open_cache(options.get("cache")),  # one cache for the graph
-                  "weights_change": not _freezing()}  # without freezing the weights are compared on every call
+                  "weights_change": not _freezing(),  # without freezing the weights are compared on every call
+                  "measure": measure}
         _replace_linear_calls(gm, example_inputs, options.get("max_rows"), tuning, compare_torch, owned)
         if bmm != "never":
             _replace_batched_products(gm, bmm == "faster", tuning, owned)

@@ -384,12 +384,16 @@ class ActionSet:
         """int8 array: 1 for each action that applies in ``state``."""
         return np.array([self.can_apply(state, a) for a in range(len(self))], dtype=np.int8)
 
+    def fits(self, problem: Problem) -> bool:
+        """Whether ``problem``'s untiled nest has at most ``max_loops`` loops."""
+        return len(problem.dims) + len(problem.output) <= self.max_loops
+
     def check_fits(self, problem) -> None:
         """Refuse a problem whose untiled nest already has more than ``max_loops`` loops."""
         if not isinstance(problem, Problem):
             raise ValueError(f"expected a Problem, got {type(problem).__name__}")
-        loops = len(problem.dims) + len(problem.output)
-        if loops > self.max_loops:
+        if not self.fits(problem):
+            loops = len(problem.dims) + len(problem.output)
             raise ValueError(f"problem {problem.name} starts with {loops} loops, more than max_loops={self.max_loops}")
 
     def validate(self, action) -> int:

@@ -17,8 +17,11 @@ Two modes:
   is returned: never slower than the greedy rollout's best or the untuned nest. The answer is
   remembered in the measurement cache per host, target and problem, so tuning the same problem
   again (with no larger budget) is a lookup.
-* pure policy (``measure=False``): the policy's greedy actions are followed without measuring;
-  the state it ends in is compiled and timed once for the report.
+* pure policy (``measure=False``, the fast path of ``tune_module``, the ``torch.compile``
+  backend and ``looprl-tune --no-measure``): the policy's greedy actions are followed without
+  measuring; the state it ends in is compiled and timed once for the report. A linear layer of
+  few rows (:data:`~looprl.search.dots.IN_PLACE_ROWS`) gets a second episode on the weight as
+  it is stored, also timed once, and the faster of the two is kept (:func:`_policy_tune`).
 
 The environment has no stop action: a trained policy that is content with a schedule picks an
 action that cannot apply (a no-op there) and, being greedy, would pick it again and again.
@@ -220,7 +223,8 @@ def tune(
     (:mod:`looprl.search.parallel`) and measured on that many threads, after the serial
     search (which keeps its whole budget: the proposals get a quarter of it more); the faster
     of the serial best and the parallel proposals is returned, so a problem too small for
-    threads to pay gets a serial kernel. Pure policy mode stays serial.
+    threads to pay gets a serial kernel. Pure policy mode is serial unless the policy's
+    actions mark loops parallel (a policy trained on several threads): its episode decides.
 
     ``max_evaluations``: at most this many distinct schedules in the serial search, the untuned
     nest and the rollout's included (the name ``looprl.search.run`` gives the same cap; the
@@ -267,10 +271,9 @@ def tune(
     loaded = retargeted(loaded, target)  # another ISA's plans would spill here: this target's, each from its counterpart
     policy_actions(loaded, target).check_fits(searched)  # before anything is measured
     evaluator = Evaluator(cache, measure_budget_s, target=target)
-    if not measure:
-        answer = _policy_answer(loaded, searched, evaluator, episode_length)
-        return _finish(plan, answer, evaluator, threads, started)
     given = plan.as_given()  # the problem with its twin undone: searched in place too, where it has few rows
+    if not measure:
+        return _policy_tune(loaded, plan, given, evaluator, episode_length, threads, weights_change, started)
     # ... unless the search is the rollout alone (budget 0) or capped in schedules (measurements outside the cap would
     # make a capped comparison unequal)
     searches_given = given is not None and in_place_rows(given.searched, None) and budget_s != 0 and max_evaluations is None
@@ -340,9 +343,10 @@ def _preferred(plan: RewriteChain, answer: Answer, given: RewriteChain | None, i
         return plan, answer
     flops = plan.original.flops
     twin_gflops = flops / (flops / (answer.gflops * 1e9) + compare_s) / 1e9 if answer.gflops > 0 else 0.0
+    measured, waited_s = in_place.measured + answer.measured, in_place.waited_s + answer.waited_s  # both searches counted
     if twin_gflops >= (1.0 + IN_PLACE_MARGIN) * in_place.gflops:
-        return plan, answer
-    return given, replace(in_place, measured=in_place.measured + answer.measured, waited_s=in_place.waited_s + answer.waited_s)
+        return plan, replace(answer, measured=measured, waited_s=waited_s)
+    return given, replace(in_place, measured=measured, waited_s=waited_s)
 
 
 def _in_place_answer(problem: Problem, evaluator: Evaluator, threads: int) -> Answer | None:
@@ -358,7 +362,6 @@ def _finish(plan: RewriteChain, answer: Answer, evaluator: Evaluator, threads: i
     """The one finishing step: ``answer`` (a schedule of the plan's searched problem) carried
     back through the plan's rewrites, compiled once (a fused view's kernel called through
     reshapes), and the result built."""
-    threads = threads if answer.mode != "policy" else 1
     nest = plan.carry_back(answer.nest)
     kernel = compile(nest, target=evaluator.target, threads=threads)
     if plan.through_fused_view:
@@ -372,13 +375,34 @@ def _finish(plan: RewriteChain, answer: Answer, evaluator: Evaluator, threads: i
     return TuneResult(plan.original, kernel=kernel, seconds=time.perf_counter() - started, tuned_as=tuned_as, answer=answer)
 
 
-def _policy_answer(policy: Policy, problem: Problem, evaluator: Evaluator, episode_length: int | None) -> Answer:
-    """Pure policy mode: the greedy actions, unmeasured; the state they end in is timed once."""
+def _policy_tune(policy: Policy, plan: RewriteChain, given: RewriteChain | None, evaluator: Evaluator, episode_length: int | None,
+                 threads: int, weights_change: bool, started: float) -> TuneResult:
+    """Pure policy mode: the policy's greedy episode on the problem searched, and, for a linear
+    layer of few rows (the rows tune searches in place), on the problem as given too; each
+    answer's last state is timed once and the faster kept by the rule of measured mode
+    (:func:`_preferred`). Parallel only with a policy whose actions mark loops parallel, on
+    ``threads`` threads (its timing too); serial otherwise."""
+    threads = threads if policy_actions(policy, evaluator.target).parallel else 1
+    if threads != evaluator.threads:
+        evaluator = Evaluator(evaluator.cache, evaluator.budget_s, target=evaluator.target, threads=threads)
+    answer = _policy_answer(policy, plan.searched, evaluator, episode_length)
+    in_place, compare_s = None, 0.0
+    if given is not None and in_place_rows(given.searched) and policy_actions(policy, evaluator.target).fits(given.searched):
+        compare_s = _comparison_seconds(plan.original, evaluator, threads) if weights_change else 0.0
+        in_place = _policy_answer(policy, given.searched, evaluator, episode_length, initial=False)
+        in_place = replace(in_place, initial_gflops=answer.initial_gflops)  # the speed-up over the untuned nest searched
+    return _finish(*_preferred(plan, answer, given, in_place, compare_s), evaluator, threads, started)
+
+
+def _policy_answer(policy: Policy, problem: Problem, evaluator: Evaluator, episode_length: int | None, initial: bool = True) -> Answer:
+    """The greedy actions, unmeasured; the state they end in is timed once (and the untuned
+    nest, for the speed-up, when ``initial``)."""
     rollout = greedy_rollout(policy, problem, None, episode_length=episode_length)
-    initial = evaluator(initial_nest(problem)).gflops
+    initial_gflops = evaluator(initial_nest(problem)).gflops if initial else math.nan
+    before = evaluator.compiled
     gflops = evaluator(rollout.final_nest).gflops
-    record = ScheduleRecord(rollout.final_nest, gflops, rollout.final_actions, "policy", evaluator.target)
-    return Answer(record, "policy", initial, measured=evaluator.compiled)
+    record = ScheduleRecord(rollout.final_nest, gflops, rollout.final_actions, "policy", evaluator.target, threads=evaluator.threads)
+    return Answer(record, "policy", initial_gflops, measured=int(initial) + evaluator.compiled - before)
 
 
 def _measured_answer(policy: Policy, problem: Problem, evaluator: Evaluator, episode_length: int | None, budget_s: float | None,

@@ -267,7 +267,7 @@ def _fusions(module: nn.Module, tunable) -> dict[nn.Linear, tuple[nn.Sequential,
 
 def tune_module(module: nn.Module, example_inputs, *, policy="default", target=None, budget_s=None, cache=None,
                 fuse: bool = True, threads: int = 1, max_rows: int | None = None, records=None,
-                compare_torch: bool = True, progress: bool = True, frozen: bool = False) -> nn.Module:
+                compare_torch: bool = True, progress: bool = True, frozen: bool = False, measure: bool = True) -> nn.Module:
     """A copy of ``module`` whose float32 CPU ``nn.Linear`` layers run looprl kernels tuned for
     the shapes ``example_inputs`` give them (see :mod:`looprl.torch`).
 
@@ -291,6 +291,11 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
     read between two calls (:attr:`~looprl.ir.problem.Problem.between`: a decode step reads
     every other layer's weight before it calls a layer again; named cold where that reaches
     twice the last-level cache).
+    ``measure``: as in :func:`looprl.tune`; False is the fast path: each layer shape's row
+    counts are scheduled by the policy alone (its greedy episode, the answer timed once),
+    nothing searched, so a whole model is prepared in seconds; the routes to torch are judged
+    as with measured tuning, and the progress lines and routes' table say which answers came
+    from the policy alone. ``records`` (measured answers) cannot be given with it.
     ``compare_torch``: time each layer shape's looprl plan against torch's own call at every
     tuned row count (same threads, same epilogue; :meth:`LinearKernels.judge`) and route the
     row counts where torch was faster to torch, so that the tuned model is never slower than
@@ -307,6 +312,10 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
     progress = checks.flag(progress, "progress")
     frozen = checks.flag(frozen, "frozen")
     fuse = checks.flag(fuse, "fuse")
+    measure = checks.flag(measure, "measure")
+    if records is not None and not measure:
+        raise ValueError("records (measured answers to reuse) and measure=False (the policy's answers alone) exclude each other: "
+                         "pass one or the other")
     examples = _as_examples(example_inputs)
     cache = open_cache(cache)  # one cache for every layer (a ":memory:" one included)
     if records is not None:
@@ -314,7 +323,7 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
     with torch.random.fork_rng(devices=[]):  # the examples' runs (Dropout) and the timing draw from it: the user's state restored
         return _tune(module, examples, cache, fuse, max_rows, compare_torch, progress, frozen,
                      {"policy": policy, "cache": cache, "budget_s": budget_s, "target": target, "threads": threads,
-                      "weights_change": not frozen})  # followed weights: a re-laid copy is compared on every call
+                      "weights_change": not frozen, "measure": measure})  # followed weights: a re-laid copy is compared on every call
 
 
 def _tune(module: nn.Module, examples: list[tuple], cache, fuse: bool, max_rows, compare_torch: bool, progress: bool, frozen: bool,
@@ -360,8 +369,9 @@ def _tune(module: nn.Module, examples: list[tuple], cache, fuse: bool, max_rows,
                               results, tuning)
         shape = layer_shape(per_rows)
         if progress and shape not in shapes:
+            how = " (the policy alone)" if not tuning["measure"] else ""
             print(f"looprl: tuned {shape_words(layer.in_features, layer.out_features, activation)} for rows "
-                  f"{', '.join(map(str, sorted(per_rows)))} in {time.perf_counter() - shape_started:.1f} s", file=sys.stderr, flush=True)
+                  f"{', '.join(map(str, sorted(per_rows)))} in {time.perf_counter() - shape_started:.1f} s{how}", file=sys.stderr, flush=True)
         shapes.add(shape)
         planned[layer, fused] = (activation_module, per_rows, shape)
     exported = cache.export_tuned(tuned_names(results.values()))  # one read of the cache for every layer's records

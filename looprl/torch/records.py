@@ -39,15 +39,23 @@ def route_table(kernels: list[LinearKernels]) -> str:
     """A table, one line per layer shape and judged row count: looprl's time, torch's time and
     which one runs (see :meth:`LinearKernels.judge`). ``kernels``: e.g.
     ``kernels_by_shape(layer for _, layer in tuned_layers(model))``."""
-    lines = [f"{'layer shape':>28} {'rows':>6} {'looprl ms':>10} {'torch ms':>10} {'looprl/torch':>12}  runs"]
+    lines = [f"{'layer shape':>28} {'rows':>6} {'looprl ms':>10} {'torch ms':>10} {'looprl/torch':>12} {'schedule from':>13}  runs"]
     for layer in kernels:
         words = shape_words(layer.in_features, layer.out_features, layer.activation)
         if not layer.routes:
-            lines.append(f"{words:>28} {'all':>6} {'-':>10} {'-':>10} {'-':>12}  looprl (not compared)")
+            sources = "/".join(sorted({SOURCES[result.mode] for result in layer.results.values()}))
+            lines.append(f"{words:>28} {'all':>6} {'-':>10} {'-':>10} {'-':>12} {sources:>13}  looprl (not compared)")
         for rows, route in sorted(layer.routes.items()):
+            source = SOURCES[layer.results[rows].mode] if rows in layer.results else "-"
             lines.append(f"{words:>28} {rows:>6} {1e3 * route.looprl_s:>10.4f} {1e3 * route.torch_s:>10.4f} "
-                         f"{route.torch_s / route.looprl_s:>11.2f}x  {route.runs}" + (" (by the model's timing)" if route.decided_by == "model" else ""))
+                         f"{route.torch_s / route.looprl_s:>11.2f}x {source:>13}  {route.runs}"
+                         + (" (by the model's timing)" if route.decided_by == "model" else ""))
     return "\n".join(lines)
+
+
+# Where a tuned row count's schedule came from, by TuneResult.mode: a measured search, the
+# cache (an earlier measured search) or the policy alone (measure=False).
+SOURCES = {"measured": "search", "remembered": "cache", "policy": "policy alone"}
 
 
 def tuned_names(results) -> set[str]:

@@ -1,0 +1,81 @@
+"""The fast path: ``measure=False`` in tune, tune_module, the torch.compile backend and
+looprl-tune: the policy's answers alone, each timed once, nothing searched."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+import looprl  # noqa: E402
+from looprl.torch import route_table, stats, tune_module, tuned_layers  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("cache") / "fast.sqlite")
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(96, 160), nn.GELU(), nn.Linear(160, 48)).eval()
+
+
+def test_a_linear_layer_of_few_rows_gets_an_episode_on_each_layout_and_nothing_is_searched():
+    problem = looprl.linear(2, 96, 160)
+    result = looprl.tune(problem, measure=False, cache=":memory:", threads=1)
+    assert result.mode == "policy"
+    # the untuned nest, the twin's last state and the last state of the episode in place: no search
+    assert result.measured == 3
+    many = looprl.tune(looprl.linear(64, 96, 160), measure=False, cache=":memory:", threads=1)
+    assert many.mode == "policy" and many.measured == 2  # more rows than IN_PLACE_ROWS: the twin alone
+    rng = np.random.default_rng(0)
+    x, w, b = (rng.standard_normal(shape).astype(np.float32) for shape in ((2, 96), (160, 96), (160,)))
+    np.testing.assert_allclose(result.kernel(x, w, b), x @ w.T + b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_tune_module_fast_path_schedules_every_layer_by_the_policy_alone(cache, frozen, capsys):
+    model = mlp()
+    examples = [torch.randn(1, 96), torch.randn(24, 96)]
+    tuned = tune_module(model, examples, measure=False, cache=cache, frozen=frozen, progress=True)
+    layers = tuned_layers(tuned)
+    assert len(layers) == 2
+    for _, layer in layers:
+        for kernels in layer.all_kernels():
+            assert {result.mode for result in kernels.results.values()} == {"policy"}
+            assert all(result.measured <= 3 for result in kernels.results.values())  # each answer timed once
+    err = capsys.readouterr().err
+    assert "(the policy alone)" in err and "policy alone" in route_table([k for _, l in layers for k in l.all_kernels()])
+    with torch.no_grad():
+        for x in (torch.randn(1, 96), torch.randn(7, 96), torch.randn(24, 96)):
+            torch.testing.assert_close(tuned(x), model(x), rtol=1e-4, atol=1e-4)
+    assert stats(tuned)["looprl_calls"] + stats(tuned)["fallback_calls"] > 0
+
+
+def test_records_and_the_fast_path_exclude_each_other(tmp_path):
+    with pytest.raises(ValueError, match="measure=False"):
+        tune_module(mlp(), torch.randn(4, 96), measure=False, records=tmp_path / "none.json", progress=False)
+
+
+@pytest.mark.parametrize("bad", ["no", 0, None])
+def test_measure_must_be_a_bool(bad):
+    with pytest.raises(ValueError, match="measure"):
+        tune_module(mlp(), torch.randn(4, 96), measure=bad, progress=False)
+
+
+def test_the_backend_fast_path(cache):
+    from looprl import dynamo
+
+    torch._dynamo.reset()
+    model = mlp()
+    compiled = torch.compile(model, backend="looprl", options={"measure": False, "cache": cache, "rest": "eager", "max_rows": 8})
+    x = torch.randn(8, 96)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    assert dynamo.stats()["layers"]
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="option measure"):
+        with torch.no_grad():
+            torch.compile(mlp(), backend="looprl", options={"measure": "fast"})(x)
+    torch._dynamo.reset()
