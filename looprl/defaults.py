@@ -30,3 +30,11 @@ ENV_MEASUREMENT_SAMPLES = 1
 # minutes-long allocation. 8 GiB is far above every benchmark shape (a 4096^3 matmul needs
 # 256 MiB) and still fits, with the process around it, in a 16 GiB machine.
 MAX_BUFFER_BYTES = 8 * 2**30
+
+# Row counts up to this are tuned with the bytes the model's other layers read between two calls
+# of a linear layer (looprl.ir.problem.Problem.between: the weight timed as cold as a decode step
+# leaves it): the schedule that is fastest with the weight in the cache (GPT-2 small's 768->3072 on
+# a Zen 4: 44 GFLOPS warm) is not the one that streams it fastest from memory (12 against 14.5
+# GFLOPS for packed panels). More rows read the weight once for many flops: tuned warm. Used by
+# looprl.torch (tune_module, the backend) and by the models-called dataset that trains for it.
+COLD_ROWS = 16

@@ -40,7 +40,7 @@ def test_split_sizes_disjoint_and_complete(name, values, sizes):
 
 
 def test_the_datasets_are_known_by_name():
-    assert dataset_names() == ["gemm-shapes", "mm384-1024", "mm64-256", "models"]
+    assert dataset_names() == ["gemm-shapes", "mm384-1024", "mm64-256", "models", "models-called"]
 
 
 def test_dimensions_are_named_explicitly(tmp_path):

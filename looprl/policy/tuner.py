@@ -53,7 +53,7 @@ from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.policy.guided import guided_search
 from looprl.policy.loading import load_policy
 from looprl.policy.numpy_policy import Policy
-from looprl.search.parallel import parallel_proposals
+from looprl.search.parallel import parallel_proposals, split_once
 from looprl.policy.retarget import retargeted
 from looprl.policy.rollout import greedy_rollout, policy_actions
 from looprl.ir.register_tiles import tile_of
@@ -223,8 +223,9 @@ def tune(
     (:mod:`looprl.search.parallel`) and measured on that many threads, after the serial
     search (which keeps its whole budget: the proposals get a quarter of it more); the faster
     of the serial best and the parallel proposals is returned, so a problem too small for
-    threads to pay gets a serial kernel. Pure policy mode is serial unless the policy's
-    actions mark loops parallel (a policy trained on several threads): its episode decides.
+    threads to pay gets a serial kernel. Pure policy mode: a policy whose actions mark loops
+    parallel (trained on several threads) decides the split in its episode; any other
+    policy's serial answer is offered measured mode's parallel variants, each timed once.
 
     ``max_evaluations``: at most this many distinct schedules in the serial search, the untuned
     nest and the rollout's included (the name ``looprl.search.run`` gives the same cap; the
@@ -380,16 +381,28 @@ def _policy_tune(policy: Policy, plan: RewriteChain, given: RewriteChain | None,
     """Pure policy mode: the policy's greedy episode on the problem searched, and, for a linear
     layer of few rows (the rows tune searches in place), on the problem as given too; each
     answer's last state is timed once and the faster kept by the rule of measured mode
-    (:func:`_preferred`). Parallel only with a policy whose actions mark loops parallel, on
-    ``threads`` threads (its timing too); serial otherwise."""
-    threads = threads if policy_actions(policy, evaluator.target).parallel else 1
-    if threads != evaluator.threads:
-        evaluator = Evaluator(evaluator.cache, evaluator.budget_s, target=evaluator.target, threads=threads)
-    answer = _policy_answer(policy, plan.searched, evaluator, episode_length)
+    (:func:`_preferred`). On ``threads`` > 1, a policy whose actions mark loops parallel
+    decides the thread split itself (timed on that many threads); any other policy's serial
+    answer is split by measured tune's rule, each variant timed once
+    (:func:`~looprl.search.parallel.split_once`)."""
+    actions = policy_actions(policy, evaluator.target)
+    team = Evaluator(evaluator.cache, evaluator.budget_s, target=evaluator.target, threads=threads) if threads > 1 else evaluator
+    if actions.parallel:
+        evaluator = team
+
+    def episode(problem: Problem, initial: bool) -> Answer:
+        found = _policy_answer(policy, problem, evaluator, episode_length, initial)
+        if actions.parallel or threads == 1:
+            return found
+        before = team.compiled
+        split = split_once(found.record, team)
+        return replace(found, record=split, measured=found.measured + team.compiled - before)
+
+    answer = episode(plan.searched, True)
     in_place, compare_s = None, 0.0
-    if given is not None and in_place_rows(given.searched) and policy_actions(policy, evaluator.target).fits(given.searched):
+    if given is not None and in_place_rows(given.searched) and actions.fits(given.searched):
         compare_s = _comparison_seconds(plan.original, evaluator, threads) if weights_change else 0.0
-        in_place = _policy_answer(policy, given.searched, evaluator, episode_length, initial=False)
+        in_place = episode(given.searched, False)
         in_place = replace(in_place, initial_gflops=answer.initial_gflops)  # the speed-up over the untuned nest searched
     return _finish(*_preferred(plan, answer, given, in_place, compare_s), evaluator, threads, started)
 

@@ -162,3 +162,26 @@ def _path(nest: LoopNest, actions: tuple[str, ...], swaps: tuple[int, ...], indi
     if found is None:
         return actions
     return actions + tuple(action_set.names[a] for a in found[0])
+
+
+def split_once(record: ScheduleRecord, evaluator) -> ScheduleRecord:
+    """``record`` (a serial answer) or the fastest of its parallel variants (those
+    :func:`parallel_proposals` makes of it: :func:`parallel_variants` with the write-back copy
+    serial too, and :func:`hoisted_variant`), each timed once through ``evaluator`` on its
+    threads: the thread split of the fast path, where no search follows (a policy trained on
+    one thread has no ``parallel`` action; measured tune's own rule for where to divide the
+    work decides, and the serial answer stays where no variant beats it)."""
+    best = record
+    threads = evaluator.threads
+    if threads < 2 or record.nest is None:
+        return best
+    variants = [(marked, (), indices) for marked, indices in parallel_variants(record.nest, threads, serial_copy=True)]
+    hoisted = hoisted_variant(record.nest, threads)
+    if hoisted is not None:
+        variants.append(hoisted)
+    for marked, swaps, indices in variants:
+        measurement = evaluator(marked)
+        if measurement.ok and measurement.gflops > best.gflops:
+            actions = _path(record.nest, tuple(record.actions or ()), swaps, indices, evaluator.target)
+            best = ScheduleRecord(marked, measurement.gflops, actions, record.found_by, evaluator.target, threads)
+    return best

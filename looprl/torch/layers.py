@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch.nn.functional as functional
 from torch import nn
 
+from looprl import defaults
 from looprl.backend.host import cache_sizes
 from looprl.ir.layers import linear
 from looprl.policy.tuner import TuneResult, tune
@@ -19,12 +20,7 @@ from looprl.torch.routes import LinearKernels, Route
 from looprl.torch.rows import tuned_row_counts
 
 
-# Row counts up to this are tuned with the bytes the model's other layers read between two calls
-# of the layer (looprl.ir.problem.Problem.between: the weight timed as cold as a decode step leaves
-# it): the schedule that is fastest with the weight in the cache (GPT-2 small's 768->3072 on a
-# Zen 4: 44 GFLOPS warm) is not the one that streams it fastest from memory (12 against 14.5
-# GFLOPS for packed panels). More rows read the weight once for many flops: tuned warm.
-COLD_ROWS = 16
+COLD_ROWS = defaults.COLD_ROWS  # few rows are tuned cold (see looprl.defaults)
 # The fallback reason of a fused layer called apart from its activation (directly, or by a
 # sequence whose next module is no longer that activation, or with hooks to run), when no example
 # called it so: its kernels apply the activation, so torch computes the linear layer alone.

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -71,6 +72,13 @@ _DEFINITIONS = {
         "description": "GEMMs and attention products of published models, derived from their configurations "
                        "(looprl.workloads.architectures); split by model",
     },
+    "models-called": {
+        "description": "the linear layers of the models dataset as a model calls them (the problems looprl.tune searches "
+                       "for torch's nn.Linear): the weight constant, re-laid as its twin (mk,kn->mn), and at up to "
+                       f"{defaults.COLD_ROWS} rows (decode) also as stored (mk,nk->mn), both read cold (every other layer's "
+                       "weight read between two calls); split by model as models is",
+        "called_from": "models",
+    },
 }
 
 
@@ -84,6 +92,8 @@ def build_dataset(name: str) -> dict:
     definition = _definition(name)
     if "count" in definition:
         return _shapes_content(name, definition)
+    if "called_from" in definition:
+        return _called_content(name, definition)
     if "values" not in definition:
         return _models_content(name, definition)
     values = definition["values"]
@@ -145,6 +155,35 @@ def _models_content(name: str, definition: dict) -> dict:
         "train": [e.to_row() for e in entries if e.model not in TEST_MODELS],
         "test": [e.to_row() for e in entries if e.model in TEST_MODELS],
     }
+
+
+def _called_content(name: str, definition: dict) -> dict:
+    source = load_dataset(definition["called_from"])
+    return {
+        "name": name,
+        "description": definition["description"],
+        "train": [row for entry in dataset_entries(definition["called_from"], "train") for row in as_called(entry)],
+        "test": [row for entry in dataset_entries(definition["called_from"], "test") for row in as_called(entry)],
+        "train_models": source["train_models"],
+        "test_models": source["test_models"],
+    }
+
+
+def as_called(entry: DatasetEntry) -> list[dict]:
+    """The rows of ``entry`` as a model calls it, if it is a linear layer's GEMM (an ``mk,kn->mn``
+    of a model that is not a convolution): the twin tune searches (weight constant, re-laid
+    ``kn``) and, up to :data:`defaults.COLD_ROWS` rows, the layer as stored (``nk``), both cold
+    (the dataset's models that decode hold hundreds of MB of weights: past twice any
+    last-level cache). Anything else: no rows."""
+    if entry.model is None or entry.spec != "mk,kn->mn" or "conv" in (entry.derivation or ""):
+        return []
+    sizes = dict(entry.sizes)
+    few = sizes["m"] <= defaults.COLD_ROWS
+    twin = replace(entry, constant=("in1",), cold=few)
+    rows = [twin.to_row()]
+    if few:
+        rows.append(replace(twin, spec="mk,nk->mn", sizes=(("m", sizes["m"]), ("n", sizes["n"]), ("k", sizes["k"]))).to_row())
+    return rows
 
 
 def dataset_path(name: str) -> Path:

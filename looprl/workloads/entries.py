@@ -17,7 +17,10 @@ class DatasetEntry:
     ``"seq128/ffn.up"``, several names joined by ", " when layers share the shape) and a short
     ``derivation`` of the sizes. The three are None for the synthetic grids. ``epilogue``: the
     key of the element-wise epilogue the layer applies to its output (e.g. ``"bias+gelu"``,
-    see :class:`~looprl.ir.epilogue.Epilogue`), or None for a bare contraction."""
+    see :class:`~looprl.ir.epilogue.Epilogue`), or None for a bare contraction. ``constant``:
+    the inputs that are weights (e.g. ``("in1",)``) and ``cold``: the weight read from memory
+    on every call (:meth:`~looprl.ir.problem.Problem.with_cold`), for a layer as a model calls
+    it (the ``models-called`` dataset)."""
 
     spec: str
     sizes: tuple[tuple[str, int], ...]
@@ -25,6 +28,8 @@ class DatasetEntry:
     layer: str | None = None
     derivation: str | None = None
     epilogue: str | None = None
+    constant: tuple[str, ...] = ()
+    cold: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, str):
@@ -40,6 +45,9 @@ class DatasetEntry:
                 raise ValueError(f"a dataset entry's epilogue must be an epilogue key (e.g. 'bias+gelu') or None, got {self.epilogue!r}")
             key = as_epilogue(self.epilogue).key
             object.__setattr__(self, "epilogue", key or None)  # canonical; the identity is None
+        object.__setattr__(self, "constant", tuple(self.constant))
+        if not isinstance(self.cold, bool):
+            raise ValueError(f"a dataset entry's cold must be true or false, got {self.cold!r}")
         self.problem  # noqa: B018 - validates spec and sizes now, with the problem's own message
 
     @property
@@ -47,9 +55,9 @@ class DatasetEntry:
         """The :class:`Problem`: :func:`matmul` for ``"mk,kn->mn"`` (so names stay as the
         grids' always were), else :func:`contraction`; with the entry's epilogue."""
         sizes = dict(self.sizes)
-        if self.spec == MATMUL_SPEC and set(sizes) == {"m", "n", "k"}:
+        if self.spec == MATMUL_SPEC and set(sizes) == {"m", "n", "k"} and not self.constant and not self.cold:
             return matmul(m=sizes["m"], n=sizes["n"], k=sizes["k"], epilogue=self.epilogue)
-        return contraction(self.spec, sizes, epilogue=self.epilogue)  # also: a ValueError naming what is wrong
+        return contraction(self.spec, sizes, epilogue=self.epilogue, constant=self.constant, cold=self.cold)  # also: a ValueError naming what is wrong
 
     def size(self, dim: str) -> int:
         return dict(self.sizes)[dim]
@@ -68,6 +76,10 @@ class DatasetEntry:
         row = {"model": self.model, "layer": self.layer, "derivation": self.derivation, "spec": self.spec, "sizes": dict(self.sizes)}
         if self.epilogue is not None:
             row["epilogue"] = self.epilogue
+        if self.constant:
+            row["constant"] = list(self.constant)
+        if self.cold:
+            row["cold"] = True
         return row
 
     @classmethod
@@ -80,8 +92,11 @@ class DatasetEntry:
             sizes = row["sizes"]
             if not isinstance(sizes, dict):
                 raise ValueError(f"a dataset row's sizes must be an object of dimension: size, got {sizes!r}")
+            constant = row.get("constant", [])
+            if not isinstance(constant, list):
+                raise ValueError(f"a dataset row's constant must be a list of input names, got {constant!r}")
             return cls(row.get("spec", spec), tuple(sizes.items()), row.get("model"), row.get("layer"), row.get("derivation"),
-                       row.get("epilogue"))
+                       row.get("epilogue"), tuple(constant), row.get("cold", False))
         if spec is None:
             raise ValueError(f"dataset row {row!r} names no spec and its dataset has none")
         return cls(spec, tuple(row.items()))
