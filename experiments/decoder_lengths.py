@@ -1,7 +1,7 @@
 """A decoder block tuned once, run at every sequence length: looprl against torch eager, one thread.
 
     python experiments/decoder_lengths.py [--target avx2] [--tokens 1,5,64,100,333,512] [--example 64]
-        [--max-rows 512] [--rounds 5] [--threads 1] [--frozen] [--compile] [--records FILE] [--out experiments/results/decoder_lengths]
+        [--max-rows 512] [--rounds 5] [--threads 1] [--frozen] [--no-measure] [--policy DIR] [--compile] [--records FILE] [--out experiments/results/decoder_lengths]
 
 The block is a pre-norm transformer decoder block built from ``torch.nn`` (random weights,
 nothing downloaded): width 640, 10 heads, causal self-attention
@@ -24,6 +24,7 @@ tuning options) are timed too; freezing is on for every compilation of the run.
 Writes ``<out>.csv`` and prints a table with the geometric mean over the lengths. With
 ``--records FILE`` the tuned records are saved there, or, if the file exists, loaded instead
 of tuning (``tune_module(records=)``; the time printed is then the load and compile time).
+``--no-measure``: the fast path (``tune_module(measure=False)``: the policy's answers alone).
 
 torch's own kernels follow the host (AVX-512 where it has it). To compare AVX2 code with torch
 on AVX2 on such a host, restrict torch too (its ATen kernels, MKL and oneDNN read these when
@@ -101,6 +102,9 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch's threads and tune_module's (default 1)")
     parser.add_argument("--frozen", action="store_true", help="tune_module(frozen=True): the weights bound once, compared on no call")
+    parser.add_argument("--no-measure", action="store_true",
+                        help="tune_module(measure=False): the fast path, every layer scheduled by the policy alone")
+    parser.add_argument("--policy", default="default", help="tune_module's policy folder (default: the shipped one)")
     parser.add_argument("--budget", type=float, default=0.1, help="seconds per timing (default 0.1)")
     parser.add_argument("--compile", action="store_true",
                         help="also time torch.compile(block, dynamic=True) with inductor and with backend='looprl' (same tuning options)")
@@ -117,7 +121,7 @@ def main(argv=None) -> int:
         load = args.records if args.records is not None and args.records.exists() else None
         tuned = tune_module(block, torch.randn(1, args.example, 640), target=target, max_rows=args.max_rows,
                             cache=str(Path(folder) / "decoder.sqlite"), records=load, threads=args.threads,
-                            frozen=args.frozen)
+                            frozen=args.frozen, measure=not args.no_measure, policy=args.policy)
         tune_s = time.perf_counter() - started
     modes = sorted({result.mode for _, layer in tuned_layers(tuned) for result in layer.results.values()})
     if args.records is not None and load is None:

@@ -17,6 +17,11 @@ Modes, each at every ``--threads`` count (``torch.set_num_threads``):
 * ``looprl``: ``looprl.torch.tune_module(model, [a prefill call, a decode call], threads=N)``;
 * ``looprl-frozen``: the same with ``frozen=True`` (the weights promised constant, bound once:
   no comparison per call, the promise Inductor's ``freezing`` makes);
+* ``looprl-fast`` / ``looprl-fast-frozen``: the fast path, the same calls with ``measure=False``
+  (every layer scheduled by the shipped policy alone, nothing searched; the routes to torch
+  judged as in ``looprl``); ``--policy`` names another policy folder for the looprl modes;
+  ``looprl-fast-random``: the fast path with the policy's network re-initialised at random (the
+  ablation: what the trained weights are worth where nothing measured corrects them);
 * ``inductor``: ``torch.compile(model, dynamic=True)``;
 * ``max-autotune``: ``torch.compile(model, dynamic=True, mode="max-autotune")`` compiled and
   called with ``torch._inductor.config.freezing = True`` (without freezing, Inductor's GEMM
@@ -57,7 +62,7 @@ from _torch_timing import onednn_packed, write_csv
 from looprl.backend.host import cpu_model_name
 
 RESULTS = Path(__file__).resolve().parent / "results"
-MODES = ("eager", "looprl", "looprl-frozen", "inductor", "max-autotune", "backend", "backend-frozen", "onednn-packed")
+MODES = ("eager", "looprl", "looprl-frozen", "looprl-fast", "looprl-fast-frozen", "looprl-fast-random", "inductor", "max-autotune", "backend", "backend-frozen", "onednn-packed")
 FIELDS = ["mode", "threads", "cpu", "prepare_s", "prefill_ms", "decode_tokens_per_s", "vs_eager", "same_tokens", "weight_mb_per_token",
           "dram_gbs", "of_bound"]
 
@@ -118,16 +123,22 @@ def generate(model, prompt, steps: int) -> tuple[list[int], float, float]:
         return out, prefill, time.perf_counter() - started
 
 
-def prepared(mode: str, model, prompt, threads: int):
-    """The model of ``mode`` for ``threads`` threads."""
+def prepared(mode: str, model, prompt, threads: int, policy="default"):
+    """The model of ``mode`` for ``threads`` threads (``policy``: the looprl modes' policy)."""
     if mode == "eager":
         return model
-    if mode in ("looprl", "looprl-frozen"):
+    if mode in ("looprl", "looprl-frozen", "looprl-fast", "looprl-fast-frozen", "looprl-fast-random"):
         from looprl.torch import tune_module
+
+        if mode == "looprl-fast-random":  # the ablation: the same network, its weights drawn at random
+            from looprl.policy.loading import load_policy
+
+            policy = load_policy(policy).with_random_weights(seed=0)
 
         with torch.inference_mode():
             _, past = model(prompt)
-        return tune_module(model, [(prompt,), (prompt[:, :1], past)], threads=threads, cache=":memory:", frozen=mode == "looprl-frozen")
+        return tune_module(model, [(prompt,), (prompt[:, :1], past)], threads=threads, cache=":memory:", frozen=mode.endswith("-frozen"),
+                           measure="-fast" not in mode, policy=policy)
     if mode == "inductor":
         return torch.compile(model, dynamic=True)
     if mode in ("max-autotune", "backend-frozen"):
@@ -161,6 +172,7 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--out", type=Path, default=RESULTS / "gpt2_generate")
+    parser.add_argument("--policy", default="default", help="the looprl modes' policy folder (default: the shipped one)")
     args = parser.parse_args(argv)
     modes = args.modes.split(",")
     for mode in modes:
@@ -178,7 +190,7 @@ def main(argv=None) -> int:
         runners, prepare = {}, {}
         for mode in modes:
             started = time.perf_counter()
-            runners[mode] = prepared(mode, model, prompt, threads)
+            runners[mode] = prepared(mode, model, prompt, threads, args.policy)
             generate(runners[mode], prompt, args.generate)  # the first generation: compiles, warms
             prepare[mode] = time.perf_counter() - started
         best = {mode: [math.inf, math.inf, None] for mode in modes}  # prefill s, decode s, tokens

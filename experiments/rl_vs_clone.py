@@ -19,6 +19,8 @@ training problems that the run's pretraining did not demonstrate (its agent's
 ``pretrain.problems_per_dataset`` spread over each dataset, the same rule that chose them), so
 no policy compared was trained on their labels. A dataset whose training problems were all
 demonstrated (``models``: 150 of 150 at 200 per dataset) has no validation problems.
+``--unseen-by RUN`` leaves out the problems another run demonstrated too (the run of a policy
+compared with ``--also``), so that no policy compared saw the validation problems' labels.
 
     python experiments/rl_vs_clone.py --run checkpoints/apex-dqn-plans-avx2 --target avx2 \
         --splits gemm-shapes:validation:40,mm64-256:validation:40 \
@@ -55,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", default=None, choices=TARGET_CHOICES)
     parser.add_argument("--splits", default=SPLITS, help="dataset:split:count, comma-separated (count: problems spread over the split)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--unseen-by", action="append", default=[], type=Path, metavar="RUN",
+                        help="validation: also leave out the problems this other run's pretraining demonstrated "
+                             "(e.g. the shipped default's run, when it is among the policies compared)")
     parser.add_argument("--out", default=None, help="path prefix of the CSV and plot (default experiments/results/rl_vs_clone_<isa>)")
     parser.add_argument("--also", action="append", default=[], metavar="LABEL=POLICY",
                         help="another policy folder to compare in the same runs (e.g. 'previous default=checkpoints/apex-dqn-dqfd/policy')")
@@ -74,7 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"target {target.isa} ({target.cpu}); CPU {cpu_model_name()}; run {args.run}", flush=True)
     for item in args.splits.split(","):
         dataset, split, count = item.split(":")
-        problems = spread(split_problems(args.run, dataset, split), int(count))
+        held_out = split_problems(args.run, dataset, split)
+        if split == "validation":
+            for other in args.unseen_by:
+                seen = demonstrated(other)
+                held_out = [p for p in held_out if p.name not in seen]
+            if not held_out:
+                raise SystemExit(f"{dataset}: no training problem is left undemonstrated by {args.run} and {args.unseen_by}")
+        problems = spread(held_out, int(count))
         for problem in problems:
             evaluator = Evaluator(":memory:", target=target, samples=1)
             finals = {label: greedy_rollout(policy, problem, evaluator).final_nest for label, policy in policies.items()}
@@ -98,14 +110,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def demonstrated(run: Path) -> set[str]:
+    """The names of the problems ``run``'s pretraining demonstrated (the rule that chose them)."""
+    agent = read_agent(run / "agent.yaml")
+    return {p.name for p in spread_over_datasets(agent, agent["pretrain"]["problems_per_dataset"])}
+
+
 def split_problems(run: Path, dataset: str, split: str) -> list:
     """The problems of ``split`` of ``dataset``; ``validation``: its training problems that the
     run's pretraining did not demonstrate (see the module docstring)."""
     if split != "validation":
         return list(dataset_problems(dataset, split))
-    agent = read_agent(run / "agent.yaml")
-    demonstrated = {p.name for p in spread_over_datasets(agent, agent["pretrain"]["problems_per_dataset"])}
-    held_out = [p for p in dataset_problems(dataset, "train") if p.name not in demonstrated]
+    seen = demonstrated(run)
+    held_out = [p for p in dataset_problems(dataset, "train") if p.name not in seen]
     if not held_out:
         raise SystemExit(f"{dataset}: every training problem was demonstrated to {run}: no validation problems")
     return held_out

@@ -6,6 +6,7 @@ import pytest
 import looprl
 from looprl.workloads.datasets import (
     build_dataset,
+    dataset_entries,
     dataset_names,
     dataset_path,
     dataset_problems,
@@ -67,3 +68,22 @@ def test_gemm_shapes_cover_real_layer_variety_without_the_models_test_shapes():
     assert all(math.prod(p.size(d) for d in p.dims) <= 2 ** 26 for p in everything)
     assert any(p.size("m") <= 4 for p in everything) and any(p.size("m") >= 2048 for p in everything)
     assert any(p.size("n") % 8 for p in everything) and any("b" in p.dims for p in everything)
+
+
+def test_models_called_holds_the_linear_layers_as_a_model_calls_them():
+    from looprl import defaults
+
+    for split in ("train", "test"):
+        called = dataset_problems("models-called", split)
+        layers = {(p.size("m"), p.size("k"), p.size("n")) for p in dataset_problems("models", split)
+                  if p.spec == "mk,kn->mn"}
+        assert called and all(p.constant == ("in1",) for p in called)
+        for p in called:
+            few = p.size("m") <= defaults.COLD_ROWS
+            assert p.cold == few, p.name  # decode rows cold, the rest warm
+            assert (p.size("m"), p.size("k"), p.size("n")) in layers
+        twins = {(p.size("m"), p.size("k"), p.size("n")) for p in called if p.spec == "mk,kn->mn"}
+        stored = {(p.size("m"), p.size("k"), p.size("n")) for p in called if p.spec == "mk,nk->mn"}
+        assert stored == {shape for shape in twins if shape[0] <= defaults.COLD_ROWS} and stored
+    convolutions = {e.sizes for e in dataset_entries("models", "all") if "conv" in (e.derivation or "")}
+    assert convolutions and not convolutions & {e.sizes for e in dataset_entries("models-called", "all")}

@@ -79,3 +79,51 @@ def test_the_backend_fast_path(cache):
         with torch.no_grad():
             torch.compile(mlp(), backend="looprl", options={"measure": "fast"})(x)
     torch._dynamo.reset()
+
+
+def test_on_two_threads_the_policy_s_answer_is_split_by_tune_s_rule_and_its_actions_replay():
+    from looprl.actions import State, replay
+    from looprl.ir.rewrites import plan_rewrites
+
+    problem = looprl.linear(96, 256, 384)
+    result = looprl.tune(problem, measure=False, cache=":memory:", threads=2)
+    assert result.mode == "policy" and result.answer.record.threads == 2
+    serial = looprl.tune(problem, measure=False, cache=":memory:", threads=1)
+    assert not serial.nest.is_parallel
+    # the split is measured mode's variants of the serial answer (or that answer itself): same tile
+    assert result.nest.serial() == serial.nest or result.gflops >= serial.gflops * 0.5
+    start = State(looprl.initial_nest(result.tuned_as or problem), 0)
+    transitions = replay(result.action_set, start, float("nan"), result.actions)
+    replayed = (transitions[-1].state if transitions else start).nest
+    if result.tuned_as is not None:
+        replayed = plan_rewrites(problem).carry_back(replayed)
+    assert replayed == result.nest
+    rng = np.random.default_rng(1)
+    x, w, b = (rng.standard_normal(shape).astype(np.float32) for shape in ((96, 256), (384, 256), (384,)))
+    np.testing.assert_allclose(result.kernel(x, w, b), x @ w.T + b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_weight_gets_the_isa_s_weights_policy_where_one_is_shipped(monkeypatch, tmp_path):
+    import json
+
+    from looprl.policy import loading
+
+    listed = json.loads(loading.DEFAULT_POLICIES.read_text())
+    assert loading.default_policy_dir("avx512", weights=True) == loading.DEFAULT_POLICIES.parent / listed["avx512/weights"]
+    assert loading.default_policy_dir("avx512") == loading.DEFAULT_POLICIES.parent / listed["avx512"]
+    assert loading.default_policy_dir("avx2", weights=True) == loading.default_policy_dir("avx2")  # none for avx2: the ISA's
+    from looprl.policy import tuner
+
+    asked = []
+    monkeypatch.setattr(tuner, "load_policy", lambda policy, target, weights=False: asked.append(weights) or loading.load_policy(policy, target))
+    looprl.tune(looprl.linear(4, 64, 96), measure=False, cache=":memory:", threads=1)  # a linear layer: a weight on the right
+    looprl.tune(looprl.matmul(4, 96, 64), measure=False, cache=":memory:", threads=1)  # a plain matmul: no weight
+    assert asked == [True, False]
+    bad = tmp_path / "default_policies.json"
+    bad.write_text(json.dumps({"avx512/weights": "x/policy"}))
+    monkeypatch.setattr(loading, "DEFAULT_POLICIES", bad)
+    with pytest.raises(ValueError, match="no policy for an ISA"):
+        loading.default_policies()
+    bad.write_text(json.dumps({"avx512": "x", "neon/weights": "y"}))
+    with pytest.raises(ValueError, match="unknown ISA"):
+        loading.default_policies()

@@ -5,6 +5,13 @@ The shipped defaults are listed in ``checkpoints/default_policies.json``: one po
 vector ISA (``{"avx512": "apex-dqn/policy", ...}``). ``load_policy("default", target)`` takes
 the one made for ``target``'s ISA; when there is none it warns once and takes the closest
 (the nearest vector width, then the most registers).
+
+An ISA may also list a policy for problems whose right operand is a weight (constant: a
+linear layer's, bound to the kernel once), under ``"<isa>/weights"``:
+``load_policy("default", target, weights=True)`` takes it where there is one. The observation
+has no feature for a constant operand, and the two kinds want different answers to the same
+observation: packing a weight is free (done once, when the kernel is bound), packing an operand
+that changes per call is paid on every call.
 """
 
 from __future__ import annotations
@@ -21,29 +28,34 @@ from looprl.resources import shipped_path
 
 DEFAULT_POLICIES = shipped_path("checkpoints", "default_policies.json")
 _warned: set[tuple[str, str]] = set()  # (asked ISA, used ISA) pairs already warned about
+WEIGHTS_SUFFIX = "/weights"  # "<isa>/weights": the policy for problems whose right operand is a weight
 
 
 def default_policies() -> dict[str, Path]:
-    """ISA name -> folder of the shipped default policy for it."""
+    """ISA name (or ``<isa>/weights``) -> folder of the shipped default policy for it."""
     try:
         listed = json.loads(DEFAULT_POLICIES.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
         raise ValueError(f"cannot read the list of default policies {DEFAULT_POLICIES}: {error}") from None
     if not isinstance(listed, dict) or not listed or not all(isinstance(k, str) and isinstance(v, str) for k, v in listed.items()):
         raise ValueError(f"{DEFAULT_POLICIES}: expected an object mapping ISA names to policy folders")
-    unknown = set(listed) - set(TARGET_NAMES)
+    unknown = {key for key in listed if key.removesuffix(WEIGHTS_SUFFIX) not in TARGET_NAMES}
     if unknown:
         raise ValueError(f"{DEFAULT_POLICIES}: unknown ISA names {sorted(unknown)}")
+    if not any(key in TARGET_NAMES for key in listed):
+        raise ValueError(f"{DEFAULT_POLICIES}: no policy for an ISA (only for weights)")
     return {isa: DEFAULT_POLICIES.parent / folder for isa, folder in listed.items()}
 
 
-def default_policy_dir(target: Target | str | None = None) -> Path:
+def default_policy_dir(target: Target | str | None = None, weights: bool = False) -> Path:
     """The folder of the shipped policy for ``target`` (None: the host's); with a warning, the
-    closest one if none was made for its ISA."""
+    closest one if none was made for its ISA. ``weights``: for a problem whose right operand is
+    a weight, the ISA's ``<isa>/weights`` policy where it has one."""
     target = Target.resolve(target)
-    available = default_policies()
+    listed = default_policies()
+    available = {isa: path for isa, path in listed.items() if isa in TARGET_NAMES}
     if target.isa in available:
-        return available[target.isa]
+        return listed.get(target.isa + WEIGHTS_SUFFIX, available[target.isa]) if weights else available[target.isa]
     wanted = TARGET_NAMES.index(target.isa)  # widest first: on a tie, the wider one
     closest = min(available, key=lambda isa: (abs(TARGET_NAMES.index(isa) - wanted), TARGET_NAMES.index(isa)))
     if (target.isa, closest) not in _warned:
@@ -54,19 +66,20 @@ def default_policy_dir(target: Target | str | None = None) -> Path:
             RuntimeWarning,
             stacklevel=3,
         )
-    return available[closest]
+    return listed.get(closest + WEIGHTS_SUFFIX, available[closest]) if weights else available[closest]
 
 
-def load_policy(policy: Policy | str | Path, target: Target | str | None = None) -> Policy:
-    """The shipped default policy for ``target`` (None: the host's), a policy folder or file, or
-    a Policy; checked for the observation layout and action set this version of looprl
+def load_policy(policy: Policy | str | Path, target: Target | str | None = None, weights: bool = False) -> Policy:
+    """The shipped default policy for ``target`` (None: the host's; ``weights``: for a problem
+    whose right operand is a weight, see the module docstring), a policy folder or file, or a
+    Policy; checked for the observation layout and action set this version of looprl
     produces."""
     if isinstance(policy, Policy):
         loaded, where = policy, "the given policy"
     elif not isinstance(policy, (str, Path)):
         raise ValueError(f"policy must be 'default', a policy folder or a Policy, got {type(policy).__name__}")
     else:
-        path = default_policy_dir(target) if policy == "default" else Path(policy)
+        path = default_policy_dir(target, weights) if policy == "default" else Path(policy)
         if policy == "default" and not path.exists():
             raise ValueError(f"the default policy is missing ({path}); pass policy=PATH to a policy folder")
         loaded, where = Policy.load(path), str(path)

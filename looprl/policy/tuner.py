@@ -267,7 +267,7 @@ def tune(
     target.check_runs_on_host()
     plan = plan_rewrites(as_tunable_problem(problem))
     searched = plan.searched
-    loaded = load_policy(policy, target)
+    loaded = load_policy(policy, target, weights="in1" in searched.constant)  # "default": the weights policy where the right operand is one
     _warn_if_made_for_another_target(loaded, target)
     loaded = retargeted(loaded, target)  # another ISA's plans would spill here: this target's, each from its counterpart
     policy_actions(loaded, target).check_fits(searched)  # before anything is measured
