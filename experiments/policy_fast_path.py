@@ -150,7 +150,7 @@ def main(argv=None) -> int:
         name, _, path = item.partition("=")
         if not name or not path:
             raise SystemExit(f"--policy takes NAME=PATH, got {item!r}")
-        policies[name] = load_policy(path, target)
+        policies[name] = load_policy(path, target, weights=True)  # every problem here is a linear layer: a weight on the right
         if not args.no_random:
             policies[f"{name}-random"] = policies[name].with_random_weights(seed=0)
     threads = [int(t) for t in args.threads.split(",")]

@@ -105,8 +105,9 @@ def _main(args) -> int:
         print("actions: (the schedule tuned before for this problem and target; --fresh tunes again)")
     else:
         print("actions:", " ".join(result.actions) or "(none)")
-    print(f"{result.gflops:.1f} GFLOPS, {result.speedup:.2f}x over the untuned nest ({result.initial_gflops:.1f} GFLOPS); "
-          f"tuned in {result.seconds * 1000:.0f} ms ({result.mode} mode, target {result.target.isa}, {result.measured} schedules timed)")
+    untuned = (f"{result.speedup:.2f}x over the untuned nest ({result.initial_gflops:.1f} GFLOPS)" if result.initial_gflops > 0
+               else "the untuned nest not timed (policy mode)")
+    print(f"{result.gflops:.1f} GFLOPS, {untuned}; tuned in {result.seconds * 1000:.0f} ms ({result.mode} mode, target {result.target.isa}, {result.measured} schedules timed)")
     if result.waited_s > 0.05:
         print(f"(of which {result.waited_s * 1000:.0f} ms waiting for another looprl process's timing)")
     if result.threads > 1:

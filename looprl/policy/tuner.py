@@ -19,7 +19,8 @@ Two modes:
   again (with no larger budget) is a lookup.
 * pure policy (``measure=False``, the fast path of ``tune_module``, the ``torch.compile``
   backend and ``looprl-tune --no-measure``): the policy's greedy actions are followed without
-  measuring; the state it ends in is compiled and timed once for the report. A linear layer of
+  measuring; the state it ends in is compiled and timed once for the report (the untuned nest
+  is not timed: ``speedup`` is NaN). A linear layer of
   few rows (:data:`~looprl.search.dots.IN_PLACE_ROWS`) gets a second episode on the weight as
   it is stored, also timed once, and the faster of the two is kept (:func:`_policy_tune`).
 
@@ -390,32 +391,30 @@ def _policy_tune(policy: Policy, plan: RewriteChain, given: RewriteChain | None,
     if actions.parallel:
         evaluator = team
 
-    def episode(problem: Problem, initial: bool) -> Answer:
-        found = _policy_answer(policy, problem, evaluator, episode_length, initial)
+    def episode(problem: Problem) -> Answer:
+        found = _policy_answer(policy, problem, evaluator, episode_length)
         if actions.parallel or threads == 1:
             return found
         before = team.compiled
         split = split_once(found.record, team)
         return replace(found, record=split, measured=found.measured + team.compiled - before)
 
-    answer = episode(plan.searched, True)
+    answer = episode(plan.searched)
     in_place, compare_s = None, 0.0
     if given is not None and in_place_rows(given.searched) and actions.fits(given.searched):
         compare_s = _comparison_seconds(plan.original, evaluator, threads) if weights_change else 0.0
-        in_place = episode(given.searched, False)
-        in_place = replace(in_place, initial_gflops=answer.initial_gflops)  # the speed-up over the untuned nest searched
+        in_place = episode(given.searched)
     return _finish(*_preferred(plan, answer, given, in_place, compare_s), evaluator, threads, started)
 
 
-def _policy_answer(policy: Policy, problem: Problem, evaluator: Evaluator, episode_length: int | None, initial: bool = True) -> Answer:
-    """The greedy actions, unmeasured; the state they end in is timed once (and the untuned
-    nest, for the speed-up, when ``initial``)."""
+def _policy_answer(policy: Policy, problem: Problem, evaluator: Evaluator, episode_length: int | None) -> Answer:
+    """The greedy actions, unmeasured; the state they end in is timed once. The untuned nest
+    is not timed (it can take seconds a call on a large problem): ``speedup`` is NaN."""
     rollout = greedy_rollout(policy, problem, None, episode_length=episode_length)
-    initial_gflops = evaluator(initial_nest(problem)).gflops if initial else math.nan
     before = evaluator.compiled
     gflops = evaluator(rollout.final_nest).gflops
     record = ScheduleRecord(rollout.final_nest, gflops, rollout.final_actions, "policy", evaluator.target, threads=evaluator.threads)
-    return Answer(record, "policy", initial_gflops, measured=int(initial) + evaluator.compiled - before)
+    return Answer(record, "policy", math.nan, measured=evaluator.compiled - before)
 
 
 def _measured_answer(policy: Policy, problem: Problem, evaluator: Evaluator, episode_length: int | None, budget_s: float | None,

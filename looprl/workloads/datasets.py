@@ -38,7 +38,7 @@ import numpy as np
 
 from looprl import checks, defaults
 
-from looprl.workloads.architectures import MODEL_NAMES, TEST_MODELS, model_entries
+from looprl.workloads.architectures import MODEL_NAMES, TEST_MODELS, excluded_entries, model_entries
 from looprl.workloads.entries import DatasetEntry
 from looprl.ir.problem import Problem, as_problem
 from looprl.resources import shipped_path
@@ -76,7 +76,8 @@ _DEFINITIONS = {
         "description": "the linear layers of the models dataset as a model calls them (the problems looprl.tune searches "
                        "for torch's nn.Linear): the weight constant, re-laid as its twin (mk,kn->mn), and at up to "
                        f"{defaults.COLD_ROWS} rows (decode) also as stored (mk,nk->mn), both read cold (every other layer's "
-                       "weight read between two calls); split by model as models is",
+                       "weight read between two calls), with the decode layers too wide for models (TinyLlama's MLP, LM "
+                       "heads); split by model as models is",
         "called_from": "models",
     },
 }
@@ -159,14 +160,13 @@ def _models_content(name: str, definition: dict) -> dict:
 
 def _called_content(name: str, definition: dict) -> dict:
     source = load_dataset(definition["called_from"])
-    return {
-        "name": name,
-        "description": definition["description"],
-        "train": [row for entry in dataset_entries(definition["called_from"], "train") for row in as_called(entry)],
-        "test": [row for entry in dataset_entries(definition["called_from"], "test") for row in as_called(entry)],
-        "train_models": source["train_models"],
-        "test_models": source["test_models"],
-    }
+    content = {"name": name, "description": definition["description"],
+               "train_models": source["train_models"], "test_models": source["test_models"]}
+    for split, models in (("train", source["train_models"]), ("test", source["test_models"])):
+        # the models' decode layers too wide for the models dataset (n or k > 4096: TinyLlama's MLP, LM heads)
+        wide = [e.entry for e in excluded_entries() if e.entry.model in models and dict(e.entry.sizes)["m"] <= defaults.COLD_ROWS]
+        content[split] = [row for entry in dataset_entries(definition["called_from"], split) + tuple(wide) for row in as_called(entry)]
+    return content
 
 
 def as_called(entry: DatasetEntry) -> list[dict]:
