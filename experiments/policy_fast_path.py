@@ -17,6 +17,11 @@ run ``--run``'s pretraining did not demonstrate (never the test split); ``--spli
 validation-rows``: the training models' linear layers at 2, 8 and 256 rows, row counts no
 dataset holds (so no policy was trained on their labels, whatever it demonstrated).
 
+``--weights-change``: every tune is told the weights change (``weights_change=True``, what
+``tune_module``'s default path passes: a kernel that reads a copy of the weight pays for
+comparing it, so in-place answers are preferred); without it the weights are constant (the
+promise of ``frozen=True`` and Inductor's freezing).
+
 On each thread count, for each layer: ``tune`` (measured, the shipped default policy, its
 budget scaled to the problem, nothing remembered); for each ``--policy NAME=PATH`` the policy
 alone (``tune(measure=False)``), and the same with that policy's network re-initialised at
@@ -134,6 +139,9 @@ def main(argv=None) -> int:
     parser.add_argument("--policy", action="append", default=None, metavar="NAME=PATH",
                         help="a policy to run alone (repeatable; PATH 'default' is the shipped one); default: shipped=default")
     parser.add_argument("--no-random", action="store_true", help="skip the random-weight twin of each policy")
+    parser.add_argument("--weights-change", action="store_true",
+                        help="tune every method with weights_change=True (tune_module's default path: a copy of the weight is compared "
+                             "per call); default: the weights constant (frozen)")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--limit", type=int, default=None, help="first N layers (validation-rows: N spread over them)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved re-timing rounds")
@@ -167,10 +175,12 @@ def main(argv=None) -> int:
             for index, problem in enumerate(problems):
                 results = {}
                 started = time.perf_counter()
-                results["tune"] = (tune(problem, cache=":memory:", remember=False, threads=count), time.perf_counter() - started)
+                results["tune"] = (tune(problem, cache=":memory:", remember=False, threads=count, weights_change=args.weights_change),
+                                   time.perf_counter() - started)
                 for name, policy in policies.items():
                     started = time.perf_counter()
-                    results[name] = (tune(problem, policy, measure=False, cache=":memory:", threads=count), time.perf_counter() - started)
+                    results[name] = (tune(problem, policy, measure=False, cache=":memory:", threads=count, weights_change=args.weights_change),
+                                  time.perf_counter() - started)
                 for result, _ in results.values():
                     check_correct(result.kernel, problem)
                 best = retime({method: result.kernel for method, (result, _) in results.items()}, args.rounds)
@@ -183,7 +193,7 @@ def main(argv=None) -> int:
                 handle.flush()
                 print(f"[{count}t {index + 1}/{len(problems)}] {problem.name}: tune {best['tune']:.1f} GFLOPS; "
                       + ", ".join(f"{m} {best[m] / best['tune']:.2f}" for m in policies), flush=True)
-    text = summary(rows, f"{command}\nCPU: {cpu_model_name()} ({host_cpu()[0]}, {target.isa}); {len(problems)} layers ({args.split})")
+    text = summary(rows, f"{command}\nweights {'change (compared per call)' if args.weights_change else 'constant'}; CPU: {cpu_model_name()} ({host_cpu()[0]}, {target.isa}); {len(problems)} layers ({args.split})")
     out.with_suffix(".txt").write_text(text + "\n", encoding="utf-8")
     print(text)
     return 0

@@ -15,6 +15,8 @@ such cycle). A rollout of a million steps therefore costs what its first cycle c
 from __future__ import annotations
 
 import math
+
+import numpy as np
 from dataclasses import dataclass
 
 from looprl import checks
@@ -87,6 +89,7 @@ def greedy_rollout(
     *,
     episode_length: int | None = None,
     use_mask: bool = False,
+    excluded: frozenset[str] = frozenset(),
 ) -> Rollout:
     """Run ``policy`` greedily for ``episode_length`` actions (its training episode length by default)
     from ``problem``'s untiled nest, measuring every new schedule through ``evaluator`` (an
@@ -96,13 +99,15 @@ def greedy_rollout(
 
     ``evaluator=None`` follows the policy without measuring anything (every transition then
     succeeds, as nothing is compiled). ``use_mask`` restricts choices to valid actions;
-    without it an invalid choice is a no-op, as in the env."""
+    without it an invalid choice is a no-op, as in the env. ``excluded``: names of actions the
+    episode never takes (its best other action instead)."""
     if episode_length is None:
         episode_length = policy.metadata["episode_length"]
     episode_length = checks.count(episode_length, "episode_length")
     actions = policy_actions(policy, evaluator.target if evaluator is not None else None)
     actions.check_fits(problem)
     normalized = policy.metadata["observation"] == "normalized"
+    allowed = np.array([name not in excluded for name in actions.names])
     measured = 0
 
     def value(nest: LoopNest):
@@ -122,7 +127,8 @@ def greedy_rollout(
     stopped = "length"
     for _ in range(episode_length):
         obs = observation(state.nest, state.cursor, actions.max_loops, normalized)
-        action = policy.act(obs, actions.mask(state) if use_mask else None)
+        mask = actions.mask(state) & allowed if use_mask else (allowed if excluded else None)
+        action = policy.act(obs, mask)
         taken.append(actions.names[action])
         try:
             transition = step(actions, state, gflops, action, value if evaluator is not None else None)

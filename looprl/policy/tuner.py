@@ -22,7 +22,8 @@ Two modes:
   measuring; the state it ends in is compiled and timed once for the report (the untuned nest
   is not timed: ``speedup`` is NaN). A linear layer of
   few rows (:data:`~looprl.search.dots.IN_PLACE_ROWS`) gets a second episode on the weight as
-  it is stored, also timed once, and the faster of the two is kept (:func:`_policy_tune`).
+  it is stored, also timed once, and the faster of the two is kept (:func:`_policy_tune`;
+  an answer there that re-lays the weight is a copy, as the twin's, and pays what the twin pays).
 
 The environment has no stop action: a trained policy that is content with a schedule picks an
 action that cannot apply (a no-op there) and, being greedy, would pick it again and again.
@@ -46,6 +47,8 @@ from looprl.backend.kernel import Kernel, ReshapedKernel, compile
 from looprl.target import Target
 from looprl.backend.threads import available_cores, check_threads
 from looprl.actions import ActionSet, State, replay
+from looprl.actions.action_set import LAYOUT_ACTIONS
+from looprl.ir.plans import Plan
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, as_problem, matmul
 from looprl.ir.rewrites import RewriteChain, plan_rewrites, relaid_twin
@@ -391,8 +394,8 @@ def _policy_tune(policy: Policy, plan: RewriteChain, given: RewriteChain | None,
     if actions.parallel:
         evaluator = team
 
-    def episode(problem: Problem) -> Answer:
-        found = _policy_answer(policy, problem, evaluator, episode_length)
+    def episode(problem: Problem, excluded: frozenset[str] = frozenset()) -> Answer:
+        found = _policy_answer(policy, problem, evaluator, episode_length, excluded)
         if actions.parallel or threads == 1:
             return found
         before = team.compiled
@@ -403,14 +406,27 @@ def _policy_tune(policy: Policy, plan: RewriteChain, given: RewriteChain | None,
     in_place, compare_s = None, 0.0
     if given is not None and in_place_rows(given.searched) and actions.fits(given.searched):
         compare_s = _comparison_seconds(plan.original, evaluator, threads) if weights_change else 0.0
-        in_place = episode(given.searched)
+        # where the weights change, the episode on the weight as stored reads it in place (a copy would be compared per call)
+        in_place = episode(given.searched, _relaying_actions(actions) if weights_change else frozenset())
+        if dict(in_place.nest.layouts).get("in1") is not None:  # it re-lays the weight: a copy, as the twin's; the faster copy kept
+            measured = answer.measured + in_place.measured
+            plan, answer = (given, in_place) if in_place.gflops > answer.gflops else (plan, answer)
+            answer, in_place = replace(answer, measured=measured), None
     return _finish(*_preferred(plan, answer, given, in_place, compare_s), evaluator, threads, started)
 
 
-def _policy_answer(policy: Policy, problem: Problem, evaluator: Evaluator, episode_length: int | None) -> Answer:
-    """The greedy actions, unmeasured; the state they end in is timed once. The untuned nest
-    is not timed (it can take seconds a call on a large problem): ``speedup`` is NaN."""
-    rollout = greedy_rollout(policy, problem, None, episode_length=episode_length)
+def _relaying_actions(actions: ActionSet) -> frozenset[str]:
+    """The actions that re-lay an operand: the layout actions and the plans that pack."""
+    plans = {name for name in actions.names if (plan := Plan.parse(name)) is not None and plan.packed}
+    return frozenset(plans | {name for name in actions.names if name in LAYOUT_ACTIONS})
+
+
+def _policy_answer(policy: Policy, problem: Problem, evaluator: Evaluator, episode_length: int | None,
+                   excluded: frozenset[str] = frozenset()) -> Answer:
+    """The greedy actions (never one of ``excluded``), unmeasured; the state they end in is
+    timed once. The untuned nest is not timed (it can take seconds a call on a large
+    problem): ``speedup`` is NaN."""
+    rollout = greedy_rollout(policy, problem, None, episode_length=episode_length, excluded=excluded)
     before = evaluator.compiled
     gflops = evaluator(rollout.final_nest).gflops
     record = ScheduleRecord(rollout.final_nest, gflops, rollout.final_actions, "policy", evaluator.target, threads=evaluator.threads)

@@ -8,6 +8,7 @@ says which row counts a layer is tuned for. Nothing here imports torch.
 
 from __future__ import annotations
 
+import functools
 import math
 
 from looprl import checks
@@ -15,6 +16,10 @@ from looprl.backend.kernel import Kernel, ReshapedKernel
 from looprl.backend.kernel import compile as looprl_compile
 from looprl.backend.loops import RuntimeRowsUnsupported
 from looprl.policy.tuner import TuneResult
+
+# Runtime-rows kernels kept compiled (by schedule, target and threads): a GPT-2-sized model has 5 layer
+# shapes x 8 row counts; each of its 49 layers compiled its own before (~400 compiles, most of tune_module's time).
+RUNTIME_ROWS_KERNELS = 512
 
 
 CALL_S = 4e-6  # what one more block costs besides its kernel: address_call took 3.4 us for a 1x8x8 kernel (Zen 4)
@@ -75,14 +80,24 @@ def row_plan(rows: int, seconds: dict[int, float], runtime=frozenset()) -> list[
 def any_rows_kernel(result: TuneResult):
     """The schedule of ``result`` compiled as a kernel of runtime rows (for its target and
     threads), or None where it cannot take its rows at run time (a fused view, a schedule
-    that converts its first input, too many specialised copies)."""
+    that converts its first input, too many specialised copies). Compiled once per schedule,
+    target and threads (:func:`_runtime_rows_kernel`): the layers of one shape in a model
+    share it (a kernel is read-only, safe to call from several threads)."""
     kernel = result.kernel
     if not isinstance(kernel, Kernel) or kernel.problem.row_dim is None:
         return None
+    return _runtime_rows_kernel(kernel.nest, kernel.target, kernel.threads)
+
+
+@functools.lru_cache(maxsize=RUNTIME_ROWS_KERNELS)
+def _runtime_rows_kernel(nest, target, threads: int):
     try:
-        return looprl_compile(kernel.nest, kernel.target, kernel.threads, runtime_rows=True)
+        return looprl_compile(nest, target, threads, runtime_rows=True)
     except RuntimeRowsUnsupported:
         return None
+
+
+
 
 
 def result_state(result: TuneResult) -> dict:

@@ -34,7 +34,9 @@ from looprl.actions import ActionSet, State, replay, step
 from looprl.env.observation import observation
 from looprl.ir.nest import initial_nest
 from looprl.ir.problem import Problem, parse_problem
+from looprl.ir.plans import Plan
 from looprl.ir.register_tiles import tile_shapes, tile_steps, why_not_tile
+from looprl.ir.schedules import why_not_dot
 from looprl.measurement.evaluator import Evaluator
 from looprl.policy import tuner
 from looprl.policy.loading import load_policy
@@ -105,13 +107,26 @@ def demonstrate(problem: Problem, actions: ActionSet, evaluator: Evaluator, epis
     return Demonstration(problem, best[1], best[0], initial)
 
 
+def reads_weight_as_stored(problem: Problem) -> bool:
+    """Whether ``problem`` is a weight read where it lies: its right operand constant and
+    stored with the reduction last, as ``nn.Linear`` holds it (the problem tune searches in
+    place). Its demonstrations are plans that read it so, never one that packs it: a packed
+    copy is what the twin is for, and a model whose weights change would have to keep such a
+    copy in step (tune's in-place search packs nothing either)."""
+    return "in1" in problem.constant and why_not_dot(problem) is None
+
+
 def plan_values(problem: Problem, actions: ActionSet, evaluator: Evaluator) -> dict[int, float]:
     """The measured GFLOPS of each plan action that applies to ``problem``'s untiled nest
-    (action index -> GFLOPS; plans that make the same schedule are measured once)."""
+    (action index -> GFLOPS; plans that make the same schedule are measured once); for a
+    weight read as stored (:func:`reads_weight_as_stored`), the plans that do not pack it."""
     root = State(initial_nest(problem), 0)
     values: dict[int, float] = {}
     by_schedule: dict[str, float] = {}
+    as_stored = reads_weight_as_stored(problem)
     for index in actions.applicable_plans(root):
+        if as_stored and Plan.parse(actions.names[index]).packed:
+            continue
         nest = actions.apply(root, index).nest
         if nest.key not in by_schedule:
             measurement = evaluator(nest)
