@@ -311,6 +311,10 @@ def test_failing_compile_is_a_logged_zero_reward_step(monkeypatch, caplog):
         raise CompileError("backend exploded")
 
     monkeypatch.setattr(evaluator_module, "compile", broken)
+    # another test in this worker may have reconfigured logging (a dictConfig that disables the loggers
+    # it does not name): the env's logger is this test's subject, enabled and propagating here
+    monkeypatch.setattr(logging.getLogger("looprl.env"), "disabled", False)
+    monkeypatch.setattr(logging.getLogger("looprl.env"), "propagate", True)
     with caplog.at_level(logging.WARNING, logger="looprl.env"):
         _, reward, terminated, truncated, info = env.step(action(env, "split_4"))
     assert reward == 0.0 and not terminated

@@ -127,3 +127,41 @@ def test_a_weight_gets_the_isa_s_weights_policy_where_one_is_shipped(monkeypatch
     bad.write_text(json.dumps({"avx512": "x", "neon/weights": "y"}))
     with pytest.raises(ValueError, match="unknown ISA"):
         loading.default_policies()
+
+
+def test_an_excluded_action_is_never_taken_and_the_policy_s_next_best_is():
+    from looprl.policy.loading import load_policy
+    from looprl.policy.rollout import greedy_rollout
+
+    policy = load_policy("default", looprl.Target.host(), weights=True)
+    problem = looprl.linear(4, 256, 384).with_cold()  # a weight as stored, read cold: a decode layer
+    free = greedy_rollout(policy, problem, None).final_actions
+    assert free, "the policy takes at least one action here"
+    barred = greedy_rollout(policy, problem, None, excluded=frozenset({free[0]})).final_actions
+    assert free[0] not in barred
+
+
+def test_a_weight_as_stored_is_demonstrated_by_plans_that_read_it_in_place():
+    from looprl.actions import ActionSet
+    from looprl.ir.plans import Plan
+    from looprl.measurement.evaluator import Evaluator
+    from looprl.train.demonstrations import plan_values, reads_weight_as_stored
+
+    stored = looprl.linear(4, 64, 96, bias=False)  # mk,nk->mn, the weight constant
+    assert reads_weight_as_stored(stored)
+    assert not reads_weight_as_stored(looprl.matmul(4, 96, 64))  # B[k, n]: not stored along the reduction
+    assert not reads_weight_as_stored(looprl.contraction("mk,nk->mn", m=4, k=64, n=96))  # not a weight
+    target = looprl.Target.host()
+    actions = ActionSet.for_target(target, layouts=True, plans=True)
+    values = plan_values(stored, actions, Evaluator(":memory:", 0.002, target=target))
+    names = [actions.names[i] for i in values]
+    assert any(Plan.parse(n).dot for n in names) and not any(Plan.parse(n).packed for n in names)
+
+
+def test_layers_of_one_shape_share_their_runtime_rows_kernels():
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64)).eval()
+    tuned = tune_module(model, torch.randn(8, 64), measure=False, cache=":memory:", fuse=False, compare_torch=False, progress=False)
+    kernels = [layer.kernels._kernels for _, layer in tuned_layers(tuned)]
+    assert len(kernels) == 3 and all(k.keys() == kernels[0].keys() for k in kernels)
+    for count in kernels[0]:
+        assert kernels[0][count] is kernels[1][count] is kernels[2][count]  # one compiled kernel per schedule

@@ -1,4 +1,5 @@
 import json
+import math
 import subprocess
 import sys
 
@@ -27,7 +28,9 @@ def check_kernel(result, rng):
 def test_tuned_kernels_match_numpy(problem, measure, policy_dir):
     result = looprl.tune(problem, policy_dir, measure=measure, cache=":memory:")
     check_kernel(result, np.random.default_rng(0))
-    assert result.gflops > 0 and result.initial_gflops > 0 and result.seconds > 0
+    assert result.gflops > 0 and result.seconds > 0
+    # the untuned nest is timed by a measured tune; pure policy mode times its answer alone
+    assert result.initial_gflops > 0 if measure else math.isnan(result.initial_gflops)
     assert result.mode == ("measured" if measure else "policy")
     # The reported actions lead from the untuned nest to the returned one (tiles may have
     # split by a target's tile rows, e.g. split_9 with AVX-512: the result's action set has them).
