@@ -145,6 +145,9 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--limit", type=int, default=None, help="first N layers (validation-rows: N spread over them)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved re-timing rounds")
+    parser.add_argument("--cache", default=":memory:",
+                        help="measurement cache of every tune (default: an empty one per tune; a file shares the host's measured "
+                             "bandwidth, which --weights-change needs per tune, and every timing among the methods)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
 
@@ -175,11 +178,11 @@ def main(argv=None) -> int:
             for index, problem in enumerate(problems):
                 results = {}
                 started = time.perf_counter()
-                results["tune"] = (tune(problem, cache=":memory:", remember=False, threads=count, weights_change=args.weights_change),
+                results["tune"] = (tune(problem, cache=args.cache, remember=False, threads=count, weights_change=args.weights_change),
                                    time.perf_counter() - started)
                 for name, policy in policies.items():
                     started = time.perf_counter()
-                    results[name] = (tune(problem, policy, measure=False, cache=":memory:", threads=count, weights_change=args.weights_change),
+                    results[name] = (tune(problem, policy, measure=False, cache=args.cache, threads=count, weights_change=args.weights_change),
                                   time.perf_counter() - started)
                 for result, _ in results.values():
                     check_correct(result.kernel, problem)
