@@ -133,7 +133,7 @@ def prepared(mode: str, model, prompt, threads: int, policy="default"):
         if mode == "looprl-fast-random":  # the ablation: the same network, its weights drawn at random
             from looprl.policy.loading import load_policy
 
-            policy = load_policy(policy).with_random_weights(seed=0)
+            policy = load_policy(policy, weights=True).with_random_weights(seed=0)  # the network tune picks for these layers
 
         with torch.inference_mode():
             _, past = model(prompt)
