@@ -90,8 +90,10 @@ def test_on_two_threads_the_policy_s_answer_is_split_by_tune_s_rule_and_its_acti
     assert result.mode == "policy" and result.answer.record.threads == 2
     serial = looprl.tune(problem, measure=False, cache=":memory:", threads=1)
     assert not serial.nest.is_parallel
-    # the split is measured mode's variants of the serial answer (or that answer itself): same tile
-    assert result.nest.serial() == serial.nest or result.gflops >= serial.gflops * 0.5
+    # the split is one of measured mode's variants of the serial answer (or that answer itself): the serial
+    # episode's actions first, then only cursor moves, swaps and parallel marks
+    assert result.actions[:len(serial.actions)] == serial.actions
+    assert set(result.actions[len(serial.actions):]) <= {"up", "down", "swap_up", "swap_down", "parallel"}
     start = State(looprl.initial_nest(result.tuned_as or problem), 0)
     transitions = replay(result.action_set, start, float("nan"), result.actions)
     replayed = (transitions[-1].state if transitions else start).nest

@@ -84,11 +84,7 @@ def parallel_proposals(candidates, context: SearchContext, threads: int) -> list
     for candidate in candidates:
         if candidate.nest is None:  # e.g. no tile was measured
             continue
-        variants = [(marked, (), indices) for marked, indices in parallel_variants(candidate.nest, threads, serial_copy=not proposals)]
-        hoisted = hoisted_variant(candidate.nest, threads)
-        if hoisted is not None:
-            variants.append(hoisted)
-        for marked, swaps, indices in variants:
+        for marked, swaps, indices in proposed_variants(candidate.nest, threads, serial_copy=not proposals):
             if marked.key not in seen:
                 seen.add(marked.key)
                 proposals.append((teams_per_call(marked, indices[0]), len(proposals), candidate, marked, swaps, indices))
@@ -113,6 +109,15 @@ def parallel_proposals(candidates, context: SearchContext, threads: int) -> list
     except BudgetExhausted:
         pass  # the stage ends at the deadline with what it measured
     return found
+
+
+def proposed_variants(nest: LoopNest, threads: int, serial_copy: bool) -> list[tuple[LoopNest, tuple[int, ...], tuple[int, ...]]]:
+    """The parallel variants proposed of one serial schedule, as ``(nest, the swaps that move a
+    loop, the loops marked)``: :func:`parallel_variants` (with ``serial_copy``), then
+    :func:`hoisted_variant` where there is one."""
+    variants = [(marked, (), indices) for marked, indices in parallel_variants(nest, threads, serial_copy=serial_copy)]
+    hoisted = hoisted_variant(nest, threads)
+    return variants + ([hoisted] if hoisted is not None else [])
 
 
 def hoisted_variant(nest: LoopNest, threads: int) -> tuple[LoopNest, tuple[int, ...], tuple[int, ...]] | None:
@@ -166,8 +171,7 @@ def _path(nest: LoopNest, actions: tuple[str, ...], swaps: tuple[int, ...], indi
 
 def split_once(record: ScheduleRecord, evaluator) -> ScheduleRecord:
     """``record`` (a serial answer) or the fastest of its parallel variants (those
-    :func:`parallel_proposals` makes of it: :func:`parallel_variants` with the write-back copy
-    serial too, and :func:`hoisted_variant`), each timed once through ``evaluator`` on its
+    :func:`parallel_proposals` makes of it, :func:`proposed_variants`), each timed once through ``evaluator`` on its
     threads: the thread split of the fast path, where no search follows (a policy trained on
     one thread has no ``parallel`` action; measured tune's own rule for where to divide the
     work decides, and the serial answer stays where no variant beats it)."""
@@ -175,11 +179,7 @@ def split_once(record: ScheduleRecord, evaluator) -> ScheduleRecord:
     threads = evaluator.threads
     if threads < 2 or record.nest is None:
         return best
-    variants = [(marked, (), indices) for marked, indices in parallel_variants(record.nest, threads, serial_copy=True)]
-    hoisted = hoisted_variant(record.nest, threads)
-    if hoisted is not None:
-        variants.append(hoisted)
-    for marked, swaps, indices in variants:
+    for marked, swaps, indices in proposed_variants(record.nest, threads, serial_copy=True):
         measurement = evaluator(marked)
         if measurement.ok and measurement.gflops > best.gflops:
             actions = _path(record.nest, tuple(record.actions or ()), swaps, indices, evaluator.target)

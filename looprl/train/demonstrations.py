@@ -36,12 +36,12 @@ from looprl.ir.nest import initial_nest
 from looprl.ir.problem import Problem, parse_problem
 from looprl.ir.plans import Plan
 from looprl.ir.register_tiles import tile_shapes, tile_steps, why_not_tile
-from looprl.ir.schedules import why_not_dot
 from looprl.measurement.evaluator import Evaluator
 from looprl.policy import tuner
 from looprl.policy.loading import load_policy
 from looprl.policy.numpy_policy import Policy
 from looprl.resources import shipped_path
+from looprl.search.dots import in_place_rows
 from looprl.train.config import agent_actions, agent_measure_budget_s, agent_target, hidden_layers, validate_agent
 from looprl.train.evaluate import policy_folder
 from looprl.train.export import policy_metadata
@@ -113,7 +113,7 @@ def reads_weight_as_stored(problem: Problem) -> bool:
     place). Its demonstrations are plans that read it so, never one that packs it: a packed
     copy is what the twin is for, and a model whose weights change would have to keep such a
     copy in step (tune's in-place search packs nothing either)."""
-    return "in1" in problem.constant and why_not_dot(problem) is None
+    return "in1" in problem.constant and in_place_rows(problem, None)  # the layout tune searches in place, any rows
 
 
 def plan_values(problem: Problem, actions: ActionSet, evaluator: Evaluator) -> dict[int, float]:

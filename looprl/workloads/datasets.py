@@ -162,9 +162,10 @@ def _called_content(name: str, definition: dict) -> dict:
     source = load_dataset(definition["called_from"])
     content = {"name": name, "description": definition["description"],
                "train_models": source["train_models"], "test_models": source["test_models"]}
+    # the models' decode layers too wide for the models dataset (n or k > 4096: TinyLlama's MLP, LM heads)
+    decode = [e.entry for e in excluded_entries() if dict(e.entry.sizes)["m"] <= defaults.COLD_ROWS]
     for split, models in (("train", source["train_models"]), ("test", source["test_models"])):
-        # the models' decode layers too wide for the models dataset (n or k > 4096: TinyLlama's MLP, LM heads)
-        wide = [e.entry for e in excluded_entries() if e.entry.model in models and dict(e.entry.sizes)["m"] <= defaults.COLD_ROWS]
+        wide = [entry for entry in decode if entry.model in models]
         content[split] = [row for entry in dataset_entries(definition["called_from"], split) + tuple(wide) for row in as_called(entry)]
     return content
 
