@@ -14,11 +14,12 @@ _PROT_NONE = 0
 
 
 class GuardedArray:
-    """A float32 array that ends (``side="end"``) or starts (``side="start"``) exactly at a
-    PROT_NONE page. Keep this object alive while the array is used."""
+    """An array (float32 unless ``dtype`` says otherwise) that ends (``side="end"``) or starts
+    (``side="start"``) exactly at a PROT_NONE page. Keep this object alive while the array is used."""
 
-    def __init__(self, shape: tuple[int, ...], side: str = "end"):
-        nbytes = int(np.prod(shape)) * 4
+    def __init__(self, shape: tuple[int, ...], side: str = "end", dtype=np.float32):
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
         data_pages = -(-max(nbytes, 1) // _PAGE)
         self._map = mmap.mmap(-1, (data_pages + 2) * _PAGE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         base = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
@@ -28,7 +29,7 @@ class GuardedArray:
                 raise OSError(ctypes.get_errno(), "mprotect failed")
         start = _PAGE if side == "start" else (data_pages + 1) * _PAGE - nbytes
         buffer = (ctypes.c_char * nbytes).from_address(base + start)
-        self.array = np.frombuffer(buffer, dtype=np.float32).reshape(shape)
+        self.array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
 
     def release(self) -> None:
         _libc.mprotect(self._base, len(self._map), mmap.PROT_READ | mmap.PROT_WRITE)

@@ -16,6 +16,7 @@ from looprl.backend.layout_plan import layouts_applied, workspace_layout
 from looprl.backend.llvm_text import Function
 from looprl.backend.loops import KernelModule
 from looprl.backend.packing import emit_pack
+from looprl.ir.dtypes import LLVM_ELEMENT
 from looprl.ir.nest import LoopNest
 from looprl.ir.problem import Problem
 
@@ -63,16 +64,12 @@ def entry_function(module: KernelModule, name: str) -> Function:
     params = ", ".join(f"ptr noalias %{t}" for t in module.tensors)
     rows = ", i64 %dyn" if module.runtime_rows else ""
     threads = ", i32 %nthreads" if module.threaded else ""
-    fn = Function(f"define void @{name}({params}, i64 %reps{rows}{threads}) nounwind {{")
-    module.functions.append(fn)
-    return fn
+    return module.function(f"define void @{name}({params}, i64 %reps{rows}{threads}) nounwind {{")
 
 
 def body_function(module: KernelModule) -> Function:
     """The kernel's body as an internal function that the entry points call (added to ``module``)."""
-    fn = Function(f"define internal void @{BODY_NAME}({module.parameters()}) nounwind {{")
-    module.functions.append(fn)
-    return fn
+    return module.function(f"define internal void @{BODY_NAME}({module.parameters()}) nounwind {{")
 
 
 def emit_packing_entry_points(module: KernelModule, nest: LoopNest) -> None:
@@ -84,7 +81,8 @@ def emit_packing_entry_points(module: KernelModule, nest: LoopNest) -> None:
     places = workspace_layout(nest)
     for tensor in packed:
         index = nest.tensor_index(tensor)
-        emit_pack(module, pack_function_name(tensor), index, nest.problem.shape(index), applied[tensor])
+        emit_pack(module, pack_function_name(tensor), index, nest.problem.shape(index), applied[tensor],
+                  LLVM_ELEMENT[nest.problem.dtype])
     for bound in [()] + bound_subsets(packed):
         entry = entry_function(module, bound_kernel_name(bound) if bound else KERNEL_NAME)
         pointers = {t: f"%{t}" for t in module.tensors}

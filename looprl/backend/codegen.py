@@ -55,6 +55,7 @@ from looprl.backend.compute import ComputeEmitter
 from looprl.backend.layout_plan import layouts_applied, workspace_layout
 from looprl.backend.loops import Dynamic, KernelModule, RuntimeRowsUnsupported
 from looprl.backend.write_back import WriteBackEmitter
+from looprl.ir.dtypes import LLVM_ELEMENT
 from looprl.ir.nest import LoopNest
 from looprl.target import Target
 
@@ -78,6 +79,14 @@ def check_runtime_rows(nest: LoopNest) -> str:
     return rows
 
 
+def tensor_elements(nest: LoopNest) -> dict[str, str]:
+    """The LLVM element type of each of the kernel body's pointer arguments: the problem's
+    dtype's for its tensors (an input converted to a layout keeps it), float32 for the
+    workspace (the accumulator)."""
+    element = LLVM_ELEMENT[nest.problem.dtype]
+    return {t: "float" if t == "acc" else element for t in kernel_tensors(nest.problem)}
+
+
 def generate_ir(nest: LoopNest, target: Target, runtime_rows: bool = False) -> str:
     """LLVM IR text of the kernel of ``nest`` for ``target``, with the entry points of
     :mod:`looprl.backend.abi`. With ``runtime_rows`` the entry points take the row count
@@ -86,8 +95,9 @@ def generate_ir(nest: LoopNest, target: Target, runtime_rows: bool = False) -> s
     (:class:`~looprl.backend.loops.Dynamic`); :class:`~looprl.backend.loops.RuntimeRowsUnsupported`
     where that would take too many specialised copies."""
     rows = check_runtime_rows(nest) if runtime_rows else None
-    module = KernelModule(target, kernel_tensors(nest.problem), threaded=nest.is_parallel, runtime_rows=runtime_rows)
     applied = layouts_applied(nest)
+    module = KernelModule(target, kernel_tensors(nest.problem), threaded=nest.is_parallel, runtime_rows=runtime_rows,
+                          elements=tensor_elements(nest))
     compute = ComputeEmitter(module, nest, applied)
     write_back = WriteBackEmitter(module, nest, applied)
     fn = body_function(module) if applied else entry_function(module, KERNEL_NAME)

@@ -14,6 +14,7 @@ from looprl.backend.buffers import aligned_empty
 from looprl.backend.jit import CompiledModule
 from looprl.backend.layout_plan import layouts_applied, workspace_elements
 from looprl.backend.threads import before_parallel_call, check_threads, ensure_openmp_runtime
+from looprl.ir.dtypes import NUMPY_STORAGE
 from looprl.ir.nest import LoopNest
 from looprl.target import Target
 
@@ -36,7 +37,9 @@ class Kernel:
     """Native code for one schedule. ``kernel(a, b)`` returns a new output array;
     :meth:`run` writes into a given one (and can repeat the computation, for timing).
 
-    Inputs must be C-contiguous float32 arrays of the problem's shapes. ``target`` is the
+    Inputs must be C-contiguous arrays of the problem's shapes, float32, or for a bfloat16
+    problem ``uint16`` arrays of bfloat16 bits (:func:`looprl.ir.dtypes.to_bfloat16`; the output
+    too). ``target`` is the
     :class:`~looprl.target.Target` the code was generated and compiled for.
 
     When the schedule stores inputs in other layouts (:attr:`packed_inputs`), every call
@@ -71,6 +74,7 @@ class Kernel:
         self.max_rows = nest.problem.size(nest.problem.row_dim) if runtime_rows else None
         self._module = module  # keeps the machine code alive
         self.tensors = abi.kernel_tensors(self.problem)  # the entry points' pointer arguments
+        self.storage = NUMPY_STORAGE[self.problem.dtype]  # numpy dtype of the inputs and the output
         signature = _signature(len(self.tensors), nest.is_parallel, runtime_rows)
         self._function = signature(module.address)
         self.layouts = layouts_applied(nest)  # tensor -> Layout the code stores it in
@@ -89,7 +93,7 @@ class Kernel:
         return tuple(self.input_shapes)
 
     def __call__(self, a: np.ndarray, b: np.ndarray, *epilogue: np.ndarray) -> np.ndarray:
-        out = aligned_empty(self._shape("out", self._rows_of(a)))
+        out = aligned_empty(self._shape("out", self._rows_of(a)), self.storage)
         self.run(a, b, out, **self._epilogue_arguments(epilogue))
         return out
 
@@ -153,8 +157,8 @@ class Kernel:
         """Validate every input in ``arrays`` (by name), the output and the workspace (of a call
         on ``rows`` rows: None, the problem's)."""
         for name, array in arrays.items():
-            self._check(array, _WHAT[name], self._shape(name, rows))
-        self._check(out, "output", self._shape("out", rows))
+            self._check(array, _WHAT[name], self._shape(name, rows), self.storage)
+        self._check(out, "output", self._shape("out", rows), self.storage)
         if not out.flags.writeable:
             raise ValueError("output array is read-only")
         for name, array in arrays.items():
@@ -200,7 +204,7 @@ class Kernel:
                 raise ValueError(f"bind() got {name}=, but {self.problem.name} has no {_WHAT[tensor]}")
             if tensor in bound:
                 raise ValueError(f"bind() got the {_WHAT[tensor]} twice")
-            self._check(array, _WHAT[tensor], self.input_shapes[tensor])
+            self._check(array, _WHAT[tensor], self.input_shapes[tensor], self.storage)
             bound[tensor] = array
         return BoundKernel(self, bound)
 
@@ -211,11 +215,12 @@ class Kernel:
         self._call(self._function, pointers, reps, self.threads if threads is None else threads, rows)
 
     @staticmethod
-    def _check(array, what: str, shape) -> None:
+    def _check(array, what: str, shape, storage=np.float32) -> None:
         if not isinstance(array, np.ndarray):
             raise ValueError(f"{what} must be a numpy array, got {type(array).__name__}")
-        if array.dtype != np.float32:
-            raise ValueError(f"{what} must have dtype float32, got {array.dtype}")
+        if array.dtype != storage:
+            wanted = "uint16 (the bits of bfloat16 values: looprl.ir.dtypes.to_bfloat16)" if storage == np.uint16 else np.dtype(storage).name
+            raise ValueError(f"{what} must have dtype {wanted}, got {array.dtype}")
         if shape is not None and array.shape != tuple(shape):
             raise ValueError(f"{what} has shape {array.shape}; expected {tuple(shape)}")
         if not array.flags.c_contiguous:
@@ -243,12 +248,12 @@ class BoundKernel:
         converted = []
         for tensor, array in bound.items():
             if tensor in kernel.packed_inputs:
-                packed = aligned_empty(kernel.layouts[tensor].elements)
+                packed = aligned_empty(kernel.layouts[tensor].elements, kernel.storage)
                 kernel._packers[abi.pack_function_name(tensor)](array.ctypes.data, packed.ctypes.data)
                 self._buffers[tensor] = packed
                 converted.append(tensor)
             else:  # used as given: keep a private copy
-                self._buffers[tensor] = np.array(array, dtype=np.float32, order="C", copy=True)
+                self._buffers[tensor] = np.array(array, dtype=kernel.storage, order="C", copy=True)
         self.converted = tuple(sorted(converted))  # bound inputs converted once, here
         self._function = kernel._entries[abi.bound_kernel_name(self.converted)] if self.converted else kernel._function
         # For address_call: each kernel argument is a bound buffer's address, or which given address it takes.
@@ -257,7 +262,7 @@ class BoundKernel:
         self._given = tuple(t not in self._buffers for t in kernel.tensors)
 
     def __call__(self, *inputs: np.ndarray) -> np.ndarray:
-        out = aligned_empty(self.kernel._shape("out", self._rows(dict(zip(self.free, inputs)))))
+        out = aligned_empty(self.kernel._shape("out", self._rows(dict(zip(self.free, inputs)))), self.kernel.storage)
         self.run(*inputs, out=out)
         return out
 
@@ -315,7 +320,7 @@ class ReshapedKernel:
 
     def _views(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         for array, what, shape in zip((a, b), ("the first input", "the second input"), self.problem.input_shapes):
-            Kernel._check(array, what, shape)
+            Kernel._check(array, what, shape, self.kernel.storage)
         return a.reshape(self.kernel.problem.input_shapes[0]), b.reshape(self.kernel.problem.input_shapes[1])
 
     def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -324,7 +329,7 @@ class ReshapedKernel:
     def run(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, reps: int = 1, workspace: np.ndarray | None = None, *,
             threads: int | None = None) -> None:
         """:meth:`Kernel.run` with this problem's arrays."""
-        Kernel._check(out, "out", self.problem.output_shape)
+        Kernel._check(out, "out", self.problem.output_shape, self.kernel.storage)
         self.kernel.run(*self._views(a, b), out.reshape(self.kernel.problem.output_shape), reps, workspace, threads=threads)
 
     def bind(self, **inputs: np.ndarray):
@@ -337,7 +342,7 @@ class ReshapedKernel:
             tensor = _INPUT_NAMES.get(name)
             if tensor not in shapes:
                 raise ValueError(f"bind() got an unknown input {name!r}; expected a/in0 (first input) or b/in1 (second)")
-            Kernel._check(array, _WHAT[tensor], shapes[tensor])
+            Kernel._check(array, _WHAT[tensor], shapes[tensor], self.kernel.storage)
             given[tensor] = array.reshape(views[tensor])
         return _ReshapedBound(self.kernel.bind(**given), self.problem, [t for t in ("in0", "in1") if t not in given])
 
@@ -366,7 +371,7 @@ class _ReshapedBound:
         shapes = dict(zip(("in0", "in1"), self.problem.input_shapes))
         views = dict(zip(("in0", "in1"), self.bound.kernel.problem.input_shapes))
         for array, tensor in zip(arrays, self.free):
-            Kernel._check(array, _WHAT[tensor], shapes[tensor])
+            Kernel._check(array, _WHAT[tensor], shapes[tensor], self.bound.kernel.storage)
         return self.bound(*(a.reshape(views[t]) for a, t in zip(arrays, self.free))).reshape(self.problem.output_shape)
 
     def __getattr__(self, name: str):

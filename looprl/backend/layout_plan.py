@@ -91,15 +91,17 @@ def _round_up(count: int, multiple: int = 16) -> int:  # 16 floats: 64-byte alig
 
 
 def workspace_layout(nest: LoopNest) -> dict[str, tuple[int, int]]:
-    """Where the kernel's scratch buffers sit in its workspace: tensor -> (offset, elements)
-    for the accumulator ``acc`` and each packed input. Offsets are 64-byte aligned."""
+    """Where the kernel's scratch buffers sit in its (float32) workspace: tensor -> (offset,
+    float32 elements) for the accumulator ``acc`` (float32) and each packed input (in the
+    problem's dtype: a bfloat16 input takes half as many). Offsets are 64-byte aligned."""
     applied = layouts_applied(nest)
     acc = applied["out"].elements if "out" in applied else math.prod(nest.problem.output_shape)
     result, offset = {"acc": (0, acc)}, _round_up(acc)
     for tensor in ("in0", "in1"):
         if tensor in applied:
-            result[tensor] = (offset, applied[tensor].elements)
-            offset = _round_up(offset + applied[tensor].elements)
+            floats = -(-applied[tensor].elements * nest.problem.element_bytes // 4)
+            result[tensor] = (offset, floats)
+            offset = _round_up(offset + floats)
     return result
 
 

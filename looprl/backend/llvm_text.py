@@ -1,7 +1,14 @@
 """A builder of LLVM IR as text: functions with SSA names and blocks, bottom-tested runtime
 loops with carried values, a module of functions and intrinsic declarations, and the vector
 memory operations (full, masked, broadcast, gathered loads; full and masked stores) every part of
-the code generator emits. Knows nothing of loop nests or targets."""
+the code generator emits. Knows nothing of loop nests or targets.
+
+Values are float32. A pointer addresses elements of one type: ``float``, or ``i16`` for
+bfloat16 tensors (:data:`looprl.ir.dtypes.LLVM_ELEMENT`); a function knows each pointer's
+element type (:meth:`Function.point`; pointers computed from one keep it), so loads widen
+bfloat16 to float32 (exact: the bits moved to the high half) and stores round float32 to
+bfloat16 (to nearest, ties to even, NaN kept a NaN: integer operations, the same on every
+target)."""
 
 from __future__ import annotations
 
@@ -25,6 +32,17 @@ class Function:
         self.block = "entry"
         self._counter = 0
         self.loads: dict[tuple, str] = {}  # CSE of loads of read-only inputs within a block
+        self.elements: dict[str, str] = {}  # pointer SSA name -> element type, where not "float"
+
+    def point(self, ptr: str, element: str) -> str:
+        """Record that ``ptr`` addresses elements of ``element`` (``"float"`` or ``"i16"``)."""
+        if element != "float":
+            self.elements[ptr] = element
+        return ptr
+
+    def element(self, ptr: str) -> str:
+        """The element type ``ptr`` addresses (``"float"`` unless :meth:`point` said otherwise)."""
+        return self.elements.get(ptr, "float")
 
     def alloca(self, typ: str, hint: str = "ctx") -> str:
         """A stack slot of ``typ`` allocated once on entry (never inside a loop)."""
@@ -65,12 +83,17 @@ class Function:
         if stride == 0:
             return ptr
         off = iv if stride == 1 else self.value(f"mul i64 {iv}, {stride}", "o")
-        return self.value(f"getelementptr inbounds float, ptr {ptr}, i64 {off}", "p")
+        return self.index(ptr, off)
 
     def offset(self, ptr: str, elements: int) -> str:
         if elements == 0:
             return ptr
-        return self.value(f"getelementptr inbounds float, ptr {ptr}, i64 {elements}", "p")
+        return self.index(ptr, elements)
+
+    def index(self, ptr: str, elements) -> str:
+        """``ptr`` moved by ``elements`` (an i64 constant or SSA value) of its element type."""
+        element = self.element(ptr)
+        return self.point(self.value(f"getelementptr inbounds {element}, ptr {ptr}, i64 {elements}", "p"), element)
 
     def loop(self, trips: "int | str", carried: dict | None = None):
         """Context manager for a runtime loop of ``trips`` >= 1 iterations (a constant or an
@@ -160,9 +183,9 @@ class Module:
         self.declarations[name] = f"declare {typ} @{name}({typ}, {typ}, {typ})"
         return name
 
-    def masked(self, kind: str, lanes: int) -> str:
-        name = f"llvm.masked.{kind}.v{lanes}f32.p0"
-        typ = vector_type(lanes)
+    def masked(self, kind: str, lanes: int, element: str = "float") -> str:
+        name = f"llvm.masked.{kind}.v{lanes}{'f32' if element == 'float' else element}.p0"
+        typ = f"<{lanes} x {element}>"
         if kind == "load":
             self.declarations[name] = f"declare {typ} @{name}(ptr, <{lanes} x i1>, {typ})"
         else:
@@ -183,10 +206,15 @@ class Module:
 
 
 def load(module: Module, fn: Function, ptr: str, offset: int, lanes: int, active: int, stride: int, cache: bool = True) -> str:
+    """float32 values from ``ptr`` (+ ``offset`` elements): one scalar (``lanes`` 1), one scalar
+    broadcast (``stride`` 0), ``active`` of ``lanes`` consecutive elements (``stride`` 1, the
+    rest zeros) or gathered at ``stride``; bfloat16 elements widened."""
     key = (ptr, offset, lanes, active, stride)
     if cache and key in fn.loads:
         return fn.loads[key]
-    if lanes == 1 or stride == 0:
+    if fn.element(ptr) == "i16":
+        value = _load_bfloat16(module, fn, ptr, offset, lanes, active, stride)
+    elif lanes == 1 or stride == 0:
         addr = fn.offset(ptr, offset)
         scalar = fn.value(f"load float, ptr {addr}, align 4", "s")
         value = scalar if lanes == 1 else splat(fn, scalar, lanes)
@@ -209,6 +237,58 @@ def load(module: Module, fn: Function, ptr: str, offset: int, lanes: int, active
     if cache:
         fn.loads[key] = value
     return value
+
+
+def _load_bfloat16(module: Module, fn: Function, ptr: str, offset: int, lanes: int, active: int, stride: int) -> str:
+    """:func:`load` of bfloat16 elements: their bits loaded as ``i16``, widened to float32."""
+    if lanes == 1 or stride == 0:
+        bits = fn.value(f"load i16, ptr {fn.offset(ptr, offset)}, align 2", "s")
+        scalar = widen_bfloat16(fn, bits, 1)
+        return scalar if lanes == 1 else splat(fn, scalar, lanes)
+    typ = f"<{lanes} x i16>"
+    if stride == 1:
+        addr = fn.offset(ptr, offset)
+        if active == lanes:
+            bits = fn.value(f"load {typ}, ptr {addr}, align 2", "v")
+        else:
+            name = module.masked("load", lanes, "i16")
+            bits = fn.value(f"call {typ} @{name}(ptr align 2 {addr}, {mask(lanes, active)}, {typ} zeroinitializer)", "v")
+    else:
+        bits = "zeroinitializer"
+        for lane in range(active):
+            scalar = fn.value(f"load i16, ptr {fn.offset(ptr, offset + lane * stride)}, align 2", "s")
+            bits = fn.value(f"insertelement {typ} {bits}, i16 {scalar}, i64 {lane}", "g")
+    return widen_bfloat16(fn, bits, lanes)
+
+
+def widen_bfloat16(fn: Function, bits: str, lanes: int) -> str:
+    """float32 values of the bfloat16 ``bits`` (``lanes`` of ``i16``): the bits become the high
+    half of a float32's."""
+    shape = (lambda e: e) if lanes == 1 else (lambda e: f"<{lanes} x {e}>")
+    wide = fn.value(f"zext {shape('i16')} {bits} to {shape('i32')}", "w")
+    shifted = fn.value(f"shl {shape('i32')} {wide}, {_splat_int(16, lanes)}", "w")
+    return fn.value(f"bitcast {shape('i32')} {shifted} to {vector_type(lanes)}", "w")
+
+
+def round_to_bfloat16(fn: Function, value: str, lanes: int) -> str:
+    """The bfloat16 bits (``lanes`` of ``i16``) of float32 ``value``: to nearest, ties to even
+    (add 0x7fff plus the lowest kept bit, keep the high half); a NaN keeps its high half with
+    the quiet bit set (rounding could carry it into an infinity)."""
+    shape = (lambda e: e) if lanes == 1 else (lambda e: f"<{lanes} x {e}>")
+    i32 = shape("i32")
+    bits = fn.value(f"bitcast {vector_type(lanes)} {value} to {i32}", "r")
+    high = fn.value(f"lshr {i32} {bits}, {_splat_int(16, lanes)}", "r")
+    odd = fn.value(f"and {i32} {high}, {_splat_int(1, lanes)}", "r")
+    bias = fn.value(f"add {i32} {odd}, {_splat_int(0x7FFF, lanes)}", "r")
+    rounded = fn.value(f"lshr {i32} {fn.value(f'add {i32} {bits}, {bias}', 'r')}, {_splat_int(16, lanes)}", "r")
+    quiet = fn.value(f"or {i32} {high}, {_splat_int(0x40, lanes)}", "r")
+    nan = fn.value(f"fcmp uno {vector_type(lanes)} {value}, {value}", "r")
+    chosen = fn.value(f"select {shape('i1')} {nan}, {i32} {quiet}, {i32} {rounded}", "r")
+    return fn.value(f"trunc {i32} {chosen} to {shape('i16')}", "r")
+
+
+def _splat_int(value: int, lanes: int) -> str:
+    return str(value) if lanes == 1 else f"splat (i32 {value})"
 
 
 def splat(fn: Function, scalar: str, lanes: int) -> str:
@@ -281,7 +361,19 @@ def multiply_add(module: Module, fn: Function, a: str, b: str, c: str, lanes: in
 
 
 def store(module: Module, fn: Function, ptr: str, offset: int, lanes: int, active: int, value: str) -> None:
+    """Store float32 ``value`` (``active`` of its ``lanes``) at ``ptr`` + ``offset`` elements,
+    rounded to bfloat16 where ``ptr`` addresses bfloat16."""
     addr = fn.offset(ptr, offset)
+    if fn.element(ptr) == "i16":
+        bits = round_to_bfloat16(fn, value, lanes)
+        typ = "i16" if lanes == 1 else f"<{lanes} x i16>"
+        if active == lanes:
+            fn.emit(f"store {typ} {bits}, ptr {addr}, align 2")
+        else:  # lane by lane: LLVM 22 emits a masked <N x i16> store of one lane as a 4-byte store (past the end)
+            for lane in range(active):
+                element = fn.value(f"extractelement {typ} {bits}, i64 {lane}", "e")
+                fn.emit(f"store i16 {element}, ptr {fn.offset(addr, lane)}, align 2")
+        return
     if active == lanes:
         fn.emit(f"store {vector_type(lanes)} {value}, ptr {addr}, align 4")
     else:

@@ -26,14 +26,27 @@ class KernelModule(Module):
     budget is a :class:`Dynamic` value, and every internal function takes the dynamic budget of
     its context as ``i64 %dyn`` (unused where its context is static)."""
 
-    def __init__(self, target: Target, tensors: tuple[str, ...], threaded: bool = False, runtime_rows: bool = False):
+    def __init__(self, target: Target, tensors: tuple[str, ...], threaded: bool = False, runtime_rows: bool = False,
+                 elements: dict[str, str] | None = None):
         super().__init__()
         self.target = target
         self.tensors = tensors  # pointer parameters of the kernel and its internal functions
+        # tensor -> the element type its pointer in the kernel's body addresses, where not "float"
+        self.elements: dict[str, str] = dict(elements or {})
         self.threaded = threaded  # the schedule has a parallel loop: functions take %nthreads
         self.runtime_rows = runtime_rows  # internal functions take the dynamic budget, i64 %dyn
         self.tails: dict[tuple, str] = {}
         self.regions: dict[tuple, str] = {}
+
+    def function(self, header: str, append: bool = True) -> Function:
+        """A new function (added to the module unless ``append`` is False) whose pointer
+        parameters named after :attr:`tensors` address those tensors' elements."""
+        fn = Function(header)
+        for tensor in self.tensors:
+            fn.point(f"%{tensor}", self.elements.get(tensor, "float"))
+        if append:
+            self.functions.append(fn)
+        return fn
 
     def parameters(self) -> str:
         """Parameters of the kernel's internal functions."""
@@ -242,7 +255,7 @@ class NestEmitter:
         slots = len(tensors) + self.module.runtime_rows
         for slot, tensor in enumerate(tensors):
             place = fn.value(f"getelementptr inbounds [{slots} x ptr], ptr %ctx, i64 0, i64 {slot}", "p")
-            loaded = fn.value(f"load ptr, ptr {place}, align 8", "q")
+            loaded = fn.point(fn.value(f"load ptr, ptr {place}, align 8", "q"), self.module.elements.get(tensor, "float"))
             if tensor in self.coefs:
                 ptrs[tensor] = loaded
         if dynamic_of(budgets) is not None:
@@ -324,7 +337,7 @@ class NestEmitter:
         if key not in module.tails:
             name = f"tail{len(module.tails)}_{self.name}_l{level}"
             module.tails[key] = name
-            fn = Function(f"define internal void @{name}({module.parameters()}) nounwind {{")
+            fn = module.function(f"define internal void @{name}({module.parameters()}) nounwind {{", append=False)
             self.emit_outer(fn, level, _renamed(budgets, "%dyn"), {t: f"%{t}" for t in self.coefs})
             fn.close()
             module.functions.append(fn)

@@ -6,7 +6,10 @@ transposition (B[n, k] stored as [k, n], or in n-panels): element by element it 
 load and store each, which a kernel that converts a changing input on every call pays in full.
 Such a pack moves square blocks of :data:`TRANSPOSE_BLOCK` x :data:`TRANSPOSE_BLOCK` elements
 instead: one vector load per source row, an in-register transpose (shuffles), one vector store
-per destination row; the edges the blocks do not cover are copied element by element."""
+per destination row; the edges the blocks do not cover are copied element by element.
+
+A bfloat16 tensor is packed as bfloat16 (its values go through float32 registers, which
+widening and rounding back leave as they were)."""
 
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ def _enter_outer_loops(fn: Function, layout: Layout, dims: list[tuple[str, int]]
         lp.__enter__()
         loops.append(lp)
         src = fn.advance(src, lp.iv, row[var])
-        dst = fn.value(f"getelementptr inbounds float, ptr {dst}, i64 {runtime_offset(fn, layout, var, lp.iv)}", "p")
+        dst = fn.index(dst, runtime_offset(fn, layout, var, lp.iv))
     return src, dst, loops
 
 
@@ -97,18 +100,18 @@ def _emit_transposing_pack(module: KernelModule, fn: Function, index: str, sizes
     stride_b = layout.offset(b, 1) - layout.offset(b, 0)
 
     def scalar(src_ptr: str, dst_ptr: str) -> None:
-        fn.emit(f"store float {fn.value(f'load float, ptr {src_ptr}, align 4', 's')}, ptr {dst_ptr}, align 4")
+        store(module, fn, dst_ptr, 0, 1, 1, load(module, fn, src_ptr, 0, 1, 1, 0, cache=False))
 
     if full_a:
         with fn.loop(full_a) as la:
             first_a = fn.value(f"mul i64 {la.iv}, {block}", "x")
             src_a = fn.advance(src, la.iv, block * row[a])
-            dst_a = fn.value(f"getelementptr inbounds float, ptr {dst}, i64 {runtime_offset(fn, layout, a, first_a)}", "p")
+            dst_a = fn.index(dst, runtime_offset(fn, layout, a, first_a))
             if full_b:
                 with fn.loop(full_b) as lb:
                     first_b = fn.value(f"mul i64 {lb.iv}, {block}", "x")
                     src_ab = fn.advance(src_a, lb.iv, block)  # b is the source's innermost dimension
-                    dst_ab = fn.value(f"getelementptr inbounds float, ptr {dst_a}, i64 {runtime_offset(fn, layout, b, first_b)}", "p")
+                    dst_ab = fn.index(dst_a, runtime_offset(fn, layout, b, first_b))
                     rows = [load(module, fn, src_ab, i * row[a], block, block, 1, cache=False) for i in range(block)]
                     for j, column in enumerate(_transpose(fn, rows, block)):
                         store(module, fn, dst_ab, j * stride_b, block, block, column)
@@ -118,17 +121,20 @@ def _emit_transposing_pack(module: KernelModule, fn: Function, index: str, sizes
     if rem_a:  # the rows no block covers
         with fn.loop(size[b]) as lb:
             src_b = fn.advance(src, lb.iv, 1)
-            dst_b = fn.value(f"getelementptr inbounds float, ptr {dst}, i64 {runtime_offset(fn, layout, b, lb.iv)}", "p")
+            dst_b = fn.index(dst, runtime_offset(fn, layout, b, lb.iv))
             for x in range(full_a * block, size[a]):
                 scalar(fn.offset(src_b, x * row[a]), fn.offset(dst_b, layout.offset(a, x)))
     for lp in reversed(loops):
         lp.__exit__(None, None, None)
 
 
-def emit_pack(module: KernelModule, name: str, index: str, sizes: tuple[int, ...], layout: Layout) -> None:
-    """``void name(src, dst)``: copy a row-major tensor into ``layout`` (places that hold no
-    element are left as they are: no loop ever reads them)."""
+def emit_pack(module: KernelModule, name: str, index: str, sizes: tuple[int, ...], layout: Layout, element: str = "float") -> None:
+    """``void name(src, dst)``: copy a row-major tensor of ``element`` (``"float"``, or ``"i16"``
+    for bfloat16) into ``layout`` (places that hold no element are left as they are: no loop
+    ever reads them)."""
     fn = Function(f"define void @{name}(ptr noalias %src, ptr noalias %dst) nounwind {{")
+    fn.point("%src", element)
+    fn.point("%dst", element)
     module.functions.append(fn)
     row = {}
     stride = 1
@@ -165,7 +171,7 @@ def emit_pack(module: KernelModule, name: str, index: str, sizes: tuple[int, ...
         with fn.loop(full) as lp:
             start = fn.value(f"mul i64 {lp.iv}, {chunk}", "x")
             chunk_src = fn.advance(src, lp.iv, chunk * row[var])
-            chunk_dst = fn.value(f"getelementptr inbounds float, ptr {dst}, i64 {runtime_offset(fn, layout, var, start)}", "p")
+            chunk_dst = fn.index(dst, runtime_offset(fn, layout, var, start))
             block(chunk_src, chunk_dst, chunk)
     if rem:
         block(fn.offset(src, full * chunk * row[var]), fn.offset(dst, layout.offset(var, full * chunk)), rem)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Mapping, Sequence
 
 from looprl import checks, defaults
+from looprl.ir.dtypes import ELEMENT_BYTES, FLOAT32, as_dtype
 from looprl.ir.epilogue import IDENTITY, Epilogue, as_epilogue
 
 _SPEC_RE = re.compile(r"([a-z]*),([a-z]*)->([a-z]*)")  # used with fullmatch: no trailing "\n"
@@ -19,7 +20,7 @@ FLOAT32_BYTES = 4
 
 @dataclass(frozen=True)
 class Problem:
-    """A float32 contraction ``out[o...] = sum(in0[i...] * in1[j...])`` of two inputs.
+    """A contraction ``out[o...] = sum(in0[i...] * in1[j...])`` of two inputs.
 
     ``spec`` is einsum notation with one lower-case letter per dimension
     (e.g. ``"mk,kn->mn"``); ``sizes`` maps every letter to its extent. All
@@ -49,6 +50,11 @@ class Problem:
     copies of its constant inputs: as many as put that many bytes between two uses of one
     copy), and its schedules are searched for that; it needs a constant input. Part of
     :attr:`name` (``...;between=<bytes>``, or ``...;cold``) only when set.
+
+    ``dtype``: the tensors' element type, ``"float32"`` (the default) or ``"bfloat16"``
+    (inputs, output and epilogue inputs in bfloat16, products and sums in float32, the output
+    rounded once: :mod:`looprl.ir.dtypes`). Part of :attr:`name` (``...;dtype=bfloat16``) only
+    when it is not float32.
     """
 
     spec: str
@@ -56,10 +62,12 @@ class Problem:
     constant: tuple[str, ...] = ()
     epilogue: Epilogue = IDENTITY
     between: int = 0
+    dtype: str = FLOAT32
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "epilogue", as_epilogue(self.epilogue))
-        sizes = _validate(self.spec, _size_pairs(self.sizes), self.epilogue)
+        object.__setattr__(self, "dtype", as_dtype(self.dtype))
+        sizes = _validate(self.spec, _size_pairs(self.sizes), self.epilogue, self.dtype)
         object.__setattr__(self, "sizes", tuple((d, sizes[d]) for d in _first_appearance(self.spec)))
         constant = self.constant
         if isinstance(constant, str):
@@ -126,10 +134,15 @@ class Problem:
         return self.shape(self.output)
 
     @property
+    def element_bytes(self) -> int:
+        """Bytes of one element of the inputs and the output (4 for float32, 2 for bfloat16)."""
+        return ELEMENT_BYTES[self.dtype]
+
+    @property
     def constant_bytes(self) -> int:
-        """float32 bytes of the constant inputs (the weights that bytes between calls evict)."""
+        """Bytes of the constant inputs (the weights that bytes between calls evict)."""
         shapes = dict(zip(("in0", "in1"), self.input_shapes))
-        return FLOAT32_BYTES * sum(math.prod(shapes[t]) for t in self.constant)
+        return self.element_bytes * sum(math.prod(shapes[t]) for t in self.constant)
 
     @property
     def epilogue_shapes(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
@@ -147,7 +160,7 @@ class Problem:
         unknown = sorted(set(parts) - {"scale", "bias", "activation", "residual"})
         if unknown:
             raise ValueError(f"unknown epilogue part(s) {unknown}; expected scale=, bias=, activation=, residual=")
-        return Problem(self.spec, self.sizes, self.constant, Epilogue(**parts) if parts else as_epilogue(epilogue), self.between)
+        return replace(self, epilogue=Epilogue(**parts) if parts else as_epilogue(epilogue))
 
     def with_cold(self, cold: bool = True) -> "Problem":
         """This problem with its constant inputs read from memory on every call (``cold``:
@@ -156,7 +169,11 @@ class Problem:
 
     def with_between(self, between: int) -> "Problem":
         """This problem with ``between`` bytes read by other work between two calls (see :class:`Problem`)."""
-        return Problem(self.spec, self.sizes, self.constant, self.epilogue, between)
+        return replace(self, between=between)
+
+    def with_dtype(self, dtype) -> "Problem":
+        """This problem with tensors of ``dtype`` (``"float32"`` or ``"bfloat16"``)."""
+        return replace(self, dtype=as_dtype(dtype))
 
     @property
     def flops(self) -> int:
@@ -178,6 +195,8 @@ class Problem:
             text += ";cold"
         elif self.between:
             text += f";between={self.between}"
+        if self.dtype != FLOAT32:
+            text += f";dtype={self.dtype}"
         return text
 
     def __str__(self) -> str:
@@ -197,10 +216,10 @@ def _between_bytes(value) -> int:
 
 
 def contraction(spec: str, /, sizes: Mapping[str, int] | None = None, *, constant=(), epilogue=None, cold=False, between: int = 0,
-                **dims: int) -> Problem:
+                dtype=FLOAT32, **dims: int) -> Problem:
     """A contraction of two inputs in einsum notation, e.g.
-    ``contraction("bmk,bkn->bmn", b=4, m=64, k=32, n=16)``; ``constant``, ``epilogue`` and ``between``: see
-    :class:`Problem` (``cold=True``: :data:`COLD` bytes between).
+    ``contraction("bmk,bkn->bmn", b=4, m=64, k=32, n=16)``; ``constant``, ``epilogue``, ``between`` and
+    ``dtype``: see :class:`Problem` (``cold=True``: :data:`COLD` bytes between).
 
     Spaces in ``spec`` are ignored; any other character outside ``a-z , ->`` (a newline or a
     tab included) is an error. Sizes may be Python or numpy integers."""
@@ -215,18 +234,19 @@ def contraction(spec: str, /, sizes: Mapping[str, int] | None = None, *, constan
     merged.update(dims)
     if checks.flag(cold, "cold") and between:
         raise ValueError("give cold=True or between=<bytes>, not both")
-    return Problem(spec.replace(" ", ""), tuple(merged.items()), constant, epilogue, COLD if cold else between)
+    return Problem(spec.replace(" ", ""), tuple(merged.items()), constant, epilogue, COLD if cold else between, dtype)
 
 
-def matmul(m: int, n: int, k: int, *, constant=(), epilogue=None) -> Problem:
+def matmul(m: int, n: int, k: int, *, constant=(), epilogue=None, dtype=FLOAT32) -> Problem:
     """``C[m, n] = A[m, k] @ B[k, n]``; note the argument order (m, n, k). ``constant``:
-    inputs that are weights (``"b"`` for B); ``epilogue``: see :class:`Problem`."""
-    return contraction("mk,kn->mn", m=m, n=n, k=k, constant=constant, epilogue=epilogue)
+    inputs that are weights (``"b"`` for B); ``epilogue`` and ``dtype``: see :class:`Problem`."""
+    return contraction("mk,kn->mn", m=m, n=n, k=k, constant=constant, epilogue=epilogue, dtype=dtype)
 
 
 def parse_problem(text: str) -> Problem:
     """Parse ``"MxNxK"`` (a matmul, m x n x k) or a :attr:`Problem.name` string (with its
-    optional ``;const=...``, ``;epilogue=...`` and ``;cold`` or ``;between=<bytes>`` parts).
+    optional ``;const=...``, ``;epilogue=...``, ``;cold`` or ``;between=<bytes>`` and
+    ``;dtype=bfloat16`` parts).
 
     Surrounding whitespace is ignored; anything else that is not part of the syntax is a
     :class:`ValueError`."""
@@ -239,9 +259,9 @@ def parse_problem(text: str) -> Problem:
         for part in parts:
             key, equals, value = part.partition("=")
             key = key.strip()
-            if (not equals or key not in ("const", "epilogue", "between")) and not (key == "cold" and not equals):
-                raise ValueError(f"bad part {part!r} of problem {text!r}; expected ';const=<inputs>', ';epilogue=<parts>', ';cold' "
-                                 "or ';between=<bytes>'")
+            if (not equals or key not in ("const", "epilogue", "between", "dtype")) and not (key == "cold" and not equals):
+                raise ValueError(f"bad part {part!r} of problem {text!r}; expected ';const=<inputs>', ';epilogue=<parts>', ';cold', "
+                                 "';between=<bytes>' or ';dtype=<float32|bfloat16>'")
             if key in options:
                 raise ValueError(f"problem {text!r} gives {key} twice")
             options[key] = value
@@ -250,7 +270,8 @@ def parse_problem(text: str) -> Problem:
         if "cold" in options and "between" in options:
             raise ValueError(f"problem {text!r} gives ';cold' and ';between=': one of them")
         between = COLD if "cold" in options else _parsed_bytes(options.get("between", "0"), text)
-        return Problem(problem.spec, problem.sizes, constant, Epilogue.from_key(options.get("epilogue", "")), between)
+        return Problem(problem.spec, problem.sizes, constant, Epilogue.from_key(options.get("epilogue", "")), between,
+                       options.get("dtype", FLOAT32).strip())
     if ":" in text:
         spec, _, rest = text.partition(":")
         sizes: dict[str, int] = {}
@@ -327,7 +348,7 @@ def _size_pairs(sizes) -> dict:
     return result
 
 
-def _validate(spec: str, sizes: Mapping[str, int], epilogue: Epilogue = IDENTITY) -> dict[str, int]:
+def _validate(spec: str, sizes: Mapping[str, int], epilogue: Epilogue = IDENTITY, dtype: str = FLOAT32) -> dict[str, int]:
     """Check ``spec`` and ``sizes``; the sizes as Python ints."""
     if not isinstance(spec, str):
         raise ValueError(f"spec must be a string like 'mk,kn->mn', got {spec!r}")
@@ -355,14 +376,15 @@ def _validate(spec: str, sizes: Mapping[str, int], epilogue: Epilogue = IDENTITY
     result = {}
     for dim, value in sizes.items():
         result[dim] = checks.positive_int(value, f"size of {dim!r}")
-    _check_limits(spec, (left, right, out), result, epilogue)
+    _check_limits(spec, (left, right, out), result, epilogue, dtype)
     return result
 
 
-def _check_limits(spec: str, terms: tuple[str, str, str], sizes: dict[str, int], epilogue: Epilogue = IDENTITY) -> None:
-    """Refuse sizes whose tensors or flop count overflow ``i64``, or whose float32 buffers
-    (two inputs, the output and the accumulator, and the epilogue's bias and residual) exceed
-    ``defaults.MAX_BUFFER_BYTES``. Exact: Python ints do not overflow."""
+def _check_limits(spec: str, terms: tuple[str, str, str], sizes: dict[str, int], epilogue: Epilogue = IDENTITY,
+                  dtype: str = FLOAT32) -> None:
+    """Refuse sizes whose tensors or flop count overflow ``i64``, or whose buffers (two inputs,
+    the output and the epilogue's bias and residual in ``dtype``, the float32 accumulator)
+    exceed ``defaults.MAX_BUFFER_BYTES``. Exact: Python ints do not overflow."""
     described = f"{spec} with " + ", ".join(f"{d}={sizes[d]}" for d in _first_appearance(spec))
     elements = [math.prod(sizes[d] for d in term) for term in terms]
     for name, term, count in zip(("first input", "second input", "output"), terms, elements):
@@ -374,12 +396,13 @@ def _check_limits(spec: str, terms: tuple[str, str, str], sizes: dict[str, int],
     flops = 2 * math.prod(sizes.values())
     if flops > checks.INT64_MAX:
         raise ValueError(f"problem {described}: its flop count 2 x {flops // 2} = {flops} overflows a signed 64-bit integer")
-    needed = FLOAT32_BYTES * (elements[0] + elements[1] + 2 * elements[2])  # + the accumulator
-    needed += FLOAT32_BYTES * (sizes[terms[2][-1]] * epilogue.bias + elements[2] * epilogue.residual)
+    size = ELEMENT_BYTES[dtype]
+    needed = size * (elements[0] + elements[1] + elements[2]) + FLOAT32_BYTES * elements[2]  # + the accumulator
+    needed += size * (sizes[terms[2][-1]] * epilogue.bias + elements[2] * epilogue.residual)
     limit = defaults.MAX_BUFFER_BYTES
     if needed > limit:
         raise ValueError(
-            f"problem {described} is too large: its float32 buffers (two inputs, output and "
+            f"problem {described} is too large: its buffers (two inputs, output and "
             f"accumulator{', epilogue inputs' if epilogue.inputs else ''}) need {needed} bytes ({_in_units(needed)}), more than "
             f"looprl.defaults.MAX_BUFFER_BYTES = {limit} ({_in_units(limit)})"
         )

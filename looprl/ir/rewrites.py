@@ -76,7 +76,7 @@ def transposed_twin(problem: Problem, constant_only: bool = True) -> Problem | N
     if column not in right or right[-1] == column:
         return None
     spec = f"{left},{right.replace(column, '')}{column}->{problem.output}"
-    twin = Problem(spec, problem.sizes, problem.constant, problem.epilogue, problem.between)
+    twin = Problem(spec, problem.sizes, problem.constant, problem.epilogue, problem.between, problem.dtype)
     return twin if twin.dims == problem.dims else None
 
 
@@ -154,7 +154,7 @@ def fused_view(problem: Problem) -> Problem | None:
     spec = f"{tensors[0]},{tensors[1]}->{tensors[2]}"
     if spec == problem.spec:
         return None
-    return Problem(spec, tuple(sizes.items()), problem.constant, between=problem.between)  # Problem orders the sizes
+    return Problem(spec, tuple(sizes.items()), problem.constant, between=problem.between, dtype=problem.dtype)  # Problem orders the sizes
 
 
 def _fusable_pair(tensors: list[str]) -> tuple[str, str] | None:

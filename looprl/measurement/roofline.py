@@ -99,9 +99,9 @@ def memory_bandwidth(target: Target | str | None = None, cache=None, *, threads:
 
 def problem_bytes(problem: Problem) -> int:
     """Compulsory traffic of ``problem``: its inputs, the epilogue's inputs and the output,
-    each once, in float32."""
+    each once, in the problem's dtype."""
     shapes = [*problem.input_shapes, problem.output_shape, *(shape for _, shape in problem.epilogue_shapes)]
-    return FLOAT32_BYTES * sum(math.prod(shape) for shape in shapes)
+    return problem.element_bytes * sum(math.prod(shape) for shape in shapes)
 
 
 @dataclass(frozen=True)

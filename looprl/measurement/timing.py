@@ -25,6 +25,7 @@ from looprl.backend.abi import kernel_tensors, pack_function_name
 from looprl.backend.host import cache_sizes
 from looprl.backend.kernel import Kernel, ReshapedKernel
 from looprl.backend.threads import check_threads
+from looprl.ir.dtypes import FLOAT32, NUMPY_STORAGE, to_bfloat16
 from looprl.ir.problem import COLD
 from looprl.measurement.lock import machine_lock
 
@@ -92,11 +93,11 @@ class Workspace:
         self.problem = problem
         self.inputs = []
         for shape in problem.input_shapes:
-            self.inputs.append(_uniform(rng, shape))
+            self.inputs.append(_uniform(rng, shape, problem.dtype))
         self.epilogue: dict[str, np.ndarray] = {}
         for name, shape in problem.epilogue_shapes:
-            self.epilogue[name] = _uniform(rng, shape)
-        self.out = aligned_empty(problem.output_shape)
+            self.epilogue[name] = _uniform(rng, shape, problem.dtype)
+        self.out = aligned_empty(problem.output_shape, NUMPY_STORAGE[problem.dtype])
         self.acc = aligned_empty(problem.output_shape)
         self._cold_sources: dict[str, list[np.ndarray]] = {}  # a cold problem's constant inputs: copies, row-major
         self._cold_packed: dict[tuple[str, str], list[np.ndarray]] = {}  # and in a layout, by (tensor, layout key)
@@ -120,7 +121,7 @@ class Workspace:
             source = self.input(tensor)
             sources = []
             for _ in range(cold_copy_count(source.nbytes, between=self.problem.between) - 1):
-                copy = aligned_empty(source.shape)
+                copy = aligned_empty(source.shape, source.dtype)
                 copy[...] = source  # the values do not matter, only that each copy is its own memory
                 sources.append(copy)
             self._cold_sources[tensor] = sources
@@ -133,7 +134,7 @@ class Workspace:
                 self._cold_packed.pop(next(iter(self._cold_packed)))
             packed = []
             for source in sources:
-                target = aligned_empty(layout.elements)
+                target = aligned_empty(layout.elements, source.dtype)
                 packer(source.ctypes.data, target.ctypes.data)
                 packed.append(target)
         self._cold_packed[key] = packed  # now the latest
@@ -146,14 +147,19 @@ class Workspace:
             self._point()
 
 
-def _uniform(rng, shape) -> np.ndarray:
-    """An aligned float32 array of ``shape``, uniform in [-1, 1), drawn in float32 in place
-    (a 154 MB weight: 0.15 s, where drawing doubles and converting took 0.9 s)."""
+def _uniform(rng, shape, dtype: str = FLOAT32) -> np.ndarray:
+    """An aligned array of ``shape``, uniform in [-1, 1), drawn in float32 in place (a 154 MB
+    weight: 0.15 s, where drawing doubles and converting took 0.9 s); for bfloat16, those
+    values rounded, as bits (:func:`looprl.ir.dtypes.to_bfloat16`)."""
     array = aligned_empty(shape)
     rng.random(dtype=np.float32, out=array)
     array *= 2.0
     array -= 1.0
-    return array
+    if dtype == FLOAT32:
+        return array
+    bits = aligned_empty(shape, NUMPY_STORAGE[dtype])
+    bits[...] = to_bfloat16(array)
+    return bits
 
 
 def time_kernel(

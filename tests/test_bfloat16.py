@@ -1,0 +1,168 @@
+"""bfloat16 problems: the dtype in the problem's name, the conversions, and every reachable
+schedule's kernel against the exact contraction of the bfloat16 inputs, within the bound that
+float32 accumulation and one rounding of the output imply (looprl.ir.dtypes.error_bound)."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import looprl
+from looprl.ir.dtypes import error_bound, from_bfloat16, to_bfloat16
+from looprl.measurement.timing import time_kernel
+from looprl.target import Target
+from tests.guarded import GuardedArray
+from tests.schedules import action_steps, pack_every_tiled_loop, walk
+
+BF16 = "bfloat16"
+PROBLEMS = [
+    looprl.matmul(67, 100, 250, dtype=BF16),  # no split divides these
+    looprl.matmul(64, 48, 32, dtype=BF16),
+    looprl.matmul(1, 33, 7, dtype=BF16),
+    looprl.contraction("mk,nk->mn", m=20, n=30, k=19, dtype=BF16),  # a linear layer's x @ W.T
+    looprl.contraction("mk,nk->mn", m=3, n=40, k=77, constant="in1", dtype=BF16),  # few rows, dot products
+    looprl.contraction("bmk,bkn->bmn", b=3, m=17, k=9, n=35, dtype=BF16),
+    looprl.contraction("mk,k->m", m=37, k=50, dtype=BF16),
+    looprl.contraction("kn,mk->nm", k=13, m=17, n=40, dtype=BF16),
+    looprl.contraction("abcd,cde->abe", a=3, b=4, c=5, d=6, e=17, dtype=BF16),
+]
+LAYOUT_KINDS = ("split", "split", "swap_down", "swap_up", "pack", "pad", "parallel")
+
+
+def bf16_inputs(problem, seed, scale=1.0):
+    rng = np.random.default_rng(seed)
+    return [to_bfloat16(rng.uniform(-scale, scale, size=shape)) for shape in problem.input_shapes]
+
+
+def reductions(problem) -> int:
+    return int(np.prod([problem.size(d) for d in problem.reduction_dims]))
+
+
+def assert_within_bound(problem, out_bits, a_bits, b_bits):
+    a, b = from_bfloat16(a_bits), from_bfloat16(b_bits)
+    exact = np.einsum(problem.spec, a.astype(np.float64), b.astype(np.float64))
+    bound = error_bound(problem.spec, a, b, reductions(problem), problem.dtype)
+    error = np.abs(from_bfloat16(out_bits).astype(np.float64) - exact)
+    worst = np.unravel_index(np.argmax(error - bound), error.shape)
+    assert (error <= bound).all(), f"error {error[worst]:.3g} > bound {bound[worst]:.3g} at {worst}"
+
+
+# -- the dtype in problems ---------------------------------------------------------------------
+def test_the_dtype_is_part_of_the_name_and_parses_back():
+    problem = looprl.contraction("mk,nk->mn", m=4, n=8, k=16, constant="in1", dtype=BF16).with_cold()
+    assert problem.name.endswith(";cold;dtype=bfloat16")
+    assert looprl.parse_problem(problem.name) == problem
+    assert looprl.matmul(4, 8, 16).name == "mk,kn->mn:m=4,k=16,n=8"  # float32 names unchanged
+    assert problem.with_epilogue(bias=True).dtype == BF16 and problem.with_cold(False).dtype == BF16
+    assert problem.with_dtype("float32") == looprl.contraction("mk,nk->mn", m=4, n=8, k=16, constant="in1").with_cold()
+    assert looprl.matmul(4, 8, 16, dtype=torch.bfloat16).dtype == BF16  # a torch dtype names it too
+    assert problem.constant_bytes == 2 * 8 * 16 and problem.with_dtype("float32").constant_bytes == 4 * 8 * 16
+
+
+@pytest.mark.parametrize("bad", ["float16", "bf16", "int8", None, 3])
+def test_an_unknown_dtype_is_a_value_error_naming_the_choices(bad):
+    with pytest.raises(ValueError, match="float32, bfloat16"):
+        looprl.matmul(4, 8, 16, dtype=bad)
+    with pytest.raises(ValueError, match="float32, bfloat16"):
+        looprl.parse_problem(f"8x8x8;dtype={bad}" if bad is not None else "8x8x8;dtype=")
+
+
+def test_rounding_to_bfloat16_is_torchs_to_nearest_ties_to_even():
+    rng = np.random.default_rng(0)
+    values = np.concatenate([rng.standard_normal(10000).astype(np.float32) * 10.0 ** rng.integers(-30, 30, 10000),
+                             np.float32([0.0, -0.0, np.inf, -np.inf, 3.4e38, 1e-40, 1.00390625, 1.01171875])])
+    ours = to_bfloat16(values)
+    theirs = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(ours, theirs)
+    assert np.isnan(from_bfloat16(to_bfloat16(np.float32([np.nan])))).all()
+    assert np.array_equal(from_bfloat16(ours[:100]), torch.from_numpy(theirs[:100].view(np.int16)).view(torch.bfloat16).float().numpy())
+
+
+# -- kernels -------------------------------------------------------------------------------------
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=st.sampled_from(PROBLEMS), steps=action_steps(kinds=LAYOUT_KINDS), seed=st.integers(0, 2**16))
+def test_random_bfloat16_schedules_stay_within_the_derived_bound(problem, steps, seed):
+    nest = walk(problem, steps)
+    a, b = bf16_inputs(problem, seed)
+    kernel = looprl.compile(nest, threads=2)
+    assert_within_bound(problem, kernel(a, b), a, b)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=st.sampled_from(PROBLEMS), steps=action_steps(), seed=st.integers(0, 2**8))
+def test_every_tiled_loop_packed_in_bfloat16_stays_within_the_bound(problem, steps, seed):
+    nest = pack_every_tiled_loop(walk(problem, steps), seed)
+    a, b = bf16_inputs(problem, seed)
+    assert_within_bound(problem, looprl.compile(nest)(a, b), a, b)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=st.sampled_from(PROBLEMS), steps=action_steps())
+def test_bfloat16_on_avx2_widens_and_stays_within_the_bound(problem, steps):
+    """AVX2 code (no bfloat16 instructions) widens bfloat16 to float32: the same answers' bound."""
+    a, b = bf16_inputs(problem, 1)
+    assert_within_bound(problem, looprl.compile(walk(problem, steps), target=Target.named("avx2"))(a, b), a, b)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=st.sampled_from(PROBLEMS), steps=action_steps(kinds=LAYOUT_KINDS), side=st.sampled_from(["start", "end"]),
+       target=st.sampled_from(["host", "avx2"]))
+def test_bfloat16_kernels_stay_in_bounds(problem, steps, side, target):
+    """bfloat16 inputs and output flush against inaccessible pages: a stray (or too wide) access
+    faults. (It found LLVM 22 storing a masked single lane of <16 x i16> as 4 bytes.)"""
+    kernel = looprl.compile(walk(problem, steps), target=target)
+    guards = [GuardedArray(shape, side, np.uint16) for shape in (*problem.input_shapes, problem.output_shape)]
+    try:
+        a, b, out = (g.array for g in guards)
+        a[...], b[...] = bf16_inputs(problem, 2)
+        kernel.run(a, b, out, reps=2)
+        assert_within_bound(problem, out, a, b)
+    finally:
+        for g in guards:
+            g.release()
+
+
+def test_runtime_rows_bound_weights_and_cold_timing_in_bfloat16():
+    problem = looprl.contraction("mk,nk->mn", m=16, n=72, k=100, constant="in1", dtype=BF16)
+    nest = looprl.initial_nest(problem).split(2, 16).swap(1)
+    assert nest.why_not_layout_pack("in1", "n", 16) is None
+    packed = nest.layout_pack("in1", "n", 16)
+    a, b = bf16_inputs(problem, 3)
+    for schedule in (nest, packed):
+        kernel = looprl.compile(schedule, runtime_rows=True)
+        bound = kernel.bind(b=b)
+        for rows in (1, 5, 16):
+            out = bound(a[:rows])
+            assert out.dtype == np.uint16 and out.shape == (rows, 72)
+            assert_within_bound(problem.with_epilogue(None), out, a[:rows], b)
+    cold = looprl.compile(packed.on_problem(problem.with_cold()))  # timed on rotating copies of the packed bfloat16 weight
+    assert time_kernel(cold, budget_s=0.01).seconds > 0
+
+
+def test_epilogues_run_in_float32_and_round_once():
+    problem = looprl.contraction("mk,nk->mn", m=9, n=40, k=64, constant="in1", dtype=BF16).with_epilogue(bias=True, activation="gelu",
+                                                                                                         residual=True)
+    a, b = bf16_inputs(problem, 4)
+    bias, residual = to_bfloat16(np.linspace(-1, 1, 40)), to_bfloat16(np.linspace(-2, 2, 9 * 40).reshape(9, 40))
+    out = looprl.compile(looprl.initial_nest(problem).split(2, 16))(a, b, bias, residual)
+    x = torch.from_numpy(from_bfloat16(a)).double() @ torch.from_numpy(from_bfloat16(b)).double().T + torch.from_numpy(from_bfloat16(bias)).double()
+    expected = torch.nn.functional.gelu(x) + torch.from_numpy(from_bfloat16(residual)).double()
+    # the contraction's bound (through gelu, whose slope is at most 1.13), the epilogue's float32
+    # steps, then one rounding of the result to bfloat16
+    contraction = error_bound(problem.spec, from_bfloat16(a), from_bfloat16(b), 64, "float32")
+    bound = 1.13 * contraction + 2e-6 * (np.abs(x.numpy()) + 2) + 2.0 ** -8 * np.abs(expected.numpy())
+    assert (np.abs(from_bfloat16(out) - expected.numpy()) <= bound).all()
+
+
+def test_kernels_of_bfloat16_problems_refuse_float32_arrays_by_name():
+    problem = looprl.matmul(4, 8, 16, dtype=BF16)
+    kernel = looprl.compile(looprl.initial_nest(problem))
+    a, b = bf16_inputs(problem, 0)
+    with pytest.raises(ValueError, match="first input must have dtype uint16 .*bfloat16"):
+        kernel(from_bfloat16(a), b)
+    with pytest.raises(ValueError, match="output must have dtype uint16"):
+        kernel.run(a, b, np.zeros((4, 8), np.float32))
+    f32 = looprl.compile(looprl.initial_nest(problem.with_dtype("float32")))
+    with pytest.raises(ValueError, match="second input must have dtype float32"):
+        f32(from_bfloat16(a), b)
