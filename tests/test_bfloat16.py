@@ -9,7 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import looprl
+from looprl.backend.pairs import has_bfloat16_dot, pairing
 from looprl.ir.dtypes import error_bound, from_bfloat16, to_bfloat16
+from looprl.ir.nest import LoopNest
 from looprl.measurement.timing import time_kernel
 from looprl.target import Target
 from tests.guarded import GuardedArray
@@ -18,6 +20,8 @@ from tests.schedules import action_steps, pack_every_tiled_loop, walk
 BF16 = "bfloat16"
 PROBLEMS = [
     looprl.matmul(67, 100, 250, dtype=BF16),  # no split divides these
+    looprl.matmul(67, 100, 251, constant="b", dtype=BF16),  # a weight: kernels take its reduction in pairs (an odd one: a half pair)
+    looprl.contraction("mk,nk->mn", m=33, n=72, k=95, constant="in1", dtype=BF16),  # a linear layer (pairs when packed)
     looprl.matmul(64, 48, 32, dtype=BF16),
     looprl.matmul(1, 33, 7, dtype=BF16),
     looprl.contraction("mk,nk->mn", m=20, n=30, k=19, dtype=BF16),  # a linear layer's x @ W.T
@@ -153,6 +157,33 @@ def test_epilogues_run_in_float32_and_round_once():
     contraction = error_bound(problem.spec, from_bfloat16(a), from_bfloat16(b), 64, "float32")
     bound = 1.13 * contraction + 2e-6 * (np.abs(x.numpy()) + 2) + 2.0 ** -8 * np.abs(expected.numpy())
     assert (np.abs(from_bfloat16(out) - expected.numpy()) <= bound).all()
+
+
+@pytest.mark.parametrize("target", ["host", "avx2"])
+@pytest.mark.parametrize("k", [768, 77])
+def test_a_packed_weight_is_paired_and_its_tile_uses_vdpbf16ps_where_the_host_has_it(target, k):
+    """The linear layer's register tile of the shipped plans (a packed panel of 48 columns, 9
+    rows): its weight stored with pairs of the reduction innermost; ``vdpbf16ps`` where the
+    target has AVX512_BF16, else each pair split into two FMAs; an odd reduction ends in a half
+    pair (its empty partner place holds garbage that must not reach the sum)."""
+    target = Target.named(target)
+    if target.missing_on_host():
+        pytest.skip(f"this host cannot run {target.isa} code")
+    problem = looprl.contraction("mk,nk->mn", m=40, n=100, k=k, constant="in1", dtype=BF16)
+    nest = LoopNest.from_key(problem, f"n2s48t4,m4s9t4,k{k}s1,m9s1,n48s1|m40s1,n100s1|in1=n48.k1.n1%48")
+    paired = pairing(nest, target)
+    assert paired is not None and paired.layout.key == "n48.k2.n1%48.k1%2" and paired.var == "k"
+    assert paired.dot == has_bfloat16_dot(target)
+    kernel = looprl.compile(nest, target=target)
+    assert ("vdpbf16ps" in kernel.assembly()) == paired.dot
+    a, b = bf16_inputs(problem, 5)
+    bound = kernel.bind(b=b)
+    bound._buffers["in1"][...] = np.uint16(0x7FC0)  # every place NaN, then the weight packed over it
+    kernel._packers["looprl_pack_in1"](b.ctypes.data, bound._buffers["in1"].ctypes.data)
+    assert_within_bound(problem, bound(a), a, b)
+    assert pairing(nest.on_problem(problem.with_dtype("float32")), target) is None
+    weights_change = looprl.contraction("mk,nk->mn", m=40, n=100, k=k, dtype=BF16)  # a weight converted per call would cost as much as the product
+    assert pairing(nest.on_problem(weights_change), target) is None
 
 
 def test_kernels_of_bfloat16_problems_refuse_float32_arrays_by_name():

@@ -12,13 +12,15 @@ non-empty set of packed inputs, which takes those inputs already packed."""
 
 from __future__ import annotations
 
-from looprl.backend.layout_plan import layouts_applied, workspace_layout
+from looprl.backend.layout_plan import workspace_layout
+from looprl.backend.pairs import kernel_layouts
 from looprl.backend.llvm_text import Function
 from looprl.backend.loops import KernelModule
 from looprl.backend.packing import emit_pack
 from looprl.ir.dtypes import LLVM_ELEMENT
 from looprl.ir.nest import LoopNest
 from looprl.ir.problem import Problem
+from looprl.target import Target
 
 KERNEL_NAME = "looprl_kernel"
 BODY_NAME = "looprl_body"  # the kernel's body when its entry points pack inputs first
@@ -32,9 +34,9 @@ def kernel_tensors(problem: Problem) -> tuple[str, ...]:
     return TENSORS + tuple(EPILOGUE_TENSORS[name] for name in problem.epilogue.inputs)
 
 
-def packed_inputs(nest: LoopNest) -> tuple[str, ...]:
-    """The inputs the kernel of ``nest`` stores in their layouts (packs on entry)."""
-    applied = layouts_applied(nest)
+def packed_inputs(nest: LoopNest, target: Target) -> tuple[str, ...]:
+    """The inputs the kernel of ``nest`` for ``target`` stores in their layouts (packs on entry)."""
+    applied = kernel_layouts(nest, target)
     return tuple(t for t in ("in0", "in1") if t in applied)
 
 
@@ -52,10 +54,10 @@ def pack_function_name(tensor: str) -> str:
     return f"looprl_pack_{tensor}"
 
 
-def extra_entry_points(nest: LoopNest) -> tuple[str, ...]:
+def extra_entry_points(nest: LoopNest, target: Target) -> tuple[str, ...]:
     """The functions besides :data:`KERNEL_NAME` a caller looks up: packing functions and the
     entries that take packed inputs."""
-    packed = packed_inputs(nest)
+    packed = packed_inputs(nest, target)
     return tuple(pack_function_name(t) for t in packed) + tuple(bound_kernel_name(s) for s in bound_subsets(packed))
 
 
@@ -76,9 +78,9 @@ def emit_packing_entry_points(module: KernelModule, nest: LoopNest) -> None:
     """The packing functions and the entry points of a kernel whose body is :data:`BODY_NAME`:
     each packs the inputs it does not take packed into the workspace, then runs the body, ``reps``
     times."""
-    applied = layouts_applied(nest)
-    packed = packed_inputs(nest)
-    places = workspace_layout(nest)
+    applied = kernel_layouts(nest, module.target)
+    packed = packed_inputs(nest, module.target)
+    places = workspace_layout(nest, applied)
     for tensor in packed:
         index = nest.tensor_index(tensor)
         emit_pack(module, pack_function_name(tensor), index, nest.problem.shape(index), applied[tensor],

@@ -54,6 +54,7 @@ from looprl.backend.abi import KERNEL_NAME, body_function, emit_packing_entry_po
 from looprl.backend.compute import ComputeEmitter
 from looprl.backend.layout_plan import layouts_applied, workspace_layout
 from looprl.backend.loops import Dynamic, KernelModule, RuntimeRowsUnsupported
+from looprl.backend.pairs import kernel_layouts, pairing
 from looprl.backend.write_back import WriteBackEmitter
 from looprl.ir.dtypes import LLVM_ELEMENT
 from looprl.ir.nest import LoopNest
@@ -95,13 +96,13 @@ def generate_ir(nest: LoopNest, target: Target, runtime_rows: bool = False) -> s
     (:class:`~looprl.backend.loops.Dynamic`); :class:`~looprl.backend.loops.RuntimeRowsUnsupported`
     where that would take too many specialised copies."""
     rows = check_runtime_rows(nest) if runtime_rows else None
-    applied = layouts_applied(nest)
+    applied = kernel_layouts(nest, target)
     module = KernelModule(target, kernel_tensors(nest.problem), threaded=nest.is_parallel, runtime_rows=runtime_rows,
                           elements=tensor_elements(nest))
-    compute = ComputeEmitter(module, nest, applied)
+    compute = ComputeEmitter(module, nest, applied, pairing(nest, target))
     write_back = WriteBackEmitter(module, nest, applied)
     fn = body_function(module) if applied else entry_function(module, KERNEL_NAME)
-    output_bytes = 4 * workspace_layout(nest)["acc"][1]
+    output_bytes = 4 * workspace_layout(nest, applied)["acc"][1]
     if rows is not None and "out" not in applied:  # a row-major accumulator: only the rows computed
         row_bytes = output_bytes // nest.problem.size(rows)
         output_bytes = None

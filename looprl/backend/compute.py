@@ -5,17 +5,22 @@ body stays under :data:`UNROLL_LIMIT` multiply-adds, else runtime loops whose ph
 registers they update), and the tile is stored once. Each leaf is a multiply-add of the target's
 width: ``llvm.fma``, or a multiply then an add where the target has no FMA (``llvm.fma`` would
 be a libcall). When even one vector of the innermost loop does not fit, it streams vector by
-vector through memory."""
+vector through memory. A bfloat16 kernel that pairs (:mod:`looprl.backend.pairs`) walks its
+paired reduction loop two indices at a time, each leaf one ``vdpbf16ps`` (or two FMAs of the
+pair's halves)."""
 
 from __future__ import annotations
 
 from looprl.backend.abi import EPILOGUE_TENSORS
 from looprl.backend.epilogue_ir import emit_epilogue
 from looprl.backend.layout_plan import strides
-from looprl.backend.llvm_text import Function, horizontal_sum, load, multiply_add, store, vector_type
+from looprl.backend.llvm_text import Function, horizontal_sum, load, mask, multiply_add, store, vector_type
 from looprl.backend.loops import KernelModule, NestEmitter
+from looprl.backend.pairs import PAIR, Pairing
 from looprl.backend.register_plan import RegisterScope, leaf_count, reduction_chunks, vector_chunks
 from looprl.ir.nest import LoopNest
+
+DOT_LANES = (4, 8, 16)  # vdpbf16ps's widths (128, 256, 512 bits); other leaves split the pairs
 
 # Unroll a reduction loop inside the register scope while the unrolled body has at most this
 # many multiply-adds (the reference backend used ~320).
@@ -26,7 +31,7 @@ class ComputeEmitter(NestEmitter):
     """``acc += in0 * in1`` over the compute loops: runtime loops down to the register scope
     (:mod:`looprl.backend.register_plan`), then the scope once per register block."""
 
-    def __init__(self, module: KernelModule, nest: LoopNest, layouts=None):
+    def __init__(self, module: KernelModule, nest: LoopNest, layouts=None, pairing: Pairing | None = None):
         problem = nest.problem
         in0, in1 = problem.operands
         coefs = {"in0": strides(problem, in0), "in1": strides(problem, in1), "acc": strides(problem, problem.output)}
@@ -51,6 +56,8 @@ class ComputeEmitter(NestEmitter):
         self.vector_var = self.plan.vector_var
         self.inner_start = self.plan.scope_start
         self.columns = problem.size(problem.output[-1])  # a row-major output's offset modulo this: the column
+        self.pairing = pairing
+        self.pair_part: str | None = None  # under the paired loop: "pair" (two indices) or "half" (the last of an odd extent)
 
     # -- the register scope ------------------------------------------------------
     def emit_inner_part(self, fn: Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
@@ -125,6 +132,9 @@ class ComputeEmitter(NestEmitter):
             return
         loop = self.loops[level]
         budget = budgets[loop.var]
+        if self.pairing is not None and level == self.pairing.level:
+            self.emit_pairs(fn, level, budgets, ptrs, consts, tile, types, copies)
+            return
         if level == self.depth - 1 and self.vector_var is not None:
             chunks = reduction_chunks if self.plan.reduces_vector else vector_chunks
             for c, lanes, active in chunks(budget, self.width):
@@ -161,20 +171,108 @@ class ComputeEmitter(NestEmitter):
             if loop.var not in self.output_dims or self.scope.touches(level + 1, tail, moved["acc"], tile):
                 self.emit_in_scope(fn, level + 1, tail, ptrs, moved, tile, types, copies * (full + 1 if unroll else 2))
 
+    def emit_pairs(self, fn, level, budgets, ptrs, consts, tile, types, copies) -> None:
+        """The paired reduction loop (step 1) two indices at a time: its whole pairs unrolled
+        or as a runtime loop (as :meth:`emit_in_scope` decides for any reduction loop), then a
+        half pair where its budget is odd."""
+        loop = self.loops[level]
+        full, rem = divmod(budgets[loop.var], PAIR)
+        child = dict(budgets, **{loop.var: 1})
+        unroll = copies * self.unrolled_ops(level, budgets) // PAIR <= UNROLL_LIMIT
+        self.pair_part = "pair"
+        if unroll or full == 1:
+            for i in range(full):
+                moved = {t: consts[t] + self.delta(t, loop.var, i * PAIR) for t in consts}
+                self.emit_in_scope(fn, level + 1, child, ptrs, moved, tile, types, copies * (full + rem))
+        elif full > 1:
+            carried = {key: (vector_type(types[key][0]), tile[key]) for key in self.scope.touches(level + 1, child, consts["acc"], tile)}
+            with fn.loop(full, carried) as lp:
+                moved_ptrs = {t: fn.advance(p, lp.iv, self.delta(t, loop.var, PAIR)) for t, p in ptrs.items()}
+                inner_tile = dict(lp.values)
+                self.emit_in_scope(fn, level + 1, child, moved_ptrs, consts, inner_tile, types, copies * (1 + rem))
+                lp.values.update(inner_tile)
+            tile.update({key: lp.values[key] for key in carried})
+        if rem:
+            self.pair_part = "half"
+            moved = {t: consts[t] + self.delta(t, loop.var, full * PAIR) for t in consts}
+            self.emit_in_scope(fn, level + 1, child, ptrs, moved, tile, types, copies * (full + 1))
+        self.pair_part = None
+
     def unrolled_ops(self, level: int, budgets: dict[str, int]) -> int:
         """Multiply-adds in the scope's body from ``level`` down if every loop were unrolled."""
         every = frozenset(lp.var for lp in self.loops)
         return leaf_count(self.loops, every, self.width, self.vector_var, level, tuple(sorted(budgets.items())))
 
     def leaf(self, fn, ptrs, consts, tile, lanes, active) -> None:
+        if self.pair_part is not None:
+            self.pair_leaf(fn, ptrs, consts, tile, lanes, active)
+            return
         var = self.vector_var
         a = self.operand(fn, "in0", ptrs, consts, lanes, active, var)
         b = self.operand(fn, "in1", ptrs, consts, lanes, active, var)
         key = consts["acc"]
         tile[key] = multiply_add(self.module, fn, a, b, tile[key], lanes, self.module.target.fma)
 
+    def pair_leaf(self, fn, ptrs, consts, tile, lanes, active) -> None:
+        """``acc += in0[r] * in1[r] + in0[r + 1] * in1[r + 1]`` (``r`` even; only the first
+        product for a half pair) on ``lanes`` lanes: the first input's pair loaded as one
+        32-bit value and broadcast, the second's as ``2 * lanes`` bfloat16 values (pairs
+        innermost), then ``vdpbf16ps`` or two FMAs of the halves."""
+        module, half = self.module, self.pair_part == "half"
+        shape = (lambda e: e) if lanes == 1 else (lambda e: f"<{lanes} x {e}>")
+        first = fn.offset(ptrs["in0"], consts["in0"])
+        if half:  # the partner is zero
+            a = fn.value(f"zext i16 {fn.value(f'load i16, ptr {first}, align 2', 'a')} to i32", "a")
+        else:
+            a = fn.value(f"load i32, ptr {first}, align 2", "a")
+        if lanes > 1:
+            one = fn.value(f"insertelement <{lanes} x i32> poison, i32 {a}, i64 0", "a")
+            a = fn.value(f"shufflevector <{lanes} x i32> {one}, <{lanes} x i32> poison, <{lanes} x i32> zeroinitializer", "a")
+        second = fn.offset(ptrs["in1"], consts["in1"])
+        wide = f"<{PAIR * lanes} x i16>"
+        if active == lanes:
+            bits = fn.value(f"load {wide}, ptr {second}, align 2", "b")
+        else:
+            bits = fn.value(f"call {wide} @{module.masked('load', PAIR * lanes, 'i16')}(ptr align 2 {second}, "
+                            f"{mask(PAIR * lanes, PAIR * active)}, {wide} zeroinitializer)", "b")
+        b = fn.value(f"bitcast {wide} {bits} to {shape('i32')}", "b")
+        key = consts["acc"]
+        if self.pairing.dot and lanes in DOT_LANES:
+            if half:  # the second input's partner place holds no element: clear it (0 * NaN would be NaN)
+                b = fn.value(f"and {shape('i32')} {b}, {_int_splat(0xFFFF, lanes)}", "b")
+            pairs = f"<{PAIR * lanes} x bfloat>"
+            name = module.bfloat16_dot(lanes)
+            a16 = fn.value(f"bitcast {shape('i32')} {a} to {pairs}", "a")
+            b16 = fn.value(f"bitcast {shape('i32')} {b} to {pairs}", "b")
+            typ = vector_type(lanes)
+            tile[key] = fn.value(f"call {typ} @{name}({typ} {tile[key]}, {pairs} {a16}, {pairs} {b16})", "f")
+            return
+        halves = [(_low_half(fn, a, lanes), _low_half(fn, b, lanes))]
+        if not half:
+            halves.append((_high_half(fn, a, lanes), _high_half(fn, b, lanes)))
+        for x, y in halves:
+            tile[key] = multiply_add(module, fn, x, y, tile[key], lanes, module.target.fma)
+
     def operand(self, fn, tensor, ptrs, consts, lanes, active, var) -> str:
         stride = self.delta(tensor, var, 1) if lanes > 1 else 0
         return load(self.module, fn, ptrs[tensor], consts[tensor], lanes, active, stride)
 
 
+
+
+def _int_splat(value: int, lanes: int) -> str:
+    return str(value) if lanes == 1 else f"splat (i32 {value})"
+
+
+def _low_half(fn: Function, pairs: str, lanes: int) -> str:
+    """The float32 values of the first bfloat16 of each 32-bit lane of ``pairs`` (its low half)."""
+    typ = "i32" if lanes == 1 else f"<{lanes} x i32>"
+    shifted = fn.value(f"shl {typ} {pairs}, {_int_splat(16, lanes)}", "lo")
+    return fn.value(f"bitcast {typ} {shifted} to {vector_type(lanes)}", "lo")
+
+
+def _high_half(fn: Function, pairs: str, lanes: int) -> str:
+    """The float32 values of the second bfloat16 of each 32-bit lane of ``pairs`` (its high half)."""
+    typ = "i32" if lanes == 1 else f"<{lanes} x i32>"
+    masked = fn.value(f"and {typ} {pairs}, {_int_splat(-65536, lanes)}", "hi")
+    return fn.value(f"bitcast {typ} {masked} to {vector_type(lanes)}", "hi")

@@ -12,7 +12,8 @@ from looprl import checks
 from looprl.backend import abi, codegen, jit
 from looprl.backend.buffers import aligned_empty
 from looprl.backend.jit import CompiledModule
-from looprl.backend.layout_plan import layouts_applied, workspace_elements
+from looprl.backend.layout_plan import workspace_elements
+from looprl.backend.pairs import kernel_layouts
 from looprl.backend.threads import before_parallel_call, check_threads, ensure_openmp_runtime
 from looprl.ir.dtypes import NUMPY_STORAGE
 from looprl.ir.nest import LoopNest
@@ -77,9 +78,9 @@ class Kernel:
         self.storage = NUMPY_STORAGE[self.problem.dtype]  # numpy dtype of the inputs and the output
         signature = _signature(len(self.tensors), nest.is_parallel, runtime_rows)
         self._function = signature(module.address)
-        self.layouts = layouts_applied(nest)  # tensor -> Layout the code stores it in
-        self.packed_inputs = abi.packed_inputs(nest)
-        self.workspace_elements = workspace_elements(nest)
+        self.layouts = kernel_layouts(nest, self.target)  # tensor -> Layout the code stores it in
+        self.packed_inputs = abi.packed_inputs(nest, self.target)
+        self.workspace_elements = workspace_elements(nest, self.layouts)
         self._entries = {name: signature(address) for name, address in module.addresses.items() if "_bound_" in name}
         self._packers = {name: _PACK_SIGNATURE(address) for name, address in module.addresses.items() if "_pack_" in name}
         shapes = dict(zip(("in0", "in1"), self.problem.input_shapes))
@@ -407,7 +408,7 @@ def compile(nest: LoopNest, target: Target | str | None = None, threads: int = 1
     ir = codegen.generate_ir(nest, target, runtime_rows)
     if "@GOMP_parallel" in ir:
         ensure_openmp_runtime()
-    module = CompiledModule(ir, abi.KERNEL_NAME, target, extra=abi.extra_entry_points(nest))
+    module = CompiledModule(ir, abi.KERNEL_NAME, target, extra=abi.extra_entry_points(nest, target))
     return Kernel(nest, ir, module, time.perf_counter() - start, threads, runtime_rows)
 
 

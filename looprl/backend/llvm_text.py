@@ -183,6 +183,14 @@ class Module:
         self.declarations[name] = f"declare {typ} @{name}({typ}, {typ}, {typ})"
         return name
 
+    def bfloat16_dot(self, lanes: int) -> str:
+        """``vdpbf16ps`` on ``lanes`` float32 lanes (4, 8 or 16): ``acc + a.even * b.even + a.odd * b.odd``
+        per lane, ``a`` and ``b`` of ``2 * lanes`` bfloat16."""
+        name = f"llvm.x86.avx512bf16.dpbf16ps.{32 * lanes}"
+        typ, pairs = vector_type(lanes), f"<{2 * lanes} x bfloat>"
+        self.declarations[name] = f"declare {typ} @{name}({typ}, {pairs}, {pairs})"
+        return name
+
     def masked(self, kind: str, lanes: int, element: str = "float") -> str:
         name = f"llvm.masked.{kind}.v{lanes}{'f32' if element == 'float' else element}.p0"
         typ = f"<{lanes} x {element}>"
