@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import looprl
-from looprl.backend.pairs import has_bfloat16_dot, pairing
+from looprl.backend.pairs import dot_pairs, has_bfloat16_dot, pairing
 from looprl.ir.dtypes import error_bound, from_bfloat16, to_bfloat16
 from looprl.ir.nest import LoopNest
 from looprl.measurement.timing import time_kernel
@@ -184,6 +184,23 @@ def test_a_packed_weight_is_paired_and_its_tile_uses_vdpbf16ps_where_the_host_ha
     assert pairing(nest.on_problem(problem.with_dtype("float32")), target) is None
     weights_change = looprl.contraction("mk,nk->mn", m=40, n=100, k=k, dtype=BF16)  # a weight converted per call would cost as much as the product
     assert pairing(nest.on_problem(weights_change), target) is None
+
+
+@pytest.mark.parametrize("k", [4096, 77, 33])
+def test_few_row_dot_products_read_pairs_on_a_bfloat16_host(k):
+    """A decode layer's weight read as stored (``[n, k]``, the reduction innermost in both
+    inputs): partial sums of vdpbf16ps over 32 values a vector where the host has AVX512_BF16
+    (the last vector masked: its missing values read as zeros in both inputs); widened
+    elsewhere."""
+    problem = looprl.contraction("mk,nk->mn", m=3, n=40, k=k, constant="in1", dtype=BF16)
+    nest = looprl.initial_nest(problem).swap(1)  # m, n, k: k innermost
+    a, b = bf16_inputs(problem, 6)
+    for target in (Target.host(), Target.named("avx2")):
+        if target.missing_on_host():
+            continue
+        kernel = looprl.compile(nest, target=target)
+        assert dot_pairs(nest, target) == ("vdpbf16ps" in kernel.assembly()) == has_bfloat16_dot(target)
+        assert_within_bound(problem, kernel(a, b), a, b)
 
 
 def test_kernels_of_bfloat16_problems_refuse_float32_arrays_by_name():

@@ -16,7 +16,7 @@ from looprl.backend.epilogue_ir import emit_epilogue
 from looprl.backend.layout_plan import strides
 from looprl.backend.llvm_text import Function, horizontal_sum, load, mask, multiply_add, store, vector_type
 from looprl.backend.loops import KernelModule, NestEmitter
-from looprl.backend.pairs import PAIR, Pairing
+from looprl.backend.pairs import PAIR, Pairing, dot_pairs
 from looprl.backend.register_plan import RegisterScope, leaf_count, reduction_chunks, vector_chunks
 from looprl.ir.nest import LoopNest
 
@@ -58,6 +58,7 @@ class ComputeEmitter(NestEmitter):
         self.columns = problem.size(problem.output[-1])  # a row-major output's offset modulo this: the column
         self.pairing = pairing
         self.pair_part: str | None = None  # under the paired loop: "pair" (two indices) or "half" (the last of an odd extent)
+        self.dot_pairs = dot_pairs(nest, module.target)  # partial sums of vdpbf16ps on twice as many bfloat16 values
 
     # -- the register scope ------------------------------------------------------
     def emit_inner_part(self, fn: Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:
@@ -136,6 +137,12 @@ class ComputeEmitter(NestEmitter):
             self.emit_pairs(fn, level, budgets, ptrs, consts, tile, types, copies)
             return
         if level == self.depth - 1 and self.vector_var is not None:
+            if self.dot_pairs:
+                for c, _, active in reduction_chunks(budget, PAIR * self.width):
+                    moved = {t: consts[t] + self.delta(t, loop.var, c) for t in consts}
+                    if moved["acc"] in tile:
+                        self.dot_pair_leaf(fn, ptrs, moved, tile, active)
+                return
             chunks = reduction_chunks if self.plan.reduces_vector else vector_chunks
             for c, lanes, active in chunks(budget, self.width):
                 moved = {t: consts[t] + self.delta(t, loop.var, c) for t in consts}
@@ -252,6 +259,23 @@ class ComputeEmitter(NestEmitter):
             halves.append((_high_half(fn, a, lanes), _high_half(fn, b, lanes)))
         for x, y in halves:
             tile[key] = multiply_add(module, fn, x, y, tile[key], lanes, module.target.fma)
+
+    def dot_pair_leaf(self, fn, ptrs, consts, tile, active) -> None:
+        """Partial sums += ``active`` (up to twice the width) products of consecutive bfloat16
+        values of both inputs, pairs per lane, by ``vdpbf16ps`` (the inactive ones read as zeros)."""
+        lanes, module = self.width, self.module
+        wide, pairs = f"<{PAIR * lanes} x i16>", f"<{PAIR * lanes} x bfloat>"
+        values = []
+        for tensor in ("in0", "in1"):
+            at = fn.offset(ptrs[tensor], consts[tensor])
+            if active == PAIR * lanes:
+                bits = fn.value(f"load {wide}, ptr {at}, align 2", "d")
+            else:
+                bits = fn.value(f"call {wide} @{module.masked('load', PAIR * lanes, 'i16')}(ptr align 2 {at}, "
+                                f"{mask(PAIR * lanes, active)}, {wide} zeroinitializer)", "d")
+            values.append(fn.value(f"bitcast {wide} {bits} to {pairs}", "d"))
+        key, typ = consts["acc"], vector_type(lanes)
+        tile[key] = fn.value(f"call {typ} @{module.bfloat16_dot(lanes)}({typ} {tile[key]}, {pairs} {values[0]}, {pairs} {values[1]})", "f")
 
     def operand(self, fn, tensor, ptrs, consts, lanes, active, var) -> str:
         stride = self.delta(tensor, var, 1) if lanes > 1 else 0

@@ -27,6 +27,12 @@ them). The last index of an odd extent is a *half* pair: the first input's partn
 the second's (a place no element fills) is cleared before the product. Other schedules widen
 each bfloat16 value to float32 and multiply-add one index at a time.
 
+A *dot-product* kernel (the innermost loop over a reduction both inputs store contiguously:
+vectors of partial sums, as few-row layers read a weight as stored) needs no layout: both
+inputs' pairs are neighbours. Where the target has AVX512_BF16 it reads twice as many
+bfloat16 values per vector and ``vdpbf16ps`` adds their products into the partial sums
+(:func:`dot_pairs`); elsewhere each value is widened, as in any other kernel.
+
 Where the target has no AVX512_BF16 (AVX2, or a generic AVX-512 target) a paired kernel still
 loads pairs, and splits each 32-bit lane into its two float32 values (a shift and a mask) for
 two FMAs: the same layout and loop structure, the float32 rate.
@@ -112,6 +118,16 @@ def pairing(nest: LoopNest, target: Target) -> Pairing | None:
     if paired is None:
         return None
     return Pairing(var, level, has_bfloat16_dot(target), paired)
+
+
+def dot_pairs(nest: LoopNest, target: Target) -> bool:
+    """Whether the dot-product kernel of ``nest`` for ``target`` reads its reduction in pairs
+    (a bfloat16 problem whose register tile keeps partial sums along a reduction, on a target
+    with AVX512_BF16)."""
+    if nest.problem.dtype != BFLOAT16 or not has_bfloat16_dot(target):
+        return False
+    plan = RegisterScope(nest, target, layouts_applied(nest)).plan
+    return plan.reduces_vector and not plan.streaming
 
 
 def kernel_layouts(nest: LoopNest, target: Target) -> dict:
