@@ -4,7 +4,7 @@ The backend is registered with torch under the name ``looprl`` (the ``torch_dyna
 entry point of this package), so ``torch.compile(model, backend="looprl")`` works without
 importing looprl first. Dynamo hands it each captured FX graph. In it, every ``linear`` call
 (``torch._C._nn.linear`` / ``functional.linear``: ``nn.Linear`` and code that calls
-``F.linear``) on float32 CPU tensors whose weight is a graph input (a parameter), when the graph
+``F.linear``) on float32 or bfloat16 CPU tensors (input, weight and bias of one dtype) whose weight is a graph input (a parameter), when the graph
 is compiled with grad mode off, is replaced by the custom operator ``looprl::linear``; a ReLU,
 GELU (either approximation) or SiLU that is the linear call's only user is fused into it. The
 operator runs :class:`looprl.torch.LinearKernels`: kernels tuned (:func:`looprl.tune` of
@@ -78,6 +78,7 @@ __all__ = ["looprl_backend", "stats"]
 OPTIONS = ("max_rows", "policy", "target", "budget_s", "cache", "threads", "rest", "bmm", "compare_torch", "measure")
 BMM_CHOICES = ("faster", "always", "never")
 LINEAR_TARGETS = (torch._C._nn.linear, functional.linear)
+LINEAR_DTYPES = (torch.float32, torch.bfloat16)  # linear calls replaced on these (input, weight and bias of one)
 MATMUL_TARGETS = (operator.matmul, torch.matmul, torch.bmm)
 PAYS_BUDGET_S = 0.02  # seconds to time the kernel, and torch, on a batched product before choosing
 PAYS_MARGIN = 0.9  # replaced only when the kernel took at most this fraction of torch's time (timing noise)
@@ -278,17 +279,18 @@ def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: in
         weight_value = _example_value(gm, weight, values)
         bias_value = _example_value(gm, bias, values) if bias is not None else None
         x_value = x.meta.get("example_value") if hasattr(x, "meta") else None
-        if not (isinstance(weight_value, torch.Tensor) and weight_value.dim() == 2 and weight_value.dtype == torch.float32
-                and weight_value.device.type == "cpu" and isinstance(x_value, torch.Tensor) and x_value.dtype == torch.float32
+        if not (isinstance(weight_value, torch.Tensor) and weight_value.dim() == 2 and weight_value.dtype in LINEAR_DTYPES
+                and weight_value.device.type == "cpu" and isinstance(x_value, torch.Tensor) and x_value.dtype == weight_value.dtype
                 and x_value.device.type == "cpu" and x_value.dim() >= 1):
             continue
-        if bias is not None and not (isinstance(bias_value, torch.Tensor) and bias_value.dtype == torch.float32 and bias_value.dim() == 1):
+        if bias is not None and not (isinstance(bias_value, torch.Tensor) and bias_value.dtype == weight_value.dtype and bias_value.dim() == 1):
             continue
         out_features, in_features = weight_value.shape
         users = list(node.users)
         activation = _activation_name(users[0]) if len(users) == 1 else None
         rows = max(1, math.prod(_hint(size) for size in x_value.shape[:-1]))
-        per_rows = tune_layer(in_features, out_features, bias is not None, activation, {rows}, max_rows, model_bytes, results, tuning)
+        per_rows = tune_layer(in_features, out_features, bias is not None, activation, {rows}, max_rows, model_bytes, results, tuning,
+                              dtype=str(weight_value.dtype).removeprefix("torch."))
         shape = layer_shape(per_rows)
         # Under Inductor's freezing the caller has promised that the parameters and buffers (get_attr nodes) keep their
         # values: bound once, as Inductor does. A weight or bias that is a graph input carries no such promise: compared.

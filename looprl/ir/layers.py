@@ -10,7 +10,7 @@ LINEAR_SPEC = "mk,nk->mn"
 
 
 def linear(batch: int, in_features: int, out_features: int, bias: bool = True, activation: str | None = None,
-           residual: bool = False, scale: float = 1.0) -> Problem:
+           residual: bool = False, scale: float = 1.0, dtype: str = "float32") -> Problem:
     """``torch.nn.Linear`` and what follows it: ``y = activation(scale * x @ W.T + b) + r``.
 
     ``x`` is ``[batch, in_features]``, ``W`` is ``[out_features, in_features]`` (stored as
@@ -18,9 +18,11 @@ def linear(batch: int, in_features: int, out_features: int, bias: bool = True, a
     ``r`` is ``[batch, out_features]`` (when ``residual``); ``activation``: None, ``"relu"``,
     ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``. ``W`` is declared constant (a weight): a
     schedule that packs it converts it once, when the kernel is bound to it. A kernel of this
-    problem is called ``kernel(x, W, b)`` (and ``r`` last when ``residual``)."""
+    problem is called ``kernel(x, W, b)`` (and ``r`` last when ``residual``). ``dtype``: of every
+    tensor (``"float32"`` or ``"bfloat16"``, see :class:`~looprl.ir.problem.Problem`)."""
     sizes = {}
     for name, value in (("batch", batch), ("in_features", in_features), ("out_features", out_features)):
         sizes[name] = checks.positive_int(value, name)
     epilogue = Epilogue(scale=scale, bias=bias, activation=activation, residual=residual)
-    return contraction(LINEAR_SPEC, m=sizes["batch"], n=sizes["out_features"], k=sizes["in_features"], constant="in1", epilogue=epilogue)
+    return contraction(LINEAR_SPEC, m=sizes["batch"], n=sizes["out_features"], k=sizes["in_features"], constant="in1", epilogue=epilogue,
+                       dtype=dtype)

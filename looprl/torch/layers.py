@@ -33,28 +33,30 @@ def weight_bytes(weights) -> int:
     return sum(sizes.values())
 
 
-def layer_problem(count: int, in_features: int, out_features: int, bias: bool, activation: str | None, model_bytes: int):
+def layer_problem(count: int, in_features: int, out_features: int, bias: bool, activation: str | None, model_bytes: int,
+                  dtype: str = "float32"):
     """The problem tuned for ``count`` rows of a linear layer in a model whose layers' weights
     hold ``model_bytes``: with few rows (:data:`COLD_ROWS`), the other layers' bytes read
     between two of its calls (named cold, shared by every model, where they reach twice this
     host's last-level cache: past that every call reads the weight from memory)."""
-    problem = linear(count, in_features, out_features, bias=bias, activation=activation)
-    between = max(0, int(model_bytes) - 4 * in_features * out_features)
+    problem = linear(count, in_features, out_features, bias=bias, activation=activation, dtype=dtype)
+    between = max(0, int(model_bytes) - problem.element_bytes * in_features * out_features)
     if count > COLD_ROWS or not between:
         return problem
     return problem.with_cold() if between >= 2 * cache_sizes()[1] else problem.with_between(between)
 
 
 def tune_layer(in_features: int, out_features: int, bias: bool, activation: str | None, rows: set[int], max_rows: int | None,
-               model_bytes: int, results: dict[str, TuneResult], tuning: dict) -> dict[int, TuneResult]:
+               model_bytes: int, results: dict[str, TuneResult], tuning: dict, dtype: str = "float32") -> dict[int, TuneResult]:
     """A linear layer's tuned results by row count, for the row counts of
     :func:`~looprl.torch.rows.tuned_row_counts` (``rows``: those seen, ``max_rows``), each the
     :func:`looprl.tune` (with ``tuning``: its keyword arguments) of :func:`layer_problem` in a
     model of ``model_bytes`` of weights. ``results`` (problem name -> result) is shared by the
-    layers of a model: a problem already in it is not tuned again, one tuned here is added."""
+    layers of a model: a problem already in it is not tuned again, one tuned here is added.
+    ``dtype``: the layer's (``"float32"`` or ``"bfloat16"``)."""
     per_rows = {}
     for count in tuned_row_counts(rows, max_rows):
-        problem = layer_problem(count, in_features, out_features, bias, activation, model_bytes)
+        problem = layer_problem(count, in_features, out_features, bias, activation, model_bytes, dtype)
         if problem.name not in results:
             results[problem.name] = tune(problem, **tuning)
         per_rows[count] = results[problem.name]

@@ -54,8 +54,9 @@ HOOKED = "has hooks (forward, forward-pre, backward or state-dict) that a replac
 GLOBAL_HOOKS = "global module hooks are registered (torch.nn.modules.module.register_module_forward_hook and the like)"
 SUBCLASS = "a subclass of nn.Linear (its module may use the weight itself)"
 NOT_PARAMETERS = "its weight or bias is not a Parameter"
-NOT_FLOAT32 = "parameters not float32 on the CPU"
-NOT_CALLED = "not called with a float32 CPU input by the examples"
+NOT_FLOAT32 = "parameters not float32 or bfloat16 on the CPU (both of one dtype)"
+NOT_CALLED = "not called with a CPU input of its parameters' dtype by the examples"
+DTYPES = (torch.float32, torch.bfloat16)  # what a tuned layer's parameters and inputs may be
 
 # The per-module hook tables of torch 2.x: a layer with an entry in one is left to torch.
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
@@ -92,7 +93,7 @@ def _left_to_torch(layer: nn.Module) -> str | None:
     weight, bias = layer.weight, layer.bias
     if type(weight) is not nn.Parameter or (bias is not None and type(bias) is not nn.Parameter):
         return NOT_PARAMETERS
-    if weight.dtype != torch.float32 or weight.device.type != "cpu" or (bias is not None and (bias.dtype != torch.float32 or bias.device.type != "cpu")):
+    if weight.dtype not in DTYPES or weight.device.type != "cpu" or (bias is not None and (bias.dtype != weight.dtype or bias.device.type != "cpu")):
         return NOT_FLOAT32
     if weight.is_neg() or weight.is_conj() or (bias is not None and (bias.is_neg() or bias.is_conj())):
         return NEGATIVE_VIEW
@@ -126,7 +127,7 @@ def _copy(module: nn.Module, memo: dict | None = None) -> nn.Module:
 
 
 def _record_rows(module: nn.Module, examples: list[tuple], layers, fusions: dict) -> list[dict[tuple, set[int]]]:
-    """Per example, the row counts of the float32 CPU inputs each of ``layers`` (in ``module``)
+    """Per example, the row counts of the CPU inputs of its parameters' dtype each of ``layers`` (in ``module``)
     sees, by ``(layer, fused)``: ``fused`` when the call is its sequence's, followed by the
     activation ``fusions`` (layer -> (sequence, the activation's index)) would fuse into it.
     ``module`` is a probe: its sequences are made to say which calls are theirs."""
@@ -136,7 +137,7 @@ def _record_rows(module: nn.Module, examples: list[tuple], layers, fusions: dict
 
     def hook(layer, args, _output):
         x = args[0] if args else None
-        if type(x) is torch.Tensor and x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() >= 1 and x.numel():
+        if type(x) is torch.Tensor and x.dtype == layer.weight.dtype and x.device.type == "cpu" and x.dim() >= 1 and x.numel():
             per_example[-1].setdefault((layer, layer in from_sequence), set()).add(math.prod(x.shape[:-1]))
 
     for layer in layers:
@@ -268,8 +269,9 @@ def _fusions(module: nn.Module, tunable) -> dict[nn.Linear, tuple[nn.Sequential,
 def tune_module(module: nn.Module, example_inputs, *, policy="default", target=None, budget_s=None, cache=None,
                 fuse: bool = True, threads: int = 1, max_rows: int | None = None, records=None,
                 compare_torch: bool = True, progress: bool = True, frozen: bool = False, measure: bool = True) -> nn.Module:
-    """A copy of ``module`` whose float32 CPU ``nn.Linear`` layers run looprl kernels tuned for
-    the shapes ``example_inputs`` give them (see :mod:`looprl.torch`).
+    """A copy of ``module`` whose float32 or bfloat16 CPU ``nn.Linear`` layers run looprl
+    kernels tuned for the shapes ``example_inputs`` give them (see :mod:`looprl.torch`); a
+    bfloat16 layer (parameters and inputs) gets bfloat16 kernels (:mod:`looprl.ir.dtypes`).
 
     ``example_inputs``: a tensor, a tuple of one call's positional arguments, or a list of
     either to tune for several shapes. ``policy``, ``target``, ``budget_s``, ``cache``: as in
@@ -366,7 +368,7 @@ def _tune(module: nn.Module, examples: list[tuple], cache, fuse: bool, max_rows,
         activation = activation_of_module(activation_module) if activation_module is not None else None
         shape_started = time.perf_counter()
         per_rows = tune_layer(layer.in_features, layer.out_features, layer.bias is not None, activation, rows, max_rows, model_bytes,
-                              results, tuning)
+                              results, tuning, dtype=str(layer.weight.dtype).removeprefix("torch."))
         shape = layer_shape(per_rows)
         if progress and shape not in shapes:
             how = " (the policy alone)" if not tuning["measure"] else ""
@@ -419,7 +421,7 @@ def _tune(module: nn.Module, examples: list[tuple], cache, fuse: bool, max_rows,
               file=sys.stderr, flush=True)
     if not replacements:
         reasons = "; ".join(f"{name or 'the module'}: {why}" for name, why in left.items())
-        warnings.warn("tune_module tuned no layer: no float32 CPU torch.nn.Linear in the module was called with a float32 CPU input "
+        warnings.warn("tune_module tuned no layer: no float32 or bfloat16 CPU torch.nn.Linear in the module was called with a CPU input of its dtype "
                       "by the examples and free to be replaced" + (f" (left to torch: {reasons})" if reasons else "")
                       + "; the copy returned runs as the module does", RuntimeWarning, stacklevel=3)
     return answer

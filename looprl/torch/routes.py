@@ -25,7 +25,8 @@ from looprl.measurement.timing import best_time, cold_copy_count
 from looprl.policy.tuner import TuneResult
 from looprl.torch.activations import ACTIVATIONS
 from looprl.torch.rows import any_rows_kernel, foreign_target, rebuilt_result, result_state, row_plan
-from looprl.torch.weights import ContentCache, FrozenCache
+from looprl.torch.weights import ContentCache, FrozenCache, numpy_view
+from looprl.ir.dtypes import NUMPY_STORAGE
 
 
 ROUTE_BUDGET_S = 0.005  # seconds to time looprl's plan, and torch's call, for one row count in one round
@@ -85,6 +86,8 @@ class LinearKernels:
         self.results = dict(results)
         self.records = list(records)  # the tuned answers as exported records (save_records)
         self._with_bias = "bias" in self.results[1].problem.epilogue.inputs
+        self.dtype = self.results[1].problem.dtype  # "float32" or "bfloat16": the layer's parameters' and inputs'
+        self._torch_dtype = getattr(torch, self.dtype)
         self._weight_shape, self._bias_shape = (out_features, in_features), (out_features,)
         flops = 2 * in_features * out_features
         self._seconds = {rows: flops * rows / (result.gflops * 1e9) for rows, result in self.results.items()}
@@ -159,17 +162,17 @@ class LinearKernels:
         ``fallbacks``), or None if looprl kernels compute it."""
         if self.foreign is not None:
             return self.foreign
-        float32 = torch.float32  # dtypes are singletons: compared by identity, and is_cpu is cheaper than device.type
-        if type(x) is not torch.Tensor or x.dtype is not float32 or not x.is_cpu or x.dim() < 1:
-            return "input not a float32 CPU tensor"
+        dtype = self._torch_dtype  # dtypes are singletons: compared by identity, and is_cpu is cheaper than device.type
+        if type(x) is not torch.Tensor or x.dtype is not dtype or not x.is_cpu or x.dim() < 1:
+            return f"input not a {self.dtype} CPU tensor"
         if x.shape[-1] != self.in_features:
             return "input's last dimension is not in_features"
         if x.numel() == 0:
             return "empty input"
-        if (type(weight) not in (torch.Tensor, nn.Parameter) or weight.dtype is not float32 or not weight.is_cpu
+        if (type(weight) not in (torch.Tensor, nn.Parameter) or weight.dtype is not dtype or not weight.is_cpu
                 or weight.shape != self._weight_shape
-                or (bias is not None and (bias.dtype is not float32 or not bias.is_cpu or bias.shape != self._bias_shape))):
-            return "parameters not float32 on the CPU"
+                or (bias is not None and (bias.dtype is not dtype or not bias.is_cpu or bias.shape != self._bias_shape))):
+            return f"parameters not {self.dtype} on the CPU"
         if weight.is_neg() or weight.is_conj() or (bias is not None and (bias.is_neg() or bias.is_conj())):
             return NEGATIVE_VIEW  # their memory holds the values unnegated: the kernels would read them so
         if (bias is None) == self._with_bias:
@@ -192,7 +195,7 @@ class LinearKernels:
         (:meth:`runs_torch`) and are returned."""
         counts = sorted(self.results if counts is None else {checks.positive_int(c, "row count") for c in counts})
         generator = torch.Generator().manual_seed(0)  # the inputs drawn from our own generator: torch's global one is the user's
-        inputs = {count: torch.randn(count, self.in_features, generator=generator) for count in counts}
+        inputs = {count: torch.randn(count, self.in_features, generator=generator).to(self._torch_dtype) for count in counts}
         # Timed on rotating copies of the weight where the call reads nothing else (frozen, or the
         # cold row counts' kernels all in place): else the default path's comparison of its copies
         # is part of the call, timed as it runs.
@@ -223,10 +226,10 @@ class LinearKernels:
             return None
         between = max(self.results[count].problem.between for count in cold)
         weights = [weight] + [weight.clone() for _ in range(cold_copy_count(weight.numel() * weight.element_size(), between=between) - 1)]
-        bias_array = None if bias is None else bias.detach().numpy()
+        bias_array = None if bias is None else numpy_view(bias)
         kernel_sets = []
         for copy in weights:
-            constants = {"b": copy.detach().numpy()} if bias is None else {"b": copy.detach().numpy(), "bias": bias_array}
+            constants = {"b": numpy_view(copy)} if bias is None else {"b": numpy_view(copy), "bias": bias_array}
             kernel_sets.append({count: self._kernels[count].bind(**constants) for count in cold})
         turns = {"looprl": 0, "torch": 0}
 
@@ -302,10 +305,10 @@ class LinearKernels:
             flat = flat.resolve_neg().resolve_conj()
         if not flat.is_contiguous():
             flat = flat.contiguous()
-        out = torch.empty((rows, self.out_features), dtype=torch.float32)
-        # Checked above (float32, CPU, contiguous, the shapes): the kernels are called on addresses.
+        out = torch.empty((rows, self.out_features), dtype=self._torch_dtype)
+        # Checked above (the dtype, CPU, contiguous, the shapes): the kernels are called on addresses.
         source, target = flat.data_ptr(), out.data_ptr()
-        in_row, out_row = 4 * self.in_features, 4 * self.out_features
+        in_row, out_row = out.element_size() * self.in_features, out.element_size() * self.out_features
         runtime = self.runtime_rows
         for start, length, count in plan:
             kernel = kernels[count]
@@ -315,9 +318,9 @@ class LinearKernels:
             elif count in runtime:
                 kernel.address_call(target + start * out_row, workspace.ctypes.data, source + start * in_row, rows=length)
             else:  # padded: the rows into the first rows of a buffer of the kernel's count, and back
-                padded_in[:length] = flat[start:start + length].numpy()
+                padded_in[:length] = numpy_view(flat[start:start + length])
                 kernel.address_call(padded_out.ctypes.data, workspace.ctypes.data, padded_in.ctypes.data)
-                out[start:start + length].numpy()[...] = padded_out[:length]
+                numpy_view(out[start:start + length])[...] = padded_out[:length]
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def _scratch(self, count: int, kernel) -> tuple:
@@ -326,14 +329,15 @@ class LinearKernels:
         buffers = self._local.__dict__.setdefault("buffers", {})
         found = buffers.get(count)
         if found is None:
+            storage = NUMPY_STORAGE[self.dtype]
             found = buffers[count] = (aligned_empty(kernel.kernel.workspace_elements),
-                                      np.zeros((count, self.in_features), np.float32), np.zeros((count, self.out_features), np.float32))
+                                      np.zeros((count, self.in_features), storage), np.zeros((count, self.out_features), storage))
         return found
 
 
 
 class InPlaceKernel:
-    """A kernel that converts nothing, called on a live weight and bias (float32 CPU tensors,
+    """A kernel that converts nothing, called on a live weight and bias (CPU tensors of its dtype,
     contiguous, checked by the caller): what a bound kernel is to :meth:`LinearKernels.
     _run_plan`, the tensors' own memory in place of copies. Holds the tensors for the call."""
 

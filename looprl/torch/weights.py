@@ -13,6 +13,7 @@ import ctypes.util
 import threading
 
 import numpy as np
+import torch
 
 
 class ContentCache:
@@ -69,7 +70,7 @@ class ContentCache:
             with self._lock:
                 entry = self._entry
                 if entry is None or not _same_contents(entry[0], tensors):
-                    kept = tuple(None if tensor is None else (tensor.dtype, tensor.detach().numpy().copy()) for tensor in tensors)
+                    kept = tuple(None if tensor is None else (tensor.dtype, numpy_view(tensor).copy()) for tensor in tensors)
                     entry = self._entry = (kept, self._derive(*(None if pair is None else pair[1] for pair in kept)))
         return entry[1]
 
@@ -92,7 +93,7 @@ def _same_contents(kept: tuple, tensors: tuple) -> bool:
                 return False
             continue
         bits = np.dtype(f"u{array.itemsize}")
-        if not np.array_equal(tensor.detach().numpy().view(bits), array.view(bits)):
+        if not np.array_equal(numpy_view(tensor).view(bits), array.view(bits)):
             return False
     return True
 
@@ -140,9 +141,18 @@ class FrozenCache:
         entry = self._entry
         if entry is None or not (_same_tensor(entry[0][0], weight) and _same_tensor(entry[0][1], bias)):
             kept = (weight.detach(), None if bias is None else bias.detach())
-            copies = tuple(None if alias is None else alias.numpy().copy() for alias in kept)
+            copies = tuple(None if alias is None else numpy_view(alias).copy() for alias in kept)
             entry = self._entry = (kept, self._derive(*copies))
         return entry[1]
+
+
+def numpy_view(tensor) -> np.ndarray:
+    """The memory of CPU ``tensor`` (detached) as a numpy array, no copy: float32 as float32,
+    bfloat16 as the ``uint16`` bits looprl's kernels take (numpy has no bfloat16)."""
+    tensor = tensor.detach()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(np.uint16)
+    return tensor.numpy()
 
 
 def _same_tensor(alias, tensor) -> bool:
