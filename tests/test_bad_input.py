@@ -121,8 +121,8 @@ def test_a_bad_cached_peak_is_measured_again(stored, monkeypatch):
     cache = MeasurementCache(":memory:")
     # The cache refuses to store such values; an older looprl or a damaged row could still
     # hand one back, which is what the reader sees here.
-    monkeypatch.setattr(cache, "get_peak", lambda target=None, threads=1: stored)
-    monkeypatch.setattr(peak_module, "measure_peak_gflops", lambda target=None, budget_s=0.5, threads=1: 77.0)
+    monkeypatch.setattr(cache, "get_peak", lambda target=None, threads=1, dtype="float32": stored)
+    monkeypatch.setattr(peak_module, "measure_peak_gflops", lambda target=None, budget_s=0.5, threads=1, dtype="float32": 77.0)
     assert peak_module.peak_gflops(cache=cache) == 77.0
     monkeypatch.undo()
     assert cache.get_peak() == 77.0
@@ -131,12 +131,12 @@ def test_a_bad_cached_peak_is_measured_again(stored, monkeypatch):
 def test_a_good_cached_peak_is_used(monkeypatch):
     cache = MeasurementCache(":memory:")
     cache.put_peak(123.0)
-    monkeypatch.setattr(peak_module, "measure_peak_gflops", lambda target=None, budget_s=0.5, threads=1: pytest.fail("re-measured"))
+    monkeypatch.setattr(peak_module, "measure_peak_gflops", lambda target=None, budget_s=0.5, threads=1, dtype="float32": pytest.fail("re-measured"))
     assert peak_module.peak_gflops(cache=cache) == 123.0
 
 
 def test_peak_cache_argument_is_checked(monkeypatch):
-    monkeypatch.setattr(peak_module, "measure_peak_gflops", lambda target=None, budget_s=0.5, threads=1: 77.0)
+    monkeypatch.setattr(peak_module, "measure_peak_gflops", lambda target=None, budget_s=0.5, threads=1, dtype="float32": 77.0)
     assert peak_module.peak_gflops(cache=":memory:") == 77.0  # a path, like everywhere else
     for bad in (3, 3.5, [1]):
         with pytest.raises(ValueError, match="cache must be"):

@@ -214,3 +214,44 @@ def test_kernels_of_bfloat16_problems_refuse_float32_arrays_by_name():
     f32 = looprl.compile(looprl.initial_nest(problem.with_dtype("float32")))
     with pytest.raises(ValueError, match="second input must have dtype float32"):
         f32(from_bfloat16(a), b)
+
+
+# -- the environment -------------------------------------------------------------------------
+def test_the_env_takes_bfloat16_problems_and_says_so_in_the_observation():
+    import gymnasium
+    from gymnasium.utils.env_checker import check_env
+
+    env = gymnasium.make("LoopNest-v0", problems=["64x48x96"], dtype=BF16, cache=":memory:", peak=100.0, measure_budget_s=0.001).unwrapped
+    check_env(env, skip_render_check=True)
+    obs, info = env.reset(seed=0)
+    assert env.problem.dtype == BF16 and info["problem"].endswith(";dtype=bfloat16")
+    compute = [lp.nest == "compute" for lp in env.nest.loops]
+    assert list(obs[: len(compute), 3]) == [0.5 if c else 0.0 for c in compute]
+    _, _, _, _, info = env.step(env.action_names.index("split_16"))
+    assert info["valid"] and info["gflops"] > 0  # a bfloat16 kernel compiled and measured
+    assert env.reset(options={"problem": "32x32x32"})[1]["problem"].endswith(";dtype=bfloat16")  # the env's dtype
+    mixed = gymnasium.make("LoopNest-v0", problems=["64x48x96", "mk,kn->mn:m=32,k=64,n=48;dtype=bfloat16"], cache=":memory:",
+                           measure_budget_s=0.001).unwrapped
+    assert set(mixed.peaks) == {"float32", BF16}
+    first = mixed.reset(seed=0)[0]
+    assert mixed.problem.dtype == "float32" and first[0, 3] == 1.0 and mixed.peak == mixed.peaks["float32"]
+    mixed.reset()
+    assert mixed.problem.dtype == BF16 and mixed.peak == mixed.peaks[BF16]
+    with pytest.raises(ValueError, match="dtype"):
+        gymnasium.make("LoopNest-v0", problems=["64x48x96"], dtype="float16", cache=":memory:", peak=1.0)
+
+
+def test_the_bfloat16_peak_counts_two_products_per_lane_where_vdpbf16ps_runs():
+    from looprl.backend.peak_kernel import flops_per_step, peak_ir
+    from looprl.measurement.peak import peak_gflops
+
+    for target in (Target.host(), Target.named("avx512"), Target.named("avx2")):
+        dot = has_bfloat16_dot(target)
+        assert flops_per_step(target, BF16) == (2 if dot else 1) * flops_per_step(target) == (4 if dot else 2) * target.vector_width
+        assert ("dpbf16ps" in peak_ir(target, 8, dtype=BF16)) == dot and "dpbf16ps" not in peak_ir(target, 8)
+    cache = looprl.MeasurementCache(":memory:")
+    cache.put_peak(123.0)
+    assert peak_gflops(target="avx2", cache=cache, dtype=BF16) == peak_gflops(target="avx2", cache=cache)  # no vdpbf16ps: the float32 peak
+    if has_bfloat16_dot(Target.host()):
+        cache.put_peak(456.0, dtype=BF16)
+        assert (peak_gflops(cache=cache), peak_gflops(cache=cache, dtype=BF16)) == (123.0, 456.0)  # cached apart

@@ -65,7 +65,7 @@ def test_peak_is_cached_per_target(monkeypatch):
     cache = MeasurementCache(":memory:")
     measured = []
 
-    def fake(target=None, budget_s=0.5, threads=1):
+    def fake(target=None, budget_s=0.5, threads=1, dtype="float32"):
         measured.append(Target.resolve(target))
         return {"avx2": 50.0, "sse4": 20.0}.get(Target.resolve(target).isa, 100.0)
 

@@ -5,11 +5,17 @@ target has none), built with the code generator's text-IR builder.
 ``void peak(ptr io, i64 reps)`` runs :data:`PEAK_ITERATIONS` x ``reps`` steps of every chain on
 the two vectors at ``io`` and stores their sum there (so nothing is optimised away).
 ``void peak_team(ptr io, i64 reps, i32 nthreads)`` runs ``peak`` on every thread of an OpenMP
-team, thread t on its own two vectors at ``io + 2 t`` vectors."""
+team, thread t on its own two vectors at ``io + 2 t`` vectors.
+
+The bfloat16 peak (``dtype="bfloat16"``) of a target with AVX512_BF16 chains ``vdpbf16ps``
+(two multiply-adds per lane per step, the two vectors read as pairs of bfloat16); elsewhere a
+bfloat16 kernel computes in float32 and its peak is the float32 one."""
 
 from __future__ import annotations
 
 from looprl.backend.llvm_text import Function, Module, emit_team, multiply_add, vector_sum, vector_type
+from looprl.backend.pairs import has_bfloat16_dot
+from looprl.ir.dtypes import FLOAT32, as_dtype
 from looprl.target import Target
 
 PEAK_ITERATIONS = 4096  # loop trips per rep; each runs one multiply-add per chain
@@ -25,8 +31,20 @@ def peak_chain_counts(target: Target) -> list[int]:
     return list(range(min(10, most), min(most, 16) + 1))
 
 
-def peak_ir(target: Target, chains: int, team: bool = False) -> str:
-    """LLVM IR of ``peak`` with ``chains`` chains for ``target`` (and ``peak_team`` when ``team``)."""
+def flops_per_step(target: Target, dtype: str = FLOAT32) -> int:
+    """Flops one step of one chain of :func:`peak_ir` does: 2 per lane (a multiply-add), 4 with
+    ``vdpbf16ps`` (bfloat16 on a target with AVX512_BF16)."""
+    return target.vector_width * (4 if pairs_in_peak(target, dtype) else 2)
+
+
+def pairs_in_peak(target: Target, dtype: str) -> bool:
+    """Whether the ``dtype`` peak of ``target`` chains ``vdpbf16ps``."""
+    return as_dtype(dtype) != FLOAT32 and has_bfloat16_dot(target)
+
+
+def peak_ir(target: Target, chains: int, team: bool = False, dtype: str = FLOAT32) -> str:
+    """LLVM IR of ``peak`` with ``chains`` chains for ``target`` (and ``peak_team`` when
+    ``team``), of ``dtype``'s multiply-adds (see the module docstring)."""
     module = Module()
     lanes = target.vector_width
     typ = vector_type(lanes)
@@ -36,9 +54,16 @@ def peak_ir(target: Target, chains: int, team: bool = False) -> str:
     second = fn.value(f"getelementptr inbounds {typ}, ptr %io, i64 1", "p")
     y = fn.value(f"load {typ}, ptr {second}, align 4", "y")
     trips = fn.value(f"mul i64 %reps, {PEAK_ITERATIONS}", "n")
+    pairs = f"<{2 * lanes} x bfloat>"
+    if pairs_in_peak(target, dtype):
+        xs, ys = (fn.value(f"bitcast {typ} {v} to {pairs}", "h") for v in (x, y))
     with fn.loop(trips, {chain: (typ, x) for chain in range(chains)}) as loop:
         for chain in range(chains):
-            loop.values[chain] = multiply_add(module, fn, loop.values[chain], y, x, lanes, target.fma)
+            if pairs_in_peak(target, dtype):
+                loop.values[chain] = fn.value(f"call {typ} @{module.bfloat16_dot(lanes)}({typ} {loop.values[chain]}, {pairs} {ys}, "
+                                              f"{pairs} {xs})", "f")
+            else:
+                loop.values[chain] = multiply_add(module, fn, loop.values[chain], y, x, lanes, target.fma)
     fn.emit(f"store {typ} {vector_sum(fn, [loop.values[c] for c in range(chains)], typ)}, ptr %io, align 4")
     fn.close()
     if team:

@@ -7,10 +7,15 @@ step applies one discrete action (see :mod:`looprl.actions`; the transition is
 
 * **Observation**: ``Box(max_loops, 20)`` float32, one row per loop in depth-first order
   (compute nest then write-back nest), zero rows after the last loop: cursor flag, trip count,
-  tail (elements), 1 for a compute loop and 0 for a write-back loop, and the 16-bin stride
-  histogram (:mod:`looprl.features`). ``observation="normalized"`` replaces trip count and
-  tail by ``log2(1 + x) / 8`` for learning.
-* **Reward**: ``(GFLOPS_t - GFLOPS_{t-1}) / peak``. Cursor moves and invalid actions give 0
+  tail (elements), the compute flag (0 for a write-back loop; for a compute loop 1 for a
+  float32 problem, 0.5 for a bfloat16 one: its element size in float32 words), and the 16-bin
+  stride histogram (:mod:`looprl.env.observation`). ``observation="normalized"`` replaces trip
+  count and tail by ``log2(1 + x) / 8`` for learning.
+* **dtype** (beyond the paper): ``dtype="bfloat16"`` makes every problem bfloat16 (inputs and
+  output; float32 sums: :mod:`looprl.ir.dtypes`); None (the default) keeps each problem's own,
+  so a list of problems may mix them.
+* **Reward**: ``(GFLOPS_t - GFLOPS_{t-1}) / peak``, the peak of the episode's problem's dtype
+  (bfloat16: twice the float32 one where ``vdpbf16ps`` runs). Cursor moves and invalid actions give 0
   and measure nothing; new schedules are compiled and timed once per host (persistent cache).
   ``reward="model"`` (beyond the paper) takes the GFLOPS of most new schedules from a cost
   model instead: a schedule not in the cache is measured with probability
@@ -58,6 +63,7 @@ from looprl.env.observation import (
     observation,
 )
 from looprl.env.reward_model import DEFAULT_MEASURE_FRACTION, DEFAULT_REFIT_EVERY, check_reward, make_reward_model
+from looprl.ir.dtypes import as_dtype
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, as_problem
 from looprl.measurement.evaluator import Evaluator, Measurement
@@ -123,6 +129,8 @@ class LoopNestEnv(gym.Env):
             cache key) and rewards are normalised by the measured peak of that many threads.
             The observation does not show the mark (its shape is the one policies know); the
             state graph, the printed nest and ``info["schedule"]`` do.
+        dtype: ``"float32"`` or ``"bfloat16"``: every problem (the dataset's, or ``problems``) in
+            that dtype; None keeps each problem's own.
         plans: add one action per plan of the target (True: all of
             :func:`~looprl.ir.plans.plan_catalogue`; or a list of plan names), after the
             others: each replaces the schedule by a whole register-tiled one
@@ -155,9 +163,14 @@ class LoopNestEnv(gym.Env):
         layouts: bool = False,
         threads: int = 1,
         plans=False,
+        dtype: str | None = None,
     ):
         self._groups = dataset_groups(dataset, split) if problems is None else ()  # drawn from by set when several
         self.problems = tuple(p for group in self._groups for p in group) if problems is None else env_problems(problems=problems)
+        self.dtype = None if dtype is None else as_dtype(dtype)
+        if self.dtype is not None:
+            self._groups = tuple(tuple(p.with_dtype(self.dtype) for p in group) for group in self._groups)
+            self.problems = tuple(p.with_dtype(self.dtype) for p in self.problems)
         self.reward, self.measure_fraction, refit_every = check_reward(reward, model, measure_fraction, refit_every)
         self.order = checks.one_of(order, "order", ORDERS)
         self.normalized = checks.one_of(observation, "observation", OBSERVATION_KINDS) == "normalized"
@@ -178,7 +191,10 @@ class LoopNestEnv(gym.Env):
         if layouts or self.threads > 1 or plans:
             self.actions = ActionSet.for_target(self.target, split_factors, max_loops, layouts=layouts, parallel=self.threads > 1,
                                                 plans=plans)
-        self.peak = peak if peak is not None else peak_gflops(target=self.target, cache=self.evaluator.cache, threads=self.threads)
+        # one peak per dtype of the problems: each episode's rewards are normalised by its problem's
+        self.peaks = {kind: peak if peak is not None else peak_gflops(target=self.target, cache=self.evaluator.cache, threads=self.threads,
+                                                                       dtype=kind)
+                      for kind in sorted({p.dtype for p in self.problems})}
         # reward="model": predicts most new states' GFLOPS; its own generator draws which to measure.
         self.surrogate = None if self.reward == "measured" else make_reward_model(model, self.evaluator, refit_every=refit_every, seed=None)
         self._draws = np.random.default_rng()
@@ -205,6 +221,17 @@ class LoopNestEnv(gym.Env):
         return spaces.Box(low, high, dtype=np.float32)
 
     # -- properties --------------------------------------------------------------
+    @property
+    def peak(self) -> float:
+        """GFLOPS that normalise the rewards: the peak of the current problem's dtype (before
+        the first reset, of the first problem's)."""
+        problem = self._state.nest.problem if self._state is not None else self.problems[0]
+        found = self.peaks.get(problem.dtype)
+        if found is None:  # a problem given to reset(options=) in a dtype none of the env's has
+            found = self.peaks[problem.dtype] = peak_gflops(target=self.target, cache=self.evaluator.cache, threads=self.threads,
+                                                             dtype=problem.dtype)
+        return found
+
     @property
     def action_names(self) -> tuple[str, ...]:
         return self.actions.names
@@ -256,6 +283,8 @@ class LoopNestEnv(gym.Env):
                 problem = as_problem(options["problem"])
             except ValueError as error:
                 raise ValueError(f"options['problem']: {error}") from None
+            if self.dtype is not None:
+                problem = problem.with_dtype(self.dtype)
             self.actions.check_fits(problem)
             dim = max(problem.dims, key=problem.size)
             if problem.size(dim) > self.max_extent:

@@ -3,7 +3,8 @@
 The graph (LoopTune, Fig. 4) has three kinds of nodes and three kinds of edges:
 
 * nodes: ``("loop", i)`` for loop ``i`` of :attr:`LoopNest.loops` (depth-first order),
-  ``("tensor", name)`` for ``in0``, ``in1``, ``acc`` and ``out``, and the two statements
+  ``("tensor", name)`` for ``in0``, ``in1``, ``acc`` and ``out`` (each with its ``dtype``: the
+  problem's, the accumulator's float32), and the two statements
   ``("stmt", "compute")`` (``acc += in0 * in1``) and ``("stmt", "write_back")``
   (``out = acc``);
   (a loop node's ``parallel`` attribute says whether it is a parallel loop);
@@ -33,6 +34,7 @@ import networkx as nx
 import numpy as np
 
 from looprl.backend.layout_plan import layouts_applied
+from looprl.ir.dtypes import ELEMENT_BYTES, FLOAT32
 from looprl.ir.nest import COMPUTE, WRITE_BACK, LoopNest
 
 HISTOGRAM_BINS = 16
@@ -75,7 +77,7 @@ def nest_graph(nest: LoopNest, cursor: int | None = None) -> nx.DiGraph:
     coefficients = {}
     for name, index in tensors.items():
         shape = problem.shape(index)
-        graph.add_node(("tensor", name), kind="tensor", index=index, shape=shape)
+        graph.add_node(("tensor", name), kind="tensor", index=index, shape=shape, dtype=FLOAT32 if name == "acc" else problem.dtype)
         coefficients[name] = _row_major_coefficients(index, shape)
     for which, stmt in ((COMPUTE, COMPUTE_STMT), (WRITE_BACK, WRITE_BACK_STMT)):
         graph.add_node(stmt, kind="stmt", nest=which)
@@ -158,13 +160,16 @@ def _nest_histograms(nest: LoopNest) -> np.ndarray:
 def observation(nest: LoopNest, cursor: int, max_loops: int, normalized: bool = False) -> np.ndarray:
     """The ``(max_loops, 20)`` float32 feature matrix of ``nest`` (rows past the last loop are 0).
 
-    Columns: cursor flag, trip count, tail (elements), 1 for a compute loop / 0 for a
-    write-back loop, then the 16-bin stride histogram. ``normalized`` replaces the trip count
-    and tail by ``log2(1 + x) / 8``."""
+    Columns: cursor flag, trip count, tail (elements), the compute flag (0 for a write-back
+    loop; for a compute loop the inputs' element size in float32 words: 1 for float32, 0.5 for
+    bfloat16, so a float32 problem's observation is the paper's and a bfloat16 one says its
+    dtype where every policy reads it), then the 16-bin stride histogram. ``normalized``
+    replaces the trip count and tail by ``log2(1 + x) / 8``."""
     if len(nest) > max_loops:
         raise ValueError(f"the nest has {len(nest)} loops, more than max_loops={max_loops}")
     features = np.zeros((max_loops, FEATURES_PER_LOOP), dtype=np.float32)
     histograms = _nest_histograms(nest)
+    compute = nest.problem.element_bytes / ELEMENT_BYTES[FLOAT32]
     for row, loop in enumerate(nest.loops):
         size, tail = float(loop.size), float(loop.tail)
         if normalized:
@@ -172,6 +177,6 @@ def observation(nest: LoopNest, cursor: int, max_loops: int, normalized: bool = 
         features[row, 0] = 1.0 if row == cursor else 0.0
         features[row, 1] = size
         features[row, 2] = tail
-        features[row, 3] = 1.0 if loop.nest == COMPUTE else 0.0
+        features[row, 3] = compute if loop.nest == COMPUTE else 0.0
         features[row, 4:] = histograms[row]
     return features

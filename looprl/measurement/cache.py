@@ -115,14 +115,14 @@ class MeasurementCache:
         return self._store.one("SELECT count(*) FROM measurements WHERE host LIKE ? ESCAPE '\\'", (_like_prefix(measurement_host()),))[0]
 
     # -- peak -----------------------------------------------------------------
-    def get_peak(self, target: Target | None = None, threads: int = 1) -> float | None:
+    def get_peak(self, target: Target | None = None, threads: int = 1, dtype: str = "float32") -> float | None:
         """The stored peak of ``target`` (None: the host's) on ``threads`` threads of this
         host, or None."""
-        value = self._store.read("peaks", (peak_key(target, threads),))
+        value = self._store.read("peaks", (peak_key(target, threads, dtype),))
         return None if value is None else value.gflops
 
-    def put_peak(self, gflops: float, target: Target | None = None, threads: int = 1) -> None:
-        self._store.write("peaks", (peak_key(target, threads),), gflops)
+    def put_peak(self, gflops: float, target: Target | None = None, threads: int = 1, dtype: str = "float32") -> None:
+        self._store.write("peaks", (peak_key(target, threads, dtype),), gflops)
 
     def get_bandwidth(self, level: str, target: Target, threads: int = 1) -> float | None:
         """The stored bandwidth (GB/s) from ``level`` of this host, or None."""

@@ -48,10 +48,10 @@ def _measurement_key(target: Target | None, budget_s: float) -> str:
     return f"{host_fingerprint()}|{target.key}|codegen-{CODEGEN_VERSION}|timing-v{TIMING_PROTOCOL_VERSION}-{budget_ms:g}ms"
 
 
-def peak_key(target: Target | None = None, threads: int = 1) -> str:
+def peak_key(target: Target | None = None, threads: int = 1, dtype: str = "float32") -> str:
     """The cache's key for the measured peak of ``target`` (None: the host's) on this host,
-    on ``threads`` threads."""
-    return _peak_key(target) + _threads_suffix(threads)
+    on ``threads`` threads, of ``dtype``'s kernels (named only when not float32)."""
+    return _peak_key(target) + _threads_suffix(threads) + ("" if dtype == "float32" else f"|{dtype}")
 
 
 @lru_cache(maxsize=16)

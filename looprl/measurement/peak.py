@@ -15,14 +15,15 @@ import math
 
 from looprl import checks
 from looprl.backend.jit import CompiledModule
-from looprl.backend.peak_kernel import PEAK_ITERATIONS, peak_chain_counts, peak_ir
+from looprl.backend.peak_kernel import PEAK_ITERATIONS, flops_per_step, pairs_in_peak, peak_chain_counts, peak_ir
+from looprl.ir.dtypes import FLOAT32
 from looprl.backend.threads import before_parallel_call, check_threads, ensure_openmp_runtime
 from looprl.measurement.lock import machine_lock
 from looprl.measurement.timing import best_time
 from looprl.target import Target
 
 
-def measure_peak_gflops(target: Target, budget_s: float = 0.5, threads: int = 1) -> float:
+def measure_peak_gflops(target: Target, budget_s: float = 0.5, threads: int = 1, dtype: str = FLOAT32) -> float:
     """Best GFLOPS over 8 to 16 independent chains (as many as the register file holds:
     :func:`~looprl.backend.peak_kernel.peak_chain_counts`) of full-width vector multiply-adds
     for ``target``, compiled for that target: one FMA, or one multiply plus one add where the
@@ -30,7 +31,9 @@ def measure_peak_gflops(target: Target, budget_s: float = 0.5, threads: int = 1)
     rule (:func:`~looprl.measurement.timing.best_time`) on a share of the budget, in two
     interleaved rounds (the best wins: noise only slows runs down). With ``threads`` > 1 the
     chains run on every thread of a team of that many and the team's total counts. A target
-    this host cannot run is a ValueError."""
+    this host cannot run is a ValueError. ``dtype="bfloat16"``: chains of ``vdpbf16ps`` (4 flops
+    per lane) where the target has AVX512_BF16, else the float32 peak
+    (:mod:`looprl.backend.peak_kernel`)."""
     budget_s = checks.seconds(budget_s, "budget_s")
     threads = check_threads(threads)
     target.check_runs_on_host()
@@ -42,13 +45,13 @@ def measure_peak_gflops(target: Target, budget_s: float = 0.5, threads: int = 1)
     kernels = []
     for chains in peak_chain_counts(target):
         if threads == 1:
-            module = CompiledModule(peak_ir(target, chains), "peak", target)
+            module = CompiledModule(peak_ir(target, chains, dtype=dtype), "peak", target)
             function = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(module.address)
         else:
-            module = CompiledModule(peak_ir(target, chains, team=True), "peak_team", target)
+            module = CompiledModule(peak_ir(target, chains, team=True, dtype=dtype), "peak_team", target)
             team = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32)(module.address)
             function = lambda io, reps, team=team: team(io, reps, threads)  # noqa: E731
-        kernels.append((2 * lanes * chains * PEAK_ITERATIONS * threads, function, module))
+        kernels.append((flops_per_step(target, dtype) * chains * PEAK_ITERATIONS * threads, function, module))
     before_parallel_call(threads)
     best = 0.0
     with machine_lock():
@@ -59,21 +62,25 @@ def measure_peak_gflops(target: Target, budget_s: float = 0.5, threads: int = 1)
     return best
 
 
-def peak_gflops(target: Target | str | None = None, cache=None, *, refresh: bool = False, threads: int = 1) -> float:
+def peak_gflops(target: Target | str | None = None, cache=None, *, refresh: bool = False, threads: int = 1, dtype: str = FLOAT32) -> float:
     """The measured fp32 peak (GFLOPS; one core, or a team of ``threads`` threads) of
     ``target`` (default the host's) on this host, cached per host, target and thread count in
     the measurement cache (the default persistent one unless ``cache`` is given: a
     :class:`~looprl.measurement.cache.MeasurementCache` or a path). A stored value that is not
-    a positive, finite number is measured again and replaced."""
+    a positive, finite number is measured again and replaced. ``dtype="bfloat16"``: the peak of
+    bfloat16 kernels (twice as many flops per instruction where the target has AVX512_BF16,
+    else the float32 peak itself)."""
     from looprl.measurement.evaluator import open_cache
 
     threads = check_threads(threads)
     target = Target.resolve(target)
+    if not pairs_in_peak(target, dtype):
+        dtype = FLOAT32  # the same kernels: the float32 peak
     store = open_cache(cache)
     if not refresh:
-        known = store.get_peak(target, threads)
+        known = store.get_peak(target, threads, dtype)
         if known is not None and math.isfinite(known) and known > 0:
             return known
-    value = measure_peak_gflops(target, threads=threads)
-    store.put_peak(value, target, threads)
+    value = measure_peak_gflops(target, threads=threads, dtype=dtype)
+    store.put_peak(value, target, threads, dtype)
     return value

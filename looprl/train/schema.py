@@ -36,6 +36,7 @@ from typing import Any
 from looprl.actions.action_set import MAX_FACTOR, MIN_FACTOR
 from looprl.env.loopnest_env import OBSERVATION_KINDS, ORDERS
 from looprl.env.reward_model import REWARDS
+from looprl.ir.dtypes import DTYPES
 from looprl.target import TARGET_CHOICES
 from looprl.workloads.datasets import SPLITS
 
@@ -301,6 +302,7 @@ ENV = Section({
     "layouts": Boolean(),
     "threads": POSITIVE,
     "plans": AnyOf((Boolean(), ListOf(Text(), distinct=True))),  # true: every plan of the target; or plan names
+    "dtype": Choice((None, *DTYPES)),
 })
 
 # The activations RLlib's torch MLPs know that the numpy policy export reads back.
