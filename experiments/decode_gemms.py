@@ -2,7 +2,7 @@
 token at a time, as ``nn.Linear`` holds them (``mk,nk->mn``, the weight ``[out, in]`` constant).
 
     python experiments/decode_gemms.py [--threads 1,2] [--rows 1,2,4,16] [--budget 0.05] [--quick]
-        [--out experiments/results]
+        [--dtype float32|bfloat16] [--cold] [--out experiments/results]
 
 The problems: every GEMM of the models dataset's test split with at most 16 rows
 (``envs/models.json``, written there as ``mk,kn->mn``; here as the linear layer they come from),
@@ -13,6 +13,10 @@ the problem) on each thread count, then timed in turn with numpy, ``torch.matmul
 the roofline's bound of each problem and the GB/s the kernel reads at). Writes
 ``<out>/decode_gemms_<cpu>.txt`` (the table) and ``.json`` (every figure). ``--quick``: two
 small problems, short budgets: checks that the script runs, measures nothing worth keeping.
+``--dtype bfloat16``: every layer in bfloat16 (torch's calls too; numpy has no bfloat16), the
+files named ``..._bfloat16``. ``--cold``: every layer read cold (``;cold``: its weight from
+memory on every call, as a decode step's other layers leave it; looprl and torch both timed on
+rotating copies of it), the files named ``..._cold``.
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", default="1,2,4,16", help="row counts of the wide layers (default 1,2,4,16)")
     parser.add_argument("--budget", type=float, default=0.05, help="seconds to time each kernel and peer in a round (default 0.05)")
     parser.add_argument("--quick", action="store_true", help="two small problems, short budgets: checks the script runs")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the layers' dtype (default float32)")
+    parser.add_argument("--cold", action="store_true", help="every layer's weight read from memory on every call (;cold)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
 
@@ -78,10 +84,15 @@ def main(argv=None) -> int:
     problems = decode_problems(rows)
     if args.quick:
         problems = ["mk,nk->mn:m=1,k=256,n=128;const=in1", "mk,nk->mn:m=4,k=128,n=96;const=in1"]
-    stem = f"decode_gemms_{cpu_slug(cpu_model_name())}" + ("_quick" if args.quick else "")
+    if args.cold:
+        problems = [name + ";cold" for name in problems]
+    from looprl.target import host_cpu
+
+    stem = (f"decode_gemms_{host_cpu()[0]}" + ("_bfloat16" if args.dtype == "bfloat16" else "") + ("_cold" if args.cold else "")
+            + ("_quick" if args.quick else ""))
     args.out.mkdir(parents=True, exist_ok=True)
     command = ["tune", "--problems", " ".join(problems), "--threads", args.threads, "--budget", str(0.002 if args.quick else args.budget),
-               "--json", str(args.out / f"{stem}.json")] + (["--tune-budget", "0.05"] if args.quick else [])
+               "--json", str(args.out / f"{stem}.json"), "--dtype", args.dtype] + (["--tune-budget", "0.05"] if args.quick else [])
     with open(args.out / f"{stem}.txt", "w") as table:
         table.write("$ python experiments/decode_gemms.py " + " ".join(argv if argv is not None else sys.argv[1:]) + "\n")
         with contextlib.redirect_stdout(Tee(sys.stdout, table)):

@@ -255,3 +255,10 @@ def test_the_bfloat16_peak_counts_two_products_per_lane_where_vdpbf16ps_runs():
     if has_bfloat16_dot(Target.host()):
         cache.put_peak(456.0, dtype=BF16)
         assert (peak_gflops(cache=cache), peak_gflops(cache=cache, dtype=BF16)) == (123.0, 456.0)  # cached apart
+
+
+def test_amx_is_refused_with_a_reason_on_any_host():
+    with pytest.raises(ValueError, match="AMX tiles .* no AMX host was at hand .* amx-bf16"):
+        Target.named("amx")
+    with pytest.raises(ValueError, match="AMX"):
+        looprl.compile(looprl.initial_nest(looprl.matmul(4, 4, 4, dtype=BF16)), target="amx")

@@ -55,7 +55,7 @@ def test_the_evaluator_runs_parallel_schedules_on_its_threads(cache_path):
 def test_peaks_are_cached_per_thread_count(monkeypatch):
     measured = []
 
-    def fake(target=None, budget_s=0.5, threads=1):
+    def fake(target=None, budget_s=0.5, threads=1, dtype="float32"):
         measured.append(threads)
         return 100.0 * threads
 

@@ -26,6 +26,11 @@ What is timed is what a torch user writes for the problem, under ``torch.no_grad
 * batched products ``bmk,bkn->bmn`` / ``bmk,bnk->bmn``: ``torch.matmul`` (no ``F.linear``);
 * any other spec: ``torch.einsum``.
 
+Every tensor is in the problem's dtype (a bfloat16 problem: bfloat16 tensors, as a bfloat16
+model holds them). A cold problem's weight (constant ``in1``) is timed as looprl's kernels are
+(:func:`~looprl.measurement.timing.cold_copy_count` copies, each call the next; packed once
+each), so both read it from as far as the problem says.
+
 The problem's epilogue follows, one torch call per step (``F.linear`` takes the bias itself
 when the scale is 1, as ``nn.Linear`` does), so torch's time covers the same work as the
 fused kernel's. :func:`best_torch` is the best of the calls.
@@ -43,7 +48,7 @@ from looprl import checks
 from looprl.backend.threads import check_threads
 from looprl.measurement.lock import machine_lock
 from looprl.measurement.numpy_baseline import BaselineChild, baseline_environment, coretype_for
-from looprl.measurement.timing import best_time
+from looprl.measurement.timing import best_time, cold_copy_count
 
 CALLS = ("torch.matmul", "F.linear", "oneDNN packed")
 _ONEDNN_ACTIVATIONS = {None: ("none", "none"), "relu": ("relu", "none"), "gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh"),
@@ -103,8 +108,10 @@ def _calls(problem, torch, functional):
     """Name -> a no-argument callable computing ``problem`` in torch, its epilogue included."""
     generator = torch.Generator().manual_seed(0)
 
+    dtype = getattr(torch, problem.dtype)  # float32, or bfloat16: every tensor of the problem in it, as a bfloat16 model holds them
+
     def uniform(shape):
-        return torch.rand(*shape, generator=generator) * 2 - 1
+        return (torch.rand(*shape, generator=generator) * 2 - 1).to(dtype)
 
     a, b = (uniform(shape) for shape in problem.input_shapes)
     epilogue = problem.epilogue
@@ -123,26 +130,41 @@ def _calls(problem, torch, functional):
             y = activation(y)
         return y + residual if residual is not None else y
 
+    def rotating(weight):  # a cold problem's weight: each call takes the next copy, as looprl's kernels are timed
+        if not problem.cold or "in1" not in problem.constant:
+            return [weight]
+        count = cold_copy_count(weight.numel() * weight.element_size(), between=problem.between)
+        return [weight] + [weight.clone() for _ in range(count - 1)]
+
+    def in_turn(calls):
+        turn = [0]
+
+        def run():
+            turn[0] = (turn[0] + 1) % len(calls)
+            return calls[turn[0]]()
+
+        return run if len(calls) > 1 else calls[0]
+
     def linear_of(weight):  # weight stored [n, k], as nn.Linear holds it
-        return lambda: finish(functional.linear(a, weight, bias if bias_in_gemm else None), bias_in_gemm)
+        return in_turn([lambda w=w: finish(functional.linear(a, w, bias if bias_in_gemm else None), bias_in_gemm) for w in rotating(weight)])
 
     def onednn_of(weight):  # oneDNN's linear on the weight packed once, the activation fused as a post-op
         if not torch.backends.mkldnn.is_available():
             return None
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight, a.shape[0])
         fused = epilogue.scale == 1.0 and residual is None
         name, algorithm = _ONEDNN_ACTIVATIONS[epilogue.activation] if fused else ("none", "none")
 
-        def run():
+        def run_on(packed):
             y = torch.ops.mkldnn._linear_pointwise(a, packed, bias if epilogue.scale == 1.0 else None, name, [], algorithm)
             return y if fused else finish(y, epilogue.scale == 1.0)
 
-        return run
+        return in_turn([lambda p=torch.ops.mkldnn._reorder_linear_weight(w, a.shape[0]): run_on(p) for w in rotating(weight)])
 
     spec = problem.spec
     if spec in ("mk,nk->mn", "mk,kn->mn"):
         weight = b if spec == "mk,nk->mn" else b.T.contiguous()
-        calls = {"torch.matmul": lambda: finish(torch.matmul(a, b.T if spec == "mk,nk->mn" else b), False), "F.linear": linear_of(weight)}
+        matmuls = [lambda w=w: finish(torch.matmul(a, w.T if spec == "mk,nk->mn" else w), False) for w in rotating(b)]
+        calls = {"torch.matmul": in_turn(matmuls), "F.linear": linear_of(weight)}
         onednn = onednn_of(weight)
         return calls if onednn is None else {**calls, "oneDNN packed": onednn}
     if spec == "bmk,bkn->bmn":

@@ -54,6 +54,7 @@ from looprl.backend.kernel import compile
 from looprl.backend.threads import available_cores, check_threads
 from looprl.bench.neighbour import KINDS, Neighbour
 from looprl.workloads.datasets import SPLITS, dataset_entries
+from looprl.ir.dtypes import DTYPES, FLOAT32
 from looprl.ir.nest import initial_nest
 from looprl.ir.problem import parse_problems
 from looprl.bench.peers import TIMING_ROUNDS, Peers
@@ -87,6 +88,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--neighbour", choices=KINDS, default=None,
                         help="also tune every problem while another process does steady or bursty BLAS work, and re-time that "
                              "answer quietly together with the quiet one")
+    parser.add_argument("--dtype", choices=DTYPES, default=None,
+                        help="tune every problem in this dtype (bfloat16: numpy has none, so torch is the only peer; the peak is the "
+                             "bfloat16 one); default: each problem's own")
     parser.add_argument("--json", type=Path, default=None)
 
 
@@ -231,10 +235,15 @@ def main(args, out=None) -> dict:
         entries = list(dataset_entries(args.dataset, args.split))[: args.limit]
         problems = [entry.problem for entry in entries]
         source = f"{args.dataset}/{args.split}"
-    peak = measure_peak_gflops(target, threads=first)
+    dtype = getattr(args, "dtype", None)
+    if dtype is not None:
+        problems = [problem.with_dtype(dtype) for problem in problems]
+        source += f" in {dtype}"
+    dtype = dtype or (problems[0].dtype if len({p.dtype for p in problems}) == 1 else FLOAT32)  # the peak's (mixed: float32's)
+    peak = measure_peak_gflops(target, threads=first, dtype=dtype)
     ceilings = roofline(peak, target, ":memory:", threads=first, fresh=True)
     numpy_label = baseline_label(target.isa, threads=first)
-    peaks = {n: measure_peak_gflops(target, threads=n) for n in counts[1:]}
+    peaks = {n: measure_peak_gflops(target, threads=n, dtype=dtype) for n in counts[1:]}
     team_ceilings = {n: roofline(peaks[n], target, ":memory:", threads=n, fresh=True) for n in counts[1:]}
     peers = Peers(target.isa, counts)  # numpy and torch (torch.matmul, F.linear, oneDNN packed), timed with each problem's kernels
     try:

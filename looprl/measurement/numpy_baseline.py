@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -282,6 +283,9 @@ def _time_in_process(names: list[str], budget_s: float) -> list[float]:
     results = []
     for name in names:
         problem = parse_problem(name)
+        if problem.dtype != "float32":  # numpy has no bfloat16
+            results.append(math.nan)
+            continue
         # The parent holds the machine-wide lock while this process runs.
         results.append(best_time(_numpy_call(problem, rng, budget_s), budget_s, flops=problem.flops, lock=contextlib.nullcontext()).gflops)
     return results
@@ -304,6 +308,10 @@ def _serve() -> None:
         if problem is None or request["problem"] != problem.name:
             problem, repeat = None, None  # the previous problem's buffers freed first
             problem = parse_problem(request["problem"])
+            if problem.dtype != "float32":  # numpy has no bfloat16: not timed (a float32 figure would be another problem's)
+                print(json.dumps({"gflops": None}), flush=True)
+                problem = None
+                continue
             repeat = _numpy_call(problem, rng, request["budget_s"])
         timing = best_time(repeat, request["budget_s"], flops=problem.flops, lock=contextlib.nullcontext())
         print(json.dumps({"gflops": timing.gflops}), flush=True)
