@@ -17,6 +17,9 @@ run ``--run``'s pretraining did not demonstrate (never the test split); ``--spli
 validation-rows``: the training models' linear layers at 2, 8 and 256 rows, row counts no
 dataset holds (so no policy was trained on their labels, whatever it demonstrated).
 
+``--dtype bfloat16``: every layer in bfloat16 (kernels checked against the exact layer on the
+bfloat16 values within ``looprl.ir.dtypes.error_bound``); the output files end ``_bfloat16``.
+
 ``--weights-change``: every tune is told the weights change (``weights_change=True``, what
 ``tune_module``'s default path passes: a kernel that reads a copy of the weight pays for
 comparing it, so in-place answers are preferred); without it the weights are constant (the
@@ -89,13 +92,18 @@ def layers(split: str, run: Path | None, limit: int | None) -> list:
 
 
 def check_correct(kernel, problem) -> None:
-    """Raise if ``kernel`` does not compute the layer as numpy does (float64 reference)."""
+    """Raise if ``kernel`` does not compute the layer as numpy does (float64 reference; a
+    bfloat16 layer within the derived bound of its bfloat16 values)."""
+    from looprl.ir.dtypes import as_float32, error_bound, storage
+
     rng = np.random.default_rng(0)
-    x, w = (rng.uniform(-1, 1, shape).astype(np.float32) for shape in problem.input_shapes)
-    expected = x.astype(np.float64) @ w.astype(np.float64).T
-    error = float(np.abs(kernel(x, w) - expected).max())
-    if error > 1e-5 * problem.size("k"):
-        raise AssertionError(f"{problem.name}: kernel differs from numpy by {error}")
+    x, w = (storage(rng.uniform(-1, 1, shape), problem.dtype) for shape in problem.input_shapes)
+    xs, ws = as_float32(x, problem.dtype), as_float32(w, problem.dtype)
+    expected = xs.astype(np.float64) @ ws.astype(np.float64).T
+    error = np.abs(as_float32(kernel(x, w), problem.dtype) - expected)
+    bound = error_bound("mk,nk->mn", xs, ws, problem.size("k"), problem.dtype) if problem.dtype != "float32" else 1e-5 * problem.size("k")
+    if (error > bound).any():
+        raise AssertionError(f"{problem.name}: kernel differs from numpy by {float(error.max())}")
 
 
 def retime(kernels: dict[str, object], rounds: int) -> dict[str, float]:
@@ -143,6 +151,7 @@ def main(argv=None) -> int:
                         help="tune every method with weights_change=True (tune_module's default path: a copy of the weight is compared "
                              "per call); default: the weights constant (frozen)")
     parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the layers' dtype (default float32)")
     parser.add_argument("--limit", type=int, default=None, help="first N layers (validation-rows: N spread over them)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved re-timing rounds")
     parser.add_argument("--cache", default=":memory:",
@@ -165,9 +174,9 @@ def main(argv=None) -> int:
         if not args.no_random:
             policies[f"{name}-random"] = policies[name].with_random_weights(seed=0)
     threads = [int(t) for t in args.threads.split(",")]
-    out = args.out or RESULTS / f"policy_fast_path_{args.split}_{cpu_slug(host_cpu()[0])}"
+    out = args.out or RESULTS / (f"policy_fast_path_{args.split}_{cpu_slug(host_cpu()[0])}" + ("_bfloat16" if args.dtype == "bfloat16" else ""))
     out.parent.mkdir(parents=True, exist_ok=True)
-    problems = layers(args.split, args.run, args.limit)
+    problems = [problem.with_dtype(args.dtype) for problem in layers(args.split, args.run, args.limit)]
     command = "python experiments/policy_fast_path.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"{len(problems)} layers, threads {threads}, policies {list(policies)}", flush=True)
     rows = []

@@ -262,3 +262,34 @@ def test_amx_is_refused_with_a_reason_on_any_host():
         Target.named("amx")
     with pytest.raises(ValueError, match="AMX"):
         looprl.compile(looprl.initial_nest(looprl.matmul(4, 4, 4, dtype=BF16)), target="amx")
+
+
+def test_tune_measures_a_bfloat16_weights_tiles_packed_and_the_policy_alone_offers_its_packed_answer(monkeypatch):
+    """A bfloat16 weight is re-laid once into pairs whatever the schedule: its tiles are measured
+    with it packed into panels (contiguous pairs), and the policy alone times its answer packed
+    too (the shipped policies learnt on float32, where a weight re-laid whole streams as well)."""
+    from looprl.measurement.evaluator import Evaluator
+    from looprl.search.context import SearchContext
+    from looprl.actions import ActionSet
+    from looprl.ir.rewrites import transposed_twin
+    from looprl.measurement.evaluator import Measurement
+    from looprl.search.tiles import measure_tiles, pairs_a_weight
+
+    layer = looprl.linear(16, 512, 384, bias=False, dtype=BF16)
+    assert pairs_a_weight(layer) and not pairs_a_weight(layer.with_dtype("float32"))
+    assert not pairs_a_weight(looprl.matmul(16, 384, 512, dtype=BF16))  # the second input changes per call
+    timed = []
+    original = Evaluator.__call__
+    monkeypatch.setattr(Evaluator, "__call__", lambda self, nest: timed.append(nest) or original(self, nest))
+    result = looprl.tune(layer, threads=1, cache=":memory:", measure=False)
+    panels = ["%" in (dict(nest.layouts).get("in1").key if dict(nest.layouts).get("in1") else "") for nest in timed]
+    assert len(timed) >= 2 and panels[-1]  # the answer packed was timed too (on the twin tune searches); the faster kept
+    a, b = bf16_inputs(layer, 7)
+    assert_within_bound(layer, result.kernel(a, b), a, b)
+    measured = []
+    monkeypatch.setattr(SearchContext, "measure", lambda self, nest, force=False: measured.append(nest) or Measurement(1.0 + len(measured), from_cache=False))
+    actions = ActionSet.for_target(Target.host(), layouts=True)
+    for problem in (layer, transposed_twin(layer), transposed_twin(layer).with_cold()):  # the twin as tune searches it: [k, n]
+        measured.clear()
+        measure_tiles(SearchContext(problem, actions, Evaluator(":memory:", target=Target.host())), actions)
+        assert measured and all(pairing(nest, Target.host()) is not None and "%" in dict(nest.layouts)["in1"].key for nest in measured)

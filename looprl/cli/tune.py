@@ -17,6 +17,7 @@ from pathlib import Path
 from looprl.cli.common import cache_path, run_command
 from looprl.ir.epilogue import ACTIVATIONS
 from looprl.ir.layers import linear
+from looprl.ir.dtypes import DTYPES
 from looprl.ir.problem import matmul, parse_problem
 from looprl.policy.tuner import TUNE_BUDGET_S, tune
 from looprl.target import TARGET_CHOICES
@@ -37,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-bias", action="store_true", help="--linear without a bias")
     parser.add_argument("--residual", action="store_true", help="add a residual input of the output's shape at the end")
     parser.add_argument("--epilogue", default=None, help="epilogue of a matmul or --spec problem, e.g. bias+relu or scale0.125")
+    parser.add_argument("--dtype", default=None, choices=DTYPES,
+                        help="the tensors' dtype (bfloat16: inputs and output in bfloat16, float32 sums; default float32)")
     parser.add_argument("--policy", default="default", help="policy folder (default: the shipped policy for the target)")
     parser.add_argument("--target", default=None, choices=TARGET_CHOICES, help="generate code for this target (default: this machine)")
     parser.add_argument("--episode-length", "--steps", dest="episode_length", type=int, default=None,
@@ -92,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args) -> int:
     problem = _problem(args)
+    if args.dtype is not None:
+        problem = problem.with_dtype(args.dtype)
     cache = cache_path(args.cache)
     policy = args.policy if args.policy == "default" else Path(args.policy)
     if not args.no_measure and problem.flops >= LONG_KERNEL_FLOPS:
@@ -114,7 +119,9 @@ def _main(args) -> int:
         runs = f"on {result.threads} threads" if result.nest.is_parallel else "serial: threads did not pay"
         serial = f" (best serial schedule {result.serial_gflops:.1f} GFLOPS)" if result.serial_gflops is not None else ""
         print(f"threads: {result.threads} offered, the kernel runs {runs}{serial}")
-    if not args.no_numpy:
+    if not args.no_numpy and problem.dtype != "float32":
+        print(f"numpy: not compared (numpy has no {problem.dtype})")
+    elif not args.no_numpy:
         from looprl.measurement.numpy_baseline import baseline_label, numpy_gflops
 
         label = baseline_label(result.target.isa, threads=result.threads)

@@ -12,13 +12,16 @@ around the fastest; for a problem of a few output rows, the streaming tiles of
 column panels (for a cold problem, whose weights come from memory on every call, the packed
 panel schedules of :func:`~looprl.ir.schedules.panel_steps` come first of all); when
 the output's columns are not the right operand's contiguous dimension, as in ``A @ B.T``,
-every tile is packed, since unpacked it gathers lane by lane), each
+every tile is packed, since unpacked it gathers lane by lane; so is every tile of a bfloat16
+problem whose weight the kernel pairs (:mod:`looprl.backend.pairs`: re-laid once when bound
+either way, and whole panels stream where a row-major weight's pairs lie a row apart), each
 as the actions that build it, so the answer replays in the env like any other path.
 """
 
 from __future__ import annotations
 
 from looprl.actions import ActionSet, State, follow
+from looprl.ir.dtypes import FLOAT32
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.ir.register_tiles import packed_right, tile_of, tile_shapes, tile_steps, why_not_tile
@@ -64,19 +67,20 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
         if found is None:
             return None  # e.g. more loops than max_loops
         names = tuple(extended.names[a] for a in found[0])
-        return _packed(problem, names, actions) if transposed else (names, found[1])
+        return packed_path(problem, names, actions) if packed_first else (names, found[1])
 
     if len(problem.output) < 2 or not problem.reduction_dims:
         return None, 0
     # The output's columns are the vectors' lanes: if they are not the right operand's
     # contiguous dimension (A @ B.T, attention's q . k^T), every tile is measured packed.
     transposed = problem.operands[1][-1] != problem.output[-1]
+    packed_first = transposed or pairs_a_weight(problem)
     flat = None
     try:
         if problem.cold and not transposed:  # weights from memory: whole panels, packed in order, first
             for columns in panel_widths(problem, target):
                 tile = reached(panel_steps(problem, columns))
-                packed = None if tile is None else _packed(problem, tile[0], actions)
+                packed = tile if tile is None or packed_first else packed_path(problem, tile[0], actions)
                 if packed is not None:
                     attempt(*packed, columns)
         shapes = tile_shapes(problem, target) if shapes is None else list(shapes)
@@ -95,8 +99,8 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
                     tile = reached(stream_steps(problem, k_inner, columns))
                     if tile is not None:
                         attempt(*tile, columns)
-        if best[1] and not transposed:
-            packed = _packed(problem, best[1], actions)
+        if best[1] and not packed_first:
+            packed = packed_path(problem, best[1], actions)
             if packed is not None:
                 attempt(*packed, best[2])
     except BudgetExhausted:
@@ -105,7 +109,14 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
     return found, tried
 
 
-def _packed(problem: Problem, names: tuple[str, ...], actions: ActionSet) -> tuple[tuple[str, ...], State] | None:
+def pairs_a_weight(problem: Problem) -> bool:
+    """Whether ``problem``'s kernels may take a constant weight's reduction in pairs (a bfloat16
+    problem whose second input is constant: :func:`looprl.backend.pairs.pairing`), so its tiles
+    are measured with the weight packed into panels."""
+    return problem.dtype != FLOAT32 and "in1" in problem.constant
+
+
+def packed_path(problem: Problem, names: tuple[str, ...], actions: ActionSet) -> tuple[tuple[str, ...], State] | None:
     """The path ``names`` followed by packing the right operand along the output's columns at
     the innermost column loop (its tile width), or None if that does not apply."""
     extended = actions.extended(list(names) + ["pack"])
