@@ -171,6 +171,17 @@ class Target:
             raise ValueError(f"this CPU cannot run code for target {self.isa!r} ({self.cpu}): it lacks {', '.join(missing)}")
 
     @property
+    def bfloat16_dot(self) -> bool:
+        """Whether code for this target may use ``vdpbf16ps`` (AVX512_BF16 on, AVX-512 vectors):
+        two bfloat16 products per float32 lane per instruction."""
+        return self.isa == "avx512" and "+avx512bf16" in self.features.split(",")
+
+    def reduction_lanes(self, dtype: str = "float32") -> int:
+        """Reduction elements one vector of a dot product's partial sums takes per step: the
+        vector width, twice it for bfloat16 where :attr:`bfloat16_dot` (pairs per lane)."""
+        return self.vector_width * (2 if dtype == "bfloat16" and self.bfloat16_dot else 1)
+
+    @property
     def key(self) -> str:
         """Identifies code generated for this target (the measurement cache key's target part)."""
         digest = hashlib.sha256(self.features.encode()).hexdigest()[:12]

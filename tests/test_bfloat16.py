@@ -203,6 +203,23 @@ def test_few_row_dot_products_read_pairs_on_a_bfloat16_host(k):
         assert_within_bound(problem, kernel(a, b), a, b)
 
 
+def test_a_bfloat16_dot_tile_takes_twice_the_width_of_the_reduction_per_vector_where_pairs_run():
+    """The dot-product plans (a decode layer's weight read as stored) split the reduction by the
+    elements one vector of partial sums takes: 32 bfloat16 values on vdpbf16ps (a 16-wide split
+    would leave every pair vector half masked), the width elsewhere."""
+    from looprl.ir.schedules import dot_steps
+
+    layer = looprl.linear(1, 768, 96, bias=False, dtype=BF16)
+    for target in (Target.host(), Target.named("avx2")):
+        nest = looprl.initial_nest(layer).apply(dot_steps(layer, target, 1, 4))
+        inner = [lp for lp in nest.compute if lp.var == "k"][-1]
+        assert inner.step == 1 and inner.size == (2 if has_bfloat16_dot(target) else 1) * target.vector_width
+        assert inner.size == target.reduction_lanes(BF16) and target.reduction_lanes("float32") == target.vector_width
+        if not target.missing_on_host():
+            a, b = bf16_inputs(layer, 8)
+            assert_within_bound(layer, looprl.compile(nest, target=target)(a, b), a, b)
+
+
 def test_kernels_of_bfloat16_problems_refuse_float32_arrays_by_name():
     problem = looprl.matmul(4, 8, 16, dtype=BF16)
     kernel = looprl.compile(looprl.initial_nest(problem))

@@ -63,8 +63,8 @@ class Pairing:
 
 
 def has_bfloat16_dot(target: Target) -> bool:
-    """Whether code for ``target`` may use ``vdpbf16ps`` (AVX512_BF16 on, AVX-512 vectors)."""
-    return target.isa == "avx512" and "+avx512bf16" in target.features.split(",")
+    """Whether code for ``target`` may use ``vdpbf16ps`` (:attr:`~looprl.target.Target.bfloat16_dot`)."""
+    return target.bfloat16_dot
 
 
 def paired_layout(layout: Layout, var: str) -> Layout | None:

@@ -213,14 +213,15 @@ def why_not_dot(problem: Problem) -> str | None:
 def dot_steps(problem: Problem, target: Target, rows: int, columns: int) -> list[Step]:
     """IR steps (``nest.apply``) from ``problem``'s untiled nest to a dot-product tile of at most
     ``rows`` x ``columns`` output elements: ``b..., n/columns, m/rows, k/lanes, m_in, n_in,
-    k_in`` (``lanes`` the target's vector width; a loop the problem is too small to split is
+    k_in`` (``lanes`` the reduction elements a vector of partial sums takes: the target's
+    vector width, twice it for bfloat16 on ``vdpbf16ps``; a loop the problem is too small to split is
     left whole). Sizes the factors do not divide leave tails. Raises ValueError with
     :func:`why_not_dot`'s reason when there is none."""
     why = why_not_dot(problem)
     if why is not None:
         raise ValueError(why)
     row, col, red = problem.output[-2], problem.output[-1], problem.reduction_dims[0]
-    factors = {red: target.vector_width, col: columns, row: rows}
+    factors = {red: target.reduction_lanes(problem.dtype), col: columns, row: rows}
     splits = [(var, factors[var]) for var in (red, col, row) if 1 < factors[var] < problem.size(var)]
     split = {var for var, _ in splits}
     # a dimension split has an outer loop and an inner one in the tile; one not split is all in
