@@ -290,7 +290,8 @@ def test_tune_measures_a_bfloat16_weights_tiles_packed_and_the_policy_alone_offe
     from looprl.actions import ActionSet
     from looprl.ir.rewrites import transposed_twin
     from looprl.measurement.evaluator import Measurement
-    from looprl.search.tiles import measure_tiles, pairs_a_weight
+    from looprl.backend.pairs import pairs_a_weight
+    from looprl.search.tiles import measure_tiles
 
     layer = looprl.linear(16, 512, 384, bias=False, dtype=BF16)
     assert pairs_a_weight(layer) and not pairs_a_weight(layer.with_dtype("float32"))

@@ -85,11 +85,18 @@ def paired_layout(layout: Layout, var: str) -> Layout | None:
     return Layout(layout.index, layout.sizes, (*dims, (Atom(var, 1, PAIR, PAIR, False),)))
 
 
+def pairs_a_weight(problem) -> bool:
+    """Whether kernels of ``problem`` may take its reduction in pairs over a re-laid weight: a
+    bfloat16 problem whose second input is constant (the rule of :func:`pairing`'s first test;
+    the search measures such a problem's tiles with the weight packed into panels)."""
+    return problem.dtype == BFLOAT16 and "in1" in problem.constant
+
+
 def pairing(nest: LoopNest, target: Target) -> Pairing | None:
     """How the kernel of ``nest`` for ``target`` takes its reduction in pairs, or None where it
     does not (a float32 problem, or a schedule the module docstring's conditions exclude)."""
     problem = nest.problem
-    if problem.dtype != BFLOAT16 or "in1" not in problem.constant:
+    if not pairs_a_weight(problem):
         return None
     applied = layouts_applied(nest)
     if "in0" in applied:

@@ -61,7 +61,8 @@ from looprl.search.parallel import parallel_proposals, split_once
 from looprl.policy.retarget import retargeted
 from looprl.policy.rollout import greedy_rollout, policy_actions
 from looprl.ir.register_tiles import tile_of
-from looprl.search.tiles import measure_tiles, packed_path, pairs_a_weight
+from looprl.backend.pairs import pairs_a_weight
+from looprl.search.tiles import measure_tiles, packed_path
 from looprl.search.budget import MIN_BUDGET_S, REFINEMENTS
 from looprl.search.context import BudgetExhausted
 from looprl.search.staged import CONTENDER_ROUNDS, CONTENDER_WITHIN, TEAM_WITHIN, Stage, StagedSearch, confirm_winner
@@ -426,7 +427,7 @@ def _policy_answer(policy: Policy, problem: Problem, evaluator: Evaluator, episo
     """The greedy actions (never one of ``excluded``), unmeasured; the state they end in is
     timed once. The untuned nest is not timed (it can take seconds a call on a large
     problem): ``speedup`` is NaN. A bfloat16 problem whose weight its kernels pair
-    (:func:`~looprl.search.tiles.pairs_a_weight`) also has that state with the weight packed
+    (:func:`~looprl.backend.pairs.pairs_a_weight`) also has that state with the weight packed
     into panels of its tile timed once, unless re-laying is excluded, and the faster kept: the
     shipped policies learnt on float32, where a weight re-laid whole streams as fast as in panels."""
     rollout = greedy_rollout(policy, problem, None, episode_length=episode_length, excluded=excluded)

@@ -21,7 +21,7 @@ as the actions that build it, so the answer replays in the env like any other pa
 from __future__ import annotations
 
 from looprl.actions import ActionSet, State, follow
-from looprl.ir.dtypes import FLOAT32
+from looprl.backend.pairs import pairs_a_weight
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.ir.register_tiles import packed_right, tile_of, tile_shapes, tile_steps, why_not_tile
@@ -107,13 +107,6 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
         pass  # the stage ends at the deadline with what it measured
     found = None if best[3] is None else ScheduleRecord(best[3], best[0], best[1], "tiles", target, context.threads)
     return found, tried
-
-
-def pairs_a_weight(problem: Problem) -> bool:
-    """Whether ``problem``'s kernels may take a constant weight's reduction in pairs (a bfloat16
-    problem whose second input is constant: :func:`looprl.backend.pairs.pairing`), so its tiles
-    are measured with the weight packed into panels."""
-    return problem.dtype != FLOAT32 and "in1" in problem.constant
 
 
 def packed_path(problem: Problem, names: tuple[str, ...], actions: ActionSet) -> tuple[tuple[str, ...], State] | None:
