@@ -311,3 +311,41 @@ def test_tune_measures_a_bfloat16_weights_tiles_packed_and_the_policy_alone_offe
         measured.clear()
         measure_tiles(SearchContext(problem, actions, Evaluator(":memory:", target=Target.host())), actions)
         assert measured and all(pairing(nest, Target.host()) is not None and "%" in dict(nest.layouts)["in1"].key for nest in measured)
+
+
+def test_the_policy_alone_times_its_best_register_tile_where_its_answer_is_a_bfloat16_dot_tile(monkeypatch):
+    """Where the greedy answer for a paired bfloat16 weight is a dot-product tile, the policy's
+    greedy episode without dot tiles is timed too, and packed (a paired register tile computes
+    at twice the float32 rate, which a float32-trained policy does not know)."""
+    import dataclasses
+
+    from looprl.ir.plans import Plan, planned
+    from looprl.measurement.evaluator import Evaluator
+    from looprl.policy import rollout as rollout_module
+    from looprl.policy import tuner as tuner_module
+
+    layer = looprl.linear(16, 256, 96, bias=False, dtype=BF16)
+    real = rollout_module.greedy_rollout
+    dot = next(name for name in tuner_module.policy_actions(tuner_module.load_policy("default", Target.host(), weights=True),
+                                                            Target.host()).names if (p := Plan.parse(name)) is not None and p.dot)
+    episodes = []
+
+    def dot_first(policy, problem, observe, episode_length=None, excluded=frozenset()):
+        found = real(policy, problem, observe, episode_length=episode_length, excluded=excluded)
+        episodes.append(excluded)
+        if dot in excluded:
+            return found
+        forced = planned(problem, Target.host(), Plan.parse(dot))  # on the weight as stored (the twin [k, n] has no dot tile)
+        if isinstance(forced, str):
+            return found
+        return dataclasses.replace(found, final=dataclasses.replace(found.final, nest=forced, actions=(dot,)))
+
+    timed = []
+    original = Evaluator.__call__
+    monkeypatch.setattr(Evaluator, "__call__", lambda self, nest: timed.append(nest) or original(self, nest))
+    monkeypatch.setattr(tuner_module, "greedy_rollout", dot_first)
+    result = looprl.tune(layer, threads=1, cache=":memory:", measure=False)
+    assert any(dot in excluded for excluded in episodes)  # the episode without dot tiles ran
+    assert any(pairing(nest, Target.host()) is not None for nest in timed)  # a paired register tile was timed
+    a, b = bf16_inputs(layer, 9)
+    assert_within_bound(layer, result.kernel(a, b), a, b)
