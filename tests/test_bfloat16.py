@@ -84,7 +84,7 @@ def test_rounding_to_bfloat16_is_torchs_to_nearest_ties_to_even():
 
 
 # -- kernels -------------------------------------------------------------------------------------
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=st.sampled_from(PROBLEMS), steps=action_steps(kinds=LAYOUT_KINDS), seed=st.integers(0, 2**16))
 def test_random_bfloat16_schedules_stay_within_the_derived_bound(problem, steps, seed):
     nest = walk(problem, steps)
@@ -109,7 +109,7 @@ def test_bfloat16_on_avx2_widens_and_stays_within_the_bound(problem, steps):
     assert_within_bound(problem, looprl.compile(walk(problem, steps), target=Target.named("avx2"))(a, b), a, b)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=st.sampled_from(PROBLEMS), steps=action_steps(kinds=LAYOUT_KINDS), side=st.sampled_from(["start", "end"]),
        target=st.sampled_from(["host", "avx2"]))
 def test_bfloat16_kernels_stay_in_bounds(problem, steps, side, target):
