@@ -62,6 +62,7 @@ import torch
 import torch.nn.functional as functional
 
 from looprl.backend.buffers import aligned_empty
+from looprl.ir.dtypes import as_dtype
 from looprl.ir.problem import contraction
 from looprl.measurement.evaluator import open_cache
 from looprl.measurement.timing import best_time
@@ -290,7 +291,7 @@ def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: in
         activation = _activation_name(users[0]) if len(users) == 1 else None
         rows = max(1, math.prod(_hint(size) for size in x_value.shape[:-1]))
         per_rows = tune_layer(in_features, out_features, bias is not None, activation, {rows}, max_rows, model_bytes, results, tuning,
-                              dtype=str(weight_value.dtype).removeprefix("torch."))
+                              dtype=as_dtype(weight_value.dtype))
         shape = layer_shape(per_rows)
         # Under Inductor's freezing the caller has promised that the parameters and buffers (get_attr nodes) keep their
         # values: bound once, as Inductor does. A weight or bias that is a graph input carries no such promise: compared.

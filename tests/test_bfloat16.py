@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import looprl
-from looprl.backend.pairs import dot_pairs, has_bfloat16_dot, pairing
+from looprl.backend.pairs import dot_pairs, pairing
 from looprl.ir.dtypes import error_bound, from_bfloat16, to_bfloat16
 from looprl.ir.nest import LoopNest
 from looprl.measurement.timing import time_kernel
@@ -173,7 +173,7 @@ def test_a_packed_weight_is_paired_and_its_tile_uses_vdpbf16ps_where_the_host_ha
     nest = LoopNest.from_key(problem, f"n2s48t4,m4s9t4,k{k}s1,m9s1,n48s1|m40s1,n100s1|in1=n48.k1.n1%48")
     paired = pairing(nest, target)
     assert paired is not None and paired.layout.key == "n48.k2.n1%48.k1%2" and paired.var == "k"
-    assert paired.dot == has_bfloat16_dot(target)
+    assert paired.dot == target.bfloat16_dot
     kernel = looprl.compile(nest, target=target)
     assert ("vdpbf16ps" in kernel.assembly()) == paired.dot
     a, b = bf16_inputs(problem, 5)
@@ -199,7 +199,7 @@ def test_few_row_dot_products_read_pairs_on_a_bfloat16_host(k):
         if target.missing_on_host():
             continue
         kernel = looprl.compile(nest, target=target)
-        assert dot_pairs(nest, target) == ("vdpbf16ps" in kernel.assembly()) == has_bfloat16_dot(target)
+        assert dot_pairs(nest, target) == ("vdpbf16ps" in kernel.assembly()) == target.bfloat16_dot
         assert_within_bound(problem, kernel(a, b), a, b)
 
 
@@ -213,7 +213,7 @@ def test_a_bfloat16_dot_tile_takes_twice_the_width_of_the_reduction_per_vector_w
     for target in (Target.host(), Target.named("avx2")):
         nest = looprl.initial_nest(layer).apply(dot_steps(layer, target, 1, 4))
         inner = [lp for lp in nest.compute if lp.var == "k"][-1]
-        assert inner.step == 1 and inner.size == (2 if has_bfloat16_dot(target) else 1) * target.vector_width
+        assert inner.step == 1 and inner.size == (2 if target.bfloat16_dot else 1) * target.vector_width
         assert inner.size == target.reduction_lanes(BF16) and target.reduction_lanes("float32") == target.vector_width
         if not target.missing_on_host():
             a, b = bf16_inputs(layer, 8)
@@ -263,13 +263,13 @@ def test_the_bfloat16_peak_counts_two_products_per_lane_where_vdpbf16ps_runs():
     from looprl.measurement.peak import peak_gflops
 
     for target in (Target.host(), Target.named("avx512"), Target.named("avx2")):
-        dot = has_bfloat16_dot(target)
+        dot = target.bfloat16_dot
         assert flops_per_step(target, BF16) == (2 if dot else 1) * flops_per_step(target) == (4 if dot else 2) * target.vector_width
         assert ("dpbf16ps" in peak_ir(target, 8, dtype=BF16)) == dot and "dpbf16ps" not in peak_ir(target, 8)
     cache = looprl.MeasurementCache(":memory:")
     cache.put_peak(123.0)
     assert peak_gflops(target="avx2", cache=cache, dtype=BF16) == peak_gflops(target="avx2", cache=cache)  # no vdpbf16ps: the float32 peak
-    if has_bfloat16_dot(Target.host()):
+    if Target.host().bfloat16_dot:
         cache.put_peak(456.0, dtype=BF16)
         assert (peak_gflops(cache=cache), peak_gflops(cache=cache, dtype=BF16)) == (123.0, 456.0)  # cached apart
 

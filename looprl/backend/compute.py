@@ -14,7 +14,7 @@ from __future__ import annotations
 from looprl.backend.abi import EPILOGUE_TENSORS
 from looprl.backend.epilogue_ir import emit_epilogue
 from looprl.backend.layout_plan import strides
-from looprl.backend.llvm_text import Function, horizontal_sum, load, mask, multiply_add, store, vector_type
+from looprl.backend.llvm_text import Function, horizontal_sum, int_splat, load, mask, multiply_add, store, vector_type
 from looprl.backend.loops import KernelModule, NestEmitter
 from looprl.backend.pairs import PAIR, Pairing, dot_pairs
 from looprl.backend.register_plan import RegisterScope, leaf_count, reduction_chunks, vector_chunks
@@ -246,7 +246,7 @@ class ComputeEmitter(NestEmitter):
         key = consts["acc"]
         if self.pairing.dot and lanes in DOT_LANES:
             if half:  # the second input's partner place holds no element: clear it (0 * NaN would be NaN)
-                b = fn.value(f"and {shape('i32')} {b}, {_int_splat(0xFFFF, lanes)}", "b")
+                b = fn.value(f"and {shape('i32')} {b}, {int_splat(0xFFFF, lanes)}", "b")
             pairs = f"<{PAIR * lanes} x bfloat>"
             name = module.bfloat16_dot(lanes)
             a16 = fn.value(f"bitcast {shape('i32')} {a} to {pairs}", "a")
@@ -284,19 +284,15 @@ class ComputeEmitter(NestEmitter):
 
 
 
-def _int_splat(value: int, lanes: int) -> str:
-    return str(value) if lanes == 1 else f"splat (i32 {value})"
-
-
 def _low_half(fn: Function, pairs: str, lanes: int) -> str:
     """The float32 values of the first bfloat16 of each 32-bit lane of ``pairs`` (its low half)."""
     typ = "i32" if lanes == 1 else f"<{lanes} x i32>"
-    shifted = fn.value(f"shl {typ} {pairs}, {_int_splat(16, lanes)}", "lo")
+    shifted = fn.value(f"shl {typ} {pairs}, {int_splat(16, lanes)}", "lo")
     return fn.value(f"bitcast {typ} {shifted} to {vector_type(lanes)}", "lo")
 
 
 def _high_half(fn: Function, pairs: str, lanes: int) -> str:
     """The float32 values of the second bfloat16 of each 32-bit lane of ``pairs`` (its high half)."""
     typ = "i32" if lanes == 1 else f"<{lanes} x i32>"
-    masked = fn.value(f"and {typ} {pairs}, {_int_splat(-65536, lanes)}", "hi")
+    masked = fn.value(f"and {typ} {pairs}, {int_splat(-65536, lanes)}", "hi")
     return fn.value(f"bitcast {typ} {masked} to {vector_type(lanes)}", "hi")

@@ -31,6 +31,7 @@ import struct
 from typing import Callable
 
 from looprl import checks
+from looprl.backend.llvm_text import int_splat
 from looprl.ir.epilogue import Epilogue
 
 # erf(x) ~ x * P(x^2) / Q(x^2) on |x| <= ERF_LIMIT (max error 2e-8 in float64, ~4e-7 in float32).
@@ -119,14 +120,10 @@ class EpilogueIR:
         r = self._mul_add(minus_n, self._const(LN2_LO, lanes), r, lanes)
         p = self._polynomial(EXP_P, r, lanes)
         whole = self.emit(f"fptosi {typ} {n} to {ityp}", "e")
-        biased = self.emit(f"add {ityp} {whole}, {self._int_const(127, lanes)}", "e")
-        bits = self.emit(f"shl {ityp} {biased}, {self._int_const(23, lanes)}", "e")
+        biased = self.emit(f"add {ityp} {whole}, {int_splat(127, lanes)}", "e")
+        bits = self.emit(f"shl {ityp} {biased}, {int_splat(23, lanes)}", "e")
         power = self.emit(f"bitcast {ityp} {bits} to {typ}", "e")
         return self._op("fmul", p, power, lanes)
-
-    @staticmethod
-    def _int_const(value: int, lanes: int) -> str:
-        return str(value) if lanes == 1 else f"splat (i32 {value})"
 
     def erf(self, x: str, lanes: int) -> str:
         z = self._clamp(x, -ERF_LIMIT, ERF_LIMIT, lanes)

@@ -274,7 +274,7 @@ def widen_bfloat16(fn: Function, bits: str, lanes: int) -> str:
     half of a float32's."""
     shape = (lambda e: e) if lanes == 1 else (lambda e: f"<{lanes} x {e}>")
     wide = fn.value(f"zext {shape('i16')} {bits} to {shape('i32')}", "w")
-    shifted = fn.value(f"shl {shape('i32')} {wide}, {_splat_int(16, lanes)}", "w")
+    shifted = fn.value(f"shl {shape('i32')} {wide}, {int_splat(16, lanes)}", "w")
     return fn.value(f"bitcast {shape('i32')} {shifted} to {vector_type(lanes)}", "w")
 
 
@@ -285,17 +285,18 @@ def round_to_bfloat16(fn: Function, value: str, lanes: int) -> str:
     shape = (lambda e: e) if lanes == 1 else (lambda e: f"<{lanes} x {e}>")
     i32 = shape("i32")
     bits = fn.value(f"bitcast {vector_type(lanes)} {value} to {i32}", "r")
-    high = fn.value(f"lshr {i32} {bits}, {_splat_int(16, lanes)}", "r")
-    odd = fn.value(f"and {i32} {high}, {_splat_int(1, lanes)}", "r")
-    bias = fn.value(f"add {i32} {odd}, {_splat_int(0x7FFF, lanes)}", "r")
-    rounded = fn.value(f"lshr {i32} {fn.value(f'add {i32} {bits}, {bias}', 'r')}, {_splat_int(16, lanes)}", "r")
-    quiet = fn.value(f"or {i32} {high}, {_splat_int(0x40, lanes)}", "r")
+    high = fn.value(f"lshr {i32} {bits}, {int_splat(16, lanes)}", "r")
+    odd = fn.value(f"and {i32} {high}, {int_splat(1, lanes)}", "r")
+    bias = fn.value(f"add {i32} {odd}, {int_splat(0x7FFF, lanes)}", "r")
+    rounded = fn.value(f"lshr {i32} {fn.value(f'add {i32} {bits}, {bias}', 'r')}, {int_splat(16, lanes)}", "r")
+    quiet = fn.value(f"or {i32} {high}, {int_splat(0x40, lanes)}", "r")
     nan = fn.value(f"fcmp uno {vector_type(lanes)} {value}, {value}", "r")
     chosen = fn.value(f"select {shape('i1')} {nan}, {i32} {quiet}, {i32} {rounded}", "r")
     return fn.value(f"trunc {i32} {chosen} to {shape('i16')}", "r")
 
 
-def _splat_int(value: int, lanes: int) -> str:
+def int_splat(value: int, lanes: int) -> str:
+    """An i32 constant: ``value``, or ``lanes`` copies of it."""
     return str(value) if lanes == 1 else f"splat (i32 {value})"
 
 

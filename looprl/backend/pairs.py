@@ -41,6 +41,7 @@ two FMAs: the same layout and loop structure, the float32 rate.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from looprl.backend.layout_plan import layouts_applied
 from looprl.backend.register_plan import RegisterScope
@@ -60,11 +61,6 @@ class Pairing:
     level: int  # the compute loop (step 1, inside the register scope) that walks it by pairs
     dot: bool  # vdpbf16ps (the target has AVX512_BF16), else each pair split into two FMAs
     layout: Layout  # the second input's layout in the kernel (pairs innermost)
-
-
-def has_bfloat16_dot(target: Target) -> bool:
-    """Whether code for ``target`` may use ``vdpbf16ps`` (:attr:`~looprl.target.Target.bfloat16_dot`)."""
-    return target.bfloat16_dot
 
 
 def paired_layout(layout: Layout, var: str) -> Layout | None:
@@ -92,6 +88,7 @@ def pairs_a_weight(problem) -> bool:
     return problem.dtype == BFLOAT16 and "in1" in problem.constant
 
 
+@lru_cache(maxsize=4096)  # asked by the code generator, the packing entry points and the kernel: once per schedule
 def pairing(nest: LoopNest, target: Target) -> Pairing | None:
     """How the kernel of ``nest`` for ``target`` takes its reduction in pairs, or None where it
     does not (a float32 problem, or a schedule the module docstring's conditions exclude)."""
@@ -124,14 +121,15 @@ def pairing(nest: LoopNest, target: Target) -> Pairing | None:
     paired = paired_layout(layout, var)
     if paired is None:
         return None
-    return Pairing(var, level, has_bfloat16_dot(target), paired)
+    return Pairing(var, level, target.bfloat16_dot, paired)
 
 
+@lru_cache(maxsize=4096)
 def dot_pairs(nest: LoopNest, target: Target) -> bool:
     """Whether the dot-product kernel of ``nest`` for ``target`` reads its reduction in pairs
     (a bfloat16 problem whose register tile keeps partial sums along a reduction, on a target
     with AVX512_BF16)."""
-    if nest.problem.dtype != BFLOAT16 or not has_bfloat16_dot(target):
+    if nest.problem.dtype != BFLOAT16 or not target.bfloat16_dot:
         return False
     plan = RegisterScope(nest, target, layouts_applied(nest)).plan
     return plan.reduces_vector and not plan.streaming

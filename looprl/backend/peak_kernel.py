@@ -14,7 +14,6 @@ bfloat16 kernel computes in float32 and its peak is the float32 one."""
 from __future__ import annotations
 
 from looprl.backend.llvm_text import Function, Module, emit_team, multiply_add, vector_sum, vector_type
-from looprl.backend.pairs import has_bfloat16_dot
 from looprl.ir.dtypes import FLOAT32, as_dtype
 from looprl.target import Target
 
@@ -39,7 +38,7 @@ def flops_per_step(target: Target, dtype: str = FLOAT32) -> int:
 
 def pairs_in_peak(target: Target, dtype: str) -> bool:
     """Whether the ``dtype`` peak of ``target`` chains ``vdpbf16ps``."""
-    return as_dtype(dtype) != FLOAT32 and has_bfloat16_dot(target)
+    return as_dtype(dtype) != FLOAT32 and target.bfloat16_dot
 
 
 def peak_ir(target: Target, chains: int, team: bool = False, dtype: str = FLOAT32) -> str:

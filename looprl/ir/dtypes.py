@@ -71,13 +71,6 @@ def from_bfloat16(bits) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def rounded_to(values, dtype: str) -> np.ndarray:
-    """float32 ``values`` as ``dtype`` stores them: unchanged for float32, rounded to bfloat16
-    (as float32 values) for bfloat16."""
-    floats = np.asarray(values, dtype=np.float32)
-    return floats if as_dtype(dtype) == FLOAT32 else from_bfloat16(to_bfloat16(floats))
-
-
 def storage(values, dtype: str) -> np.ndarray:
     """float32 ``values`` in the numpy storage of ``dtype`` (:data:`NUMPY_STORAGE`): a float32
     array, or bfloat16 bits."""

@@ -22,6 +22,7 @@ from torch.nn.utils.prune import BasePruningMethod
 from torch.nn.utils.weight_norm import WeightNorm
 
 from looprl import checks
+from looprl.ir.dtypes import as_dtype
 from looprl.measurement.evaluator import open_cache
 from looprl.measurement.keys import tuned_problem_name
 from looprl.measurement.tuned_records import read_tuned_records
@@ -368,7 +369,7 @@ def _tune(module: nn.Module, examples: list[tuple], cache, fuse: bool, max_rows,
         activation = activation_of_module(activation_module) if activation_module is not None else None
         shape_started = time.perf_counter()
         per_rows = tune_layer(layer.in_features, layer.out_features, layer.bias is not None, activation, rows, max_rows, model_bytes,
-                              results, tuning, dtype=str(layer.weight.dtype).removeprefix("torch."))
+                              results, tuning, dtype=as_dtype(layer.weight.dtype))
         shape = layer_shape(per_rows)
         if progress and shape not in shapes:
             how = " (the policy alone)" if not tuning["measure"] else ""

@@ -21,12 +21,12 @@ from torch import nn
 
 from looprl import checks
 from looprl.backend.buffers import aligned_empty
+from looprl.ir.dtypes import NUMPY_STORAGE
 from looprl.measurement.timing import best_time, cold_copy_count
 from looprl.policy.tuner import TuneResult
 from looprl.torch.activations import ACTIVATIONS
 from looprl.torch.rows import any_rows_kernel, foreign_target, rebuilt_result, result_state, row_plan
 from looprl.torch.weights import ContentCache, FrozenCache, numpy_view
-from looprl.ir.dtypes import NUMPY_STORAGE
 
 
 ROUTE_BUDGET_S = 0.005  # seconds to time looprl's plan, and torch's call, for one row count in one round
