@@ -25,6 +25,9 @@ Writes ``<out>.csv`` and prints a table with the geometric mean over the lengths
 ``--records FILE`` the tuned records are saved there, or, if the file exists, loaded instead
 of tuning (``tune_module(records=)``; the time printed is then the load and compile time).
 ``--no-measure``: the fast path (``tune_module(measure=False)``: the policy's answers alone).
+``--dtype bfloat16``: the block and its inputs in bfloat16 (looprl's bfloat16 kernels); the
+check's tolerance is then 3e-2 (a few bfloat16 roundings: each layer's output is rounded, and
+two correct implementations may round a value differently) instead of 1e-4.
 
 torch's own kernels follow the host (AVX-512 where it has it). To compare AVX2 code with torch
 on AVX2 on such a host, restrict torch too (its ATen kernels, MKL and oneDNN read these when
@@ -110,16 +113,19 @@ def main(argv=None) -> int:
                         help="also time torch.compile(block, dynamic=True) with inductor and with backend='looprl' (same tuning options)")
     parser.add_argument("--records", type=Path, default=None,
                         help="tuned records: load them if the file exists (no tuning on the same CPU kind), else save them there")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the block's dtype (default float32)")
     parser.add_argument("--out", type=Path, default=RESULTS / "decoder_lengths")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     target = Target.resolve(args.target)
     torch.manual_seed(0)
-    block = DecoderBlock().eval()
+    dtype = getattr(torch, args.dtype)
+    tolerance = 1e-4 if args.dtype == "float32" else 3e-2
+    block = DecoderBlock().eval().to(dtype)
     with tempfile.TemporaryDirectory() as folder:
         started = time.perf_counter()
         load = args.records if args.records is not None and args.records.exists() else None
-        tuned = tune_module(block, torch.randn(1, args.example, 640), target=target, max_rows=args.max_rows,
+        tuned = tune_module(block, torch.randn(1, args.example, 640).to(dtype), target=target, max_rows=args.max_rows,
                             cache=str(Path(folder) / "decoder.sqlite"), records=load, threads=args.threads,
                             frozen=args.frozen, measure=not args.no_measure, policy=args.policy)
         tune_s = time.perf_counter() - started
@@ -147,11 +153,11 @@ def main(argv=None) -> int:
         with torch.inference_mode():  # as they are timed: a compilation under no_grad would be compiled again under inference_mode
             for name, fn in compiled.items():
                 for tokens in (lengths(args.tokens) if name == "max_autotune" else [args.example]):
-                    fn(torch.randn(1, tokens, 640))
+                    fn(torch.randn(1, tokens, 640).to(dtype))
         print(f"torch.compile (inductor, max-autotune at every length, backend='looprl' with its tuning): {time.perf_counter() - started:.1f} s")
     rows = []
     for tokens in lengths(args.tokens):
-        x = torch.randn(1, tokens, 640)
+        x = torch.randn(1, tokens, 640).to(dtype)
         with torch.no_grad():
             expected, got = block(x), tuned(x)
         packed = onednn_packed(block, tokens)  # oneDNN's linear on weights packed once, for this length
@@ -166,7 +172,7 @@ def main(argv=None) -> int:
             "threads": args.threads,
             "torch_ms": round(1e3 * best["torch"], 4), "looprl_ms": round(1e3 * best["looprl"], 4),
             "speedup": round(best["torch"] / best["looprl"], 3),
-            "max_abs_diff": float((expected - got).abs().max()), "allclose": bool(torch.allclose(expected, got, rtol=1e-4, atol=1e-4)),
+            "max_abs_diff": float((expected - got).abs().max()), "allclose": bool(torch.allclose(expected, got, rtol=tolerance, atol=tolerance)),
         })
         row = rows[-1]
         if peers:
@@ -178,7 +184,7 @@ def main(argv=None) -> int:
                        vs_max_autotune=round(best["max_autotune"] / best["looprl"], 3),
                        compiled_looprl_ms=round(1e3 * best["compiled_looprl"], 4),
                        compiled_looprl_speedup=round(best["torch"] / best["compiled_looprl"], 3),
-                       compiled_allclose=bool(torch.allclose(expected, compiled_out, rtol=1e-4, atol=1e-4)))
+                       compiled_allclose=bool(torch.allclose(expected, compiled_out, rtol=tolerance, atol=tolerance)))
         print(f"{tokens:5d} tokens: torch {row['torch_ms']:.3f} ms, looprl {row['looprl_ms']:.3f} ms, {row['speedup']:.2f}x; "
               + (f"oneDNN packed {row['onednn_packed_ms']:.3f} ms (looprl {row['vs_onednn_packed']:.2f}x it); " if peers else "") +
               f"max |diff| {row['max_abs_diff']:.2e} ({'allclose' if row['allclose'] else 'NOT allclose'})"

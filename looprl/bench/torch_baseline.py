@@ -158,7 +158,11 @@ def _calls(problem, torch, functional):
             y = torch.ops.mkldnn._linear_pointwise(a, packed, bias if epilogue.scale == 1.0 else None, name, [], algorithm)
             return y if fused else finish(y, epilogue.scale == 1.0)
 
-        return in_turn([lambda p=torch.ops.mkldnn._reorder_linear_weight(w, a.shape[0]): run_on(p) for w in rotating(weight)])
+        try:
+            packed = [torch.ops.mkldnn._reorder_linear_weight(w, a.shape[0]) for w in rotating(weight)]
+        except RuntimeError:  # no packed linear for this dtype on this ISA (oneDNN's bfloat16 needs AVX512_BF16 or AVX-NE-CONVERT)
+            return None
+        return in_turn([lambda p=p: run_on(p) for p in packed])
 
     spec = problem.spec
     if spec in ("mk,nk->mn", "mk,kn->mn"):
