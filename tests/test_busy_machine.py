@@ -247,3 +247,17 @@ def test_looprl_tune_says_when_its_baseline_was_timed_on_a_busy_machine(busy_dur
     assert "GFLOPS; looprl / numpy = " in out
     note = "timed while the machine was busy (reference kernel at 0.33x its quiet speed): not a fair figure"
     assert (note in out) is busy_during_baseline
+
+
+def test_an_answer_is_stored_with_the_busiest_reading_around_its_search(timer, cache):
+    before = check_load(HOST, cache)
+    timer.slowdown = 3.0
+    after = check_load(HOST, cache)
+    record = load.measured_under(_answer(), before, after)
+    assert record.reference_gflops == after.reference_gflops and record.nest == _answer().nest
+    cache.put_tuned(record)
+    assert cache.get_tuned(_nest().problem, tuner="tune-vX") is None
+    with pytest.raises(ValueError):
+        load.measured_under(_answer())
+    with pytest.raises(ValueError, match="ScheduleRecord"):
+        load.measured_under(_nest(), before)

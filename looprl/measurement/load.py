@@ -21,9 +21,9 @@ run is served as final until a quiet reading is seen, and provisional from then 
 How ``tune`` uses it:
 
 * :func:`check_load` before and after a measured search; the answer is stored with the busier
-  reading's reference (:func:`busiest`, ``replace(record, reference_gflops=...)``), so an
-  answer found on a busy machine is remembered as provisional: ``get_tuned`` does not return
-  it (unless asked for provisional answers too) and the next tune searches again;
+  reading's reference (:func:`measured_under`), so an answer found on a busy machine is
+  remembered as provisional: ``get_tuned`` does not return it (unless asked for provisional
+  answers too) and the next tune searches again;
 * before serving a remembered answer while the machine is quiet, :func:`retime_remembered`:
   an answer that now runs below :data:`BUSY_RATIO` of its recorded speed is not served as final;
 * a baseline timed between two readings of which one is busy is printed with
@@ -33,19 +33,21 @@ How ``tune`` uses it:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from looprl import defaults
 from looprl.backend.peak_kernel import peak_chain_counts
 from looprl.backend.threads import before_parallel_call, check_threads
 from looprl.measurement import timing
 from looprl.measurement.peak import chain_kernel
+from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.target import Target
 
-# Busy: the reference kernel runs below this share of its quiet figure. Timing noise on a quiet
-# machine stays well above it (noise only slows a run down, by a few percent); a second process
-# on a vCPU's sibling halves it.
+# Busy: the reference kernel runs below this share of its quiet figure. Noise on a quiet machine
+# only slows a run down by a few percent; another process on the same physical core slows a
+# kernel by about 1.5x (looprl.measurement.lock).
 BUSY_RATIO = 0.8
-REFERENCE_BUDGET_S = 0.01  # one reading's timing budget (the kernel runs about 10 us a rep)
+REFERENCE_BUDGET_S = 0.01  # one reading's timing budget (a rep of the kernel takes microseconds)
 RETIME_TRIES = 2  # timings of a remembered answer before it is judged slower than its record
 
 
@@ -88,6 +90,14 @@ def busiest(*readings: LoadReading) -> LoadReading:
     return min(readings, key=lambda reading: reading.ratio)
 
 
+def measured_under(record: ScheduleRecord, *readings: LoadReading) -> ScheduleRecord:
+    """``record`` with the reference reading of the busiest of ``readings`` (those taken around
+    its search), to be stored by :meth:`~looprl.measurement.cache.MeasurementCache.put_tuned`."""
+    if not isinstance(record, ScheduleRecord):
+        raise ValueError(f"measured_under() takes a ScheduleRecord, got {type(record).__name__}")
+    return replace(record, reference_gflops=busiest(*readings).reference_gflops)
+
+
 def reference_gflops(target: Target, threads: int = 1, lock=None) -> float:
     """GFLOPS of the reference kernel for ``target`` (which must run on this host) on ``threads``
     threads now: the peak kernel with as many chains as the registers hold, timed by the common
@@ -100,23 +110,25 @@ def reference_gflops(target: Target, threads: int = 1, lock=None) -> float:
     return timing.best_time(kernel.run, REFERENCE_BUDGET_S, flops=kernel.flops, lock=lock).gflops
 
 
-def check_load(target: Target | str | None = None, cache=None, *, threads: int = 1, budget_s: float | None = None,
+def check_load(target: Target | str | None = None, cache=None, *, threads: int = 1, budget_s: float = defaults.STATE_BUDGET_S,
                lock=None) -> LoadReading:
     """A reading of the machine's load for work on ``threads`` threads of code for ``target``
     (None: the host's), against the quiet figure in ``cache`` (a
     :class:`~looprl.measurement.cache.MeasurementCache`, a path, or None: the per-user cache)
-    under the key of measurements timed with ``budget_s`` per state (None: the default,
-    :data:`looprl.defaults.STATE_BUDGET_S`); a reading faster than the quiet figure becomes
-    it. ``lock``: held while timing (None: the machine-wide lock)."""
-    from looprl import defaults
-    from looprl.measurement.evaluator import open_cache
+    under the key of measurements timed with ``budget_s`` per state (tune's evaluator's
+    budget, so that its answers are judged against the same figure); a reading faster than
+    the quiet figure becomes it. ``lock``: held while timing (None: the machine-wide lock)."""
+    from looprl.measurement.evaluator import open_cache  # (the evaluator's module imports the cache, which imports this one)
 
     target = Target.resolve(target)
     threads = check_threads(threads)
-    budget_s = defaults.STATE_BUDGET_S if budget_s is None else budget_s
     store = open_cache(cache)
-    reference = reference_gflops(target, threads, lock)
-    quiet = store.note_reference(reference, target, budget_s, threads)
+    try:
+        reference = reference_gflops(target, threads, lock)
+        quiet = store.note_reference(reference, target, budget_s, threads)
+    finally:
+        if store is not cache:
+            store.close()
     return LoadReading(reference, max(quiet, reference))
 
 
@@ -129,8 +141,7 @@ def retime_remembered(record, evaluator) -> bool:
     is not to be served as final; tune searches again and stores what it finds. Each timing is
     added to the measurement cache's samples. Ask only while :func:`check_load` says the
     machine is quiet: on a busy machine every answer runs slow."""
-    from looprl.measurement.evaluator import Evaluator
-    from looprl.measurement.schedule_record import ScheduleRecord
+    from looprl.measurement.evaluator import Evaluator  # (the evaluator's module imports the cache, which imports this one)
 
     if not isinstance(record, ScheduleRecord):
         raise ValueError(f"retime_remembered() takes a ScheduleRecord, got {type(record).__name__}")

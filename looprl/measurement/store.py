@@ -12,7 +12,8 @@ recognised from its first 100 bytes even when SQLite can no longer read it. The 
 * a file carrying the mark: used; if SQLite reports it corrupt, it is moved aside (with its
   ``-wal``/``-shm`` files) and a new cache started, with a warning naming both paths;
 * an SQLite file without a mark (``application_id`` 0) holding looprl's ``measurements``
-  table: a cache of an older looprl, adopted (marked and migrated, see below).
+  table: a cache of an older looprl, adopted (marked and migrated:
+  :func:`~looprl.measurement.schema.migrate`).
 
 Anything else (a directory, device, FIFO, socket, a link to one, a non-empty file that is
 not a looprl cache, a location that cannot be written) is a ``ValueError`` naming the path:
