@@ -261,3 +261,23 @@ def test_an_answer_is_stored_with_the_busiest_reading_around_its_search(timer, c
         load.measured_under(_answer())
     with pytest.raises(ValueError, match="ScheduleRecord"):
         load.measured_under(_nest(), before)
+
+
+def test_the_measurements_of_a_busy_search_are_timed_again_by_the_next_one(timer, cache):
+    import time
+
+    nest, settled = _nest(), _nest().split(1, 4)
+    evaluator = Evaluator(cache, 0.005, target=HOST, samples=3)
+    for _ in range(3):
+        evaluator(settled)  # measured on a quiet machine, before the search
+    started = time.time()
+    timer.slowdown = 3.0
+    for _ in range(3):
+        evaluator(nest)
+    assert evaluator.is_final(nest) and cache.get(nest, HOST, 0.005) == pytest.approx(SPEED / 3)
+    assert cache.unsettle(started, HOST, 0.005) == 1  # the search ran busy: its figures are not final
+    assert not evaluator.is_final(nest) and evaluator.is_final(settled)
+    timer.slowdown = 1.0
+    assert evaluator(nest).gflops == pytest.approx(SPEED)  # timed again, the best kept
+    with pytest.raises(ValueError, match="since"):
+        cache.unsettle("yesterday")

@@ -18,6 +18,7 @@ is read, against the quiet figure of that moment.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from looprl import checks, defaults
@@ -100,6 +101,22 @@ class MeasurementCache:
             merged = CachedValue(gflops, 1) if known is None else CachedValue(max(known.gflops, gflops), known.samples + 1)
             self._store.write("measurements", key, merged.gflops, merged.samples)
         return merged
+
+    def unsettle(self, since: float, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S, threads: int = 1) -> int:
+        """Make the measurements written since ``since`` (a ``time.time()``) for ``target`` with
+        ``budget_s`` per state, serial or on ``threads`` threads, count one sample each: an
+        evaluator that needs more times them again and keeps the best. For the measurements of a
+        search that ran while the machine was busy (:mod:`looprl.measurement.load`), so that the
+        next search does not rank schedules by them. The count is advisory (not checksummed),
+        the figures are kept. Returns how many rows changed."""
+        if isinstance(since, bool) or not isinstance(since, (int, float)) or not math.isfinite(since):
+            raise ValueError(f"since must be a time (seconds since the epoch, as time.time() gives), got {since!r:.80}")
+        hosts = sorted({measurement_key(target, budget_s, 1), measurement_key(target, budget_s, threads)})
+        where = f"host IN ({', '.join('?' * len(hosts))}) AND created >= ? AND samples > 1"
+        with self._store.transaction():
+            changed = self._store.one(f"SELECT count(*) FROM measurements WHERE {where}", (*hosts, since))[0]
+            self._store.one(f"UPDATE measurements SET samples = 1 WHERE {where}", (*hosts, since))
+        return changed
 
     def records(
         self, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S, exclude_problem: str | None = None, threads: int = 1

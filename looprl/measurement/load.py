@@ -23,7 +23,10 @@ How ``tune`` uses it:
 * :func:`check_load` before and after a measured search; the answer is stored with the busier
   reading's reference (:func:`measured_under`), so an answer found on a busy machine is
   remembered as provisional: ``get_tuned`` does not return it (unless asked for provisional
-  answers too) and the next tune searches again;
+  answers too) and the next tune searches again; the measurements that search wrote are made
+  to count one sample (:meth:`MeasurementCache.unsettle
+  <looprl.measurement.cache.MeasurementCache.unsettle>`), so the next search times them again
+  rather than ranking by busy figures;
 * before serving a remembered answer while the machine is quiet, :func:`retime_remembered`:
   an answer that now runs below :data:`BUSY_RATIO` of its recorded speed is not served as final;
 * a baseline timed between two readings of which one is busy is printed with
