@@ -193,8 +193,8 @@ def test_the_answers_of_a_0_3_file_read_as_final(tmp_path, timer):
     connection.execute("PRAGMA application_id = 1280266064")
     connection.execute(RECORDS_0_3)
     key = (host, nest.problem.name, "v1", nest.key, repr(2.0), '["split_4"]', "", "guided")
-    connection.execute("INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       (host, nest.problem.name, "v1", nest.key, 11.0, 2.0, '["split_4"]', None, "guided", 1.7e9, _crc("records", key, 11.0)))
+    row = (host, nest.problem.name, "v1", nest.key, 11.0, 2.0, '["split_4"]', None, "guided", 1.7e9, _crc("records", key, 11.0))
+    connection.execute("INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
     connection.commit()
     connection.close()
     with MeasurementCache(path) as store:

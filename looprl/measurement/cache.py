@@ -206,16 +206,15 @@ class MeasurementCache:
             if row is not None:
                 self._store.damaged += 1
             return None
+        if not provisional and self._busy(host, entry["reference"]):
+            return None
         try:
             nest = LoopNest.from_key(problem, entry["schedule"])
         except ValueError:
             return None
         actions = None if entry["actions"] is None else tuple(entry["actions"])
-        record = ScheduleRecord(nest, entry["gflops"], actions, entry["found_by"], Target.resolve(target), threads, entry["budget_s"],
-                                tuner, entry["replays_on"], entry["reference"])
-        if not provisional and self._busy(host, entry["reference"]):
-            return None
-        return record
+        return ScheduleRecord(nest, entry["gflops"], actions, entry["found_by"], Target.resolve(target), threads, entry["budget_s"],
+                              tuner, entry["replays_on"], entry["reference"])
 
     def tuned_load(self, record: ScheduleRecord, budget_s: float = defaults.STATE_BUDGET_S) -> LoadReading | None:
         """The load of the machine ``record`` (an answer of :meth:`get_tuned`, timed with
@@ -258,8 +257,8 @@ class MeasurementCache:
         host whose key is the same."""
         wanted = None if problem_names is None else set(problem_names)
         entries = (_entry(row) for row in self._store.rows(f"SELECT {_RECORD_COLUMNS} FROM records ORDER BY rowid"))
-        return [{field: entry[field] for field in STORED_FIELDS} for entry in entries
-                if entry is not None and (wanted is None or entry["problem"] in wanted) and not self._busy(entry["host"], entry["reference"])]
+        kept = [entry for entry in entries if entry is not None and (wanted is None or entry["problem"] in wanted)]
+        return [{field: entry[field] for field in STORED_FIELDS} for entry in kept if not self._busy(entry["host"], entry["reference"])]
 
     def import_tuned(self, records) -> int:
         """Store records of :meth:`export_tuned` (replacing this cache's answer for the same

@@ -101,7 +101,7 @@ def measured_under(record: ScheduleRecord, *readings: LoadReading) -> ScheduleRe
     return replace(record, reference_gflops=busiest(*readings).reference_gflops)
 
 
-def reference_gflops(target: Target, threads: int = 1, lock=None) -> float:
+def time_reference(target: Target, threads: int = 1, lock=None) -> float:
     """GFLOPS of the reference kernel for ``target`` (which must run on this host) on ``threads``
     threads now: the peak kernel with as many chains as the registers hold, timed by the common
     rule (:func:`~looprl.measurement.timing.best_time`, under ``lock``: None, the machine-wide
@@ -127,7 +127,7 @@ def check_load(target: Target | str | None = None, cache=None, *, threads: int =
     threads = check_threads(threads)
     store = open_cache(cache)
     try:
-        reference = reference_gflops(target, threads, lock)
+        reference = time_reference(target, threads, lock)
         quiet = store.note_reference(reference, target, budget_s, threads)
     finally:
         if store is not cache:
