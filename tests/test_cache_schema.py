@@ -72,6 +72,11 @@ SCHEMA_0_3 = SCHEMA_0_2[:2] + [
 ]
 
 
+# 0.4: each answer keeps the load's reference kernel's GFLOPS while it was found (NULL in older
+# rows: a final answer), so that one found on a busy machine is judged provisional.
+SCHEMA_0_4 = SCHEMA_0_3[:2] + [SCHEMA_0_3[2].replace("checksum INTEGER,\n", "checksum INTEGER,\n        reference REAL,\n")]
+
+
 def _crc(table, key, value):
     """The row checksum's definition, written independently of the code: CRC32 over the
     table name and key fields, each prefixed by its UTF-8 length (4 bytes, big-endian), then
@@ -111,7 +116,7 @@ def test_a_new_cache_has_todays_schema(tmp_path):
         stored = dict(connection.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'").fetchall())
         assert connection.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID == 0x4C4F4F50
     assert {name: _normalised(sql) for name, sql in stored.items()} == {
-        sql.split()[2]: _normalised(sql) for sql in SCHEMA_0_3
+        sql.split()[2]: _normalised(sql) for sql in SCHEMA_0_4
     }
 
 

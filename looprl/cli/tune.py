@@ -122,16 +122,35 @@ def _main(args) -> int:
     if not args.no_numpy and problem.dtype != "float32":
         print(f"numpy: not compared (numpy has no {problem.dtype})")
     elif not args.no_numpy:
-        from looprl.measurement.numpy_baseline import baseline_label, numpy_gflops
+        _print_baseline(problem, result, cache)
+    return 0
 
-        label = baseline_label(result.target.isa, threads=result.threads)
+
+def _print_baseline(problem, result, cache) -> None:
+    """numpy's GFLOPS on ``problem`` (the same ISA, as many threads as the kernel was offered)
+    and looprl's over it, timed between two readings of the machine's load
+    (:func:`~looprl.measurement.load.check_load`, against the quiet figure in ``cache``, a
+    path or None): when either says the machine was busy, a line after it says the figure is not
+    a fair one."""
+    from looprl.measurement.evaluator import open_cache
+    from looprl.measurement.load import busiest, check_load
+    from looprl.measurement.numpy_baseline import baseline_label, numpy_gflops
+
+    label = baseline_label(result.target.isa, threads=result.threads)
+    store = open_cache(cache)
+    try:
+        before = check_load(result.target, store, threads=result.threads)
         try:
-            reference = numpy_gflops([problem], 0.1, isa=result.target.isa, threads=result.threads)[0]  # same ISA, as many threads
+            reference = numpy_gflops([problem], 0.1, isa=result.target.isa, threads=result.threads)[0]
         except RuntimeError as error:  # the baseline's child process failed: the tuned figures above stand
             print(f"{label}: not measured ({error})", file=sys.stderr)
-        else:
-            print(f"{label}: {reference:.1f} GFLOPS; looprl / numpy = {result.gflops / reference:.2f}")
-    return 0
+            return
+        load = busiest(before, check_load(result.target, store, threads=result.threads))
+    finally:
+        store.close()  # ``cache`` is a path (or None): this process's own connection
+    print(f"{label}: {reference:.1f} GFLOPS; looprl / numpy = {result.gflops / reference:.2f}")
+    if load.busy:
+        print(f"{label}: timed while the machine was busy ({load.describe()}): not a fair figure")
 
 
 if __name__ == "__main__":

@@ -6,23 +6,30 @@ rules is never reused. A value is not final: a state measured again keeps the be
 samples, and the row counts them (``samples``), because timing on a shared machine is bimodal
 and noise only ever slows a run down. The default location is ``$LOOPRL_CACHE_DIR`` or the
 per-user cache directory (``$XDG_CACHE_HOME/looprl`` or ``~/.cache/looprl``), read when a
-cache is created. How the file is opened, recognised, migrated and checksummed:
-:mod:`looprl.measurement.store`; its rows as a cost model's training data:
-:mod:`looprl.measurement.records`.
+cache is created. How the file is opened and recognised: :mod:`looprl.measurement.store`; its
+tables, checksums and migrations: :mod:`looprl.measurement.schema`; its rows as a cost model's
+training data: :mod:`looprl.measurement.records`.
+
+Tuned answers found while the machine was busy are provisional (:mod:`looprl.measurement.load`):
+the cache keeps the load's reference figures beside the answers and judges each answer when it
+is read, against the quiet figure of that moment.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from looprl import checks, defaults
 from looprl.target import Target
 from looprl.ir.nest import LoopNest
 from looprl.ir.problem import Problem
-from looprl.measurement.keys import bandwidth_key, measurement_host, measurement_key, peak_key, schedule_threads
-from looprl.measurement.schedule_record import ScheduleRecord, checked_entry
-from looprl.measurement.store import CachedValue, CacheStore, record_checksum, row_checksum, stored_value
+from looprl.measurement.keys import bandwidth_key, measurement_host, measurement_key, peak_key, reference_key, schedule_threads
+from looprl.measurement.load import LoadReading
+from looprl.measurement.schedule_record import STORED_FIELDS, ScheduleRecord, check_gflops, checked_entry
+from looprl.measurement.schema import record_checksum, row_checksum, stored_value
+from looprl.measurement.store import CachedValue, CacheStore
 
 
 def _like_prefix(text: str) -> str:
@@ -95,6 +102,22 @@ class MeasurementCache:
             self._store.write("measurements", key, merged.gflops, merged.samples)
         return merged
 
+    def unsettle(self, since: float, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S, threads: int = 1) -> int:
+        """Make the measurements written since ``since`` (a ``time.time()``) for ``target`` with
+        ``budget_s`` per state, serial or on ``threads`` threads, count one sample each: an
+        evaluator that needs more times them again and keeps the best. For the measurements of a
+        search that ran while the machine was busy (:mod:`looprl.measurement.load`), so that the
+        next search does not rank schedules by them. The count is advisory (not checksummed),
+        the figures are kept. Returns how many rows changed."""
+        if isinstance(since, bool) or not isinstance(since, (int, float)) or not math.isfinite(since):
+            raise ValueError(f"since must be a time (seconds since the epoch, as time.time() gives), got {since!r:.80}")
+        hosts = sorted({measurement_key(target, budget_s, 1), measurement_key(target, budget_s, threads)})
+        where = f"host IN ({', '.join('?' * len(hosts))}) AND created >= ? AND samples > 1"
+        with self._store.transaction():
+            changed = self._store.one(f"SELECT count(*) FROM measurements WHERE {where}", (*hosts, since))[0]
+            self._store.one(f"UPDATE measurements SET samples = 1 WHERE {where}", (*hosts, since))
+        return changed
+
     def records(
         self, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S, exclude_problem: str | None = None, threads: int = 1
     ) -> list[tuple[str, str, float]]:
@@ -132,15 +155,49 @@ class MeasurementCache:
     def put_bandwidth(self, gbs: float, level: str, target: Target, threads: int = 1) -> None:
         self._store.write("peaks", (bandwidth_key(level, target, threads),), gbs)
 
+    # -- the load's reference kernel (looprl.measurement.load) ---------------------------
+    def get_quiet(self, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S, threads: int = 1) -> float | None:
+        """The quiet figure (the best reading seen, GFLOPS) of the load's reference kernel for
+        ``target`` on ``threads`` threads, under the key of measurements timed with ``budget_s``
+        per state, or None."""
+        return self._quiet(measurement_key(target, budget_s, threads))
+
+    def _quiet(self, host: str) -> float | None:
+        value = self._store.read("peaks", (reference_key(host),))
+        return None if value is None else value.gflops
+
+    def note_reference(self, gflops: float, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S,
+                       threads: int = 1) -> float:
+        """Record one reading of the reference kernel (see :meth:`get_quiet`): the quiet figure
+        becomes the best of it and the stored one; returns the quiet figure. Read and write
+        happen in one transaction, so concurrent readings lose none."""
+        gflops = check_gflops(gflops, "reference reading")
+        key = (reference_key(measurement_key(target, budget_s, threads)),)
+        with self._store.transaction():
+            known = self._store.read("peaks", key)
+            if known is not None and known.gflops >= gflops:
+                return known.gflops
+            self._store.write("peaks", key, gflops)
+        return gflops
+
+    def _load(self, host: str, reference: float | None) -> LoadReading | None:
+        """The load of the machine an answer stored under ``host`` was found on (its
+        ``reference`` GFLOPS against today's quiet figure), or None when it was not checked."""
+        if reference is None:
+            return None
+        return LoadReading(reference, max(self._quiet(host) or reference, reference))
+
     # -- tuned answers (schedule records) ------------------------------------------
     def get_tuned(self, problem: Problem, target: Target | None = None, budget_s: float = defaults.STATE_BUDGET_S,
-                  tuner: str = "", threads: int = 1) -> ScheduleRecord | None:
+                  tuner: str = "", threads: int = 1, *, provisional: bool = False) -> ScheduleRecord | None:
         """The :class:`~looprl.measurement.schedule_record.ScheduleRecord` that
         :func:`looprl.tune` remembered for ``problem`` on this host and ``target`` with
         ``budget_s`` per state and ``threads`` threads offered (the answer may be serial), or
         None (also when the row fails its checksum, or its schedule is not one of ``problem``:
         another IR version's). ``tuner`` names the tuning procedure's version: an answer stored
-        by another version is not returned."""
+        by another version is not returned. An answer found while the machine was busy (its
+        reference reading below :data:`~looprl.measurement.load.BUSY_RATIO` of today's quiet
+        figure, :meth:`tuned_load`) is provisional: returned only with ``provisional=True``."""
         host = measurement_key(target, budget_s, threads)
         row = self._store.one(f"SELECT {_RECORD_COLUMNS} FROM records WHERE host = ? AND problem = ? AND tuner = ?",
                               (host, problem.name, tuner))
@@ -149,41 +206,59 @@ class MeasurementCache:
             if row is not None:
                 self._store.damaged += 1
             return None
+        if not provisional and self._busy(host, entry["reference"]):
+            return None
         try:
             nest = LoopNest.from_key(problem, entry["schedule"])
         except ValueError:
             return None
         actions = None if entry["actions"] is None else tuple(entry["actions"])
         return ScheduleRecord(nest, entry["gflops"], actions, entry["found_by"], Target.resolve(target), threads, entry["budget_s"],
-                              tuner, entry["replays_on"])
+                              tuner, entry["replays_on"], entry["reference"])
+
+    def tuned_load(self, record: ScheduleRecord, budget_s: float = defaults.STATE_BUDGET_S) -> LoadReading | None:
+        """The load of the machine ``record`` (an answer of :meth:`get_tuned`, timed with
+        ``budget_s`` per state) was found on: its reference reading against today's quiet
+        figure; None when it was not checked (a final answer)."""
+        return self._load(measurement_key(record.target, budget_s, record.threads), record.reference_gflops)
+
+    def _busy(self, host: str, reference: float | None) -> bool:
+        load = self._load(host, reference)
+        return load is not None and load.busy
 
     def put_tuned(self, record: ScheduleRecord, budget_s: float = defaults.STATE_BUDGET_S) -> None:
         """Remember ``record`` as :func:`looprl.tune`'s answer for its problem, target, threads
-        offered and tuner (timed with ``budget_s`` per state), replacing what was there."""
+        offered and tuner (timed with ``budget_s`` per state), replacing what was there; with
+        its ``reference_gflops``, the load it was found under (a busy one makes it provisional)."""
         host = measurement_key(record.target, budget_s, record.threads)
+        reference = None if record.reference_gflops is None else check_gflops(record.reference_gflops, "reference_gflops")
         self._write_record({"host": host, "problem": record.problem.name, "tuner": record.tuner, "schedule": record.nest.key,
                             "gflops": stored_value(record.gflops), "budget_s": float(record.budget_s),
                             "actions": None if record.actions is None else list(record.actions), "replays_on": record.replays_on,
-                            "found_by": record.found_by})
+                            "found_by": record.found_by, "reference": reference})
 
     def _write_record(self, entry: dict) -> None:
-        """One row of the records table (a stored record, :data:`STORED_FIELDS`), checksummed."""
+        """One row of the records table (a stored record, :data:`STORED_FIELDS`, and its
+        ``reference``, if any: None for an imported one), checksummed."""
         actions = None if entry["actions"] is None else json.dumps(entry["actions"])
         values = (entry["host"], entry["problem"], entry["tuner"], entry["schedule"], entry["gflops"], entry["budget_s"], actions,
                   entry["replays_on"], entry["found_by"])
-        self._store.one(f"INSERT OR REPLACE INTO records ({_RECORD_COLUMNS}, created) VALUES ({', '.join('?' * 11)})",
-                        (*values, record_checksum(*values), time.time()))
+        reference = entry.get("reference")
+        self._store.one(f"INSERT OR REPLACE INTO records ({_RECORD_COLUMNS}, created) VALUES ({', '.join('?' * 12)})",
+                        (*values, record_checksum(*values, reference), reference, time.time()))
 
     def export_tuned(self, problem_names=None) -> list[dict]:
-        """:func:`looprl.tune`'s remembered answers as stored records (every host's, or only
-        those of ``problem_names``): dicts of :data:`~looprl.measurement.schedule_record.
+        """:func:`looprl.tune`'s remembered final answers as stored records (every host's, or
+        only those of ``problem_names``): dicts of :data:`~looprl.measurement.schedule_record.
         STORED_FIELDS` (``host`` names the CPU, the target, the code generator's and the
-        timing's versions and the threads). Rows failing their checksum are left out.
+        timing's versions and the threads). Rows failing their checksum and provisional answers
+        (found on a busy machine, see :meth:`get_tuned`) are left out.
         :meth:`import_tuned` stores them in another cache, where an answer is returned only on a
         host whose key is the same."""
         wanted = None if problem_names is None else set(problem_names)
         entries = (_entry(row) for row in self._store.rows(f"SELECT {_RECORD_COLUMNS} FROM records ORDER BY rowid"))
-        return [entry for entry in entries if entry is not None and (wanted is None or entry["problem"] in wanted)]
+        kept = [entry for entry in entries if entry is not None and (wanted is None or entry["problem"] in wanted)]
+        return [{field: entry[field] for field in STORED_FIELDS} for entry in kept if not self._busy(entry["host"], entry["reference"])]
 
     def import_tuned(self, records) -> int:
         """Store records of :meth:`export_tuned` (replacing this cache's answer for the same
@@ -213,17 +288,20 @@ class MeasurementCache:
         self.__init__(state["path"], state["timeout_s"])
 
 
-_RECORD_COLUMNS = "host, problem, tuner, schedule, gflops, budget, actions, replays_on, found_by, checksum"
+_RECORD_COLUMNS = "host, problem, tuner, schedule, gflops, budget, actions, replays_on, found_by, checksum, reference"
 
 
 def _entry(row: tuple) -> dict | None:
-    """A stored record from a row of the records table, or None when its checksum fails."""
-    host, problem, tuner, schedule, gflops, budget, actions, replays_on, found_by, checksum = row
+    """A stored record (:data:`STORED_FIELDS` and its ``reference``) from a row of the records
+    table, or None when its checksum fails."""
+    host, problem, tuner, schedule, gflops, budget, actions, replays_on, found_by, checksum, reference = row
     texts = (host, problem, tuner, schedule, found_by)
     if not (all(isinstance(t, str) for t in texts) and isinstance(gflops, float) and isinstance(budget, float)
-            and isinstance(actions, (str, type(None))) and isinstance(replays_on, (str, type(None)))):
+            and isinstance(actions, (str, type(None))) and isinstance(replays_on, (str, type(None)))
+            and (reference is None or (isinstance(reference, float) and reference > 0))):
         return None
-    if checksum != record_checksum(host, problem, tuner, schedule, gflops, budget, actions, replays_on, found_by):
+    if checksum != record_checksum(host, problem, tuner, schedule, gflops, budget, actions, replays_on, found_by, reference):
         return None
     return {"host": host, "problem": problem, "tuner": tuner, "schedule": schedule, "gflops": gflops, "budget_s": budget,
-            "actions": None if actions is None else json.loads(actions), "replays_on": replays_on, "found_by": found_by}
+            "actions": None if actions is None else json.loads(actions), "replays_on": replays_on, "found_by": found_by,
+            "reference": reference}

@@ -59,6 +59,20 @@ def _peak_key(target: Target | None) -> str:
     return f"{host_fingerprint()}|{Target.resolve(target).key}|peak-timing-v{TIMING_PROTOCOL_VERSION}"
 
 
+# Part of the reference kernel's key: bump when that kernel or its timing budget changes
+# (looprl.measurement.load), so that a quiet figure of the old one is not compared with the new.
+REFERENCE_VERSION = 1
+
+
+def reference_key(host_key: str) -> str:
+    """The cache's key for the quiet figure of the load's reference kernel
+    (:mod:`looprl.measurement.load`: the best reading seen, in GFLOPS, stored in the peaks
+    table) that goes with ``host_key``, a :func:`measurement_key` (this host, the target, the
+    code generator's and timing's versions, the threads): the records measured under that key
+    are judged against it."""
+    return f"{host_key}|reference-v{REFERENCE_VERSION}"
+
+
 def bandwidth_key(level: str, target: Target, threads: int = 1) -> str:
     """The cache's key for this host's measured bandwidth from ``level`` (``"llc"`` or
     ``"dram"``) with ``target``'s vector loads, on ``threads`` threads (stored in the peaks

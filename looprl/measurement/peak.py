@@ -11,7 +11,10 @@ less than N times one thread's."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from looprl import checks
 from looprl.backend.jit import CompiledModule
@@ -21,6 +24,40 @@ from looprl.backend.threads import before_parallel_call, check_threads, ensure_o
 from looprl.measurement.lock import machine_lock
 from looprl.measurement.timing import best_time
 from looprl.target import Target
+
+
+@dataclass(frozen=True, eq=False)
+class ChainKernel:
+    """A compiled peak kernel with its own buffer: ``run(reps)`` runs :data:`PEAK_ITERATIONS` x
+    ``reps`` steps of its chains (on every thread of a team of ``threads``), ``flops`` of work
+    per rep (the team's total)."""
+
+    target: Target
+    chains: int
+    threads: int
+    flops: int
+    run: Callable[[int], None]
+    _keep: tuple  # the compiled module and the buffer, alive as long as ``run`` is
+
+
+@functools.lru_cache(maxsize=64)
+def chain_kernel(target: Target, chains: int, threads: int = 1, dtype: str = FLOAT32) -> ChainKernel:
+    """The peak kernel of ``chains`` chains for ``target`` on ``threads`` threads, compiled once
+    per process (:func:`~looprl.backend.peak_kernel.peak_ir`)."""
+    lanes = target.vector_width
+    buffer = (ctypes.c_float * (2 * lanes * threads))(*(([1.0] * lanes + [0.999] * lanes) * threads))
+    address = ctypes.addressof(buffer)
+    if threads == 1:
+        module = CompiledModule(peak_ir(target, chains, dtype=dtype), "peak", target)
+        function = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(module.address)
+        run = lambda reps: function(address, reps)  # noqa: E731
+    else:
+        ensure_openmp_runtime()
+        module = CompiledModule(peak_ir(target, chains, team=True, dtype=dtype), "peak_team", target)
+        team = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32)(module.address)
+        run = lambda reps: team(address, reps, threads)  # noqa: E731
+    flops = flops_per_step(target, dtype) * chains * PEAK_ITERATIONS * threads
+    return ChainKernel(target, chains, threads, flops, run, (module, buffer))
 
 
 def measure_peak_gflops(target: Target, budget_s: float = 0.5, threads: int = 1, dtype: str = FLOAT32) -> float:
@@ -37,27 +74,13 @@ def measure_peak_gflops(target: Target, budget_s: float = 0.5, threads: int = 1,
     budget_s = checks.seconds(budget_s, "budget_s")
     threads = check_threads(threads)
     target.check_runs_on_host()
-    lanes = target.vector_width
-    buffer = (ctypes.c_float * (2 * lanes * threads))(*(([1.0] * lanes + [0.999] * lanes) * threads))
-    address = ctypes.addressof(buffer)
-    if threads > 1:
-        ensure_openmp_runtime()
-    kernels = []
-    for chains in peak_chain_counts(target):
-        if threads == 1:
-            module = CompiledModule(peak_ir(target, chains, dtype=dtype), "peak", target)
-            function = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(module.address)
-        else:
-            module = CompiledModule(peak_ir(target, chains, team=True, dtype=dtype), "peak_team", target)
-            team = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32)(module.address)
-            function = lambda io, reps, team=team: team(io, reps, threads)  # noqa: E731
-        kernels.append((flops_per_step(target, dtype) * chains * PEAK_ITERATIONS * threads, function, module))
+    kernels = [chain_kernel(target, chains, threads, dtype) for chains in peak_chain_counts(target)]
     before_parallel_call(threads)
     best = 0.0
     with machine_lock():
         for _ in range(2):
-            for flops, function, _module in kernels:
-                timing = best_time(lambda reps, f=function: f(address, reps), budget_s / 2 / len(kernels), flops=flops)
+            for kernel in kernels:
+                timing = best_time(kernel.run, budget_s / 2 / len(kernels), flops=kernel.flops)
                 best = max(best, timing.gflops)
     return best
 

@@ -7,12 +7,14 @@ its problem too), its GFLOPS, the action names that reach it from the untuned ne
 no action path does, e.g. from a re-laid layout start), how it was found (a stage or a mode:
 ``"rollout"``, ``"tiles"``, ``"guided"``, ``"parallel"``, ``"policy"``, an algorithm's name),
 the target and threads it was measured for, the search budget it was found with and the
-tuner's version. Where its actions replay on an equivalent problem rather than its own
+tuner's version, and how fast the machine's reference kernel ran while it was found (its load,
+:mod:`looprl.measurement.load`). Where its actions replay on an equivalent problem rather than its own
 (:mod:`looprl.ir.rewrites`), ``replays_on`` names that rewrite.
 
 Stored (the cache's ``records`` table, a tuned-records file) a record is a flat dict of
 :data:`STORED_FIELDS`, with the host key it was measured under: :func:`checked_entry` is the
-one check of such a dict, GFLOPS against :data:`MAX_GFLOPS` included.
+one check of such a dict, GFLOPS against :data:`MAX_GFLOPS` included. A stored dict carries no
+load: only final answers are exported (:meth:`~looprl.measurement.cache.MeasurementCache.export_tuned`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ class ScheduleRecord:
     budget_s: float = 0.0  # the search budget it was found with
     tuner: str = ""  # the tuning procedure's version (looprl.tune's answers)
     replays_on: str | None = None  # the rewrite whose searched problem ``actions`` replay on
+    # The load's reference kernel's GFLOPS while this was found (the busiest reading of the search,
+    # looprl.measurement.load); against the quiet figure it says whether the machine was busy then,
+    # so whether the answer is final. None: not checked (a final answer).
+    reference_gflops: float | None = None
 
     @property
     def problem(self) -> Problem:

@@ -1,7 +1,8 @@
-"""The measurement cache's SQLite file: where it lives, its schema and migrations, how it is
-opened (and recognised, created, adopted or rebuilt), and the checksum every row carries.
+"""The measurement cache's SQLite file: where it lives, how it is opened (recognised,
+created, adopted or rebuilt), and its rows read and written with their checksums.
 
-Whose file is it? looprl marks its databases with :data:`APPLICATION_ID` (SQLite's
+Whose file is it? looprl marks its databases with
+:data:`~looprl.measurement.schema.APPLICATION_ID` (SQLite's
 ``application_id``, stored at byte offset 68 of the file header), so a database can be
 recognised from its first 100 bytes even when SQLite can no longer read it. The store opens:
 
@@ -11,7 +12,8 @@ recognised from its first 100 bytes even when SQLite can no longer read it. The 
 * a file carrying the mark: used; if SQLite reports it corrupt, it is moved aside (with its
   ``-wal``/``-shm`` files) and a new cache started, with a warning naming both paths;
 * an SQLite file without a mark (``application_id`` 0) holding looprl's ``measurements``
-  table: a cache of an older looprl, adopted (marked and migrated, see below).
+  table: a cache of an older looprl, adopted (marked and migrated:
+  :func:`~looprl.measurement.schema.migrate`).
 
 Anything else (a directory, device, FIFO, socket, a link to one, a non-empty file that is
 not a looprl cache, a location that cannot be written) is a ``ValueError`` naming the path:
@@ -21,82 +23,30 @@ file is used in WAL mode, and every connection waits up to its timeout (30 s by 
 another process's lock, then raises :class:`~looprl.measurement.lock.LockWaitTimeout` naming
 the processes that hold it.
 
-Every row carries a CRC32 ``checksum`` over its table, key and the exact 8 bytes of its value,
-so that corruption SQLite does not notice (a flipped bit in a stored float) cannot return a
-wrong measurement: a row that fails its checksum reads as missing, is deleted and counted in
-``damaged`` (one warning per store); the rows still valid are kept. Migration of an
-older cache adds the column and checksums its existing rows at that moment (they were
-trusted before, and measurements are expensive to repeat); a row written afterwards without a
-checksum (by an older looprl sharing the file) reads as missing, so it is measured again and
-overwritten.
-
-The schema below is what users' files hold: a change must stay readable by (and read) the
-files of earlier versions (tests/test_cache_schema.py opens one written from today's SQL).
+A row that fails its checksum (:func:`~looprl.measurement.schema.row_checksum`) reads as
+missing, is deleted and counted in ``damaged`` (one warning per store); the rows still valid are
+kept. The tables, their checksums and the migration of older files:
+:mod:`looprl.measurement.schema`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import os
 import secrets
 import sqlite3
 import stat
-import struct
 import time
 import warnings
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from looprl.measurement.lock import LockWaitTimeout, describe_holders
-from looprl.measurement.schedule_record import legacy_fields
+from looprl.measurement.schema import APPLICATION_ID, KEY_COLUMNS, migrate, row_checksum, stored_value
 
-APPLICATION_ID = 0x4C4F4F50  # b"LOOP": the mark of looprl's databases
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _HEADER_SIZE = 100
-
-TABLES = {
-    "measurements": """CREATE TABLE measurements (
-        host TEXT NOT NULL,
-        problem TEXT NOT NULL,
-        schedule TEXT NOT NULL,
-        gflops REAL NOT NULL,
-        created REAL NOT NULL,
-        checksum INTEGER,
-        samples INTEGER,
-        PRIMARY KEY (host, problem, schedule)
-    )""",
-    "peaks": """CREATE TABLE peaks (
-        host TEXT PRIMARY KEY,
-        gflops REAL NOT NULL,
-        created REAL NOT NULL,
-        checksum INTEGER
-    )""",
-    # looprl.tune's answers, one schedule record (looprl.measurement.schedule_record) a row: the
-    # best schedule found for a problem by a tuner's version, and how. Replaces 0.2's ``tuned``
-    # table (its rows are copied here when a file of 0.2 is first opened; the table is left for
-    # an older looprl sharing the file).
-    "records": """CREATE TABLE records (
-        host TEXT NOT NULL,
-        problem TEXT NOT NULL,
-        tuner TEXT NOT NULL,
-        schedule TEXT NOT NULL,
-        gflops REAL NOT NULL,
-        budget REAL NOT NULL,
-        actions TEXT,
-        replays_on TEXT,
-        found_by TEXT NOT NULL,
-        created REAL NOT NULL,
-        checksum INTEGER,
-        PRIMARY KEY (host, problem, tuner)
-    )""",
-}
-KEY_COLUMNS = {"measurements": ("host", "problem", "schedule"), "peaks": ("host",), "records": ("host", "problem", "tuner")}
-# The columns an older looprl's tables had: how an unmarked database is recognised as ours.
-_LEGACY_COLUMNS = {"measurements": {"host", "problem", "schedule", "gflops", "created"}, "peaks": {"host", "gflops", "created"}}
 
 _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_NOTADB = 5, 6, 11, 26
 _SQLITE_PERM, _SQLITE_READONLY, _SQLITE_CANTOPEN = 3, 8, 14  # the file cannot be written
@@ -118,17 +68,6 @@ class CachedValue:
 
     gflops: float
     samples: int
-
-
-def row_checksum(table: str, key: tuple[str, ...], gflops: float) -> int:
-    """CRC32 over the table name, the key fields (each length-prefixed, so fields cannot run
-    into each other) and the value's exact IEEE-754 bytes."""
-    data = bytearray()
-    for field in (table, *key):
-        encoded = field.encode("utf-8", "surrogatepass")
-        data += len(encoded).to_bytes(4, "big") + encoded
-    data += struct.pack(">d", gflops)
-    return zlib.crc32(data)
 
 
 def _error_code(error: sqlite3.Error) -> int | None:
@@ -166,57 +105,6 @@ def _file_kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _quoted(name: str) -> str:
-    """An SQL identifier (a table name read from a database that may not be ours)."""
-    return '"' + name.replace('"', '""') + '"'
-
-
-def stored_value(gflops: float) -> float:
-    """``gflops`` as it will be stored (and checksummed); a ``ValueError`` unless finite."""
-    value = float(gflops)
-    if not math.isfinite(value):
-        raise ValueError(f"gflops must be a finite number, got {gflops!r}")
-    return value + 0.0  # SQLite stores -0.0 as 0.0: checksum what will read back
-
-
-def record_checksum(host: str, problem: str, tuner: str, schedule: str, gflops: float, budget: float, actions: str | None,
-                    replays_on: str | None, found_by: str) -> int:
-    """The checksum of a row of the records table: over every column but ``created`` (a NULL
-    as the empty string, which neither column ever holds)."""
-    key = (host, problem, tuner, schedule, repr(budget), actions or "", replays_on or "", found_by)
-    return row_checksum("records", key, gflops)
-
-
-def _copy_tuned_rows(connection: sqlite3.Connection, columns: set[str]) -> None:
-    """Migrate 0.2's ``tuned`` table into the records table: each row whose checksum holds (a
-    row of a table older than checksums is trusted, as :meth:`CacheStore._add_checksums` trusts
-    it), its problem column ``"name|tuner"`` split, its action path (a JSON list, or
-    ``{"names": [...], "replays_on": kind}``) split into the names and the rewrite."""
-    checksum = "checksum" if "checksum" in columns else "NULL"
-    actions = "actions" if "actions" in columns else "NULL"
-    rows = connection.execute(f"SELECT host, problem, schedule, gflops, budget, {checksum}, {actions} FROM tuned").fetchall()
-    copied = []
-    for host, problem, schedule, gflops, budget, stored, path in rows:
-        if not (all(isinstance(f, str) for f in (host, problem, schedule)) and isinstance(gflops, float) and isinstance(budget, float)):
-            continue
-        if path is not None and not isinstance(path, str):
-            continue
-        key = (host, problem, schedule, repr(budget)) + (() if path is None else (path,))
-        if checksum != "NULL" and stored != row_checksum("tuned", key, gflops):
-            continue
-        try:
-            name, tuner, names, replays_on = legacy_fields(problem, None if path is None else json.loads(path))
-        except ValueError:
-            name, tuner, names, replays_on = legacy_fields(problem, None)
-        if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
-            names, replays_on = None, None  # no path known (another version's form): tune again finds one
-        names = None if names is None else json.dumps(names)
-        copied.append((host, name, tuner, schedule, gflops, budget, names, replays_on, "measured", time.time(),
-                       record_checksum(host, name, tuner, schedule, gflops, budget, names, replays_on, "measured")))
-    connection.executemany("INSERT OR IGNORE INTO records (host, problem, tuner, schedule, gflops, budget, actions, replays_on, "
-                           "found_by, created, checksum) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", copied)
-
-
 class CacheStore:
     """One open connection to a measurement cache file (``":memory:"``: a private database):
     statements that survive a corrupt file (:meth:`one`), transactions, and rows read and
@@ -243,40 +131,11 @@ class CacheStore:
 
     def _prepare(self, connection: sqlite3.Connection, *, fresh: bool) -> None:
         """Check that the database is looprl's (``fresh``: may be still empty), then mark it,
-        create missing tables and migrate older ones, in one transaction; then WAL mode."""
-        changed = False
+        create missing tables and migrate older ones (:func:`~looprl.measurement.schema.migrate`),
+        in one transaction; then WAL mode."""
         connection.execute("BEGIN IMMEDIATE")
         try:
-            application_id = connection.execute("PRAGMA application_id").fetchone()[0]
-            tables = {
-                name: {row[1] for row in connection.execute(f"PRAGMA table_info({_quoted(name)})")}
-                for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-            }
-            if application_id != APPLICATION_ID:
-                if application_id != 0:
-                    raise ValueError(f"is an SQLite database of another application (application_id {application_id})")
-                legacy = "measurements" in tables and all(
-                    columns <= tables[name] for name, columns in _LEGACY_COLUMNS.items() if name in tables
-                )
-                if not legacy and not (fresh and not tables):
-                    raise ValueError("is an SQLite database without looprl's measurements table")
-                connection.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-                changed = True
-            for name, ddl in TABLES.items():
-                if name not in tables:
-                    connection.execute(ddl)
-                    changed = True
-                    if name == "records" and "tuned" in tables:
-                        _copy_tuned_rows(connection, tables["tuned"])
-                else:
-                    if "checksum" not in tables[name]:
-                        self._add_checksums(connection, name)
-                        changed = True
-                    if name == "measurements" and "samples" not in tables[name]:
-                        connection.execute("ALTER TABLE measurements ADD COLUMN samples INTEGER")
-                        changed = True
-            for name in TABLES:  # reads the tables: most corruption shows here, not mid-run
-                connection.execute(f"SELECT count(*) FROM {name}").fetchone()
+            changed = migrate(connection, fresh=fresh)
             connection.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(sqlite3.Error):
@@ -286,21 +145,6 @@ class CacheStore:
             connection.execute("PRAGMA journal_mode = WAL")
             if changed:  # write the mark into the file itself, not only the WAL
                 connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-
-    @staticmethod
-    def _add_checksums(connection: sqlite3.Connection, table: str) -> None:
-        """Migrate an older table: add the column and checksum the rows it holds."""
-        keys = KEY_COLUMNS[table]
-        connection.execute(f"ALTER TABLE {table} ADD COLUMN checksum INTEGER")
-        rows = connection.execute(f"SELECT rowid, gflops, {', '.join(keys)} FROM {table}").fetchall()
-        connection.executemany(
-            f"UPDATE {table} SET checksum = ? WHERE rowid = ?",
-            [
-                (row_checksum(table, tuple(key), value), rowid)
-                for rowid, value, *key in rows
-                if isinstance(value, float) and all(isinstance(field, str) for field in key)
-            ],
-        )
 
     def _inspect(self, target: str) -> tuple[os.stat_result, bytes] | None:
         """The existing file's status and header bytes, or None if there is none; a

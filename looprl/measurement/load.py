@@ -1,0 +1,160 @@
+"""The machine's load: whether other work slows the kernels timed now, so that a busy moment is
+not remembered as this machine's speed.
+
+A reading (:func:`check_load`) times a small fixed reference kernel (the peak kernel of
+:mod:`looprl.measurement.peak` with as many chains as the registers hold, for
+:data:`REFERENCE_BUDGET_S`, a few milliseconds) on the threads the work will use, and compares it
+with its quiet figure: the best reading seen under the same cache key (this host, the target,
+the code generator's and timing's versions and the threads:
+:func:`~looprl.measurement.keys.reference_key`), kept in the measurement cache. The machine is
+busy when the reading is below :data:`BUSY_RATIO` of the quiet figure.
+
+The first reading under a key becomes its quiet figure. One taken under load is corrected by
+the first quieter reading after it (the best seen wins), and what was judged against it is judged
+again: a tuned answer keeps the reference kernel's GFLOPS during its search
+(:attr:`ScheduleRecord.reference_gflops
+<looprl.measurement.schedule_record.ScheduleRecord.reference_gflops>`), not a verdict, and
+:meth:`MeasurementCache.get_tuned <looprl.measurement.cache.MeasurementCache.get_tuned>`
+compares it with the quiet figure of the moment it is read. An answer found during a busy first
+run is served as final until a quiet reading is seen, and provisional from then on.
+
+How ``tune`` uses it:
+
+* :func:`check_load` before and after a measured search; the answer is stored with the busier
+  reading's reference (:func:`measured_under`), so an answer found on a busy machine is
+  remembered as provisional: ``get_tuned`` does not return it (unless asked for provisional
+  answers too) and the next tune searches again; the measurements that search wrote are made
+  to count one sample (:meth:`MeasurementCache.unsettle
+  <looprl.measurement.cache.MeasurementCache.unsettle>`), so the next search times them again
+  rather than ranking by busy figures;
+* before serving a remembered answer while the machine is quiet, :func:`retime_remembered`:
+  an answer that now runs below :data:`BUSY_RATIO` of its recorded speed is not served as final;
+* a baseline timed between two readings of which one is busy is printed with
+  :meth:`LoadReading.describe`, as not a fair figure (``looprl-tune``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from looprl import defaults
+from looprl.backend.peak_kernel import peak_chain_counts
+from looprl.backend.threads import before_parallel_call, check_threads
+from looprl.measurement import timing
+from looprl.measurement.peak import chain_kernel
+from looprl.measurement.schedule_record import ScheduleRecord
+from looprl.target import Target
+
+# Busy: the reference kernel runs below this share of its quiet figure. Noise on a quiet machine
+# only slows a run down by a few percent; another process on the same physical core slows a
+# kernel by about 1.5x (looprl.measurement.lock).
+BUSY_RATIO = 0.8
+REFERENCE_BUDGET_S = 0.01  # one reading's timing budget (a rep of the kernel takes microseconds)
+RETIME_TRIES = 2  # timings of a remembered answer before it is judged slower than its record
+
+
+@dataclass(frozen=True)
+class LoadReading:
+    """One reading of the machine's load: the reference kernel's GFLOPS now, and its quiet
+    figure (the best seen, this reading included)."""
+
+    reference_gflops: float
+    quiet_gflops: float
+
+    def __post_init__(self) -> None:
+        for name in ("reference_gflops", "quiet_gflops"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive, finite number of GFLOPS, got {value!r:.80}")
+        if self.reference_gflops > self.quiet_gflops:
+            raise ValueError(f"the quiet figure is the best reading seen: {self.quiet_gflops!r} is below this reading "
+                             f"{self.reference_gflops!r}")
+
+    @property
+    def ratio(self) -> float:
+        """The reference kernel's speed now as a share of its quiet figure (at most 1)."""
+        return self.reference_gflops / self.quiet_gflops
+
+    @property
+    def busy(self) -> bool:
+        """Whether other work slowed the reference kernel below :data:`BUSY_RATIO` of its quiet figure."""
+        return self.ratio < BUSY_RATIO
+
+    def describe(self) -> str:
+        """The reading in words, e.g. ``"reference kernel at 0.45x its quiet speed"``."""
+        return f"reference kernel at {self.ratio:.2f}x its quiet speed"
+
+
+def busiest(*readings: LoadReading) -> LoadReading:
+    """The reading of the busiest moment (the lowest ratio) of ``readings`` (at least one)."""
+    if not readings or not all(isinstance(reading, LoadReading) for reading in readings):
+        raise ValueError(f"busiest() takes one or more LoadReadings, got {readings!r:.200}")
+    return min(readings, key=lambda reading: reading.ratio)
+
+
+def measured_under(record: ScheduleRecord, *readings: LoadReading) -> ScheduleRecord:
+    """``record`` with the reference reading of the busiest of ``readings`` (those taken around
+    its search), to be stored by :meth:`~looprl.measurement.cache.MeasurementCache.put_tuned`."""
+    if not isinstance(record, ScheduleRecord):
+        raise ValueError(f"measured_under() takes a ScheduleRecord, got {type(record).__name__}")
+    return replace(record, reference_gflops=busiest(*readings).reference_gflops)
+
+
+def time_reference(target: Target, threads: int = 1, lock=None) -> float:
+    """GFLOPS of the reference kernel for ``target`` (which must run on this host) on ``threads``
+    threads now: the peak kernel with as many chains as the registers hold, timed by the common
+    rule (:func:`~looprl.measurement.timing.best_time`, under ``lock``: None, the machine-wide
+    lock) for :data:`REFERENCE_BUDGET_S`. Compiled once per process."""
+    threads = check_threads(threads)
+    target.check_runs_on_host()
+    kernel = chain_kernel(target, max(peak_chain_counts(target)), threads)
+    before_parallel_call(threads)
+    return timing.best_time(kernel.run, REFERENCE_BUDGET_S, flops=kernel.flops, lock=lock).gflops
+
+
+def check_load(target: Target | str | None = None, cache=None, *, threads: int = 1, budget_s: float = defaults.STATE_BUDGET_S,
+               lock=None) -> LoadReading:
+    """A reading of the machine's load for work on ``threads`` threads of code for ``target``
+    (None: the host's), against the quiet figure in ``cache`` (a
+    :class:`~looprl.measurement.cache.MeasurementCache`, a path, or None: the per-user cache)
+    under the key of measurements timed with ``budget_s`` per state (tune's evaluator's
+    budget, so that its answers are judged against the same figure); a reading faster than
+    the quiet figure becomes it. ``lock``: held while timing (None: the machine-wide lock)."""
+    from looprl.measurement.evaluator import open_cache  # (the evaluator's module imports the cache, which imports this one)
+
+    target = Target.resolve(target)
+    threads = check_threads(threads)
+    store = open_cache(cache)
+    try:
+        reference = time_reference(target, threads, lock)
+        quiet = store.note_reference(reference, target, budget_s, threads)
+    finally:
+        if store is not cache:
+            store.close()
+    return LoadReading(reference, max(quiet, reference))
+
+
+def retime_remembered(record, evaluator) -> bool:
+    """Whether a remembered answer (a :class:`~looprl.measurement.schedule_record.ScheduleRecord`
+    of :meth:`~looprl.measurement.cache.MeasurementCache.get_tuned`) still runs at its recorded
+    speed: its schedule timed again by ``evaluator`` (an :class:`~looprl.measurement.evaluator.Evaluator`
+    of its target; on its threads), up to :data:`RETIME_TRIES` times, until one timing reaches
+    :data:`BUSY_RATIO` of ``record.gflops``. False: it ran slower every time (or failed), so it
+    is not to be served as final; tune searches again and stores what it finds. Each timing is
+    added to the measurement cache's samples. Ask only while :func:`check_load` says the
+    machine is quiet: on a busy machine every answer runs slow."""
+    from looprl.measurement.evaluator import Evaluator  # (the evaluator's module imports the cache, which imports this one)
+
+    if not isinstance(record, ScheduleRecord):
+        raise ValueError(f"retime_remembered() takes a ScheduleRecord, got {type(record).__name__}")
+    if not isinstance(evaluator, Evaluator):
+        raise ValueError(f"retime_remembered() takes an Evaluator, got {type(evaluator).__name__}")
+    if record.target is not None and record.target != evaluator.target:
+        raise ValueError(f"the record was measured for {record.target.isa}, the evaluator measures {evaluator.target.isa}")
+    timed = evaluator if evaluator.threads == record.threads else evaluator.with_threads(record.threads)
+    for _ in range(RETIME_TRIES):
+        measured = timed.remeasure(record.nest)
+        if measured.ok and measured.sample_gflops >= BUSY_RATIO * record.gflops:
+            return True
+    return False
