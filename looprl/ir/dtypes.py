@@ -115,11 +115,13 @@ DTYPES = tuple(_BY_NAME)  # the dtypes' names: what command lines and configurat
 
 
 def as_dtype(value) -> DType:
-    """``value`` (a :class:`DType`, its name, numpy's float32, or a ``torch.dtype`` of either)
-    as its :class:`DType`; a ValueError naming the dtypes looprl takes otherwise."""
+    """``value`` (:data:`FLOAT32` or :data:`BFLOAT16`, its name, numpy's float32, or a
+    ``torch.dtype`` of either) as its :class:`DType`; a ValueError naming the dtypes looprl
+    takes otherwise (a DType made elsewhere included: its kernels would not exist)."""
     if isinstance(value, DType):
-        return _BY_NAME[value.name]
-    if isinstance(value, str):
+        if _BY_NAME.get(value.name) is value:
+            return value
+    elif isinstance(value, str):
         if value in _BY_NAME:
             return _BY_NAME[value]
     elif getattr(value, "__module__", "") == "torch" and str(value).removeprefix("torch.") in _BY_NAME:
