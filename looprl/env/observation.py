@@ -77,7 +77,8 @@ def nest_graph(nest: LoopNest, cursor: int | None = None) -> nx.DiGraph:
     coefficients = {}
     for name, index in tensors.items():
         shape = problem.shape(index)
-        graph.add_node(("tensor", name), kind="tensor", index=index, shape=shape, dtype=problem.dtype.accumulator if name == "acc" else problem.dtype)
+        dtype = problem.dtype.accumulator if name == "acc" else problem.dtype
+        graph.add_node(("tensor", name), kind="tensor", index=index, shape=shape, dtype=dtype)
         coefficients[name] = _row_major_coefficients(index, shape)
     for which, stmt in ((COMPUTE, COMPUTE_STMT), (WRITE_BACK, WRITE_BACK_STMT)):
         graph.add_node(stmt, kind="stmt", nest=which)

@@ -50,11 +50,11 @@ class Problem:
     copy), and its schedules are searched for that; it needs a constant input. Part of
     :attr:`name` (``...;between=<bytes>``, or ``...;cold``) only when set.
 
-    ``dtype``: the tensors' element type, a :class:`~looprl.ir.dtypes.DType` (given as one, or
-    as anything :func:`~looprl.ir.dtypes.as_dtype` takes: ``"float32"``, the default, or
-    ``"bfloat16"``: inputs, output and epilogue inputs in bfloat16, products and sums in
-    float32, the output rounded once: :mod:`looprl.ir.dtypes`). Part of :attr:`name`
-    (``...;dtype=bfloat16``) only when it is not float32.
+    ``dtype``: the tensors' element type, a :class:`~looprl.ir.dtypes.DType` (given as one or as
+    anything :func:`~looprl.ir.dtypes.as_dtype` takes): float32 (the default) or bfloat16
+    (inputs, output and epilogue inputs in bfloat16, products and sums in float32, the output
+    rounded once: :mod:`looprl.ir.dtypes`). Part of :attr:`name` (``...;dtype=bfloat16``) only
+    when it is not float32.
     """
 
     spec: str
