@@ -17,7 +17,6 @@ from looprl.backend.pairs import kernel_layouts
 from looprl.backend.llvm_text import Function
 from looprl.backend.loops import KernelModule
 from looprl.backend.packing import emit_pack
-from looprl.ir.dtypes import LLVM_ELEMENT
 from looprl.ir.nest import LoopNest
 from looprl.ir.problem import Problem
 from looprl.target import Target
@@ -84,7 +83,7 @@ def emit_packing_entry_points(module: KernelModule, nest: LoopNest) -> None:
     for tensor in packed:
         index = nest.tensor_index(tensor)
         emit_pack(module, pack_function_name(tensor), index, nest.problem.shape(index), applied[tensor],
-                  LLVM_ELEMENT[nest.problem.dtype])
+                  nest.problem.dtype.llvm_element)
     for bound in [()] + bound_subsets(packed):
         entry = entry_function(module, bound_kernel_name(bound) if bound else KERNEL_NAME)
         pointers = {t: f"%{t}" for t in module.tensors}

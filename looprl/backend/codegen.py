@@ -56,7 +56,6 @@ from looprl.backend.layout_plan import layouts_applied, workspace_layout
 from looprl.backend.loops import Dynamic, KernelModule, RuntimeRowsUnsupported
 from looprl.backend.pairs import kernel_layouts, pairing
 from looprl.backend.write_back import WriteBackEmitter
-from looprl.ir.dtypes import LLVM_ELEMENT
 from looprl.ir.nest import LoopNest
 from looprl.target import Target
 
@@ -82,10 +81,10 @@ def check_runtime_rows(nest: LoopNest) -> str:
 
 def tensor_elements(nest: LoopNest) -> dict[str, str]:
     """The LLVM element type of each of the kernel body's pointer arguments: the problem's
-    dtype's for its tensors (an input converted to a layout keeps it), float32 for the
-    workspace (the accumulator)."""
-    element = LLVM_ELEMENT[nest.problem.dtype]
-    return {t: "float" if t == "acc" else element for t in kernel_tensors(nest.problem)}
+    dtype's for its tensors (an input converted to a layout keeps it), its accumulation type's
+    (float32) for the workspace (the accumulator)."""
+    dtype = nest.problem.dtype
+    return {t: dtype.accumulator.llvm_element if t == "acc" else dtype.llvm_element for t in kernel_tensors(nest.problem)}
 
 
 def generate_ir(nest: LoopNest, target: Target, runtime_rows: bool = False) -> str:

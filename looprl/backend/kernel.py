@@ -15,7 +15,6 @@ from looprl.backend.jit import CompiledModule
 from looprl.backend.layout_plan import workspace_elements
 from looprl.backend.pairs import kernel_layouts
 from looprl.backend.threads import before_parallel_call, check_threads, ensure_openmp_runtime
-from looprl.ir.dtypes import NUMPY_STORAGE
 from looprl.ir.nest import LoopNest
 from looprl.target import Target
 
@@ -75,7 +74,7 @@ class Kernel:
         self.max_rows = nest.problem.size(nest.problem.row_dim) if runtime_rows else None
         self._module = module  # keeps the machine code alive
         self.tensors = abi.kernel_tensors(self.problem)  # the entry points' pointer arguments
-        self.storage = NUMPY_STORAGE[self.problem.dtype]  # numpy dtype of the inputs and the output
+        self.storage = self.problem.dtype.storage  # numpy dtype of the inputs and the output
         signature = _signature(len(self.tensors), nest.is_parallel, runtime_rows)
         self._function = signature(module.address)
         self.layouts = kernel_layouts(nest, self.target)  # tensor -> Layout the code stores it in

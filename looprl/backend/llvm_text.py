@@ -4,7 +4,7 @@ memory operations (full, masked, broadcast, gathered loads; full and masked stor
 the code generator emits. Knows nothing of loop nests or targets.
 
 Values are float32. A pointer addresses elements of one type: ``float``, or ``i16`` for
-bfloat16 tensors (:data:`looprl.ir.dtypes.LLVM_ELEMENT`); a function knows each pointer's
+bfloat16 tensors (:attr:`looprl.ir.dtypes.DType.llvm_element`); a function knows each pointer's
 element type (:meth:`Function.point`; pointers computed from one keep it), so loads widen
 bfloat16 to float32 (exact: the bits moved to the high half) and stores round float32 to
 bfloat16 (to nearest, ties to even, NaN kept a NaN: integer operations, the same on every

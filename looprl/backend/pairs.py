@@ -45,7 +45,6 @@ from functools import lru_cache
 
 from looprl.backend.layout_plan import layouts_applied
 from looprl.backend.register_plan import RegisterScope
-from looprl.ir.dtypes import BFLOAT16
 from looprl.ir.layout import Atom, Layout
 from looprl.ir.nest import LoopNest
 from looprl.target import Target
@@ -85,7 +84,7 @@ def pairs_a_weight(problem) -> bool:
     """Whether kernels of ``problem`` may take its reduction in pairs over a re-laid weight: a
     bfloat16 problem whose second input is constant (the rule of :func:`pairing`'s first test;
     the search measures such a problem's tiles with the weight packed into panels)."""
-    return problem.dtype == BFLOAT16 and "in1" in problem.constant
+    return problem.dtype.dot_pairs and "in1" in problem.constant
 
 
 @lru_cache(maxsize=4096)  # asked by the code generator, the packing entry points and the kernel: once per schedule
@@ -129,7 +128,7 @@ def dot_pairs(nest: LoopNest, target: Target) -> bool:
     """Whether the dot-product kernel of ``nest`` for ``target`` reads its reduction in pairs
     (a bfloat16 problem whose register tile keeps partial sums along a reduction, on a target
     with AVX512_BF16)."""
-    if nest.problem.dtype != BFLOAT16 or not target.bfloat16_dot:
+    if not nest.problem.dtype.pairs_on(target):
         return False
     plan = RegisterScope(nest, target, layouts_applied(nest)).plan
     return plan.reduces_vector and not plan.streaming

@@ -14,7 +14,7 @@ bfloat16 kernel computes in float32 and its peak is the float32 one."""
 from __future__ import annotations
 
 from looprl.backend.llvm_text import Function, Module, emit_team, multiply_add, vector_sum, vector_type
-from looprl.ir.dtypes import FLOAT32, as_dtype
+from looprl.ir.dtypes import DEFAULT_DTYPE, as_dtype
 from looprl.target import Target
 
 PEAK_ITERATIONS = 4096  # loop trips per rep; each runs one multiply-add per chain
@@ -30,18 +30,18 @@ def peak_chain_counts(target: Target) -> list[int]:
     return list(range(min(10, most), min(most, 16) + 1))
 
 
-def flops_per_step(target: Target, dtype: str = FLOAT32) -> int:
+def flops_per_step(target: Target, dtype=DEFAULT_DTYPE) -> int:
     """Flops one step of one chain of :func:`peak_ir` does: 2 per lane (a multiply-add), 4 with
     ``vdpbf16ps`` (bfloat16 on a target with AVX512_BF16)."""
     return target.vector_width * (4 if pairs_in_peak(target, dtype) else 2)
 
 
-def pairs_in_peak(target: Target, dtype: str) -> bool:
-    """Whether the ``dtype`` peak of ``target`` chains ``vdpbf16ps``."""
-    return as_dtype(dtype) != FLOAT32 and target.bfloat16_dot
+def pairs_in_peak(target: Target, dtype) -> bool:
+    """Whether the ``dtype`` peak of ``target`` chains ``vdpbf16ps`` (:meth:`~looprl.ir.dtypes.DType.pairs_on`)."""
+    return as_dtype(dtype).pairs_on(target)
 
 
-def peak_ir(target: Target, chains: int, team: bool = False, dtype: str = FLOAT32) -> str:
+def peak_ir(target: Target, chains: int, team: bool = False, dtype=DEFAULT_DTYPE) -> str:
     """LLVM IR of ``peak`` with ``chains`` chains for ``target`` (and ``peak_team`` when
     ``team``), of ``dtype``'s multiply-adds (see the module docstring)."""
     module = Module()

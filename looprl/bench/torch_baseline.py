@@ -108,7 +108,7 @@ def _calls(problem, torch, functional):
     """Name -> a no-argument callable computing ``problem`` in torch, its epilogue included."""
     generator = torch.Generator().manual_seed(0)
 
-    dtype = getattr(torch, problem.dtype)  # float32, or bfloat16: every tensor of the problem in it, as a bfloat16 model holds them
+    dtype = getattr(torch, problem.dtype.name)  # float32, or bfloat16: every tensor of the problem in it, as a bfloat16 model holds them
 
     def uniform(shape):
         return (torch.rand(*shape, generator=generator) * 2 - 1).to(dtype)

@@ -119,7 +119,7 @@ def _main(args) -> int:
         runs = f"on {result.threads} threads" if result.nest.is_parallel else "serial: threads did not pay"
         serial = f" (best serial schedule {result.serial_gflops:.1f} GFLOPS)" if result.serial_gflops is not None else ""
         print(f"threads: {result.threads} offered, the kernel runs {runs}{serial}")
-    if not args.no_numpy and problem.dtype != "float32":
+    if not args.no_numpy and not problem.dtype.numpy_computes:
         print(f"numpy: not compared (numpy has no {problem.dtype})")
     elif not args.no_numpy:
         _print_baseline(problem, result, cache)

@@ -129,7 +129,7 @@ class LoopNestEnv(gym.Env):
             cache key) and rewards are normalised by the measured peak of that many threads.
             The observation does not show the mark (its shape is the one policies know); the
             state graph, the printed nest and ``info["schedule"]`` do.
-        dtype: ``"float32"`` or ``"bfloat16"``: every problem (the dataset's, or ``problems``) in
+        dtype: ``"float32"`` or ``"bfloat16"`` (or its DType): every problem (the dataset's, or ``problems``) in
             that dtype; None keeps each problem's own.
         plans: add one action per plan of the target (True: all of
             :func:`~looprl.ir.plans.plan_catalogue`; or a list of plan names), after the
@@ -163,7 +163,7 @@ class LoopNestEnv(gym.Env):
         layouts: bool = False,
         threads: int = 1,
         plans=False,
-        dtype: str | None = None,
+        dtype=None,
     ):
         self._groups = dataset_groups(dataset, split) if problems is None else ()  # drawn from by set when several
         self.problems = tuple(p for group in self._groups for p in group) if problems is None else env_problems(problems=problems)
@@ -191,10 +191,11 @@ class LoopNestEnv(gym.Env):
         if layouts or self.threads > 1 or plans:
             self.actions = ActionSet.for_target(self.target, split_factors, max_loops, layouts=layouts, parallel=self.threads > 1,
                                                 plans=plans)
-        # one peak per dtype of the problems: each episode's rewards are normalised by its problem's
+        # one peak per dtype of the problems (keyed by the DType, which also answers to its name): each
+        # episode's rewards are normalised by its problem's
         self.peaks = {kind: peak if peak is not None else peak_gflops(target=self.target, cache=self.evaluator.cache, threads=self.threads,
                                                                        dtype=kind)
-                      for kind in sorted({p.dtype for p in self.problems})}
+                      for kind in sorted({p.dtype for p in self.problems}, key=lambda dtype: dtype.name)}
         # reward="model": predicts most new states' GFLOPS; its own generator draws which to measure.
         self.surrogate = None if self.reward == "measured" else make_reward_model(model, self.evaluator, refit_every=refit_every, seed=None)
         self._draws = np.random.default_rng()

@@ -3,8 +3,8 @@
 The graph (LoopTune, Fig. 4) has three kinds of nodes and three kinds of edges:
 
 * nodes: ``("loop", i)`` for loop ``i`` of :attr:`LoopNest.loops` (depth-first order),
-  ``("tensor", name)`` for ``in0``, ``in1``, ``acc`` and ``out`` (each with its ``dtype``: the
-  problem's, the accumulator's float32), and the two statements
+  ``("tensor", name)`` for ``in0``, ``in1``, ``acc`` and ``out`` (each with its ``dtype``, a
+  :class:`~looprl.ir.dtypes.DType`: the problem's, the accumulator's float32), and the two statements
   ``("stmt", "compute")`` (``acc += in0 * in1``) and ``("stmt", "write_back")``
   (``out = acc``);
   (a loop node's ``parallel`` attribute says whether it is a parallel loop);
@@ -34,7 +34,7 @@ import networkx as nx
 import numpy as np
 
 from looprl.backend.layout_plan import layouts_applied
-from looprl.ir.dtypes import ELEMENT_BYTES, FLOAT32
+from looprl.ir.dtypes import FLOAT32
 from looprl.ir.nest import COMPUTE, WRITE_BACK, LoopNest
 
 HISTOGRAM_BINS = 16
@@ -77,7 +77,8 @@ def nest_graph(nest: LoopNest, cursor: int | None = None) -> nx.DiGraph:
     coefficients = {}
     for name, index in tensors.items():
         shape = problem.shape(index)
-        graph.add_node(("tensor", name), kind="tensor", index=index, shape=shape, dtype=FLOAT32 if name == "acc" else problem.dtype)
+        dtype = problem.dtype.accumulator if name == "acc" else problem.dtype
+        graph.add_node(("tensor", name), kind="tensor", index=index, shape=shape, dtype=dtype)
         coefficients[name] = _row_major_coefficients(index, shape)
     for which, stmt in ((COMPUTE, COMPUTE_STMT), (WRITE_BACK, WRITE_BACK_STMT)):
         graph.add_node(stmt, kind="stmt", nest=which)
@@ -169,7 +170,7 @@ def observation(nest: LoopNest, cursor: int, max_loops: int, normalized: bool = 
         raise ValueError(f"the nest has {len(nest)} loops, more than max_loops={max_loops}")
     features = np.zeros((max_loops, FEATURES_PER_LOOP), dtype=np.float32)
     histograms = _nest_histograms(nest)
-    compute = nest.problem.element_bytes / ELEMENT_BYTES[FLOAT32]
+    compute = nest.problem.element_bytes / FLOAT32.element_bytes
     for row, loop in enumerate(nest.loops):
         size, tail = float(loop.size), float(loop.tail)
         if normalized:

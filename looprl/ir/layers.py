@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from looprl import checks
+from looprl.ir.dtypes import DEFAULT_DTYPE
 from looprl.ir.epilogue import Epilogue
 from looprl.ir.problem import Problem, contraction
 
@@ -10,7 +11,7 @@ LINEAR_SPEC = "mk,nk->mn"
 
 
 def linear(batch: int, in_features: int, out_features: int, bias: bool = True, activation: str | None = None,
-           residual: bool = False, scale: float = 1.0, dtype: str = "float32") -> Problem:
+           residual: bool = False, scale: float = 1.0, dtype=DEFAULT_DTYPE) -> Problem:
     """``torch.nn.Linear`` and what follows it: ``y = activation(scale * x @ W.T + b) + r``.
 
     ``x`` is ``[batch, in_features]``, ``W`` is ``[out_features, in_features]`` (stored as
@@ -19,7 +20,7 @@ def linear(batch: int, in_features: int, out_features: int, bias: bool = True, a
     ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``. ``W`` is declared constant (a weight): a
     schedule that packs it converts it once, when the kernel is bound to it. A kernel of this
     problem is called ``kernel(x, W, b)`` (and ``r`` last when ``residual``). ``dtype``: of every
-    tensor (``"float32"`` or ``"bfloat16"``, see :class:`~looprl.ir.problem.Problem`)."""
+    tensor (a :class:`~looprl.ir.dtypes.DType`, ``"float32"`` or ``"bfloat16"``, see :class:`~looprl.ir.problem.Problem`)."""
     sizes = {}
     for name, value in (("batch", batch), ("in_features", in_features), ("out_features", out_features)):
         sizes[name] = checks.positive_int(value, name)

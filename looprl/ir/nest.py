@@ -39,7 +39,7 @@ from functools import cached_property
 
 from looprl import checks, defaults
 from looprl.ir.layout import Layout
-from looprl.ir.problem import FLOAT32_BYTES, Problem
+from looprl.ir.problem import Problem
 from looprl.ir.step import MIN_FACTOR, Step
 
 COMPUTE = "compute"
@@ -243,7 +243,7 @@ class LoopNest:
 
     def why_not_layout(self, tensor: str, layout: Layout) -> str | None:
         """Why :meth:`with_layout` refuses ``layout`` for ``tensor`` (a layout of it), or None."""
-        if layout.elements * FLOAT32_BYTES > defaults.MAX_BUFFER_BYTES:
+        if layout.elements * self.problem.dtype.accumulator.element_bytes > defaults.MAX_BUFFER_BYTES:  # a layout's copy is workspace
             return (f"layout {layout.key!r} of {tensor} takes {layout.elements} floats, more than "
                     f"looprl.defaults.MAX_BUFFER_BYTES = {defaults.MAX_BUFFER_BYTES} bytes")
         return None

@@ -9,13 +9,12 @@ from functools import cached_property
 from typing import Mapping, Sequence
 
 from looprl import checks, defaults
-from looprl.ir.dtypes import ELEMENT_BYTES, FLOAT32, as_dtype
+from looprl.ir.dtypes import DEFAULT_DTYPE, DType, as_dtype
 from looprl.ir.epilogue import IDENTITY, Epilogue, as_epilogue
 
 _SPEC_RE = re.compile(r"([a-z]*),([a-z]*)->([a-z]*)")  # used with fullmatch: no trailing "\n"
 _MATMUL_RE = re.compile(r"\s*([0-9]+)\s*x\s*([0-9]+)\s*x\s*([0-9]+)\s*", re.ASCII | re.IGNORECASE)
 _SIZE_RE = re.compile(r"\s*([^=\s]*)\s*=\s*(-?[0-9]+)\s*", re.ASCII)
-FLOAT32_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,8 @@ class Problem:
     copy), and its schedules are searched for that; it needs a constant input. Part of
     :attr:`name` (``...;between=<bytes>``, or ``...;cold``) only when set.
 
-    ``dtype``: the tensors' element type, ``"float32"`` (the default) or ``"bfloat16"``
+    ``dtype``: the tensors' element type, a :class:`~looprl.ir.dtypes.DType` (given as one or as
+    anything :func:`~looprl.ir.dtypes.as_dtype` takes): float32 (the default) or bfloat16
     (inputs, output and epilogue inputs in bfloat16, products and sums in float32, the output
     rounded once: :mod:`looprl.ir.dtypes`). Part of :attr:`name` (``...;dtype=bfloat16``) only
     when it is not float32.
@@ -62,7 +62,7 @@ class Problem:
     constant: tuple[str, ...] = ()
     epilogue: Epilogue = IDENTITY
     between: int = 0
-    dtype: str = FLOAT32
+    dtype: DType = DEFAULT_DTYPE
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "epilogue", as_epilogue(self.epilogue))
@@ -136,7 +136,7 @@ class Problem:
     @property
     def element_bytes(self) -> int:
         """Bytes of one element of the inputs and the output (4 for float32, 2 for bfloat16)."""
-        return ELEMENT_BYTES[self.dtype]
+        return self.dtype.element_bytes
 
     @property
     def constant_bytes(self) -> int:
@@ -172,7 +172,7 @@ class Problem:
         return replace(self, between=between)
 
     def with_dtype(self, dtype) -> "Problem":
-        """This problem with tensors of ``dtype`` (``"float32"`` or ``"bfloat16"``)."""
+        """This problem with tensors of ``dtype`` (a :class:`~looprl.ir.dtypes.DType`, ``"float32"`` or ``"bfloat16"``)."""
         return replace(self, dtype=as_dtype(dtype))
 
     @property
@@ -195,8 +195,8 @@ class Problem:
             text += ";cold"
         elif self.between:
             text += f";between={self.between}"
-        if self.dtype != FLOAT32:
-            text += f";dtype={self.dtype}"
+        if self.dtype != DEFAULT_DTYPE:
+            text += f";dtype={self.dtype.name}"
         return text
 
     def __str__(self) -> str:
@@ -216,7 +216,7 @@ def _between_bytes(value) -> int:
 
 
 def contraction(spec: str, /, sizes: Mapping[str, int] | None = None, *, constant=(), epilogue=None, cold=False, between: int = 0,
-                dtype=FLOAT32, **dims: int) -> Problem:
+                dtype=DEFAULT_DTYPE, **dims: int) -> Problem:
     """A contraction of two inputs in einsum notation, e.g.
     ``contraction("bmk,bkn->bmn", b=4, m=64, k=32, n=16)``; ``constant``, ``epilogue``, ``between`` and
     ``dtype``: see :class:`Problem` (``cold=True``: :data:`COLD` bytes between).
@@ -237,7 +237,7 @@ def contraction(spec: str, /, sizes: Mapping[str, int] | None = None, *, constan
     return Problem(spec.replace(" ", ""), tuple(merged.items()), constant, epilogue, COLD if cold else between, dtype)
 
 
-def matmul(m: int, n: int, k: int, *, constant=(), epilogue=None, dtype=FLOAT32) -> Problem:
+def matmul(m: int, n: int, k: int, *, constant=(), epilogue=None, dtype=DEFAULT_DTYPE) -> Problem:
     """``C[m, n] = A[m, k] @ B[k, n]``; note the argument order (m, n, k). ``constant``:
     inputs that are weights (``"b"`` for B); ``epilogue`` and ``dtype``: see :class:`Problem`."""
     return contraction("mk,kn->mn", m=m, n=n, k=k, constant=constant, epilogue=epilogue, dtype=dtype)
@@ -271,7 +271,7 @@ def parse_problem(text: str) -> Problem:
             raise ValueError(f"problem {text!r} gives ';cold' and ';between=': one of them")
         between = COLD if "cold" in options else _parsed_bytes(options.get("between", "0"), text)
         return Problem(problem.spec, problem.sizes, constant, Epilogue.from_key(options.get("epilogue", "")), between,
-                       options.get("dtype", FLOAT32).strip())
+                       options.get("dtype", DEFAULT_DTYPE.name).strip())
     if ":" in text:
         spec, _, rest = text.partition(":")
         sizes: dict[str, int] = {}
@@ -348,7 +348,7 @@ def _size_pairs(sizes) -> dict:
     return result
 
 
-def _validate(spec: str, sizes: Mapping[str, int], epilogue: Epilogue = IDENTITY, dtype: str = FLOAT32) -> dict[str, int]:
+def _validate(spec: str, sizes: Mapping[str, int], epilogue: Epilogue = IDENTITY, dtype: DType = DEFAULT_DTYPE) -> dict[str, int]:
     """Check ``spec`` and ``sizes``; the sizes as Python ints."""
     if not isinstance(spec, str):
         raise ValueError(f"spec must be a string like 'mk,kn->mn', got {spec!r}")
@@ -381,9 +381,9 @@ def _validate(spec: str, sizes: Mapping[str, int], epilogue: Epilogue = IDENTITY
 
 
 def _check_limits(spec: str, terms: tuple[str, str, str], sizes: dict[str, int], epilogue: Epilogue = IDENTITY,
-                  dtype: str = FLOAT32) -> None:
+                  dtype: DType = DEFAULT_DTYPE) -> None:
     """Refuse sizes whose tensors or flop count overflow ``i64``, or whose buffers (two inputs,
-    the output and the epilogue's bias and residual in ``dtype``, the float32 accumulator)
+    the output and the epilogue's bias and residual in ``dtype``, the accumulator in its accumulation type)
     exceed ``defaults.MAX_BUFFER_BYTES``. Exact: Python ints do not overflow."""
     described = f"{spec} with " + ", ".join(f"{d}={sizes[d]}" for d in _first_appearance(spec))
     elements = [math.prod(sizes[d] for d in term) for term in terms]
@@ -396,8 +396,8 @@ def _check_limits(spec: str, terms: tuple[str, str, str], sizes: dict[str, int],
     flops = 2 * math.prod(sizes.values())
     if flops > checks.INT64_MAX:
         raise ValueError(f"problem {described}: its flop count 2 x {flops // 2} = {flops} overflows a signed 64-bit integer")
-    size = ELEMENT_BYTES[dtype]
-    needed = size * (elements[0] + elements[1] + elements[2]) + FLOAT32_BYTES * elements[2]  # + the accumulator
+    size = dtype.element_bytes
+    needed = size * (elements[0] + elements[1] + elements[2]) + dtype.accumulator.element_bytes * elements[2]  # + the accumulator
     needed += size * (sizes[terms[2][-1]] * epilogue.bias + elements[2] * epilogue.residual)
     limit = defaults.MAX_BUFFER_BYTES
     if needed > limit:

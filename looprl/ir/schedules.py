@@ -221,7 +221,7 @@ def dot_steps(problem: Problem, target: Target, rows: int, columns: int) -> list
     if why is not None:
         raise ValueError(why)
     row, col, red = problem.output[-2], problem.output[-1], problem.reduction_dims[0]
-    factors = {red: target.reduction_lanes(problem.dtype), col: columns, row: rows}
+    factors = {red: problem.dtype.reduction_lanes(target), col: columns, row: rows}
     splits = [(var, factors[var]) for var in (red, col, row) if 1 < factors[var] < problem.size(var)]
     split = {var for var, _ in splits}
     # a dimension split has an outer loop and an inner one in the tile; one not split is all in

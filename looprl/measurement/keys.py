@@ -19,6 +19,7 @@ from looprl import checks, defaults
 from looprl.backend.codegen import CODEGEN_VERSION
 from looprl.backend.host import host_fingerprint
 from looprl.target import Target
+from looprl.ir.dtypes import DEFAULT_DTYPE, as_dtype
 from looprl.ir.nest import LoopNest
 from looprl.measurement.timing import TIMING_PROTOCOL_VERSION
 
@@ -51,7 +52,7 @@ def _measurement_key(target: Target | None, budget_s: float) -> str:
 def peak_key(target: Target | None = None, threads: int = 1, dtype: str = "float32") -> str:
     """The cache's key for the measured peak of ``target`` (None: the host's) on this host,
     on ``threads`` threads, of ``dtype``'s kernels (named only when not float32)."""
-    return _peak_key(target) + _threads_suffix(threads) + ("" if dtype == "float32" else f"|{dtype}")
+    return _peak_key(target) + _threads_suffix(threads) + ("" if as_dtype(dtype) == DEFAULT_DTYPE else f"|{as_dtype(dtype).name}")
 
 
 @lru_cache(maxsize=16)

@@ -283,7 +283,7 @@ def _time_in_process(names: list[str], budget_s: float) -> list[float]:
     results = []
     for name in names:
         problem = parse_problem(name)
-        if problem.dtype != "float32":  # numpy has no bfloat16
+        if not problem.dtype.numpy_computes:  # numpy has no bfloat16
             results.append(math.nan)
             continue
         # The parent holds the machine-wide lock while this process runs.
@@ -308,7 +308,7 @@ def _serve() -> None:
         if problem is None or request["problem"] != problem.name:
             problem, repeat = None, None  # the previous problem's buffers freed first
             problem = parse_problem(request["problem"])
-            if problem.dtype != "float32":  # numpy has no bfloat16: not timed (a float32 figure would be another problem's)
+            if not problem.dtype.numpy_computes:  # numpy has no bfloat16: not timed (a float32 figure would be another problem's)
                 print(json.dumps({"gflops": None}), flush=True)
                 problem = None
                 continue

@@ -24,11 +24,11 @@ from looprl.backend.host import cache_sizes
 from looprl.backend.jit import CompiledModule
 from looprl.backend.stream_kernel import STREAM_ACCUMULATORS, STREAM_PATTERNS, stream_ir
 from looprl.backend.threads import before_parallel_call, check_threads, ensure_openmp_runtime
+from looprl.ir.dtypes import FLOAT32
 from looprl.ir.problem import Problem
 from looprl.measurement.timing import best_time
 from looprl.target import Target
 
-FLOAT32_BYTES = 4
 LEVELS = ("l2", "llc", "dram")
 MIN_DRAM_BUFFER_BYTES = 256 * 2**20
 
@@ -57,7 +57,7 @@ def measure_bandwidth_gbs(target: Target, buffer_bytes: int, threads: int = 1, b
     threads = check_threads(threads)
     target.check_runs_on_host()
     step = target.vector_width * STREAM_ACCUMULATORS * threads  # floats per block of every thread
-    blocks = max(1, buffer_bytes // FLOAT32_BYTES // step)
+    blocks = max(1, buffer_bytes // FLOAT32.element_bytes // step)
     data = aligned_zeros(blocks * step)
     data[:] = 1.0
     out = aligned_zeros(target.vector_width * threads)

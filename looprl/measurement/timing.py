@@ -25,7 +25,7 @@ from looprl.backend.abi import kernel_tensors, pack_function_name
 from looprl.backend.host import cache_sizes
 from looprl.backend.kernel import Kernel, ReshapedKernel
 from looprl.backend.threads import check_threads
-from looprl.ir.dtypes import FLOAT32, NUMPY_STORAGE, to_bfloat16
+from looprl.ir.dtypes import DEFAULT_DTYPE, DType, to_bfloat16
 from looprl.ir.problem import COLD
 from looprl.measurement.lock import machine_lock
 
@@ -97,7 +97,7 @@ class Workspace:
         self.epilogue: dict[str, np.ndarray] = {}
         for name, shape in problem.epilogue_shapes:
             self.epilogue[name] = _uniform(rng, shape, problem.dtype)
-        self.out = aligned_empty(problem.output_shape, NUMPY_STORAGE[problem.dtype])
+        self.out = aligned_empty(problem.output_shape, problem.dtype.storage)
         self.acc = aligned_empty(problem.output_shape)
         self._cold_sources: dict[str, list[np.ndarray]] = {}  # a cold problem's constant inputs: copies, row-major
         self._cold_packed: dict[tuple[str, str], list[np.ndarray]] = {}  # and in a layout, by (tensor, layout key)
@@ -147,7 +147,7 @@ class Workspace:
             self._point()
 
 
-def _uniform(rng, shape, dtype: str = FLOAT32) -> np.ndarray:
+def _uniform(rng, shape, dtype: DType = DEFAULT_DTYPE) -> np.ndarray:
     """An aligned array of ``shape``, uniform in [-1, 1), drawn in float32 in place (a 154 MB
     weight: 0.15 s, where drawing doubles and converting took 0.9 s); for bfloat16, those
     values rounded, as bits (:func:`looprl.ir.dtypes.to_bfloat16`)."""
@@ -155,9 +155,9 @@ def _uniform(rng, shape, dtype: str = FLOAT32) -> np.ndarray:
     rng.random(dtype=np.float32, out=array)
     array *= 2.0
     array -= 1.0
-    if dtype == FLOAT32:
+    if array.dtype == dtype.storage:  # float32: stored as drawn
         return array
-    bits = aligned_empty(shape, NUMPY_STORAGE[dtype])
+    bits = aligned_empty(shape, dtype.storage)
     bits[...] = to_bfloat16(array)
     return bits
 

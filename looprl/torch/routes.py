@@ -21,7 +21,6 @@ from torch import nn
 
 from looprl import checks
 from looprl.backend.buffers import aligned_empty
-from looprl.ir.dtypes import NUMPY_STORAGE
 from looprl.measurement.timing import best_time, cold_copy_count
 from looprl.policy.tuner import TuneResult
 from looprl.torch.activations import ACTIVATIONS
@@ -86,8 +85,8 @@ class LinearKernels:
         self.results = dict(results)
         self.records = list(records)  # the tuned answers as exported records (save_records)
         self._with_bias = "bias" in self.results[1].problem.epilogue.inputs
-        self.dtype = self.results[1].problem.dtype  # "float32" or "bfloat16": the layer's parameters' and inputs'
-        self._torch_dtype = getattr(torch, self.dtype)
+        self.dtype = self.results[1].problem.dtype  # float32 or bfloat16 (a DType): the layer's parameters' and inputs'
+        self._torch_dtype = getattr(torch, self.dtype.name)
         self._weight_shape, self._bias_shape = (out_features, in_features), (out_features,)
         flops = 2 * in_features * out_features
         self._seconds = {rows: flops * rows / (result.gflops * 1e9) for rows, result in self.results.items()}
@@ -329,7 +328,7 @@ class LinearKernels:
         buffers = self._local.__dict__.setdefault("buffers", {})
         found = buffers.get(count)
         if found is None:
-            storage = NUMPY_STORAGE[self.dtype]
+            storage = self.dtype.storage
             found = buffers[count] = (aligned_empty(kernel.kernel.workspace_elements),
                                       np.zeros((count, self.in_features), storage), np.zeros((count, self.out_features), storage))
         return found

@@ -64,7 +64,9 @@ from looprl.policy.numpy_policy import Dense, Policy
 from looprl.policy.retarget import retargeted
 from looprl.policy.rollout import greedy_rollout, policy_actions
 from looprl.target import Target
-from looprl.train.demonstrations import Demonstration, demonstration_arrays, expert_demonstration, margin_loss
+from looprl.train.cloning import margin_loss
+from looprl.train.demonstrations import demonstration_arrays, expert_demonstration
+from looprl.train.tile_planner import Demonstration
 from looprl.train.validation import spread, training_groups
 from looprl.workloads.datasets import dataset_problems
 

@@ -15,7 +15,7 @@ margin; where nothing was learned, the demonstration holds.
 
 The demonstrations are the run's ``demonstrations.npz`` (flat observations and action indices;
 :mod:`looprl.train.expert_iteration` writes them with
-:func:`looprl.train.demonstrations.save_demonstrations`; a later round of expert iteration
+:func:`looprl.train.demonstration_files.save_demonstrations`; a later round of expert iteration
 rewrites the file and :meth:`DQfDTorchLearner.reload_demonstrations` reads it again).
 :class:`DQfDTorchLearner` is RLlib's DQN learner with that loss added (found by
 :mod:`looprl.train.learners`' registry); the agent's ``demonstrations`` section sets ``margin``
@@ -29,7 +29,8 @@ from ray.rllib.algorithms.dqn.dqn_learner import QF_PREDS
 from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
 from ray.rllib.core.columns import Columns
 
-from looprl.train.demonstrations import load_demonstrations, margin_loss
+from looprl.train.cloning import margin_loss
+from looprl.train.demonstration_files import load_demonstrations
 from looprl.train.schema import LOSS_SETTINGS
 
 

@@ -16,7 +16,9 @@ import json
 from pathlib import Path
 
 from looprl.policy.numpy_policy import JSON_NAME, Policy
-from looprl.train.demonstrations import cloned_policy, gather_demonstrations, save_demonstrations, summary_rounds
+from looprl.train.cloning import cloned_policy
+from looprl.train.demonstration_files import save_demonstrations, summary_rounds
+from looprl.train.demonstrations import gather_demonstrations
 from looprl.train.run_folder import BEST_POLICY, DEMONSTRATIONS_CLONE, DEMONSTRATIONS_FILE, DEMONSTRATIONS_SUMMARY, NEWEST_POLICY
 from looprl.train.schema import section_settings
 from looprl.train.validation import spread_over_datasets

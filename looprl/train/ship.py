@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from looprl.policy.numpy_policy import JSON_NAME, Policy
-from looprl.train.demonstrations import summary_rounds
+from looprl.train.demonstration_files import summary_rounds
 from looprl.train.run_folder import BEST_POLICY, DEMONSTRATIONS_CLONE, DEMONSTRATIONS_SUMMARY, PRETRAINED_POLICY, RunDirectory
 
 _FILES = ("agent.yaml", "run.json", "metrics.csv", DEMONSTRATIONS_SUMMARY, "learning_curve.png")
