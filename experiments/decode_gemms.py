@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import json
 import sys
 from pathlib import Path
 
-from _names import cpu_slug
+from _tee import Tee
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DATASET = Path(__file__).resolve().parent.parent / "envs" / "models.json"
@@ -48,22 +47,6 @@ def decode_problems(rows: list[int]) -> list[str]:
     for in_features, out_features in WIDE_LAYERS:
         names += [linear(count, in_features, out_features, bias=False).name for count in rows]
     return list(dict.fromkeys(names))
-
-
-class Tee(io.TextIOBase):
-    """Writes to several streams at once (the table on the terminal and in the result file)."""
-
-    def __init__(self, *streams):
-        self.streams = streams
-
-    def write(self, text: str) -> int:
-        for stream in self.streams:
-            stream.write(text)
-        return len(text)
-
-    def flush(self) -> None:
-        for stream in self.streams:
-            stream.flush()
 
 
 def main(argv=None) -> int:
