@@ -199,7 +199,7 @@ def cold_copy_count(nbytes: int, llc_bytes: int | None = None, between: int = CO
     sit under a last-level cache of its own (a VM's two vCPUs on two core complexes, where the
     OS reports one cache), and a team reading its shares of one weight through two caches
     read 1x4096x4096 bfloat16 at 2.9x the DRAM bound from three copies sized for one."""
-    llc = (cache_sizes()[1] if llc_bytes is None else llc_bytes) * check_threads(threads)
+    llc = (cache_sizes()[1] if llc_bytes is None else llc_bytes) * checks.positive_int(threads, "threads")
     nbytes = max(nbytes, 1)
     if nbytes >= 2 * llc or between <= 0:
         return 1
