@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials-dir", default=str(RESULTS / "autotvm_prior_plans"), help="autotvm_trials.py's CSVs (their problems)")
     parser.add_argument("--trials", type=int, default=64, help="measurements of each search")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved re-timing rounds")
-    parser.add_argument("--out", default=None, help="CSV path prefix (default: <trials-dir>/ceiling_<isa>)")
+    parser.add_argument("--out", default=None, help="CSV path prefix (default: <trials-dir>/autotvm_ceiling_<isa>)")
     args = parser.parse_args(argv)
     target = Target.resolve(args.target)
     target.check_runs_on_host()
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                          **{f"{m}_gflops": round(best[m], 2) for m in METHODS}})
             print(f"[{name} {index + 1}/{len(problems)}] {problem_name}: " + ", ".join(f"{m} {best[m]:.1f}" for m in METHODS)
                   + f" GFLOPS (tune measured {tuned.measured})", flush=True)
-    out = Path(args.out) if args.out else trials_dir / f"ceiling_{target.isa}"
+    out = Path(args.out) if args.out else trials_dir / f"autotvm_ceiling_{target.isa}"
     with out.with_suffix(".csv").open("w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()

@@ -23,7 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-from decode_gemms import Tee
+from _tee import Tee
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DATASET = Path(__file__).resolve().parent.parent / "envs" / "models.json"

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from decoder_lengths import DecoderBlock
+    from _decoder_block import DecoderBlock
 
     from looprl.backend.host import cpu_model_name
     from looprl.torch import tune_module, tuned_layers

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from _torch_timing import seconds
-    from decoder_lengths import DecoderBlock
+    from _decoder_block import DecoderBlock
 
     import looprl.measurement.timing  # noqa: F401 - loaded before last_level_cache looks for it
     from looprl.backend.host import cpu_model_name

@@ -50,9 +50,8 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as functional
-from torch import nn
 
+from _decoder_block import DecoderBlock
 from _torch_timing import onednn_packed, seconds, write_csv
 
 from looprl.backend.host import cpu_model_name
@@ -63,27 +62,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 FIELDS = ["tokens", "target", "torch_isa", "cpu", "threads", "torch_ms", "looprl_ms", "speedup", "max_abs_diff", "allclose",
           "onednn_packed_ms", "vs_onednn_packed",
           "inductor_ms", "max_autotune_ms", "vs_max_autotune", "compiled_looprl_ms", "compiled_looprl_speedup", "compiled_allclose"]
-
-
-class DecoderBlock(nn.Module):
-    """A pre-norm transformer decoder block with causal self-attention."""
-
-    def __init__(self, dim: int = 640, heads: int = 10, hidden: int = 2560):
-        super().__init__()
-        self.heads = heads
-        self.norm1 = nn.LayerNorm(dim)
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-        self.norm2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
-
-    def forward(self, x):
-        batch, tokens, dim = x.shape
-        q, k, v = self.qkv(self.norm1(x)).reshape(batch, tokens, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
-        attended = functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(attended.transpose(1, 2).reshape(batch, tokens, dim))
-        return x + self.mlp(self.norm2(x))
-
 
 
 def lengths(text: str) -> list[int]:

@@ -4,7 +4,7 @@
 
 Runs ``python -m looprl.search --cold`` (every search starts from an empty cache, so times
 are comparable) over the first ``--limit`` problems of the test split, appending to
-``experiments/results/search_<limit>x<budget>s.csv`` (an interrupted run resumes), then
+``experiments/results/search_baselines_<limit>x<budget>s.csv`` (an interrupted run resumes), then
 prints the mean per algorithm and plots the best GFLOPS per problem (as re-measured after the search) next to the untuned nest.
 """
 
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=20.0)
     parser.add_argument("--algo", default=",".join(PAPER_ALGORITHMS))
     args = parser.parse_args(argv)
-    path = RESULTS / f"search_{args.limit}x{args.budget:g}s.csv"
+    path = RESULTS / f"search_baselines_{args.limit}x{args.budget:g}s.csv"
     command = [sys.executable, "-m", "looprl.search", "--split", "test", "--limit", str(args.limit), "--budget", str(args.budget),
                "--algo", args.algo, "--cold", "--quiet", "--csv", str(path)]
     code = subprocess.run(command, check=False).returncode

@@ -61,9 +61,82 @@ def test_the_autotvm_ceiling_experiment_times_three_answers_per_problem_and_prin
     done = subprocess.run([sys.executable, str(script), "--trials-dir", str(tmp_path), "--trials", "4", "--rounds", "1"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    rows = list(csv.DictReader((tmp_path / f"ceiling_{isa}.csv").open()))
+    rows = list(csv.DictReader((tmp_path / f"autotvm_ceiling_{isa}.csv").open()))
     assert [r["class"] for r in rows] == ["models", "offgrid", "mm64"]
     assert all(float(r[f"{m}_gflops"]) > 0 for r in rows for m in ("random", "autotvm-policy", "tune"))
     assert all(f"  {name}" in done.stdout for name in ("models", "offgrid", "mm64", "all")) and "tune/random" in done.stdout
     missing = subprocess.run([sys.executable, str(script), "--trials-dir", str(tmp_path / "none")], capture_output=True, text=True, timeout=120)
     assert missing.returncode != 0 and "is missing" in missing.stderr
+
+
+# ---- experiments/README.md: the map of the scripts and their results ---------------------------
+
+EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
+HELPERS = sorted(p for p in EXPERIMENTS.glob("_*.py"))
+
+
+def _map_text() -> str:
+    return (EXPERIMENTS / "README.md").read_text(encoding="utf-8")
+
+
+def _expanded(pattern: str) -> list[str]:
+    """``a{b,c}d`` -> ``abd``, ``acd`` (each brace in turn); ``<placeholder>`` and an optional
+    ``[part]`` -> ``*``: the glob patterns a backticked result name in the map stands for."""
+    import re
+
+    pattern = re.sub(r"<[^<>]*>|\[[^\[\]]*\]", "*", pattern)
+    match = re.search(r"\{([^{}]*)\}", pattern)
+    if match is None:
+        return [pattern]
+    return [name for choice in match.group(1).split(",")
+            for name in _expanded(pattern[:match.start()] + choice + pattern[match.end():])]
+
+
+def _result_patterns() -> list[str]:
+    """Every backticked name in the map's tables, expanded (a result file's relative path, or a
+    script, a command, ...: only the result names can match a result file)."""
+    import re
+
+    tokens = re.findall(r"`([^`\s]+)`", _map_text())
+    return [name for token in tokens for name in _expanded(token)]
+
+
+def _first_cells() -> set[str]:
+    import re
+
+    return {m.group(1) for m in re.finditer(r"^\| `([^`]+)` \|", _map_text(), re.MULTILINE)}
+
+
+def test_every_experiment_script_and_helper_is_in_the_map():
+    listed = _first_cells()
+    missing = [p.name for p in [*SCRIPTS, *HELPERS] if p.name not in listed]
+    assert not missing, f"experiments/README.md has no row for {missing}"
+    gone = sorted(name for name in listed if name.endswith(".py") and not (EXPERIMENTS / name).is_file())
+    assert not gone, f"experiments/README.md lists scripts that do not exist: {gone}"
+
+
+def test_every_result_is_in_the_map():
+    """Each entry of experiments/results/ (a file, or a folder as ``name/`` or one of its files)
+    matches a result name the map gives."""
+    import fnmatch
+
+    patterns = _result_patterns()
+    results = EXPERIMENTS / "results"
+    missing = []
+    for entry in sorted(results.iterdir()):
+        if entry.is_dir():
+            found = any(p == entry.name + "/" or p.startswith(entry.name + "/") for p in patterns)
+        else:
+            found = any(fnmatch.fnmatchcase(entry.name, p) for p in patterns)
+        if not found:
+            missing.append(entry.name)
+    assert not missing, f"experiments/README.md does not say which script wrote {missing}"
+
+
+def test_the_map_names_only_results_that_exist():
+    """A concrete result name in the map (no ``*``, no placeholder) is a file or folder of experiments/results/."""
+    results = EXPERIMENTS / "results"
+    suffixes = (".csv", ".json", ".txt", ".png", ".log", "/")
+    concrete = [p for p in _result_patterns() if "*" not in p and p.endswith(suffixes) and not p.startswith(("experiments/", "RUN/"))]
+    missing = [p for p in concrete if not (results / p.rstrip("/")).exists()]
+    assert not missing, f"experiments/README.md names results that are not in experiments/results/: {missing}"

@@ -1,7 +1,8 @@
 """The libraries a benchmark compares looprl's kernels with, timed in turn with them.
 
 numpy (:func:`~looprl.measurement.numpy_baseline.numpy_child`: OpenBLAS in a child process,
-``OPENBLAS_CORETYPE`` unset for the host's own ISA) and torch
+``OPENBLAS_CORETYPE`` unset for the host's own ISA; a cold problem's weight rotated in copies
+as looprl's kernels and torch's calls rotate it) and torch
 (:func:`~looprl.bench.torch_baseline.torch_child`: ``torch.matmul``, ``F.linear`` and oneDNN's
 linear on a weight packed once, in a child process) stay up for the whole benchmark. For each
 problem, after it is tuned, :meth:`Peers.timed_with` times the problem's kernels, then numpy,
@@ -39,15 +40,16 @@ class Peers:
     """The libraries looprl is compared with, each in a child process that stays up
     (:class:`~looprl.measurement.numpy_baseline.BaselineChild`): numpy and torch on each
     thread count. A child that fails is reported once, in one line on ``errors``; its figures
-    are then NaN."""
+    are then NaN. ``torch_float32``: torch's child also times bfloat16 problems' calls on
+    float32 tensors (:func:`~looprl.bench.torch_baseline.torch_child`)."""
 
-    def __init__(self, isa: str | None, counts: list[int], errors=None, torch: bool = True):
+    def __init__(self, isa: str | None, counts: list[int], errors=None, torch: bool = True, torch_float32: bool = False):
         self.errors, self.reported, self.children = errors, set(), {}  # errors: None, sys.stderr when a line is printed
         try:
             for n in counts:
                 self.children[("numpy", n)] = numpy_child(isa, threads=n)
                 if torch:
-                    self.children[("torch", n)] = torch_child(isa, threads=n)
+                    self.children[("torch", n)] = torch_child(isa, threads=n, float32=True) if torch_float32 else torch_child(isa, threads=n)
         except BaseException:
             self.close()
             raise

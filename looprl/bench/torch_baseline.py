@@ -28,12 +28,19 @@ What is timed is what a torch user writes for the problem, under ``torch.no_grad
 
 Every tensor is in the problem's dtype (a bfloat16 problem: bfloat16 tensors, as a bfloat16
 model holds them). A cold problem's weight (constant ``in1``) is timed as looprl's kernels are
-(:func:`~looprl.measurement.timing.cold_copy_count` copies, each call the next; packed once
-each), so both read it from as far as the problem says.
+(:func:`~looprl.measurement.timing.cold_copy_count` copies for the child's thread count, each
+call the next; packed once each), so both read it from as far as the problem says.
 
 The problem's epilogue follows, one torch call per step (``F.linear`` takes the bias itself
 when the scale is 1, as ``nn.Linear`` does), so torch's time covers the same work as the
 fused kernel's. :func:`best_torch` is the best of the calls.
+
+With ``float32=True`` (``looprl-bench tune --torch-float32``) a bfloat16 problem's calls are
+also timed on float32 tensors, named with :data:`FLOAT32_SUFFIX` (``"F.linear (float32)"``,
+...) and counted in the best: the call a user makes where torch's bfloat16 is slow (a CPU
+without AVX512_BF16, or torch held to AVX2, where oneDNN's packed linear refuses bfloat16), so
+that bfloat16 code is compared with the fastest way torch computes the layer, not only with
+torch's bfloat16 call.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from looprl.measurement.numpy_baseline import BaselineChild, baseline_environmen
 from looprl.measurement.timing import best_time, cold_copy_count
 
 CALLS = ("torch.matmul", "F.linear", "oneDNN packed")
+FLOAT32_SUFFIX = " (float32)"  # a bfloat16 problem's call timed on float32 tensors (``float32=True``)
 _ONEDNN_ACTIVATIONS = {None: ("none", "none"), "relu": ("relu", "none"), "gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh"),
                        "silu": ("swish", "none")}  # looprl's activation -> oneDNN's post-op name and algorithm
 
@@ -72,15 +80,18 @@ def torch_environment(isa: str | None = None, threads: int = 1) -> dict[str, str
 
 
 TORCH_CHILD = ("-m", "looprl.bench.torch_baseline", "--serve")  # the child's interpreter arguments
+FLOAT32_FLAG = "--float32"  # the child's argument: bfloat16 problems' calls also on float32 tensors
 
 
-def torch_child(isa: str | None = None, threads: int = 1) -> BaselineChild:
+def torch_child(isa: str | None = None, threads: int = 1, float32: bool = False) -> BaselineChild:
     """A running torch baseline (:class:`~looprl.measurement.numpy_baseline.BaselineChild`) on
     ``threads`` threads, its kernels held to ``isa`` (:func:`torch_environment`): each
     ``time(problem, budget_s)`` answers ``{call: GFLOPS or None}``; its ``label`` says what
-    ran. An ``import torch`` that fails with anything but ImportError (a broken install's
+    ran. ``float32``: a bfloat16 problem's calls timed on float32 tensors too (module
+    docstring). An ``import torch`` that fails with anything but ImportError (a broken install's
     OSError) is the child's failure, one line."""
-    return BaselineChild("torch baseline", TORCH_CHILD, torch_environment(isa, check_threads(threads)))
+    arguments = TORCH_CHILD + ((FLOAT32_FLAG,) if checks.flag(float32, "float32") else ())
+    return BaselineChild("torch baseline", arguments, torch_environment(isa, check_threads(threads)))
 
 
 def torch_gflops(problems: list, budget_s: float = 0.3, threads: int = 1, isa: str | None = None) -> tuple[list[dict[str, float | None]], str]:
@@ -133,7 +144,7 @@ def _calls(problem, torch, functional):
     def rotating(weight):  # a cold problem's weight: each call takes the next copy, as looprl's kernels are timed
         if not problem.cold or "in1" not in problem.constant:
             return [weight]
-        count = cold_copy_count(weight.numel() * weight.element_size(), between=problem.between)
+        count = cold_copy_count(weight.numel() * weight.element_size(), between=problem.between, threads=torch.get_num_threads())
         return [weight] + [weight.clone() for _ in range(count - 1)]
 
     def in_turn(calls):
@@ -178,6 +189,16 @@ def _calls(problem, torch, functional):
     return {"torch.matmul": lambda: finish(torch.einsum(spec, a, b), False)}  # torch.einsum: the matmul of other specs
 
 
+def _all_calls(problem, torch, functional, float32: bool) -> dict:
+    """:func:`_calls` of ``problem``, and where ``float32`` and the problem is not float32, the
+    same calls on float32 tensors, named with :data:`FLOAT32_SUFFIX`."""
+    calls = _calls(problem, torch, functional)
+    if float32 and problem.dtype != "float32":
+        wide = _calls(problem.with_dtype("float32"), torch, functional)
+        calls.update({name + FLOAT32_SUFFIX: call for name, call in wide.items()})
+    return calls
+
+
 def _timed_calls(calls: dict, flops: int, budget_s: float) -> dict[str, float | None]:
     figures = dict.fromkeys(CALLS)
     for call_name, call in calls.items():
@@ -191,13 +212,13 @@ def _timed_calls(calls: dict, flops: int, budget_s: float) -> dict[str, float | 
     return figures
 
 
-def _label(torch) -> str:
+def _label(torch, float32: bool = False) -> str:
     narrowed = os.environ.get("ONEDNN_MAX_CPU_ISA")
     kernels = f"{torch.backends.cpu.get_cpu_capability()} kernels" + (f", oneDNN and MKL up to {narrowed}" if narrowed else "")
-    return f"torch {torch.__version__}, {kernels}"
+    return f"torch {torch.__version__}, {kernels}" + (", bfloat16 problems' calls also on float32 tensors" if float32 else "")
 
 
-def _serve() -> None:
+def _serve(float32: bool = False) -> None:
     """The child's loop (:class:`~looprl.measurement.numpy_baseline.BaselineChild`): one
     problem per request line, its operands made (and its weight packed) once and kept while
     the next requests name the same problem."""
@@ -211,7 +232,7 @@ def _serve() -> None:
     except Exception as error:  # a broken install (a missing shared library: OSError): the child's failure
         print(json.dumps({"error": f"import torch failed: {type(error).__name__}: {' '.join(str(error).split())}"}), flush=True)
         return
-    print(json.dumps({"label": "torch not installed" if torch is None else _label(torch)}), flush=True)
+    print(json.dumps({"label": "torch not installed" if torch is None else _label(torch, float32)}), flush=True)
     if torch is not None:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     problem, calls = None, None
@@ -224,10 +245,10 @@ def _serve() -> None:
             if problem is None or request["problem"] != problem.name:
                 problem, calls = None, None  # the previous problem's tensors freed first
                 problem = parse_problem(request["problem"])
-                calls = _calls(problem, torch, functional)
+                calls = _all_calls(problem, torch, functional, float32)
             figures = _timed_calls(calls, problem.flops, request["budget_s"])
         print(json.dumps({"gflops": figures}), flush=True)
 
 
 if __name__ == "__main__":
-    _serve()
+    _serve(float32=FLOAT32_FLAG in sys.argv[1:])

@@ -34,6 +34,10 @@ one bad moment, the host taking the second vCPU away, made a two-thread team tim
 thread's speed: 115 against 217 GFLOPS re-timed alone; in turn, such a moment lowers one
 round of every figure, not one side of a ratio).
 
+``--torch-float32`` also times torch's calls of a bfloat16 problem on float32 tensors
+(:mod:`looprl.bench.torch_baseline`), counted in torch's best: where torch's bfloat16 is slow
+(no AVX512_BF16, or torch held to AVX2) the float32 call is what a user would make.
+
 ``--repeat`` tunes every problem a second time, from another cold cache, at each thread count,
 and re-times the two answers together (``REPEAT_ROUNDS`` interleaved rounds, best of each):
 how far two ``tune`` calls on the same problem agree (``agreement`` = slower / faster), and how
@@ -91,6 +95,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--dtype", choices=DTYPES, default=None,
                         help="tune every problem in this dtype (bfloat16: numpy has none, so torch is the only peer; the peak is the "
                              "bfloat16 one); default: each problem's own")
+    parser.add_argument("--torch-float32", action="store_true",
+                        help="also time torch's calls of a bfloat16 problem on float32 tensors (what a user of a CPU whose torch "
+                             "bfloat16 is slow calls), counted in torch's best")
     parser.add_argument("--json", type=Path, default=None)
 
 
@@ -245,7 +252,7 @@ def main(args, out=None) -> dict:
     numpy_label = baseline_label(target.isa, threads=first)
     peaks = {n: measure_peak_gflops(target, threads=n, dtype=dtype) for n in counts[1:]}
     team_ceilings = {n: roofline(peaks[n], target, ":memory:", threads=n, fresh=True) for n in counts[1:]}
-    peers = Peers(target.isa, counts)  # numpy and torch (torch.matmul, F.linear, oneDNN packed), timed with each problem's kernels
+    peers = Peers(target.isa, counts, torch_float32=getattr(args, "torch_float32", False))  # numpy and torch (torch.matmul, F.linear, oneDNN packed), timed with each problem's kernels
     try:
         return _run(args, out, target, policy, problems, entries, source, counts, peak, ceilings, numpy_label, peaks, peers, team_ceilings)
     finally:
