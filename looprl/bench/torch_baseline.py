@@ -53,6 +53,7 @@ import sys
 
 from looprl import checks
 from looprl.backend.threads import check_threads
+from looprl.ir.dtypes import FLOAT32
 from looprl.measurement.lock import machine_lock
 from looprl.measurement.numpy_baseline import BaselineChild, baseline_environment, coretype_for
 from looprl.measurement.timing import best_time, cold_copy_count
@@ -193,8 +194,8 @@ def _all_calls(problem, torch, functional, float32: bool) -> dict:
     """:func:`_calls` of ``problem``, and where ``float32`` and the problem is not float32, the
     same calls on float32 tensors, named with :data:`FLOAT32_SUFFIX`."""
     calls = _calls(problem, torch, functional)
-    if float32 and problem.dtype != "float32":
-        wide = _calls(problem.with_dtype("float32"), torch, functional)
+    if float32 and problem.dtype is not FLOAT32:
+        wide = _calls(problem.with_dtype(FLOAT32), torch, functional)
         calls.update({name + FLOAT32_SUFFIX: call for name, call in wide.items()})
     return calls
 
