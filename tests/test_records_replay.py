@@ -49,9 +49,12 @@ from looprl.policy.rollout import greedy_rollout
 from looprl.target import Target, host_cpu
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "records_a56e7ac.json"
-REPLAY = json.loads(FIXTURE.read_text(encoding="utf-8"))["replay"]
+DOCUMENT = json.loads(FIXTURE.read_text(encoding="utf-8"))
+REPLAY = DOCUMENT["replay"]
 CHECKS = REPLAY["records"]
 ROLLOUTS = REPLAY["policy"]
+# the records with an action path, as the file stores them (collection does not go through the reading path under test)
+WITH_ACTIONS = [index for index, entry in enumerate(DOCUMENT["records"]) if entry["actions"] is not None]
 
 
 # -- the fixture's recipe: inputs, digests, what a kernel is --------------------------------------
@@ -172,8 +175,7 @@ def test_a_record_replays_to_the_same_kernel_with_bit_identical_outputs(index):
     assert kernel_facts(record.nest, target, check["threads"]) == expected_facts(check)
 
 
-@pytest.mark.parametrize("index", [i for i, entry in enumerate(stored_entries()) if entry["actions"] is not None],
-                         ids=[_id(check) for check, entry in zip(CHECKS, stored_entries()) if entry["actions"] is not None])
+@pytest.mark.parametrize("index", WITH_ACTIONS, ids=[_id(CHECKS[index]) for index in WITH_ACTIONS])
 def test_a_records_action_path_reaches_the_same_kernel(index):
     """Tune reuses a remembered answer by its action path (one without a path is tuned again):
     the path must reach the kernel the record's schedule is."""
@@ -181,6 +183,7 @@ def test_a_records_action_path_reaches_the_same_kernel(index):
     target = target_of(check["target"])
     skip_unless_runnable(target, check["threads"])
     record = read_back(index)
+    assert record is not None and record.actions is not None, f"{check['case']}: the record or its action path was not read back"
     assert kernel_facts(actions_nest(record, target), target, check["threads"]) == expected_facts(check)
 
 
