@@ -6,12 +6,13 @@ and :func:`~looprl.measurement.tuned_records.write_tuned_records` give tune's an
 record the schedule's key, its action names and the rewrite they replay on) plus a ``replay``
 section that ``tests/test_records_replay.py`` checks against:
 
-* for each record, the target and threads its kernel is compiled for and the sha256 of the
-  kernel's output bytes on seeded inputs (and, where the problem has a constant input, of the
+* for each record, the target and threads its kernel is compiled for, what the kernel is (its
+  loops and the layout of each tensor it stores re-laid, :func:`kernel_facts`) and the sha256
+  of its output bytes on seeded inputs (and, where the problem has a constant input, of the
   output of the kernel bound to it);
 * for each problem and named target, the default policy's greedy actions (nothing measured:
   :func:`~looprl.policy.rollout.greedy_rollout` without an evaluator, the policy tune loads and
-  retargets) and the output hash of the schedule they end in.
+  retargets) and the same facts of the kernel they end in.
 
 Nothing is timed: every schedule is built by replaying a fixed action path (a plan, a cursor
 path, a tile stage's path of IR steps) or the policy's greedy actions on the untuned nest, so
@@ -30,10 +31,12 @@ even); the digest of a list of arrays is the sha256 of their bytes, one after an
 
 Written against looprl at a56e7ac (the code before the restructuring), run there::
 
-    cd /work/wt/base && PYTHONPATH=. python /path/to/experiments/structure_fixture.py --out records_a56e7ac.json
+    cd <checkout of a56e7ac> && PYTHONPATH=. python <this script> --out records_a56e7ac.json
 
-It imports whichever looprl comes first on the path (it prints which); the names it uses
-(action sets, plans, the twin rewrites) are those of a56e7ac.
+It imports whichever looprl comes first on the path (it prints which; run by its path, the
+script's own folder comes first, not the current one, hence ``PYTHONPATH``); the names it uses
+(action sets, plans, the twin rewrites) are those of a56e7ac. Run on main before the
+restructuring it writes the same file.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ SEED = 59
 class Case:
     """One record of the fixture: ``build(problem, target)`` gives ``(actions, nest, replays_on,
     found_by)`` for the problem ``problem()``, on ``target`` (a named target, or ``"host"``
-    for bfloat16 dot products) and ``threads``."""
+    for the bfloat16 kernels that use this host's ``vdpbf16ps``) and ``threads``."""
 
     name: str
     covers: str
@@ -234,12 +237,24 @@ def greedy(problem, target):
 
 
 # -- the problems -----------------------------------------------------------------------------
+def _public(name: str, *args, **options):
+    """A maker of the problem ``looprl.<name>(*args, **options)`` builds (looprl imported when
+    it is made, so ``--help`` imports nothing of it)."""
+
+    def problem():
+        import looprl
+
+        return getattr(looprl, name)(*args, **options)
+
+    return problem
+
+
 def _mm(m, n, k, **options):
-    return lambda: __import__("looprl").matmul(m=m, n=n, k=k, **options)
+    return _public("matmul", m=m, n=n, k=k, **options)
 
 
 def _linear(batch, in_features, out_features, **options):
-    return lambda: __import__("looprl").linear(batch, in_features, out_features, **options)
+    return _public("linear", batch, in_features, out_features, **options)
 
 
 def _twin_of(make):
@@ -252,7 +267,7 @@ def _twin_of(make):
 
 
 def _contraction(spec, **options):
-    return lambda: __import__("looprl").contraction(spec, **options)
+    return _public("contraction", spec, **options)
 
 
 LINEAR_64 = _linear(64, 256, 192, activation="relu")
