@@ -19,7 +19,7 @@ from looprl.ir.epilogue import ACTIVATIONS
 from looprl.ir.layers import linear
 from looprl.ir.dtypes import DTYPES
 from looprl.ir.problem import matmul, parse_problem
-from looprl.policy.tuner import TUNE_BUDGET_S, tune
+from looprl.tune.api import TUNE_BUDGET_S, tune
 from looprl.target import TARGET_CHOICES
 
 # Past this much work one run of an untuned kernel (a few GFLOPS) takes about a second or more:

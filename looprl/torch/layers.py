@@ -14,7 +14,7 @@ from torch import nn
 from looprl import defaults
 from looprl.backend.host import cache_sizes
 from looprl.ir.layers import linear
-from looprl.policy.tuner import TuneResult, tune
+from looprl.tune.api import TuneResult, tune
 from looprl.torch.activations import activation_of_module
 from looprl.torch.routes import LinearKernels, Route
 from looprl.torch.rows import tuned_row_counts

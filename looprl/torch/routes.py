@@ -23,7 +23,7 @@ from looprl import checks
 from looprl.backend.buffers import aligned_empty
 from looprl.ir.dtypes import NUMPY_STORAGE
 from looprl.measurement.timing import best_time, cold_copy_count
-from looprl.policy.tuner import TuneResult
+from looprl.tune.results import TuneResult
 from looprl.torch.activations import ACTIVATIONS
 from looprl.torch.rows import any_rows_kernel, foreign_target, rebuilt_result, result_state, row_plan
 from looprl.torch.weights import ContentCache, FrozenCache, numpy_view

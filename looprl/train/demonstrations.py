@@ -37,11 +37,11 @@ from looprl.ir.problem import Problem, parse_problem
 from looprl.ir.plans import Plan
 from looprl.ir.register_tiles import tile_shapes, tile_steps, why_not_tile
 from looprl.measurement.evaluator import Evaluator
-from looprl.policy import tuner
+from looprl.tune import measured as tuner
 from looprl.policy.loading import load_policy
 from looprl.policy.numpy_policy import Policy
 from looprl.resources import shipped_path
-from looprl.search.dots import in_place_rows
+from looprl.tune.winner import in_place_rows
 from looprl.train.config import agent_actions, agent_measure_budget_s, agent_target, hidden_layers, validate_agent
 from looprl.train.evaluate import policy_folder
 from looprl.train.export import policy_metadata
