@@ -27,6 +27,11 @@ Two modes:
   (:data:`~looprl.tune.winner.IN_PLACE_ROWS`) gets a second episode on the weight as it is
   stored, and the winner rule keeps one (an answer there that re-lays the weight is a copy, as
   the twin's, and pays what the twin pays).
+
+One pass: the exact rewrites of the problem (:func:`looprl.ir.rewrites.plan_rewrites`: its fused
+view, its transposed twin) give the problem searched; the answers for it and for the problem as
+given come from the policy alone, the store or the measured searches; the winner rule picks one,
+and :func:`_finish` carries it back through the rewrites and compiles it once.
 """
 
 from __future__ import annotations
@@ -92,7 +97,6 @@ def tune(
     the rollout only, every state of it measured). ``measure_budget_s``: timing budget per new
     schedule. ``cache``: the measurement cache (a path, ``":memory:"`` or None for the per-user
     one). ``remember``: reuse and store the answer for this host, target, problem and threads.
-
     ``threads``: threads the kernel may use (None: the cores this process may use; 1: serial).
     Measured mode proposes the best serial schedules again with their outermost eligible loops
     parallel, in a quarter of the budget more, and returns the faster of them and the serial
@@ -105,12 +109,7 @@ def tune(
     0) does not search a linear layer in place. ``weights_change``: the constant inputs may change
     between calls (``tune_module``'s default path), so a schedule reading a re-laid copy of them
     pays for comparing it on every call, and the in-place rival is searched at more rows
-    (:mod:`looprl.tune.winner`); default False: constant means constant.
-
-    One pass: the exact rewrites of the problem (:func:`looprl.ir.rewrites.plan_rewrites`: its
-    fused view, its transposed twin) give the problem searched; the answers for it and for the
-    problem as given come from the policy alone, the store or the measured searches; the winner
-    rule picks one, and :func:`_finish` carries it back and compiles it once."""
+    (:mod:`looprl.tune.winner`); default False: constant means constant."""
     started = time.perf_counter()
     episode_length, max_evaluations = _renamed(deprecated, episode_length, max_evaluations)
     measure, remember = checks.flag(measure, "measure"), checks.flag(remember, "remember")
@@ -127,8 +126,7 @@ def tune(
     measurer = Measurer.open(cache, measure_budget_s, target, threads)
     if not measure:
         return _finish(*policy_tune(proposer, plan, plan.as_given(), measurer, weights_change), threads, started)
-    remembers = remember and max_evaluations is None
-    chosen = _measured(proposer, plan, measurer, budget_s, started, max_evaluations, remembers, weights_change)
+    chosen = _measured(proposer, plan, measurer, budget_s, started, max_evaluations, remember and max_evaluations is None, weights_change)
     return _finish(*chosen, measurer.evaluator, threads, started)
 
 
@@ -143,7 +141,7 @@ def _measured(proposer: PolicyProposer, plan: RewriteChain, measurer: Measurer, 
     given = plan.as_given()  # the problem with its twin undone
     searches_given = given is not None and in_place_rows(given.searched, None) and budget_s != 0 and max_evaluations is None
     given = given if searches_given else None
-    compare_s = measurer.comparison_seconds(plan.original) if weights_change and given is not None else 0.0
+    compare_s = measurer.comparison_seconds(plan.original.constant_bytes) if weights_change and given is not None else 0.0
     answer = in_place = None
     if remembers:
         least = MIN_BUDGET_S if budget_s is None else budget_s

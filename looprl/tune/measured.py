@@ -45,7 +45,7 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, epis
     untuned = context.root()
     search.scale(untuned.gflops)  # a budget of None: scaled to the problem
     rollouts = []
-    search.run(context, proposer.rollout_stage(problem, untuned, rollouts))
+    search.run(context, proposer.rollout_stage(untuned, rollouts))
     rollout = rollouts[0]
     # Fastest first; among equals the measured rollout's best (the shorter path to it).
     ranked = sorted(reversed(search.candidates), key=lambda candidate: -candidate.gflops)
@@ -55,7 +55,8 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, epis
         search.run(context, proposer.guided_stage(search))
         ranked = confirmed(search, context)
     best, serial_gflops = with_teams(search, proposer.actions, ranked, threads)
-    record = replace(best, actions=tuple(best.actions or ()), target=evaluator.target, threads=threads, budget_s=search.budget_s, tuner=TUNER)
+    record = replace(best, actions=tuple(best.actions or ()), target=evaluator.target, threads=threads, budget_s=search.budget_s,
+                     tuner=TUNER)
     return Answer(record, "measured", rollout.initial_gflops, rollout.best_gflops, search.new_measurements, search.waited_s, serial_gflops)
 
 

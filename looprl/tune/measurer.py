@@ -76,10 +76,10 @@ class Measurer:
         is looked up, not timed)."""
         return replace(proposal, gflops=evaluator(proposal.nest).gflops)
 
-    def comparison_seconds(self, problem: Problem) -> float:
-        """What comparing a re-laid copy of ``problem``'s constant inputs with them costs a call:
-        both read once, at the host's measured bandwidth from where they live (the last-level cache
-        when both fit it, else memory)."""
-        read = 2 * problem.constant_bytes
+    def comparison_seconds(self, constant_bytes: int) -> float:
+        """What comparing a re-laid copy of a problem's constant inputs (``constant_bytes``) with
+        them costs a call: both read once, at the host's measured bandwidth from where they live
+        (the last-level cache when both fit it, else memory)."""
+        read = 2 * constant_bytes
         bandwidth = memory_bandwidth(self.target, self.cache, threads=self.threads)
         return read / (1e9 * bandwidth["llc" if read <= cache_sizes()[1] else "dram"])

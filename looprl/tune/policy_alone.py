@@ -48,7 +48,7 @@ def policy_tune(proposer: PolicyProposer, plan: RewriteChain, given: RewriteChai
     answer = episode(plan.searched)
     in_place, compare_s = None, 0.0
     if given is not None and in_place_rows(given.searched) and proposer.actions.fits(given.searched):
-        compare_s = measurer.comparison_seconds(plan.original) if weights_change else 0.0
+        compare_s = measurer.comparison_seconds(plan.original.constant_bytes) if weights_change else 0.0
         in_place = episode(given.searched, relaying_actions(proposer.actions) if weights_change else frozenset())
         plan, answer, in_place = kept_copy(plan, answer, given, in_place)
     return *preferred(plan, answer, given, in_place, compare_s), evaluator

@@ -24,7 +24,6 @@ from dataclasses import dataclass, replace
 
 from looprl.actions import ActionSet, State, replay
 from looprl.backend.pairs import pairs_a_weight
-from looprl.ir.nest import initial_nest
 from looprl.ir.plans import Plan
 from looprl.ir.problem import Problem
 from looprl.ir.register_tiles import tile_of
@@ -100,15 +99,16 @@ class PolicyProposer:
                 proposals.append(ScheduleRecord(packed[1].nest, math.nan, packed[0]))
         return proposals
 
-    def rollout_stage(self, problem: Problem, untuned: Node, rollouts: list[Rollout]) -> Stage:
+    def rollout_stage(self, untuned: Node, rollouts: list[Rollout]) -> Stage:
         """The measured search's first stage, measured whole whatever the budget: the policy's
         own answer (the state its greedy episode ends in, followed without measuring and timed
         at once, so that a trained policy's answer is in hand after two measurements whatever
         the cap; the measured rollout then finds it in the memo), then its greedy rollout
-        measured state by state (appended to ``rollouts``)."""
+        measured state by state (appended to ``rollouts``). ``untuned``: the context's root;
+        the problem is the context's."""
 
         def propose(context):
-            ahead = self.episode(problem)
+            ahead = self.episode(context.problem)
             found = []
             if ahead.final_nest.key != untuned.state.nest.key:
                 try:
@@ -116,8 +116,9 @@ class PolicyProposer:
                 except BudgetExhausted:
                     node = None
                 if node is not None:
-                    found.append(replace(ahead.final, gflops=node.gflops, actions=_applied(self.actions, problem, ahead.final_actions)))
-            rollout = self.episode(problem, context)
+                    path = _applied(self.actions, untuned.state, ahead.final_actions)
+                    found.append(replace(ahead.final, gflops=node.gflops, actions=path))
+            rollout = self.episode(context.problem, context)
             rollouts.append(rollout)
             return found + [rollout.best]
 
@@ -149,9 +150,10 @@ def tiles_stage(actions: ActionSet, lead, refinements: int) -> Stage:
     return Stage("tiles", propose, refinements=refinements, from_best=True)
 
 
-def _applied(actions: ActionSet, problem: Problem, names) -> tuple[str, ...]:
-    """``names`` (a greedy episode's actions) without those that did nothing where they were taken."""
-    transitions = replay(actions, State(initial_nest(problem), 0), math.nan, names)
+def _applied(actions: ActionSet, start: State, names) -> tuple[str, ...]:
+    """``names`` (a greedy episode's actions from ``start``, the untuned nest with the cursor on
+    loop 0) without those that did nothing where they were taken."""
+    transitions = replay(actions, start, math.nan, names)
     return tuple(name for name, transition in zip(names, transitions) if transition.valid)
 
 
