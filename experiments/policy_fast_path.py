@@ -161,7 +161,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from looprl.policy.loading import load_policy
-    from looprl.policy.tuner import tune
+    from looprl.tune.api import tune
     from looprl.target import Target
 
     target = Target.host()

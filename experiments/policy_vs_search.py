@@ -34,7 +34,7 @@ from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.timing import time_kernel
 from looprl.policy.loading import load_policy
 from looprl.policy.rollout import measured_path
-from looprl.policy.tuner import tune
+from looprl.tune.api import tune
 from looprl.search import PAPER_ALGORITHMS, run
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -58,7 +58,7 @@ from looprl.measurement.numpy_baseline import numpy_gflops
 from looprl.measurement.timing import time_kernel
 from looprl.policy.loading import load_policy
 from looprl.search.tiles import all_tiles
-from looprl.policy.tuner import tune
+from looprl.tune.api import tune
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FIELDS = ["model", "layer", "problem", "method", "seconds", "gflops", "numpy_gflops", "ratio", "peak_gflops", "actions", "measured"]

@@ -349,7 +349,10 @@ def generate() -> dict:
     from looprl import defaults
     from looprl.measurement.cache import MeasurementCache
     from looprl.measurement.schedule_record import ScheduleRecord
-    from looprl.policy.tuner import TUNER
+    try:
+        from looprl.tune.store import TUNER  # the package looprl.tune (after the restructuring)
+    except ImportError:
+        from looprl.policy.tuner import TUNER  # a56e7ac, where the fixture was written
 
     cache = MeasurementCache(":memory:")
     checks = []

@@ -5,9 +5,11 @@ contract in ``pyproject.toml``)::
 
     cli          command lines
     bench        benchmarks
+    dynamo       the torch.compile backend
     torch        looprl.torch: tuned kernels inside PyTorch modules (imports torch; never imported here)
     train        RLlib agents (the only layer that imports Ray)
-    policy       numpy policies, their greedy rollout, policy-guided search, looprl.tune
+    tune         looprl.tune: proposers, one measurer, one store, one winner rule
+    policy       numpy policies, their greedy rollout, policy-guided search
     search       greedy, beam, random and AutoTVM search
     costmodel    AutoTVM's schedule features and XGBoost cost model
     env          LoopNest-v0 (gymnasium) and its observations
@@ -45,7 +47,12 @@ from looprl.measurement import (
     measure,
     peak_gflops,
 )
-from looprl.policy import Policy, TuneResult, tune
+from looprl.policy import Policy
+# Importing looprl.tune.api imports the package looprl.tune first, which sets looprl.tune to the
+# package; the name is then bound to the function, the public API (the parts stay importable by
+# their full names: looprl.tune.winner, ...).
+from looprl.tune.api import tune
+from looprl.tune.results import Answer, TuneResult
 from looprl.workloads import DatasetEntry, dataset_entries, dataset_names, dataset_problems
 
 ENV_ID = "LoopNest-v0"
@@ -58,6 +65,7 @@ if ENV_ID not in _gymnasium.registry:
 
 __all__ = [
     "ACTIVATIONS",
+    "Answer",
     "ENV_ID",
     "ActionSet",
     "DatasetEntry",

@@ -66,7 +66,7 @@ from looprl.ir.dtypes import as_dtype
 from looprl.ir.problem import contraction
 from looprl.measurement.evaluator import open_cache
 from looprl.measurement.timing import best_time
-from looprl.policy.tuner import tune
+from looprl.tune.api import tune
 from looprl import checks
 from looprl.torch.activations import activation_of_call
 from looprl.torch.layers import layer_shape, tune_layer, weight_bytes

@@ -322,7 +322,7 @@ def test_the_policy_alone_times_its_best_register_tile_where_its_answer_is_a_bfl
     from looprl.ir.plans import Plan, planned
     from looprl.measurement.evaluator import Evaluator
     from looprl.policy import rollout as rollout_module
-    from looprl.policy import tuner as tuner_module
+    from looprl.tune import proposers as tuner_module
 
     layer = looprl.linear(16, 256, 96, bias=False, dtype=BF16)
     real = rollout_module.greedy_rollout

@@ -14,6 +14,7 @@ from looprl.actions import State, reach
 from looprl.backend.register_plan import plan as register_plan
 from looprl.ir.plans import Plan, plan_catalogue, plan_nest, why_not_plan
 from looprl.target import Target
+from looprl.tune.store import TUNER
 from tests.guarded import GuardedArray
 from tests.schedules import ACTIONS, action_steps
 
@@ -150,7 +151,7 @@ def test_tune_reads_a_few_row_linear_layer_in_place_and_the_answer_replays(tmp_p
 
 
 def test_tune_searches_in_place_only_few_rows_as_given():
-    from looprl.search.dots import in_place_rows
+    from looprl.tune.winner import in_place_rows
 
     assert in_place_rows(looprl.linear(16, 64, 64)) and not in_place_rows(looprl.linear(17, 64, 64))
     assert not in_place_rows(looprl.matmul(1, 64, 64))  # B[k, n]: the reduction is not last in B
@@ -165,7 +166,7 @@ def test_a_tuned_layer_reads_an_in_place_weight_live(monkeypatch):
     layer = torch.nn.Linear(96, 40)
     problem = looprl.linear(1, 96, 40)
     nest = plan_nest(problem, HOST, Plan(1, 4, dot=True))
-    result = looprl.policy.tuner.TuneResult(problem, kernel=looprl.compile(nest), answer=_answer(nest))
+    result = looprl.TuneResult(problem, kernel=looprl.compile(nest), answer=_answer(nest))
     kernels = LinearKernels(96, 40, None, {1: result})
     assert kernels.in_place == {1}
     asked = []
@@ -183,7 +184,7 @@ def test_a_tuned_layer_reads_an_in_place_weight_live(monkeypatch):
 
 def _answer(nest):
     from looprl.measurement.schedule_record import ScheduleRecord
-    from looprl.policy.tuner import Answer
+    from looprl.tune.results import Answer
 
     return Answer(ScheduleRecord(nest, 1.0, ("plan_dot_1x4",), "in place", HOST, 1), "measured", 1.0)
 
@@ -201,7 +202,7 @@ def test_a_re_laid_copy_that_is_compared_on_every_call_must_win_with_its_compari
     from dataclasses import replace
 
     from looprl.ir.rewrites import plan_rewrites
-    from looprl.policy.tuner import IN_PLACE_MARGIN, _preferred
+    from looprl.tune.winner import IN_PLACE_MARGIN, preferred as _preferred
 
     problem = looprl.linear(64, 640, 640)
     plan = plan_rewrites(problem)
@@ -225,7 +226,7 @@ def test_tune_searches_every_row_count_in_place_where_the_weights_may_change(tmp
     from looprl.measurement.cache import MeasurementCache
 
     cache = MeasurementCache(str(tmp_path / "c.sqlite"))
-    assert cache.get_tuned(problem, HOST, threads=1, tuner=looprl.policy.tuner.TUNER) is not None  # searched in place, remembered
+    assert cache.get_tuned(problem, HOST, threads=1, tuner=TUNER) is not None  # searched in place, remembered
     with pytest.raises(ValueError, match="weights_change"):
         looprl.tune(problem, cache=":memory:", weights_change="yes")
 
@@ -234,7 +235,7 @@ def test_many_rows_are_searched_in_place_only_where_the_comparison_is_a_share_of
     from dataclasses import replace
 
     from looprl.ir.rewrites import plan_rewrites
-    from looprl.policy.tuner import COMPARISON_SHARE, _searches_in_place
+    from looprl.tune.winner import COMPARISON_SHARE, searches_in_place as _searches_in_place
 
     for rows, compare_share, expected in ((8, 0.0, True), (64, 2 * COMPARISON_SHARE, True), (512, COMPARISON_SHARE / 4, False)):
         problem = looprl.linear(rows, 640, 640)

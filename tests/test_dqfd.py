@@ -12,7 +12,7 @@ from looprl.ir.nest import initial_nest
 from looprl.ir.problem import matmul
 from looprl.measurement.evaluator import Evaluator
 from looprl.measurement.schedule_record import ScheduleRecord
-from looprl.policy import tuner
+from looprl.tune import measured as tuner
 from looprl.target import Target
 from looprl.train import demonstrations as demos
 from looprl.train.config import validate_agent

@@ -114,7 +114,7 @@ def test_a_weight_gets_the_isa_s_weights_policy_where_one_is_shipped(monkeypatch
     assert loading.default_policy_dir("avx512", weights=True) == loading.DEFAULT_POLICIES.parent / listed["avx512/weights"]
     assert loading.default_policy_dir("avx512") == loading.DEFAULT_POLICIES.parent / listed["avx512"]
     assert loading.default_policy_dir("avx2", weights=True) == loading.default_policy_dir("avx2")  # none for avx2: the ISA's
-    from looprl.policy import tuner
+    from looprl.tune import proposers as tuner
 
     asked = []
     monkeypatch.setattr(tuner, "load_policy", lambda policy, target, weights=False: asked.append(weights) or loading.load_policy(policy, target))

@@ -14,7 +14,7 @@ from looprl.ir.nest import COMPUTE, WRITE_BACK
 from looprl.measurement.cache import MeasurementCache
 from looprl.search.parallel import outermost_parallel_loop, parallel_proposals, parallel_variant, teams_per_call, hoisted_variant
 from looprl.search import ScheduleRecord, confirm_winner
-from looprl.search.staged import TEAM_WITHIN
+from looprl.tune.winner import TEAM_WITHIN
 from tests.policies import random_policy
 
 needs_two = pytest.mark.skipif(available_cores() < 2, reason="needs two cores")
@@ -79,10 +79,10 @@ def test_tune_on_two_threads_is_never_slower_than_its_serial_best(tmp_path):
 @needs_two
 def test_a_parallel_schedule_that_does_not_pay_is_not_returned(monkeypatch):
     """A parallel proposal measured more than twice slower than the serial best leaves the
-    serial answer (within 2x the two would be re-timed together: looprl.search.staged.TEAM_WITHIN)."""
+    serial answer (within 2x the two would be re-timed together: looprl.tune.winner.TEAM_WITHIN)."""
     import importlib
 
-    tune_module = importlib.import_module("looprl.policy.tuner")  # the module, not the function it exports
+    tune_module = importlib.import_module("looprl.tune.teams")  # the module, not the function it exports
 
     def slow(candidates, context, threads):
         best = candidates[0]
@@ -99,7 +99,7 @@ def test_teams_are_predicted_from_the_serial_best_not_the_last_schedule_measured
     on a batched product), every team was refused and tune stayed on one thread."""
     import importlib
 
-    tune_module = importlib.import_module("looprl.policy.tuner")
+    tune_module = importlib.import_module("looprl.tune.teams")
     seen = []
 
     def recording(candidates, context, threads):

@@ -274,7 +274,7 @@ def test_a_plan_policy_s_prior_is_its_episode_then_its_other_plans_as_it_ranks_t
 def test_tune_with_a_plan_policy_made_for_another_isa_acts_with_this_isa_s_plans(tmp_path, monkeypatch):
     """looprl.tune(policy=<the AVX-512 default>, target=avx2): the policy's episode chooses among
     AVX2's plans (no AVX-512 tile spilling on 16 registers), with a warning that says so."""
-    from looprl.policy import tuner
+    from looprl.tune import proposers as tuner
     from looprl.policy.loading import default_policy_dir
 
     monkeypatch.setattr(tuner, "_warned_mismatch", set())  # said once per process: whatever ran before

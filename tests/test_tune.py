@@ -171,7 +171,7 @@ def test_the_tune_function_is_not_shadowed_by_a_module():
     for module in pkgutil.walk_packages(looprl.__path__, "looprl."):
         if not module.name.startswith(("looprl.train", "looprl.cli", "looprl.bench")) and not module.name.endswith("__main__"):
             importlib.import_module(module.name)
-    assert callable(looprl.tune) and callable(looprl.measure) and looprl.tune.__module__ == "looprl.policy.tuner"
+    assert callable(looprl.tune) and callable(looprl.measure) and looprl.tune.__module__ == "looprl.tune.api"
 
 
 @pytest.mark.parametrize("rows", [2, 24])

@@ -63,7 +63,7 @@ def test_a_tuned_problem_is_remembered_per_target_and_budget(tmp_path):
 def test_an_answer_remembered_by_another_version_of_tune_is_not_returned(tmp_path, monkeypatch):
     import importlib
 
-    tune_module = importlib.import_module("looprl.policy.tuner")  # the module, not the function it exports
+    tune_module = importlib.import_module("looprl.tune.store")  # the module, not the function it exports
 
     cache = str(tmp_path / "c.sqlite")
     policy = random_policy(seed=2)

@@ -43,7 +43,7 @@ from looprl.measurement.numpy_baseline import baseline_label
 from looprl.measurement.numpy_epilogue import erf_source
 from looprl.measurement.peak import measure_peak_gflops
 from looprl.measurement.roofline import roofline
-from looprl.policy.tuner import tune
+from looprl.tune.api import tune
 from looprl.target import Target
 
 # (name, batch, in, out, activation, residual): layers of ViT-S/16 (197 tokens) and BERT-base.

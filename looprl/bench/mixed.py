@@ -34,7 +34,7 @@ from looprl import checks
 from looprl.backend.host import cpu_model_name
 from looprl.backend.threads import available_cores
 from looprl.ir.problem import parse_problems
-from looprl.policy.tuner import tune
+from looprl.tune.api import tune
 
 DEFAULT_PROBLEMS = "3136x24x144,256x256x256,512x512x512,197x1536x384"
 ROUNDS = 5

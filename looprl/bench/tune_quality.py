@@ -68,7 +68,7 @@ from looprl.measurement.peak import measure_peak_gflops
 from looprl.measurement.roofline import roofline
 from looprl.measurement.timing import time_kernel
 from looprl.policy.loading import load_policy
-from looprl.policy.tuner import TUNE_BUDGET_S, tune
+from looprl.tune.api import TUNE_BUDGET_S, tune
 from looprl.target import Target
 
 

@@ -1,6 +1,6 @@
 """``looprl-tune`` (or ``python -m looprl tune``): tune one contraction with the shipped policy and report it.
 
-(The library function is :func:`looprl.tune`, defined in :mod:`looprl.policy.tuner`; this
+(The library function is :func:`looprl.tune`, defined in :mod:`looprl.tune.api`; this
 module is its command line.)
 
     looprl-tune 256 256 256                    # a matmul, m n k
@@ -19,7 +19,7 @@ from looprl.ir.epilogue import ACTIVATIONS
 from looprl.ir.layers import linear
 from looprl.ir.dtypes import DTYPES
 from looprl.ir.problem import matmul, parse_problem
-from looprl.policy.tuner import TUNE_BUDGET_S, tune
+from looprl.tune.api import TUNE_BUDGET_S, tune
 from looprl.target import TARGET_CHOICES
 
 # Past this much work one run of an untuned kernel (a few GFLOPS) takes about a second or more:

@@ -1,6 +1,6 @@
-"""Trained policies as plain data, their greedy rollout and ``looprl.tune``; no Ray or torch."""
+"""Trained policies as plain data and their greedy rollout and guided search; no Ray or torch.
+(``looprl.tune``, which schedules with them, is the package above: :mod:`looprl.tune`.)"""
 
 from looprl.policy.numpy_policy import Policy
-from looprl.policy.tuner import TuneResult, tune
 
-__all__ = ["Policy", "TuneResult", "tune"]
+__all__ = ["Policy"]

@@ -169,19 +169,13 @@ def _path(nest: LoopNest, actions: tuple[str, ...], swaps: tuple[int, ...], indi
     return actions + tuple(action_set.names[a] for a in found[0])
 
 
-def split_once(record: ScheduleRecord, evaluator) -> ScheduleRecord:
-    """``record`` (a serial answer) or the fastest of its parallel variants (those
-    :func:`parallel_proposals` makes of it, :func:`proposed_variants`), each timed once through ``evaluator`` on its
-    threads: the thread split of the fast path, where no search follows (a policy trained on
-    one thread has no ``parallel`` action; measured tune's own rule for where to divide the
-    work decides, and the serial answer stays where no variant beats it)."""
-    best = record
-    threads = evaluator.threads
+def split_proposals(record: ScheduleRecord, threads: int, target) -> list[ScheduleRecord]:
+    """The parallel variants of ``record`` (a serial answer) that :func:`parallel_proposals`
+    makes of it (:func:`proposed_variants`), unmeasured (speed NaN), each with the path that
+    replays it and found as ``record`` was, on ``threads`` threads: the thread split of the fast
+    path, where no search follows. None on one thread."""
     if threads < 2 or record.nest is None:
-        return best
-    for marked, swaps, indices in proposed_variants(record.nest, threads, serial_copy=True):
-        measurement = evaluator(marked)
-        if measurement.ok and measurement.gflops > best.gflops:
-            actions = _path(record.nest, tuple(record.actions or ()), swaps, indices, evaluator.target)
-            best = ScheduleRecord(marked, measurement.gflops, actions, record.found_by, evaluator.target, threads)
-    return best
+        return []
+    return [ScheduleRecord(marked, math.nan, _path(record.nest, tuple(record.actions or ()), swaps, indices, target), record.found_by,
+                           target, threads)
+            for marked, swaps, indices in proposed_variants(record.nest, threads, serial_copy=True)]

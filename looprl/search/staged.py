@@ -36,16 +36,7 @@ from looprl.search.budget import scaled_budget, state_cost_s
 from looprl.search.context import BudgetExhausted, SearchContext
 
 INTERRUPTED = "interrupted"
-# Tune's use of the winner rule (confirm_winner), shared by its searches (looprl.policy.tuner,
-# looprl.search.dots). Stage winners this close to the best are timed again together before one
-# is returned: a first timing that caught the machine's slow phase must not decide (two tune
-# calls on one problem should return kernels of the same speed).
-CONTENDER_WITHIN = 0.9
-CONTENDER_ROUNDS = 2
-# A team and the serial best it was made from are re-timed together unless one is more than
-# twice the other: a team is slowed by anything on any of its cores, and one disturbed timing
-# must not send a problem that threads speed up 1.8x back to one thread.
-TEAM_WITHIN = 0.5
+# Tune's thresholds for confirm_winner (contenders, teams) are its winner rule's: looprl.tune.winner.
 
 
 @dataclass(frozen=True)

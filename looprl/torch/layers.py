@@ -14,7 +14,7 @@ from torch import nn
 from looprl import defaults
 from looprl.backend.host import cache_sizes
 from looprl.ir.layers import linear
-from looprl.policy.tuner import TuneResult, tune
+from looprl.tune.api import TuneResult, tune
 from looprl.torch.activations import activation_of_module
 from looprl.torch.routes import LinearKernels, Route
 from looprl.torch.rows import tuned_row_counts
@@ -73,7 +73,7 @@ class TunedLinear(nn.Module):
     and is the original layer where a kernel would not compute the layer's function (see
     :mod:`looprl.torch`). It holds the original's ``weight`` and ``bias`` parameters
     themselves, so its ``state_dict`` has the original's keys. ``results`` maps a row count to
-    its :class:`~looprl.policy.tuner.TuneResult` (1 must be one of them); ``records``, their
+    its :class:`~looprl.tune.results.TuneResult` (1 must be one of them); ``records``, their
     answers as the cache exported them (:func:`save_records`).
 
     With an ``activation`` (the module that follows the layer in an ``nn.Sequential``),

@@ -26,7 +26,7 @@ from looprl.ir.dtypes import as_dtype
 from looprl.measurement.evaluator import open_cache
 from looprl.measurement.keys import tuned_problem_name
 from looprl.measurement.tuned_records import read_tuned_records
-from looprl.policy.tuner import TuneResult
+from looprl.tune.results import TuneResult
 from looprl.torch.activations import activation_of_module
 from looprl.torch.layers import TunedLinear, layer_shape, tune_layer, weight_bytes
 from looprl.torch.records import LEFT_TO_TORCH, kernels_by_shape, route_table, shape_words, tuned_names

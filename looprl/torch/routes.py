@@ -22,7 +22,7 @@ from torch import nn
 from looprl import checks
 from looprl.backend.buffers import aligned_empty
 from looprl.measurement.timing import best_time, cold_copy_count
-from looprl.policy.tuner import TuneResult
+from looprl.tune.results import TuneResult
 from looprl.torch.activations import ACTIVATIONS
 from looprl.torch.rows import any_rows_kernel, foreign_target, rebuilt_result, result_state, row_plan
 from looprl.torch.weights import ContentCache, FrozenCache, numpy_view
@@ -69,7 +69,7 @@ class Route:
 class LinearKernels:
     """looprl kernels for one linear layer's shape, ``y = activation(x @ weight.T + bias)``, on
     any number of rows (row plans of the counts in ``results``: row count ->
-    :class:`~looprl.policy.tuner.TuneResult`, 1 among them), with the weight and bias given on
+    :class:`~looprl.tune.results.TuneResult`, 1 among them), with the weight and bias given on
     each call and bound to the kernels again whenever their values change
     (:class:`ContentCache`). A call a kernel would not compute exactly (see :meth:`why_not`) is
     computed by torch (``functional.linear``, then the activation). Used by :class:`TunedLinear` and by the ``torch.compile`` backend

@@ -15,7 +15,7 @@ from looprl import checks
 from looprl.backend.kernel import Kernel, ReshapedKernel
 from looprl.backend.kernel import compile as looprl_compile
 from looprl.backend.loops import RuntimeRowsUnsupported
-from looprl.policy.tuner import TuneResult
+from looprl.tune.results import TuneResult
 
 # Runtime-rows kernels kept compiled (by schedule, target and threads): a GPT-2-sized model has 5 layer
 # shapes x 8 row counts; each of its 49 layers compiled its own before (~400 compiles, most of tune_module's time).

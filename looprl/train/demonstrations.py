@@ -13,7 +13,7 @@ factors can form) whose path fits in an episode, then a no-op (an invalid action
 Reinforcement learning then continues from that policy with measured rewards.
 
 Expert iteration (:func:`expert_demonstrations`): a policy's own measured search
-(:func:`~looprl.policy.tuner.measured_search`, what ``looprl.tune`` runs: its rollout, the
+(:func:`~looprl.tune.measured.measured_search`, what ``looprl.tune`` runs: its rollout, the
 tile refined, the policy-guided search) finds schedules better than its greedy rollout; on
 each training problem the better of that and the planner's tile, when its path fits an
 episode in the agent's actions, is the demonstration that DQfD's margin loss
@@ -37,7 +37,7 @@ from looprl import defaults
 from looprl.actions import ActionSet
 from looprl.ir.problem import Problem, parse_problem
 from looprl.measurement.evaluator import Evaluator
-from looprl.policy import tuner
+from looprl.tune import measured as tuner
 from looprl.policy.loading import load_policy
 from looprl.policy.numpy_policy import Policy
 from looprl.resources import shipped_path
@@ -251,7 +251,7 @@ def pretrain_policy(agent: dict, seed: int = 0, log=print, run_path: Path | None
         x, y = demonstration_arrays(agent, demos)
         rounds.append({"round": round_number, "expert": expert_name if round_number == 1 else "clone of the round before",
                        **summary, "pairs": int(len(y))})
-        extra = {"pretrained": {"expert": "measured tune (looprl.policy.tuner.measured_search, one thread, its scaled budget)",
+        extra = {"pretrained": {"expert": "measured tune (looprl.tune.measured.measured_search, one thread, its scaled budget)",
                                 "expert_policy": expert_name, "rounds": rounds, "settings": dict(agent.get("pretrain") or {})}}
         policy = cloned_policy(agent, x, y, seed, extra, log)
         expert = policy

@@ -55,7 +55,7 @@ def training_record(run: Path, policy: Policy, config: str | None = None) -> dic
         # A tune-expert run's rounds all ran before RL (its pretraining); DQfD's later rounds replace demonstrations during it.
         used = rounds if tune_expert else [r for r in rounds if r["round"] == 1 or (per_round and iteration > per_round * (r["round"] - 1))]
         record["demonstrations"] = {
-            "expert": ("per problem the faster of the tile planner's tile and measured tune's answer (looprl.policy.tuner."
+            "expert": ("per problem the faster of the tile planner's tile and measured tune's answer (looprl.tune.measured."
                        "measured_search, its scaled budget) with the pretraining's expert policy, then with each round's clone: "
                        "the pretraining's last round" if tune_expert else
                        "per problem the better of the tile planner's tile and the measured search of the starting policy "

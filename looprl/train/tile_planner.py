@@ -21,7 +21,7 @@ from looprl.ir.plans import Plan
 from looprl.ir.problem import Problem
 from looprl.ir.register_tiles import tile_shapes, tile_steps, why_not_tile
 from looprl.measurement.evaluator import Evaluator
-from looprl.search.dots import in_place_rows
+from looprl.tune.winner import in_place_rows
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,104 @@
+"""Tune's measured searches: the proposers' schedules measured in one staged search
+(:class:`~looprl.search.staged.StagedSearch`) within a budget, its stage winners confirmed by
+the winner rule, then the teams on more than one thread (:func:`~looprl.tune.teams.with_teams`).
+
+* :func:`measured_search`: the policy's rollout, then (until the budget is spent) the register
+  tiles refined and the policy-guided search. Also the expert of training's demonstrations.
+* :func:`measured_answer`: that search of the problem searched and, for a right operand that
+  changes per call and is stored across the output's columns, of its re-laid twin too.
+* :func:`in_place_answer`: the dot-product tiles of a problem as given (its weight in place).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+
+from looprl.ir.problem import Problem
+from looprl.ir.rewrites import relaid_twin
+from looprl.measurement.evaluator import Evaluator
+from looprl.policy.numpy_policy import Policy
+from looprl.search.budget import REFINEMENTS
+from looprl.search.dots import dot_proposals, in_place_actions
+from looprl.search.staged import Stage, StagedSearch
+from looprl.tune.proposers import PolicyProposer, tiles_stage
+from looprl.tune.results import Answer
+from looprl.tune.store import TUNER
+from looprl.tune.teams import with_teams
+from looprl.tune.winner import confirmed
+
+
+def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, episode_length: int | None, budget_s: float | None, threads: int,
+                    started: float, max_evaluations: int | None = None) -> Answer:
+    """Measured tune: stages of one staged search. The untuned nest; the policy's greedy
+    rollout, always measured whole (a dozen actions at most: a bounded cost, and tune is never
+    below the rollout); then, until the deadline (a measurement predicted to end after it is not
+    started), the rollout's register tile and the target's own register tiles refined and the
+    policy-guided search; the stage winners confirmed (:func:`~looprl.tune.winner.confirmed`);
+    with threads, the teams. ``budget_s`` counts from ``started`` (tune's call; None: scaled to
+    the problem, :mod:`looprl.search.budget`; 0: the rollout alone); ``max_evaluations`` caps
+    the distinct schedules of the serial search."""
+    proposer = PolicyProposer.of(policy, evaluator.target, episode_length)
+    search = StagedSearch(problem, evaluator, budget_s=budget_s, started=started)
+    context = search.context(proposer.actions, max_evaluations=max_evaluations)
+    untuned = context.root()
+    search.scale(untuned.gflops)  # a budget of None: scaled to the problem
+    rollouts = []
+    search.run(context, proposer.rollout_stage(untuned, rollouts))
+    rollout = rollouts[0]
+    # Fastest first; among equals the measured rollout's best (the shorter path to it).
+    ranked = sorted(reversed(search.candidates), key=lambda candidate: -candidate.gflops)
+    if search.budget_s > 0:
+        # However long the rollout took, its tile gets a few refinements (budget.REFINEMENTS).
+        search.run(context, tiles_stage(proposer.actions, rollout.best_nest, REFINEMENTS if search.scaled else 0))
+        search.run(context, proposer.guided_stage(search))
+        ranked = confirmed(search, context)
+    best, serial_gflops = with_teams(search, proposer.actions, ranked, threads)
+    record = replace(best, actions=tuple(best.actions or ()), target=evaluator.target, threads=threads, budget_s=search.budget_s,
+                     tuner=TUNER)
+    return Answer(record, "measured", rollout.initial_gflops, rollout.best_gflops, search.new_measurements, search.waited_s, serial_gflops)
+
+
+def measured_answer(policy: Policy, problem: Problem, evaluator: Evaluator, episode_length: int | None, budget_s: float | None,
+                    threads: int, started: float, max_evaluations: int | None = None) -> Answer:
+    """The measured search of ``problem``. A right operand that changes per call and is stored
+    across the output's columns (``bmk,bnk->bmn``) is searched two ways, each a whole measured
+    search with the budget: through its re-laid twin (:data:`looprl.ir.rewrites.RELAID_TWIN`),
+    whose schedule is carried back and timed again on ``problem``, conversion inside the call
+    included, and as given (its tiles read the operand in place or pack it per tile); the
+    faster is kept. Which wins depends on the shape and the target: with one row the
+    conversion costs as much as the product; on 128x960x960 (Zen 4) the re-laid kernel ran at
+    98 GFLOPS for AVX-512 against 113 as given, and at 101 against 84 for AVX2."""
+    direct = measured_search(policy, problem, evaluator, episode_length, budget_s, threads, started, max_evaluations)
+    relaid = relaid_twin(problem)
+    if relaid is None:
+        return direct
+    through = measured_search(policy, relaid.searched, evaluator, episode_length, budget_s, threads, time.perf_counter(), max_evaluations)
+    carried = relaid.carry_back(through.nest)  # parallel marks included
+    timed = evaluator.with_threads(threads) if threads > 1 else evaluator
+    carried_gflops = timed(carried).gflops  # the conversion inside the timed call
+    measured = direct.measured + through.measured + 1
+    if carried_gflops < direct.gflops:
+        return replace(direct, measured=measured, waited_s=direct.waited_s + through.waited_s)
+    record = replace(through.record, nest=carried, gflops=carried_gflops, budget_s=direct.record.budget_s, replays_on=relaid.kind)
+    return Answer(record, "measured", direct.initial_gflops, direct.greedy_gflops, measured, direct.waited_s + through.waited_s,
+                  through.serial_gflops)
+
+
+def in_place_answer(problem: Problem, evaluator: Evaluator, threads: int) -> Answer | None:
+    """The in-place search of ``problem`` (as given, its weight where it lies): every
+    dot-product tile measured (a handful, whatever the budget: :func:`~looprl.search.dots.
+    dot_proposals`), the winner confirmed among the close ones, then on more than one thread
+    the teams. None where no dot-product tile compiled."""
+    actions = in_place_actions(evaluator.target, parallel=threads > 1)
+    search = StagedSearch(problem, evaluator, budget_s=math.inf)
+    context = search.context(actions)
+    root = context.root()
+    search.run(context, Stage("in place", lambda context: dot_proposals(context, actions), share=math.inf))
+    ranked = confirmed(search, context)
+    if not ranked:
+        return None
+    best, serial_gflops = with_teams(search, actions, ranked, threads)
+    record = replace(best, threads=threads, tuner=TUNER)
+    return Answer(record, "measured", root.gflops, None, search.new_measurements, search.waited_s, serial_gflops)

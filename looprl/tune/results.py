@@ -1,0 +1,102 @@
+"""What ``looprl.tune`` returns: an :class:`Answer` (a schedule of the problem searched, as a
+record, and what finding it cost) and a :class:`TuneResult` (the answer carried back to the
+problem asked, its compiled kernel and the call's own facts)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from looprl.actions import ActionSet
+from looprl.backend.kernel import Kernel, ReshapedKernel
+from looprl.ir.nest import LoopNest
+from looprl.ir.problem import Problem
+from looprl.measurement.schedule_record import ScheduleRecord
+from looprl.target import Target
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A schedule of the problem searched, as a record (its actions replay on the rewrite
+    ``record.replays_on`` names, if any), and what finding it cost."""
+
+    record: ScheduleRecord
+    mode: str  # "measured", "remembered" (a lookup of an earlier measured tune) or "policy"
+    initial_gflops: float
+    greedy_gflops: float | None = None  # the best state of the policy's greedy rollout (measured mode)
+    measured: int = 0  # schedules timed
+    waited_s: float = 0.0  # spent waiting for another process's timing (the machine-wide lock)
+    serial_gflops: float | None = None  # the best serial schedule's, when parallel proposals were measured
+
+    @property
+    def nest(self) -> LoopNest:
+        return self.record.nest
+
+    @property
+    def gflops(self) -> float:
+        return self.record.gflops
+
+    @property
+    def actions(self) -> tuple[str, ...]:
+        return self.record.actions or ()
+
+
+@dataclass(frozen=True, init=False)
+class TuneResult:
+    """A tuned schedule and its compiled kernel: the :class:`Answer` (its record carried back
+    to ``problem``), the kernel, and the call's own facts. A right operand stored across the
+    output's columns (a linear layer's W) is tuned as its twin (looprl.ir.rewrites), a problem
+    with dimensions that always go together (a 1x1 convolution's h and w) as its fused view
+    (looprl.ir.rewrites.fused_view): ``actions`` then replay on ``tuned_as``, not ``problem``;
+    for a fused view, ``nest`` (and ``initial_gflops``) are the view's, and ``kernel`` takes
+    ``problem``'s arrays.
+
+    Built from an answer (``answer=``) or, as before there were answers, from the fields it
+    exposes (``nest``, ``actions``, ``gflops``, ``target``, ``threads`` and the answer's)."""
+
+    problem: Problem
+    answer: Answer
+    kernel: Kernel | ReshapedKernel  # callable: kernel(a, b) -> output array (kernel(a, b, bias, residual) with an epilogue)
+    seconds: float  # wall clock of the whole call, compile of the returned kernel included
+    tuned_as: Problem | None = None
+
+    def __init__(self, problem: Problem, nest: LoopNest | None = None, kernel=None, actions=(), gflops: float = 0.0,
+                 initial_gflops: float = math.nan, seconds: float = 0.0, mode: str = "measured", target: Target | None = None,
+                 greedy_gflops: float | None = None, measured: int = 0, waited_s: float = 0.0, tuned_as: Problem | None = None,
+                 threads: int = 1, serial_gflops: float | None = None, *, answer: Answer | None = None):
+        if answer is None:
+            answer = Answer(ScheduleRecord(nest, gflops, tuple(actions), mode, target, threads), mode, initial_gflops, greedy_gflops,
+                            measured, waited_s, serial_gflops)
+        for name, value in (("problem", problem), ("answer", answer), ("kernel", kernel), ("seconds", seconds), ("tuned_as", tuned_as)):
+            object.__setattr__(self, name, value)
+
+    @property
+    def record(self) -> ScheduleRecord:
+        return self.answer.record
+
+    nest = property(lambda self: self.record.nest)
+    gflops = property(lambda self: self.record.gflops)
+    actions = property(lambda self: self.record.actions or ())
+    target = property(lambda self: self.record.target)
+    threads = property(lambda self: self.record.threads, doc="threads offered: the kernel's parallel loops (if any) run on as many")
+    mode = property(lambda self: self.answer.mode)
+    initial_gflops = property(lambda self: self.answer.initial_gflops)
+    greedy_gflops = property(lambda self: self.answer.greedy_gflops)
+    measured = property(lambda self: self.answer.measured, doc="schedules timed by this call")
+    waited_s = property(lambda self: self.answer.waited_s)
+    serial_gflops = property(lambda self: self.answer.serial_gflops)
+
+    @property
+    def action_set(self) -> ActionSet:
+        """The actions that replay ``actions`` from the untuned nest (the env's, plus any
+        ``split_<rows>`` a tile used, plus ``pack`` and ``pad`` if the path has them)."""
+        return ActionSet.covering(self.actions, target=self.target)
+
+    @property
+    def speedup(self) -> float:
+        return self.gflops / self.initial_gflops if self.initial_gflops > 0 else float("nan")
+
+    def __call__(self, a: np.ndarray, b: np.ndarray, *epilogue: np.ndarray) -> np.ndarray:
+        return self.kernel(a, b, *epilogue)

@@ -1,0 +1,57 @@
+"""Tune's teams: the best serial schedules proposed again with their outermost eligible loops
+parallel (:mod:`looprl.search.parallel`), measured on the threads offered, after a search of
+one thread. One tail for every measured search (the policy-guided one and the in-place one),
+and the fast path's split of its answer."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from looprl.actions import ActionSet
+from looprl.measurement.schedule_record import ScheduleRecord
+from looprl.search.parallel import parallel_proposals, split_proposals
+from looprl.search.staged import Stage, StagedSearch
+from looprl.tune.measurer import Measurer
+from looprl.tune.results import Answer
+from looprl.tune.winner import split_kept, team_or_serial
+
+# The share of a measured search's budget the teams get, after the serial stages (which keep
+# their whole budget).
+TEAM_SHARE = 0.25
+
+
+def with_teams(search: StagedSearch, actions: ActionSet, ranked: list[ScheduleRecord], threads: int) -> tuple[ScheduleRecord, float | None]:
+    """The search's answer and its best serial schedule's speed (None on one thread). On more
+    than one thread, teams are made of ``ranked`` (the serial candidates, fastest first) and
+    measured in a context of the search on ``threads`` threads, in :data:`TEAM_SHARE` of its
+    budget more; the winner rule picks among them and the serial best, re-timed together when
+    close (the serial speed reported is then its re-timed one)."""
+    best = ranked[0]
+    if threads == 1:
+        return best, None
+    context = search.context(actions, evaluator=search.evaluator.with_threads(threads))
+    # A team is predicted from the serial schedule it is made of (the best, from_best), not from
+    # the last schedule the serial stages measured: that may be a slow one (8 GFLOPS after a
+    # 219 GFLOPS best), predicting a 0.5 s measurement and refusing every team.
+    proposals: list[ScheduleRecord] = []
+
+    def propose(context):
+        proposals.extend(parallel_proposals(ranked, context, threads))
+        return proposals
+
+    search.run(context, Stage("parallel", propose, share=TEAM_SHARE, from_best=True))
+    if not proposals:
+        return best, best.gflops
+    best = team_or_serial(context, best, proposals, search.budget_s / 4)
+    return best, context.values.get(ranked[0].nest.key, ranked[0].gflops)
+
+
+def split(found: Answer, measurer: Measurer) -> Answer:
+    """The fast path's thread split of ``found`` (a serial answer): its parallel variants
+    (those measured tune's teams are made of), each timed once on the threads offered, the
+    fastest kept where it is faster (a policy trained on one thread has no ``parallel``
+    action: measured tune's rule for where to divide the work decides)."""
+    team = measurer.team
+    before = team.compiled
+    variants = [measurer.timed(variant, team) for variant in split_proposals(found.record, measurer.threads, measurer.target)]
+    return replace(found, record=split_kept(found.record, variants), measured=found.measured + team.compiled - before)

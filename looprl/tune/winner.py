@@ -1,0 +1,137 @@
+"""The one winner rule of ``looprl.tune``: every choice between candidates the proposers
+found and the measurer timed, with the rules' constants.
+
+* Among a search's stage winners: the contenders within :data:`CONTENDER_WITHIN` of the
+  fastest are timed again in :data:`CONTENDER_ROUNDS` interleaved rounds before one is
+  returned (:func:`confirmed`).
+* Teams against the serial best they were made of: re-timed together unless one is more than
+  :data:`TEAM_WITHIN` apart (:func:`team_or_serial`).
+* The policy alone (the fast path): the fastest of its timed proposals, the earliest among
+  equals (:func:`fastest`); a team split kept only where a variant is faster (:func:`split_kept`).
+* In place or through the twin (a linear layer's weight read where it lies, or a re-laid copy):
+  which problems are searched in place (:data:`IN_PLACE_ROWS`, :data:`COMPARISON_SHARE`,
+  :func:`searches_in_place`), what the in-place episode may not do where weights change
+  (:func:`relaying_actions`), and which answer is returned (:data:`IN_PLACE_MARGIN`, the copy's
+  comparison counted: :func:`preferred`; the fast path's in-place copy: :func:`kept_copy`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Iterable
+
+from looprl.actions import ActionSet
+from looprl.actions.action_set import LAYOUT_ACTIONS
+from looprl.ir.plans import Plan
+from looprl.ir.problem import Problem
+from looprl.ir.rewrites import RewriteChain
+from looprl.ir.schedules import why_not_dot
+from looprl.measurement.schedule_record import ScheduleRecord
+from looprl.search.context import SearchContext
+from looprl.search.staged import StagedSearch, confirm_winner
+from looprl.tune.results import Answer
+
+# Stage winners this close to the best are timed again together before one is returned: a first
+# timing that caught the machine's slow phase must not decide (two tune calls on one problem
+# should return kernels of the same speed).
+CONTENDER_WITHIN = 0.9
+CONTENDER_ROUNDS = 2
+# A team and the serial best it was made from are re-timed together unless one is more than
+# twice the other: a team is slowed by anything on any of its cores, and one disturbed timing
+# must not send a problem that threads speed up 1.8x back to one thread.
+TEAM_WITHIN = 0.5
+# Problems with at most this many output rows are searched in place too: a decode step's few
+# rows stream the weight once, bound by its bandwidth, where a dot-product tile reads it as fast
+# as a re-laid copy and keeps no copy. Above it the register tiles' broadcasts win (two loads
+# per multiply-add in a dot-product tile against one per few in a register tile).
+IN_PLACE_ROWS = 16
+# Where the weights may change, a problem of more rows than IN_PLACE_ROWS is searched in place
+# too when comparing the twin's copy would cost at least this share of the twin's call: below it
+# the in-place answer would have to win on speed alone, which dot-product tiles do not at many
+# rows (two loads per multiply-add), and its search would cost measurements for nothing (at 512
+# rows of 640->1920 the comparison is 0.5% of the call; at 64 rows, 4%).
+COMPARISON_SHARE = 0.02
+# A schedule that reads the weight in place is kept unless the one through the re-laid twin is
+# at least this much faster: the twin's kernel reads a copy of the weight, which a model must
+# keep in step with the weight (compared on every call unless frozen); a near-tie goes to the
+# schedule that keeps nothing. 5%: what two timings of one kernel differ by (torch.routes).
+IN_PLACE_MARGIN = 0.05
+
+
+def confirmed(search: StagedSearch, context: SearchContext) -> list[ScheduleRecord]:
+    """The search's candidates ranked, fastest first, the contenders re-timed (unless that
+    would cost more than a quarter of the search's budget)."""
+    return search.confirm(context, within=CONTENDER_WITHIN, rounds=CONTENDER_ROUNDS, max_cost_s=search.budget_s / 4).ranked
+
+
+def team_or_serial(context: SearchContext, serial: ScheduleRecord, teams: list[ScheduleRecord], max_cost_s: float) -> ScheduleRecord:
+    """The serial best or one of the ``teams`` (measured in ``context``, on the threads), re-timed
+    together when close (within ``max_cost_s`` of re-timing)."""
+    return confirm_winner(context, [serial] + teams, within=TEAM_WITHIN, rounds=CONTENDER_ROUNDS, max_cost_s=max_cost_s).ranked[0]
+
+
+def fastest(records: Iterable[ScheduleRecord]) -> ScheduleRecord:
+    """The fastest of timed proposals, the earliest among equals."""
+    best = None
+    for record in records:
+        best = record if best is None or record.gflops > best.gflops else best
+    return best
+
+
+def split_kept(serial: ScheduleRecord, variants: Iterable[ScheduleRecord]) -> ScheduleRecord:
+    """The fast path's thread split: the fastest variant where one is faster than ``serial``,
+    else ``serial``."""
+    return fastest([serial, *variants])
+
+
+def in_place_rows(problem: Problem, most: int | None = IN_PLACE_ROWS) -> bool:
+    """Whether ``problem`` is searched in place: dot-product tiles apply and its output rows
+    (all but the last dimension) are at most ``most`` (None: any number; tune's choice where
+    the weights may change between calls, and a re-laid copy of them costs a comparison)."""
+    return why_not_dot(problem) is None and (most is None or math.prod(problem.output_shape[:-1]) <= most)
+
+
+def relaying_actions(actions: ActionSet) -> frozenset[str]:
+    """The actions that re-lay an operand (the layout actions and the plans that pack): barred
+    from the fast path's in-place episode where the weights change."""
+    plans = {name for name in actions.names if (plan := Plan.parse(name)) is not None and plan.packed}
+    return frozenset(plans | {name for name in actions.names if name in LAYOUT_ACTIONS})
+
+
+def searches_in_place(given: RewriteChain | None, answer: Answer, compare_s: float) -> bool:
+    """Whether tune searches ``given`` (the problem as given, or None) in place, the twin's
+    ``answer`` in hand: few rows always; more where the comparison ``compare_s`` of the
+    twin's copy is :data:`COMPARISON_SHARE` of its call or more."""
+    if given is None:
+        return False
+    if in_place_rows(given.searched):
+        return True
+    call_s = given.original.flops / (answer.gflops * 1e9) if answer.gflops > 0 else math.inf
+    return compare_s >= COMPARISON_SHARE * call_s
+
+
+def preferred(plan: RewriteChain, answer: Answer, given: RewriteChain | None, in_place: Answer | None,
+              compare_s: float = 0.0) -> tuple[RewriteChain, Answer]:
+    """The chain and answer tune returns: the in-place answer where there is one and the
+    twin's is not :data:`IN_PLACE_MARGIN` faster (its call's time with ``compare_s``, the
+    comparison of its copies, added), else the twin's; both searches counted."""
+    if in_place is None:
+        return plan, answer
+    flops = plan.original.flops
+    twin_gflops = flops / (flops / (answer.gflops * 1e9) + compare_s) / 1e9 if answer.gflops > 0 else 0.0
+    measured, waited_s = in_place.measured + answer.measured, in_place.waited_s + answer.waited_s
+    if twin_gflops >= (1.0 + IN_PLACE_MARGIN) * in_place.gflops:
+        return plan, replace(answer, measured=measured, waited_s=waited_s)
+    return given, replace(in_place, measured=measured, waited_s=waited_s)
+
+
+def kept_copy(plan: RewriteChain, answer: Answer, given: RewriteChain, in_place: Answer) -> tuple[RewriteChain, Answer, Answer | None]:
+    """The fast path's in-place episode, if its answer re-lays the weight, is a copy as the
+    twin's: the faster copy is kept (both episodes counted) and no in-place rival is left;
+    else both stay for :func:`preferred`."""
+    if dict(in_place.nest.layouts).get("in1") is None:
+        return plan, answer, in_place
+    measured = answer.measured + in_place.measured
+    plan, answer = (given, in_place) if in_place.gflops > answer.gflops else (plan, answer)
+    return plan, replace(answer, measured=measured), None
