@@ -281,3 +281,61 @@ def test_the_measurements_of_a_busy_search_are_timed_again_by_the_next_one(timer
     assert evaluator(nest).gflops == pytest.approx(SPEED)  # timed again, the best kept
     with pytest.raises(ValueError, match="since"):
         cache.unsettle("yesterday")
+
+
+# -- looprl.tune: what it remembers and serves (looprl.tune.store) --------------------------
+TUNED = looprl.matmul(24, 24, 24)
+
+
+def _tune(path, **kwargs):
+    return looprl.tune(TUNED, policy=random_policy(), cache=path, threads=1, budget_s=0.05, **kwargs)
+
+
+def test_a_tune_on_a_busy_machine_is_not_served_again_and_the_next_quiet_tune_searches_again(timer, tmp_path):
+    path = str(tmp_path / "m.sqlite")
+    check_load(HOST, path)  # the quiet figure: SPEED
+    timer.slowdown = 3.0
+    busy = _tune(path)
+    assert busy.mode == "measured" and busy.load is not None and busy.load.busy
+    with MeasurementCache(path) as store:  # kept, but provisional: not an answer to serve
+        assert store.get_tuned(TUNED, HOST, tuner=_tuner(), threads=1) is None
+        assert store.get_tuned(TUNED, HOST, tuner=_tuner(), threads=1, provisional=True) is not None
+    timer.slowdown = 1.0
+    quiet = _tune(path)
+    assert quiet.mode == "measured" and not quiet.load.busy  # searched again, not the busy moment's answer
+    assert _tune(path).mode == "remembered"  # a quiet answer, re-timed at its speed: served
+
+
+def test_a_remembered_answer_slower_now_than_its_record_is_not_served_on_a_quiet_machine(timer, tmp_path):
+    path = str(tmp_path / "m.sqlite")
+    first = _tune(path)
+    assert first.mode == "measured" and not first.load.busy
+    with MeasurementCache(path) as store:  # the record claims three times the speed its kernel runs at now
+        known = store.get_tuned(TUNED, HOST, tuner=_tuner(), threads=1)
+        store.put_tuned(replace(known, gflops=3 * known.gflops, reference_gflops=SPEED))
+    calls = timer.calls
+    again = _tune(path)
+    assert again.mode == "measured"  # re-timed, found slow, searched again
+    assert timer.calls > calls
+
+
+def test_a_remembered_answer_is_served_without_re_timing_its_search_on_a_busy_machine(timer, tmp_path):
+    path = str(tmp_path / "m.sqlite")
+    assert _tune(path).mode == "measured"
+    timer.slowdown = 3.0  # busy now: the answer cannot be judged, it is served as remembered
+    assert _tune(path).mode == "remembered"
+
+
+def test_looprl_tune_says_when_its_answer_was_found_on_a_busy_machine(timer, tmp_path, capsys):
+    path = str(tmp_path / "m.sqlite")
+    check_load(HOST, path)
+    timer.slowdown = 3.0
+    assert tune_cli.main(["24", "24", "24", "--cache", path, "--threads", "1", "--budget", "0.05", "--no-numpy"]) == 0
+    out = capsys.readouterr().out
+    assert "tuned while the machine was busy (reference kernel at 0.33x its quiet speed)" in out
+
+
+def _tuner():
+    from looprl.tune.store import TUNER
+
+    return TUNER

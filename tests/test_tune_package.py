@@ -162,7 +162,7 @@ def test_an_answer_remembered_is_recalled_only_with_enough_budget_and_by_this_ve
     measurer.cache.add_sample(ROOT, 1.5, measurer.target, measurer.budget_s, 1)  # the untuned nest's speed, known
     found = Answer(ScheduleRecord(SPLIT, 4.0, ("split_4",), "tiles", measurer.target, 1, budget_s=0.4), "measured", 1.5)
     assert store.recall(measurer, PROBLEM, 0.4) is None
-    store.remember(found, measurer)
+    store.remember(found, measurer, store.load_now(measurer))
     again = store.recall(measurer, PROBLEM, 0.4)
     assert again.mode == "remembered" and again.nest == SPLIT and again.actions == ("split_4",) and again.gflops == 4.0
     assert again.initial_gflops == 1.5 and again.measured == 0 and again.record.tuner == store.TUNER

@@ -113,6 +113,9 @@ def _main(args) -> int:
     untuned = (f"{result.speedup:.2f}x over the untuned nest ({result.initial_gflops:.1f} GFLOPS)" if result.initial_gflops > 0
                else "the untuned nest not timed (policy mode)")
     print(f"{result.gflops:.1f} GFLOPS, {untuned}; tuned in {result.seconds * 1000:.0f} ms ({result.mode} mode, target {result.target.isa}, {result.measured} schedules timed)")
+    if result.load is not None and result.load.busy:
+        print(f"tuned while the machine was busy ({result.load.describe()}): this answer is kept as provisional, "
+              f"and the next tune of this problem searches again")
     if result.waited_s > 0.05:
         print(f"(of which {result.waited_s * 1000:.0f} ms waiting for another looprl process's timing)")
     if result.threads > 1:

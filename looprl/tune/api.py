@@ -143,22 +143,23 @@ def _measured(proposer: PolicyProposer, plan: RewriteChain, measurer: Measurer, 
     given = given if searches_given else None
     compare_s = measurer.comparison_seconds(plan.original.constant_bytes) if weights_change and given is not None else 0.0
     answer = in_place = None
+    start = store.load_now(measurer) if remembers else None  # the machine's load: a busy moment is not remembered as final
     if remembers:
         least = MIN_BUDGET_S if budget_s is None else budget_s
-        answer = store.recall(measurer, plan.searched, least)
+        answer = store.recall(measurer, plan.searched, least, start)
         if answer is not None and searches_in_place(given, answer, compare_s):
-            in_place = store.recall(measurer, given.searched, least)
+            in_place = store.recall(measurer, given.searched, least, start)
     if answer is None:
         answer = measured_answer(proposer.policy, plan.searched, measurer.evaluator, proposer.episode_length, budget_s, measurer.threads,
                                  started, max_evaluations)
         if remembers:
-            store.remember(answer, measurer)
+            answer = store.remember(answer, measurer, start)
     if in_place is None and searches_in_place(given, answer, compare_s):  # a remembered twin is not searched again
         in_place = in_place_answer(given.searched, measurer.evaluator, measurer.threads)
         if in_place is not None:
             in_place = replace(in_place, record=replace(in_place.record, budget_s=answer.record.budget_s))
             if remembers:
-                store.remember(in_place, measurer)
+                in_place = store.remember(in_place, measurer, start)
     return preferred(plan, answer, given, in_place, compare_s)
 
 

@@ -13,6 +13,7 @@ from looprl.actions import ActionSet
 from looprl.backend.kernel import Kernel, ReshapedKernel
 from looprl.ir.nest import LoopNest
 from looprl.ir.problem import Problem
+from looprl.measurement.load import LoadReading
 from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.target import Target
 
@@ -29,6 +30,7 @@ class Answer:
     measured: int = 0  # schedules timed
     waited_s: float = 0.0  # spent waiting for another process's timing (the machine-wide lock)
     serial_gflops: float | None = None  # the best serial schedule's, when parallel proposals were measured
+    load: LoadReading | None = None  # the machine's load during a measured search that was remembered (None: not read)
 
     @property
     def nest(self) -> LoopNest:
@@ -87,6 +89,8 @@ class TuneResult:
     measured = property(lambda self: self.answer.measured, doc="schedules timed by this call")
     waited_s = property(lambda self: self.answer.waited_s)
     serial_gflops = property(lambda self: self.answer.serial_gflops)
+    load = property(lambda self: self.answer.load, doc="the machine's load while a remembered measured search ran (None: not read); "
+                    "a busy one's answer was stored as provisional")
 
     @property
     def action_set(self) -> ActionSet:

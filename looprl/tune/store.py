@@ -2,19 +2,26 @@
 threads offered and version of tune (:data:`TUNER`), so tuning the same problem again (with
 no larger budget) is a lookup.
 
-:func:`remember` and :func:`recall` are the only ways in and out. They are where the
-busy-machine rule belongs (``looprl.measurement``'s detection of a busy host): an answer found
-on a busy machine is not remembered as final, and one recalled on a quiet machine is timed
-again; neither is decided here yet.
+:func:`remember` and :func:`recall` are the only ways in and out, and where the busy-machine
+rule (:mod:`looprl.measurement.load`) is kept: a measured tune reads the machine's load when it
+starts (:func:`load_now`); an answer it finds is stored with the busier of that reading and one
+taken when the search ends, so an answer found on a busy machine is remembered as provisional
+(the next tune searches again, and the busy search's measurements count one sample each, so they
+are timed again); a remembered answer served while the machine is quiet is timed again first,
+and one that now runs below :data:`~looprl.measurement.load.BUSY_RATIO` of its recorded speed
+(found while something else ran, before a quiet figure was known) is not served: tune searches
+again.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import time
+from dataclasses import dataclass, replace
 
 from looprl.ir.nest import initial_nest
 from looprl.ir.problem import Problem
 from looprl.ir.rewrites import relaid_twin
+from looprl.measurement.load import LoadReading, busiest, check_load, measured_under, retime_remembered
 from looprl.tune.measurer import Measurer
 from looprl.tune.results import Answer
 
@@ -32,23 +39,54 @@ from looprl.tune.results import Answer
 TUNER = "tune-v9"
 
 
-def remember(answer: Answer, measurer: Measurer) -> None:
+@dataclass(frozen=True)
+class LoadAtStart:
+    """The machine's load when a measured tune started (``reading``) and the wall-clock time
+    of that moment (``since``, a ``time.time()``: the measurements written after it are the
+    search's)."""
+
+    reading: LoadReading
+    since: float
+
+
+def load_now(measurer: Measurer) -> LoadAtStart:
+    """A reading of the machine's load for the measurer's target and threads, against the quiet
+    figure of its cache (:func:`~looprl.measurement.load.check_load`: about 10 ms)."""
+    since = time.time()
+    reading = check_load(measurer.target, measurer.cache, threads=measurer.threads, budget_s=measurer.budget_s)
+    return LoadAtStart(reading, since)
+
+
+def remember(answer: Answer, measurer: Measurer, start: LoadAtStart) -> Answer:
     """Store ``answer`` (a measured one) as tune's for its problem, target and threads offered,
-    timed with the measurer's budget per schedule."""
-    measurer.cache.put_tuned(replace(answer.record, tuner=TUNER), measurer.budget_s)
+    timed with the measurer's budget per schedule, with the busier of the load at ``start`` and
+    the load now. On a busy machine the answer is stored as provisional and the search's
+    measurements are unsettled (:meth:`~looprl.measurement.cache.MeasurementCache.unsettle`).
+    Returns the answer with that reading (:attr:`Answer.load`)."""
+    load = busiest(start.reading, load_now(measurer).reading)
+    measurer.cache.put_tuned(measured_under(replace(answer.record, tuner=TUNER), load), measurer.budget_s)
+    if load.busy:
+        measurer.cache.unsettle(start.since, measurer.target, measurer.budget_s, measurer.threads)
+    return replace(answer, load=load)
 
 
-def recall(measurer: Measurer, problem: Problem, least_budget_s: float) -> Answer | None:
+def recall(measurer: Measurer, problem: Problem, least_budget_s: float, start: LoadAtStart | None = None) -> Answer | None:
     """The answer an earlier measured tune of ``problem`` on the measurer's threads remembered,
-    if it was found with at least ``least_budget_s`` and its action path is known (else None:
-    tune again). The untuned nest's speed is looked up (or timed) for the report."""
+    if it was found with at least ``least_budget_s`` and its action path is known, and it was
+    found on a quiet machine (else None: tune again). Where ``start`` says the machine is quiet
+    now, the answer is timed again first and not served if it runs below
+    :data:`~looprl.measurement.load.BUSY_RATIO` of its recorded speed
+    (:func:`~looprl.measurement.load.retime_remembered`). The untuned nest's speed is looked
+    up (or timed) for the report."""
     known = measurer.cache.get_tuned(problem, measurer.target, measurer.budget_s, tuner=TUNER, threads=measurer.threads)
     if known is None or known.budget_s < least_budget_s or known.actions is None:
-        return None  # (also when another IR version wrote it) tune again
+        return None  # (also when another IR version wrote it, or it is provisional) tune again
     if known.replays_on is not None:
         relaid = relaid_twin(problem)
         if relaid is None or relaid.kind != known.replays_on:
             return None  # written for another rewrite of this problem: tune again
+    if start is not None and not start.reading.busy and not retime_remembered(known, measurer.evaluator):
+        return None  # slower now than when it was found: found during a busy moment; tune again
     root = initial_nest(problem)
     initial = measurer.cache.get(root, measurer.target, measurer.budget_s) or measurer.evaluator(root).gflops
     return Answer(known, "remembered", initial, measured=measurer.compiled)
