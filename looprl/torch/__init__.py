@@ -29,7 +29,9 @@ distinct layer shape. In an ``nn.Sequential``, an ``nn.ReLU``,
 its kernel's epilogue for that sequence (the activation module stays; the sequence becomes a
 ``FusedSequential`` that runs the pair as one call; the layer called alone still computes the
 linear layer alone). Layers with hooks, parametrizations, pruning or weight norm are left to
-torch (``stats()["left_to_torch"]`` says why). Everything else stays as it was. The module
+torch (``stats()["left_to_torch"]`` says why), and so are a subclass of ``nn.Linear`` and a layer
+whose ``forward`` is replaced on the instance; an activation that is a subclass, or whose
+``forward`` is replaced, is not fused (one rule: :func:`~looprl.torch.activations.not_its_class`). Everything else stays as it was. The module
 returned is a copy (the given one, and torch's random generator, are left as they were, bit for
 bit); its tuned layers are :class:`TunedLinear` modules (see :func:`tuned_layers`).
 
@@ -41,7 +43,13 @@ a wrong answer:
   ``in_features`` (the original layer then raises what it raises);
 * autograd: grad mode on and the input or a parameter requiring grad (the kernels have no
   backward), e.g. training;
-* a tensor subclass, a zero-size input.
+* a tensor subclass, a zero-size input;
+* a tensor of a ``torch.func`` transform (``vmap``, ``grad``, ``jvp``, ``functionalize``: a
+  batched tensor has no memory of its own), :data:`~looprl.torch.routes.TRANSFORMED`;
+* CPU autocast on with a dtype other than the layer's (a float32 layer under
+  ``torch.autocast("cpu", dtype=torch.bfloat16)``): torch's call computes it in autocast's
+  dtype and returns that, as the original does (:data:`~looprl.torch.routes.AUTOCAST`); a
+  bfloat16 layer under bfloat16 autocast keeps its kernels.
 
 **Never slower than torch.** Once a layer shape is tuned, its looprl plan and torch's own call
 (``functional.linear`` and the activation: what the original layer runs) are timed against each

@@ -27,7 +27,7 @@ from looprl.measurement.evaluator import open_cache
 from looprl.measurement.keys import tuned_problem_name
 from looprl.measurement.tuned_records import read_tuned_records
 from looprl.policy.tuner import TuneResult
-from looprl.torch.activations import activation_of_module
+from looprl.torch.activations import activation_of_module, not_its_class
 from looprl.torch.layers import TunedLinear, layer_shape, tune_layer, weight_bytes
 from looprl.torch.records import LEFT_TO_TORCH, kernels_by_shape, route_table, shape_words, tuned_names
 from looprl.torch.routes import NEGATIVE_VIEW, LinearKernels, interleaved_best_seconds
@@ -53,7 +53,6 @@ PRUNED = "pruned (torch.nn.utils.prune): its weight is the mask times weight_ori
 WEIGHT_NORM = "weight_norm: its weight is recomputed from weight_g and weight_v by a forward pre-hook"
 HOOKED = "has hooks (forward, forward-pre, backward or state-dict) that a replacement would drop"
 GLOBAL_HOOKS = "global module hooks are registered (torch.nn.modules.module.register_module_forward_hook and the like)"
-SUBCLASS = "a subclass of nn.Linear (its module may use the weight itself)"
 NOT_PARAMETERS = "its weight or bias is not a Parameter"
 NOT_FLOAT32 = "parameters not float32 or bfloat16 on the CPU (both of one dtype)"
 NOT_CALLED = "not called with a CPU input of its parameters' dtype by the examples"
@@ -85,8 +84,9 @@ def _left_to_torch(layer: nn.Module) -> str | None:
         return PRUNED
     if any(isinstance(hook, WeightNorm) for hook in pre_hooks):
         return WEIGHT_NORM
-    if type(layer) is not nn.Linear:
-        return SUBCLASS
+    subclassed = not_its_class(layer, nn.Linear)  # a subclass, or its forward replaced on the instance
+    if subclassed is not None:
+        return subclassed
     if hooked(layer):
         return HOOKED
     if global_hooks():

@@ -42,6 +42,26 @@ ROUTE_ROUNDS = 3  # interleaved rounds (looprl, torch, looprl, torch, ...); each
 ROUTE_MARGIN = 0.05
 TORCH_FASTER = "torch timed faster at this row count"  # the fallback reason of a call routed to torch
 NEGATIVE_VIEW = "parameters are negative or conjugate views"  # the fallback reason of a weight or bias with torch's neg (or conj) bit
+# The fallback reason of a call under torch.func's transforms (vmap, grad, jvp, jacrev,
+# functionalize): their tensors wrap others (a batched tensor has no storage of its own), so
+# only torch's call computes what the transform asks of it.
+TRANSFORMED = "a tensor under a torch.func transform (vmap, grad, jvp, functionalize)"
+AUTOCAST = "autocast to another dtype is on"  # the fallback reason of a call where CPU autocast computes in a dtype not the kernels'
+_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
+def transformed(*tensors) -> bool:
+    """Whether any of ``tensors`` (None: none) is a tensor of a torch.func transform (functorch's
+    wrapper: ``type`` says ``torch.Tensor``, but a kernel cannot read its memory)."""
+    return any(tensor is not None and _wrapped(tensor) for tensor in tensors)
+
+
+def autocast_to_other(dtype) -> bool:
+    """Whether CPU autocast is on with a dtype other than ``dtype``: torch's call then computes
+    the layer in autocast's dtype and returns it (a float32 layer under
+    ``torch.autocast("cpu", dtype=torch.bfloat16)`` returns bfloat16), which a kernel of
+    ``dtype`` does not."""
+    return torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") is not dtype
 
 
 @dataclass(frozen=True)
@@ -163,8 +183,12 @@ class LinearKernels:
         if self.foreign is not None:
             return self.foreign
         dtype = self._torch_dtype  # dtypes are singletons: compared by identity, and is_cpu is cheaper than device.type
+        if autocast_to_other(dtype):
+            return AUTOCAST
         if type(x) is not torch.Tensor or x.dtype is not dtype or not x.is_cpu or x.dim() < 1:
             return f"input not a {self.dtype} CPU tensor"
+        if transformed(x, weight, bias):
+            return TRANSFORMED
         if x.shape[-1] != self.in_features:
             return "input's last dimension is not in_features"
         if x.numel() == 0:
