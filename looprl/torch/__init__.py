@@ -53,13 +53,18 @@ a wrong answer:
 
 **Never slower than torch.** Once a layer shape is tuned, its looprl plan and torch's own call
 (``functional.linear`` and the activation: what the original layer runs) are timed against each
-other at every tuned row count, interleaved, with the layer's weight, under the threads torch
-is set to (:meth:`LinearKernels.judge`); a row count where torch was faster, and any row count
-next to one, is computed by torch's call (:meth:`LinearKernels.runs_torch`). ``tune_module``
-prints a line per layer shape as it is tuned and a table of these timings at the end
-(:func:`route_table`). Then the tuned model is timed against the model on each example, and
-where it is slower, the row counts that example gave each layer go to torch too (a layer
-judged alone has its weights warm in the cache; in a model the other layers compete for it).
+other at every tuned row count, in interleaved rounds until the two are told apart (the rule
+of :func:`~looprl.torch.routes.shown_faster`: looprl's only where a sign test is 95% sure it
+wins rounds by 5%, at most 15 rounds, and its best time is 5% below torch's; a tie is torch's),
+with the layer's weight (copies of it in turn where the rows are tuned cold), under the
+threads torch is set to (:meth:`LinearKernels.judge`); a row count torch keeps, and any row
+count next to one, is
+computed by torch's call (:meth:`LinearKernels.runs_torch`). ``tune_module`` prints a line per
+layer shape as it is tuned and a table of these timings at the end (:func:`route_table`). Then
+the tuned model is timed against the model on each example by the same rule (a 1% margin:
+:data:`~looprl.torch.module.MODEL_MARGIN`), and where it is not shown faster, the row counts
+that example gave each layer go to torch too (a layer judged alone has its weights warm in the
+cache; in a model the other layers compete for it).
 ``compare_torch=False`` keeps every call looprl's.
 
 :func:`stats` counts, per layer and in all, the calls a looprl kernel served and the calls that
@@ -81,9 +86,10 @@ whole-model check), :mod:`~looprl.torch.layers` (a layer's problems and its one 
 
 from looprl.torch.activations import ACTIVATIONS
 from looprl.torch.layers import COLD_ROWS, TunedLinear, layer_problem, layer_shape, tune_layer, weight_bytes
-from looprl.torch.module import MODEL_BUDGET_S, MODEL_ROUNDS, MODEL_TOLERANCE, tune_module
+from looprl.torch.module import MODEL_BUDGET_S, MODEL_MARGIN, MODEL_ROUNDS, MODEL_TOLERANCE, tune_module
 from looprl.torch.records import kernels_by_shape, route_summary, route_table, save_records, stats, summarise_calls, tuned_layers
-from looprl.torch.routes import ROUTE_BUDGET_S, ROUTE_ROUNDS, TORCH_FASTER, LinearKernels, Route, interleaved_best_seconds
+from looprl.torch.routes import (ROUTE_BUDGET_S, ROUTE_CONFIDENCE, ROUTE_MARGIN, ROUTE_MAX_ROUNDS, TORCH_FASTER, Duel, LinearKernels, Route,
+                                 faster, interleaved_best_seconds, interleaved_duels, shown_faster)
 from looprl.torch.rows import CALL_S, any_rows_kernel, block_seconds, check_max_rows, row_plan, tuned_row_counts
 from looprl.torch.weights import ContentCache, FrozenCache
 
