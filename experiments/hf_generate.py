@@ -1,13 +1,14 @@
 """transformers' own Qwen2 model generating greedily: torch eager against looprl's fast path and measured tune.
 
-    python experiments/hf_generate.py [--runs 3] [--target avx2] [--modes eager,fast,tune] [--tiny] [--out PREFIX]
+    python experiments/hf_generate.py [--runs 3] [--target avx2] [--modes eager,fast,tune] [--layers 16] [--tiny] [--out PREFIX]
 
 Needs transformers 5 (``pip install -e .[hf]``). The model is ``transformers.Qwen2ForCausalLM``
-built from a config (random weights, seeded; nothing is downloaded): hidden size 512, 8 layers,
-8 attention heads and 2 key-value heads, MLP width 1408, a vocabulary of 32,000 with an LM head
-of its own (not tied to the embedding). ``--tiny`` (2 layers, hidden size 64, 4 heads, 2
-key-value heads, MLP width 176, vocabulary 1,000) is a smoke test of the script, not a
-measurement. The prompt is ``--prompt`` random token ids (default 32); ``generate`` is called
+built from a config (random weights, seeded; nothing is downloaded): hidden size 512,
+``--layers`` decoder layers (default 16), 8 attention heads and 2 key-value heads, MLP width
+1408, a vocabulary of 32,000 with an LM head of its own (not tied to the embedding): 77.9M
+parameters with 16 layers, about the 78M of the model issue 60 measured (55.3M with 8).
+``--tiny`` (2 layers, hidden size 64, 4 heads, 2 key-value heads, MLP width 176, vocabulary
+1,000) is a smoke test of the script, not a measurement. The prompt is ``--prompt`` random token ids (default 32); ``generate`` is called
 with ``max_new_tokens=--new`` (default 32), ``min_new_tokens`` the same (no early end of
 sequence) and ``do_sample=False``. Everything runs on one thread (``torch.set_num_threads(1)``,
 and looprl's kernels are tuned for one).
@@ -28,7 +29,7 @@ the machine hits each mode alike). Per run and mode: prefill milliseconds (the c
 first new token), decode tokens per second (the other new tokens over the time after the first)
 and the decode rate over eager's in the same run; then the median of the runs. Every mode must
 generate eager's tokens (greedy, float32: a wrong answer shows); the exit status is 1 if one
-did not. Writes ``experiments/results/hf_generate_<llvm cpu>[_avx2][_tiny].csv`` (``--out``: another
+did not. Writes ``experiments/results/hf_generate_<llvm cpu>[_avx2][_layers<n>][_tiny].csv`` (``--out``: another
 prefix) with a row per run and mode and a row per mode for the median (``run`` = ``median``).
 """
 
@@ -51,17 +52,18 @@ RESULTS = Path(__file__).resolve().parent / "results"
 MODES = ("eager", "fast", "tune")
 FIELDS = ["mode", "run", "target", "llvm_cpu", "cpu", "parameters", "prompt", "new_tokens", "prepare_s", "prefill_ms",
           "decode_tokens_per_s", "vs_eager", "same_tokens"]
-FULL = {"hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 1408,
-        "vocab_size": 32000}
+FULL = {"hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 1408, "vocab_size": 32000}
 TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 176,
         "vocab_size": 1000}
 
 
-def qwen2(tiny: bool):
-    """A ``Qwen2ForCausalLM`` of random weights (seed 0) in eval mode."""
+def qwen2(tiny: bool, layers: int = 16):
+    """A ``Qwen2ForCausalLM`` of random weights (seed 0) in eval mode: the tiny one, or the full
+    one with ``layers`` decoder layers."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(**(TINY if tiny else FULL), max_position_embeddings=1024, tie_word_embeddings=False,
+    shape = TINY if tiny else dict(FULL, num_hidden_layers=layers)
+    config = Qwen2Config(**shape, max_position_embeddings=1024, tie_word_embeddings=False,
                          bos_token_id=None, eos_token_id=None, pad_token_id=None)
     torch.manual_seed(0)
     return Qwen2ForCausalLM(config).eval()
@@ -114,6 +116,7 @@ def main(argv=None) -> int:
     parser.add_argument("--target", choices=("avx2",), default=None, help="tune looprl's kernels for this target (default: the host's)")
     parser.add_argument("--prompt", type=int, default=32, help="prompt tokens")
     parser.add_argument("--new", type=int, default=32, help="new tokens to generate")
+    parser.add_argument("--layers", type=int, default=16, help="decoder layers of the full model (default 16: 77.9M parameters)")
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model of width 64: a smoke test of the script")
     parser.add_argument("--out", type=Path, default=None, help="the CSV's path without .csv (default: experiments/results/hf_generate_...)")
     args = parser.parse_args(argv)
@@ -123,12 +126,13 @@ def main(argv=None) -> int:
             parser.error(f"--modes: unknown mode {mode!r}; modes: {', '.join(MODES)}")
     if "eager" not in modes:
         parser.error("--modes: eager is the reference every mode is compared with; include it")
-    if args.runs < 1 or args.prompt < 1 or args.new < 2:
-        parser.error("--runs and --prompt must be at least 1, --new at least 2")
+    if args.runs < 1 or args.prompt < 1 or args.new < 2 or args.layers < 1:
+        parser.error("--runs, --prompt and --layers must be at least 1, --new at least 2")
     llvm_cpu = host_cpu()[0]
-    out = args.out or RESULTS / (f"hf_generate_{llvm_cpu}" + (f"_{args.target}" if args.target else "") + ("_tiny" if args.tiny else ""))
+    out = args.out or RESULTS / (f"hf_generate_{llvm_cpu}" + (f"_{args.target}" if args.target else "")
+                                 + (f"_layers{args.layers}" if args.layers != 16 and not args.tiny else "") + ("_tiny" if args.tiny else ""))
     torch.set_num_threads(1)
-    model = qwen2(args.tiny)
+    model = qwen2(args.tiny, args.layers)
     parameters = sum(p.numel() for p in model.parameters())
     vocab = model.config.vocab_size
     prompt = torch.randint(0, vocab, (1, args.prompt), generator=torch.Generator().manual_seed(1))
