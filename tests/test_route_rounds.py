@@ -12,7 +12,7 @@ from torch import nn  # noqa: E402
 
 import looprl  # noqa: E402
 from looprl.measurement.timing import Timing  # noqa: E402
-from looprl.torch import LinearKernels, Route, TunedLinear, route_table, stats, tune_module, tuned_layers  # noqa: E402
+from looprl.torch import TORCH_FASTER, LinearKernels, Route, TunedLinear, route_table, stats, tune_module, tuned_layers  # noqa: E402
 from looprl.torch import routes as routes_module  # noqa: E402
 from looprl.torch.routes import ROUTE_CONFIDENCE, ROUTE_MARGIN, ROUTE_MAX_ROUNDS, binomial_tail, faster, interleaved_duels  # noqa: E402
 
@@ -190,3 +190,25 @@ def test_the_model_check_keeps_looprl_only_where_the_tuned_model_is_shown_faster
     assert first.runs_torch(3) and not first.runs_torch(2) and not first.runs_torch(1)  # 3 rows: next to 4, torch's
     assert rounds[1, "tuned"] == rounds[1, "model"] == 5  # decided in 5 rounds
     assert rounds[4, "tuned"] == 8 + 3  # 4 wins and 4 losses decide it; then 3 rounds to report the routed model
+
+
+def test_a_row_count_routed_to_torch_is_torch_s_call_whatever_else_holds():
+    """Looked up before the other checks: the call is torch's (the original's answer, or its
+    error), counted as routed to torch; a row count looprl keeps still goes through them."""
+    import torch.nn.functional as functional
+
+    torch.manual_seed(6)
+    layer = nn.Linear(24, 16).eval()
+    kernels = LinearKernels(24, 16, None, untuned_results(24, 16, [1, 2, 4]),
+                            routes={1: Route(1, 1e-6, 2e-6), 2: Route(2, 2e-6, 1e-6), 4: Route(4, 2e-6, 1e-6)})
+    x = torch.randn(3, 24)
+    with torch.no_grad():
+        torch.testing.assert_close(kernels(x, layer.weight, layer.bias), functional.linear(x, layer.weight, layer.bias), rtol=0, atol=0)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert kernels(x, layer.weight, layer.bias).dtype == torch.bfloat16
+        with pytest.raises(RuntimeError):  # a float64 input: torch's own error, as the original layer raises it
+            kernels(x.double(), layer.weight, layer.bias)
+        one = torch.randn(1, 24)
+        torch.testing.assert_close(kernels(one, layer.weight, layer.bias), functional.linear(one, layer.weight, layer.bias),
+                                   rtol=1e-5, atol=1e-5)
+    assert kernels.counted() == {TORCH_FASTER: 3, "looprl": 1}

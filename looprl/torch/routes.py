@@ -329,9 +329,14 @@ class LinearKernels:
         return found
 
     def __call__(self, x, weight, bias):
-        why = self.why_not(x, weight, bias)
-        if why is None and self.runs_torch(math.prod(x.shape[:-1])):
-            why = TORCH_FASTER
+        """``activation(x @ weight.T + bias)``: looprl's kernels, or torch's call for the reason
+        counted (:meth:`counted`). A row count routed to torch is looked up first, and is
+        torch's whatever else holds (torch's call is the original's: its answer, its errors):
+        such a call costs a lookup besides torch's, not every check of :meth:`why_not` (only a
+        layer whose kernels cannot run on this CPU keeps that reason first)."""
+        routed = (self.foreign is None and self.routes and type(x) is torch.Tensor and x.dim() >= 1
+                  and self.runs_torch(math.prod(x.shape[:-1])))
+        why = TORCH_FASTER if routed else self.why_not(x, weight, bias)
         self._count(why)
         if why is not None:
             return self.fallback(x, weight, bias)
