@@ -29,7 +29,7 @@ the machine hits each mode alike). Per run and mode: prefill milliseconds (the c
 first new token), decode tokens per second (the other new tokens over the time after the first)
 and the decode rate over eager's in the same run; then the median of the runs. Every mode must
 generate eager's tokens (greedy, float32: a wrong answer shows); the exit status is 1 if one
-did not. Writes ``experiments/results/hf_generate_<llvm cpu>[_avx2][_layers<n>][_tiny].csv`` (``--out``: another
+did not. Writes ``experiments/results/hf_generate_<llvm cpu>[_avx2][_layers<n>|_tiny].csv`` (``--out``: another
 prefix) with a row per run and mode and a row per mode for the median (``run`` = ``median``).
 """
 
@@ -129,8 +129,8 @@ def main(argv=None) -> int:
     if args.runs < 1 or args.prompt < 1 or args.new < 2 or args.layers < 1:
         parser.error("--runs, --prompt and --layers must be at least 1, --new at least 2")
     llvm_cpu = host_cpu()[0]
-    out = args.out or RESULTS / (f"hf_generate_{llvm_cpu}" + (f"_{args.target}" if args.target else "")
-                                 + (f"_layers{args.layers}" if args.layers != 16 and not args.tiny else "") + ("_tiny" if args.tiny else ""))
+    suffix = (f"_{args.target}" if args.target else "") + ("_tiny" if args.tiny else f"_layers{args.layers}" if args.layers != 16 else "")
+    out = args.out or RESULTS / f"hf_generate_{llvm_cpu}{suffix}"
     torch.set_num_threads(1)
     model = qwen2(args.tiny, args.layers)
     parameters = sum(p.numel() for p in model.parameters())
@@ -161,7 +161,8 @@ def main(argv=None) -> int:
                   f"{'same tokens' if tokens == reference else 'OTHER TOKENS'}", flush=True)
     for mode in modes:
         prefills, rates, ratios, same = zip(*measured[mode])
-        rows.append(dict(common, mode=mode, run="median", prepare_s=round(prepare[mode], 2), prefill_ms=round(1e3 * statistics.median(prefills), 2),
+        rows.append(dict(common, mode=mode, run="median", prepare_s=round(prepare[mode], 2),
+                         prefill_ms=round(1e3 * statistics.median(prefills), 2),
                          decode_tokens_per_s=round(statistics.median(rates), 2), vs_eager=round(statistics.median(ratios), 3),
                          same_tokens=all(same)))
         row = rows[-1]

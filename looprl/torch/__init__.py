@@ -31,9 +31,10 @@ its kernel's epilogue for that sequence (the activation module stays; the sequen
 linear layer alone). Layers with hooks, parametrizations, pruning or weight norm are left to
 torch (``stats()["left_to_torch"]`` says why), and so are a subclass of ``nn.Linear`` and a layer
 whose ``forward`` is replaced on the instance; an activation that is a subclass, or whose
-``forward`` is replaced, is not fused (one rule: :func:`~looprl.torch.activations.not_its_class`). Everything else stays as it was. The module
-returned is a copy (the given one, and torch's random generator, are left as they were, bit for
-bit); its tuned layers are :class:`TunedLinear` modules (see :func:`tuned_layers`).
+``forward`` is replaced, is not fused (one rule: :func:`~looprl.torch.activations.not_its_class`).
+Everything else stays as it was. The module returned is a copy (the given one, and torch's
+random generator, are left as they were, bit for bit); its tuned layers are
+:class:`TunedLinear` modules (see :func:`tuned_layers`).
 
 A tuned layer runs its kernel only when that gives exactly the layer's function on this input;
 otherwise it falls back to the original ``nn.Linear`` (and activation), so a call never gives

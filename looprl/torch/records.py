@@ -39,7 +39,8 @@ def route_table(kernels: list[LinearKernels]) -> str:
     """A table, one line per layer shape and judged row count: looprl's time, torch's time and
     which one runs (see :meth:`LinearKernels.judge`). ``kernels``: e.g.
     ``kernels_by_shape(layer for _, layer in tuned_layers(model))``."""
-    lines = [f"{'layer shape':>28} {'rows':>6} {'looprl ms':>10} {'torch ms':>10} {'looprl/torch':>12} {'won':>6} {'schedule from':>13}  runs"]
+    lines = [f"{'layer shape':>28} {'rows':>6} {'looprl ms':>10} {'torch ms':>10} {'looprl/torch':>12} {'won':>6} "
+             f"{'schedule from':>13}  runs"]
     for layer in kernels:
         words = shape_words(layer.in_features, layer.out_features, layer.activation)
         if not layer.routes:
