@@ -71,7 +71,7 @@ from looprl import checks
 from looprl.torch.activations import activation_of_call
 from looprl.torch.layers import layer_shape, tune_layer, weight_bytes
 from looprl.torch.records import route_summary, summarise_calls
-from looprl.torch.routes import LinearKernels
+from looprl.torch.routes import AUTOCAST, TRANSFORMED, LinearKernels, autocast_to_other, transformed
 from looprl.torch.rows import check_max_rows
 
 __all__ = ["looprl_backend", "stats"]
@@ -140,6 +140,10 @@ class BatchedProduct:
             return dict(self.calls)
 
     def why_not(self, a, b) -> str | None:
+        if autocast_to_other(torch.float32):
+            return AUTOCAST
+        if transformed(a, b):
+            return TRANSFORMED
         for x in (a, b):
             if type(x) is not torch.Tensor or x.dtype != torch.float32 or x.device.type != "cpu":
                 return "input not a float32 CPU tensor"

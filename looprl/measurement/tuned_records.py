@@ -78,7 +78,7 @@ def read_tuned_records(path: str | os.PathLike) -> list[dict]:
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise ValueError(f"tuned records {path}: not a {FORMAT} file")
     version = document.get("version")
-    if version not in (1, VERSION):
+    if type(version) is not int or version not in (1, VERSION):  # an integer: JSON's true is Python's True, which equals 1
         raise ValueError(f"tuned records {path}: version {version!r}, this looprl reads versions 1 and {VERSION}")
     records = document.get("records")
     if not isinstance(records, list):

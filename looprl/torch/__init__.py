@@ -29,9 +29,12 @@ distinct layer shape. In an ``nn.Sequential``, an ``nn.ReLU``,
 its kernel's epilogue for that sequence (the activation module stays; the sequence becomes a
 ``FusedSequential`` that runs the pair as one call; the layer called alone still computes the
 linear layer alone). Layers with hooks, parametrizations, pruning or weight norm are left to
-torch (``stats()["left_to_torch"]`` says why). Everything else stays as it was. The module
-returned is a copy (the given one, and torch's random generator, are left as they were, bit for
-bit); its tuned layers are :class:`TunedLinear` modules (see :func:`tuned_layers`).
+torch (``stats()["left_to_torch"]`` says why), and so are a subclass of ``nn.Linear`` and a layer
+whose ``forward`` is replaced on the instance; an activation that is a subclass, or whose
+``forward`` is replaced, is not fused (one rule: :func:`~looprl.torch.activations.not_its_class`).
+Everything else stays as it was. The module returned is a copy (the given one, and torch's
+random generator, are left as they were, bit for bit); its tuned layers are
+:class:`TunedLinear` modules (see :func:`tuned_layers`).
 
 A tuned layer runs its kernel only when that gives exactly the layer's function on this input;
 otherwise it falls back to the original ``nn.Linear`` (and activation), so a call never gives
@@ -41,17 +44,28 @@ a wrong answer:
   ``in_features`` (the original layer then raises what it raises);
 * autograd: grad mode on and the input or a parameter requiring grad (the kernels have no
   backward), e.g. training;
-* a tensor subclass, a zero-size input.
+* a tensor subclass, a zero-size input;
+* a tensor of a ``torch.func`` transform (``vmap``, ``grad``, ``jvp``, ``functionalize``: a
+  batched tensor has no memory of its own), :data:`~looprl.torch.routes.TRANSFORMED`;
+* CPU autocast on with a dtype other than the layer's (a float32 layer under
+  ``torch.autocast("cpu", dtype=torch.bfloat16)``): torch's call computes it in autocast's
+  dtype and returns that, as the original does (:data:`~looprl.torch.routes.AUTOCAST`); a
+  bfloat16 layer under bfloat16 autocast keeps its kernels.
 
 **Never slower than torch.** Once a layer shape is tuned, its looprl plan and torch's own call
 (``functional.linear`` and the activation: what the original layer runs) are timed against each
-other at every tuned row count, interleaved, with the layer's weight, under the threads torch
-is set to (:meth:`LinearKernels.judge`); a row count where torch was faster, and any row count
-next to one, is computed by torch's call (:meth:`LinearKernels.runs_torch`). ``tune_module``
-prints a line per layer shape as it is tuned and a table of these timings at the end
-(:func:`route_table`). Then the tuned model is timed against the model on each example, and
-where it is slower, the row counts that example gave each layer go to torch too (a layer
-judged alone has its weights warm in the cache; in a model the other layers compete for it).
+other at every tuned row count, in interleaved rounds until the two are told apart (the rule
+of :func:`~looprl.torch.routes.shown_faster`: looprl's only where a sign test is 95% sure it
+wins rounds by 5%, at most 15 rounds, and its best time is 5% below torch's; a tie is torch's),
+with the layer's weight (copies of it in turn where the rows are tuned cold), under the
+threads torch is set to (:meth:`LinearKernels.judge`); a row count torch keeps, and any row
+count next to one, is
+computed by torch's call (:meth:`LinearKernels.runs_torch`). ``tune_module`` prints a line per
+layer shape as it is tuned and a table of these timings at the end (:func:`route_table`). Then
+the tuned model is timed against the model on each example by the same rule (a 1% margin:
+:data:`~looprl.torch.module.MODEL_MARGIN`), and where it is not shown faster, the row counts
+that example gave each layer go to torch too (a layer judged alone has its weights warm in the
+cache; in a model the other layers compete for it).
 ``compare_torch=False`` keeps every call looprl's.
 
 :func:`stats` counts, per layer and in all, the calls a looprl kernel served and the calls that
@@ -73,9 +87,10 @@ whole-model check), :mod:`~looprl.torch.layers` (a layer's problems and its one 
 
 from looprl.torch.activations import ACTIVATIONS
 from looprl.torch.layers import COLD_ROWS, TunedLinear, layer_problem, layer_shape, tune_layer, weight_bytes
-from looprl.torch.module import MODEL_BUDGET_S, MODEL_ROUNDS, MODEL_TOLERANCE, tune_module
+from looprl.torch.module import MODEL_BUDGET_S, MODEL_MARGIN, MODEL_ROUNDS, MODEL_TOLERANCE, tune_module
 from looprl.torch.records import kernels_by_shape, route_summary, route_table, save_records, stats, summarise_calls, tuned_layers
-from looprl.torch.routes import ROUTE_BUDGET_S, ROUTE_ROUNDS, TORCH_FASTER, LinearKernels, Route, interleaved_best_seconds
+from looprl.torch.routes import (ROUTE_BUDGET_S, ROUTE_CONFIDENCE, ROUTE_MARGIN, ROUTE_MAX_ROUNDS, TORCH_FASTER, Duel, LinearKernels, Route,
+                                 faster, interleaved_best_seconds, interleaved_duels, shown_faster)
 from looprl.torch.rows import CALL_S, any_rows_kernel, block_seconds, check_max_rows, row_plan, tuned_row_counts
 from looprl.torch.weights import ContentCache, FrozenCache
 

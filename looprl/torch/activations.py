@@ -3,7 +3,9 @@
 :data:`ACTIVATIONS` maps looprl's epilogue activation to torch's function computing it (what
 a layer that falls back runs), the module that is it (:func:`activation_of_module`, for
 :func:`~looprl.torch.tune_module`) and the functions a captured FX graph calls for it
-(:func:`activation_of_call`, for the ``torch.compile`` backend).
+(:func:`activation_of_call`, for the ``torch.compile`` backend). :func:`not_its_class` is the one
+rule of when a module computes what its class computes (a fused activation's module, and a
+linear layer :func:`~looprl.torch.tune_module` may replace).
 """
 
 from __future__ import annotations
@@ -42,10 +44,28 @@ ACTIVATIONS = {
 }
 
 
+# What a module's call runs that an instance attribute replaces: nn.Module.__call__ calls
+# self._call_impl, which calls self.forward, both looked up on the instance first.
+CALL_ATTRIBUTES = ("forward", "_call_impl")
+
+
+def not_its_class(module: nn.Module, cls: type) -> str | None:
+    """Why ``module`` may not compute what ``cls`` computes, or None when it is a ``cls`` itself
+    running ``cls``'s own call: a subclass (or another class), or a call replaced on the instance
+    (``module.forward = ...``)."""
+    if type(module) is not cls:
+        return f"a {type(module).__name__}, not an nn.{cls.__name__} itself (its class may compute anything)"
+    for name in CALL_ATTRIBUTES:
+        if name in vars(module):
+            return f"its {name} is replaced on the instance (it may compute anything)"
+    return None
+
+
 def activation_of_module(module: nn.Module) -> str | None:
-    """The looprl activation an activation module computes, or None if it is not one we fuse."""
+    """The looprl activation an activation module computes, or None if it is not one we fuse
+    (also where it is a subclass, or its call is replaced on the instance: :func:`not_its_class`)."""
     for name, activation in ACTIVATIONS.items():
-        if type(module) is activation.module and getattr(module, "approximate", "none") == activation.approximate:
+        if not_its_class(module, activation.module) is None and getattr(module, "approximate", "none") == activation.approximate:
             return name
     return None
 

@@ -114,7 +114,7 @@ class TunedLinear(nn.Module):
         return total
 
     def extra_repr(self) -> str:
-        fused = f", activation={activation_of_module(self.activation)}" if self.activation is not None else ""
+        fused = f", activation={self.kernels.activation}" if self.activation is not None else ""
         return f"in_features={self.in_features}, out_features={self.out_features}{fused}, rows={sorted(self.results)}"
 
     def why_not(self, x) -> str | None:

@@ -27,10 +27,10 @@ from looprl.measurement.evaluator import open_cache
 from looprl.measurement.keys import tuned_problem_name
 from looprl.measurement.tuned_records import read_tuned_records
 from looprl.tune.results import TuneResult
-from looprl.torch.activations import activation_of_module
+from looprl.torch.activations import activation_of_module, not_its_class
 from looprl.torch.layers import TunedLinear, layer_shape, tune_layer, weight_bytes
 from looprl.torch.records import LEFT_TO_TORCH, kernels_by_shape, route_table, shape_words, tuned_names
-from looprl.torch.routes import NEGATIVE_VIEW, LinearKernels, interleaved_best_seconds
+from looprl.torch.routes import NEGATIVE_VIEW, LinearKernels, interleaved_best_seconds, interleaved_duels
 from looprl.torch.rows import check_max_rows
 
 
@@ -53,7 +53,6 @@ PRUNED = "pruned (torch.nn.utils.prune): its weight is the mask times weight_ori
 WEIGHT_NORM = "weight_norm: its weight is recomputed from weight_g and weight_v by a forward pre-hook"
 HOOKED = "has hooks (forward, forward-pre, backward or state-dict) that a replacement would drop"
 GLOBAL_HOOKS = "global module hooks are registered (torch.nn.modules.module.register_module_forward_hook and the like)"
-SUBCLASS = "a subclass of nn.Linear (its module may use the weight itself)"
 NOT_PARAMETERS = "its weight or bias is not a Parameter"
 NOT_FLOAT32 = "parameters not float32 or bfloat16 on the CPU (both of one dtype)"
 NOT_CALLED = "not called with a CPU input of its parameters' dtype by the examples"
@@ -85,8 +84,9 @@ def _left_to_torch(layer: nn.Module) -> str | None:
         return PRUNED
     if any(isinstance(hook, WeightNorm) for hook in pre_hooks):
         return WEIGHT_NORM
-    if type(layer) is not nn.Linear:
-        return SUBCLASS
+    subclassed = not_its_class(layer, nn.Linear)  # a subclass, or its forward replaced on the instance
+    if subclassed is not None:
+        return subclassed
     if hooked(layer):
         return HOOKED
     if global_hooks():
@@ -206,15 +206,21 @@ def _kernels_for(layer: TunedLinear, fused: bool):
 
 
 MODEL_BUDGET_S = 0.05  # seconds to time the model, and the tuned model, on one example in one round
-MODEL_ROUNDS = 3  # interleaved rounds; each side's best is compared
+# The tuned model keeps its looprl routes on an example only where it wins rounds against the
+# model by this margin, by the routes' rule (looprl.torch.routes.shown_faster): the layers' own
+# judgements already asked for ROUTE_MARGIN, so here little more than a tie is asked (a round
+# is won where the model took at least 1% longer: an equal time is no win).
+MODEL_MARGIN = 0.01
+MODEL_ROUNDS = 3  # after routing to torch, interleaved rounds to time both again for the report (each side's best)
 MODEL_TOLERANCE = 1.03  # after routing to torch, a tuned model slower than this times the model's is reported (timing noise)
 
 
 def _check_against_the_model(module: nn.Module, tuned: nn.Module, examples: list[tuple], per_example: list[dict],
                              replacements: dict, progress: bool) -> None:
-    """Time ``tuned`` against ``module`` on each example; where the tuned model is slower, give
-    the row counts that example gave each layer to torch (:meth:`LinearKernels.route_to_torch`)
-    and time again. A layer judged alone runs with its weights warm in the cache; in a model,
+    """Time ``tuned`` against ``module`` on each example in interleaved rounds, by the routes'
+    rule (:func:`~looprl.torch.routes.shown_faster`, :data:`MODEL_MARGIN`); where the tuned model is
+    not shown faster, give the row counts that example gave each layer to torch
+    (:meth:`LinearKernels.route_to_torch`) and time again. A layer judged alone runs with its weights warm in the cache; in a model,
     the other layers' weights (and looprl's copies and packed forms of them) compete for it,
     which the judgement cannot see. Still slower after that: a ``RuntimeWarning``.
 
@@ -227,19 +233,21 @@ def _check_against_the_model(module: nn.Module, tuned: nn.Module, examples: list
     tuned = _copy(tuned, {id(layer): layer for layer in replacements.values()})
     for number, (args, seen) in enumerate(zip(examples, per_example), start=1):
         seen = {key: rows for key, rows in seen.items() if key[0] in replacements}
-        if not seen:
-            continue
-        original_s, tuned_s = interleaved_best_seconds([(module, args), (tuned, args)], MODEL_BUDGET_S, MODEL_ROUNDS)
-        if tuned_s <= original_s:
+        if all(_kernels_for(replacements[layer], fused).runs_torch(count) for (layer, fused), rows in seen.items() for count in rows):
+            continue  # nothing of looprl's runs on this example (nothing seen, or all torch's already)
+        duel, = interleaved_duels([((tuned, args), (module, args))], MODEL_BUDGET_S, MODEL_MARGIN)
+        tuned_s = duel.challenger_s
+        if duel.shown_faster(MODEL_MARGIN):
             if progress:
-                print(f"looprl: example {number}: the tuned model {1e3 * tuned_s:.3f} ms, the model {1e3 * original_s:.3f} ms",
-                      file=sys.stderr, flush=True)
+                print(f"looprl: example {number}: the tuned model {1e3 * tuned_s:.3f} ms, the model {1e3 * duel.incumbent_s:.3f} ms "
+                      f"(faster in {duel.wins} of {duel.rounds} rounds)", file=sys.stderr, flush=True)
             continue
         for (layer, fused), rows in seen.items():
             _kernels_for(replacements[layer], fused).route_to_torch(rows)
         original_s, routed_s = interleaved_best_seconds([(module, args), (tuned, args)], MODEL_BUDGET_S, MODEL_ROUNDS)
         if progress:
-            print(f"looprl: example {number}: the tuned model {1e3 * tuned_s:.3f} ms, slower than the model's; its rows routed to torch "
+            print(f"looprl: example {number}: the tuned model {1e3 * tuned_s:.3f} ms, not shown faster than the model's "
+                  f"{1e3 * duel.incumbent_s:.3f} ms (faster in {duel.wins} of {duel.rounds} rounds); its rows routed to torch "
                   f"in {len({layer for layer, _ in seen})} layer(s): now {1e3 * routed_s:.3f} ms against {1e3 * original_s:.3f} ms", file=sys.stderr, flush=True)
         if routed_s > MODEL_TOLERANCE * original_s:
             warnings.warn(f"tune_module: on example {number} the tuned model took {1e3 * routed_s:.3f} ms against the model's "

@@ -39,18 +39,24 @@ def route_table(kernels: list[LinearKernels]) -> str:
     """A table, one line per layer shape and judged row count: looprl's time, torch's time and
     which one runs (see :meth:`LinearKernels.judge`). ``kernels``: e.g.
     ``kernels_by_shape(layer for _, layer in tuned_layers(model))``."""
-    lines = [f"{'layer shape':>28} {'rows':>6} {'looprl ms':>10} {'torch ms':>10} {'looprl/torch':>12} {'schedule from':>13}  runs"]
+    lines = [f"{'layer shape':>28} {'rows':>6} {'looprl ms':>10} {'torch ms':>10} {'looprl/torch':>12} {'won':>6} "
+             f"{'schedule from':>13}  runs"]
     for layer in kernels:
         words = shape_words(layer.in_features, layer.out_features, layer.activation)
         if not layer.routes:
             sources = "/".join(sorted({SOURCES[result.mode] for result in layer.results.values()}))
-            lines.append(f"{words:>28} {'all':>6} {'-':>10} {'-':>10} {'-':>12} {sources:>13}  looprl (not compared)")
+            lines.append(f"{words:>28} {'all':>6} {'-':>10} {'-':>10} {'-':>12} {'-':>6} {sources:>13}  looprl (not compared)")
         for rows, route in sorted(layer.routes.items()):
             source = SOURCES[layer.results[rows].mode] if rows in layer.results else "-"
             lines.append(f"{words:>28} {rows:>6} {1e3 * route.looprl_s:>10.4f} {1e3 * route.torch_s:>10.4f} "
-                         f"{route.torch_s / route.looprl_s:>11.2f}x {source:>13}  {route.runs}"
+                         f"{route.torch_s / route.looprl_s:>11.2f}x {won(route):>6} {source:>13}  {route.runs}"
                          + (" (by the model's timing)" if route.decided_by == "model" else ""))
     return "\n".join(lines)
+
+
+def won(route) -> str:
+    """The rounds looprl won of those timed, as ``"wins/rounds"`` (``"-"``: a route given only its times)."""
+    return "-" if route.rounds is None else f"{route.wins}/{route.rounds}"
 
 
 # Where a tuned row count's schedule came from, by TuneResult.mode: a measured search, the
@@ -93,7 +99,7 @@ def stats(module: nn.Module) -> dict:
     kernel computed the call), ``fallback_calls`` (the original layer did) and ``fallbacks``
     (why: ``{reason: calls}``, the reasons of :meth:`TunedLinear.why_not`), in all and per
     layer (``layers``: name -> the same three and ``routes``: judged row count ->
-    ``{"looprl_ms", "torch_ms", "runs", "decided_by"}``, see :meth:`LinearKernels.judge`; and
+    ``{"looprl_ms", "torch_ms", "runs", "decided_by", "wins", "rounds"}``, see :meth:`LinearKernels.judge`; and
     ``routes_alone``, those of a fused layer's kernels without its activation, where it was
     also called alone). Calls routed to
     torch are fallbacks for the reason :data:`TORCH_FASTER`. ``left_to_torch``: the linear
@@ -120,8 +126,11 @@ def left_to_torch(module: nn.Module) -> dict[str, str]:
 
 
 def route_summary(kernels: LinearKernels) -> dict[int, dict]:
-    """A layer's routes as plain values: row count -> ``{"looprl_ms", "torch_ms", "runs"}``."""
-    return {rows: {"looprl_ms": 1e3 * route.looprl_s, "torch_ms": 1e3 * route.torch_s, "runs": route.runs, "decided_by": route.decided_by}
+    """A layer's routes as plain values: row count -> ``{"looprl_ms", "torch_ms", "runs",
+    "decided_by", "wins", "rounds"}`` (the rounds looprl won of those timed; None for a route
+    given only its times)."""
+    return {rows: {"looprl_ms": 1e3 * route.looprl_s, "torch_ms": 1e3 * route.torch_s, "runs": route.runs, "decided_by": route.decided_by,
+                   "wins": route.wins, "rounds": route.rounds}
             for rows, route in sorted(kernels.routes.items())}
 
 

@@ -3,8 +3,44 @@
 :class:`LinearKernels` computes ``activation(x @ weight.T + bias)`` by row plans of tuned
 kernels bound to the weight and bias as they are now, or by torch where a kernel would not
 compute exactly; :meth:`LinearKernels.judge` times its plan against torch's own call at each
-tuned row count (:func:`interleaved_best_seconds`) and the :class:`Route` of each says which
-one computes those rows.
+tuned row count (:func:`interleaved_duels`) and the :class:`Route` of each says which one
+computes those rows.
+
+**The rule of a route** (one rule: :func:`faster` while timing, :func:`shown_faster` at the
+end; :func:`~looprl.torch.tune_module` judges the tuned model against the model by it too).
+looprl's call and torch's are timed in *rounds*: in a round each is timed once
+(:func:`~looprl.measurement.timing.best_time`, best of its repetitions in
+:data:`ROUTE_BUDGET_S`), one right after the other, every row count still open in turn, so
+that a slow phase of the machine hits both sides of a round alike. looprl *wins* a
+round when torch's time is at least ``1 +`` :data:`ROUTE_MARGIN` times its own. Under the
+null hypothesis that looprl is not faster by the margin, it wins a round with probability at
+most one half, so the chance of ``w`` or more wins in ``n`` rounds is at most the binomial
+tail ``P(Binomial(n, 1/2) >= w)`` (a sign test: it assumes nothing of how the times are
+distributed, and one outlying round counts once). After each round the row count is closed:
+
+* once that tail is at most ``1 -`` :data:`ROUTE_CONFIDENCE` (looprl won enough rounds);
+* once looprl could no longer get there within :data:`ROUTE_MAX_ROUNDS` rounds, even winning
+  every round left (so a tie, a near-tie or a loss ends early);
+* at the cap, whatever it stands at.
+
+looprl keeps a closed row count only where it won enough rounds *and* its best time over the
+rounds is below torch's best by the margin too (:func:`shown_faster`). Timing noise only ever
+adds time, and on a busy machine it hits torch's multi-threaded call far harder than a
+one-thread kernel (a torch call timed while other work ran took 8x and more its quiet time):
+rounds won that way are outvoted by torch's best, the time of its quiet moments. Everything
+else, a tie included, is torch's.
+
+With the defaults (5%, 0.95, 15 rounds) looprl needs all of its first 5 rounds, at most 1 loss
+in 8 to 10 rounds, 2 in 11 or 12, 3 in 13 to 15: a row count where looprl is faster by well
+over the margin is decided in 5 rounds (10 timings of 5 ms), a tie usually in 8, and nothing
+takes more than 15. A single round's best time misses the machine's best by up to 4.3% at the
+90th percentile (docs/measurement.md, "The env's budget": experiments/timing_budget_noise.py,
+avx512 code, Zen 4; 1.3% for AVX2 code): within the margin. Judged as the best of three
+rounds, layers that were slower in the model slipped through (issue 60: a Qwen2 model decoded
+at 0.90-0.92x eager on an AVX2 Zen 3 with ``measure=False``). A tie goes
+to torch because its call is the layer's own (nothing compared, nothing bound) and computes
+the layer's answer bit for bit: the deterministic side to fall to when looprl has not shown
+it is faster.
 """
 
 from __future__ import annotations
@@ -13,6 +49,7 @@ import copy
 import math
 import threading
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -29,41 +66,58 @@ from looprl.torch.weights import ContentCache, FrozenCache, numpy_view
 
 
 ROUTE_BUDGET_S = 0.005  # seconds to time looprl's plan, and torch's call, for one row count in one round
-ROUTE_ROUNDS = 3  # interleaved rounds (looprl, torch, looprl, torch, ...); each side's best is compared
-# looprl keeps a row count only where its best time is at least this much below torch's: a
-# near-tie goes to torch. Why 5%: one 4 ms timing falls short of the machine's best by 4.3% at
-# the 90th percentile (docs/measurement.md, "The env's budget": experiments/timing_budget_noise.py,
-# avx512 code, Zen 4; 1.3% for AVX2 code), so a smaller gap is within what two timings of
-# the same code differ by, and best-of interleaved rounds only narrow it. A tie goes to torch
-# because torch's call is the layer's own (no copy of the weights compared, nothing bound) and
-# computes the layer's answer bit for bit: the deterministic side to fall to when looprl has
-# not shown it is faster.
-ROUTE_MARGIN = 0.05
+ROUTE_MARGIN = 0.05  # looprl wins a round where torch took at least this much longer (a fraction of looprl's time)
+ROUTE_CONFIDENCE = 0.95  # looprl keeps a row count once the sign test is this confident that it wins most rounds
+ROUTE_MAX_ROUNDS = 15  # the cap: rounds timed at most per row count; undecided by then, torch's
 TORCH_FASTER = "torch timed faster at this row count"  # the fallback reason of a call routed to torch
 NEGATIVE_VIEW = "parameters are negative or conjugate views"  # the fallback reason of a weight or bias with torch's neg (or conj) bit
+# The fallback reason of a call under torch.func's transforms (vmap, grad, jvp, jacrev,
+# functionalize): their tensors wrap others (a batched tensor has no storage of its own), so
+# only torch's call computes what the transform asks of it.
+TRANSFORMED = "a tensor under a torch.func transform (vmap, grad, jvp, functionalize)"
+AUTOCAST = "autocast to another dtype is on"  # the fallback reason of a call where CPU autocast computes in a dtype not the kernels'
+_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
+def transformed(*tensors) -> bool:
+    """Whether any of ``tensors`` (None: none) is a tensor of a torch.func transform (functorch's
+    wrapper: ``type`` says ``torch.Tensor``, but a kernel cannot read its memory)."""
+    return any(tensor is not None and _wrapped(tensor) for tensor in tensors)
+
+
+def autocast_to_other(dtype) -> bool:
+    """Whether CPU autocast is on with a dtype other than ``dtype``: torch's call then computes
+    the layer in autocast's dtype and returns it (a float32 layer under
+    ``torch.autocast("cpu", dtype=torch.bfloat16)`` returns bfloat16), which a kernel of
+    ``dtype`` does not."""
+    return torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") is not dtype
 
 
 @dataclass(frozen=True)
 class Route:
     """Which of looprl's plan and torch's own call computes a layer's calls on ``rows`` rows:
-    both timed on this machine, the same threads, the same epilogue, best of
-    :data:`ROUTE_ROUNDS` interleaved rounds; looprl's only where it was faster by at least
-    :data:`ROUTE_MARGIN` (torch's where torch was faster, and on a near-tie: ``decided_by``
-    "layer"), or torch's because the whole model ran slower with looprl's on an example that
-    gave the layer these rows (``"model"``, see :func:`tune_module`; a route the layer's own
-    timing had already given to torch keeps ``"layer"``)."""
+    both timed on this machine, the same threads, the same epilogue, in interleaved rounds
+    (``looprl_s``, ``torch_s``: each side's best of them); looprl's only where it won enough of
+    the ``rounds`` rounds (``wins``) and its best was faster too, by the rule of
+    :func:`shown_faster` (torch's otherwise: ``decided_by`` "layer"), or torch's because the
+    whole model ran slower with looprl's on an
+    example that gave the layer these rows (``"model"``, see :func:`tune_module`; a route the
+    layer's own timing had already given to torch keeps ``"layer"``). A route given only its
+    two times (``rounds`` None: made by hand, or pickled by a looprl before the rounds) is judged
+    by them alone: looprl's where its time is below torch's by the margin."""
 
     rows: int
     looprl_s: float
     torch_s: float
     decided_by: str = "layer"
+    wins: int | None = None
+    rounds: int | None = None
 
     @property
     def runs(self) -> str:
         if self.decided_by == "model":
             return "torch"
-        # looprl only when clearly faster; a tie, a near-tie or a NaN (nothing timed) is torch's
-        return "looprl" if self.torch_s >= (1.0 + ROUTE_MARGIN) * self.looprl_s else "torch"
+        return "looprl" if shown_faster(self.looprl_s, self.torch_s, self.wins, self.rounds, ROUTE_MARGIN) else "torch"
 
 
 class LinearKernels:
@@ -162,8 +216,12 @@ class LinearKernels:
         if self.foreign is not None:
             return self.foreign
         dtype = self._torch_dtype  # dtypes are singletons: compared by identity, and is_cpu is cheaper than device.type
+        if autocast_to_other(dtype):
+            return AUTOCAST
         if type(x) is not torch.Tensor or x.dtype is not dtype or not x.is_cpu or x.dim() < 1:
             return f"input not a {self.dtype} CPU tensor"
+        if transformed(x, weight, bias):
+            return TRANSFORMED
         if x.shape[-1] != self.in_features:
             return "input's last dimension is not in_features"
         if x.numel() == 0:
@@ -184,30 +242,30 @@ class LinearKernels:
         with self._stats_lock:
             self.calls[why or "looprl"] = self.calls.get(why or "looprl", 0) + 1
 
-    def judge(self, weight, bias, counts=None, *, budget_s: float = ROUTE_BUDGET_S, rounds: int = ROUTE_ROUNDS) -> dict[int, Route]:
+    def judge(self, weight, bias, counts=None, *, budget_s: float = ROUTE_BUDGET_S, rounds: int = ROUTE_MAX_ROUNDS) -> dict[int, Route]:
         """Time looprl's plan and torch's call (``functional.linear`` and the activation) on
-        ``counts`` rows (default: every tuned row count) with this ``weight`` and ``bias``,
-        interleaved (looprl's and torch's call on a row count one after the other, every count
-        in turn, :data:`ROUTE_ROUNDS` times; each side's best kept), under ``torch.no_grad()``
-        and torch's threads as they are set now; the routes (looprl's where it was at least
-        :data:`ROUTE_MARGIN` faster, see :class:`Route`) become this layer's
+        ``counts`` rows (default: every tuned row count) with this ``weight`` and ``bias``, in
+        interleaved rounds (:func:`interleaved_duels`: looprl's and torch's call on a row count
+        one after the other, every open count in turn, at most ``rounds`` rounds), under
+        ``torch.no_grad()`` and torch's threads as they are set now; the routes (looprl's where
+        the rule of :func:`shown_faster` gives it the count, see :class:`Route`) become this layer's
         (:meth:`runs_torch`) and are returned."""
         counts = sorted(self.results if counts is None else {checks.positive_int(c, "row count") for c in counts})
         generator = torch.Generator().manual_seed(0)  # the inputs drawn from our own generator: torch's global one is the user's
         inputs = {count: torch.randn(count, self.in_features, generator=generator).to(self._torch_dtype) for count in counts}
-        # Timed on rotating copies of the weight where the call reads nothing else (frozen, or the
-        # cold row counts' kernels all in place): else the default path's comparison of its copies
-        # is part of the call, timed as it runs.
-        cold_counts = {count for count, result in self.results.items() if result.problem.cold}
-        cold = self._cold_calls(weight, bias) if self.frozen or cold_counts <= self.in_place else None
-        calls = []
+        # The cold row counts are timed on rotating copies of the weight, each with its own bound
+        # kernels (and, weights followed, its own kept copy compared on every call), so that every
+        # call reads from memory what it reads in the model; the others on the weight itself.
+        cold = self._cold_calls(weight, bias)
+        pairs = []
         for count in counts:
             if cold is not None and self.results[count].problem.cold:
-                calls += [(cold[0], (inputs[count],)), (cold[1], (inputs[count],))]
+                pairs.append(((cold[0], (inputs[count],)), (cold[1], (inputs[count],))))
             else:
-                calls += [(self.compute, (inputs[count], weight, bias)), (self.fallback, (inputs[count], weight, bias))]
-        seconds = interleaved_best_seconds(calls, budget_s, rounds)
-        routes = {count: Route(count, seconds[2 * i], seconds[2 * i + 1]) for i, count in enumerate(counts)}
+                pairs.append(((self.compute, (inputs[count], weight, bias)), (self.fallback, (inputs[count], weight, bias))))
+        duels = interleaved_duels(pairs, budget_s, ROUTE_MARGIN, rounds)
+        routes = {count: Route(count, duel.challenger_s, duel.incumbent_s, wins=duel.wins, rounds=duel.rounds)
+                  for count, duel in zip(counts, duels)}
         self.routes = routes
         self._torch_rows = {}
         return routes
@@ -216,28 +274,32 @@ class LinearKernels:
         """``(looprl's call, torch's call)`` on ``x`` that read the weight as cold as the layer's
         cold row counts do in its model (their problems' bytes between calls): each call
         takes the next of :func:`~looprl.measurement.timing.cold_copy_count` copies of
-        ``weight`` (torch's call a copy of the tensor, looprl's the kernels bound to it), as
-        cold problems are timed when tuned. None when no row count was tuned cold. (Judged with
-        the weight warm, torch's one-row GEMV had looked faster on GPT-2's 3072->768, where from
-        memory looprl's streams at about twice its bandwidth.)"""
+        ``weight`` (torch's call a copy of the tensor; looprl's :meth:`compute` on that copy with
+        a cache of its own: its own bound kernels, and where the weights are followed its own
+        kept copy, compared on each call as in the model), as cold problems are timed when tuned.
+        None when no row count was tuned cold. (Judged with the weight warm, torch's one-row GEMV
+        had looked faster on GPT-2's 3072->768, where from memory looprl's streams at about twice
+        its bandwidth; and with its kept copy and bound kernels warm, the comparison a followed
+        weight costs on every call had looked cheaper than it is in a model.)"""
         cold = [count for count, result in self.results.items() if result.problem.cold]
         if not cold:
             return None
         between = max(self.results[count].problem.between for count in cold)
         weights = [weight] + [weight.clone() for _ in range(cold_copy_count(weight.numel() * weight.element_size(), between=between) - 1)]
-        bias_array = None if bias is None else numpy_view(bias)
-        kernel_sets = []
-        for copy in weights:
-            constants = {"b": numpy_view(copy)} if bias is None else {"b": numpy_view(copy), "bias": bias_array}
-            kernel_sets.append({count: self._kernels[count].bind(**constants) for count in cold})
+        caches = [FrozenCache(self._bind) if self.frozen else ContentCache(self._bind) for _ in weights]
+        for copy_, cache in zip(weights, caches):
+            cache.get(copy_, bias)  # bound before the timing, not in its first round
         turns = {"looprl": 0, "torch": 0}
 
         def next_copy(side: str) -> int:
             turns[side] += 1
             return turns[side] % len(weights)
 
-        return (lambda x: self._run_plan(x, kernel_sets[next_copy("looprl")]),
-                lambda x: self.fallback(x, weights[next_copy("torch")], bias))
+        def looprl_call(x):
+            turn = next_copy("looprl")
+            return self.compute(x, weights[turn], bias, caches[turn])
+
+        return looprl_call, lambda x: self.fallback(x, weights[next_copy("torch")], bias)
 
     def route_to_torch(self, counts) -> None:
         """Give the row counts ``counts`` to torch, decided by the whole model's timing (a
@@ -246,7 +308,8 @@ class LinearKernels:
             known = self.routes.get(count)
             if known is not None and known.runs == "torch":
                 continue
-            self.routes[count] = Route(count, math.nan if known is None else known.looprl_s, math.nan if known is None else known.torch_s, "model")
+            self.routes[count] = (Route(count, math.nan, math.nan, "model") if known is None
+                                  else Route(count, known.looprl_s, known.torch_s, "model", known.wins, known.rounds))
         self._torch_rows = {}
 
     def runs_torch(self, rows: int) -> bool:
@@ -265,24 +328,33 @@ class LinearKernels:
         return found
 
     def __call__(self, x, weight, bias):
-        why = self.why_not(x, weight, bias)
-        if why is None and self.runs_torch(math.prod(x.shape[:-1])):
-            why = TORCH_FASTER
+        """``activation(x @ weight.T + bias)``: looprl's kernels, or torch's call for the reason
+        counted (:meth:`counted`). A row count routed to torch is looked up first, and is
+        torch's whatever else holds (torch's call is the original's: its answer, its errors):
+        such a call costs a lookup besides torch's, not every check of :meth:`why_not` (only a
+        layer whose kernels cannot run on this CPU keeps that reason first)."""
+        routed = (self.foreign is None and self.routes and type(x) is torch.Tensor and x.dim() >= 1
+                  and self.runs_torch(math.prod(x.shape[:-1])))
+        why = TORCH_FASTER if routed else self.why_not(x, weight, bias)
         self._count(why)
         if why is not None:
             return self.fallback(x, weight, bias)
         return self.compute(x, weight, bias)
 
-    def compute(self, x, weight, bias):
+    def compute(self, x, weight, bias, cache=None):
         """The call by looprl's kernels, for arguments :meth:`why_not` accepts (not checked here):
         the row plan's in-place kernels on the live weight and bias (a strided one read through
         a contiguous copy made for the call), the others bound to copies (compared with the
-        tensors on every call, or bound once when frozen), looked up only when the plan uses one."""
+        tensors on every call, or bound once when frozen), looked up only when the plan uses one.
+        ``cache``: where the bound kernels are kept (default the layer's own; :meth:`judge`
+        gives each copy of a cold weight its own)."""
         plan = self._plan_of(math.prod(x.shape[:-1]))
         counts = {count for _, _, count in plan}
         kernels = {}
         if not counts <= self.in_place:
-            kernels.update(self._frozen.get(weight, bias) if self.frozen else self._bound.get(weight, bias))
+            if cache is None:
+                cache = self._frozen if self.frozen else self._bound
+            kernels.update(cache.get(weight, bias))
         if counts & self.in_place:
             weight = weight if weight.is_contiguous() else weight.contiguous()
             bias = bias if bias is None or bias.is_contiguous() else bias.contiguous()
@@ -350,6 +422,88 @@ class InPlaceKernel:
         self.kernel.raw_call((x, self._weight, out, workspace, *self._bias), 1, rows=rows)
 
 
+@dataclass(frozen=True)
+class Duel:
+    """What interleaved rounds gave a pair of calls (:func:`interleaved_duels`): each one's best
+    seconds over the rounds, the rounds timed and those the challenger won by the margin."""
+
+    challenger_s: float
+    incumbent_s: float
+    wins: int
+    rounds: int
+
+    def shown_faster(self, margin: float) -> bool:
+        """Whether the challenger is shown faster by ``margin`` (:func:`shown_faster`)."""
+        return shown_faster(self.challenger_s, self.incumbent_s, self.wins, self.rounds, margin)
+
+
+def binomial_tail(wins: int, rounds: int) -> float:
+    """``P(Binomial(rounds, 1/2) >= wins)``: how likely ``wins`` or more wins of ``rounds`` are
+    for a side that wins each round with probability one half."""
+    return sum(math.comb(rounds, k) for k in range(max(wins, 0), rounds + 1)) / 2**rounds
+
+
+def faster(wins: int, rounds: int, max_rounds: int = ROUTE_MAX_ROUNDS, confidence: float = ROUTE_CONFIDENCE) -> bool | None:
+    """The rule of a route (see the module's docstring): after ``rounds`` rounds of which the
+    challenger (looprl's call) won ``wins`` by the margin, True when the sign test is
+    ``confidence`` sure that it wins more rounds than not, False when it could no longer be
+    within ``max_rounds`` rounds (winning every one left; at the cap, whatever is not True),
+    None while it still could: time another round."""
+    alpha = 1.0 - confidence
+    if binomial_tail(wins, rounds) <= alpha:
+        return True
+    if rounds >= max_rounds or binomial_tail(wins + max_rounds - rounds, max_rounds) > alpha:
+        return False
+    return None
+
+
+def shown_faster(challenger_s: float, incumbent_s: float, wins: int | None, rounds: int | None, margin: float) -> bool:
+    """The verdict on a closed duel (the module's docstring): the challenger (looprl's call) is
+    faster by ``margin`` at best (``incumbent_s`` at least ``1 + margin`` times ``challenger_s``,
+    each side's best time; a NaN is not) and in the rounds (``wins`` of ``rounds``, by
+    :func:`faster` at their end). ``rounds`` None: two times given alone, judged by them."""
+    at_best = incumbent_s >= (1.0 + margin) * challenger_s
+    return at_best and (rounds is None or bool(faster(wins, rounds, rounds)))
+
+
+def best_seconds(function: Callable, args: tuple, budget_s: float) -> float:
+    """Best seconds of one ``function(*args)`` by looprl's timing rule
+    (:func:`~looprl.measurement.timing.best_time`, ``budget_s``)."""
+
+    def repeat(reps: int, function=function, args=args) -> None:
+        for _ in range(reps):
+            function(*args)
+
+    return best_time(repeat, budget_s).seconds
+
+
+def interleaved_duels(pairs: list[tuple], budget_s: float, margin: float, max_rounds: int = ROUTE_MAX_ROUNDS,
+                      confidence: float = ROUTE_CONFIDENCE, seconds: Callable = best_seconds) -> list[Duel]:
+    """Each pair ``((challenger, args), (incumbent, args))`` of ``pairs`` timed in rounds under
+    ``torch.no_grad()``: in a round, every pair still open has its challenger timed and then its
+    incumbent (``seconds(function, args, budget_s)``, by default :func:`best_seconds`), and the
+    challenger wins the round where the incumbent took at least ``1 + margin`` times as long (a
+    NaN is no win); a pair is closed once :func:`faster` decides it (``max_rounds``,
+    ``confidence``), and the rounds go on while any is open (each pair gets at least one)."""
+    margin = checks.finite_float(margin, "margin", minimum=0.0)
+    max_rounds = checks.positive_int(max_rounds, "rounds")
+    confidence = checks.fraction(confidence, "confidence", allow_zero=False, allow_one=False)
+    best = [[math.inf, math.inf] for _ in pairs]
+    wins, rounds = [0] * len(pairs), [0] * len(pairs)
+    open_pairs = list(range(len(pairs)))
+    with torch.no_grad():
+        while open_pairs:
+            for index in open_pairs:
+                (challenger, challenger_args), (incumbent, incumbent_args) = pairs[index]
+                challenger_s = seconds(challenger, challenger_args, budget_s)
+                incumbent_s = seconds(incumbent, incumbent_args, budget_s)
+                best[index] = [min(best[index][0], challenger_s), min(best[index][1], incumbent_s)]
+                wins[index] += incumbent_s >= (1.0 + margin) * challenger_s
+                rounds[index] += 1
+            open_pairs = [index for index in open_pairs if faster(wins[index], rounds[index], max_rounds, confidence) is None]
+    return [Duel(challenger_s, incumbent_s, won, timed) for (challenger_s, incumbent_s), won, timed in zip(best, wins, rounds)]
+
+
 def interleaved_best_seconds(calls: list[tuple], budget_s: float, rounds: int) -> list[float]:
     """Best seconds of one ``function(*args)`` for each ``(function, args)`` of ``calls``, under
     ``torch.no_grad()``, by looprl's timing rule (``budget_s`` each), in ``rounds`` rounds that
@@ -358,10 +512,5 @@ def interleaved_best_seconds(calls: list[tuple], budget_s: float, rounds: int) -
     with torch.no_grad():
         for _ in range(rounds):
             for index, (function, args) in enumerate(calls):
-
-                def repeat(reps: int, function=function, args=args) -> None:
-                    for _ in range(reps):
-                        function(*args)
-
-                best[index] = min(best[index], best_time(repeat, budget_s).seconds)
+                best[index] = min(best[index], best_seconds(function, args, budget_s))
     return best
