@@ -75,6 +75,7 @@ def test_a_layer_of_mixed_dtypes_is_left_to_torch_and_a_float32_call_of_a_bfloat
 def test_the_backend_replaces_bfloat16_linear_calls():
     m = model(1)
     x = torch.randn(6, 96).to(BF16)
+    before = looprl.dynamo.stats()  # process-wide totals: an earlier test's fallbacks stay counted
     with torch.no_grad():
         compiled = torch.compile(m, backend="looprl", options={"measure": False, "compare_torch": False, "rest": "eager"})
         out = compiled(x)
@@ -82,7 +83,7 @@ def test_the_backend_replaces_bfloat16_linear_calls():
         hidden = nn.functional.gelu(m[0](x).float()).to(BF16)
         reference = m(x).float()
     calls = looprl.dynamo.stats()
-    assert calls["looprl_calls"] >= 2 and calls["fallback_calls"] == 0
+    assert calls["looprl_calls"] - before["looprl_calls"] >= 2 and calls["fallback_calls"] == before["fallback_calls"]
     # the output within the second layer's bound around the exact layer on torch's hidden values
     # (the first layer's output may differ by a rounding, which the second layer carries on)
     assert (out.float() - reference).abs().max() <= 0.05 * reference.abs().max()
