@@ -269,7 +269,7 @@ def test_the_bfloat16_peak_counts_two_products_per_lane_where_vdpbf16ps_runs():
     cache = looprl.MeasurementCache(":memory:")
     cache.put_peak(123.0)
     assert peak_gflops(target="avx2", cache=cache, dtype=BF16) == peak_gflops(target="avx2", cache=cache)  # no vdpbf16ps: the float32 peak
-    if Target.host().bfloat16_dot:
+    if Target.default().bfloat16_dot:  # peak_gflops's target when none is given
         cache.put_peak(456.0, dtype=BF16)
         assert (peak_gflops(cache=cache), peak_gflops(cache=cache, dtype=BF16)) == (123.0, 456.0)  # cached apart
 
@@ -306,11 +306,12 @@ def test_tune_measures_a_bfloat16_weights_tiles_packed_and_the_policy_alone_offe
     assert_within_bound(layer, result.kernel(a, b), a, b)
     measured = []
     monkeypatch.setattr(SearchContext, "measure", lambda self, nest, force=False: measured.append(nest) or Measurement(1.0 + len(measured), from_cache=False))
-    actions = ActionSet.for_target(Target.host(), layouts=True)
+    target = Target.default()  # what tune compiles for (LOOPRL_TARGET, else the host)
+    actions = ActionSet.for_target(target, layouts=True)
     for problem in (layer, transposed_twin(layer), transposed_twin(layer).with_cold()):  # the twin as tune searches it: [k, n]
         measured.clear()
-        measure_tiles(SearchContext(problem, actions, Evaluator(":memory:", target=Target.host())), actions)
-        assert measured and all(pairing(nest, Target.host()) is not None and "%" in dict(nest.layouts)["in1"].key for nest in measured)
+        measure_tiles(SearchContext(problem, actions, Evaluator(":memory:", target=target)), actions)
+        assert measured and all(pairing(nest, target) is not None and "%" in dict(nest.layouts)["in1"].key for nest in measured)
 
 
 def test_the_policy_alone_times_its_best_register_tile_where_its_answer_is_a_bfloat16_dot_tile(monkeypatch):
@@ -324,10 +325,13 @@ def test_the_policy_alone_times_its_best_register_tile_where_its_answer_is_a_bfl
     from looprl.policy import rollout as rollout_module
     from looprl.policy import tuner as tuner_module
 
+    target = Target.default()  # what tune compiles for (LOOPRL_TARGET, else the host)
+    if not target.bfloat16_dot:
+        pytest.skip(f"needs vdpbf16ps (AVX512_BF16) on the default target; it is {target.isa}, whose shipped policy has no dot-product tiles")
     layer = looprl.linear(16, 256, 96, bias=False, dtype=BF16)
     real = rollout_module.greedy_rollout
-    dot = next(name for name in tuner_module.policy_actions(tuner_module.load_policy("default", Target.host(), weights=True),
-                                                            Target.host()).names if (p := Plan.parse(name)) is not None and p.dot)
+    dot = next(name for name in tuner_module.policy_actions(tuner_module.load_policy("default", target, weights=True),
+                                                            target).names if (p := Plan.parse(name)) is not None and p.dot)
     episodes = []
 
     def dot_first(policy, problem, observe, episode_length=None, excluded=frozenset()):
@@ -335,7 +339,7 @@ def test_the_policy_alone_times_its_best_register_tile_where_its_answer_is_a_bfl
         episodes.append(excluded)
         if dot in excluded:
             return found
-        forced = planned(problem, Target.host(), Plan.parse(dot))  # on the weight as stored (the twin [k, n] has no dot tile)
+        forced = planned(problem, target, Plan.parse(dot))  # on the weight as stored (the twin [k, n] has no dot tile)
         if isinstance(forced, str):
             return found
         return dataclasses.replace(found, final=dataclasses.replace(found.final, nest=forced, actions=(dot,)))
@@ -346,6 +350,6 @@ def test_the_policy_alone_times_its_best_register_tile_where_its_answer_is_a_bfl
     monkeypatch.setattr(tuner_module, "greedy_rollout", dot_first)
     result = looprl.tune(layer, threads=1, cache=":memory:", measure=False)
     assert any(dot in excluded for excluded in episodes)  # the episode without dot tiles ran
-    assert any(pairing(nest, Target.host()) is not None for nest in timed)  # a paired register tile was timed
+    assert any(pairing(nest, target) is not None for nest in timed)  # a paired register tile was timed
     a, b = bf16_inputs(layer, 9)
     assert_within_bound(layer, result.kernel(a, b), a, b)
