@@ -66,8 +66,10 @@ def host_cpu() -> tuple[str, str]:
     return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
 
 
-def _enabled(features: str) -> set[str]:
-    return {item[1:] for item in features.split(",") if item.startswith("+")}
+@functools.lru_cache(maxsize=16)
+def _enabled(features: str) -> frozenset[str]:
+    """The features an LLVM feature string switches on."""
+    return frozenset(item[1:] for item in features.split(",") if item.startswith("+"))
 
 
 @dataclass(frozen=True)
@@ -233,21 +235,32 @@ class Target:
         return f"{self.isa} ({self.cpu}, {self.vector_width} lanes, {self.registers} registers{', FMA' if self.fma else ''})"
 
 
-@functools.cache
 def _real_host() -> Target:
-    """This machine's own target (one value: the host does not change while looprl runs)."""
-    cpu, features = host_cpu()
+    """This machine's own target."""
+    return _host_of(host_cpu())
+
+
+@functools.lru_cache(maxsize=16)
+def _host_of(cpu_and_features: tuple[str, str]) -> Target:
+    """The target of a machine whose LLVM CPU name and feature string are ``cpu_and_features``."""
+    cpu, features = cpu_and_features
     enabled = _enabled(features)
     isa = "avx512" if "avx512f" in enabled else "avx2" if {"avx2", "avx"} <= enabled else "sse4"
     width, registers, _, _, _, _ = _NAMED[isa]
     return Target(isa, width, registers, "fma" in enabled, cpu, features)
 
 
-@functools.cache
 def _default_for(key: str) -> Target:
     """The default target for ``LOOPRL_TARGET``'s lower-case value ``key`` ("host": the host's)."""
+    return _default_on(key, host_cpu())
+
+
+@functools.lru_cache(maxsize=64)
+def _default_on(key: str, host: tuple[str, str]) -> Target:
+    """:func:`_default_for` on a machine whose :func:`host_cpu` is ``host`` (remembered per
+    machine, so a test that pretends another host gets its own answer)."""
     if key == "host":
-        return _real_host()
+        return _host_of(host)
     if key not in _NAMED:
         raise ValueError(f"{TARGET_VARIABLE}={key!r} is not a target; set it to host, {', '.join(TARGET_NAMES)} or leave it unset")
     target = Target._generic(key, key)

@@ -16,13 +16,8 @@ AVX2_ONLY_CPU = ("znver3", "+sse4.2,+avx,+avx2,+fma,+f16c,-avx512f,-avx512bw,-av
 
 @pytest.fixture
 def avx2_only_host(monkeypatch):
-    """This process sees a Zen 3 (AVX2, no AVX-512) as its host; caches cleared both ways."""
-    target_module._real_host.cache_clear()
-    target_module._default_for.cache_clear()
+    """This process sees a Zen 3 (AVX2, no AVX-512) as its host."""
     monkeypatch.setattr(target_module, "host_cpu", lambda: AVX2_ONLY_CPU)
-    yield
-    target_module._real_host.cache_clear()
-    target_module._default_for.cache_clear()
 
 
 def test_unset_or_host_the_default_is_the_host(monkeypatch):

@@ -303,7 +303,7 @@ def test_tune_measures_the_targets_own_tiles_when_the_rollout_builds_none():
     cache = MeasurementCache(":memory:")
     result = looprl.tune(PROBLEM, stay, cache=cache, budget_s=0.5, measure_budget_s=0.001, remember=False, threads=1)
     assert result.greedy_gflops == pytest.approx(result.initial_gflops)  # the rollout built nothing
-    rows, columns = tile_shapes(PROBLEM, Target.host())[0]
+    rows, columns = tile_shapes(PROBLEM, Target.default())[0]  # tune's target
     tile = looprl.initial_nest(PROBLEM).apply(tile_steps(PROBLEM, rows, columns))
     assert tile_of(tile) == (rows, columns) and cache.get(tile, budget_s=0.001) is not None  # the target's first tile was measured
     assert result.gflops > result.initial_gflops
