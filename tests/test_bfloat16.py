@@ -159,6 +159,7 @@ def test_epilogues_run_in_float32_and_round_once():
     assert (np.abs(from_bfloat16(out) - expected.numpy()) <= bound).all()
 
 
+@pytest.mark.target_dependent
 @pytest.mark.parametrize("target", ["host", "avx2"])
 @pytest.mark.parametrize("k", [768, 77])
 def test_a_packed_weight_is_paired_and_its_tile_uses_vdpbf16ps_where_the_host_has_it(target, k):
@@ -186,6 +187,7 @@ def test_a_packed_weight_is_paired_and_its_tile_uses_vdpbf16ps_where_the_host_ha
     assert pairing(nest.on_problem(weights_change), target) is None
 
 
+@pytest.mark.target_dependent
 @pytest.mark.parametrize("k", [4096, 77, 33])
 def test_few_row_dot_products_read_pairs_on_a_bfloat16_host(k):
     """A decode layer's weight read as stored (``[n, k]``, the reduction innermost in both
@@ -203,6 +205,7 @@ def test_few_row_dot_products_read_pairs_on_a_bfloat16_host(k):
         assert_within_bound(problem, kernel(a, b), a, b)
 
 
+@pytest.mark.target_dependent
 def test_a_bfloat16_dot_tile_takes_twice_the_width_of_the_reduction_per_vector_where_pairs_run():
     """The dot-product plans (a decode layer's weight read as stored) split the reduction by the
     elements one vector of partial sums takes: 32 bfloat16 values on vdpbf16ps (a 16-wide split
@@ -258,6 +261,7 @@ def test_the_env_takes_bfloat16_problems_and_says_so_in_the_observation():
         gymnasium.make("LoopNest-v0", problems=["64x48x96"], dtype="float16", cache=":memory:", peak=1.0)
 
 
+@pytest.mark.target_dependent
 def test_the_bfloat16_peak_counts_two_products_per_lane_where_vdpbf16ps_runs():
     from looprl.backend.peak_kernel import flops_per_step, peak_ir
     from looprl.measurement.peak import peak_gflops
@@ -281,6 +285,7 @@ def test_amx_is_refused_with_a_reason_on_any_host():
         looprl.compile(looprl.initial_nest(looprl.matmul(4, 4, 4, dtype=BF16)), target="amx")
 
 
+@pytest.mark.target_dependent
 def test_tune_measures_a_bfloat16_weights_tiles_packed_and_the_policy_alone_offers_its_packed_answer(monkeypatch):
     """A bfloat16 weight is re-laid once into pairs whatever the schedule: its tiles are measured
     with it packed into panels (contiguous pairs), and the policy alone times its answer packed
@@ -314,6 +319,7 @@ def test_tune_measures_a_bfloat16_weights_tiles_packed_and_the_policy_alone_offe
         assert measured and all(pairing(nest, target) is not None and "%" in dict(nest.layouts)["in1"].key for nest in measured)
 
 
+@pytest.mark.target_dependent
 def test_the_policy_alone_times_its_best_register_tile_where_its_answer_is_a_bfloat16_dot_tile(monkeypatch):
     """Where the greedy answer for a paired bfloat16 weight is a dot-product tile, the policy's
     greedy episode without dot tiles is timed too, and packed (a paired register tile computes

@@ -17,6 +17,8 @@ from looprl.target import TARGET_NAMES, Target
 from tests.schedules import action_steps, walk
 from tests.test_codegen_correctness import PROBLEMS, assert_matches, random_inputs
 
+pytestmark = pytest.mark.target_dependent  # the code generated for each target and the default one: run again under LOOPRL_TARGET=avx2 (.ci/run)
+
 RUNNABLE = [name for name in TARGET_NAMES if not Target.named(name).missing_on_host()]
 
 ZMM = re.compile(r"%zmm\d+")

@@ -13,6 +13,7 @@ from looprl.train.demonstrations import candidate_tiles, demonstrate, demonstrat
 FACTORS = (4, 8, 16, 6, 9, 14, 32, 48, 64)
 
 
+@pytest.mark.target_dependent
 def test_a_demonstration_is_the_fastest_tile_that_fits_an_episode_and_ends_with_a_no_op():
     problem = looprl.matmul(96, 160, 128)
     actions = ActionSet(FACTORS)

@@ -22,6 +22,8 @@ from looprl.target import TARGET_NAMES, Target
 from tests.guarded import GuardedArray
 from tests.schedules import action_steps, walk
 
+pytestmark = pytest.mark.target_dependent  # parallel kernels on the default target's vectors: run again under LOOPRL_TARGET=avx2 (.ci/run)
+
 PROBLEMS = [
     looprl.matmul(67, 100, 250),  # no split divides these
     looprl.matmul(64, 48, 32),

@@ -294,6 +294,7 @@ def test_far_apart_or_too_costly_contenders_are_not_retimed():
     assert [c.nest.key for c in settled] == [a.key, b.key] and evaluator.retimed == []
 
 
+@pytest.mark.target_dependent
 def test_tune_measures_the_targets_own_tiles_when_the_rollout_builds_none():
     from looprl.ir.register_tiles import tile_shapes, tile_steps
     from looprl.ir.register_tiles import tile_of
