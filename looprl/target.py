@@ -264,7 +264,7 @@ def _default_on(key: str, host: tuple[str, str]) -> Target:
     if key not in _NAMED:
         raise ValueError(f"{TARGET_VARIABLE}={key!r} is not a target; set it to host, {', '.join(TARGET_NAMES)} or leave it unset")
     target = Target._generic(key, key)
-    missing = target.missing_on_host()
+    missing = tuple(feature for feature in target.required_features if feature not in _enabled(host[1]))
     if missing:
         raise ValueError(f"{TARGET_VARIABLE}={key!r}: this CPU cannot run code for target {key!r} "
                          f"(it lacks {', '.join(missing)}); set it to a target this CPU runs, host, or leave it unset")
