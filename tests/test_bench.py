@@ -11,8 +11,8 @@ import pytest
 def test_codegen_benchmark_runs_and_writes_json(tmp_path):
     path = tmp_path / "codegen.json"
     result = subprocess.run(  # one target: each one more measures its peak and three bandwidths again
-        [sys.executable, "-m", "looprl.bench", "codegen", "--shapes", "32x48x16", "--budget", "0.05", "--compiles", "5", "--targets", "host",
-         "--json", str(path)],
+        [sys.executable, "-m", "looprl.bench", "codegen", "--shapes", "32x48x16", "--budget", "0.05", "--compiles", "5",
+         "--targets", "host", "--json", str(path)],
         capture_output=True,
         text=True,
         timeout=300,

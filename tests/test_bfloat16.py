@@ -333,7 +333,8 @@ def test_the_policy_alone_times_its_best_register_tile_where_its_answer_is_a_bfl
 
     target = Target.default()  # what tune compiles for (LOOPRL_TARGET, else the host)
     if not target.bfloat16_dot:
-        pytest.skip(f"needs vdpbf16ps (AVX512_BF16) on the default target; it is {target.isa}, whose shipped policy has no dot-product tiles")
+        pytest.skip(f"needs vdpbf16ps (AVX512_BF16) on the default target; it is {target.isa}, "
+                    "whose shipped policy has no dot-product tiles")
     layer = looprl.linear(16, 256, 96, bias=False, dtype=BF16)
     real = rollout_module.greedy_rollout
     dot = next(name for name in tuner_module.policy_actions(tuner_module.load_policy("default", target, weights=True),

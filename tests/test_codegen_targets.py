@@ -17,7 +17,7 @@ from looprl.target import TARGET_NAMES, Target
 from tests.schedules import action_steps, walk
 from tests.test_codegen_correctness import PROBLEMS, assert_matches, random_inputs
 
-pytestmark = pytest.mark.target_dependent  # the code generated for each target and the default one: run again under LOOPRL_TARGET=avx2 (.ci/run)
+pytestmark = pytest.mark.target_dependent  # the code generated for each target and the default one
 
 RUNNABLE = [name for name in TARGET_NAMES if not Target.named(name).missing_on_host()]
 

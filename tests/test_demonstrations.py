@@ -29,7 +29,8 @@ def test_a_demonstration_is_the_fastest_tile_that_fits_an_episode_and_ends_with_
     assert actions.apply(state, int(labels[-1])) is None  # the last label stays: it cannot apply
     target = looprl.Target.default()
     tiles = candidate_tiles(problem, actions, target)
-    assert tiles and all(target.fits(rows, cols // target.vector_width) for rows, cols in tiles if cols % target.vector_width == 0 and rows > 1)
+    lanes = target.vector_width
+    assert tiles and all(target.fits(rows, cols // lanes) for rows, cols in tiles if cols % lanes == 0 and rows > 1)
 
 
 def test_training_can_start_from_a_policy_cloned_from_demonstrations(tmp_path):

@@ -17,7 +17,7 @@ from looprl.target import Target
 from tests.guarded import GuardedArray
 from tests.schedules import ACTIONS, action_steps
 
-pytestmark = pytest.mark.target_dependent  # dot-product plans on the default target: run again under LOOPRL_TARGET=avx2 (.ci/run)
+pytestmark = pytest.mark.target_dependent  # dot-product plans on the default target
 
 AVX2, SSE4 = Target.named("avx2"), Target.named("sse4")
 HOST = Target.default()  # the default target: the host's unless LOOPRL_TARGET names another

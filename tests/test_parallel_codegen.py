@@ -22,7 +22,7 @@ from looprl.target import TARGET_NAMES, Target
 from tests.guarded import GuardedArray
 from tests.schedules import action_steps, walk
 
-pytestmark = pytest.mark.target_dependent  # parallel kernels on the default target's vectors: run again under LOOPRL_TARGET=avx2 (.ci/run)
+pytestmark = pytest.mark.target_dependent  # parallel kernels on the default target's vectors
 
 PROBLEMS = [
     looprl.matmul(67, 100, 250),  # no split divides these

@@ -14,7 +14,7 @@ from looprl.target import Target
 from tests.guarded import GuardedArray
 from tests.test_codegen_correctness import assert_matches, random_inputs, reference
 
-pytestmark = pytest.mark.target_dependent  # the plans are the target's register tiles: run again under LOOPRL_TARGET=avx2 (.ci/run)
+pytestmark = pytest.mark.target_dependent  # the plans are the target's register tiles
 
 AVX2, AVX512 = Target.named("avx2"), Target.named("avx512")
 
