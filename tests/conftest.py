@@ -4,7 +4,7 @@ import pytest
 from hypothesis import settings
 
 # Every property test replays the same examples on every run and host (derandomize: drawn from
-# a seed fixed by the test's name; no example database carried between runs): its verdict never
+# a seed fixed by the test function; no example database carried between runs): its verdict never
 # depends on the examples one run happened to draw. A failure found once is kept as an explicit
 # @example beside its test. Each test's own @settings (its example count) inherits this.
 settings.register_profile("looprl", derandomize=True, database=None)
@@ -88,8 +88,8 @@ def failing_compiles(monkeypatch):
 def bandwidth_measured_once_per_session():
     """Each host bandwidth (a target, buffer size, thread count and budget) is measured for real
     once per test process, then given again: tune measures the L2, LLC and DRAM bandwidths for
-    every new measurement cache (four seconds of CPU; the tests make hundreds of ``:memory:``
-    caches), and a machine's bandwidth is not what those tests check. tests/test_roofline.py
+    every new measurement cache (about four seconds of CPU each; many tests tune into a fresh
+    ``:memory:`` cache), and a machine's bandwidth is not what those tests check. tests/test_roofline.py
     checks the measurement itself (and replaces this with its own stand-in where it counts
     measurements)."""
     from looprl.measurement import roofline
