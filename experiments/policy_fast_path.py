@@ -164,7 +164,7 @@ def main(argv=None) -> int:
     from looprl.tune.api import tune
     from looprl.target import Target
 
-    target = Target.host()
+    target = Target.default()  # the target tune compiles for (LOOPRL_TARGET, else the host)
     policies = {}
     for item in args.policy or ["shipped=default"]:
         name, _, path = item.partition("=")

@@ -11,12 +11,22 @@ schedules for the real micro-architecture). ``Target.named("avx2")`` and the oth
 describe a vector ISA generically (LLVM's x86-64-v2/v3/v4 levels) with every wider feature
 switched off, so that code compiled for it runs on any CPU that has the ISA: this is how AVX2
 code is developed and measured on an AVX-512 host.
+
+The default target (:meth:`Target.default`: what ``Target.resolve(None)``, the name ``"host"``
+and every "host target" default give) is the host's, unless the environment variable
+``LOOPRL_TARGET`` names another: ``avx2``, ``avx512`` or ``sse4`` make looprl run as if this
+machine were of that class (its code, shipped policy, peaks and cache keys are that target's),
+``host`` or unset leave the host's. It is read at each call, never at import, and a name this
+machine cannot run (or does not know) is a ValueError. This is how the test suite checks on an
+AVX-512 host what an AVX2-only host would see. :meth:`Target.host` always describes the real
+machine: the code's "can this run here", the host's CPU in reports.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
@@ -36,6 +46,7 @@ _NAMED = {
 }
 TARGET_NAMES = tuple(_NAMED)  # widest first
 TARGET_CHOICES = ("host", *TARGET_NAMES)  # what command lines accept
+TARGET_VARIABLE = "LOOPRL_TARGET"  # the environment variable that names the default target
 
 
 def amx_refusal() -> str:
@@ -55,8 +66,10 @@ def host_cpu() -> tuple[str, str]:
     return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
 
 
-def _enabled(features: str) -> set[str]:
-    return {item[1:] for item in features.split(",") if item.startswith("+")}
+@functools.lru_cache(maxsize=16)
+def _enabled(features: str) -> frozenset[str]:
+    """The features an LLVM feature string switches on."""
+    return frozenset(item[1:] for item in features.split(",") if item.startswith("+"))
 
 
 @dataclass(frozen=True)
@@ -78,22 +91,33 @@ class Target:
 
     @classmethod
     def host(cls) -> "Target":
-        """This machine: its widest vector ISA, with its own LLVM CPU name and features."""
-        cpu, features = host_cpu()
-        enabled = _enabled(features)
-        isa = "avx512" if "avx512f" in enabled else "avx2" if {"avx2", "avx"} <= enabled else "sse4"
-        width, registers, _, _, _, _ = _NAMED[isa]
-        return cls(isa, width, registers, "fma" in enabled, cpu, features)
+        """This machine: its widest vector ISA, with its own LLVM CPU name and features
+        (whatever ``LOOPRL_TARGET`` says: defaults go through :meth:`default`)."""
+        return _real_host()
+
+    @classmethod
+    def default(cls) -> "Target":
+        """The target looprl generates code for when none is given: the one ``LOOPRL_TARGET``
+        names (read now), else :meth:`host`. A ValueError when the variable names an unknown
+        target or one this machine cannot run."""
+        value = os.environ.get(TARGET_VARIABLE, "")
+        return _default_for(value.strip().lower() or "host")
 
     @classmethod
     def named(cls, name: str) -> "Target":
         """A generic target for one vector ISA (``"avx512"``, ``"avx2"``, ``"sse4"``), or
-        ``"host"`` for :meth:`host`."""
+        ``"host"`` for the default target (:meth:`default`: the host's unless ``LOOPRL_TARGET``
+        names another)."""
         if not isinstance(name, str):
             raise ValueError(f"a target name must be a string, got {type(name).__name__}")
         key = name.strip().lower()
         if key == "host":
-            return cls.host()
+            return cls.default()
+        return cls._generic(key, name)
+
+    @classmethod
+    def _generic(cls, key: str, name: str) -> "Target":
+        """The generic target of lower-case name ``key`` (``name`` as given, for the message)."""
         if key == "amx":
             raise ValueError(amx_refusal())
         if key not in _NAMED:
@@ -104,9 +128,10 @@ class Target:
 
     @classmethod
     def resolve(cls, target: "Target | str | None") -> "Target":
-        """``target`` as a Target: None is the host, a string a name for :meth:`named`."""
+        """``target`` as a Target: None is the default target (:meth:`default`), a string a
+        name for :meth:`named`."""
         if target is None:
-            return cls.host()
+            return cls.default()
         if isinstance(target, Target):
             return target
         if isinstance(target, str):
@@ -210,6 +235,43 @@ class Target:
         return f"{self.isa} ({self.cpu}, {self.vector_width} lanes, {self.registers} registers{', FMA' if self.fma else ''})"
 
 
+def _real_host() -> Target:
+    """This machine's own target."""
+    return _host_of(host_cpu())
+
+
+@functools.lru_cache(maxsize=16)
+def _host_of(cpu_and_features: tuple[str, str]) -> Target:
+    """The target of a machine whose LLVM CPU name and feature string are ``cpu_and_features``."""
+    cpu, features = cpu_and_features
+    enabled = _enabled(features)
+    isa = "avx512" if "avx512f" in enabled else "avx2" if {"avx2", "avx"} <= enabled else "sse4"
+    width, registers, _, _, _, _ = _NAMED[isa]
+    return Target(isa, width, registers, "fma" in enabled, cpu, features)
+
+
+def _default_for(key: str) -> Target:
+    """The default target for ``LOOPRL_TARGET``'s lower-case value ``key`` ("host": the host's)."""
+    return _default_on(key, host_cpu())
+
+
+@functools.lru_cache(maxsize=64)
+def _default_on(key: str, host: tuple[str, str]) -> Target:
+    """:func:`_default_for` on a machine whose :func:`host_cpu` is ``host`` (remembered per
+    machine, so a test that pretends another host gets its own answer)."""
+    if key == "host":
+        return _host_of(host)
+    if key not in _NAMED:
+        raise ValueError(f"{TARGET_VARIABLE}={key!r} is not a target; set it to host, {', '.join(TARGET_NAMES)} or leave it unset")
+    target = Target._generic(key, key)
+    missing = tuple(feature for feature in target.required_features if feature not in _enabled(host[1]))
+    if missing:
+        raise ValueError(f"{TARGET_VARIABLE}={key!r}: this CPU cannot run code for target {key!r} "
+                         f"(it lacks {', '.join(missing)}); set it to a target this CPU runs, host, or leave it unset")
+    return target
+
+
 def host_target() -> Target:
-    """This machine's target (:meth:`Target.host`)."""
-    return Target.host()
+    """The default target (:meth:`Target.default`: this machine's unless ``LOOPRL_TARGET``
+    names another)."""
+    return Target.default()

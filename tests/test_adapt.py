@@ -43,7 +43,7 @@ def test_problems_are_taken_in_turn_from_each_dataset_spread_over_it():
 
 
 def test_adapt_writes_a_policy_its_demonstrations_and_a_report_and_resumes(tmp_path):
-    policy = random_policy(seed=1, target=looprl.Target.host())
+    policy = random_policy(seed=1, target=looprl.Target.default())
     out = tmp_path / "adapted"
     report = adapting.adapt(policy, out=out, budget_s=60, cache=":memory:", training_problems=TRAINING[:2],
                             held_out_problems=HELD_OUT, log=lambda *_: None)
@@ -82,7 +82,7 @@ def test_adapting_a_plan_policy_to_another_isa_gives_it_that_isa_s_plans_and_rep
 
 
 def test_adapt_refuses_another_policys_demonstrations_and_bad_settings(tmp_path):
-    policy = random_policy(seed=1, target=looprl.Target.host())
+    policy = random_policy(seed=1, target=looprl.Target.default())
     out = tmp_path / "adapted"
     out.mkdir()
     (out / "demonstrations.json").write_text(json.dumps({"policy": "elsewhere", "target": "avx2", "demonstrations": []}))
@@ -126,7 +126,7 @@ def test_a_slower_adapted_policy_is_never_written_as_the_policy(tmp_path, monkey
     exited 0 and wrote the slower policy as OUT/policy with no warning."""
     seen, lines = {}, []
     monkeypatch.setattr(adapting, "retimed", _retimed_as(after_over_before, seen))
-    policy = random_policy(seed=1, target=looprl.Target.host())
+    policy = random_policy(seed=1, target=looprl.Target.default())
     out = tmp_path / "adapted"
     report = adapting.adapt(policy, out=out, budget_s=60, cache=":memory:", training_problems=TRAINING[:1],
                             held_out_problems=HELD_OUT, log=lines.append)
@@ -162,7 +162,7 @@ def test_the_budget_is_shared_out_from_the_command_s_start(tmp_path, monkeypatch
     monkeypatch.setattr(adapting, "fine_tune", fine_tune)
     monkeypatch.setattr(adapting, "retimed", _retimed_as(1.0, seen))
     began = time.perf_counter()
-    adapting.adapt(random_policy(seed=1, target=looprl.Target.host()), out=tmp_path / "a", budget_s=40, cache=":memory:",
+    adapting.adapt(random_policy(seed=1, target=looprl.Target.default()), out=tmp_path / "a", budget_s=40, cache=":memory:",
                    training_problems=TRAINING[:1], held_out_problems=HELD_OUT[:1], log=lambda *_: None)
     assert seen["until"] is not None and seen["until"] <= began + 40
     assert seen["retime_budget_s"] < 40

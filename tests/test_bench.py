@@ -10,8 +10,9 @@ import pytest
 
 def test_codegen_benchmark_runs_and_writes_json(tmp_path):
     path = tmp_path / "codegen.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "looprl.bench", "codegen", "--shapes", "32x48x16", "--budget", "0.05", "--compiles", "5", "--json", str(path)],
+    result = subprocess.run(  # one target: each one more measures its peak and three bandwidths again
+        [sys.executable, "-m", "looprl.bench", "codegen", "--shapes", "32x48x16", "--budget", "0.05", "--compiles", "5",
+         "--targets", "host", "--json", str(path)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -22,6 +23,16 @@ def test_codegen_benchmark_runs_and_writes_json(tmp_path):
     row = report["rows"][0]
     assert row["numpy_gflops"] > 0 and row["expert_gflops"] > 0 and row["untuned_gflops"] > 0
     assert report["compile"]["count"] == 5
+
+
+def test_the_codegen_benchmark_s_targets_are_the_default_then_each_narrower_one_the_host_runs():
+    from looprl.bench.codegen import benchmark_targets
+    from looprl.target import TARGET_NAMES, Target
+
+    default = Target.default()
+    narrower = [Target.named(name) for name in TARGET_NAMES[TARGET_NAMES.index(default.isa) + 1:]]
+    assert benchmark_targets() == [default] + [target for target in narrower if not target.missing_on_host()]
+    assert benchmark_targets(["avx2", "host"]) == [Target.named("avx2"), default]
 
 
 def test_benchmark_rejects_bad_shapes():

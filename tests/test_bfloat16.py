@@ -159,6 +159,7 @@ def test_epilogues_run_in_float32_and_round_once():
     assert (np.abs(from_bfloat16(out) - expected.numpy()) <= bound).all()
 
 
+@pytest.mark.target_dependent
 @pytest.mark.parametrize("target", ["host", "avx2"])
 @pytest.mark.parametrize("k", [768, 77])
 def test_a_packed_weight_is_paired_and_its_tile_uses_vdpbf16ps_where_the_host_has_it(target, k):
@@ -186,6 +187,7 @@ def test_a_packed_weight_is_paired_and_its_tile_uses_vdpbf16ps_where_the_host_ha
     assert pairing(nest.on_problem(weights_change), target) is None
 
 
+@pytest.mark.target_dependent
 @pytest.mark.parametrize("k", [4096, 77, 33])
 def test_few_row_dot_products_read_pairs_on_a_bfloat16_host(k):
     """A decode layer's weight read as stored (``[n, k]``, the reduction innermost in both
@@ -203,6 +205,7 @@ def test_few_row_dot_products_read_pairs_on_a_bfloat16_host(k):
         assert_within_bound(problem, kernel(a, b), a, b)
 
 
+@pytest.mark.target_dependent
 def test_a_bfloat16_dot_tile_takes_twice_the_width_of_the_reduction_per_vector_where_pairs_run():
     """The dot-product plans (a decode layer's weight read as stored) split the reduction by the
     elements one vector of partial sums takes: 32 bfloat16 values on vdpbf16ps (a 16-wide split
@@ -258,6 +261,7 @@ def test_the_env_takes_bfloat16_problems_and_says_so_in_the_observation():
         gymnasium.make("LoopNest-v0", problems=["64x48x96"], dtype="float16", cache=":memory:", peak=1.0)
 
 
+@pytest.mark.target_dependent
 def test_the_bfloat16_peak_counts_two_products_per_lane_where_vdpbf16ps_runs():
     from looprl.backend.peak_kernel import flops_per_step, peak_ir
     from looprl.measurement.peak import peak_gflops
@@ -269,7 +273,7 @@ def test_the_bfloat16_peak_counts_two_products_per_lane_where_vdpbf16ps_runs():
     cache = looprl.MeasurementCache(":memory:")
     cache.put_peak(123.0)
     assert peak_gflops(target="avx2", cache=cache, dtype=BF16) == peak_gflops(target="avx2", cache=cache)  # no vdpbf16ps: the float32 peak
-    if Target.host().bfloat16_dot:
+    if Target.default().bfloat16_dot:  # peak_gflops's target when none is given
         cache.put_peak(456.0, dtype=BF16)
         assert (peak_gflops(cache=cache), peak_gflops(cache=cache, dtype=BF16)) == (123.0, 456.0)  # cached apart
 
@@ -281,6 +285,7 @@ def test_amx_is_refused_with_a_reason_on_any_host():
         looprl.compile(looprl.initial_nest(looprl.matmul(4, 4, 4, dtype=BF16)), target="amx")
 
 
+@pytest.mark.target_dependent
 def test_tune_measures_a_bfloat16_weights_tiles_packed_and_the_policy_alone_offers_its_packed_answer(monkeypatch):
     """A bfloat16 weight is re-laid once into pairs whatever the schedule: its tiles are measured
     with it packed into panels (contiguous pairs), and the policy alone times its answer packed
@@ -306,13 +311,15 @@ def test_tune_measures_a_bfloat16_weights_tiles_packed_and_the_policy_alone_offe
     assert_within_bound(layer, result.kernel(a, b), a, b)
     measured = []
     monkeypatch.setattr(SearchContext, "measure", lambda self, nest, force=False: measured.append(nest) or Measurement(1.0 + len(measured), from_cache=False))
-    actions = ActionSet.for_target(Target.host(), layouts=True)
+    target = Target.default()  # what tune compiles for (LOOPRL_TARGET, else the host)
+    actions = ActionSet.for_target(target, layouts=True)
     for problem in (layer, transposed_twin(layer), transposed_twin(layer).with_cold()):  # the twin as tune searches it: [k, n]
         measured.clear()
-        measure_tiles(SearchContext(problem, actions, Evaluator(":memory:", target=Target.host())), actions)
-        assert measured and all(pairing(nest, Target.host()) is not None and "%" in dict(nest.layouts)["in1"].key for nest in measured)
+        measure_tiles(SearchContext(problem, actions, Evaluator(":memory:", target=target)), actions)
+        assert measured and all(pairing(nest, target) is not None and "%" in dict(nest.layouts)["in1"].key for nest in measured)
 
 
+@pytest.mark.target_dependent
 def test_the_policy_alone_times_its_best_register_tile_where_its_answer_is_a_bfloat16_dot_tile(monkeypatch):
     """Where the greedy answer for a paired bfloat16 weight is a dot-product tile, the policy's
     greedy episode without dot tiles is timed too, and packed (a paired register tile computes
@@ -324,10 +331,14 @@ def test_the_policy_alone_times_its_best_register_tile_where_its_answer_is_a_bfl
     from looprl.policy import rollout as rollout_module
     from looprl.tune import proposers as tuner_module
 
+    target = Target.default()  # what tune compiles for (LOOPRL_TARGET, else the host)
+    if not target.bfloat16_dot:
+        pytest.skip(f"needs vdpbf16ps (AVX512_BF16) on the default target; it is {target.isa}, "
+                    "whose shipped policy has no dot-product tiles")
     layer = looprl.linear(16, 256, 96, bias=False, dtype=BF16)
     real = rollout_module.greedy_rollout
-    dot = next(name for name in tuner_module.policy_actions(tuner_module.load_policy("default", Target.host(), weights=True),
-                                                            Target.host()).names if (p := Plan.parse(name)) is not None and p.dot)
+    dot = next(name for name in tuner_module.policy_actions(tuner_module.load_policy("default", target, weights=True),
+                                                            target).names if (p := Plan.parse(name)) is not None and p.dot)
     episodes = []
 
     def dot_first(policy, problem, observe, episode_length=None, excluded=frozenset()):
@@ -335,7 +346,7 @@ def test_the_policy_alone_times_its_best_register_tile_where_its_answer_is_a_bfl
         episodes.append(excluded)
         if dot in excluded:
             return found
-        forced = planned(problem, Target.host(), Plan.parse(dot))  # on the weight as stored (the twin [k, n] has no dot tile)
+        forced = planned(problem, target, Plan.parse(dot))  # on the weight as stored (the twin [k, n] has no dot tile)
         if isinstance(forced, str):
             return found
         return dataclasses.replace(found, final=dataclasses.replace(found.final, nest=forced, actions=(dot,)))
@@ -346,6 +357,6 @@ def test_the_policy_alone_times_its_best_register_tile_where_its_answer_is_a_bfl
     monkeypatch.setattr(tuner_module, "greedy_rollout", dot_first)
     result = looprl.tune(layer, threads=1, cache=":memory:", measure=False)
     assert any(dot in excluded for excluded in episodes)  # the episode without dot tiles ran
-    assert any(pairing(nest, Target.host()) is not None for nest in timed)  # a paired register tile was timed
+    assert any(pairing(nest, target) is not None for nest in timed)  # a paired register tile was timed
     a, b = bf16_inputs(layer, 9)
     assert_within_bound(layer, result.kernel(a, b), a, b)

@@ -147,10 +147,11 @@ def test_tune_of_a_cold_problem_returns_a_kernel_that_computes_the_layer(tmp_pat
     np.testing.assert_allclose(result.kernel(x, w, b), np.maximum(x @ w.T + b, 0), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("llc_bytes", [10_000, 1 << 30])
-def test_tune_module_tunes_few_rows_with_the_other_layers_bytes_between_calls(llc_bytes, tmp_path, monkeypatch):
+@pytest.mark.parametrize(("llc_bytes", "measure"), [(10_000, True), (1 << 30, False)])
+def test_tune_module_tunes_few_rows_with_the_other_layers_bytes_between_calls(llc_bytes, measure, tmp_path, monkeypatch):
     """Rows up to COLD_ROWS carry the bytes of the model's other weights (read between two calls
-    of the layer in a decode step), named cold where that reaches twice the last-level cache."""
+    of the layer in a decode step), named cold where that reaches twice the last-level cache;
+    in measured tuning and on the fast path (the policy alone: a third of the time)."""
     torch = pytest.importorskip("torch")
     from looprl import torch as looprl_torch
 
@@ -160,7 +161,7 @@ def test_tune_module_tunes_few_rows_with_the_other_layers_bytes_between_calls(ll
     policy = random_policy(seed=5).save(tmp_path / "policy")
     examples = [torch.randn(1, 64), torch.randn(32, 64)]
     tuned = looprl_torch.tune_module(model, examples, policy=policy, budget_s=0.05, cache=":memory:", progress=False,
-                                     compare_torch=False)
+                                     compare_torch=False, measure=measure)
     layers = looprl_torch.tuned_layers(tuned)
     assert len(layers) == 2
     others = {64: 4 * 96 * 32, 96: 4 * 64 * 96}  # by in_features: the other layer's weight

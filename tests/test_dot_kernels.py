@@ -18,8 +18,10 @@ from looprl.tune.store import TUNER
 from tests.guarded import GuardedArray
 from tests.schedules import ACTIONS, action_steps
 
+pytestmark = pytest.mark.target_dependent  # dot-product plans on the default target
+
 AVX2, SSE4 = Target.named("avx2"), Target.named("sse4")
-HOST = Target.host()
+HOST = Target.default()  # the default target: the host's unless LOOPRL_TARGET names another
 PROBLEMS = [
     looprl.linear(1, 37, 21),  # k: 4 vectors and a masked tail of 5
     looprl.linear(3, 64, 50, activation="gelu"),

@@ -62,10 +62,10 @@ def test_the_target_decides_the_code_and_the_cache_key(scripted_timings):
     cache = MeasurementCache(":memory:")
     sse4 = Evaluator(cache, target="sse4", samples=1)
     host = Evaluator(cache, samples=1)
-    assert sse4.target == looprl.Target.named("sse4") and host.target == looprl.Target.host()
+    assert sse4.target == looprl.Target.named("sse4") and host.target == looprl.Target.default()
     assert sse4(NEST).gflops == pytest.approx(7.0)
     assert host(NEST).from_cache is False  # another target: not the sse4 value
-    assert targets == [looprl.Target.named("sse4"), looprl.Target.host()]
+    assert targets == [looprl.Target.named("sse4"), looprl.Target.default()]
     assert cache.get(NEST, "sse4") == pytest.approx(7.0) and cache.get(NEST) == pytest.approx(9.0)
 
 

@@ -54,7 +54,7 @@ def test_the_autotvm_ceiling_experiment_times_three_answers_per_problem_and_prin
 
     from looprl.target import Target
 
-    isa = Target.host().isa
+    isa = Target.default().isa  # the script's target (LOOPRL_TARGET, else the host's)
     for name, problem in (("models", "mk,kn->mn:m=20,k=24,n=32"), ("offgrid", "mk,kn->mn:m=13,k=17,n=19"), ("mm64", "mk,kn->mn:m=16,k=16,n=16")):
         (tmp_path / f"autotvm64_{name}_{isa}.csv").write_text(f'problem,method\n"{problem}",random\n"{problem}",autotvm\n')
     script = Path(__file__).resolve().parent.parent / "experiments" / "autotvm_ceiling.py"

@@ -217,7 +217,7 @@ def test_joint_search_finds_a_schedule_its_actions_rebuild(stage):
         cache=":memory:", measure_budget_s=0.001, verify_s=None,
     )
     assert result.settings["layouts"] and result.settings["layout_stage"] == stage
-    width = looprl.Target.host().vector_width
+    width = looprl.Target.default().vector_width  # the search's target
     assert replay(result.problem, result.actions, pad_multiple=width) == result.best_nest
     assert result.best_gflops >= result.initial_gflops and result.evaluations <= 31
     with pytest.raises(ValueError, match="layout_stage"):
@@ -283,7 +283,7 @@ def test_the_joint_search_starts_a_share_of_its_budget_from_each_layout_start():
             dict(result.best_nest.layouts)["in1"].key.startswith("k1.n1"):
         assert result.actions == ()  # reached from the re-laid start: no action path from the untuned nest
     else:
-        width = looprl.Target.host().vector_width
+        width = looprl.Target.default().vector_width  # the search's target
         assert replay(problem, result.actions, pad_multiple=width) == result.best_nest
     loops_only = looprl.search.run(problem, "greedy1", max_evaluations=24, cache=":memory:", measure_budget_s=0.001, verify_s=None)
     assert "layout_starts" not in loops_only.settings

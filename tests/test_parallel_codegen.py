@@ -1,5 +1,8 @@
-"""Parallel kernels compute exactly what their serial counterparts compute (bit for bit), on
-any number of threads, within their buffers, and from several Python threads at once."""
+"""Parallel kernels compute what their serial counterparts compute, on any number of threads,
+within their buffers, and from several Python threads at once: bit for bit where both sum in
+the same order, else each within the derived float32 summation bound of the exact result
+(a parallel loop that cuts a dot product's register scope reduces its vector partial sums at
+another place: see :func:`bit_identical`)."""
 
 import subprocess
 import sys
@@ -8,15 +11,18 @@ import threading
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import looprl
 from looprl.backend import codegen, register_plan
 from looprl.backend.threads import available_cores
+from looprl.ir.dtypes import error_bound
 from looprl.target import TARGET_NAMES, Target
 from tests.guarded import GuardedArray
 from tests.schedules import action_steps, walk
+
+pytestmark = pytest.mark.target_dependent  # parallel kernels on the default target's vectors
 
 PROBLEMS = [
     looprl.matmul(67, 100, 250),  # no split divides these
@@ -76,7 +82,7 @@ def test_parallel_schedules_are_bit_identical_to_serial(problem, steps, seed, ta
     np.testing.assert_allclose(expected, np.einsum(problem.spec, a.astype(np.float64), b.astype(np.float64)), atol=1e-3)
     out = np.empty_like(expected)
     kernel.run(a, b, out)  # one thread: the outlined bodies are called directly
-    same = np.array_equal if bit_identical(nest, target) else lambda x, y: np.allclose(x, y, rtol=1e-5, atol=1e-5)
+    same = agreement(nest, target, a, b)
     assert same(out, expected)
     if nest.is_parallel and regions(nest) <= 64:  # thousands of teams take long on a busy machine
         out[...] = np.nan
@@ -96,15 +102,50 @@ def bit_identical(nest, target) -> bool:
     return not parallel.reduces_vector or parallel.scope_start == serial.scope_start
 
 
+def agreement(nest, target, a, b):
+    """How a parallel kernel's output must agree with its serial twin's (``expected``) on
+    inputs ``a``, ``b``: equal bit for bit where both sum in one order (:func:`bit_identical`);
+    else both within :func:`looprl.ir.dtypes.error_bound` of the exact contraction (summing in
+    float32 in any order errs by at most that)."""
+    if bit_identical(nest, target):
+        return np.array_equal
+    problem = nest.problem
+    exact = np.einsum(problem.spec, a.astype(np.float64), b.astype(np.float64))
+    reductions = int(np.prod([problem.size(d) for d in problem.reduction_dims]))  # 1 without a reduction
+    bound = error_bound(problem.spec, a, b, reductions, "float32")
+
+    def within(out, expected):
+        return bool(np.all(np.abs(out - exact) <= bound) and np.all(np.abs(expected - exact) <= bound))
+
+    return within
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=st.sampled_from(PROBLEMS), steps=parallel_steps, side=st.sampled_from(["start", "end"]), team=st.sampled_from((2, 3, 5)))
+@example(problem=PROBLEMS[6], steps=[(0, "swap_down"), (0, "swap_down"), (0, "parallel"), (1, "split_2"), (0, "swap_down")],
+         side="start", team=2)
 def test_parallel_kernels_stay_in_bounds(problem, steps, side, team):
-    """Inputs and output flush against inaccessible pages: a stray access by any thread crashes."""
+    """Inputs and output flush against inaccessible pages: a stray access by any thread crashes.
+    The parallel kernel's output agrees with its serial twin's as :func:`agreement` says.
+
+    The explicit example failed once on an AVX2-only Zen 3 when the test asked for equal bits:
+    ``mk,k->m`` m=37 k=50, kernel ``[k25s2,m37s1p,k2s1|m37s1]`` on a team of 2. Not a race: the
+    parallel loop walks ``m`` (the legality check refuses both ``k`` loops, a reduction) and the
+    kernel's output is the same on teams of 1, 2, 3 and 5. The sums differ in order: the serial
+    twin keeps the 8-lane partial sums of ``k`` of all 37 rows in registers over the whole nest
+    (register scope from loop 0) and reduces each vector once; the parallel loop cuts that scope
+    (a scope never holds a parallel loop), so the parallel kernel's scope is the inner ``k2``
+    loop and it reduces its vector into the output at every outer ``k`` step: the exception
+    docs/threads.md names (a parallel loop inside a reduction loop of a dot-product schedule).
+    Both lie within the float32 summation bound of the exact result; their last bits differ
+    (on AVX-512 too: this test asked for equal bits where test_parallel_schedules_are_bit_identical_to_serial
+    already allowed the exception)."""
     nest = walk(problem, steps)
     if nest.why_not_parallel(0) is None:
         nest = nest.parallel(0)
     if regions(nest) > 8:
         team = available_cores()  # within the cores: a team forms fast
+    target = Target.default()  # what compile generates for when given none
     kernel = looprl.compile(nest)
     guards = [GuardedArray(shape, side) for shape in (*problem.input_shapes, problem.output_shape)]
     try:
@@ -112,7 +153,7 @@ def test_parallel_kernels_stay_in_bounds(problem, steps, side, team):
         a[...], b[...] = inputs(problem, 1)
         workspace = looprl.aligned_empty(kernel.workspace_elements)
         kernel.raw_call((a.ctypes.data, b.ctypes.data, out.ctypes.data, workspace.ctypes.data), 2, team)
-        assert np.array_equal(out, looprl.compile(nest.serial())(a, b))
+        assert agreement(nest, target, a, b)(out, looprl.compile(nest.serial())(a, b))
     finally:
         for guard in guards:
             guard.release()
@@ -149,7 +190,7 @@ def test_serial_code_does_not_depend_on_threads():
     assert serial.ir == looprl.compile(nest).ir and "GOMP" not in serial.ir
     assert "@GOMP_parallel" in looprl.compile(nest.parallel(0)).ir
     # a parallel loop of one iteration is just a loop: no team is formed
-    assert "GOMP" not in codegen.generate_ir(nest.split(0, 64).parallel(0), Target.host())
+    assert "GOMP" not in codegen.generate_ir(nest.split(0, 64).parallel(0), Target.default())
 
 
 def test_a_parallel_register_tile_stays_outside_the_register_scope():

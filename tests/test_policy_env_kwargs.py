@@ -10,6 +10,8 @@ from looprl.policy.loading import default_policies, load_policy
 from looprl.policy.numpy_policy import Policy
 from looprl.resources import shipped_path
 
+pytestmark = pytest.mark.target_dependent  # the shipped policies act on the default target's env
+
 SHIPPED = sorted(path.parent for path in shipped_path("checkpoints").rglob("policy.json"))
 
 

@@ -21,6 +21,8 @@ from looprl.search.tiles import measure_tiles
 from tests.guarded import GuardedArray
 from tests.policies import random_policy
 
+pytestmark = pytest.mark.target_dependent  # the tiles searched are the target's register tiles
+
 TARGETS = [Target.named("avx512"), Target.named("avx2"), Target.named("sse4")]
 
 

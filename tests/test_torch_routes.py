@@ -79,6 +79,7 @@ def test_tune_module_judges_each_shape_once_and_reports_the_routes(options, caps
     assert set(counted["fallbacks"]) <= {TORCH_FASTER}
     for name, layer in layers.items():
         routes = counted["layers"][name]["routes"]
+        # each route as its times, rounds and who decided it say (the whole-model check, on a busy machine, may give torch a row count)
         assert sorted(routes) == [1, 2, 4]
         assert all(r["runs"] == Route(0, r["looprl_ms"], r["torch_ms"], r["decided_by"], r["wins"], r["rounds"]).runs
                    for r in routes.values())

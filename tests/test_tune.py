@@ -138,6 +138,7 @@ def test_cli(policy_dir):
     assert bad.returncode == 2 and "three integers" in bad.stderr
 
 
+@pytest.mark.target_dependent
 def test_default_policy_is_shipped_and_compatible():
     from looprl.policy.loading import default_policy_dir, load_policy
 

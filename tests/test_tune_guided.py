@@ -294,6 +294,7 @@ def test_far_apart_or_too_costly_contenders_are_not_retimed():
     assert [c.nest.key for c in settled] == [a.key, b.key] and evaluator.retimed == []
 
 
+@pytest.mark.target_dependent
 def test_tune_measures_the_targets_own_tiles_when_the_rollout_builds_none():
     from looprl.ir.register_tiles import tile_shapes, tile_steps
     from looprl.ir.register_tiles import tile_of
@@ -303,7 +304,7 @@ def test_tune_measures_the_targets_own_tiles_when_the_rollout_builds_none():
     cache = MeasurementCache(":memory:")
     result = looprl.tune(PROBLEM, stay, cache=cache, budget_s=0.5, measure_budget_s=0.001, remember=False, threads=1)
     assert result.greedy_gflops == pytest.approx(result.initial_gflops)  # the rollout built nothing
-    rows, columns = tile_shapes(PROBLEM, Target.host())[0]
+    rows, columns = tile_shapes(PROBLEM, Target.default())[0]  # tune's target
     tile = looprl.initial_nest(PROBLEM).apply(tile_steps(PROBLEM, rows, columns))
     assert tile_of(tile) == (rows, columns) and cache.get(tile, budget_s=0.001) is not None  # the target's first tile was measured
     assert result.gflops > result.initial_gflops

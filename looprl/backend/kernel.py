@@ -384,7 +384,8 @@ def compile(nest: LoopNest, target: Target | str | None = None, threads: int = 1
             runtime_rows: bool = False) -> Kernel:
     """Generate LLVM IR for ``nest`` and JIT-compile it for ``target``: a
     :class:`~looprl.target.Target`, a target name (``"avx512"``, ``"avx2"``,
-    ``"sse4"``, ``"host"``) or None for this host. A target this host cannot run is refused
+    ``"sse4"``, ``"host"``) or None for the default target (this host's unless
+    ``LOOPRL_TARGET`` names another, :meth:`~looprl.target.Target.default`). A target this host cannot run is refused
     with a ValueError naming the missing CPU features, before anything is compiled.
     ``threads`` (1 to the cores this process may use) is the kernel's default thread count
     for the schedule's parallel loops (:meth:`LoopNest.parallel`).
@@ -401,7 +402,7 @@ def compile(nest: LoopNest, target: Target | str | None = None, threads: int = 1
     if target is not None and not isinstance(target, (Target, str)):
         raise ValueError(f"compile() expects target to be a looprl Target, a target name or None, got {type(target).__name__} {target!r}")
     threads = check_threads(threads)
-    target = _resolved(target)
+    target = Target.resolve(target)
     target.check_runs_on_host()
     start = time.perf_counter()
     ir = codegen.generate_ir(nest, target, runtime_rows)
@@ -409,15 +410,3 @@ def compile(nest: LoopNest, target: Target | str | None = None, threads: int = 1
         ensure_openmp_runtime()
     module = CompiledModule(ir, abi.KERNEL_NAME, target, extra=abi.extra_entry_points(nest, target))
     return Kernel(nest, ir, module, time.perf_counter() - start, threads, runtime_rows)
-
-
-_host: list[Target] = []
-
-
-def _resolved(target: Target | str | None) -> Target:
-    """Target.resolve, with the host's target kept (compile is called thousands of times)."""
-    if target is None or target == "host":
-        if not _host:
-            _host.append(Target.host())
-        return _host[0]
-    return Target.resolve(target)

@@ -45,7 +45,7 @@ def benchmark_targets(names: list[str] | None = None) -> list[Target]:
     if names:
         targets = [Target.resolve(name) for name in names]
     else:
-        host = Target.host()
+        host = Target.default()
         narrower = [Target.named(name) for name in TARGET_NAMES if _WIDTH_ORDER[name] > _WIDTH_ORDER[host.isa]]
         targets = [host] + [t for t in narrower if not t.missing_on_host()]
     for target in targets:

@@ -44,7 +44,7 @@ def _run(count: int, seed: int, target_json: str | None = None) -> dict:
     from looprl.ir.schedules import random_schedule
     from looprl.target import Target
 
-    target = Target.from_dict(json.loads(target_json)) if target_json else Target.host()
+    target = Target.from_dict(json.loads(target_json)) if target_json else Target.default()
     rng = random.Random(seed)
     sizes = range(64, 257, 16)
     looprl.compile(initial_nest(looprl.matmul(64, 64, 64)), target)  # LLVM initialisation

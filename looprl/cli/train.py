@@ -165,7 +165,7 @@ def _policy_target_or_host(policy):
     made_for = policy.target
     if made_for is None or not made_for.missing_on_host():
         return made_for
-    host = Target.host()
+    host = Target.default()
     print(f"looprl-train: warning: the policy was trained for {made_for.isa}, which this CPU cannot run "
           f"(it lacks {', '.join(made_for.missing_on_host())}); evaluating it on this machine's target {host.isa} "
           f"(--target chooses another)", file=sys.stderr, flush=True)

@@ -39,12 +39,11 @@ def measurement_key(target: Target | None = None, budget_s: float = defaults.STA
     """The cache's key for schedules measured on this host for ``target`` (None: the host's)
     by the timing protocol with ``budget_s`` seconds per state, on ``threads`` threads."""
     budget_s = checks.seconds(budget_s, "budget_s")  # checked outside the memo, as True == 1 there
-    return _measurement_key(target, budget_s) + _threads_suffix(threads)
+    return _measurement_key(Target.resolve(target), budget_s) + _threads_suffix(threads)  # None resolved now, not memoised
 
 
 @lru_cache(maxsize=64)
-def _measurement_key(target: Target | None, budget_s: float) -> str:
-    target = Target.resolve(target)
+def _measurement_key(target: Target, budget_s: float) -> str:
     budget_ms = budget_s * 1000
     return f"{host_fingerprint()}|{target.key}|codegen-{CODEGEN_VERSION}|timing-v{TIMING_PROTOCOL_VERSION}-{budget_ms:g}ms"
 
@@ -52,12 +51,12 @@ def _measurement_key(target: Target | None, budget_s: float) -> str:
 def peak_key(target: Target | None = None, threads: int = 1, dtype: str = "float32") -> str:
     """The cache's key for the measured peak of ``target`` (None: the host's) on this host,
     on ``threads`` threads, of ``dtype``'s kernels (named only when not float32)."""
-    return _peak_key(target) + _threads_suffix(threads) + ("" if as_dtype(dtype) == DEFAULT_DTYPE else f"|{as_dtype(dtype).name}")
+    return _peak_key(Target.resolve(target)) + _threads_suffix(threads) + ("" if as_dtype(dtype) == DEFAULT_DTYPE else f"|{as_dtype(dtype).name}")
 
 
 @lru_cache(maxsize=16)
-def _peak_key(target: Target | None) -> str:
-    return f"{host_fingerprint()}|{Target.resolve(target).key}|peak-timing-v{TIMING_PROTOCOL_VERSION}"
+def _peak_key(target: Target) -> str:
+    return f"{host_fingerprint()}|{target.key}|peak-timing-v{TIMING_PROTOCOL_VERSION}"
 
 
 # Part of the reference kernel's key: bump when that kernel or its timing budget changes

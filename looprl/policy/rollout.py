@@ -74,7 +74,7 @@ def policy_actions(policy: Policy, target: Target | None = None) -> ActionSet:
     """The action set a policy was trained with (names checked against the metadata), its
     layout actions (if any) padding for ``target`` (default: the policy's own, else the host)."""
     meta = policy.metadata
-    target = target if target is not None else policy.target or Target.host()
+    target = target if target is not None else policy.target or Target.default()
     actions = ActionSet.for_target(target, meta["split_factors"], meta["observation_shape"][0], layouts=bool(meta.get("layouts", False)),
                                    parallel=bool(meta.get("parallel", False)), plans=tuple(meta.get("plans", ())))
     if actions.names != policy.action_names:
