@@ -201,11 +201,6 @@ class Target:
         two bfloat16 products per float32 lane per instruction."""
         return self.isa == "avx512" and "+avx512bf16" in self.features.split(",")
 
-    def reduction_lanes(self, dtype: str = "float32") -> int:
-        """Reduction elements one vector of a dot product's partial sums takes per step: the
-        vector width, twice it for bfloat16 where :attr:`bfloat16_dot` (pairs per lane)."""
-        return self.vector_width * (2 if dtype == "bfloat16" and self.bfloat16_dot else 1)
-
     @property
     def key(self) -> str:
         """Identifies code generated for this target (the measurement cache key's target part)."""

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import looprl
 from looprl.backend.pairs import dot_pairs, pairing
-from looprl.ir.dtypes import error_bound, from_bfloat16, to_bfloat16
+from looprl.ir.dtypes import BFLOAT16, FLOAT32, error_bound, from_bfloat16, to_bfloat16
 from looprl.ir.nest import LoopNest
 from looprl.measurement.timing import time_kernel
 from looprl.target import Target
@@ -217,7 +217,7 @@ def test_a_bfloat16_dot_tile_takes_twice_the_width_of_the_reduction_per_vector_w
         nest = looprl.initial_nest(layer).apply(dot_steps(layer, target, 1, 4))
         inner = [lp for lp in nest.compute if lp.var == "k"][-1]
         assert inner.step == 1 and inner.size == (2 if target.bfloat16_dot else 1) * target.vector_width
-        assert inner.size == target.reduction_lanes(BF16) and target.reduction_lanes("float32") == target.vector_width
+        assert inner.size == BFLOAT16.reduction_lanes(target) and FLOAT32.reduction_lanes(target) == target.vector_width
         if not target.missing_on_host():
             a, b = bf16_inputs(layer, 8)
             assert_within_bound(layer, looprl.compile(nest, target=target)(a, b), a, b)
