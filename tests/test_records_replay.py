@@ -40,7 +40,7 @@ from looprl.actions.transition import follow
 from looprl.backend.threads import available_cores
 from looprl.ir.dtypes import storage
 from looprl.ir.nest import initial_nest
-from looprl.ir.rewrites import RELAID_TWIN, TRANSPOSED_TWIN, relaid_twin, transposed_twin
+from looprl.ir.rewrites import RELAID, relaid, replays_on
 from looprl.measurement.keys import measurement_key
 from looprl.measurement.tuned_records import read_tuned_records
 from looprl.policy.loading import load_policy
@@ -140,20 +140,20 @@ def read_back(index: int):
 
 
 def actions_nest(record, target: Target):
-    """The schedule ``record``'s action path reaches from the untuned nest: of its problem, or
-    of the problem its ``replays_on`` rewrite searched (then carried back to its problem)."""
+    """The schedule ``record``'s action path reaches from the untuned nest of its problem, or
+    from its re-laid start where its ``replays_on`` says so (a56e7ac's names for that start,
+    its "twins", read as this looprl reads them)."""
     problem = record.problem
-    if record.replays_on == RELAID_TWIN:
-        searched = relaid_twin(problem).searched
-    elif record.replays_on == TRANSPOSED_TWIN:
-        searched = transposed_twin(problem)
+    names = list(record.actions)
+    actions = ActionSet.covering(names, target=target)
+    if replays_on(record.replays_on) == RELAID:
+        nest = relaid(problem).replay(actions, names)
     else:
         assert record.replays_on is None, record.replays_on
-        searched = problem
-    names = list(record.actions)
-    state = follow(ActionSet.covering(names, target=target), State(initial_nest(searched), 0), names)
-    assert state is not None, f"the actions {names} no longer replay exactly on {searched.name}"
-    return state.nest if searched is problem else state.nest.on_problem(problem)
+        state = follow(actions, State(initial_nest(problem), 0), names)
+        nest = None if state is None else state.nest
+    assert nest is not None, f"the actions {names} no longer replay exactly on {problem.name}"
+    return nest
 
 
 # -- the tests -------------------------------------------------------------------------------------
