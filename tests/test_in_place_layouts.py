@@ -27,7 +27,7 @@ from looprl.policy.loading import load_policy
 from looprl.policy.retarget import retargeted
 from looprl.policy.rollout import greedy_rollout
 from looprl.target import Target
-from looprl.tune.results import Answer
+from looprl.tune.results import Answer, replayed
 from looprl.tune.winner import IN_PLACE_MARGIN, preferred, reads_a_copy
 
 PROBLEMS = {
@@ -133,8 +133,10 @@ def test_records_name_the_re_laid_start_and_former_names_are_read_as_it():
         replays_on("sideways twin")
     problem = looprl.linear(4, 24, 16)
     names = ["down", "down", "split_8"]
-    replayed = relaid(problem).replay(ActionSet.covering(names), names)
-    assert replayed == relaid(problem).start.split(2, 8)
+    assert replayed(problem, names, ActionSet.covering(names), "transposed twin") == relaid(problem).start.split(2, 8)
+    assert replayed(problem, names, ActionSet.covering(names)) == initial_nest(problem).split(2, 8)
+    with pytest.raises(ValueError, match="no re-laid start"):
+        replayed(looprl.matmul(4, 8, 16), names, ActionSet.covering(names), RELAID)
 
 
 # -- the one winner rule ---------------------------------------------------------------------------

@@ -24,7 +24,7 @@ policy sees the same observation either way (``tests/test_in_place_layouts.py``)
 engines search the re-laid start in those coordinates and every schedule found there is turned
 into the problem's at once (:meth:`Relaid.schedule`), before it is compared, remembered or
 returned. A record whose actions replay from the re-laid start says so with ``replays_on`` =
-:data:`RELAID` (:meth:`Relaid.replay`); the names a56e7ac's records and tune-v9's cache gave it
+:data:`RELAID` (replayed by :func:`looprl.tune.results.replayed`); the names a56e7ac's records and tune-v9's cache gave it
 are read as that, here only (:func:`replays_on`).
 """
 
@@ -38,7 +38,7 @@ from looprl.ir.problem import Problem
 
 FUSED_VIEW = "fused view"
 KINDS = (FUSED_VIEW,)
-# ``replays_on`` of a record whose actions replay from the re-laid start (Relaid.replay).
+# ``replays_on`` of a record whose actions replay from the re-laid start (in its coordinates).
 RELAID = "re-laid start"
 # What records written at a56e7ac and tune-v9's cache call the re-laid start: the searched
 # "twin" problem of a constant or of a per-call right operand. Read as RELAID (replays_on).
@@ -163,15 +163,6 @@ class Relaid:
         if not isinstance(nest, LoopNest) or nest.problem != self.problem:
             raise ValueError(f"expected a schedule of {self.problem.name}, got {nest!r:.200}")
         return nest.on_problem(self.coordinates)
-
-    def replay(self, actions, names) -> LoopNest | None:
-        """The schedule the action ``names`` reach from :attr:`start` (with ``actions``, an
-        :class:`~looprl.actions.ActionSet` that has them), or None where one cannot apply."""
-        from looprl.actions import State  # actions build on the IR: imported when replaying
-        from looprl.actions.transition import follow
-
-        state = follow(actions, State(initial_nest(self.coordinates), 0), names)
-        return None if state is None else self.schedule(state.nest)
 
 
 def relaid(problem: Problem) -> Relaid | None:

@@ -51,7 +51,7 @@ from looprl import checks, defaults
 from looprl.backend.kernel import ReshapedKernel, compile
 from looprl.backend.threads import available_cores, check_threads
 from looprl.ir.problem import Problem, as_problem, matmul
-from looprl.ir.rewrites import Relaid, RewriteChain, plan_rewrites, relaid
+from looprl.ir.rewrites import RewriteChain, plan_rewrites, relaid
 from looprl.measurement.evaluator import Evaluator
 from looprl.policy.numpy_policy import Policy
 from looprl.search.budget import MIN_BUDGET_S
@@ -126,44 +126,43 @@ def tune(
     plan = plan_rewrites(as_tunable_problem(problem))
     proposer = PolicyProposer.prepared(policy, target, plan.searched, episode_length)
     measurer = Measurer.open(cache, measure_budget_s, target, threads)
-    start = relaid(plan.searched)
     if not measure:
-        answer, evaluator = policy_tune(proposer, plan.searched, start, measurer, weights_change)
-        return _finish(plan, answer, evaluator, threads, started)
-    answer = _measured(proposer, plan.searched, start, measurer, budget_s, started, max_evaluations, remember and max_evaluations is None,
-                       weights_change)
-    return _finish(plan, answer, measurer.evaluator, threads, started)
+        return _finish(plan, *policy_tune(proposer, plan.searched, relaid(plan.searched), measurer, weights_change), threads, started)
+    chosen = _measured(proposer, plan.searched, measurer, budget_s, started, max_evaluations, remember and max_evaluations is None, weights_change)
+    return _finish(plan, chosen, measurer.evaluator, threads, started)
 
 
-def _measured(proposer: PolicyProposer, problem: Problem, start: Relaid | None, measurer: Measurer, budget_s: float | None,
-              started: float, max_evaluations: int | None, remembers: bool, weights_change: bool) -> Answer:
+def _measured(proposer: PolicyProposer, problem: Problem, measurer: Measurer, budget_s: float | None, started: float,
+              max_evaluations: int | None, remembers: bool, weights_change: bool) -> Answer:
     """Measured mode's answer for ``problem`` (the problem searched). A constant weight with a
-    re-laid ``start`` is searched from it (recalled from the store, else measured and stored
-    when ``remembers``) and, where the winner rule asks, as stored in place (recalled only along
-    a recalled answer from the start); the winner rule picks. Any other problem gets the
+    re-laid start (:func:`~looprl.ir.rewrites.relaid`) is searched from it (recalled from the
+    store, else measured and stored when ``remembers``) and, where the winner rule asks, as
+    stored in place (recalled only along a recalled answer from the start); the winner rule
+    picks. Any other problem gets the
     measured answer (:func:`~looprl.tune.measured.measured_answer`). The weight as stored is
     not searched where the search is the rollout alone (budget 0) or capped in schedules
     (measurements outside the cap would make a capped comparison unequal)."""
-    relaid = start if start is not None and start.exact else None
-    searches_given = relaid is not None and in_place_rows(problem, None) and budget_s != 0 and max_evaluations is None
+    start = relaid(problem)
+    exact = start if start is not None and start.exact else None
+    searches_given = exact is not None and in_place_rows(problem, None) and budget_s != 0 and max_evaluations is None
     given = problem if searches_given else None
     compare_s = measurer.comparison_seconds(problem.constant_bytes) if weights_change and given is not None else 0.0
     answer = in_place = None
     load = store.load_now(measurer) if remembers else None  # the machine's load: a busy moment is not remembered as final
     least = MIN_BUDGET_S if budget_s is None else budget_s
     if remembers:
-        answer = store.recall(measurer, problem, least, load, relaid)
+        answer = store.recall(measurer, problem, least, load, exact)
         if answer is not None and searches_in_place(given, answer, compare_s):
             in_place = store.recall(measurer, problem, least, load)
     if answer is None:
-        if relaid is not None:
-            answer = relaid_answer(proposer.policy, relaid, measurer.evaluator, proposer.episode_length, budget_s, measurer.threads,
+        if exact is not None:
+            answer = relaid_answer(proposer.policy, exact, measurer.evaluator, proposer.episode_length, budget_s, measurer.threads,
                                    started, max_evaluations)
         else:
             answer = measured_answer(proposer.policy, problem, measurer.evaluator, proposer.episode_length, budget_s, measurer.threads,
                                      started, max_evaluations)
         if remembers:
-            answer = store.remember(answer, measurer, load, relaid)
+            answer = store.remember(answer, measurer, load, exact)
     if in_place is None and searches_in_place(given, answer, compare_s):  # a remembered answer is not searched again
         in_place = in_place_answer(problem, measurer.evaluator, measurer.threads)
         if in_place is not None:

@@ -10,11 +10,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from looprl.actions import ActionSet
+from looprl.actions import ActionSet, State
+from looprl.actions.transition import follow
 from looprl.backend.kernel import Kernel, ReshapedKernel
-from looprl.ir.nest import LoopNest
+from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
-from looprl.ir.rewrites import RELAID, Relaid
+from looprl.ir.rewrites import RELAID, Relaid, relaid, replays_on
 from looprl.measurement.load import LoadReading
 from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.target import Target
@@ -103,6 +104,12 @@ class TuneResult:
         ``split_<rows>`` a tile used, plus ``pack`` and ``pad`` if the path has them)."""
         return ActionSet.covering(self.actions, target=self.target)
 
+    def replayed(self) -> LoopNest | None:
+        """The schedule :attr:`actions` reach with :attr:`action_set` from where they start
+        (:func:`replayed`): the untuned nest of the problem tuned (``tuned_as`` or ``problem``),
+        or its re-laid start where ``record.replays_on`` says so."""
+        return replayed(self.tuned_as or self.problem, self.actions, self.action_set, self.record.replays_on)
+
     @property
     def speedup(self) -> float:
         return self.gflops / self.initial_gflops if self.initial_gflops > 0 else float("nan")
@@ -116,3 +123,18 @@ def from_relaid_start(answer: Answer, relaid: Relaid) -> Answer:
     problem: the same loops with the right operand re-laid, its actions replaying from the
     re-laid start (``replays_on`` = :data:`~looprl.ir.rewrites.RELAID`)."""
     return replace(answer, record=replace(answer.record, nest=relaid.schedule(answer.nest), replays_on=RELAID))
+
+
+def replayed(problem: Problem, names, actions: ActionSet, replays: str | None = None) -> LoopNest | None:
+    """The schedule of ``problem`` the action ``names`` reach with ``actions`` from its untuned
+    nest or, where ``replays`` (a record's ``replays_on``, a former name too) says so, from its
+    re-laid start (followed in its coordinates, :mod:`looprl.ir.rewrites`); None where one of
+    them cannot apply."""
+    if replays_on(replays) == RELAID:
+        start = relaid(problem)
+        if start is None:
+            raise ValueError(f"{problem.name} has no re-laid start for actions to replay from")
+        state = follow(actions, State(initial_nest(start.coordinates), 0), names)
+        return None if state is None else start.schedule(state.nest)
+    state = follow(actions, State(initial_nest(problem), 0), names)
+    return None if state is None else state.nest
