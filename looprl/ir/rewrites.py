@@ -58,8 +58,8 @@ def replays_on(name: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class Rewrite:
-    """``searched`` is tuned in place of ``original``; ``kind`` (:data:`FUSED_VIEW`) says how
-    its schedule serves it (:meth:`carry_back`)."""
+    """``searched`` is tuned in place of ``original``; ``kind`` (:data:`FUSED_VIEW`) says how:
+    a view's schedule is the answer as it is, its kernel called through reshapes."""
 
     kind: str
     original: Problem
@@ -68,24 +68,6 @@ class Rewrite:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"unknown rewrite kind {self.kind!r}; expected one of {', '.join(KINDS)}")
-
-    @property
-    def exact(self) -> bool:
-        """Whether a schedule's speed on ``searched`` is its speed on ``original`` (a view's is)."""
-        return True
-
-    @property
-    def keeps_nest(self) -> bool:
-        """Whether the answer's schedule stays the searched problem's (a fused view: its kernel
-        is called through reshapes)."""
-        return True
-
-    def carry_back(self, nest: LoopNest) -> LoopNest:
-        """The schedule that serves ``original``, from ``nest``, a schedule of ``searched``: the
-        view's own (its kernel is called through reshapes)."""
-        if not isinstance(nest, LoopNest) or nest.problem != self.searched:
-            raise ValueError(f"expected a schedule of {self.searched.name}, got {nest!r:.200}")
-        return nest
 
 
 @dataclass(frozen=True)
@@ -103,12 +85,6 @@ class RewriteChain:
     def through_fused_view(self) -> bool:
         """Whether the answer's kernel is called through reshapes (:data:`FUSED_VIEW`)."""
         return bool(self.chain) and self.chain[0].kind == FUSED_VIEW
-
-    def carry_back(self, nest: LoopNest) -> LoopNest:
-        """``nest`` (a schedule of :attr:`searched`) carried back through the chain."""
-        for rewrite in reversed(self.chain):
-            nest = rewrite.carry_back(nest)
-        return nest
 
 
 def plan_rewrites(problem: Problem) -> RewriteChain:

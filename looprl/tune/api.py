@@ -176,12 +176,11 @@ def _finish(plan: RewriteChain, answer: Answer, evaluator: Evaluator, threads: i
     """The one finishing step: ``answer`` (a schedule of the plan's searched problem) compiled
     once (a fused view's kernel called through reshapes), and the result built (``evaluator``:
     the one that timed the answer's search)."""
-    nest = plan.carry_back(answer.nest)
-    kernel = compile(nest, target=evaluator.target, threads=threads)
+    kernel = compile(answer.nest, target=evaluator.target, threads=threads)
     if plan.through_fused_view:
         kernel = ReshapedKernel(kernel, plan.original)
     tuned_as = plan.searched if plan.through_fused_view else None
-    record = replace(answer.record, nest=nest, target=evaluator.target, threads=threads)
+    record = replace(answer.record, target=evaluator.target, threads=threads)
     answer = replace(answer, record=record, measured=answer.measured or evaluator.compiled)
     return TuneResult(plan.original, kernel=kernel, seconds=time.perf_counter() - started, tuned_as=tuned_as, answer=answer)
 
