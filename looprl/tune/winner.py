@@ -50,14 +50,15 @@ TEAM_WITHIN = 0.5
 # per multiply-add in a dot-product tile against one per few in a register tile).
 IN_PLACE_ROWS = 16
 # Where the weights may change, a problem of more rows than IN_PLACE_ROWS is searched in place
-# too when comparing the twin's copy would cost at least this share of the twin's call: below it
+# too when comparing the re-laid start's copy would cost at least this share of its call: below it
 # the in-place answer would have to win on speed alone, which dot-product tiles do not at many
 # rows (two loads per multiply-add), and its search would cost measurements for nothing (at 512
 # rows of 640->1920 the comparison is 0.5% of the call; at 64 rows, 4%).
 COMPARISON_SHARE = 0.02
 # A schedule that keeps no copy of a weight is kept unless one that reads a re-laid copy is at
 # least this much faster: the copy is one a model must keep in step with the weight (compared
-# on every call unless frozen); a near-tie goes to the schedule that keeps nothing. 5%: what two timings of one kernel differ by (torch.routes).
+# on every call unless frozen); a near-tie goes to the schedule that keeps nothing.
+# 5%: what two timings of one kernel differ by (torch.routes).
 IN_PLACE_MARGIN = 0.05
 
 
