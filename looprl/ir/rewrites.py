@@ -24,8 +24,10 @@ policy sees the same observation either way (``tests/test_in_place_layouts.py``)
 engines search the re-laid start in those coordinates and every schedule found there is turned
 into the problem's at once (:meth:`Relaid.schedule`), before it is compared, remembered or
 returned. A record whose actions replay from the re-laid start says so with ``replays_on`` =
-:data:`RELAID` (replayed by :func:`looprl.tune.results.replayed`); the names a56e7ac's records and tune-v9's cache gave it
-are read as that, here only (:func:`replays_on`).
+:data:`RELAID` (replayed by :func:`looprl.tune.results.replayed`); the names a56e7ac's records
+and tune-v9's cache gave it are read as that, here only (:func:`replays_on`). Starting the
+engines from :attr:`Relaid.start` itself, without the coordinates, waits for plans and tiles
+that keep a start's layouts (they build from the row-major untuned nest today).
 """
 
 from __future__ import annotations
