@@ -51,15 +51,15 @@ class Answer:
 
 @dataclass(frozen=True, init=False)
 class TuneResult:
-    """A tuned schedule and its compiled kernel: the :class:`Answer` (its record carried back
-    to ``problem``), the kernel, and the call's own facts. A problem with dimensions that always
+    """A tuned schedule and its compiled kernel: the :class:`Answer` (its record a schedule of
+    ``problem``, or of its fused view), the kernel, and the call's own facts. A problem with dimensions that always
     go together (a 1x1 convolution's h and w) is tuned as its fused view
     (looprl.ir.rewrites.fused_view): ``tuned_as`` is then the view, ``nest``, ``actions`` (and
     ``initial_gflops``) are the view's, and ``kernel`` takes ``problem``'s arrays; otherwise
     ``tuned_as`` is None. A right operand stored across the output's columns (a linear layer's
     W) is not another problem: its re-laid kernels are schedules of ``problem`` with that
     operand in another layout, whose ``actions`` replay from the re-laid start
-    (``record.replays_on``, :meth:`looprl.ir.rewrites.Relaid.replay`).
+    (``record.replays_on``, :meth:`replayed`).
 
     Built from an answer (``answer=``) or, as before there were answers, from the fields it
     exposes (``nest``, ``actions``, ``gflops``, ``target``, ``threads`` and the answer's)."""
