@@ -204,3 +204,23 @@ def test_the_store_keeps_a_re_laid_answer_where_tune_v9_kept_the_twins():
         if back is not None:  # (None where the machine read busy while remembering: provisional)
             assert back.nest == nest and back.record.replays_on == RELAID and back.mode == "remembered"
         assert store.recall(measurer, LAYER, 0.1, None) is None  # the as-stored answer is another one
+
+
+def test_a_tune_v9_answer_through_the_re_laid_twin_is_read_as_one_from_the_re_laid_start():
+    """tune-v9 stored a changing operand's re-laid answer under the problem with ``replays_on``
+    "re-laid twin": recalled, it is the same schedule, replaying from the re-laid start."""
+    from looprl.tune import store
+    from looprl.tune.measurer import Measurer
+
+    keys = looprl.contraction("bmk,bnk->bmn", b=2, m=3, k=5, n=4)
+    start = relaid(keys)
+    names = ("down", "down", "down", "split_2")
+    nest = replayed(keys, names, ActionSet.covering(names), RELAID)
+    assert nest == start.start.split(3, 2)
+    with MeasurementCache(":memory:") as cache:
+        measurer = Measurer.open(cache, 0.001, None, 1)
+        cache.put_tuned(ScheduleRecord(nest, 5.0, names, "measured", measurer.target, 1, 0.4, store.TUNER, "re-laid twin"), 0.001)
+        back = store.recall(measurer, keys, 0.1)
+        assert back is not None and back.nest == nest and back.record.replays_on == RELAID
+        cache.put_tuned(ScheduleRecord(nest, 5.0, names, "measured", measurer.target, 1, 0.4, store.TUNER, "sideways twin"), 0.001)
+        assert store.recall(measurer, keys, 0.1) is None  # a start this looprl does not know: tuned again
