@@ -131,26 +131,23 @@ def path_record(problem, target, names, replays_on, found_by):
     from looprl.ir.nest import initial_nest
 
     rewrite = _rewrite(problem, replays_on)
-    searched = problem if rewrite is None else rewrite.searched
+    searched = problem if rewrite is None else rewrite.coordinates
     actions = ActionSet.covering(names, target=target)
     state = follow(actions, State(initial_nest(searched), 0), names)
     if state is None:
         raise SystemExit(f"{problem.name}: the path {names} does not replay exactly")
-    nest = state.nest if rewrite is None else rewrite.carry_back(state.nest)
+    nest = state.nest if rewrite is None else rewrite.schedule(state.nest)
     return names, nest, replays_on, found_by
 
 
 def _rewrite(problem, replays_on):
-    """The a56e7ac rewrite ``replays_on`` names for ``problem`` (None: none)."""
-    from looprl.ir.rewrites import RELAID_TWIN, TRANSPOSED_TWIN, Rewrite, relaid_twin, transposed_twin
+    """The re-laid start (a56e7ac's twin) ``replays_on`` names for ``problem`` (None: none)."""
+    from looprl.ir.rewrites import relaid, replays_on as read
 
-    if replays_on is None:
-        return None
-    if replays_on == RELAID_TWIN:
-        return relaid_twin(problem)
-    if replays_on == TRANSPOSED_TWIN:
-        return Rewrite(TRANSPOSED_TWIN, problem, transposed_twin(problem))
-    raise SystemExit(f"unknown rewrite {replays_on!r}")
+    try:
+        return None if read(replays_on) is None else relaid(problem)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
 
 
 def policy_path(replays_on: str | None = None):
@@ -158,7 +155,7 @@ def policy_path(replays_on: str | None = None):
 
     def build(problem, target):
         rewrite = _rewrite(problem, replays_on)
-        searched = problem if rewrite is None else rewrite.searched
+        searched = problem if rewrite is None else rewrite.coordinates
         names = greedy(searched, target).final_actions
         return path_record(problem, target, names, replays_on, "policy")
 
@@ -259,9 +256,9 @@ def _linear(batch, in_features, out_features, **options):
 
 def _twin_of(make):
     def problem():
-        from looprl.ir.rewrites import transposed_twin
+        from looprl.ir.rewrites import relaid
 
-        return transposed_twin(make())
+        return relaid(make()).coordinates  # a56e7ac's transposed twin
 
     return problem
 

@@ -293,7 +293,7 @@ def test_tune_measures_a_bfloat16_weights_tiles_packed_and_the_policy_alone_offe
     from looprl.measurement.evaluator import Evaluator
     from looprl.search.context import SearchContext
     from looprl.actions import ActionSet
-    from looprl.ir.rewrites import transposed_twin
+    from looprl.ir.rewrites import relaid
     from looprl.measurement.evaluator import Measurement
     from looprl.backend.pairs import pairs_a_weight
     from looprl.search.tiles import measure_tiles
@@ -306,14 +306,15 @@ def test_tune_measures_a_bfloat16_weights_tiles_packed_and_the_policy_alone_offe
     monkeypatch.setattr(Evaluator, "__call__", lambda self, nest: timed.append(nest) or original(self, nest))
     result = looprl.tune(layer, threads=1, cache=":memory:", measure=False)
     panels = ["%" in (dict(nest.layouts).get("in1").key if dict(nest.layouts).get("in1") else "") for nest in timed]
-    assert len(timed) >= 2 and panels[-1]  # the answer packed was timed too (on the twin tune searches); the faster kept
+    assert len(timed) >= 2 and panels[-1]  # the answer packed was timed too (from the re-laid start tune searches); the faster kept
     a, b = bf16_inputs(layer, 7)
     assert_within_bound(layer, result.kernel(a, b), a, b)
     measured = []
     monkeypatch.setattr(SearchContext, "measure", lambda self, nest, force=False: measured.append(nest) or Measurement(1.0 + len(measured), from_cache=False))
     target = Target.default()  # what tune compiles for (LOOPRL_TARGET, else the host)
     actions = ActionSet.for_target(target, layouts=True)
-    for problem in (layer, transposed_twin(layer), transposed_twin(layer).with_cold()):  # the twin as tune searches it: [k, n]
+    coordinates = relaid(layer).coordinates  # the re-laid start as tune searches it: [k, n]
+    for problem in (layer, coordinates, coordinates.with_cold()):
         measured.clear()
         measure_tiles(SearchContext(problem, actions, Evaluator(":memory:", target=target)), actions)
         assert measured and all(pairing(nest, target) is not None and "%" in dict(nest.layouts)["in1"].key for nest in measured)
@@ -346,7 +347,7 @@ def test_the_policy_alone_times_its_best_register_tile_where_its_answer_is_a_bfl
         episodes.append(excluded)
         if dot in excluded:
             return found
-        forced = planned(problem, target, Plan.parse(dot))  # on the weight as stored (the twin [k, n] has no dot tile)
+        forced = planned(problem, target, Plan.parse(dot))  # on the weight as stored (re-laid [k, n] it has no dot tile)
         if isinstance(forced, str):
             return found
         return dataclasses.replace(found, final=dataclasses.replace(found.final, nest=forced, actions=(dot,)))

@@ -12,7 +12,7 @@ from looprl.actions import ActionSet
 from looprl.backend.kernel import Kernel
 from looprl.ir.layers import linear
 from looprl.ir.problem import parse_problem
-from looprl.ir.rewrites import plan_rewrites
+from looprl.ir.rewrites import relaid
 from looprl.ir.schedules import PANEL_REGISTERS, panel_steps, panel_widths
 from looprl.measurement import timing
 from looprl.measurement.cache import MeasurementCache
@@ -28,7 +28,7 @@ def test_a_cold_problem_is_named_parsed_and_kept_through_its_rewrites():
     assert problem.cold and problem.name.endswith(";cold")
     assert parse_problem(problem.name) == problem and not parse_problem(problem.name.replace(";cold", "")).cold
     assert problem.with_epilogue(bias=True).cold and not problem.with_cold(False).cold
-    assert plan_rewrites(problem).searched.cold  # its transposed twin is cold too
+    assert relaid(problem).coordinates.cold  # its re-laid start's coordinates problem is cold too
     with pytest.raises(ValueError, match="constant"):
         looprl.matmul(4, 8, 8).with_cold()
     with pytest.raises(ValueError, match="cold must be"):
@@ -38,7 +38,7 @@ def test_a_cold_problem_is_named_parsed_and_kept_through_its_rewrites():
     # bytes other work reads between two calls: named, parsed, carried through the rewrites
     some = linear(4, 96, 200).with_between(3 << 20)
     assert some.cold and some.between == 3 << 20 and some.name.endswith(";between=3145728") and parse_problem(some.name) == some
-    assert plan_rewrites(some).searched.between == 3 << 20 and some.with_epilogue(bias=False).between == 3 << 20
+    assert relaid(some).coordinates.between == 3 << 20 and some.with_epilogue(bias=False).between == 3 << 20
     assert problem.between == looprl.ir.problem.COLD and not linear(4, 96, 200).cold
     for bad, match in (("-1", "whole number"), ("1.5", "whole number"), ("x", "whole number")):
         with pytest.raises(ValueError, match=match):
@@ -94,13 +94,13 @@ def test_a_cold_timing_calls_each_copy_in_turn_and_every_copy_computes_the_same_
 @given(m=st.integers(1, 4), n=st.integers(3, 300), k=st.integers(1, 90), columns=st.sampled_from([2, 16, 64, 128, 256]))
 def test_panel_schedules_with_tails_compute_what_numpy_does(m, n, k, columns):
     problem = linear(m, k, n, bias=True).with_cold()
-    twin = plan_rewrites(problem).searched
+    twin = relaid(problem).coordinates
     columns = min(columns, n - 1)
     if columns < 2:
         return
     nest = looprl.initial_nest(twin).apply(panel_steps(twin, columns))
     assert [lp.var for lp in nest.compute][-3:] == ["k", "m", "n"] and nest.compute[0].var == "n"
-    nest = plan_rewrites(problem).carry_back(nest)
+    nest = relaid(problem).schedule(nest)
     rng = np.random.default_rng(m * 1000 + n + k)
     x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((m, k), (n, k), (n,)))
     np.testing.assert_allclose(looprl.compile(nest)(x, w, b), x @ w.T + b, rtol=1e-4, atol=1e-4)
@@ -117,7 +117,7 @@ def test_panel_widths_keep_every_row_s_accumulators_in_registers():
 
 
 def test_a_cold_problem_measures_packed_panels_first():
-    problem = plan_rewrites(linear(1, 256, 512, bias=False).with_cold()).searched
+    problem = relaid(linear(1, 256, 512, bias=False).with_cold()).coordinates
     measured = []
 
     class Recording(Evaluator):
@@ -131,7 +131,7 @@ def test_a_cold_problem_measures_packed_panels_first():
     first = measured[:len(widths)]
     assert [nest.compute[-1].size for nest in first] == widths
     assert all(nest.layouts and nest.compute[0].var == "n" for nest in first)  # packed, a panel at a time
-    warm = plan_rewrites(linear(1, 256, 512, bias=False)).searched
+    warm = relaid(linear(1, 256, 512, bias=False)).coordinates
     measured.clear()
     measure_tiles(SearchContext(warm, ActionSet(), evaluator), ActionSet())
     assert not any(nest.key in {m.key for m in first} for nest in measured[:1])

@@ -13,6 +13,7 @@ import looprl
 from looprl.actions import State, reach
 from looprl.backend.register_plan import plan as register_plan
 from looprl.ir.plans import Plan, plan_catalogue, plan_nest, why_not_plan
+from looprl.ir.rewrites import RELAID
 from looprl.target import Target
 from looprl.tune.store import TUNER
 from tests.guarded import GuardedArray
@@ -130,8 +131,8 @@ def test_dot_kernels_take_runtime_rows_and_threads():
 
 def test_tune_reads_a_few_row_linear_layer_in_place_and_the_answer_replays(tmp_path):
     """A decode-sized linear layer: tune searches its dot-product tiles on the layer as given
-    (beside the re-laid twin) and keeps one unless the twin is clearly faster; the kernel it
-    returns converts nothing when it is in place, and its actions replay to its schedule."""
+    (beside the re-laid start) and keeps one unless the re-laid one is clearly faster; the kernel
+    it returns converts nothing when it is in place, and its actions replay to its schedule."""
     problem = looprl.linear(1, 512, 256)
     result = looprl.tune(problem, cache=str(tmp_path / "c.sqlite"), threads=1)
     arrays = inputs(problem, 5)
@@ -139,15 +140,8 @@ def test_tune_reads_a_few_row_linear_layer_in_place_and_the_answer_replays(tmp_p
     if result.answer.record.found_by == "in place":
         assert result.tuned_as is None and not result.kernel.packed_inputs
         assert result.actions[0].startswith("plan_dot_")
-    start = State(looprl.initial_nest(result.tuned_as or problem), 0)
-    transitions = looprl.actions.replay(result.action_set, start, float("nan"), result.actions)
-    # no actions: the untuned nest won (on AVX-512 the twin's untuned nest already streams n in vectors)
-    replayed = (transitions[-1].state if transitions else start).nest
-    if result.tuned_as is not None:  # the twin's schedule, carried back to the layer as given
-        from looprl.ir.rewrites import plan_rewrites
-
-        replayed = plan_rewrites(problem).carry_back(replayed)
-    assert replayed == result.nest
+    # no actions: a start won (on AVX-512 the re-laid start already streams n in vectors)
+    assert result.tuned_as is None and result.replayed() == result.nest
     again = looprl.tune(problem, cache=str(tmp_path / "c.sqlite"), threads=1)  # remembered: the same choice
     assert again.answer.mode == "remembered" and again.nest == result.nest
 
@@ -198,25 +192,23 @@ def test_each_target_has_dot_tiles_that_fit_its_registers(target):
 
 
 def test_a_re_laid_copy_that_is_compared_on_every_call_must_win_with_its_comparison_counted():
-    """tune's choice between the twin (a re-laid copy of the weight) and the in-place answer: the
-    twin must be IN_PLACE_MARGIN faster, with the seconds of comparing its copy on every call
-    added to its call where the weights may change (``weights_change``)."""
+    """tune's choice between the re-laid start's answer (a copy of the weight) and the in-place
+    answer: the copy must be IN_PLACE_MARGIN faster, with the seconds of comparing it on every
+    call added to its call where the weights may change (``weights_change``)."""
     from dataclasses import replace
 
-    from looprl.ir.rewrites import plan_rewrites
+    from looprl.ir.rewrites import relaid
     from looprl.tune.winner import IN_PLACE_MARGIN, preferred as _preferred
 
     problem = looprl.linear(64, 640, 640)
-    plan = plan_rewrites(problem)
-    given = plan.as_given()
-    twin, in_place = _answer(looprl.initial_nest(plan.searched)), _answer(looprl.initial_nest(problem))
-    twin = replace(twin, record=replace(twin.record, gflops=40.0))
+    copy, in_place = _answer(relaid(problem).start), _answer(looprl.initial_nest(problem))
+    copy = replace(copy, record=replace(copy.record, gflops=40.0))
     in_place = replace(in_place, record=replace(in_place.record, gflops=36.0))
-    assert _preferred(plan, twin, given, in_place)[0] is plan  # 11% faster: the twin
-    assert _preferred(plan, twin, given, replace(in_place, record=replace(in_place.record, gflops=39.0)))[0] is given  # a near-tie
+    assert _preferred([copy, in_place]).nest == copy.nest  # 11% faster: the copy
+    assert _preferred([copy, replace(in_place, record=replace(in_place.record, gflops=39.0))]).nest == in_place.nest  # a near-tie
     call_s = problem.flops / 40e9
-    assert _preferred(plan, twin, given, in_place, compare_s=0.2 * call_s)[0] is given  # the comparison makes the twin 33 GFLOPS
-    assert _preferred(plan, twin, given, None)[0] is plan
+    assert _preferred([copy, in_place], compare_s=0.2 * call_s).nest == in_place.nest  # the comparison makes the copy 33 GFLOPS
+    assert _preferred([copy, None]) is copy
     assert IN_PLACE_MARGIN == 0.05
 
 
@@ -236,17 +228,16 @@ def test_tune_searches_every_row_count_in_place_where_the_weights_may_change(tmp
 def test_many_rows_are_searched_in_place_only_where_the_comparison_is_a_share_of_the_call():
     from dataclasses import replace
 
-    from looprl.ir.rewrites import plan_rewrites
+    from looprl.ir.rewrites import relaid
     from looprl.tune.winner import COMPARISON_SHARE, searches_in_place as _searches_in_place
 
     for rows, compare_share, expected in ((8, 0.0, True), (64, 2 * COMPARISON_SHARE, True), (512, COMPARISON_SHARE / 4, False)):
         problem = looprl.linear(rows, 640, 640)
-        plan = plan_rewrites(problem)
-        twin = _answer(looprl.initial_nest(plan.searched))
-        twin = replace(twin, record=replace(twin.record, gflops=40.0))
+        copy = _answer(relaid(problem).start)
+        copy = replace(copy, record=replace(copy.record, gflops=40.0))
         compare_s = compare_share * problem.flops / 40e9
-        assert _searches_in_place(plan.as_given(), twin, compare_s) is expected, rows
-    assert not _searches_in_place(None, twin, 1.0)
+        assert _searches_in_place(problem, copy, compare_s) is expected, rows
+    assert not _searches_in_place(None, copy, 1.0)
 
 
 def test_a_rollout_alone_or_a_capped_tune_does_not_search_in_place():
@@ -255,4 +246,4 @@ def test_a_rollout_alone_or_a_capped_tune_does_not_search_in_place():
     problem = looprl.linear(1, 64, 48)
     for options in ({"budget_s": 0}, {"max_evaluations": 3}):
         result = looprl.tune(problem, cache=":memory:", threads=1, **options)
-        assert result.answer.record.found_by != "in place" and result.tuned_as is not None, options
+        assert result.answer.record.found_by != "in place" and result.record.replays_on == RELAID, options

@@ -35,18 +35,16 @@ import numpy as np
 import pytest
 
 from looprl import MeasurementCache, compile, parse_problem
-from looprl.actions import ActionSet, State
-from looprl.actions.transition import follow
+from looprl.actions import ActionSet
 from looprl.backend.threads import available_cores
 from looprl.ir.dtypes import storage
-from looprl.ir.nest import initial_nest
-from looprl.ir.rewrites import RELAID_TWIN, TRANSPOSED_TWIN, relaid_twin, transposed_twin
 from looprl.measurement.keys import measurement_key
 from looprl.measurement.tuned_records import read_tuned_records
 from looprl.policy.loading import load_policy
 from looprl.policy.retarget import retargeted
 from looprl.policy.rollout import greedy_rollout
 from looprl.target import Target, host_cpu
+from looprl.tune.results import replayed
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "records_a56e7ac.json"
 DOCUMENT = json.loads(FIXTURE.read_text(encoding="utf-8"))
@@ -140,20 +138,13 @@ def read_back(index: int):
 
 
 def actions_nest(record, target: Target):
-    """The schedule ``record``'s action path reaches from the untuned nest: of its problem, or
-    of the problem its ``replays_on`` rewrite searched (then carried back to its problem)."""
-    problem = record.problem
-    if record.replays_on == RELAID_TWIN:
-        searched = relaid_twin(problem).searched
-    elif record.replays_on == TRANSPOSED_TWIN:
-        searched = transposed_twin(problem)
-    else:
-        assert record.replays_on is None, record.replays_on
-        searched = problem
+    """The schedule ``record``'s action path reaches from the untuned nest of its problem, or
+    from its re-laid start where its ``replays_on`` says so (a56e7ac's names for that start,
+    its "twins", read as this looprl reads them)."""
     names = list(record.actions)
-    state = follow(ActionSet.covering(names, target=target), State(initial_nest(searched), 0), names)
-    assert state is not None, f"the actions {names} no longer replay exactly on {searched.name}"
-    return state.nest if searched is problem else state.nest.on_problem(problem)
+    nest = replayed(record.problem, names, ActionSet.covering(names, target=target), record.replays_on)
+    assert nest is not None, f"the actions {names} no longer replay exactly on {record.problem.name}"
+    return nest
 
 
 # -- the tests -------------------------------------------------------------------------------------

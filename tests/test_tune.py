@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import looprl
-from looprl.actions import ActionSet, State, reach
+from looprl.actions import State, reach
 from tests.policies import random_policy
 
 
@@ -177,24 +177,21 @@ def test_the_tune_function_is_not_shadowed_by_a_module():
 
 @pytest.mark.parametrize("rows", [2, 24])
 def test_a_changing_right_operand_stored_across_the_columns_is_re_laid_when_that_pays(rows, tmp_path):
-    """Attention's q.k^T: K changes per call. Tuned through its twin, the kernel converts K on
+    """Attention's q.k^T: K changes per call. Searched from its re-laid start, the kernel converts K on
     every call (inside the timed figure); a measured tune of the problem as given is the
     alternative, and the faster is kept; remembered either way."""
     from looprl.backend.layout_plan import conversions
-    from looprl.ir.rewrites import relaid_twin, transposed_twin
+    from looprl.ir.rewrites import RELAID, relaid
 
     problem = looprl.contraction("bmk,bnk->bmn", b=2, m=rows, k=24, n=40)
-    twin = transposed_twin(problem, constant_only=False)
-    assert transposed_twin(problem) is None and twin is not None
+    assert not relaid(problem).exact
     cache = tmp_path / "cache.sqlite"
     result = looprl.tune(problem, cache=cache, threads=1)
     check_kernel(result, np.random.default_rng(1))
     assert result.problem == problem and result.nest.problem == problem
-    if result.tuned_as is not None:  # the re-laid kernel won: K converted inside every call
-        assert result.tuned_as == twin and conversions(result.nest)["per_call"] == ["in1"]
-        replayed = reach(ActionSet.covering(result.actions, target=result.target), State(looprl.initial_nest(twin), 0), result.actions).nest
-        # the twin's answer (its operand packed too, when a packed plan won), carried back to the problem
-        assert relaid_twin(problem).carry_back(replayed) == result.nest
+    assert result.tuned_as is None and result.replayed() == result.nest
+    if result.record.replays_on == RELAID:  # the re-laid kernel won: K converted inside every call
+        assert conversions(result.nest)["per_call"] == ["in1"]
     else:  # the measured tune of the problem as given won: K read in place, or packed per tile
         assert conversions(result.nest)["per_call"] in ([], ["in1"]) and not any(t == "in1" and l.key.startswith("b1.k1") for t, l in result.nest.layouts)
     again = looprl.tune(problem, cache=cache, threads=1)
@@ -241,24 +238,22 @@ def test_flags_must_be_bools(flag, bad):
         looprl.tune((16, 16, 16), random_policy(), cache=":memory:", **{flag: bad})
 
 
-def test_rewrites_are_values_that_carry_a_schedule_back():
-    from looprl.ir.rewrites import FUSED_VIEW, TRANSPOSED_TWIN, Rewrite, plan_rewrites, relaid_twin
+def test_rewrites_are_values_and_a_re_laid_weight_is_a_layout_of_the_problem():
+    from looprl.ir.rewrites import FUSED_VIEW, Rewrite, plan_rewrites, relaid
 
-    linear = looprl.linear(6, 8, 16)  # W stored [out, in]: its twin reads it [in, out]
-    plan = plan_rewrites(linear)
-    (rewrite,) = plan.chain
-    assert rewrite.kind == TRANSPOSED_TWIN and rewrite.exact and plan.searched.spec.startswith("mk,kn") and not plan.through_fused_view
-    nest = looprl.initial_nest(rewrite.searched).split(0, 2).swap(1)
-    back = plan.carry_back(nest)
-    assert back.problem == linear and back.loops == nest.loops
+    linear = looprl.linear(6, 8, 16)  # W stored [out, in]: its re-laid start reads it [in, out]
+    assert plan_rewrites(linear).chain == ()  # one problem: no twin
+    start = relaid(linear)
+    nest = start.schedule(looprl.initial_nest(start.coordinates).split(0, 2).swap(1))
+    assert nest.problem == linear and nest.loops == start.start.split(0, 2).swap(1).loops
     # the same physical arrangement (k rows of n), which for W indexed [n, k] is not row-major: re-laid once, at bind
-    assert back.layout("in1").key == nest.layout("in1").key == "k1.n1" and not back.layout("in1").is_row_major
+    assert nest.layout("in1").key == "k1.n1" and not nest.layout("in1").is_row_major and start.exact
     with pytest.raises(ValueError, match="schedule of"):
-        rewrite.carry_back(looprl.initial_nest(linear))
+        start.schedule(looprl.initial_nest(linear))
     with pytest.raises(ValueError, match="kind"):
-        Rewrite("sideways", linear, linear)
+        Rewrite("transposed twin", linear, linear)
     conv = looprl.contraction("nchw,oc->nohw", n=1, c=8, h=4, w=5, o=6, constant="b")
     chain = plan_rewrites(conv).chain
-    assert chain[0].kind == FUSED_VIEW and chain[0].keeps_nest and "w" not in chain[-1].searched.spec
+    assert chain[0].kind == FUSED_VIEW and "w" not in chain[-1].searched.spec
     keys = looprl.contraction("bmk,bnk->bmn", b=2, m=3, n=4, k=5)
-    assert plan_rewrites(keys).chain == () and not relaid_twin(keys).exact
+    assert plan_rewrites(keys).chain == () and not relaid(keys).exact

@@ -1,4 +1,4 @@
-"""looprl.tune on linear layers: weights stored [out, in], fused epilogues, the twin."""
+"""looprl.tune on linear layers: weights stored [out, in], fused epilogues, the re-laid start."""
 
 import subprocess
 import sys
@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 import looprl
-from looprl.actions import State, reach
-from looprl.ir.rewrites import TRANSPOSED_TWIN, Rewrite, transposed_twin
+from looprl.ir.rewrites import RELAID, relaid
 from tests.policies import random_policy
 
 
@@ -31,7 +30,7 @@ def test_tuned_linear_layers_compute_the_layer(policy_dir, activation, residual)
     problem = looprl.linear(37, 48, 70, activation=activation, residual=residual)
     result = looprl.tune(problem, policy_dir, cache=":memory:", budget_s=0.3)
     assert result.problem == problem and result.nest.problem == problem
-    assert result.tuned_as == transposed_twin(problem)
+    assert result.tuned_as is None and result.record.replays_on == RELAID  # searched from the weight re-laid
     rng = np.random.default_rng(0)
     x, w = rng.uniform(-1, 1, (37, 48)).astype(np.float32), rng.uniform(-1, 1, (70, 48)).astype(np.float32)
     b, r = rng.uniform(-1, 1, 70).astype(np.float32), rng.uniform(-1, 1, (37, 70)).astype(np.float32)
@@ -40,18 +39,17 @@ def test_tuned_linear_layers_compute_the_layer(policy_dir, activation, residual)
     np.testing.assert_allclose(result(*args), expected, rtol=1e-5, atol=1e-4)
     bound = result.kernel.bind(b=w, bias=b)  # the weight converted once
     np.testing.assert_allclose(bound(*((x, r) if residual else (x,))), expected, rtol=1e-5, atol=1e-4)
-    # The actions replay on the twin, whose schedule is the result's with W re-laid.
-    actions = result.action_set
-    assert Rewrite(TRANSPOSED_TWIN, problem, result.tuned_as).carry_back(reach(actions, State(looprl.initial_nest(result.tuned_as), 0), result.actions).nest) == result.nest
+    # The actions replay from the re-laid start, the layer's untuned nest with W re-laid.
+    assert result.replayed() == result.nest
     assert "in1" in looprl.backend.layout_plan.layouts_applied(result.nest)  # W is never read across its rows
 
 
-def test_only_constant_weights_across_the_columns_have_a_twin():
-    assert transposed_twin(looprl.linear(4, 8, 16)).spec == "mk,kn->mn"
-    assert transposed_twin(looprl.contraction("bmk,bnk->bmn", b=2, m=3, n=4, k=5, constant="b")).spec == "bmk,bkn->bmn"
-    assert transposed_twin(looprl.contraction("mk,nk->mn", m=4, n=8, k=16)) is None  # not constant: converted every call
-    assert transposed_twin(looprl.matmul(4, 8, 16, constant="b")) is None  # already contiguous along the columns
-    assert transposed_twin(looprl.contraction("mk,k->m", m=4, k=8, constant="b")) is None
+def test_only_weights_across_the_columns_have_a_re_laid_start():
+    assert relaid(looprl.linear(4, 8, 16)).coordinates.spec == "mk,kn->mn" and relaid(looprl.linear(4, 8, 16)).exact
+    assert relaid(looprl.contraction("bmk,bnk->bmn", b=2, m=3, n=4, k=5, constant="b")).coordinates.spec == "bmk,bkn->bmn"
+    assert not relaid(looprl.contraction("mk,nk->mn", m=4, n=8, k=16)).exact  # not constant: converted every call
+    assert relaid(looprl.matmul(4, 8, 16, constant="b")) is None  # already contiguous along the columns
+    assert relaid(looprl.contraction("mk,k->m", m=4, k=8, constant="b")) is None
 
 
 def test_looprl_tune_takes_a_linear_layer(policy_dir, tmp_path):

@@ -88,24 +88,21 @@ def test_fastest_keeps_the_earliest_among_equals_and_a_split_only_where_faster()
 
 
 def test_an_in_place_episode_that_re_lays_the_weight_is_a_copy_and_the_faster_copy_is_kept():
-    from looprl.ir.rewrites import plan_rewrites
+    from looprl.ir.rewrites import relaid
     from looprl.tune.results import Answer
-    from looprl.tune.winner import kept_copy
+    from looprl.tune.winner import preferred
 
     layer = looprl.linear(4, 64, 48)
-    plan = plan_rewrites(layer)
-    given = plan.as_given()
-    twin = Answer(_record(initial_nest(plan.searched), 10.0), "policy", math.nan, measured=1)
-    as_stored = initial_nest(given.searched)
+    start = Answer(_record(relaid(layer).start, 10.0), "policy", math.nan, measured=1)
+    as_stored = initial_nest(layer)
     in_place = Answer(_record(as_stored, 8.0), "policy", math.nan, measured=1)
-    assert kept_copy(plan, twin, given, in_place) == (plan, twin, in_place)  # reads the weight in place: both stay
-    relaid = as_stored.layout_reorder("in1", (1, 0))  # the weight re-laid: a copy
-    copy = Answer(_record(relaid, 12.0), "policy", math.nan, measured=2)
-    chain, answer, rival = kept_copy(plan, twin, given, copy)
-    assert chain is given and answer.gflops == 12.0 and answer.measured == 3 and rival is None
+    assert preferred([start, in_place]).nest == start.nest  # reads the weight in place: the margin decides
+    copy = Answer(_record(as_stored.layout_reorder("in1", (1, 0)), 12.0), "policy", math.nan, measured=2)  # the weight re-laid: a copy
+    answer = preferred([start, copy])
+    assert answer.nest == copy.nest and answer.gflops == 12.0 and answer.measured == 3
     slower_copy = replace(copy, record=replace(copy.record, gflops=9.0))
-    chain, answer, rival = kept_copy(plan, twin, given, slower_copy)
-    assert chain is plan and answer.gflops == 10.0 and answer.measured == 3 and rival is None
+    answer = preferred([start, slower_copy])
+    assert answer.nest == start.nest and answer.gflops == 10.0 and answer.measured == 3
 
 
 # ---- the fast path's cap -----------------------------------------------------------------------

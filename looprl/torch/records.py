@@ -11,6 +11,7 @@ from __future__ import annotations
 from torch import nn
 
 from looprl.ir.rewrites import plan_rewrites
+from looprl.tune.store import remembered_names
 from looprl.measurement.tuned_records import write_tuned_records
 from looprl.torch.layers import TunedLinear, layer_shape
 from looprl.torch.routes import LinearKernels
@@ -65,14 +66,13 @@ SOURCES = {"measured": "search", "remembered": "cache", "policy": "policy alone"
 
 
 def tuned_names(results) -> set[str]:
-    """The problems tune remembered answers under for ``results``: a linear layer's is tuned as
-    its transposed twin and, with few rows, in place as well (both remembered, so that a tune
-    from the records makes the same choice between them)."""
+    """The problems tune remembered answers under for ``results``: a linear layer's from its
+    weight's re-laid start and, with few rows, as stored as well (both remembered, so that a
+    tune from the records makes the same choice between them; :func:`looprl.tune.store.
+    remembered_names`), through its fused view if it has one."""
     names = set()
     for result in results:
-        names.update((result.problem.name, plan_rewrites(result.problem).searched.name))
-        if result.tuned_as is not None:
-            names.add(result.tuned_as.name)
+        names.update((result.problem.name, *remembered_names(plan_rewrites(result.problem).searched)))
     return names
 
 

@@ -26,12 +26,14 @@ Two modes:
   the untuned nest is not timed (``speedup`` is NaN). A linear layer of few rows
   (:data:`~looprl.tune.winner.IN_PLACE_ROWS`) gets a second episode on the weight as it is
   stored, and the winner rule keeps one (an answer there that re-lays the weight is a copy, as
-  the twin's, and pays what the twin pays).
+  the re-laid start's, and pays what a copy pays).
 
-One pass: the exact rewrites of the problem (:func:`looprl.ir.rewrites.plan_rewrites`: its fused
-view, its transposed twin) give the problem searched; the answers for it and for the problem as
-given come from the policy alone, the store or the measured searches; the winner rule picks one,
-and :func:`_finish` carries it back through the rewrites and compiles it once.
+One pass: the problem searched is the problem or its fused view
+(:func:`looprl.ir.rewrites.plan_rewrites`); a right operand stored across the output's columns is
+searched from its re-laid start (:class:`looprl.ir.rewrites.Relaid`, a layout of the same
+problem's nest) and, where the winner rule asks, as stored; the answers, all schedules of the
+one problem, come from the policy alone, the store or the measured searches; the winner rule
+picks one, and :func:`_finish` compiles it once (a fused view's kernel called through reshapes).
 """
 
 from __future__ import annotations
@@ -49,12 +51,12 @@ from looprl import checks, defaults
 from looprl.backend.kernel import ReshapedKernel, compile
 from looprl.backend.threads import available_cores, check_threads
 from looprl.ir.problem import Problem, as_problem, matmul
-from looprl.ir.rewrites import RewriteChain, plan_rewrites, relaid_twin
+from looprl.ir.rewrites import RewriteChain, plan_rewrites, relaid
 from looprl.measurement.evaluator import Evaluator
 from looprl.policy.numpy_policy import Policy
 from looprl.search.budget import MIN_BUDGET_S
 from looprl.target import Target
-from looprl.tune.measured import in_place_answer, measured_answer
+from looprl.tune.measured import in_place_answer, measured_answer, relaid_answer
 from looprl.tune.measurer import Measurer
 from looprl.tune.policy_alone import policy_tune
 from looprl.tune.proposers import PolicyProposer
@@ -125,57 +127,60 @@ def tune(
     proposer = PolicyProposer.prepared(policy, target, plan.searched, episode_length)
     measurer = Measurer.open(cache, measure_budget_s, target, threads)
     if not measure:
-        return _finish(*policy_tune(proposer, plan, plan.as_given(), measurer, weights_change), threads, started)
-    chosen = _measured(proposer, plan, measurer, budget_s, started, max_evaluations, remember and max_evaluations is None, weights_change)
-    return _finish(*chosen, measurer.evaluator, threads, started)
+        return _finish(plan, *policy_tune(proposer, plan.searched, relaid(plan.searched), measurer, weights_change), threads, started)
+    chosen = _measured(proposer, plan.searched, measurer, budget_s, started, max_evaluations, remember and max_evaluations is None, weights_change)
+    return _finish(plan, chosen, measurer.evaluator, threads, started)
 
 
-def _measured(proposer: PolicyProposer, plan: RewriteChain, measurer: Measurer, budget_s: float | None, started: float,
-              max_evaluations: int | None, remembers: bool, weights_change: bool) -> tuple[RewriteChain, Answer]:
-    """Measured mode's chain and answer: the answer for the problem searched (recalled from the
-    store, else measured and stored when ``remembers``) and, where the winner rule searches the
-    problem as given in place, its answer too (recalled only along a recalled twin's); the
-    winner rule picks. The problem as given is not searched in place where the search is the
-    rollout alone (budget 0) or capped in schedules (measurements outside the cap would make a
-    capped comparison unequal)."""
-    given = plan.as_given()  # the problem with its twin undone
-    searches_given = given is not None and in_place_rows(given.searched, None) and budget_s != 0 and max_evaluations is None
-    given = given if searches_given else None
-    compare_s = measurer.comparison_seconds(plan.original.constant_bytes) if weights_change and given is not None else 0.0
+def _measured(proposer: PolicyProposer, problem: Problem, measurer: Measurer, budget_s: float | None, started: float,
+              max_evaluations: int | None, remembers: bool, weights_change: bool) -> Answer:
+    """Measured mode's answer for ``problem`` (the problem searched). A constant weight with a
+    re-laid start (:func:`~looprl.ir.rewrites.relaid`) is searched from it (recalled from the
+    store, else measured and stored when ``remembers``) and, where the winner rule asks, as
+    stored in place (recalled only along a recalled answer from the start); the winner rule
+    picks. Any other problem gets the
+    measured answer (:func:`~looprl.tune.measured.measured_answer`). The weight as stored is
+    not searched where the search is the rollout alone (budget 0) or capped in schedules
+    (measurements outside the cap would make a capped comparison unequal)."""
+    start = relaid(problem)
+    exact = start if start is not None and start.exact else None
+    searches_given = exact is not None and in_place_rows(problem, None) and budget_s != 0 and max_evaluations is None
+    given = problem if searches_given else None
+    compare_s = measurer.comparison_seconds(problem.constant_bytes) if weights_change and given is not None else 0.0
     answer = in_place = None
-    start = store.load_now(measurer) if remembers else None  # the machine's load: a busy moment is not remembered as final
+    load = store.load_now(measurer) if remembers else None  # the machine's load: a busy moment is not remembered as final
+    least = MIN_BUDGET_S if budget_s is None else budget_s
     if remembers:
-        least = MIN_BUDGET_S if budget_s is None else budget_s
-        answer = store.recall(measurer, plan.searched, least, start)
+        answer = store.recall(measurer, problem, least, load, exact)
         if answer is not None and searches_in_place(given, answer, compare_s):
-            in_place = store.recall(measurer, given.searched, least, start)
+            in_place = store.recall(measurer, problem, least, load)
     if answer is None:
-        answer = measured_answer(proposer.policy, plan.searched, measurer.evaluator, proposer.episode_length, budget_s, measurer.threads,
-                                 started, max_evaluations)
+        if exact is not None:
+            answer = relaid_answer(proposer.policy, exact, measurer.evaluator, proposer.episode_length, budget_s, measurer.threads,
+                                   started, max_evaluations)
+        else:
+            answer = measured_answer(proposer.policy, problem, measurer.evaluator, proposer.episode_length, budget_s, measurer.threads,
+                                     started, max_evaluations)
         if remembers:
-            answer = store.remember(answer, measurer, start)
-    if in_place is None and searches_in_place(given, answer, compare_s):  # a remembered twin is not searched again
-        in_place = in_place_answer(given.searched, measurer.evaluator, measurer.threads)
+            answer = store.remember(answer, measurer, load, exact)
+    if in_place is None and searches_in_place(given, answer, compare_s):  # a remembered answer is not searched again
+        in_place = in_place_answer(problem, measurer.evaluator, measurer.threads)
         if in_place is not None:
             in_place = replace(in_place, record=replace(in_place.record, budget_s=answer.record.budget_s))
             if remembers:
-                in_place = store.remember(in_place, measurer, start)
-    return preferred(plan, answer, given, in_place, compare_s)
+                in_place = store.remember(in_place, measurer, load)
+    return preferred([answer, in_place], compare_s)
 
 
 def _finish(plan: RewriteChain, answer: Answer, evaluator: Evaluator, threads: int, started: float) -> TuneResult:
-    """The one finishing step: ``answer`` (a schedule of the plan's searched problem) carried
-    back through the plan's rewrites, compiled once (a fused view's kernel called through
-    reshapes), and the result built (``evaluator``: the one that timed the answer's search)."""
-    nest = plan.carry_back(answer.nest)
-    kernel = compile(nest, target=evaluator.target, threads=threads)
+    """The one finishing step: ``answer`` (a schedule of the plan's searched problem) compiled
+    once (a fused view's kernel called through reshapes), and the result built (``evaluator``:
+    the one that timed the answer's search)."""
+    kernel = compile(answer.nest, target=evaluator.target, threads=threads)
     if plan.through_fused_view:
         kernel = ReshapedKernel(kernel, plan.original)
-    if answer.record.replays_on is not None:
-        tuned_as = relaid_twin(plan.searched).searched
-    else:
-        tuned_as = plan.searched if plan.chain else None
-    record = replace(answer.record, nest=nest, target=evaluator.target, threads=threads)
+    tuned_as = plan.searched if plan.through_fused_view else None
+    record = replace(answer.record, target=evaluator.target, threads=threads)
     answer = replace(answer, record=record, measured=answer.measured or evaluator.compiled)
     return TuneResult(plan.original, kernel=kernel, seconds=time.perf_counter() - started, tuned_as=tuned_as, answer=answer)
 

@@ -4,8 +4,10 @@ the winner rule, then the teams on more than one thread (:func:`~looprl.tune.tea
 
 * :func:`measured_search`: the policy's rollout, then (until the budget is spent) the register
   tiles refined and the policy-guided search. Also the expert of training's demonstrations.
+* :func:`relaid_answer`: that search from a problem's re-laid start
+  (:class:`~looprl.ir.rewrites.Relaid`), as an answer for the problem.
 * :func:`measured_answer`: that search of the problem searched and, for a right operand that
-  changes per call and is stored across the output's columns, of its re-laid twin too.
+  changes per call and is stored across the output's columns, from its re-laid start too.
 * :func:`in_place_answer`: the dot-product tiles of a problem as given (its weight in place).
 """
 
@@ -16,17 +18,17 @@ import time
 from dataclasses import replace
 
 from looprl.ir.problem import Problem
-from looprl.ir.rewrites import relaid_twin
+from looprl.ir.rewrites import Relaid, relaid
 from looprl.measurement.evaluator import Evaluator
 from looprl.policy.numpy_policy import Policy
 from looprl.search.budget import REFINEMENTS
 from looprl.search.dots import dot_proposals, in_place_actions
 from looprl.search.staged import Stage, StagedSearch
 from looprl.tune.proposers import PolicyProposer, tiles_stage
-from looprl.tune.results import Answer
+from looprl.tune.results import Answer, from_relaid_start
 from looprl.tune.store import TUNER
 from looprl.tune.teams import with_teams
-from looprl.tune.winner import confirmed
+from looprl.tune.winner import confirmed, preferred
 
 
 def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, episode_length: int | None, budget_s: float | None, threads: int,
@@ -60,30 +62,39 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, epis
     return Answer(record, "measured", rollout.initial_gflops, rollout.best_gflops, search.new_measurements, search.waited_s, serial_gflops)
 
 
+def relaid_answer(policy: Policy, start: Relaid, evaluator: Evaluator, episode_length: int | None, budget_s: float | None,
+                  threads: int, started: float, max_evaluations: int | None = None) -> Answer:
+    """The measured search of ``start``'s problem from its re-laid start (run in its
+    coordinates, :mod:`looprl.ir.rewrites`), as an answer for the problem. Where the operand
+    changes per call its kernel re-lays it inside every call: the answer is timed again on the
+    threads with that conversion included (one more measurement)."""
+    answer = from_relaid_start(measured_search(policy, start.coordinates, evaluator, episode_length, budget_s, threads, started,
+                                               max_evaluations), start)
+    if start.exact:
+        return answer
+    timed = evaluator.with_threads(threads) if threads > 1 else evaluator
+    record = replace(answer.record, gflops=timed(answer.nest).gflops)  # the conversion inside the timed call
+    return replace(answer, record=record, measured=answer.measured + 1)
+
+
 def measured_answer(policy: Policy, problem: Problem, evaluator: Evaluator, episode_length: int | None, budget_s: float | None,
                     threads: int, started: float, max_evaluations: int | None = None) -> Answer:
     """The measured search of ``problem``. A right operand that changes per call and is stored
     across the output's columns (``bmk,bnk->bmn``) is searched two ways, each a whole measured
-    search with the budget: through its re-laid twin (:data:`looprl.ir.rewrites.RELAID_TWIN`),
-    whose schedule is carried back and timed again on ``problem``, conversion inside the call
-    included, and as given (its tiles read the operand in place or pack it per tile); the
-    faster is kept. Which wins depends on the shape and the target: with one row the
-    conversion costs as much as the product; on 128x960x960 (Zen 4) the re-laid kernel ran at
-    98 GFLOPS for AVX-512 against 113 as given, and at 101 against 84 for AVX2."""
+    search with the budget: from its re-laid start (:func:`relaid_answer`: the operand re-laid
+    inside every call, timed so) and as given (its tiles read the operand in place or pack it
+    per tile); the winner rule keeps the faster (neither keeps a copy). Which wins depends on the
+    shape and the target: with one row the conversion costs as much as the product; on
+    128x960x960 (Zen 4) the re-laid kernel ran at 98 GFLOPS for AVX-512 against 113 as given,
+    and at 101 against 84 for AVX2."""
     direct = measured_search(policy, problem, evaluator, episode_length, budget_s, threads, started, max_evaluations)
-    relaid = relaid_twin(problem)
-    if relaid is None:
+    start = relaid(problem)
+    if start is None or start.exact:
         return direct
-    through = measured_search(policy, relaid.searched, evaluator, episode_length, budget_s, threads, time.perf_counter(), max_evaluations)
-    carried = relaid.carry_back(through.nest)  # parallel marks included
-    timed = evaluator.with_threads(threads) if threads > 1 else evaluator
-    carried_gflops = timed(carried).gflops  # the conversion inside the timed call
-    measured = direct.measured + through.measured + 1
-    if carried_gflops < direct.gflops:
-        return replace(direct, measured=measured, waited_s=direct.waited_s + through.waited_s)
-    record = replace(through.record, nest=carried, gflops=carried_gflops, budget_s=direct.record.budget_s, replays_on=relaid.kind)
-    return Answer(record, "measured", direct.initial_gflops, direct.greedy_gflops, measured, direct.waited_s + through.waited_s,
-                  through.serial_gflops)
+    through = relaid_answer(policy, start, evaluator, episode_length, budget_s, threads, time.perf_counter(), max_evaluations)
+    through = replace(through, record=replace(through.record, budget_s=direct.record.budget_s), initial_gflops=direct.initial_gflops,
+                      greedy_gflops=direct.greedy_gflops)  # the report's untuned nest and rollout: the problem's as given
+    return preferred([through, direct])
 
 
 def in_place_answer(problem: Problem, evaluator: Evaluator, threads: int) -> Answer | None:

@@ -7,7 +7,7 @@ take seconds a call on a large problem): ``speedup`` is NaN.
 
 A linear layer of few rows (:data:`~looprl.tune.winner.IN_PLACE_ROWS`) gets a second episode on
 the weight as it is stored; the winner rule keeps one of the two (an in-place answer that
-re-lays the weight is a copy, as the twin's, and pays what the twin pays). On more than one
+re-lays the weight is a copy, as the re-laid start's, and pays what a copy pays). On more than one
 thread, a policy whose actions mark loops parallel decides the thread split itself (timed on
 that many threads); any other policy's serial answer is offered measured tune's teams, each
 timed once (:func:`~looprl.tune.teams.split`).
@@ -19,13 +19,13 @@ import math
 from dataclasses import replace
 
 from looprl.ir.problem import Problem
-from looprl.ir.rewrites import RewriteChain
+from looprl.ir.rewrites import Relaid
 from looprl.measurement.evaluator import Evaluator
 from looprl.tune.measurer import Measurer
 from looprl.tune.proposers import PolicyProposer
-from looprl.tune.results import Answer
+from looprl.tune.results import Answer, from_relaid_start
 from looprl.tune.teams import split
-from looprl.tune.winner import fastest, in_place_rows, kept_copy, preferred, relaying_actions
+from looprl.tune.winner import fastest, in_place_rows, preferred, relaying_actions
 
 # Timings of the policy alone's proposals per episode: the state its greedy episode ends in,
 # and for a bfloat16 weight its kernels pair, that state packed, the episode without
@@ -33,25 +33,27 @@ from looprl.tune.winner import fastest, in_place_rows, kept_copy, preferred, rel
 POLICY_TIMINGS = 4
 
 
-def policy_tune(proposer: PolicyProposer, plan: RewriteChain, given: RewriteChain | None, measurer: Measurer, weights_change: bool,
-                timings: int = POLICY_TIMINGS) -> tuple[RewriteChain, Answer, Evaluator]:
-    """The fast path's chain and answer, and the evaluator that timed its episodes: the
-    policy's episode on the problem searched and, for a linear layer of few rows, on the
-    problem as given (never re-laying the weight where ``weights_change``: a copy would be
-    compared on every call), each timing at most ``timings`` proposals."""
+def policy_tune(proposer: PolicyProposer, problem: Problem, start: Relaid | None, measurer: Measurer, weights_change: bool,
+                timings: int = POLICY_TIMINGS) -> tuple[Answer, Evaluator]:
+    """The fast path's answer for ``problem``, and the evaluator that timed its episodes: the
+    policy's episode from the re-laid start of a constant weight (``start``, run in its
+    coordinates) or else from the untuned nest and, for a linear layer of few rows, also on the
+    weight as stored (never re-laying it where ``weights_change``: a copy would be compared on
+    every call), each timing at most ``timings`` proposals; the winner rule picks."""
     evaluator = measurer.team if proposer.actions.parallel else measurer.evaluator
 
     def episode(problem: Problem, excluded: frozenset[str] = frozenset()) -> Answer:
         found = policy_answer(proposer, problem, measurer, evaluator, excluded, timings)
         return found if proposer.actions.parallel or measurer.threads == 1 else split(found, measurer)
 
-    answer = episode(plan.searched)
+    if start is None or not start.exact:
+        return episode(problem), evaluator
+    answer = from_relaid_start(episode(start.coordinates), start)
     in_place, compare_s = None, 0.0
-    if given is not None and in_place_rows(given.searched) and proposer.actions.fits(given.searched):
-        compare_s = measurer.comparison_seconds(plan.original.constant_bytes) if weights_change else 0.0
-        in_place = episode(given.searched, relaying_actions(proposer.actions) if weights_change else frozenset())
-        plan, answer, in_place = kept_copy(plan, answer, given, in_place)
-    return *preferred(plan, answer, given, in_place, compare_s), evaluator
+    if in_place_rows(problem) and proposer.actions.fits(problem):
+        compare_s = measurer.comparison_seconds(problem.constant_bytes) if weights_change else 0.0
+        in_place = episode(problem, relaying_actions(proposer.actions) if weights_change else frozenset())
+    return preferred([answer, in_place], compare_s), evaluator
 
 
 def policy_answer(proposer: PolicyProposer, problem: Problem, measurer: Measurer, evaluator: Evaluator, excluded: frozenset[str],

@@ -11,6 +11,13 @@ are timed again); a remembered answer served while the machine is quiet is timed
 and one that now runs below :data:`~looprl.measurement.load.BUSY_RATIO` of its recorded speed
 (found while something else ran, before a quiet figure was known) is not served: tune searches
 again.
+
+A problem is remembered under its own name, and its answer from the re-laid start of a constant
+weight (:class:`~looprl.ir.rewrites.Relaid`) apart from its as-stored one: under the name of the
+start's coordinates problem, in those coordinates, where tune-v9 remembered its twin's answer
+(so those answers, and the measurements under that name, are used as they are). Both turns
+between the two forms are here: :func:`remember` and :func:`recall` given the ``relaid``
+start; :func:`remembered_names` lists the names.
 """
 
 from __future__ import annotations
@@ -20,10 +27,11 @@ from dataclasses import dataclass, replace
 
 from looprl.ir.nest import initial_nest
 from looprl.ir.problem import Problem
-from looprl.ir.rewrites import relaid_twin
+from looprl.ir import rewrites
+from looprl.ir.rewrites import RELAID, Relaid, replays_on
 from looprl.measurement.load import LoadReading, busiest, check_load, measured_under, retime_remembered
 from looprl.tune.measurer import Measurer
-from looprl.tune.results import Answer
+from looprl.tune.results import Answer, from_relaid_start
 
 # Remembered answers are keyed by this: bump it when what tune finds changes (an upgrade must not
 # return an older version's weaker answer). 2: register tiles at the output-row loop.
@@ -36,6 +44,8 @@ from looprl.tune.results import Answer
 # 8: the default policies act with plan actions (checkpoints/clone-plans*): their answers differ.
 # 9: few-row problems whose inputs both store the reduction last are also searched in place
 # (dot-product tiles, looprl.search.dots), and kept unless the re-laid twin is IN_PLACE_MARGIN faster.
+# (Kept at 9 when the twin became the re-laid start, a layout of the same problem: the same
+# searches, the same schedules and the same winner; v9's answers are read as they were written.)
 TUNER = "tune-v9"
 
 
@@ -57,36 +67,60 @@ def load_now(measurer: Measurer) -> LoadAtStart:
     return LoadAtStart(reading, since)
 
 
-def remember(answer: Answer, measurer: Measurer, start: LoadAtStart) -> Answer:
+def remember(answer: Answer, measurer: Measurer, start: LoadAtStart, relaid: Relaid | None = None) -> Answer:
     """Store ``answer`` (a measured one) as tune's for its problem, target and threads offered,
     timed with the measurer's budget per schedule, with the busier of the load at ``start`` and
-    the load now. On a busy machine the answer is stored as provisional and the search's
-    measurements are unsettled (:meth:`~looprl.measurement.cache.MeasurementCache.unsettle`).
-    Returns the answer with that reading (:attr:`Answer.load`)."""
+    the load now; an answer from the re-laid start of a constant weight, ``relaid``, under its
+    coordinates (see the module docstring). On a busy machine the answer is stored as
+    provisional and the search's measurements are unsettled
+    (:meth:`~looprl.measurement.cache.MeasurementCache.unsettle`). Returns the answer with that
+    reading (:attr:`Answer.load`)."""
     load = busiest(start.reading, load_now(measurer).reading)
-    measurer.cache.put_tuned(measured_under(replace(answer.record, tuner=TUNER), load), measurer.budget_s)
+    record = replace(answer.record, tuner=TUNER)
+    if _apart(relaid, record.replays_on):
+        record = replace(record, nest=relaid.in_coordinates(record.nest), replays_on=None)
+    measurer.cache.put_tuned(measured_under(record, load), measurer.budget_s)
     if load.busy:
         measurer.cache.unsettle(start.since, measurer.target, measurer.budget_s, measurer.threads)
     return replace(answer, load=load)
 
 
-def recall(measurer: Measurer, problem: Problem, least_budget_s: float, start: LoadAtStart | None = None) -> Answer | None:
-    """The answer an earlier measured tune of ``problem`` on the measurer's threads remembered,
-    if it was found with at least ``least_budget_s`` and its action path is known, and it was
-    found on a quiet machine (else None: tune again). Where ``start`` says the machine is quiet
-    now, the answer is timed again first and not served if it runs below
+def recall(measurer: Measurer, problem: Problem, least_budget_s: float, start: LoadAtStart | None = None,
+           relaid: Relaid | None = None) -> Answer | None:
+    """The answer an earlier measured tune of ``problem`` (given ``relaid``, the re-laid start
+    of its constant weight: from that start) on the measurer's threads remembered, if it was
+    found with at least ``least_budget_s`` and its action path is known, and it was found on a
+    quiet machine (else None: tune again). Where ``start`` says the machine is quiet now, the
+    answer is timed again first and not served if it runs below
     :data:`~looprl.measurement.load.BUSY_RATIO` of its recorded speed
     (:func:`~looprl.measurement.load.retime_remembered`). The untuned nest's speed is looked
     up (or timed) for the report."""
-    known = measurer.cache.get_tuned(problem, measurer.target, measurer.budget_s, tuner=TUNER, threads=measurer.threads)
+    stored = relaid.coordinates if _apart(relaid, RELAID) else problem
+    known = measurer.cache.get_tuned(stored, measurer.target, measurer.budget_s, tuner=TUNER, threads=measurer.threads)
     if known is None or known.budget_s < least_budget_s or known.actions is None:
         return None  # (also when another IR version wrote it, or it is provisional) tune again
-    if known.replays_on is not None:
-        relaid = relaid_twin(problem)
-        if relaid is None or relaid.kind != known.replays_on:
-            return None  # written for another rewrite of this problem: tune again
+    try:
+        known = replace(known, replays_on=replays_on(known.replays_on))
+    except ValueError:
+        return None  # written for a way of searching this looprl does not know: tune again
+    if known.replays_on is not None and (stored is not problem or rewrites.relaid(problem) is None):
+        return None  # its actions replay from a start this problem does not have: tune again
     if start is not None and not start.reading.busy and not retime_remembered(known, measurer.evaluator):
         return None  # slower now than when it was found: found during a busy moment; tune again
-    root = initial_nest(problem)
+    root = initial_nest(stored)
     initial = measurer.cache.get(root, measurer.target, measurer.budget_s) or measurer.evaluator(root).gflops
-    return Answer(known, "remembered", initial, measured=measurer.compiled)
+    answer = Answer(known, "remembered", initial, measured=measurer.compiled)
+    return from_relaid_start(answer, relaid) if stored is not problem else answer
+
+
+def remembered_names(problem: Problem) -> tuple[str, ...]:
+    """The names tune remembers answers for ``problem`` under: its own and, for a constant
+    weight with a re-laid start, that start's coordinates problem's."""
+    start = rewrites.relaid(problem)
+    return (problem.name,) + ((start.coordinates.name,) if _apart(start, RELAID) else ())
+
+
+def _apart(relaid: Relaid | None, replays: str | None) -> bool:
+    """Whether an answer replaying from ``replays`` is remembered apart, under ``relaid``'s
+    coordinates: one from the re-laid start of a constant weight."""
+    return relaid is not None and relaid.exact and replays == RELAID

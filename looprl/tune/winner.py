@@ -8,11 +8,14 @@ found and the measurer timed, with the rules' constants.
   :data:`TEAM_WITHIN` apart (:func:`team_or_serial`).
 * The policy alone (the fast path): the fastest of its timed proposals, the earliest among
   equals (:func:`fastest`); a team split kept only where a variant is faster (:func:`split_kept`).
-* In place or through the twin (a linear layer's weight read where it lies, or a re-laid copy):
-  which problems are searched in place (:data:`IN_PLACE_ROWS`, :data:`COMPARISON_SHARE`,
-  :func:`searches_in_place`), what the in-place episode may not do where weights change
-  (:func:`relaying_actions`), and which answer is returned (:data:`IN_PLACE_MARGIN`, the copy's
-  comparison counted: :func:`preferred`; the fast path's in-place copy: :func:`kept_copy`).
+* A linear layer's weight read where it lies, or through a re-laid copy: which problems are
+  searched from the weight as stored as well as from its re-laid start
+  (:class:`~looprl.ir.rewrites.Relaid`; :data:`IN_PLACE_ROWS`, :data:`COMPARISON_SHARE`,
+  :func:`searches_in_place`), what the as-stored episode may not do where weights change
+  (:func:`relaying_actions`), and which of one problem's schedules is returned: the one rule
+  :func:`preferred` (a schedule that reads a re-laid copy of a constant input,
+  :func:`reads_a_copy`, pays the copy's comparison where weights are followed, and must beat
+  the fastest schedule that keeps no copy by :data:`IN_PLACE_MARGIN`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from looprl.actions import ActionSet
 from looprl.actions.action_set import LAYOUT_ACTIONS
 from looprl.ir.plans import Plan
 from looprl.ir.problem import Problem
-from looprl.ir.rewrites import RewriteChain
+from looprl.ir.nest import LoopNest
 from looprl.ir.schedules import why_not_dot
 from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.search.context import SearchContext
@@ -47,15 +50,15 @@ TEAM_WITHIN = 0.5
 # per multiply-add in a dot-product tile against one per few in a register tile).
 IN_PLACE_ROWS = 16
 # Where the weights may change, a problem of more rows than IN_PLACE_ROWS is searched in place
-# too when comparing the twin's copy would cost at least this share of the twin's call: below it
+# too when comparing the re-laid start's copy would cost at least this share of its call: below it
 # the in-place answer would have to win on speed alone, which dot-product tiles do not at many
 # rows (two loads per multiply-add), and its search would cost measurements for nothing (at 512
 # rows of 640->1920 the comparison is 0.5% of the call; at 64 rows, 4%).
 COMPARISON_SHARE = 0.02
-# A schedule that reads the weight in place is kept unless the one through the re-laid twin is
-# at least this much faster: the twin's kernel reads a copy of the weight, which a model must
-# keep in step with the weight (compared on every call unless frozen); a near-tie goes to the
-# schedule that keeps nothing. 5%: what two timings of one kernel differ by (torch.routes).
+# A schedule that keeps no copy of a weight is kept unless one that reads a re-laid copy is at
+# least this much faster: the copy is one a model must keep in step with the weight (compared
+# on every call unless frozen); a near-tie goes to the schedule that keeps nothing.
+# 5%: what two timings of one kernel differ by (torch.routes).
 IN_PLACE_MARGIN = 0.05
 
 
@@ -99,39 +102,55 @@ def relaying_actions(actions: ActionSet) -> frozenset[str]:
     return frozenset(plans | {name for name in actions.names if name in LAYOUT_ACTIONS})
 
 
-def searches_in_place(given: RewriteChain | None, answer: Answer, compare_s: float) -> bool:
-    """Whether tune searches ``given`` (the problem as given, or None) in place, the twin's
-    ``answer`` in hand: few rows always; more where the comparison ``compare_s`` of the
-    twin's copy is :data:`COMPARISON_SHARE` of its call or more."""
-    if given is None:
+def searches_in_place(problem: Problem | None, answer: Answer, compare_s: float) -> bool:
+    """Whether tune searches ``problem`` (or None) from its weight as stored too, the re-laid
+    start's ``answer`` in hand: few rows always; more where the comparison ``compare_s`` of the
+    answer's copy is :data:`COMPARISON_SHARE` of its call or more."""
+    if problem is None:
         return False
-    if in_place_rows(given.searched):
+    if in_place_rows(problem):
         return True
-    call_s = given.original.flops / (answer.gflops * 1e9) if answer.gflops > 0 else math.inf
+    call_s = problem.flops / (answer.gflops * 1e9) if answer.gflops > 0 else math.inf
     return compare_s >= COMPARISON_SHARE * call_s
 
 
-def preferred(plan: RewriteChain, answer: Answer, given: RewriteChain | None, in_place: Answer | None,
-              compare_s: float = 0.0) -> tuple[RewriteChain, Answer]:
-    """The chain and answer tune returns: the in-place answer where there is one and the
-    twin's is not :data:`IN_PLACE_MARGIN` faster (its call's time with ``compare_s``, the
-    comparison of its copies, added), else the twin's; both searches counted."""
-    if in_place is None:
-        return plan, answer
-    flops = plan.original.flops
-    twin_gflops = flops / (flops / (answer.gflops * 1e9) + compare_s) / 1e9 if answer.gflops > 0 else 0.0
-    measured, waited_s = in_place.measured + answer.measured, in_place.waited_s + answer.waited_s
-    if twin_gflops >= (1.0 + IN_PLACE_MARGIN) * in_place.gflops:
-        return plan, replace(answer, measured=measured, waited_s=waited_s)
-    return given, replace(in_place, measured=measured, waited_s=waited_s)
+def reads_a_copy(nest: LoopNest) -> bool:
+    """Whether ``nest``'s kernel reads a re-laid copy of a constant input (made once, at bind:
+    a copy a model keeps in step with the weight)."""
+    return any(tensor in nest.problem.constant for tensor, _ in nest.layouts)
 
 
-def kept_copy(plan: RewriteChain, answer: Answer, given: RewriteChain, in_place: Answer) -> tuple[RewriteChain, Answer, Answer | None]:
-    """The fast path's in-place episode, if its answer re-lays the weight, is a copy as the
-    twin's: the faster copy is kept (both episodes counted) and no in-place rival is left;
-    else both stay for :func:`preferred`."""
-    if dict(in_place.nest.layouts).get("in1") is None:
-        return plan, answer, in_place
-    measured = answer.measured + in_place.measured
-    plan, answer = (given, in_place) if in_place.gflops > answer.gflops else (plan, answer)
-    return plan, replace(answer, measured=measured), None
+def preferred(answers: Iterable[Answer | None], compare_s: float = 0.0) -> Answer:
+    """The one winner rule between answers for one problem (None entries left out; every
+    search counted in the answer returned). Each answer's call costs its measured time plus,
+    where it reads a re-laid copy of a constant input (:func:`reads_a_copy`), ``compare_s``
+    (the copy's comparison where weights are followed; 0 where constant means constant). The
+    fastest by that cost among the answers keeping no copy, and the fastest among those
+    reading one (earliest among equals), are compared: the copy wins only where it is
+    :data:`IN_PLACE_MARGIN` faster; with only one kind, the fastest of it."""
+    found = [answer for answer in answers if answer is not None]
+    if not found:
+        raise ValueError("preferred needs at least one answer")
+
+    def gflops(answer: Answer) -> float:
+        if answer.gflops <= 0:
+            return 0.0
+        if not reads_a_copy(answer.nest):
+            return answer.gflops
+        flops = answer.nest.problem.flops
+        return flops / (flops / (answer.gflops * 1e9) + compare_s) / 1e9
+
+    def best(kind: list[Answer]) -> Answer | None:
+        chosen = None
+        for answer in kind:
+            chosen = answer if chosen is None or gflops(answer) > gflops(chosen) else chosen
+        return chosen
+
+    copy, kept = best([a for a in found if reads_a_copy(a.nest)]), best([a for a in found if not reads_a_copy(a.nest)])
+    if copy is None or kept is None:
+        chosen = copy or kept
+    else:
+        chosen = copy if gflops(copy) >= (1.0 + IN_PLACE_MARGIN) * gflops(kept) else kept
+    if len(found) == 1:
+        return chosen
+    return replace(chosen, measured=sum(a.measured for a in found), waited_s=sum(a.waited_s for a in found))
