@@ -13,9 +13,9 @@ import pytest
 
 from looprl.target import Target
 from tests.policies import random_policy
-from tests.test_cli_errors import assert_one_line_error
+from tests.cli.test_cli_errors import assert_one_line_error
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--dataset", "mm64-256", "--split", "test"]  # small problems: a greedy episode takes a second or two
 
 
@@ -39,7 +39,7 @@ def tiny_config(tmp_path, **env) -> Path:
     """A tiny DQN agent YAML (two small problems, a fixed peak) with ``env`` settings changed."""
     import yaml
 
-    from tests.test_train import tiny_agent
+    from tests.train.test_train import tiny_agent
 
     agent = tiny_agent("dqn", str(tmp_path / "cache.sqlite"))
     agent["env"].update(env)

@@ -17,9 +17,9 @@ from looprl.cli import tune as tune_cli
 from looprl.cli.common import writable_file, writable_folder
 from looprl.measurement.lock import LockWaitTimeout
 from looprl.measurement.tuned_records import write_tuned_records
-from tests.test_cache_hardening import read_only
+from tests.measurement.test_cache_hardening import read_only
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 needs_proc = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
 
 
