@@ -14,7 +14,7 @@ towards the minimax (equioscillating) fit:
     python experiments/fit_epilogue_polynomials.py
 
 Nothing here runs at import time of looprl; the printed values are written into the module by
-hand, rounded to float32, and tests/test_epilogue_math.py checks their error in float32.
+hand, rounded to float32, and tests/backend/test_epilogue_math.py checks their error in float32.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Writes ``tests/data/records_a56e7ac.json``: a tuned-records file (the form
 :meth:`MeasurementCache.export_tuned <looprl.measurement.cache.MeasurementCache.export_tuned>`
 and :func:`~looprl.measurement.tuned_records.write_tuned_records` give tune's answers: each
 record the schedule's key, its action names and the rewrite they replay on) plus a ``replay``
-section that ``tests/test_records_replay.py`` checks against:
+section that ``tests/measurement/test_records_replay.py`` checks against:
 
 * for each record, the target and threads its kernel is compiled for, what the kernel is (its
   loops and the layout of each tensor it stores re-laid, :func:`kernel_facts`) and the sha256

@@ -16,7 +16,7 @@ def one_torch_thread_per_worker():
     """Under pytest-xdist (``-n 2``: one worker per core) each worker's torch runs on one
     thread. Two threads of torch's OpenMP pool spin on both cores; with the other worker busy
     there, a torch call timed against a looprl kernel ran 8x slower than alone and flipped the
-    judgements ``tests/test_torch_routes.py`` checks. Run serially, torch keeps its threads."""
+    judgements ``tests/torch/test_torch_routes.py`` checks. Run serially, torch keeps its threads."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         yield
         return
@@ -91,7 +91,7 @@ def a_quiet_machine(monkeypatch):
     worker computes says busy at random, and tune would then keep its answer as provisional, or
     re-time a remembered one and find it slow, and a test's "tuned again is a lookup" would
     depend on the other worker. A test that replaces the timing rule (``timing.best_time``, as
-    tests/test_busy_machine.py's slowed timer does) gets real readings and re-timings through it."""
+    tests/measurement/test_busy_machine.py's slowed timer does) gets real readings and re-timings through it."""
     from looprl.measurement import load, timing
     from looprl.tune import store
 
@@ -112,7 +112,7 @@ def bandwidth_measured_once_per_session():
     """Each host bandwidth (a target, buffer size, thread count and budget) is measured for real
     once per test process, then given again: tune measures the L2, LLC and DRAM bandwidths for
     every new measurement cache (about four seconds of CPU each; many tests tune into a fresh
-    ``:memory:`` cache), and a machine's bandwidth is not what those tests check. tests/test_roofline.py
+    ``:memory:`` cache), and a machine's bandwidth is not what those tests check. tests/measurement/test_roofline.py
     checks the measurement itself (and replaces this with its own stand-in where it counts
     measurements)."""
     from looprl.measurement import roofline

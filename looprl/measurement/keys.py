@@ -8,7 +8,7 @@ count, so it is stored under the one-thread key (the key of every measurement ma
 threads existed).
 
 These strings are stored in users' cache files: changing their form orphans every stored
-measurement (tests/test_cache_schema.py pins it).
+measurement (tests/measurement/test_cache_schema.py pins it).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 migration of the files earlier looprl versions wrote.
 
 The tables below are what users' files hold: a change must stay readable by (and read) the
-files of earlier versions (tests/test_cache_schema.py opens one written from today's SQL).
+files of earlier versions (tests/measurement/test_cache_schema.py opens one written from today's SQL).
 looprl marks its databases with :data:`APPLICATION_ID` (SQLite's ``application_id``); how a
 file is recognised, opened and rebuilt is :mod:`looprl.measurement.store`'s job.
 

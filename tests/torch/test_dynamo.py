@@ -14,7 +14,7 @@ from tests.policies import random_policy  # noqa: E402
 @pytest.fixture(scope="module")
 def options(tmp_path_factory):
     folder = random_policy(seed=5).save(tmp_path_factory.mktemp("policy") / "policy")
-    # looprl's kernels on every call (not routed to torch by timing): tests/test_torch_routes.py tests routing
+    # looprl's kernels on every call (not routed to torch by timing): tests/torch/test_torch_routes.py tests routing
     return {"policy": str(folder), "budget_s": 0.05, "cache": ":memory:", "compare_torch": False}
 
 

@@ -267,7 +267,7 @@ def test_a_failed_baseline_child_is_one_line_and_the_other_figures_still_print(t
     fake = tmp_path / "fake" / "torch"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise OSError('libtorch_cpu.so: cannot open shared object file')\n")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     monkeypatch.setenv("PYTHONPATH", f"{fake.parent}{os.pathsep}{root}")
     killed = "import json, os, signal, sys; print(json.dumps({'label': 'numpy'}), flush=True); sys.stdin.readline(); os.kill(os.getpid(), signal.SIGKILL)"
     monkeypatch.setattr(numpy_baseline, "NUMPY_CHILD", ("-c", killed))

@@ -20,7 +20,7 @@ from looprl.train.demonstrations import load_demonstrations, save_demonstrations
 from looprl.train.dqfd import margin_loss
 from looprl.train.expert_iteration import rounds
 from looprl.train.schema import section_settings
-from tests.test_train import ray_session  # noqa: F401  (the module's Ray, started once)
+from tests.train.test_train import ray_session  # noqa: F401  (the module's Ray, started once)
 
 torch = pytest.importorskip("torch")
 
@@ -131,7 +131,7 @@ def test_pretrain_expert_settings_are_checked(pretrain, message):
 
 def test_a_dqfd_learner_trains_with_the_margin_loss_and_reports_agreement(ray_session, tmp_path):
     from looprl.train.learners import build_config
-    from tests.test_train import tiny_agent
+    from tests.train.test_train import tiny_agent
 
     agent = tiny_agent("apex-dqn", str(tmp_path / "cache.sqlite"))
     agent["demonstrations"] = {"margin": 0.05, "weight": 1.0, "batch_size": 8}
@@ -167,7 +167,7 @@ def test_a_dqfd_run_gathers_demonstrations_repeats_expert_iteration_and_ships_an
 
     from looprl.policy.numpy_policy import Policy
     from looprl.train.ship import ship
-    from tests.test_train import run_cli, tiny_agent
+    from tests.train.test_train import run_cli, tiny_agent
 
     agent = tiny_agent("dqn", str(tmp_path / "cache.sqlite"))
     agent["pretrain"] = {"problems_per_dataset": 2, "epochs": 20}

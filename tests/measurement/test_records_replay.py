@@ -46,7 +46,7 @@ from looprl.policy.rollout import greedy_rollout
 from looprl.target import Target, host_cpu
 from looprl.tune.results import replayed
 
-FIXTURE = Path(__file__).resolve().parent / "data" / "records_a56e7ac.json"
+FIXTURE = Path(__file__).resolve().parents[1] / "data" / "records_a56e7ac.json"
 DOCUMENT = json.loads(FIXTURE.read_text(encoding="utf-8"))
 REPLAY = DOCUMENT["replay"]
 CHECKS = REPLAY["records"]

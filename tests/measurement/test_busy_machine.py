@@ -171,7 +171,7 @@ def test_the_reference_is_checksummed_and_survives_a_reopen(tmp_path):
 
 
 def _crc(table, key, value):
-    """The row checksum, written out independently of the code (see tests/test_cache_schema.py)."""
+    """The row checksum, written out independently of the code (see tests/measurement/test_cache_schema.py)."""
     data = b"".join(len(field.encode()).to_bytes(4, "big") + field.encode() for field in (table, *key))
     return zlib.crc32(data + struct.pack(">d", value))
 

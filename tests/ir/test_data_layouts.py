@@ -20,8 +20,8 @@ from looprl.ir.nest import LoopNest
 from looprl.measurement.cache import MeasurementCache
 from looprl.ir.schedules import layout_starts
 from tests.schedules import action_steps, layout_steps, pack_every_tiled_loop, walk, with_layouts
-from tests.test_codegen_correctness import assert_matches
-from tests.test_layout_codegen import PROBLEMS
+from tests.backend.test_codegen_correctness import assert_matches
+from tests.backend.test_layout_codegen import PROBLEMS
 
 
 def assert_is_a_layout(layout: Layout):

@@ -27,9 +27,9 @@ from looprl.train.evaluate import resolve_policy
 from looprl.train.run_folder import RunDirectory, RunState
 from looprl.train.schema import ENV, SECTIONS, TRAINING, key_text, section_settings, validate_agent
 from tests.policies import random_policy
-from tests.test_train import tiny_agent
+from tests.train.test_train import tiny_agent
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = {path.name: yaml.safe_load(path.read_text()) for path in sorted((ROOT / "agents").glob("*.yaml"))}
 
 

@@ -15,7 +15,7 @@ from looprl.backend import kernel as kernel_module
 from looprl.ir.schedules import expert_candidates, expert_matmul
 from looprl.target import TARGET_NAMES, Target
 from tests.schedules import action_steps, walk
-from tests.test_codegen_correctness import PROBLEMS, assert_matches, random_inputs
+from tests.backend.test_codegen_correctness import PROBLEMS, assert_matches, random_inputs
 
 pytestmark = pytest.mark.target_dependent  # the code generated for each target and the default one
 

@@ -17,7 +17,7 @@ from tests.policies import random_policy  # noqa: E402
 def options(tmp_path_factory):
     folder = random_policy(seed=3).save(tmp_path_factory.mktemp("policy") / "policy")
     # These tests are about looprl's kernels: every call they make is looprl's, never routed to
-    # torch by timing (tests/test_torch_routes.py tests the routes).
+    # torch by timing (tests/torch/test_torch_routes.py tests the routes).
     return {"policy": folder, "budget_s": 0.1, "cache": str(tmp_path_factory.mktemp("cache") / "m.sqlite"), "compare_torch": False,
             "progress": False}
 

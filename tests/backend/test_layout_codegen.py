@@ -12,7 +12,7 @@ from looprl.backend.layout_plan import layout_applies, workspace_elements
 from looprl.target import TARGET_NAMES, Target
 from tests.guarded import GuardedArray
 from tests.schedules import action_steps, layout_steps, pack_every_tiled_loop, walk, with_layouts
-from tests.test_codegen_correctness import assert_matches, random_inputs, reference
+from tests.backend.test_codegen_correctness import assert_matches, random_inputs, reference
 
 PROBLEMS = [
     looprl.matmul(67, 100, 50),  # no split divides these

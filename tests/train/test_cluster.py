@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = r'''
 import json

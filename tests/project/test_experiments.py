@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = sorted(p for p in (Path(__file__).resolve().parent.parent / "experiments").glob("*.py") if not p.name.startswith("_"))
+SCRIPTS = sorted(p for p in (Path(__file__).resolve().parents[2] / "experiments").glob("*.py") if not p.name.startswith("_"))
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.name)
 def test_experiment_script_starts(script, monkeypatch, capsys):
-    """``python experiments/<script> --help``, run in this process as tests/test_docs.py runs
+    """``python experiments/<script> --help``, run in this process as tests/project/test_docs.py runs
     the documented command lines: the script's imports and its parser, no second interpreter
     importing numpy, looprl and torch again for each script."""
     monkeypatch.setattr(sys, "argv", [str(script), "--help"])
@@ -31,7 +31,7 @@ def test_the_real_models_experiment_writes_every_method_and_its_summary(tmp_path
 
     out = tmp_path / "rm"
     env = dict(os.environ, LOOPRL_CACHE_DIR=str(tmp_path / "cache"))
-    script = Path(__file__).resolve().parent.parent / "experiments" / "real_models.py"
+    script = Path(__file__).resolve().parents[2] / "experiments" / "real_models.py"
     done = subprocess.run([sys.executable, str(script), "--problems", "48x64x32,20x40x24", "--rounds", "1", "--out", str(out)],
                           capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
@@ -57,7 +57,7 @@ def test_the_autotvm_ceiling_experiment_times_three_answers_per_problem_and_prin
     isa = Target.default().isa  # the script's target (LOOPRL_TARGET, else the host's)
     for name, problem in (("models", "mk,kn->mn:m=20,k=24,n=32"), ("offgrid", "mk,kn->mn:m=13,k=17,n=19"), ("mm64", "mk,kn->mn:m=16,k=16,n=16")):
         (tmp_path / f"autotvm64_{name}_{isa}.csv").write_text(f'problem,method\n"{problem}",random\n"{problem}",autotvm\n')
-    script = Path(__file__).resolve().parent.parent / "experiments" / "autotvm_ceiling.py"
+    script = Path(__file__).resolve().parents[2] / "experiments" / "autotvm_ceiling.py"
     done = subprocess.run([sys.executable, str(script), "--trials-dir", str(tmp_path), "--trials", "4", "--rounds", "1"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -71,7 +71,7 @@ def test_the_autotvm_ceiling_experiment_times_three_answers_per_problem_and_prin
 
 # ---- experiments/README.md: the map of the scripts and their results ---------------------------
 
-EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 HELPERS = sorted(p for p in EXPERIMENTS.glob("_*.py"))
 
 

@@ -12,7 +12,7 @@ from looprl.ir.plans import Plan, plan_catalogue, plan_nest, plan_tile, why_not_
 from looprl.ir.register_tiles import tile_of, tile_shapes
 from looprl.target import Target
 from tests.guarded import GuardedArray
-from tests.test_codegen_correctness import assert_matches, random_inputs, reference
+from tests.backend.test_codegen_correctness import assert_matches, random_inputs, reference
 
 pytestmark = pytest.mark.target_dependent  # the plans are the target's register tiles
 
