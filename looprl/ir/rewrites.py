@@ -20,7 +20,7 @@ problem's row-major untuned nest. The re-laid start is the row-major untuned nes
 problem, :attr:`Relaid.coordinates` (the operand's letters listed in its re-laid order, e.g.
 ``mk,kn->mn``: what the policies were trained on), whose schedules are the problem's with the
 same loops and each tensor's physical layout (:meth:`~looprl.ir.nest.LoopNest.on_problem`): the
-policy sees the same observation either way (``tests/test_in_place_layouts.py``), so the
+policy sees the same observation either way (``tests/tune/test_in_place_layouts.py``), so the
 engines search the re-laid start in those coordinates and every schedule found there is turned
 into the problem's at once (:meth:`Relaid.schedule`), before it is compared, remembered or
 returned. A record whose actions replay from the re-laid start says so with ``replays_on`` =
