@@ -46,9 +46,9 @@ from looprl import checks
 
 SPLIT, SWAP, MERGE, PARALLEL = "split", "swap", "merge", "parallel"
 PACK, PAD, PAIR, INNERMOST = "pack", "pad", "pair", "innermost"
-LOOP_OPS = (SPLIT, SWAP, MERGE, PARALLEL)
+OPS = (SPLIT, SWAP, MERGE, PARALLEL)  # the loop ops
 LAYOUT_OPS = (PACK, PAD, PAIR, INNERMOST)
-OPS = LOOP_OPS + LAYOUT_OPS
+ALL_OPS = OPS + LAYOUT_OPS
 TENSORS = ("in0", "in1", "out")
 _WITH_ARG = (SPLIT, PACK, PAD)  # the ops that take an argument
 _TENSORS_OF = {PACK: ("in0", "in1"), PAD: TENSORS, PAIR: ("in1",), INNERMOST: ("in0", "in1")}
@@ -60,7 +60,8 @@ _TEXT = re.compile(r"([a-z]+)\(([^()]*)\)", re.ASCII)
 
 @dataclass(frozen=True)
 class Step:
-    """One transform of a schedule: ``op`` (one of :data:`OPS`) at loop ``loop``; ``arg`` is a
+    """One transform of a schedule: ``op`` (one of :data:`ALL_OPS`: the loop ops :data:`OPS`,
+    the layout ops :data:`LAYOUT_OPS`) at loop ``loop``; ``arg`` is a
     split's factor, a pack's tile or a pad's multiple (0 for the other ops); ``tensor`` the
     tensor a layout op changes ("" for the loop ops). Python and numpy integers are taken alike."""
 
@@ -70,8 +71,8 @@ class Step:
     tensor: str = ""
 
     def __post_init__(self):
-        if self.op not in OPS:
-            raise ValueError(f"unknown transform {self.op!r}; expected one of {', '.join(OPS)}")
+        if self.op not in ALL_OPS:
+            raise ValueError(f"unknown transform {self.op!r}; expected one of {', '.join(ALL_OPS)}")
         # Plain ints (what the actions and searches pass, on env.step's path) are taken as they
         # are; anything else (numpy integers, bools) goes through the one integer check.
         if type(self.op) is not str:
@@ -108,8 +109,8 @@ class Step:
         """The step written ``text`` (``str(step)``: ``split(3, 16)``, ``pack(4, in1, 16)``);
         a ValueError naming the text where it is not one."""
         match = _TEXT.fullmatch(text) if isinstance(text, str) else None
-        if match is None or match[1] not in OPS:
-            raise ValueError(f"bad step {text!r:.120}: expected <op>(<loop>[, <tensor>][, <arg>]) with op one of {', '.join(OPS)}")
+        if match is None or match[1] not in ALL_OPS:
+            raise ValueError(f"bad step {text!r:.120}: expected <op>(<loop>[, <tensor>][, <arg>]) with op one of {', '.join(ALL_OPS)}")
         op, parts = match[1], [part.strip() for part in match[2].split(",")]
         expected = 1 + (op in LAYOUT_OPS) + (op in _WITH_ARG)
         numbers = [parts[0]] + ([parts[-1]] if op in _WITH_ARG and len(parts) == expected else [])
