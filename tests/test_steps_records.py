@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import looprl
+import looprl.ir.register_tiles
 from looprl import MeasurementCache, parse_problem
 from looprl.actions import ActionSet, State, follow
 from looprl.ir.action import action_steps
@@ -135,3 +136,28 @@ def test_records_written_at_a56e7ac_replay_from_their_steps_without_an_action_se
             upgraded += 1
             assert initial_nest(record.problem).apply(record.steps) == record.nest, check["case"]
     assert upgraded >= 10
+
+
+def test_a_bfloat16_weights_record_carries_its_pair_step_and_reads_back_with_it():
+    """A record of before pair steps (its schedule paired by the code generator) is upgraded:
+    its schedule and steps gain the pair step, its kernel stays the same, and it goes through
+    a cache and back with its steps."""
+    from looprl.backend.pairs import kernel_layouts, pair_step, pairing
+
+    target = Target.named("avx2")
+    nest = initial_nest(BF16_WEIGHT).apply(looprl.ir.register_tiles.tile_steps(BF16_WEIGHT, 4, 16))
+    pair = pair_step(nest, target)
+    assert pair is not None and pair.op == PAIR
+    paired = nest.apply((pair,))
+    assert pairing(paired, target) == pairing(nest, target) and kernel_layouts(paired, target) == kernel_layouts(nest, target)
+    names = ActionSet.for_target(target).path(State(initial_nest(BF16_WEIGHT), 0), looprl.ir.register_tiles.tile_steps(BF16_WEIGHT, 4, 16))
+    assert names is not None
+    actions = tuple(ActionSet.for_target(target).names[a] for a in names[0])
+    record = ScheduleRecord(nest, 10.0, actions, "tiles", target)
+    assert record.nest == paired and record.steps[-1] == pair
+    assert initial_nest(BF16_WEIGHT).apply(record.steps) == record.nest
+    with MeasurementCache(":memory:") as cache:
+        cache.put_tuned(record)
+        back = cache.get_tuned(BF16_WEIGHT, target)
+    assert back.nest == paired and back.steps == record.steps
+    assert ScheduleRecord(nest, 10.0, actions, "tiles").nest == nest  # no target, no pairs to read

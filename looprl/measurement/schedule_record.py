@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from looprl.backend.pairs import pair_step
 from looprl.ir.action import action_steps
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
@@ -59,16 +60,21 @@ class ScheduleRecord:
     # so whether the answer is final. None: not checked (a final answer).
     reference_gflops: float | None = None
     # The schedule as steps from the problem's untuned nest (looprl.ir.step): ``initial_nest(
-    # problem).apply(steps)`` is ``nest``. Given none, they are the action names' steps
+    # problem).apply(steps)`` is ``nest``. Given none (or steps that do not reach ``nest``: a
+    # record replaced with another nest), they are the action names' steps
     # (looprl.ir.action.action_steps: how a record written as action names is read), or None
     # where no step path is known (no actions, actions replaying on another problem).
     steps: tuple[Step, ...] | None = None
 
     def __post_init__(self):
-        if self.steps is None:
-            object.__setattr__(self, "steps", _steps_of(self.nest, self.actions, self.target, self.replays_on))
-        elif not (isinstance(self.steps, tuple) and all(isinstance(step, Step) for step in self.steps)):
-            raise ValueError(f"a record's steps are a tuple of Step values, got {self.steps!r:.200}")
+        steps = self.steps
+        if steps is not None and not (isinstance(steps, tuple) and all(isinstance(step, Step) for step in steps)):
+            raise ValueError(f"a record's steps are a tuple of Step values, got {steps!r:.200}")
+        nest = _upgraded(self.nest, self.target)
+        if steps is None or not _reaches(nest, steps):
+            steps = _steps_of(nest, self.actions, self.target, self.replays_on)
+        object.__setattr__(self, "nest", nest)
+        object.__setattr__(self, "steps", steps)
 
     @property
     def problem(self) -> Problem:
@@ -78,13 +84,27 @@ class ScheduleRecord:
         return replace(self, gflops=gflops)
 
 
+def _upgraded(nest: LoopNest, target: Target | None) -> LoopNest:
+    """``nest`` with the pair step of a bfloat16 weight where a schedule of before pair steps
+    left the pairs to the code generator (:func:`~looprl.backend.pairs.pair_step`; the one
+    upgrade of a record's schedule): its kernel is the same."""
+    pair = None if target is None else pair_step(nest, target)
+    return nest if pair is None else nest.apply((pair,))
+
+
 def _steps_of(nest: LoopNest, actions, target, replays_on) -> tuple[Step, ...] | None:
     """The steps of a record given as action names (the one upgrade of a record without
-    steps): its actions' steps where they reach its schedule, else None."""
+    steps): its actions' steps, and the pair step :func:`_upgraded` adds, where they reach its
+    schedule; else None."""
     if actions is None or replays_on is not None:
         return None
     steps = action_steps(nest.problem, tuple(actions), target)
-    return steps if steps is not None and _reaches(nest, steps) else None
+    if steps is None:
+        return None
+    if not _reaches(nest, steps) and target is not None:
+        pair = pair_step(initial_nest(nest.problem).apply(steps), target)
+        steps = steps if pair is None else steps + (pair,)
+    return steps if _reaches(nest, steps) else None
 
 
 def _reaches(nest: LoopNest, steps: tuple[Step, ...]) -> bool:
