@@ -161,3 +161,21 @@ def test_a_bfloat16_weights_record_carries_its_pair_step_and_reads_back_with_it(
         back = cache.get_tuned(BF16_WEIGHT, target)
     assert back.nest == paired and back.steps == record.steps
     assert ScheduleRecord(nest, 10.0, actions, "tiles").nest == nest  # no target, no pairs to read
+
+
+def test_a_layout_start_is_the_untuned_nest_and_its_innermost_steps():
+    from looprl.ir.schedules import column_last_layout, layout_start_steps, layout_starts
+
+    problem = parse_problem("bmk,bnk->bmn:b=2,m=8,k=16,n=32")
+    steps = layout_start_steps(problem)
+    assert [str(step) for step in steps] == ["innermost(3, in1)"]
+    root, relaid = layout_starts(problem)
+    assert relaid == root.apply(steps) and relaid.layout("in1") == column_last_layout(problem, "in1")
+    assert layout_start_steps(MATMUL) == () and layout_starts(MATMUL) == [initial_nest(MATMUL)]
+
+
+def test_an_action_set_writes_a_path_as_names():
+    actions = ActionSet((4, 8))
+    assert actions.named([0, 1, actions.index("split_8")]) == ("up", "down", "split_8")
+    with pytest.raises(ValueError, match="action"):
+        actions.named([len(actions)])

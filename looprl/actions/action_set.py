@@ -185,6 +185,11 @@ class ActionSet:
         """An action given by name or by index, as its index."""
         return self.index(action) if isinstance(action, str) else self.validate(action)
 
+    def named(self, path) -> tuple[str, ...]:
+        """The names of the actions ``path`` (indices into this set), in order: how a path is
+        written down (records, demonstrations)."""
+        return tuple(self.names[self.validate(action)] for action in path)
+
     def index(self, name: str) -> int:
         try:
             return self.names.index(name)
