@@ -101,7 +101,8 @@ class ActionSet:
     what the agent's action ``i`` does."""
 
     def __init__(
-        self, split_factors=defaults.SPLIT_FACTORS, max_loops: int = defaults.MAX_LOOPS, layouts: bool = False, pad_multiple: int = DEFAULT_PAD_MULTIPLE,
+        self, split_factors=defaults.SPLIT_FACTORS, max_loops: int = defaults.MAX_LOOPS, layouts: bool = False,
+        pad_multiple: int = DEFAULT_PAD_MULTIPLE,
         parallel: bool = False, plans=(), target=None,
     ):
         if isinstance(split_factors, (str, bytes)) or not hasattr(split_factors, "__iter__"):
