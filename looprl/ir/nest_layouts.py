@@ -112,7 +112,8 @@ class LayoutSteps:
             return f"loop {index} walks {loop.var!r}, not a reduction dimension"
         paired = self.layout(tensor).paired(loop.var)
         if paired is None:
-            return f"the unit of {loop.var!r} in layout {self.layout(tensor).key!r} of {tensor} cannot be paired (odd, padded or paired already)"
+            return (f"the unit of {loop.var!r} in layout {self.layout(tensor).key!r} of {tensor} cannot be paired "
+                    "(odd, padded or paired already)")
         return self.why_not_layout(tensor, paired)
 
     def innermost(self, index: int, tensor: str) -> "LoopNest":
