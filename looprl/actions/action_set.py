@@ -31,6 +31,13 @@ With ``plans`` (names of :class:`~looprl.ir.plans.Plan`, e.g. all of
   whatever the state), the cursor on the first loop. It cannot apply where the problem has no
   such plan, where the schedule already is the plan's, or past ``max_loops``.
 
+Every action but a cursor move is a name for schedule steps (:class:`~looprl.ir.step.Step`)
+relative to the cursor: a swap, a split and ``parallel`` one step each, ``pack`` and ``pad`` one
+layout step per tensor they change, a plan its plan's steps from the untiled nest. The actions
+themselves, their names and the steps they take are data of :mod:`looprl.ir.action` (the one
+place that writes and reads action names), so a path of names replays to steps without an
+action set (:func:`~looprl.ir.action.action_steps`).
+
 An action that cannot apply (moving past either end, a swap :meth:`LoopNest.why_not_swap`
 refuses, a factor larger than the loop, a split that would exceed ``max_loops``, or a layout
 action that changes no tensor) is invalid: :meth:`ActionSet.why_not` says why,

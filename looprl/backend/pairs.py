@@ -16,9 +16,14 @@ tile ``acc[m, v...] += in0[m, r] * in1[r, v...]`` (vectors along the output dime
   input) is converted once, when the kernel is bound to it; a changing second input on every
   call, as any other layout.
 
-A kernel *pairs* (:func:`pairing`) when its problem is bfloat16, its second input a weight
-(constant: the conversion is paid once, not per call, where an element-by-element interleave
-would cost about as much as the product) and its schedule lends itself:
+The pairs are a layout, so the schedule says it: a ``pair`` step (:mod:`looprl.ir.step`) stores
+the second input paired, and the kernel reads the nest's layout. :func:`pair_step` says where
+a kernel can pair (what proposers add and what :func:`upgraded` adds to a nest of before pairs
+were steps, whose kernel the code generator paired by this rule: such a nest still gives the
+same kernel). A kernel *pairs* (:func:`pairing`) when its problem is bfloat16, its second input
+a weight (constant: the conversion is paid once, not per call, where an element-by-element
+interleave would cost about as much as the product), its second input paired on the reduction
+and its schedule lends itself:
 the register tile vectorises along an output dimension the second input stores contiguously;
 the first input is row-major, its innermost dimension the reduction; the innermost loop over
 that reduction (its deepest loop) is inside the register scope with step 1 and every other

@@ -3,13 +3,20 @@ and ``looprl.tune`` answer with one, the measurement cache remembers tune's as o
 tuned-records files ship them.
 
 A :class:`ScheduleRecord` is a value: the schedule (a :class:`~looprl.ir.nest.LoopNest`, so
-its problem too), its GFLOPS, the action names that reach it from the untuned nest (None when
-no action path does, e.g. from a re-laid layout start), how it was found (a stage or a mode:
+its problem too) and the steps that build it from the problem's untuned nest
+(``initial_nest(problem).apply(record.steps)`` is ``record.nest``: a record replays without an
+action set; None where no step path is known), its GFLOPS, the action names that reach it from
+the untuned nest (None when no action path does, e.g. from a re-laid layout start), how it was found (a stage or a mode:
 ``"rollout"``, ``"tiles"``, ``"guided"``, ``"parallel"``, ``"policy"``, an algorithm's name),
 the target and threads it was measured for, the search budget it was found with and the
 tuner's version, and how fast the machine's reference kernel ran while it was found (its load,
 :mod:`looprl.measurement.load`). Where its actions replay on an equivalent problem rather than its own
 (:mod:`looprl.ir.rewrites`), ``replays_on`` names that rewrite.
+
+Records of before schedules were steps are upgraded as they are made, in one place
+(:meth:`ScheduleRecord.__post_init__`): the steps of their action names (replayed once), and
+the pair step of a bfloat16 weight whose kernel the code generator used to pair
+(:func:`~looprl.backend.pairs.pair_step`), so the kernel stays the same.
 
 Stored (the cache's ``records`` table, a tuned-records file) a record is a flat dict of
 :data:`STORED_FIELDS`, with the host key it was measured under: :func:`checked_entry` is the
