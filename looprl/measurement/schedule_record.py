@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from looprl.backend.pairs import pair_step
+from looprl.backend.pairs import pair_step, upgraded
 from looprl.ir.action import action_steps
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
@@ -77,7 +77,8 @@ class ScheduleRecord:
         steps = self.steps
         if steps is not None and not (isinstance(steps, tuple) and all(isinstance(step, Step) for step in steps)):
             raise ValueError(f"a record's steps are a tuple of Step values, got {steps!r:.200}")
-        nest = _upgraded(self.nest, self.target)
+        # a bfloat16 weight's pairs, which the code generator added before they were a step
+        nest = self.nest if self.target is None else upgraded(self.nest, self.target)
         if steps is None or not _reaches(nest, steps):
             steps = _steps_of(nest, self.actions, self.target, self.replays_on)
         object.__setattr__(self, "nest", nest)
@@ -91,18 +92,10 @@ class ScheduleRecord:
         return replace(self, gflops=gflops)
 
 
-def _upgraded(nest: LoopNest, target: Target | None) -> LoopNest:
-    """``nest`` with the pair step of a bfloat16 weight where a schedule of before pair steps
-    left the pairs to the code generator (:func:`~looprl.backend.pairs.pair_step`; the one
-    upgrade of a record's schedule): its kernel is the same."""
-    pair = None if target is None else pair_step(nest, target)
-    return nest if pair is None else nest.apply((pair,))
-
-
 def _steps_of(nest: LoopNest, actions, target, replays_on) -> tuple[Step, ...] | None:
     """The steps of a record given as action names (the one upgrade of a record without
-    steps): its actions' steps, and the pair step :func:`_upgraded` adds, where they reach its
-    schedule; else None."""
+    steps): its actions' steps, and the pair step :func:`~looprl.backend.pairs.upgraded` adds,
+    where they reach its schedule; else None."""
     if actions is None or replays_on is not None:
         return None
     steps = action_steps(nest.problem, tuple(actions), target)
