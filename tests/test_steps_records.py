@@ -179,3 +179,24 @@ def test_an_action_set_writes_a_path_as_names():
     assert actions.named([0, 1, actions.index("split_8")]) == ("up", "down", "split_8")
     with pytest.raises(ValueError, match="action"):
         actions.named([len(actions)])
+
+
+def test_a_pair_step_the_kernel_cannot_take_leaves_a_correct_kernel():
+    """Pairs are a layout the schedule carries: where the kernel cannot take the reduction in
+    pairs (the reduction innermost: no register tile along an output dimension), the paired weight is
+    a layout like any other, and the kernel computes the same product."""
+    from looprl.backend.pairs import pairing
+    from looprl.ir.dtypes import error_bound, from_bfloat16, to_bfloat16
+
+    problem = parse_problem("mk,kn->mn:m=6,k=10,n=12;const=in1;dtype=bfloat16")
+    target = Target.host()
+    unpaired = initial_nest(problem).apply([Step("swap", 1)])  # m, n, k
+    nest = unpaired.apply([Step(PAIR, 2, tensor="in1")])
+    assert pairing(unpaired, target) is None and pairing(nest, target) is None
+    assert pairing(initial_nest(problem), target) is not None  # the untiled nest's kernel (n innermost) pairs
+    rng = np.random.default_rng(3)
+    a, b = (to_bfloat16(rng.uniform(-1, 1, size=shape)) for shape in problem.input_shapes)
+    out = looprl.compile(nest, target=target)(a, b)
+    exact = np.einsum(problem.spec, from_bfloat16(a).astype(np.float64), from_bfloat16(b).astype(np.float64))
+    bound = error_bound(problem.spec, from_bfloat16(a), from_bfloat16(b), problem.size("k"), problem.dtype)
+    assert (np.abs(from_bfloat16(out).astype(np.float64) - exact) <= bound).all()
