@@ -1,7 +1,7 @@
 """An env action as data (:class:`Action`), a name for schedule steps relative to a cursor:
 the one place that writes and reads action names (:attr:`Action.name`, :meth:`Action.parse`)
-and says which :class:`~looprl.ir.step.Step` values an action takes
-(:meth:`Action.steps`). :func:`action_steps` turns a path of action names from the untuned
+and says which :class:`~looprl.ir.step.Step` values an action takes (:meth:`Action.step`,
+:meth:`Action.layout_steps`; a plan action its plan's, :func:`~looprl.ir.plans.plan_steps`). :func:`action_steps` turns a path of action names from the untuned
 nest into the steps it takes (what a record written as action names replays as, without an
 :class:`~looprl.actions.ActionSet`). What the actions mean is told in :mod:`looprl.actions`.
 """
@@ -21,7 +21,7 @@ DEFAULT_PAD_MULTIPLE = 16  # what ``pad`` pads to in an action set made for no t
 
 MOVES = ("up", "down")
 SWAPS = ("swap_up", "swap_down")
-LAYOUT_ACTIONS = ("pack", "pad")
+LAYOUT_ACTIONS = (PACK, PAD)
 PLAN = "plan"
 KINDS = MOVES + SWAPS + (SPLIT,) + LAYOUT_ACTIONS + (PARALLEL, PLAN)
 # The actions that take an IR step (looprl.ir.step), relative to the cursor c: kind -> (the
@@ -37,7 +37,8 @@ class Action:
 
     :attr:`name` and :meth:`parse` are the one pair that turns actions into names and back
     (``"split_16"``, ``"swap_up"``, a plan's name: :class:`~looprl.ir.plans.Plan`); an action
-    that changes the loops names an IR step relative to the cursor (:meth:`step`)."""
+    that changes the loops names an IR step relative to the cursor (:meth:`step`), a layout
+    action the layout steps it takes there (:meth:`layout_steps`)."""
 
     kind: str
     factor: int = 0  # split factor (splits only)
@@ -97,7 +98,6 @@ class Action:
         if plan is not None:
             return cls(PLAN, plan=plan)
         return cls(name) if name in KINDS and name not in (SPLIT, PLAN) else None
-
 
     def layout_steps(self, nest: LoopNest, cursor: int, pad_multiple: int) -> tuple[Step, ...]:
         """The layout steps a ``pack`` or ``pad`` action takes with the cursor on loop
