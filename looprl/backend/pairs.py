@@ -151,12 +151,13 @@ def upgraded(nest: LoopNest, target: Target) -> LoopNest:
 @lru_cache(maxsize=4096)  # asked by the code generator, the packing entry points and the kernel: once per schedule
 def pairing(nest: LoopNest, target: Target) -> Pairing | None:
     """How the kernel of ``nest`` for ``target`` takes its reduction in pairs, or None where it
-    does not: the second input must be paired (a pair step) on the reduction of a loop that
-    the module docstring's conditions admit on ``target`` (else its pairs are a layout like
-    any other). A nest without pairs is read as :func:`upgraded` would make it: its kernel
-    pairs where it paired before pairs were steps."""
-    if not _is_paired(nest):
-        return _rule(nest, target)  # what reading upgraded(nest) gives
+    does not. A nest the code generator paired before pairs were steps is read as
+    :func:`upgraded` would make it (the same kernel); a nest whose second input is paired (a
+    pair step) pairs where the module docstring's conditions admit it on ``target`` (else its
+    pairs are a layout like any other)."""
+    found = _rule(nest, target)
+    if found is not None or not pairs_a_weight(nest.problem) or not _is_paired(nest):
+        return found
     found = _rule(_unpaired(nest), target)
     return found if found is not None and nest.layout("in1").is_paired(found.var) else None
 
@@ -174,10 +175,9 @@ def dot_pairs(nest: LoopNest, target: Target) -> bool:
 
 def kernel_layouts(nest: LoopNest, target: Target) -> dict:
     """The layouts the kernel of ``nest`` for ``target`` stores tensors in, as the schedule says:
-    its applied ones (:func:`~looprl.backend.layout_plan.layouts_applied`; the second input's
-    before its pairs), the second input's paired where the kernel takes the reduction in pairs
-    (:func:`pairing`)."""
-    applied = layouts_applied(_unpaired(nest))
+    its applied ones (:func:`~looprl.backend.layout_plan.layouts_applied`), the second input's
+    paired where the kernel takes the reduction in pairs (:func:`pairing`)."""
+    applied = layouts_applied(nest)
     paired = pairing(nest, target)
     if paired is not None:
         applied["in1"] = paired.layout
