@@ -155,11 +155,13 @@ def pairing(nest: LoopNest, target: Target) -> Pairing | None:
     :func:`upgraded` would make it (the same kernel); a nest whose second input is paired (a
     pair step) pairs where the module docstring's conditions admit it on ``target`` (else its
     pairs are a layout like any other)."""
-    found = _rule(nest, target)
-    if found is not None or not pairs_a_weight(nest.problem) or not _is_paired(nest):
-        return found
-    found = _rule(_unpaired(nest), target)
-    return found if found is not None and nest.layout("in1").is_paired(found.var) else None
+    if not pairs_a_weight(nest.problem):
+        return None
+    if _is_paired(nest):
+        found = _rule(_unpaired(nest), target)
+        if found is not None and nest.layout("in1").is_paired(found.var):
+            return found
+    return _rule(nest, target)  # a nest of before pair steps (one packed by two along the reduction looks paired)
 
 
 @lru_cache(maxsize=4096)
