@@ -18,9 +18,10 @@ tile ``acc[m, v...] += in0[m, r] * in1[r, v...]`` (vectors along the output dime
 
 The pairs are a layout, so the schedule says it: a ``pair`` step (:mod:`looprl.ir.step`) stores
 the second input paired, and the kernel reads the nest's layout. :func:`pair_step` says where
-a kernel can pair (what proposers add and what :func:`upgraded` adds to a nest of before pairs
-were steps, whose kernel the code generator paired by this rule: such a nest still gives the
-same kernel). A kernel *pairs* (:func:`pairing`) when its problem is bfloat16, its second input
+a kernel can pair; :func:`upgraded` adds it to a nest of before pairs were steps (every
+:class:`~looprl.measurement.schedule_record.ScheduleRecord` made for a target is upgraded so),
+and :func:`pairing` reads a nest without a pair step as the code generator paired it then,
+by the same rule: such a nest still gives the same kernel. A kernel *pairs* (:func:`pairing`) when its problem is bfloat16, its second input
 a weight (constant: the conversion is paid once, not per call, where an element-by-element
 interleave would cost about as much as the product), its second input paired on the reduction
 and its schedule lends itself:
