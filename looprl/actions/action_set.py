@@ -31,6 +31,13 @@ With ``plans`` (names of :class:`~looprl.ir.plans.Plan`, e.g. all of
   whatever the state), the cursor on the first loop. It cannot apply where the problem has no
   such plan, where the schedule already is the plan's, or past ``max_loops``.
 
+Every action but a cursor move is a name for schedule steps (:class:`~looprl.ir.step.Step`)
+relative to the cursor: a swap, a split and ``parallel`` one step each, ``pack`` and ``pad`` one
+layout step per tensor they change, a plan its plan's steps from the untiled nest. The actions
+themselves, their names and the steps they take are data of :mod:`looprl.ir.action` (the one
+place that writes and reads action names), so a path of names replays to steps without an
+action set (:func:`~looprl.ir.action.action_steps`).
+
 An action that cannot apply (moving past either end, a swap :meth:`LoopNest.why_not_swap`
 refuses, a factor larger than the loop, a split that would exceed ``max_loops``, or a layout
 action that changes no tensor) is invalid: :meth:`ActionSet.why_not` says why,
@@ -45,90 +52,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from looprl import checks, defaults
-from looprl.ir.nest import LAYOUT_TENSORS, LoopNest
+from looprl.ir.action import (  # noqa: F401  (the action names' one place, re-exported)
+    DEFAULT_PAD_MULTIPLE, KINDS, LAYOUT_ACTIONS, MOVES, PLAN, STEP_ACTIONS, SWAPS, Action, pad_multiple,
+)
+from looprl.ir.nest import LoopNest
 from looprl.ir.plans import Plan, plan_catalogue, planned
 from looprl.ir.problem import Problem
-from looprl.ir.step import MAX_FACTOR, MIN_FACTOR, PARALLEL, SPLIT, SWAP, Step
+from looprl.ir.step import MAX_FACTOR, MIN_FACTOR, PARALLEL, SPLIT
 
-MOVES = ("up", "down")
-SWAPS = ("swap_up", "swap_down")
-LAYOUT_ACTIONS = ("pack", "pad")
-PLAN = "plan"
-KINDS = MOVES + SWAPS + (SPLIT,) + LAYOUT_ACTIONS + (PARALLEL, PLAN)
 PLANS_REMEMBERED = 4096  # plan schedules (or reasons) an action set keeps, per problem and plan
-# The actions that take an IR step (looprl.ir.step), relative to the cursor c: kind -> (the
-# step's op, its loop minus c, where the cursor goes minus c). The cursor follows a swapped loop.
-# swap_down comes first: where both swaps reach a step at the same distance, paths take it.
-STEP_ACTIONS = {"swap_down": (SWAP, 0, 1), "swap_up": (SWAP, -1, -1), SPLIT: (SPLIT, 0, 0), PARALLEL: (PARALLEL, 0, 0)}
-_SPLIT_PREFIX = SPLIT + "_"
-
-
-@dataclass(frozen=True)
-class Action:
-    """One action as data: its kind and, for a split, its factor; for a plan action, the plan.
-
-    :attr:`name` and :meth:`parse` are the one pair that turns actions into names and back
-    (``"split_16"``, ``"swap_up"``, a plan's name: :class:`~looprl.ir.plans.Plan`); an action
-    that changes the loops names an IR step relative to the cursor (:meth:`step`)."""
-
-    kind: str
-    factor: int = 0  # split factor (splits only)
-    plan: Plan | None = None  # the plan (plan actions only)
-
-    def __post_init__(self):
-        checks.one_of(self.kind, "action kind", KINDS)
-        if (self.kind == SPLIT) != (self.factor != 0):
-            raise ValueError(f"only a split has a factor: {self.kind!r} with factor {self.factor}")
-        if (self.kind == PLAN) != (self.plan is not None):
-            raise ValueError(f"only a plan action has a plan: {self.kind!r} with plan {self.plan}")
-
-    @property
-    def name(self) -> str:
-        if self.kind == PLAN:
-            return self.plan.name
-        return f"{_SPLIT_PREFIX}{self.factor}" if self.kind == SPLIT else self.kind
-
-    def step(self, cursor: int) -> Step | None:
-        """The IR step this action takes with the cursor on loop ``cursor`` (a swap, a split,
-        a parallel mark), or None for an action that takes none (a cursor move, a layout
-        action, a plan)."""
-        found = STEP_ACTIONS.get(self.kind)
-        if found is None:
-            return None
-        op, offset, _ = found
-        return Step(op, cursor + offset, self.factor)
-
-    def cursor_after(self, cursor: int) -> int:
-        """Where the cursor goes when this action applies with the cursor on loop ``cursor``."""
-        if self.kind in MOVES:
-            return cursor - 1 if self.kind == "up" else cursor + 1
-        if self.kind == PLAN:
-            return 0
-        return cursor + STEP_ACTIONS.get(self.kind, (None, 0, 0))[2]
-
-    @classmethod
-    def taking(cls, step: Step) -> "list[tuple[Action, int]]":
-        """The actions that take IR ``step``, each with the loop the cursor must be on (a swap
-        of loops i and i + 1: ``swap_down`` from i, ``swap_up`` from i + 1); none for a merge."""
-        return [(cls(kind, step.arg), step.loop - offset) for kind, (op, offset, _) in STEP_ACTIONS.items() if op == step.op]
-
-    @property
-    def is_move(self) -> bool:
-        """Whether the action only moves the cursor (it changes no schedule, measures nothing)."""
-        return self.kind in MOVES
-
-    @classmethod
-    def parse(cls, name: str) -> "Action | None":
-        """The action named ``name`` (``"split_16"``, ``"up"``, ...), or None for no such name."""
-        if not isinstance(name, str):
-            return None
-        if name.startswith(_SPLIT_PREFIX) and name[len(_SPLIT_PREFIX):].isdigit():
-            factor = int(name[len(_SPLIT_PREFIX):])
-            return cls(SPLIT, factor) if factor > 0 else None
-        plan = Plan.parse(name)
-        if plan is not None:
-            return cls(PLAN, plan=plan)
-        return cls(name) if name in KINDS and name not in (SPLIT, PLAN) else None
 
 
 def plans_named(names) -> list[str]:
@@ -176,7 +108,8 @@ class ActionSet:
     what the agent's action ``i`` does."""
 
     def __init__(
-        self, split_factors=defaults.SPLIT_FACTORS, max_loops: int = defaults.MAX_LOOPS, layouts: bool = False, pad_multiple: int = 16,
+        self, split_factors=defaults.SPLIT_FACTORS, max_loops: int = defaults.MAX_LOOPS, layouts: bool = False,
+        pad_multiple: int = DEFAULT_PAD_MULTIPLE,
         parallel: bool = False, plans=(), target=None,
     ):
         if isinstance(split_factors, (str, bytes)) or not hasattr(split_factors, "__iter__"):
@@ -217,7 +150,7 @@ class ActionSet:
             plans = tuple(plan.name for plan in plan_catalogue(target))
         elif plans is False:
             plans = ()
-        return cls(split_factors, max_loops, layouts=layouts, pad_multiple=max(target.vector_width, MIN_FACTOR), parallel=parallel,
+        return cls(split_factors, max_loops, layouts=layouts, pad_multiple=pad_multiple(target), parallel=parallel,
                    plans=plans, target=target)
 
     @classmethod
@@ -259,6 +192,11 @@ class ActionSet:
     def as_index(self, action) -> int:
         """An action given by name or by index, as its index."""
         return self.index(action) if isinstance(action, str) else self.validate(action)
+
+    def named(self, path) -> tuple[str, ...]:
+        """The names of the actions ``path`` (indices into this set), in order: how a path is
+        written down (records, demonstrations)."""
+        return tuple(self.names[self.validate(action)] for action in path)
 
     def index(self, name: str) -> int:
         try:
@@ -330,28 +268,10 @@ class ActionSet:
         return found
 
     def _layout_nest(self, nest: LoopNest, cursor: int, kind: str) -> LoopNest | None:
-        """The nest after layout action ``kind`` at ``cursor``, or None if it changes nothing."""
-        loop = nest.loops[cursor]
-        result = nest
-        if kind == "pack":
-            step = loop.step
-            if step == 1:  # the tile this loop walks: the step of the loop of its dimension around it
-                around = [lp for lp in nest.compute[:cursor] if lp.var == loop.var]
-                step = around[-1].step if around else 1
-            if loop.is_write_back or step < 2:
-                return None
-            for tensor in ("in0", "in1"):
-                if loop.var in nest.tensor_index(tensor) and result.why_not_layout_pack(tensor, loop.var, step) is None:
-                    result = result.layout_pack(tensor, loop.var, step)
-        else:  # pad
-            for tensor in LAYOUT_TENSORS:
-                if loop.var not in nest.tensor_index(tensor):
-                    continue
-                dim = result.layout(tensor).outer_dim(loop.var)
-                # padding the outermost dimension would change no stride
-                if dim and result.why_not_layout_pad(tensor, dim, self.pad_multiple) is None:
-                    result = result.layout_pad(tensor, dim, self.pad_multiple)
-        return None if result is nest else result
+        """The nest after layout action ``kind`` at ``cursor`` (its steps:
+        :meth:`Action.layout_steps`), or None if it changes nothing."""
+        steps = Action(kind).layout_steps(nest, cursor, self.pad_multiple)
+        return nest.apply(steps) if steps else None
 
     def moves(self, start: int, cursor: int) -> tuple[int, ...]:
         """The cursor moves (action indices) from loop ``start`` to loop ``cursor``."""

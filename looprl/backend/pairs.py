@@ -16,9 +16,15 @@ tile ``acc[m, v...] += in0[m, r] * in1[r, v...]`` (vectors along the output dime
   input) is converted once, when the kernel is bound to it; a changing second input on every
   call, as any other layout.
 
-A kernel *pairs* (:func:`pairing`) when its problem is bfloat16, its second input a weight
-(constant: the conversion is paid once, not per call, where an element-by-element interleave
-would cost about as much as the product) and its schedule lends itself:
+The pairs are a layout, so the schedule says it: a ``pair`` step (:mod:`looprl.ir.step`) stores
+the second input paired, and the kernel reads the nest's layout. :func:`pair_step` says where
+a kernel can pair; :func:`upgraded` adds it to a nest of before pairs were steps (every
+:class:`~looprl.measurement.schedule_record.ScheduleRecord` made for a target is upgraded so),
+and :func:`pairing` reads a nest without a pair step as the code generator paired it then,
+by the same rule: such a nest still gives the same kernel. A kernel *pairs* (:func:`pairing`) when its problem is bfloat16, its second input
+a weight (constant: the conversion is paid once, not per call, where an element-by-element
+interleave would cost about as much as the product), its second input paired on the reduction
+and its schedule lends itself:
 the register tile vectorises along an output dimension the second input stores contiguously;
 the first input is row-major, its innermost dimension the reduction; the innermost loop over
 that reduction (its deepest loop) is inside the register scope with step 1 and every other
@@ -45,11 +51,10 @@ from functools import lru_cache
 
 from looprl.backend.layout_plan import layouts_applied
 from looprl.backend.register_plan import RegisterScope
-from looprl.ir.layout import Atom, Layout
+from looprl.ir.layout import PAIR, Layout
 from looprl.ir.nest import LoopNest
+from looprl.ir.step import PAIR as PAIR_OP, Step
 from looprl.target import Target
-
-PAIR = 2  # reduction indices per 32-bit lane
 
 
 @dataclass(frozen=True)
@@ -64,33 +69,34 @@ class Pairing:
 
 def paired_layout(layout: Layout, var: str) -> Layout | None:
     """``layout`` with the unit of ``var`` split off into a new innermost dimension of
-    :data:`PAIR` (``...k1...`` becomes ``...k2....k1%2``), or None where that unit is a padded
-    or odd-sized piece of a split."""
-    unit = next((a for a in layout.atoms if a.var == var and a.step == 1), None)
-    if unit is None:
-        return None
-    if unit.outer:
-        pairs = -(-layout.sizes[layout.index.index(var)] // PAIR)
-        replaced = Atom(var, PAIR, pairs, pairs, True)
-    elif unit.count % PAIR == 0 and unit.extent == unit.count:
-        replaced = Atom(var, PAIR, unit.count // PAIR, unit.count // PAIR, False)
-    else:
-        return None
-    dims = tuple(tuple(replaced if a is unit else a for a in dim) for dim in layout.dims)
-    return Layout(layout.index, layout.sizes, (*dims, (Atom(var, 1, PAIR, PAIR, False),)))
+    :data:`PAIR` (:meth:`Layout.paired <looprl.ir.layout.Layout.paired>`), or None where it
+    cannot be."""
+    return layout.paired(var)
 
 
 def pairs_a_weight(problem) -> bool:
     """Whether kernels of ``problem`` may take its reduction in pairs over a re-laid weight: a
-    bfloat16 problem whose second input is constant (the rule of :func:`pairing`'s first test;
+    bfloat16 problem whose second input is constant (the rule of :func:`pair_step`'s first test;
     the search measures such a problem's tiles with the weight packed into panels)."""
     return problem.dtype.dot_pairs and "in1" in problem.constant
 
 
-@lru_cache(maxsize=4096)  # asked by the code generator, the packing entry points and the kernel: once per schedule
-def pairing(nest: LoopNest, target: Target) -> Pairing | None:
-    """How the kernel of ``nest`` for ``target`` takes its reduction in pairs, or None where it
-    does not (a float32 problem, or a schedule the module docstring's conditions exclude)."""
+def _unpaired(nest: LoopNest) -> LoopNest:
+    """``nest`` with its second input's pairs (a pair step's) undone."""
+    layout = nest.layout("in1")
+    unpaired = layout.unpaired()
+    return nest if unpaired is layout else nest.with_layout("in1", unpaired)
+
+
+def _is_paired(nest: LoopNest) -> bool:
+    """Whether ``nest``'s second input stores a reduction two by two (a pair step's layout)."""
+    layout = nest.layout("in1")
+    return any(layout.is_paired(var) for var in nest.problem.reduction_dims)
+
+
+def _rule(nest: LoopNest, target: Target) -> Pairing | None:
+    """How the kernel of ``nest`` (a nest without pairs) for ``target`` can take its reduction
+    in pairs over a paired weight, or None (the conditions of the module docstring)."""
     problem = nest.problem
     if not pairs_a_weight(problem):
         return None
@@ -117,10 +123,46 @@ def pairing(nest: LoopNest, target: Target) -> Pairing | None:
     layout = applied.get("in1") or Layout.row_major(second, problem.shape(second))
     if layout.offset(vector, 1) - layout.offset(vector, 0) != 1:
         return None
-    paired = paired_layout(layout, var)
-    if paired is None:
+    paired = layout.paired(var)
+    return None if paired is None else Pairing(var, level, target.bfloat16_dot, paired)
+
+
+@lru_cache(maxsize=4096)
+def pair_step(nest: LoopNest, target: Target) -> Step | None:
+    """The step that pairs the weight of ``nest`` (a nest without pairs) where its kernel for
+    ``target`` can take the reduction in pairs (a bfloat16 problem whose second input is
+    constant, a schedule the module docstring's conditions admit), or None."""
+    if _is_paired(nest):
         return None
-    return Pairing(var, level, target.bfloat16_dot, paired)
+    found = _rule(nest, target)
+    if found is None:
+        return None
+    step = Step(PAIR_OP, found.level, tensor="in1")
+    return step if nest.why_not(step) is None else None
+
+
+def upgraded(nest: LoopNest, target: Target) -> LoopNest:
+    """``nest`` as a schedule of today: a nest without a pair step whose kernel the code
+    generator paired before pairs were steps gets its :func:`pair_step` (the one place that
+    upgrades such a nest, so its kernel stays the same); any other nest is returned as it is."""
+    step = pair_step(nest, target)
+    return nest if step is None else nest.apply((step,))
+
+
+@lru_cache(maxsize=4096)  # asked by the code generator, the packing entry points and the kernel: once per schedule
+def pairing(nest: LoopNest, target: Target) -> Pairing | None:
+    """How the kernel of ``nest`` for ``target`` takes its reduction in pairs, or None where it
+    does not. A nest the code generator paired before pairs were steps is read as
+    :func:`upgraded` would make it (the same kernel); a nest whose second input is paired (a
+    pair step) pairs where the module docstring's conditions admit it on ``target`` (else its
+    pairs are a layout like any other)."""
+    if not pairs_a_weight(nest.problem):
+        return None
+    if _is_paired(nest):
+        found = _rule(_unpaired(nest), target)
+        if found is not None and nest.layout("in1").is_paired(found.var):
+            return found
+    return _rule(nest, target)  # a nest of before pair steps (one packed by two along the reduction looks paired)
 
 
 @lru_cache(maxsize=4096)
@@ -135,9 +177,9 @@ def dot_pairs(nest: LoopNest, target: Target) -> bool:
 
 
 def kernel_layouts(nest: LoopNest, target: Target) -> dict:
-    """The layouts the kernel of ``nest`` for ``target`` stores tensors in: the schedule's
-    applied ones (:func:`~looprl.backend.layout_plan.layouts_applied`), the second input's
-    paired where the kernel pairs (:func:`pairing`)."""
+    """The layouts the kernel of ``nest`` for ``target`` stores tensors in, as the schedule says:
+    its applied ones (:func:`~looprl.backend.layout_plan.layouts_applied`), the second input's
+    paired where the kernel takes the reduction in pairs (:func:`pairing`)."""
     applied = layouts_applied(nest)
     paired = pairing(nest, target)
     if paired is not None:

@@ -34,6 +34,7 @@ from functools import cached_property
 
 from looprl import checks
 
+PAIR = 2  # indices of a reduction a bfloat16 kernel loads as one 32-bit lane (looprl.backend.pairs)
 _ATOM_RE = re.compile(r"([a-z])([0-9]+)(?:%([0-9]+))?(?:p([0-9]+))?", re.ASCII)
 
 
@@ -279,3 +280,59 @@ class Layout:
         if step % atom.step or step // atom.step < 2:
             return f"cannot pack {var!r} of layout {self.key!r} by a step of {step}: not a multiple (>= 2x) of {atom.step}"
         return self.why_not_split(i, step // atom.step)
+
+    def paired(self, var: str) -> "Layout | None":
+        """This layout with the unit of ``var`` split off into a new innermost dimension of
+        :data:`PAIR` (``...k1...`` becomes ``...k2....k1%2``): each two neighbouring indices of
+        ``var`` side by side, the layout a bfloat16 kernel loads pairs of the reduction from
+        (:mod:`looprl.backend.pairs`). None where that unit is a padded or odd-sized piece of a
+        split, or ``var`` is paired already."""
+        unit = next((a for a in self.atoms if a.var == var and a.step == 1), None)
+        if unit is None or self.is_paired(var):
+            return None
+        if unit.outer:
+            pairs = -(-self.sizes[self.index.index(var)] // PAIR)
+            replaced = Atom(var, PAIR, pairs, pairs, True)
+        elif unit.count % PAIR == 0 and unit.extent == unit.count:
+            replaced = Atom(var, PAIR, unit.count // PAIR, unit.count // PAIR, False)
+        else:
+            return None
+        dims = tuple(tuple(replaced if a is unit else a for a in dim) for dim in self.dims)
+        return Layout(self.index, self.sizes, (*dims, (Atom(var, 1, PAIR, PAIR, False),)))
+
+    def is_paired(self, var: str) -> bool:
+        """Whether this layout stores ``var``'s indices two by two innermost (:meth:`paired`)."""
+        return bool(self.dims) and self.dims[-1] == (Atom(var, 1, PAIR, PAIR, False),)
+
+    def unpaired(self) -> "Layout":
+        """This layout without the pairs :meth:`paired` made (itself where it has none): the
+        inverse of :meth:`paired`."""
+        last = self.dims[-1] if self.dims else ()
+        if not (len(last) == 1 and self.is_paired(last[0].var)):
+            return self
+        var = last[0].var
+        pair = next(a for dim in self.dims[:-1] for a in dim if a.var == var and a.step == PAIR)
+        if pair.outer:
+            size = self.sizes[self.index.index(var)]
+            unit = Atom(var, 1, size, size, True)
+        else:
+            unit = Atom(var, 1, pair.count * PAIR, pair.count * PAIR, False)
+        return Layout(self.index, self.sizes, tuple(tuple(unit if a is pair else a for a in dim) for dim in self.dims[:-1]))
+
+    def innermost(self, var: str) -> "Layout":
+        """This row-major layout with ``var`` moved innermost, the other dimensions in order."""
+        why = self.why_not_innermost(var)
+        if why is not None:
+            raise ValueError(why)
+        order = self.index.replace(var, "") + var
+        return Layout.from_key(self.index, self.sizes, ".".join(f"{v}1" for v in order))
+
+    def why_not_innermost(self, var: str) -> str | None:
+        """Why :meth:`innermost` refuses ``var``, or None."""
+        if var not in self.index:
+            return f"{var!r} is not a dimension of {self.index!r}"
+        if not self.is_row_major:
+            return f"only a row-major layout is re-ordered, not {self.key!r}"
+        if self.index[-1] == var:
+            return f"{var!r} is innermost in {self.index!r} already"
+        return None

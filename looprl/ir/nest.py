@@ -1,5 +1,6 @@
 """The loop-nest IR: immutable values and pure transforms (``split``, ``swap``, ``merge``,
-``parallel``), applied one by one or as :class:`~looprl.ir.step.Step` values (:meth:`LoopNest.apply`).
+``parallel``; the layout steps ``pack``, ``pad``, ``pair``, ``innermost``), applied one by one
+or as :class:`~looprl.ir.step.Step` values (:meth:`LoopNest.apply`).
 
 A schedule of a :class:`~looprl.problem.Problem` is two nests, run one after the other:
 
@@ -37,8 +38,9 @@ import re
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from looprl import checks, defaults
+from looprl import checks
 from looprl.ir.layout import Layout
+from looprl.ir.nest_layouts import LayoutSteps
 from looprl.ir.problem import Problem
 from looprl.ir.step import MIN_FACTOR, Step
 
@@ -83,7 +85,7 @@ class Loop:
 
 
 @dataclass(frozen=True)
-class LoopNest:
+class LoopNest(LayoutSteps):
     """A schedule: the problem plus the compute and write-back loops, outermost first.
 
     Indices used by the transforms (:meth:`split`, :meth:`swap`, :meth:`merge`,
@@ -225,40 +227,6 @@ class LoopNest:
             index = result.tensor_index(tensor)
             result = result.with_layout(tensor, self.layout(tensor).reindexed(index, problem.shape(index)))
         return result
-
-    def layout_split(self, tensor: str, dim: int, factor: int) -> "LoopNest":
-        return self.with_layout(tensor, self.layout(tensor).split(dim, factor))
-
-    def layout_reorder(self, tensor: str, perm) -> "LoopNest":
-        return self.with_layout(tensor, self.layout(tensor).reorder(perm))
-
-    def layout_fuse(self, tensor: str, dim: int) -> "LoopNest":
-        return self.with_layout(tensor, self.layout(tensor).fuse(dim))
-
-    def layout_pad(self, tensor: str, dim: int, multiple: int) -> "LoopNest":
-        return self.with_layout(tensor, self.layout(tensor).pad(dim, multiple))
-
-    def layout_pack(self, tensor: str, var: str, step: int) -> "LoopNest":
-        return self.with_layout(tensor, self.layout(tensor).pack(var, step))
-
-    def why_not_layout(self, tensor: str, layout: Layout) -> str | None:
-        """Why :meth:`with_layout` refuses ``layout`` for ``tensor`` (a layout of it), or None."""
-        if layout.elements * self.problem.dtype.accumulator.element_bytes > defaults.MAX_BUFFER_BYTES:  # a layout's copy is workspace
-            return (f"layout {layout.key!r} of {tensor} takes {layout.elements} floats, more than "
-                    f"looprl.defaults.MAX_BUFFER_BYTES = {defaults.MAX_BUFFER_BYTES} bytes")
-        return None
-
-    def why_not_layout_pack(self, tensor: str, var: str, step: int) -> str | None:
-        """Why :meth:`layout_pack` refuses, or None if it applies."""
-        layout = self.layout(tensor)
-        why = layout.why_not_pack(var, step)
-        return why if why is not None else self.why_not_layout(tensor, layout.pack(var, step))
-
-    def why_not_layout_pad(self, tensor: str, dim: int, multiple: int) -> str | None:
-        """Why :meth:`layout_pad` refuses, or None if it applies."""
-        layout = self.layout(tensor)
-        why = layout.why_not_pad(dim, multiple)
-        return why if why is not None else self.why_not_layout(tensor, layout.pad(dim, multiple))
 
     def to_text(self, cursor: int | None = None) -> str:
         """Readable pseudo-code; ``cursor`` marks one loop index with ``<-``."""
@@ -422,7 +390,7 @@ class LoopNest:
 
     def why_not(self, step: Step) -> str | None:
         """Why ``step`` does not apply to this schedule (its transform's ``why_not_<op>``), or
-        None if it applies."""
+        None if it applies (a split, swap, merge or parallel step; any layout step)."""
         if not isinstance(step, Step):
             raise ValueError(f"expected a Step (looprl.ir.step), got {step!r:.200}")
         if not 0 <= step.loop < len(self):

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
-from looprl.ir.register_tiles import clipped_tile, packed_right, tile_steps, why_not_tile
+from looprl.ir.register_tiles import clipped_tile, pack_right_step, tile_steps, why_not_tile
+from looprl.ir.step import Step
 from looprl.ir.schedules import STREAM_TILES, cache_blocks, dot_steps, dot_tiles, stream_steps, why_not_dot, why_not_stream
 from looprl.target import Target
 
@@ -107,17 +108,17 @@ def plan_tile(problem: Problem, target: Target, plan: Plan) -> tuple[int, int]:
     return clipped_tile(problem, target, plan.rows, plan.vectors)
 
 
-def planned(problem: Problem, target: Target, plan: Plan) -> LoopNest | str:
-    """The schedule ``plan`` stands for on ``problem``, or why there is none (built once: what
-    :func:`why_not_plan` and :func:`plan_nest` ask, and what plan actions remember)."""
+def plan_steps(problem: Problem, target: Target, plan: Plan) -> tuple[Step, ...] | str:
+    """The steps from ``problem``'s untiled nest to the schedule ``plan`` stands for on it, or
+    why there is none."""
     if len(problem.output) < 2 or not problem.reduction_dims:
         return f"{problem.name}: a plan needs two output dimensions and a reduction"
     if plan.stream:
         why = why_not_stream(problem, plan.rows, plan.vectors)
-        return why if why is not None else initial_nest(problem).apply(stream_steps(problem, plan.rows, plan.vectors))
+        return why if why is not None else tuple(stream_steps(problem, plan.rows, plan.vectors))
     if plan.dot:
         why = why_not_dot(problem)
-        return why if why is not None else initial_nest(problem).apply(dot_steps(problem, target, plan.rows, plan.vectors))
+        return why if why is not None else tuple(dot_steps(problem, target, plan.rows, plan.vectors))
     rows, columns = plan_tile(problem, target, plan)
     blocks = (None, None)
     if plan.k_block:
@@ -128,11 +129,18 @@ def planned(problem: Problem, target: Target, plan: Plan) -> LoopNest | str:
     why = why_not_tile(problem, rows, columns, *blocks)
     if why is not None:
         return why
-    nest = initial_nest(problem).apply(tile_steps(problem, rows, columns, *blocks))
+    steps = tuple(tile_steps(problem, rows, columns, *blocks))
     if not plan.packed:
-        return nest
-    packed = packed_right(nest)
-    return packed if packed is not None else f"{problem.name}: tile {rows}x{columns} leaves nothing to pack"
+        return steps
+    pack = pack_right_step(initial_nest(problem).apply(steps))
+    return steps + (pack,) if pack is not None else f"{problem.name}: tile {rows}x{columns} leaves nothing to pack"
+
+
+def planned(problem: Problem, target: Target, plan: Plan) -> LoopNest | str:
+    """The schedule ``plan`` stands for on ``problem``, or why there is none (built once: what
+    :func:`why_not_plan` and :func:`plan_nest` ask, and what plan actions remember)."""
+    steps = plan_steps(problem, target, plan)
+    return steps if isinstance(steps, str) else initial_nest(problem).apply(steps)
 
 
 def why_not_plan(problem: Problem, target: Target, plan: Plan) -> str | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
-from looprl.ir.step import SPLIT, SWAP, Step
+from looprl.ir.step import PACK, SPLIT, SWAP, Step
 from looprl.target import Target
 
 
@@ -44,16 +44,24 @@ def clipped_tile(problem: Problem, target: Target, rows: int, vectors: int) -> t
     return rows, min(vectors * target.vector_width, col_size)
 
 
-def packed_right(nest: LoopNest) -> LoopNest | None:
-    """``nest`` with the right operand packed by its innermost output-column loop's tile width
-    (the step of the column loop around it), or None when that changes nothing (a tile one
-    column wide, or a layout the nest refuses)."""
+def pack_right_step(nest: LoopNest) -> Step | None:
+    """The step that packs ``nest``'s right operand by its innermost output-column loop's tile
+    width (the step of the column loop around it), at that loop; None when that changes nothing
+    (a tile one column wide, or a layout the nest refuses)."""
     column = nest.problem.output[-1]
-    loops = [loop for loop in nest.compute if loop.var == column]
-    width = loops[-2].step if len(loops) > 1 else 1
-    if width < 2 or nest.why_not_layout_pack("in1", column, width) is not None:
+    indices = [i for i, loop in enumerate(nest.compute) if loop.var == column]
+    width = nest.compute[indices[-2]].step if len(indices) > 1 else 1
+    if width < 2:
         return None
-    return nest.layout_pack("in1", column, width)
+    step = Step(PACK, indices[-1], width, "in1")
+    return step if nest.why_not(step) is None else None
+
+
+def packed_right(nest: LoopNest) -> LoopNest | None:
+    """``nest`` with the right operand packed (:func:`pack_right_step`), or None when that
+    changes nothing."""
+    step = pack_right_step(nest)
+    return None if step is None else nest.apply((step,))
 
 
 def tile_steps(problem: Problem, rows: int, columns: int, k_block: int | None = None, n_block: int | None = None) -> list[Step]:

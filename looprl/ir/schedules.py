@@ -6,7 +6,7 @@ from looprl.ir.layout import Layout
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.ir.register_tiles import lift
-from looprl.ir.step import SPLIT, Step
+from looprl.ir.step import INNERMOST, SPLIT, Step
 from looprl.target import Target
 
 
@@ -294,15 +294,27 @@ def column_last_layout(problem: Problem, tensor: str) -> Layout | None:
     return Layout.from_key(index, problem.shape(index), ".".join(f"{var}1" for var in order))
 
 
+def layout_start_steps(problem: Problem) -> tuple[Step, ...]:
+    """The steps that store every input :func:`column_last_layout` re-lays that way (an
+    ``innermost`` step at the untuned nest's loop over the output's last dimension), where the
+    nest admits them."""
+    root = initial_nest(problem)
+    column = problem.output[-1]
+    steps = []
+    for tensor in ("in0", "in1"):
+        if column_last_layout(problem, tensor) is not None:
+            step = Step(INNERMOST, problem.dims.index(column), tensor=tensor)
+            if root.why_not(step) is None:
+                root = root.apply((step,))
+                steps.append(step)
+    return tuple(steps)
+
+
 def layout_starts(problem: Problem) -> list[LoopNest]:
     """Where a joint layout and loop search starts (ALT's layout candidates): the untuned nest
     with row-major inputs, then with every input that :func:`column_last_layout` re-lays
-    stored that way (a non-constant input is then converted on every call, inside the timed
-    kernel). One nest when no input needs it."""
+    stored that way (:func:`layout_start_steps`; a non-constant input is then converted on
+    every call, inside the timed kernel). One nest when no input needs it."""
     root = initial_nest(problem)
-    relaid = root
-    for tensor in ("in0", "in1"):
-        layout = column_last_layout(problem, tensor)
-        if layout is not None and relaid.why_not_layout(tensor, layout) is None:
-            relaid = relaid.with_layout(tensor, layout)
-    return [root] if relaid == root else [root, relaid]
+    steps = layout_start_steps(problem)
+    return [root, root.apply(steps)] if steps else [root]

@@ -258,7 +258,8 @@ class MeasurementCache:
         wanted = None if problem_names is None else set(problem_names)
         entries = (_entry(row) for row in self._store.rows(f"SELECT {_RECORD_COLUMNS} FROM records ORDER BY rowid"))
         kept = [entry for entry in entries if entry is not None and (wanted is None or entry["problem"] in wanted)]
-        return [{field: entry[field] for field in STORED_FIELDS} for entry in kept if not self._busy(entry["host"], entry["reference"])]
+        return [{field: entry[field] for field in STORED_FIELDS if field in entry}  # the table keeps no steps: actions replay to them
+                for entry in kept if not self._busy(entry["host"], entry["reference"])]
 
     def import_tuned(self, records) -> int:
         """Store records of :meth:`export_tuned` (replacing this cache's answer for the same

@@ -3,13 +3,20 @@ and ``looprl.tune`` answer with one, the measurement cache remembers tune's as o
 tuned-records files ship them.
 
 A :class:`ScheduleRecord` is a value: the schedule (a :class:`~looprl.ir.nest.LoopNest`, so
-its problem too), its GFLOPS, the action names that reach it from the untuned nest (None when
-no action path does, e.g. from a re-laid layout start), how it was found (a stage or a mode:
+its problem too) and the steps that build it from the problem's untuned nest
+(``initial_nest(problem).apply(record.steps)`` is ``record.nest``: a record replays without an
+action set; None where no step path is known), its GFLOPS, the action names that reach it from
+the untuned nest (None when no action path does, e.g. from a re-laid layout start), how it was found (a stage or a mode:
 ``"rollout"``, ``"tiles"``, ``"guided"``, ``"parallel"``, ``"policy"``, an algorithm's name),
 the target and threads it was measured for, the search budget it was found with and the
 tuner's version, and how fast the machine's reference kernel ran while it was found (its load,
 :mod:`looprl.measurement.load`). Where its actions replay on an equivalent problem rather than its own
 (:mod:`looprl.ir.rewrites`), ``replays_on`` names that rewrite.
+
+Records of before schedules were steps are upgraded as they are made, in one place
+(:meth:`ScheduleRecord.__post_init__`): the steps of their action names (replayed once), and
+the pair step of a bfloat16 weight whose kernel the code generator used to pair
+(:func:`~looprl.backend.pairs.pair_step`), so the kernel stays the same.
 
 Stored (the cache's ``records`` table, a tuned-records file) a record is a flat dict of
 :data:`STORED_FIELDS`, with the host key it was measured under: :func:`checked_entry` is the
@@ -22,8 +29,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from looprl.ir.nest import LoopNest
+from looprl.backend.pairs import pair_step, upgraded
+from looprl.ir.action import action_steps
+from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
+from looprl.ir.step import Step, parse_steps
 from looprl.target import Target
 
 # A fixed physical bound on a measured figure: 100 TFLOPS of fp32. The largest CPU sockets peak
@@ -33,9 +43,10 @@ MAX_GFLOPS = 100_000.0
 
 # A stored record: the host key it was measured under (CPU, target, code generator and timing
 # versions, threads), the problem's name, the tuner's version, the schedule's key, its GFLOPS,
-# the search budget, the action names (a list, or None), the rewrite they replay on and how it
-# was found.
-STORED_FIELDS = ("host", "problem", "tuner", "schedule", "gflops", "budget_s", "actions", "replays_on", "found_by")
+# the search budget, the action names (a list, or None), the rewrite they replay on, how it
+# was found and its steps (a list of step names, str(Step); absent or None in a record written
+# before schedules were steps, whose steps are its action names replayed: ScheduleRecord).
+STORED_FIELDS = ("host", "problem", "tuner", "schedule", "gflops", "budget_s", "actions", "replays_on", "found_by", "steps")
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,23 @@ class ScheduleRecord:
     # looprl.measurement.load); against the quiet figure it says whether the machine was busy then,
     # so whether the answer is final. None: not checked (a final answer).
     reference_gflops: float | None = None
+    # The schedule as steps from the problem's untuned nest (looprl.ir.step): ``initial_nest(
+    # problem).apply(steps)`` is ``nest``. Given none (or steps that do not reach ``nest``: a
+    # record replaced with another nest), they are the action names' steps
+    # (looprl.ir.action.action_steps: how a record written as action names is read), or None
+    # where no step path is known (no actions, actions replaying on another problem).
+    steps: tuple[Step, ...] | None = None
+
+    def __post_init__(self):
+        steps = self.steps
+        if steps is not None and not (isinstance(steps, tuple) and all(isinstance(step, Step) for step in steps)):
+            raise ValueError(f"a record's steps are a tuple of Step values, got {steps!r:.200}")
+        # a bfloat16 weight's pairs, which the code generator added before they were a step
+        nest = self.nest if self.target is None else upgraded(self.nest, self.target)
+        if steps is None or not _reaches(nest, steps):
+            steps = _steps_of(nest, self.actions, self.target, self.replays_on)
+        object.__setattr__(self, "nest", nest)
+        object.__setattr__(self, "steps", steps)
 
     @property
     def problem(self) -> Problem:
@@ -62,6 +90,28 @@ class ScheduleRecord:
 
     def with_gflops(self, gflops: float) -> "ScheduleRecord":
         return replace(self, gflops=gflops)
+
+
+def _steps_of(nest: LoopNest, actions, target, replays_on) -> tuple[Step, ...] | None:
+    """The steps of a record given as action names (the one upgrade of a record without
+    steps): its actions' steps, and the pair step :func:`~looprl.backend.pairs.upgraded` adds,
+    where they reach its schedule; else None."""
+    if actions is None or replays_on is not None:
+        return None
+    steps = action_steps(nest.problem, tuple(actions), target)
+    if steps is None:
+        return None
+    if not _reaches(nest, steps) and target is not None:
+        pair = pair_step(initial_nest(nest.problem).apply(steps), target)
+        steps = steps if pair is None else steps + (pair,)
+    return steps if _reaches(nest, steps) else None
+
+
+def _reaches(nest: LoopNest, steps: tuple[Step, ...]) -> bool:
+    try:
+        return initial_nest(nest.problem).apply(steps).key == nest.key
+    except ValueError:
+        return False
 
 
 class BestOf:
@@ -94,7 +144,8 @@ def check_gflops(value, where: str) -> float:
 
 def checked_entry(entry, where: str) -> dict:
     """A stored record (:data:`STORED_FIELDS`) checked field by field: a ValueError naming
-    ``where`` and what is wrong, else the entry with its fields in order."""
+    ``where`` and what is wrong, else the entry with its fields in order (``steps`` only where
+    the record has them)."""
     if not isinstance(entry, dict):
         raise ValueError(f"{where} is not a dict: {entry!r:.200}")
     unknown = set(entry) - set(STORED_FIELDS)
@@ -111,15 +162,24 @@ def checked_entry(entry, where: str) -> dict:
     actions = entry.get("actions")
     if actions is not None and not (isinstance(actions, list) and all(isinstance(name, str) for name in actions)):
         raise ValueError(f"{where}: 'actions' must be a list of action names or null, got {actions!r:.200}")
+    steps = entry.get("steps")
+    if steps is not None:
+        try:
+            parse_steps(steps)
+        except ValueError as error:
+            raise ValueError(f"{where}: 'steps' must be a list of step names or null: {error}") from None
     budget = entry.get("budget_s")
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not (math.isfinite(budget) and budget >= 0):
         raise ValueError(f"{where}: budget_s must be a finite number of seconds >= 0, got {budget!r:.80}")
-    return {
+    checked = {
         "host": entry["host"], "problem": entry["problem"], "tuner": entry.get("tuner", ""), "schedule": entry["schedule"],
         "gflops": check_gflops(entry.get("gflops"), where), "budget_s": float(budget),
         "actions": None if actions is None else list(actions), "replays_on": entry.get("replays_on"),
         "found_by": entry.get("found_by", ""),
     }
+    if steps is not None:  # a record written before steps has none: ScheduleRecord replays its actions
+        checked["steps"] = list(steps)
+    return checked
 
 
 def upgraded_entry(entry) -> dict:

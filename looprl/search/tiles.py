@@ -66,7 +66,7 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
         found = extended.path(root, steps)
         if found is None:
             return None  # e.g. more loops than max_loops
-        names = tuple(extended.names[a] for a in found[0])
+        names = extended.named(found[0])
         return packed_path(problem, names, actions) if packed_first else (names, found[1])
 
     if len(problem.output) < 2 or not problem.reduction_dims:
@@ -122,7 +122,7 @@ def packed_path(problem: Problem, names: tuple[str, ...], actions: ActionSet) ->
     state = follow(extended, state, tail)
     if state is None:
         return None
-    return tuple(names) + tuple(extended.names[a] for a in tail), state
+    return tuple(names) + extended.named(tail), state
 
 
 def all_tiles(problem: Problem, target) -> list[LoopNest]:

@@ -1,0 +1,144 @@
+"""The layout transforms of a schedule (:class:`LayoutSteps`, a part of
+:class:`~looprl.ir.nest.LoopNest`): ALT's primitives on one tensor's layout (``layout_split``,
+``layout_reorder``, ``layout_fuse``, ``layout_pad``, ``layout_pack``) and the layout steps
+(:mod:`looprl.ir.step`) that name them at a loop: ``pack``, ``pad``, ``pair``, ``innermost``,
+each with its ``why_not_<op>``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from looprl import checks, defaults
+from looprl.ir.layout import Layout
+
+if TYPE_CHECKING:
+    from looprl.ir.nest import Loop, LoopNest
+
+
+class LayoutSteps:
+    """The layout transforms of :class:`~looprl.ir.nest.LoopNest` (which supplies ``problem``,
+    ``loops``, ``tensor_index``, ``layout`` and ``with_layout``)."""
+
+    def layout_split(self, tensor: str, dim: int, factor: int) -> "LoopNest":
+        return self.with_layout(tensor, self.layout(tensor).split(dim, factor))
+
+    def layout_reorder(self, tensor: str, perm) -> "LoopNest":
+        return self.with_layout(tensor, self.layout(tensor).reorder(perm))
+
+    def layout_fuse(self, tensor: str, dim: int) -> "LoopNest":
+        return self.with_layout(tensor, self.layout(tensor).fuse(dim))
+
+    def layout_pad(self, tensor: str, dim: int, multiple: int) -> "LoopNest":
+        return self.with_layout(tensor, self.layout(tensor).pad(dim, multiple))
+
+    def layout_pack(self, tensor: str, var: str, step: int) -> "LoopNest":
+        return self.with_layout(tensor, self.layout(tensor).pack(var, step))
+
+    def why_not_layout(self, tensor: str, layout: Layout) -> str | None:
+        """Why :meth:`with_layout` refuses ``layout`` for ``tensor`` (a layout of it), or None."""
+        if layout.elements * self.problem.dtype.accumulator.element_bytes > defaults.MAX_BUFFER_BYTES:  # a layout's copy is workspace
+            return (f"layout {layout.key!r} of {tensor} takes {layout.elements} floats, more than "
+                    f"looprl.defaults.MAX_BUFFER_BYTES = {defaults.MAX_BUFFER_BYTES} bytes")
+        return None
+
+    def why_not_layout_pack(self, tensor: str, var: str, step: int) -> str | None:
+        """Why :meth:`layout_pack` refuses, or None if it applies."""
+        layout = self.layout(tensor)
+        why = layout.why_not_pack(var, step)
+        return why if why is not None else self.why_not_layout(tensor, layout.pack(var, step))
+
+    def why_not_layout_pad(self, tensor: str, dim: int, multiple: int) -> str | None:
+        """Why :meth:`layout_pad` refuses, or None if it applies."""
+        layout = self.layout(tensor)
+        why = layout.why_not_pad(dim, multiple)
+        return why if why is not None else self.why_not_layout(tensor, layout.pad(dim, multiple))
+
+    # -- layout steps (looprl.ir.step: pack, pad, pair, innermost at a loop) --------
+    def pack(self, index: int, tensor: str, elements: int) -> "LoopNest":
+        """Tile input ``tensor`` along compute loop ``index``'s dimension by ``elements``
+        (:meth:`Layout.pack`: the new outer piece outermost, the tile innermost)."""
+        why = self.why_not_pack(index, tensor, elements)
+        if why is not None:
+            raise ValueError(why)
+        return self.layout_pack(tensor, self.loops[index].var, elements)
+
+    def why_not_pack(self, index: int, tensor: str, elements: int) -> str | None:
+        """Why :meth:`pack` refuses, or None if it applies."""
+        loop = self._layout_loop(index, tensor, compute_only=True)
+        if isinstance(loop, str):
+            return loop
+        return self.why_not_layout_pack(tensor, loop.var, checks.integer(elements, "pack tile"))
+
+    def pad(self, index: int, tensor: str, multiple: int) -> "LoopNest":
+        """Pad the physical dimension of ``tensor`` that holds loop ``index``'s dimension whole
+        (its outer piece alone) to a multiple of ``multiple`` places."""
+        why = self.why_not_pad(index, tensor, multiple)
+        if why is not None:
+            raise ValueError(why)
+        return self.layout_pad(tensor, self.layout(tensor).outer_dim(self.loops[index].var), multiple)
+
+    def why_not_pad(self, index: int, tensor: str, multiple: int) -> str | None:
+        """Why :meth:`pad` refuses, or None: also where the dimension is the outermost one
+        (padding it would change no stride) or fused with another."""
+        loop = self._layout_loop(index, tensor, compute_only=False)
+        if isinstance(loop, str):
+            return loop
+        dim = self.layout(tensor).outer_dim(loop.var)
+        if not dim:
+            where = "outermost" if dim == 0 else "fused with another"
+            return f"cannot pad {loop.var!r} of {tensor}: its dimension is {where} in layout {self.layout(tensor).key!r}"
+        return self.why_not_layout_pad(tensor, dim, checks.integer(multiple, "pad multiple"))
+
+    def pair(self, index: int, tensor: str = "in1") -> "LoopNest":
+        """Store the second input with the indices of compute loop ``index``'s reduction
+        dimension two by two side by side (:meth:`Layout.paired`): what a bfloat16 kernel that
+        takes that reduction in pairs loads (:mod:`looprl.backend.pairs`)."""
+        why = self.why_not_pair(index, tensor)
+        if why is not None:
+            raise ValueError(why)
+        return self.with_layout(tensor, self.layout(tensor).paired(self.loops[index].var))
+
+    def why_not_pair(self, index: int, tensor: str = "in1") -> str | None:
+        """Why :meth:`pair` refuses, or None: the problem's dtype must take products in pairs
+        (bfloat16), the loop must walk a reduction dimension of the second input."""
+        if tensor != "in1":
+            return f"only the second input is paired, not {tensor!r}"
+        loop = self._layout_loop(index, tensor, compute_only=True)
+        if isinstance(loop, str):
+            return loop
+        if not self.problem.dtype.dot_pairs:
+            return f"{self.problem.dtype.name} products are not taken in pairs"
+        if loop.var not in self.problem.reduction_dims:
+            return f"loop {index} walks {loop.var!r}, not a reduction dimension"
+        paired = self.layout(tensor).paired(loop.var)
+        if paired is None:
+            return (f"the unit of {loop.var!r} in layout {self.layout(tensor).key!r} of {tensor} cannot be paired "
+                    "(odd, padded or paired already)")
+        return self.why_not_layout(tensor, paired)
+
+    def innermost(self, index: int, tensor: str) -> "LoopNest":
+        """Store input ``tensor`` (row-major) with loop ``index``'s dimension innermost."""
+        why = self.why_not_innermost(index, tensor)
+        if why is not None:
+            raise ValueError(why)
+        return self.with_layout(tensor, self.layout(tensor).innermost(self.loops[index].var))
+
+    def why_not_innermost(self, index: int, tensor: str) -> str | None:
+        """Why :meth:`innermost` refuses, or None if it applies."""
+        loop = self._layout_loop(index, tensor, compute_only=True)
+        if isinstance(loop, str):
+            return loop
+        why = self.layout(tensor).why_not_innermost(loop.var)
+        return why if why is not None else self.why_not_layout(tensor, self.layout(tensor).innermost(loop.var))
+
+    def _layout_loop(self, index: int, tensor: str, compute_only: bool) -> Loop | str:
+        """Loop ``index``, which a layout step of ``tensor`` names, or why it cannot."""
+        index = checks.integer(index, "loop index")
+        if not 0 <= index < len(self):
+            return f"loop index {index} out of range: the nest has {len(self)} loops"
+        loop = self.loops[index]
+        if compute_only and loop.is_write_back:
+            return f"loop {index} ({loop.describe()}) is a write-back loop; a layout step names a compute loop"
+        if loop.var not in self.tensor_index(tensor):
+            return f"loop {index} walks {loop.var!r}, not a dimension of {tensor} ({self.tensor_index(tensor)})"
+        return loop
