@@ -133,3 +133,15 @@ def bandwidth_measured_once_per_session():
     roofline.measure_bandwidth_gbs = once
     yield
     roofline.measure_bandwidth_gbs = real
+
+
+@pytest.fixture(autouse=True)
+def looprl_loggers_enabled(monkeypatch):
+    """looprl's loggers are enabled in every test: a library a test in the same worker set up
+    (Ray's logging configuration) may have disabled the loggers it does not name, and tests that
+    read looprl's log lines (caplog) would then pass or fail by the order the worker ran them in."""
+    import logging
+
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if (name == "looprl" or name.startswith("looprl.")) and isinstance(logger, logging.Logger) and logger.disabled:
+            monkeypatch.setattr(logger, "disabled", False)

@@ -20,7 +20,7 @@ from looprl.measurement.schedule_record import ScheduleRecord, checked_entry
 from looprl.measurement.tuned_records import read_tuned_records
 from looprl.target import Target
 
-FIXTURE = Path(__file__).resolve().parent / "data" / "records_a56e7ac.json"
+FIXTURE = Path(__file__).resolve().parents[1] / "data" / "records_a56e7ac.json"
 MATMUL = looprl.matmul(64, 48, 80)
 BF16_WEIGHT = parse_problem("mk,kn->mn:m=64,k=512,n=256;const=in1;epilogue=bias;dtype=bfloat16")
 
