@@ -56,6 +56,7 @@ GLOBAL_HOOKS = "global module hooks are registered (torch.nn.modules.module.regi
 NOT_PARAMETERS = "its weight or bias is not a Parameter"
 NOT_FLOAT32 = "parameters not float32 or bfloat16 on the CPU (both of one dtype)"
 NOT_CALLED = "not called with a CPU input of its parameters' dtype by the examples"
+TORCH_EVERYWHERE = "torch timed faster at every row count tuned: the layer is torch's, as it was"
 DTYPES = (torch.float32, torch.bfloat16)  # what a tuned layer's parameters and inputs may be
 
 # The per-module hook tables of torch 2.x: a layer with an entry in one is left to torch.
@@ -255,6 +256,28 @@ def _check_against_the_model(module: nn.Module, tuned: nn.Module, examples: list
                           RuntimeWarning, stacklevel=4)
 
 
+def _put_back_where_torch_runs_everything(tuned: nn.Module, answer: nn.Module, replacements: dict, names: dict, left: dict) -> nn.Module:
+    """Put each linear layer that its routes give to torch at every row count tuned (and that is
+    not fused with an activation) back in ``tuned`` as it was: a :class:`TunedLinear` that only
+    passes its calls on to torch costs a route lookup and a count per call (about 2 us: on a
+    one-token decode step of a model of a hundred linear layers, the difference between 1.0x
+    and 0.98x). It is named in ``left`` with :data:`TORCH_EVERYWHERE`. Returns the answer (the
+    layer itself, where the whole module was one)."""
+    for layer, replacement in list(replacements.items()):
+        kernels = replacement.all_kernels()
+        if replacement.activation is not None or not all(k.routes and all(k.runs_torch(rows) for rows in k.routes) for k in kernels):
+            continue
+        for parent in list(tuned.modules()):
+            for name, child in list(parent._modules.items()):
+                if child is replacement:
+                    setattr(parent, name, layer)
+        left[names[layer]] = TORCH_EVERYWHERE
+        del replacements[layer]
+        if answer is replacement:
+            answer = layer
+    return answer
+
+
 def _fusions(module: nn.Module, tunable) -> dict[nn.Linear, tuple[nn.Sequential, int]]:
     """Layers of ``tunable`` followed, in an ``nn.Sequential``, by an activation we fuse (one
     without hooks): layer -> (the sequential, the activation's index)."""
@@ -417,15 +440,17 @@ def _tune(module: nn.Module, examples: list[tuple], cache, fuse: bool, max_rows,
         if layer in replacements and replacements[layer].activation is not None:
             sequence.__class__ = FusedSequential  # the activation stays in its place; the sequence runs the pair as one call
     answer = replacements.get(tuned, tuned)  # a module that is itself a tuned layer is replaced whole
-    if left:
-        answer.__dict__[LEFT_TO_TORCH] = left  # a plain attribute (stats() reads it), not a registered one
+    judged_layers = list(replacements.values())  # for the route table, those put back below included
     if compare_torch and replacements:
         _check_against_the_model(module, answer, examples, per_example, replacements, progress)
         for replacement in replacements.values():
             for kernels in replacement.all_kernels():
                 kernels.forget_calls()
-    if progress and replacements:
-        print(route_table(kernels_by_shape(replacements.values())), file=sys.stderr, flush=True)
+        answer = _put_back_where_torch_runs_everything(tuned, answer, replacements, names, left)
+    if left:
+        answer.__dict__[LEFT_TO_TORCH] = left  # a plain attribute (stats() reads it), not a registered one
+    if progress and judged_layers:
+        print(route_table(kernels_by_shape(judged_layers)), file=sys.stderr, flush=True)
         print(f"looprl: {len(shapes)} layer shape(s), {len(replacements)} layer(s) in {time.perf_counter() - started:.1f} s",
               file=sys.stderr, flush=True)
     if not replacements:

@@ -11,6 +11,8 @@ import looprl  # noqa: E402
 from looprl import dynamo  # noqa: E402
 from looprl.measurement.timing import Timing  # noqa: E402
 from looprl.torch import TORCH_FASTER, LinearKernels, Route, TunedLinear, route_table, stats, tune_module, tuned_layers  # noqa: E402
+from looprl.torch.module import TORCH_EVERYWHERE  # noqa: E402
+from looprl.torch.records import left_to_torch  # noqa: E402
 from tests.policies import random_policy  # noqa: E402
 
 
@@ -68,14 +70,18 @@ def test_tune_module_judges_each_shape_once_and_reports_the_routes(options, caps
     err = capsys.readouterr().err
     assert "tuned linear 32->32 +relu for rows 1, 2, 4" in err and "looprl/torch" in err and "runs" in err
     layers = dict(tuned_layers(tuned))
+    put_back = {name for name, why in left_to_torch(tuned).items() if why == TORCH_EVERYWHERE}  # torch's at every row count
+    assert set(layers) | put_back == {"0", "2", "3"} and not set(layers) & put_back
+    assert all(isinstance(tuned[int(name)], nn.Linear) for name in put_back)
     assert all(sorted(layer.kernels.routes) == [1, 2, 4] for layer in layers.values())
-    assert layers["2"].kernels.routes is not layers["3"].kernels.routes  # two shapes, two judgements
+    if {"2", "3"} <= set(layers):
+        assert layers["2"].kernels.routes is not layers["3"].kernels.routes  # two shapes, two judgements
     with torch.no_grad():
         for rows in (1, 3, 4, 9):
             x = torch.randn(rows, 32)
             torch.testing.assert_close(tuned(x), model(x), rtol=1e-5, atol=1e-5)
     counted = stats(tuned)
-    assert counted["looprl_calls"] + counted["fallback_calls"] == 4 * 3
+    assert counted["looprl_calls"] + counted["fallback_calls"] == 4 * len(layers)
     assert set(counted["fallbacks"]) <= {TORCH_FASTER}
     for name, layer in layers.items():
         routes = counted["layers"][name]["routes"]
@@ -177,3 +183,26 @@ def test_a_row_count_the_layer_gave_torch_keeps_its_reason_when_the_model_check_
     assert {count: (route.runs, route.decided_by) for count, route in kernels.routes.items()} == {
         1: ("torch", "layer"), 2: ("torch", "model"), 4: ("looprl", "layer")}
     assert (kernels.routes[1].looprl_s, kernels.routes[1].torch_s) == (2e-6, 1e-6)
+
+
+def test_a_layer_torch_runs_at_every_row_count_is_put_back_as_it_was(options, monkeypatch):
+    """A TunedLinear that would only pass its calls on to torch costs a route lookup per call:
+    such a layer is the model's own nn.Linear again, named with its reason."""
+    real_judge = LinearKernels.judge
+
+    def torch_everywhere(self, weight, bias, counts=None, **kwargs):
+        real_judge(self, weight, bias, counts, **kwargs)
+        self.route_to_torch(list(self.results))
+        return self.routes
+
+    monkeypatch.setattr(LinearKernels, "judge", torch_everywhere)
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(32, 48), nn.Linear(48, 8)).eval()
+    tuned = tune_module(model, torch.randn(4, 32), **options)
+    assert type(tuned[0]) is nn.Linear and type(tuned[1]) is nn.Linear and dict(tuned_layers(tuned)) == {}
+    assert left_to_torch(tuned) == {"0": TORCH_EVERYWHERE, "1": TORCH_EVERYWHERE}
+    with torch.no_grad():
+        x = torch.randn(4, 32)
+        torch.testing.assert_close(tuned(x), model(x), rtol=0, atol=0)
+    single = tune_module(nn.Linear(16, 8).eval(), torch.randn(2, 16), **options)  # a module that is itself the layer
+    assert type(single) is nn.Linear and left_to_torch(single) == {"": TORCH_EVERYWHERE}
