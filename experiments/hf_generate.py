@@ -1,6 +1,6 @@
 """transformers' own Qwen2 model generating greedily: torch eager against looprl's fast path and measured tune.
 
-    python experiments/hf_generate.py [--runs 3] [--target avx2] [--modes eager,fast,tune] [--layers 16] [--tiny] [--out PREFIX]
+    python experiments/hf_generate.py [--runs 3] [--target avx2] [--modes eager,copy,fast,tune] [--layers 16] [--tiny] [--out PREFIX]
 
 Needs transformers 5 (``pip install -e .[hf]``). The model is ``transformers.Qwen2ForCausalLM``
 built from a config (random weights, seeded; nothing is downloaded): hidden size 512,
@@ -16,6 +16,8 @@ and looprl's kernels are tuned for one).
 Modes (``--modes``):
 
 * ``eager``: the model as built;
+* ``copy``: a deep copy of it (``tune_module`` returns a copy too: the spread between two
+  copies of one model, weights in other memory, is the floor under which a ratio says nothing);
 * ``fast``: ``looprl.torch.tune_module(model, [(prompt,), (prompt[:, :1],)], measure=False)``,
   the fast path: every linear layer scheduled by the shipped policy alone, the routes to torch
   judged (each layer shape's looprl plan against torch's call, and the tuned model against the
@@ -36,6 +38,7 @@ prefix) with a row per run and mode and a row per mode for the median (``run`` =
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import time
@@ -49,7 +52,7 @@ from looprl.backend.host import cpu_model_name
 from looprl.target import host_cpu
 
 RESULTS = Path(__file__).resolve().parent / "results"
-MODES = ("eager", "fast", "tune")
+MODES = ("eager", "copy", "fast", "tune")
 FIELDS = ["mode", "run", "target", "llvm_cpu", "cpu", "parameters", "prompt", "new_tokens", "prepare_s", "prefill_ms",
           "decode_tokens_per_s", "vs_eager", "same_tokens"]
 FULL = {"hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 1408, "vocab_size": 32000}
@@ -104,6 +107,8 @@ def prepared(mode: str, model, prompt, target: str | None):
     """The model of ``mode``."""
     if mode == "eager":
         return model
+    if mode == "copy":
+        return copy.deepcopy(model)
     from looprl.torch import tune_module
 
     return tune_module(model, [(prompt,), (prompt[:, :1],)], measure=mode == "tune", target=target, cache=":memory:", threads=1)
