@@ -16,6 +16,8 @@ from torch.nn.utils import parametrize, prune  # noqa: E402
 
 import looprl  # noqa: E402
 from looprl.torch import TunedLinear, stats, tune_module, tuned_layers  # noqa: E402
+from looprl.torch.module import TORCH_EVERYWHERE  # noqa: E402
+from looprl.torch.records import left_to_torch  # noqa: E402
 from looprl.torch.routes import NEGATIVE_VIEW  # noqa: E402
 from tests.policies import random_policy  # noqa: E402
 
@@ -107,7 +109,8 @@ def test_tuning_leaves_the_model_and_torch_s_generator_as_they_were(options):
     assert {name: buffer.clone() for name, buffer in tuned.named_buffers()}.keys() == dict(model.named_buffers()).keys()
     for (name, buffer), (_, given) in zip(tuned.named_buffers(), model.named_buffers()):
         assert torch.equal(buffer, given), name  # the given module's values, not advanced by the timing
-    assert len(tuned_layers(tuned)) == 2
+    put_back = [name for name, why in left_to_torch(tuned).items() if why == TORCH_EVERYWHERE]  # torch's at every row count
+    assert len(tuned_layers(tuned)) + len(put_back) == 2
     for grad in (False, True):  # looprl's kernels (no grad), torch's (autograd): the same numbers, the same statistics
         with torch.set_grad_enabled(grad):
             torch.manual_seed(11)
