@@ -13,6 +13,7 @@ from torch import nn  # noqa: E402
 import looprl  # noqa: E402
 from looprl.measurement.timing import Timing  # noqa: E402
 from looprl.torch import TORCH_FASTER, LinearKernels, Route, TunedLinear, route_table, stats, tune_module, tuned_layers  # noqa: E402
+from looprl.torch import duels as duels_module  # noqa: E402
 from looprl.torch import routes as routes_module  # noqa: E402
 from looprl.torch.routes import ROUTE_CONFIDENCE, ROUTE_MARGIN, ROUTE_MAX_ROUNDS, binomial_tail, faster, interleaved_duels  # noqa: E402
 
@@ -130,7 +131,7 @@ def test_judge_keeps_looprl_only_where_it_wins_its_rounds(monkeypatch):
         seen.append((count, side))
         return Timing(script[count][side == "torch"][round_number], 1, 1)
 
-    monkeypatch.setattr(routes_module, "best_time", scripted)
+    monkeypatch.setattr(duels_module, "best_time", scripted)
     judged = kernels.judge(torch.randn(16, 24), torch.randn(16))
     assert {count: (route.runs, route.wins, route.rounds) for count, route in judged.items()} == {
         1: ("looprl", 5, 5), 2: ("torch", 0, 4), 4: ("torch", 2, 6)}
@@ -181,7 +182,7 @@ def test_the_model_check_keeps_looprl_only_where_the_tuned_model_is_shown_faster
         rounds[args[0].shape[0], side] = rounds.get((args[0].shape[0], side), 0) + 1
         return Timing(next(whole[args[0].shape[0], side]), 1, 1)
 
-    monkeypatch.setattr(routes_module, "best_time", scripted)
+    monkeypatch.setattr(duels_module, "best_time", scripted)
     tuned = tune_module(model, examples, measure=False, progress=False, cache=":memory:")
     routes = stats(tuned)["layers"]["0"]["routes"]
     assert routes[4]["runs"] == "torch" and routes[4]["decided_by"] == "model"  # the tie: the first example's rows

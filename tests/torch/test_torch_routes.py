@@ -165,9 +165,10 @@ def test_where_the_whole_model_runs_slower_the_example_s_rows_go_to_torch(option
 
 
 def test_judging_draws_nothing_from_torch_s_global_generator(monkeypatch):
+    from looprl.torch import duels as duels_module
     from looprl.torch import routes as routes_module
 
-    monkeypatch.setattr(routes_module, "best_time", lambda repeat, budget_s: Timing(1.0, 1, 1))
+    monkeypatch.setattr(duels_module, "best_time", lambda repeat, budget_s: Timing(1.0, 1, 1))
     kernels = LinearKernels(24, 16, None, untuned_results(24, 16, [1, 2]))
     weight, bias = torch.randn(16, 24), torch.randn(16)
     state = torch.random.get_rng_state()
