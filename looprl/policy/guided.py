@@ -106,7 +106,7 @@ def guided_search(
             frontier = children[:beam]
     except BudgetExhausted:
         stopped = "deadline"
-    found = ScheduleRecord(best.state.nest, best.gflops, tuple(actions.names[a] for a in best.path), "guided", context.target,
+    found = ScheduleRecord(best.state.nest, best.gflops, actions.named(best.path), "guided", context.target,
                            context.threads)
     return GuidedResult(
         best=found,

@@ -32,6 +32,6 @@ def dot_proposals(context: SearchContext, actions: ActionSet) -> list[ScheduleRe
         if name.startswith("plan_dot_"):
             node = context.child(root, action)
             if node is not None:
-                found.append(ScheduleRecord(node.state.nest, node.gflops, tuple(actions.names[a] for a in node.path), "in place",
+                found.append(ScheduleRecord(node.state.nest, node.gflops, actions.named(node.path), "in place",
                                             context.target, 1))
     return found

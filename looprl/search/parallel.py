@@ -166,7 +166,7 @@ def _path(nest: LoopNest, actions: tuple[str, ...], swaps: tuple[int, ...], indi
     found = action_set.path(state, [Step(SWAP, index) for index in swaps] + [Step(PARALLEL, index) for index in indices])
     if found is None:
         return actions
-    return actions + tuple(action_set.names[a] for a in found[0])
+    return actions + action_set.named(found[0])
 
 
 def split_proposals(record: ScheduleRecord, threads: int, target) -> list[ScheduleRecord]:

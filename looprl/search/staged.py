@@ -67,7 +67,7 @@ class Start:
 
     def followed(self, actions: ActionSet, taken) -> tuple[str, ...] | None:
         """The path on from here by the action indices ``taken`` of ``actions`` (None: no path)."""
-        return None if self.path is None else self.path + tuple(actions.names[a] for a in taken)
+        return None if self.path is None else self.path + actions.named(taken)
 
 
 BEST_SO_FAR = "best so far"  # a Scope's start: the best schedule an earlier stage found, by its path

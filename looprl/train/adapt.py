@@ -358,7 +358,7 @@ def adapt(policy: Policy | str | Path = "default", *, out: str | Path, target: T
         # measures): more problems in the budget than a search each; others: measured tune
         demo, from_search = expert_demonstration(problem, actions, evaluator, episode_length, start, 0.0 if actions.plans else None)
         demo_s = max(demo_s, time.perf_counter() - began)
-        items.append({"problem": problem.name, "actions": [actions.names[a] for a in demo.actions], "gflops": demo.gflops,
+        items.append({"problem": problem.name, "actions": list(actions.named(demo.actions)), "gflops": demo.gflops,
                       "initial_gflops": demo.initial_gflops, "from_search": bool(from_search)})
         _save_progress(progress_path, source, target, items)
         if len(items) % 10 == 0:

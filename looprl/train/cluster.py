@@ -68,7 +68,7 @@ def _demonstrate_chunk(agent: dict, names: list[str], policy: Policy | None, sea
     for name in names:
         demo, from_search = demonstrate(parse_problem(name), actions, evaluator, int(env.get("episode_length", EPISODE_LENGTH)),
                                                  policy, search_budget_s)
-        found.append({"problem": name, "actions": [actions.names[a] for a in demo.actions], "gflops": demo.gflops,
+        found.append({"problem": name, "actions": list(actions.named(demo.actions)), "gflops": demo.gflops,
                       "initial_gflops": demo.initial_gflops, "from_search": bool(from_search), **where})
     return found
 

@@ -170,7 +170,7 @@ def _read_progress(path: Path, actions: ActionSet) -> dict[str, tuple[Demonstrat
 
 
 def _write_progress(path: Path, actions: ActionSet, found: dict[str, tuple[Demonstration, bool]]) -> None:
-    items = [{"problem": name, "actions": [actions.names[a] for a in demo.actions], "gflops": demo.gflops,
+    items = [{"problem": name, "actions": list(actions.named(demo.actions)), "gflops": demo.gflops,
               "initial_gflops": demo.initial_gflops, "from_search": from_search} for name, (demo, from_search) in found.items()]
     temporary = Path(path).with_name(Path(path).name + ".tmp")
     temporary.write_text(json.dumps({"actions": list(actions.names), "demonstrations": items}) + "\n", encoding="utf-8")
