@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from looprl.backend.pairs import pair_step, upgraded
 from looprl.ir.action import action_steps
@@ -80,7 +81,7 @@ class ScheduleRecord:
         # a bfloat16 weight's pairs, which the code generator added before they were a step
         nest = self.nest if self.target is None else upgraded(self.nest, self.target)
         if steps is None or not _reaches(nest, steps):
-            steps = _steps_of(nest, self.actions, self.target, self.replays_on)
+            steps = _steps_of(nest, None if self.actions is None else tuple(self.actions), self.target, self.replays_on)
         object.__setattr__(self, "nest", nest)
         object.__setattr__(self, "steps", steps)
 
@@ -92,6 +93,7 @@ class ScheduleRecord:
         return replace(self, gflops=gflops)
 
 
+@lru_cache(maxsize=4096)  # a record is made again by every dataclasses.replace: derive its steps once per schedule
 def _steps_of(nest: LoopNest, actions, target, replays_on) -> tuple[Step, ...] | None:
     """The steps of a record given as action names (the one upgrade of a record without
     steps): its actions' steps, and the pair step :func:`~looprl.backend.pairs.upgraded` adds,
@@ -107,6 +109,7 @@ def _steps_of(nest: LoopNest, actions, target, replays_on) -> tuple[Step, ...] |
     return steps if _reaches(nest, steps) else None
 
 
+@lru_cache(maxsize=4096)
 def _reaches(nest: LoopNest, steps: tuple[Step, ...]) -> bool:
     try:
         return initial_nest(nest.problem).apply(steps).key == nest.key
