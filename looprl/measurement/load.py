@@ -36,6 +36,7 @@ How ``tune`` uses it:
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, replace
 
 from looprl import defaults
@@ -52,6 +53,11 @@ from looprl.target import Target
 BUSY_RATIO = 0.8
 REFERENCE_BUDGET_S = 0.01  # one reading's timing budget (a rep of the kernel takes microseconds)
 RETIME_TRIES = 2  # timings of a remembered answer before it is judged slower than its record
+# A team's reading below BUSY_RATIO is taken again after the team ran this long: after the process
+# started another (a baseline's child), a two-thread kernel ran at half speed for its next
+# calls, its threads sharing a core until the scheduler spread them; 0.02 s of running did not
+# restore it, 0.05 s did (Zen 4, 2 vCPUs, 2026-11-29).
+TEAM_SETTLE_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -101,15 +107,19 @@ def measured_under(record: ScheduleRecord, *readings: LoadReading) -> ScheduleRe
     return replace(record, reference_gflops=busiest(*readings).reference_gflops)
 
 
-def time_reference(target: Target, threads: int = 1, lock=None) -> float:
+def time_reference(target: Target, threads: int = 1, lock=None, settle_s: float = 0.0) -> float:
     """GFLOPS of the reference kernel for ``target`` (which must run on this host) on ``threads``
     threads now: the peak kernel with as many chains as the registers hold, timed by the common
     rule (:func:`~looprl.measurement.timing.best_time`, under ``lock``: None, the machine-wide
-    lock) for :data:`REFERENCE_BUDGET_S`. Compiled once per process."""
+    lock) for :data:`REFERENCE_BUDGET_S`, after running untimed for ``settle_s`` seconds.
+    Compiled once per process."""
     threads = check_threads(threads)
     target.check_runs_on_host()
     kernel = chain_kernel(target, max(peak_chain_counts(target)), threads)
     before_parallel_call(threads)
+    settled = time.perf_counter() + settle_s
+    while time.perf_counter() < settled:
+        kernel.run(100)
     return timing.best_time(kernel.run, REFERENCE_BUDGET_S, flops=kernel.flops, lock=lock).gflops
 
 
@@ -128,6 +138,9 @@ def check_load(target: Target | str | None = None, cache=None, *, threads: int =
     store = open_cache(cache)
     try:
         reference = time_reference(target, threads, lock)
+        known = store.get_quiet(target, budget_s, threads)
+        if threads > 1 and known is not None and reference < BUSY_RATIO * known:  # a team not yet spread over the cores?
+            reference = max(reference, time_reference(target, threads, lock, settle_s=TEAM_SETTLE_S))
         quiet = store.note_reference(reference, target, budget_s, threads)
     finally:
         if store is not cache:

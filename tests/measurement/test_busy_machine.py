@@ -339,3 +339,21 @@ def _tuner():
     from looprl.tune.store import TUNER
 
     return TUNER
+
+
+def test_a_team_reading_below_the_quiet_figure_is_taken_again_after_the_team_ran_a_while(timer, cache, monkeypatch):
+    """A two-thread kernel ran at half speed for its first calls after the process started a
+    child (its threads on one core until the scheduler spread them): such a reading is taken
+    again after :data:`~looprl.measurement.load.TEAM_SETTLE_S` of running, and only a reading
+    that stays low says busy."""
+    check_load(HOST, cache, threads=2)  # the quiet figure: SPEED
+    settled = []
+
+    def half_until_settled(target, threads=1, lock=None, settle_s=0.0):
+        settled.append(settle_s)
+        return SPEED if settle_s >= load.TEAM_SETTLE_S else SPEED / 2
+
+    monkeypatch.setattr(load, "time_reference", half_until_settled)
+    assert not check_load(HOST, cache, threads=2).busy and settled == [0.0, load.TEAM_SETTLE_S]
+    monkeypatch.setattr(load, "time_reference", lambda target, threads=1, lock=None, settle_s=0.0: SPEED / 2)
+    assert check_load(HOST, cache, threads=2).busy  # still slow after running: busy
