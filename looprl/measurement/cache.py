@@ -10,6 +10,12 @@ cache is created. How the file is opened and recognised: :mod:`looprl.measuremen
 tables, checksums and migrations: :mod:`looprl.measurement.schema`; its rows as a cost model's
 training data: :mod:`looprl.measurement.records`.
 
+A tuned answer is stored as its schedule's steps (and the schedule's key, which they must reach)
+and read back by applying them to the problem's untuned nest: no action set replays it. Its
+action path is kept beside them (what reached it; :func:`looprl.tune`'s store serves an answer
+only where one is known). A row without steps (written before they were stored, with no step
+path: :mod:`looprl.measurement.schema`) is read from its schedule's key.
+
 Tuned answers found while the machine was busy are provisional (:mod:`looprl.measurement.load`):
 the cache keeps the load's reference figures beside the answers and judges each answer when it
 is read, against the quiet figure of that moment.
@@ -23,12 +29,14 @@ import os
 import time
 from looprl import checks, defaults
 from looprl.target import Target
-from looprl.ir.nest import LoopNest
+from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
+from looprl.ir.step import parse_steps, steps_text
 from looprl.measurement.keys import bandwidth_key, measurement_host, measurement_key, peak_key, reference_key, schedule_threads
 from looprl.measurement.load import LoadReading
 from looprl.measurement.schedule_record import STORED_FIELDS, ScheduleRecord, check_gflops, checked_entry
-from looprl.measurement.schema import record_checksum, row_checksum, stored_value
+from looprl.measurement.records import with_steps
+from looprl.measurement.schema import column_steps, record_checksum, row_checksum, stored_value, steps_column
 from looprl.measurement.store import CachedValue, CacheStore
 
 
@@ -193,8 +201,10 @@ class MeasurementCache:
         """The :class:`~looprl.measurement.schedule_record.ScheduleRecord` that
         :func:`looprl.tune` remembered for ``problem`` on this host and ``target`` with
         ``budget_s`` per state and ``threads`` threads offered (the answer may be serial), or
-        None (also when the row fails its checksum, or its schedule is not one of ``problem``:
-        another IR version's). ``tuner`` names the tuning procedure's version: an answer stored
+        None (also when the row fails its checksum or its steps do not read, counted in
+        ``damaged``, or its steps or schedule are not ``problem``'s: another IR version's). The
+        schedule is the row's steps applied to ``problem``'s untuned nest (its schedule's key,
+        where it has none). ``tuner`` names the tuning procedure's version: an answer stored
         by another version is not returned. An answer found while the machine was busy (its
         reference reading below :data:`~looprl.measurement.load.BUSY_RATIO` of today's quiet
         figure, :meth:`tuned_load`) is provisional: returned only with ``provisional=True``."""
@@ -208,13 +218,16 @@ class MeasurementCache:
             return None
         if not provisional and self._busy(host, entry["reference"]):
             return None
+        steps = entry["steps"]
         try:
-            nest = LoopNest.from_key(problem, entry["schedule"])
+            nest = LoopNest.from_key(problem, entry["schedule"]) if steps is None else initial_nest(problem).apply(steps)
         except ValueError:
             return None
+        if steps is not None and nest.key != entry["schedule"]:
+            return None  # steps that do not reach its schedule: not this looprl's
         actions = None if entry["actions"] is None else tuple(entry["actions"])
         return ScheduleRecord(nest, entry["gflops"], actions, entry["found_by"], Target.resolve(target), threads, entry["budget_s"],
-                              tuner, entry["replays_on"], entry["reference"])
+                              tuner, entry["replays_on"], entry["reference"], steps)
 
     def tuned_load(self, record: ScheduleRecord, budget_s: float = defaults.STATE_BUDGET_S) -> LoadReading | None:
         """The load of the machine ``record`` (an answer of :meth:`get_tuned`, timed with
@@ -235,17 +248,19 @@ class MeasurementCache:
         self._write_record({"host": host, "problem": record.problem.name, "tuner": record.tuner, "schedule": record.nest.key,
                             "gflops": stored_value(record.gflops), "budget_s": float(record.budget_s),
                             "actions": None if record.actions is None else list(record.actions), "replays_on": record.replays_on,
-                            "found_by": record.found_by, "reference": reference})
+                            "found_by": record.found_by, "steps": None if record.steps is None else steps_text(record.steps),
+                            "reference": reference})
 
     def _write_record(self, entry: dict) -> None:
-        """One row of the records table (a stored record, :data:`STORED_FIELDS`, and its
-        ``reference``, if any: None for an imported one), checksummed."""
+        """One row of the records table (a stored record, :data:`STORED_FIELDS`, its steps names
+        or None, and its ``reference``, if any: None for an imported one), checksummed."""
         actions = None if entry["actions"] is None else json.dumps(entry["actions"])
+        steps = None if entry.get("steps") is None else steps_column(parse_steps(entry["steps"]))
         values = (entry["host"], entry["problem"], entry["tuner"], entry["schedule"], entry["gflops"], entry["budget_s"], actions,
                   entry["replays_on"], entry["found_by"])
         reference = entry.get("reference")
-        self._store.one(f"INSERT OR REPLACE INTO records ({_RECORD_COLUMNS}, created) VALUES ({', '.join('?' * 12)})",
-                        (*values, record_checksum(*values, reference), reference, time.time()))
+        self._store.one(f"INSERT OR REPLACE INTO records ({_RECORD_COLUMNS}, created) VALUES ({', '.join('?' * 13)})",
+                        (*values, record_checksum(*values, reference, steps), reference, steps, time.time()))
 
     def export_tuned(self, problem_names=None) -> list[dict]:
         """:func:`looprl.tune`'s remembered final answers as stored records (every host's, or
@@ -258,15 +273,16 @@ class MeasurementCache:
         wanted = None if problem_names is None else set(problem_names)
         entries = (_entry(row) for row in self._store.rows(f"SELECT {_RECORD_COLUMNS} FROM records ORDER BY rowid"))
         kept = [entry for entry in entries if entry is not None and (wanted is None or entry["problem"] in wanted)]
-        return [{field: entry[field] for field in STORED_FIELDS if field in entry}  # the table keeps no steps: actions replay to them
-                for entry in kept if not self._busy(entry["host"], entry["reference"])]
+        return [_stored(entry) for entry in kept if not self._busy(entry["host"], entry["reference"])]
 
     def import_tuned(self, records) -> int:
         """Store records of :meth:`export_tuned` (replacing this cache's answer for the same
         host, problem and tuner); how many were stored. A record that is not such a dict is a
         ValueError naming what is wrong with it
-        (:func:`~looprl.measurement.schedule_record.checked_entry`), and nothing is stored."""
-        checked = [checked_entry(record, f"tuned record {index}") for index, record in enumerate(records)]
+        (:func:`~looprl.measurement.schedule_record.checked_entry`), and nothing is stored. A
+        record without steps (of before they were stored) is given those of its action names
+        (:func:`~looprl.measurement.records.with_steps`)."""
+        checked = [with_steps(checked_entry(record, f"tuned record {index}")) for index, record in enumerate(records)]
         with self._store.transaction():
             for entry in checked:
                 self._write_record(entry)
@@ -289,20 +305,32 @@ class MeasurementCache:
         self.__init__(state["path"], state["timeout_s"])
 
 
-_RECORD_COLUMNS = "host, problem, tuner, schedule, gflops, budget, actions, replays_on, found_by, checksum, reference"
+def _stored(entry: dict) -> dict:
+    """A record read from the table (:func:`_entry`) as a stored record: its
+    :data:`STORED_FIELDS`, the steps as their names."""
+    stored = {field: entry[field] for field in STORED_FIELDS}
+    return {**stored, "steps": None if entry["steps"] is None else steps_text(entry["steps"])}
+
+
+_RECORD_COLUMNS = "host, problem, tuner, schedule, gflops, budget, actions, replays_on, found_by, checksum, reference, steps"
 
 
 def _entry(row: tuple) -> dict | None:
-    """A stored record (:data:`STORED_FIELDS` and its ``reference``) from a row of the records
-    table, or None when its checksum fails."""
-    host, problem, tuner, schedule, gflops, budget, actions, replays_on, found_by, checksum, reference = row
+    """A stored record (:data:`STORED_FIELDS`, its steps as Step values or None, and its
+    ``reference``) from a row of the records table, or None when its checksum fails or its
+    steps do not read (a corrupt row)."""
+    host, problem, tuner, schedule, gflops, budget, actions, replays_on, found_by, checksum, reference, steps = row
     texts = (host, problem, tuner, schedule, found_by)
     if not (all(isinstance(t, str) for t in texts) and isinstance(gflops, float) and isinstance(budget, float)
             and isinstance(actions, (str, type(None))) and isinstance(replays_on, (str, type(None)))
-            and (reference is None or (isinstance(reference, float) and reference > 0))):
+            and (reference is None or (isinstance(reference, float) and reference > 0)) and isinstance(steps, (str, type(None)))):
         return None
-    if checksum != record_checksum(host, problem, tuner, schedule, gflops, budget, actions, replays_on, found_by, reference):
+    if checksum != record_checksum(host, problem, tuner, schedule, gflops, budget, actions, replays_on, found_by, reference, steps):
+        return None
+    try:
+        parsed = None if steps is None else column_steps(steps)
+    except ValueError:
         return None
     return {"host": host, "problem": problem, "tuner": tuner, "schedule": schedule, "gflops": gflops, "budget_s": budget,
             "actions": None if actions is None else json.loads(actions), "replays_on": replays_on, "found_by": found_by,
-            "reference": reference}
+            "steps": parsed, "reference": reference}

@@ -18,7 +18,7 @@ from functools import lru_cache
 from looprl import checks, defaults
 from looprl.backend.codegen import CODEGEN_VERSION
 from looprl.backend.host import host_fingerprint
-from looprl.target import Target
+from looprl.target import TARGET_NAMES, Target
 from looprl.ir.dtypes import DEFAULT_DTYPE, as_dtype
 from looprl.ir.nest import LoopNest
 from looprl.measurement.timing import TIMING_PROTOCOL_VERSION
@@ -83,6 +83,25 @@ def bandwidth_key(level: str, target: Target, threads: int = 1) -> str:
 def schedule_threads(nest: LoopNest, threads: int) -> int:
     """The threads ``nest`` runs on when a caller offers ``threads``: 1 without a parallel loop."""
     return threads if nest.is_parallel else 1
+
+
+def key_target(host_key: str) -> Target | None:
+    """The target a :func:`measurement_key` names (the part between the host and the code
+    generator's version): this host's own or a named one (:data:`~looprl.target.TARGET_NAMES`)
+    whose key it is; else, for another machine's own target, the named target of its vector
+    ISA (the same lanes and registers, not its CPU's features); None where it names no target
+    looprl knows. For what depends only on lanes and registers (a plan's steps), and checked
+    by its caller against what it is for (a record's schedule)."""
+    if not isinstance(host_key, str) or "|codegen-" not in host_key:
+        return None
+    parts = host_key.rsplit("|codegen-", 1)[0].rsplit("|", 4)
+    if len(parts) < 5:
+        return None
+    key = "|".join(parts[1:])
+    for target in (Target.host(), *map(Target.named, TARGET_NAMES)):
+        if target.key == key:
+            return target
+    return Target.named(parts[1]) if parts[1] in TARGET_NAMES else None
 
 
 def tuned_problem(problem_name: str, tuner: str) -> str:

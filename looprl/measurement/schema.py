@@ -19,7 +19,14 @@ paths; 0.3 moved tuned answers to ``records`` (0.2's rows are copied there when 
 first opened; the old table is left for an older looprl sharing the file); 0.4 added the
 records' ``reference`` column (the load of the machine an answer was found on,
 :mod:`looprl.measurement.load`): NULL in the rows of earlier versions, which read as final
-answers.
+answers; 0.5 added the records' ``steps`` column (the schedule's steps, :func:`steps_column`,
+what a record is read from): filled, when such a file is first opened, from the action path of
+each row whose checksum holds (:func:`~looprl.measurement.records.upgraded_steps`, which also
+gives the schedule's key the steps reach: a bfloat16 weight's pair step added), NULL where no
+step path is known (no action path, or one that replays on another start: such a row is read
+from its schedule's key). An older looprl sharing the file reads a row with steps as failing
+its checksum (it tunes again and writes its own row); a row it writes has no steps, and is read
+as before.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ import struct
 import time
 import zlib
 
+from looprl.ir.step import Step, parse_steps, steps_text
+from looprl.measurement.records import upgraded_steps
 from looprl.measurement.schedule_record import legacy_fields
 
 APPLICATION_ID = 0x4C4F4F50  # b"LOOP": the mark of looprl's databases
@@ -54,7 +63,9 @@ TABLES = {
     )""",
     # looprl.tune's answers, one schedule record (looprl.measurement.schedule_record) a row: the
     # best schedule found for a problem by a tuner's version, and how; ``reference``: the
-    # reference kernel's GFLOPS while it was found (looprl.measurement.load), NULL if not checked.
+    # reference kernel's GFLOPS while it was found (looprl.measurement.load), NULL if not checked;
+    # ``steps``: the schedule's steps from the problem's untuned nest (steps_column), NULL where
+    # none are known (the record is then read from its schedule's key).
     "records": """CREATE TABLE records (
         host TEXT NOT NULL,
         problem TEXT NOT NULL,
@@ -68,13 +79,14 @@ TABLES = {
         created REAL NOT NULL,
         checksum INTEGER,
         reference REAL,
+        steps TEXT,
         PRIMARY KEY (host, problem, tuner)
     )""",
 }
 KEY_COLUMNS = {"measurements": ("host", "problem", "schedule"), "peaks": ("host",), "records": ("host", "problem", "tuner")}
 # Columns added to a table after it first shipped: added (NULL in the rows already there) when
 # an older file is opened.
-ADDED_COLUMNS = {"measurements": (("samples", "INTEGER"),), "records": (("reference", "REAL"),)}
+ADDED_COLUMNS = {"measurements": (("samples", "INTEGER"),), "records": (("reference", "REAL"), ("steps", "TEXT"))}
 # The columns an older looprl's tables had: how an unmarked database is recognised as ours.
 _LEGACY_COLUMNS = {"measurements": {"host", "problem", "schedule", "gflops", "created"}, "peaks": {"host", "gflops", "created"}}
 
@@ -99,12 +111,30 @@ def stored_value(gflops: float) -> float:
 
 
 def record_checksum(host: str, problem: str, tuner: str, schedule: str, gflops: float, budget: float, actions: str | None,
-                    replays_on: str | None, found_by: str, reference: float | None = None) -> int:
+                    replays_on: str | None, found_by: str, reference: float | None = None, steps: str | None = None) -> int:
     """The checksum of a row of the records table: over every column but ``created`` (a NULL
-    as the empty string, which neither text column ever holds; a NULL ``reference`` left out,
-    so that the rows of files older than that column keep their checksums)."""
+    as the empty string, which neither text column ever holds; a NULL ``reference`` or
+    ``steps`` left out, so that the rows of files older than those columns keep their
+    checksums; ``steps`` marked apart, so that it cannot pass for a ``reference``)."""
     key = (host, problem, tuner, schedule, repr(budget), actions or "", replays_on or "", found_by)
-    return row_checksum("records", key + (() if reference is None else (repr(reference),)), gflops)
+    key += (() if reference is None else (repr(reference),)) + (() if steps is None else ("steps", steps))
+    return row_checksum("records", key, gflops)
+
+
+def steps_column(steps) -> str:
+    """The records table's ``steps`` text of ``steps`` (Step values): the JSON list of their
+    names (:func:`~looprl.ir.step.steps_text`, ``str(step)``)."""
+    return json.dumps(steps_text(steps))
+
+
+def column_steps(text: str) -> tuple[Step, ...]:
+    """The steps a ``steps`` text (:func:`steps_column`) names; a ValueError where it is not
+    such a text (a corrupt row)."""
+    try:
+        names = json.loads(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"a records row's steps must be a JSON list of step names, got {text!r:.200}") from None
+    return parse_steps(names)
 
 
 def quoted(name: str) -> str:
@@ -136,6 +166,7 @@ def migrate(connection: sqlite3.Connection, *, fresh: bool) -> bool:
             changed = True
             if name == "records" and "tuned" in tables:
                 _copy_tuned_rows(connection, tables["tuned"])
+                _fill_steps(connection)
             continue
         if "checksum" not in tables[name]:
             _add_checksums(connection, name)
@@ -144,6 +175,8 @@ def migrate(connection: sqlite3.Connection, *, fresh: bool) -> bool:
             if column not in tables[name]:
                 connection.execute(f"ALTER TABLE {name} ADD COLUMN {column} {kind}")
                 changed = True
+                if (name, column) == ("records", "steps"):
+                    _fill_steps(connection)
     for name in TABLES:  # reads the tables: most corruption shows here, not mid-run
         connection.execute(f"SELECT count(*) FROM {name}").fetchone()
     return changed
@@ -192,3 +225,32 @@ def _copy_tuned_rows(connection: sqlite3.Connection, columns: set[str]) -> None:
                        record_checksum(host, name, tuner, schedule, gflops, budget, names, replays_on, "measured")))
     connection.executemany("INSERT OR IGNORE INTO records (host, problem, tuner, schedule, gflops, budget, actions, replays_on, "
                            "found_by, created, checksum) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", copied)
+
+
+def _fill_steps(connection: sqlite3.Connection) -> None:
+    """Migrate records of before 0.5: give each row without steps whose checksum holds the steps
+    its action path replays to and the schedule's key they reach
+    (:func:`~looprl.measurement.records.upgraded_steps`), checksummed anew; a row without a step
+    path is left as it is (read from its schedule's key), a row failing its checksum too (it
+    reads as damaged)."""
+    rows = connection.execute("SELECT rowid, host, problem, tuner, schedule, gflops, budget, actions, replays_on, found_by, checksum, "
+                              "reference FROM records WHERE steps IS NULL").fetchall()
+    filled = []
+    for rowid, host, problem, tuner, schedule, gflops, budget, actions, replays_on, found_by, checksum, reference in rows:
+        texts = (host, problem, tuner, schedule, found_by)
+        if not (all(isinstance(t, str) for t in texts) and isinstance(gflops, float) and isinstance(budget, float)
+                and isinstance(actions, str) and replays_on is None and isinstance(reference, (float, type(None)))):
+            continue
+        if checksum != record_checksum(host, problem, tuner, schedule, gflops, budget, actions, replays_on, found_by, reference):
+            continue
+        try:
+            names = json.loads(actions)
+        except ValueError:
+            continue
+        found = upgraded_steps(host, problem, schedule, names, replays_on)
+        if found is None:
+            continue
+        schedule, steps = found[0], steps_column(found[1])
+        filled.append((schedule, steps, record_checksum(host, problem, tuner, schedule, gflops, budget, actions, replays_on, found_by,
+                                                        reference, steps), rowid))
+    connection.executemany("UPDATE records SET schedule = ?, steps = ?, checksum = ? WHERE rowid = ?", filled)

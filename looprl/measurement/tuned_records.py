@@ -2,8 +2,9 @@
 
 ``write_tuned_records(path, records)`` writes records of
 :meth:`MeasurementCache.export_tuned <looprl.measurement.cache.MeasurementCache.export_tuned>`
-as JSON (``{"format": "looprl-tuned-records", "version": 2, "cpu": ..., "records": [...]}``, each
-record a stored :class:`~looprl.measurement.schedule_record.ScheduleRecord`);
+as JSON (``{"format": "looprl-tuned-records", "version": 3, "cpu": ..., "records": [...]}``, each
+record a stored :class:`~looprl.measurement.schedule_record.ScheduleRecord` with its
+schedule's steps, ``steps``: a list of step names, null where no step path is known);
 ``read_tuned_records(path)`` reads them back, checked, for
 :meth:`~looprl.measurement.cache.MeasurementCache.import_tuned`. Each record keeps the host key
 it was measured under (CPU model and features, target, code generator and timing versions,
@@ -13,7 +14,9 @@ not trusted.
 
 Version 1 (looprl 0.2) kept the tuner's version in the problem's name (``"name|tuner"``) and the
 rewrite an action path replays on inside its actions: its files are read and their records
-upgraded (:func:`~looprl.measurement.schedule_record.upgraded_entry`). A file is read only if it
+upgraded (:func:`~looprl.measurement.schedule_record.upgraded_entry`). Version 2 kept no steps:
+its records (and version 1's) are given the steps of their action names when they are read
+(:func:`~looprl.measurement.records.with_steps`). Any other version is a ValueError. A file is read only if it
 is a regular file of at most :data:`MAX_BYTES`, its JSON nested at most :data:`MAX_DEPTH` deep,
 and every record passes :func:`~looprl.measurement.schedule_record.checked_entry` (GFLOPS at
 most :data:`~looprl.measurement.schedule_record.MAX_GFLOPS`); anything else is a ValueError
@@ -33,11 +36,14 @@ from pathlib import Path
 import numpy as np
 
 from looprl.backend.host import cpu_model_name
+from looprl.measurement.records import with_steps
 from looprl.measurement.schedule_record import checked_entry, upgraded_entry
 from looprl.output_paths import check_output_file
 
 FORMAT = "looprl-tuned-records"
-VERSION = 2  # 2: records of looprl.measurement.schedule_record (1: looprl 0.2's, upgraded on read)
+# 3: records with their steps; 2: records of looprl.measurement.schedule_record without them; 1: looprl
+# 0.2's (both upgraded on read)
+VERSION = 3
 MAX_BYTES = 64 * 2**20  # a model's records take kilobytes
 MAX_DEPTH = 8  # {"records": [{"actions": [...]}]} is 3 deep
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
@@ -67,8 +73,8 @@ def write_tuned_records(path: str | os.PathLike, records: list[dict]) -> Path:
 
 
 def read_tuned_records(path: str | os.PathLike) -> list[dict]:
-    """The records of a file :func:`write_tuned_records` wrote (this version's or version 1,
-    upgraded), each checked; a ValueError naming the file and what is wrong when it is not such
+    """The records of a file :func:`write_tuned_records` wrote (this version's, or version 1's
+    or 2's upgraded), each checked; a ValueError naming the file and what is wrong when it is not such
     a file."""
     path = Path(path)
     try:
@@ -78,14 +84,15 @@ def read_tuned_records(path: str | os.PathLike) -> list[dict]:
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise ValueError(f"tuned records {path}: not a {FORMAT} file")
     version = document.get("version")
-    if type(version) is not int or version not in (1, VERSION):  # an integer: JSON's true is Python's True, which equals 1
-        raise ValueError(f"tuned records {path}: version {version!r}, this looprl reads versions 1 and {VERSION}")
+    if type(version) is not int or version not in (1, 2, VERSION):  # an integer: JSON's true is Python's True, which equals 1
+        raise ValueError(f"tuned records {path}: version {version!r}, this looprl reads versions 1 to {VERSION}")
     records = document.get("records")
     if not isinstance(records, list):
         raise ValueError(f"tuned records {path}: 'records' must be a list")
     if version == 1:
         records = [upgraded_entry(record) for record in records]
-    return [checked_entry(record, f"tuned records {path}: record {index}") for index, record in enumerate(records)]
+    checked = [checked_entry(record, f"tuned records {path}: record {index}") for index, record in enumerate(records)]
+    return checked if version == VERSION else [with_steps(record) for record in checked]
 
 
 def _text(path: Path) -> str:

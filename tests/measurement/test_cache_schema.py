@@ -76,6 +76,10 @@ SCHEMA_0_3 = SCHEMA_0_2[:2] + [
 # rows: a final answer), so that one found on a busy machine is judged provisional.
 SCHEMA_0_4 = SCHEMA_0_3[:2] + [SCHEMA_0_3[2].replace("checksum INTEGER,\n", "checksum INTEGER,\n        reference REAL,\n")]
 
+# 0.5: each answer keeps its schedule's steps (a JSON list of step names), what it is read from
+# (filled from the action path of 0.4's rows when such a file is first opened).
+SCHEMA_0_5 = SCHEMA_0_4[:2] + [SCHEMA_0_4[2].replace("reference REAL,\n", "reference REAL,\n        steps TEXT,\n")]
+
 
 def _crc(table, key, value):
     """The row checksum's definition, written independently of the code: CRC32 over the
@@ -116,7 +120,7 @@ def test_a_new_cache_has_todays_schema(tmp_path):
         stored = dict(connection.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'").fetchall())
         assert connection.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID == 0x4C4F4F50
     assert {name: _normalised(sql) for name, sql in stored.items()} == {
-        sql.split()[2]: _normalised(sql) for sql in SCHEMA_0_4
+        sql.split()[2]: _normalised(sql) for sql in SCHEMA_0_5
     }
 
 

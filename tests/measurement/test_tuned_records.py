@@ -23,7 +23,7 @@ def test_records_go_through_a_file_and_back_into_a_cache(tmp_path):
     source = MeasurementCache(":memory:")
     source.put_tuned(ScheduleRecord(nest, 12.5, ("down", "split_8"), "guided", budget_s=0.4, tuner="tune-vX"))
     path = write_tuned_records(tmp_path / "records.json", source.export_tuned())
-    assert json.loads(path.read_text())["version"] == tuned_records.VERSION == 2
+    assert json.loads(path.read_text())["version"] == tuned_records.VERSION == 3
     destination = MeasurementCache(":memory:")
     assert destination.import_tuned(read_tuned_records(path)) == 1
     known = destination.get_tuned(nest.problem, tuner="tune-vX")

@@ -134,8 +134,8 @@ def test_under_autocast_to_float16_a_bfloat16_model_is_torch_s():
     assert stats(tuned)["looprl_calls"] == 0
 
 
-@pytest.mark.parametrize("version", [True, False, 0, 3, "2", None, 1.0, 2.0, [2]], ids=repr)
-def test_a_records_file_of_a_version_that_is_not_an_integer_1_or_2_is_refused(tmp_path, version):
+@pytest.mark.parametrize("version", [True, False, 0, 4, "2", None, 1.0, 2.0, [2]], ids=repr)
+def test_a_records_file_of_a_version_that_is_not_an_integer_1_to_3_is_refused(tmp_path, version):
     """Defect 4: ``"version": true`` was read as version 1 (JSON's true is Python's True, == 1)."""
     path = tmp_path / "records.json"
     path.write_text(json.dumps({"format": "looprl-tuned-records", "version": version, "cpu": "x", "records": []}))
@@ -145,8 +145,8 @@ def test_a_records_file_of_a_version_that_is_not_an_integer_1_or_2_is_refused(tm
         tune_module(mlp(), torch.randn(2, 24), records=path, progress=False, cache=":memory:")
 
 
-@pytest.mark.parametrize("version", [1, 2])
-def test_records_files_of_versions_1_and_2_are_still_read(tmp_path, version):
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_records_files_of_versions_1_to_3_are_read(tmp_path, version):
     path = tmp_path / "records.json"
     path.write_text(json.dumps({"format": "looprl-tuned-records", "version": version, "cpu": "x", "records": []}))
     assert read_tuned_records(path) == []
