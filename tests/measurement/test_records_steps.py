@@ -165,7 +165,8 @@ def test_a_damaged_row_of_a_0_4_file_is_left_to_read_as_damaged(tmp_path):
     for ddl in SCHEMA_0_4:
         connection.execute(ddl)
     fields = (host, nest.problem.name, "v1", nest.key, 11.0, 2.0, '["split_4"]', None, "guided")
-    connection.execute("INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (*fields, 1.7e9, _old_checksum(*fields) ^ 1, None))
+    damaged = (*fields, 1.7e9, _old_checksum(*fields) ^ 1, None)
+    connection.execute("INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", damaged)
     connection.commit()
     connection.close()
     with MeasurementCache(path) as cache:
@@ -259,7 +260,8 @@ def test_a_record_of_another_machines_own_target_gets_steps_only_where_its_isas_
     AVX512_BF16 there: no steps), and that record is read as before, its names replayed for its
     own target when it is asked for."""
     monkeypatch.setattr(Target, "host", classmethod(lambda cls: Target.named("avx2")))
-    tile, dot = (CHECKS.index(next(c for c in CHECKS if c["case"] == case)) for case in ("linear64-bf16-twin-host", "linear4-bf16-dot-host"))
+    cases = [check.get("case") for check in CHECKS]
+    tile, dot = cases.index("linear64-bf16-twin-host"), cases.index("linear4-bf16-dot-host")
     entries = read_tuned_records(FIXTURE)
     assert entries[tile]["steps"] == [str(step) for step in _as_read_before(tile).steps]
     assert "steps" not in entries[dot] and entries[dot]["schedule"] == ENTRIES[dot]["schedule"]
