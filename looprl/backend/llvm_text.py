@@ -200,6 +200,13 @@ class Module:
             self.declarations[name] = f"declare void @{name}({typ}, ptr, <{lanes} x i1>)"
         return name
 
+    def prefetch(self) -> str:
+        """``llvm.prefetch`` (a read of the cache line at its address into every level: a hint
+        that never faults, so it may point past a buffer's end)."""
+        name = "llvm.prefetch.p0"
+        self.declarations[name] = f"declare void @{name}(ptr, i32, i32, i32)"
+        return name
+
     def declare_openmp(self) -> None:
         """The OpenMP runtime functions parallel code calls (libgomp's)."""
         self.declarations["GOMP_parallel"] = "declare void @GOMP_parallel(ptr, ptr, i32, i32)"

@@ -73,11 +73,16 @@ def reference_key(host_key: str) -> str:
     return f"{host_key}|reference-v{REFERENCE_VERSION}"
 
 
+BANDWIDTH_VERSION = 2  # how memory_bandwidth reads: 2 added the prefetching patterns
+
+
 def bandwidth_key(level: str, target: Target, threads: int = 1) -> str:
     """The cache's key for this host's measured bandwidth from ``level`` (``"llc"`` or
     ``"dram"``) with ``target``'s vector loads, on ``threads`` threads (stored in the peaks
-    table: a ceiling of this host, in GB/s)."""
-    return f"{host_fingerprint()}|{target.key}|bandwidth-{level}-timing-v{TIMING_PROTOCOL_VERSION}" + _threads_suffix(threads)
+    table: a ceiling of this host, in GB/s). ``stream-v2``: the read patterns with software
+    prefetches (a bandwidth measured without them is not reused)."""
+    return (f"{host_fingerprint()}|{target.key}|bandwidth-{level}-stream-v{BANDWIDTH_VERSION}-timing-v{TIMING_PROTOCOL_VERSION}"
+            + _threads_suffix(threads))
 
 
 def schedule_threads(nest: LoopNest, threads: int) -> int:

@@ -22,7 +22,7 @@ from looprl import checks
 from looprl.backend.buffers import aligned_zeros
 from looprl.backend.host import cache_sizes
 from looprl.backend.jit import CompiledModule
-from looprl.backend.stream_kernel import STREAM_ACCUMULATORS, STREAM_PATTERNS, stream_ir
+from looprl.backend.stream_kernel import PREFETCH_DISTANCES, STREAM_ACCUMULATORS, STREAM_PATTERNS, stream_ir
 from looprl.backend.threads import before_parallel_call, check_threads, ensure_openmp_runtime
 from looprl.ir.dtypes import FLOAT32
 from looprl.ir.problem import Problem
@@ -47,12 +47,14 @@ def level_buffer_bytes(level: str) -> int:
     return max(8 * llc, MIN_DRAM_BUFFER_BYTES)
 
 
-def measure_bandwidth_gbs(target: Target, buffer_bytes: int, threads: int = 1, budget_s: float = 0.3) -> float:
+def measure_bandwidth_gbs(target: Target, buffer_bytes: int, threads: int = 1, budget_s: float = 0.9) -> float:
     """Best read bandwidth (GB/s) of ``threads`` threads streaming a buffer of about
     ``buffer_bytes`` (each thread its own contiguous share) with ``target``'s vector loads, in
     each of the read patterns of :data:`~looprl.backend.stream_kernel.STREAM_PATTERNS` (one
-    sequential stream, or several regions side by side), each timed by the common rule in two
-    rounds: the best of them (a bound that a kernel reading another way beat would be no bound)."""
+    sequential stream, or several regions side by side), each without and with software
+    prefetches (:data:`~looprl.backend.stream_kernel.PREFETCH_DISTANCES`), each timed by the
+    common rule in two rounds: the best of them (a bound that a kernel reading another way beat
+    would be no bound)."""
     budget_s = checks.seconds(budget_s, "budget_s")
     threads = check_threads(threads)
     target.check_runs_on_host()
@@ -62,18 +64,19 @@ def measure_bandwidth_gbs(target: Target, buffer_bytes: int, threads: int = 1, b
     data[:] = 1.0
     out = aligned_zeros(target.vector_width * threads)
     best = 0.0
-    for streams in STREAM_PATTERNS:
+    patterns = [(streams, ahead) for streams in STREAM_PATTERNS for ahead in PREFETCH_DISTANCES]
+    for streams, ahead in patterns:
         if threads == 1:
-            module = CompiledModule(stream_ir(target, streams=streams), "stream", target)
+            module = CompiledModule(stream_ir(target, streams=streams, prefetch_bytes=ahead), "stream", target)
             kernel = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)(module.address)
             call = lambda reps: kernel(data.ctypes.data, blocks, reps, out.ctypes.data)  # noqa: E731
         else:
             ensure_openmp_runtime()
-            module = CompiledModule(stream_ir(target, team=True, streams=streams), "stream_team", target)
+            module = CompiledModule(stream_ir(target, team=True, streams=streams, prefetch_bytes=ahead), "stream_team", target)
             team = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32)(module.address)
             call = lambda reps: team(data.ctypes.data, blocks, reps, out.ctypes.data, threads)  # noqa: E731
             before_parallel_call(threads)
-        best = max([best] + [best_time(call, budget_s / (2 * len(STREAM_PATTERNS)), flops=data.nbytes).gflops for _ in range(2)])  # GB/s
+        best = max([best] + [best_time(call, budget_s / (2 * len(patterns)), flops=data.nbytes).gflops for _ in range(2)])  # GB/s
         del module
     return best
 

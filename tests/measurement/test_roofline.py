@@ -10,7 +10,7 @@ import pytest
 import looprl
 from looprl.backend.buffers import aligned_zeros
 from looprl.backend.jit import CompiledModule
-from looprl.backend.stream_kernel import STREAM_ACCUMULATORS, STREAM_PATTERNS, stream_ir
+from looprl.backend.stream_kernel import PREFETCH_DISTANCES, STREAM_ACCUMULATORS, STREAM_PATTERNS, stream_ir
 from looprl.backend.threads import available_cores, before_parallel_call, ensure_openmp_runtime
 from looprl.measurement import roofline as roofline_module
 from looprl.measurement.roofline import Roofline, memory_bandwidth, problem_bytes
@@ -19,12 +19,14 @@ from looprl.target import TARGET_NAMES, Target
 HOST_TARGETS = [name for name in TARGET_NAMES if not Target.named(name).missing_on_host()]
 
 
+@pytest.mark.parametrize("ahead", PREFETCH_DISTANCES)
 @pytest.mark.parametrize("streams", STREAM_PATTERNS)
 @pytest.mark.parametrize("name", HOST_TARGETS)
-def test_the_stream_kernel_sums_every_element_it_reads(name, streams):
-    """Every element once per repetition, whatever the read pattern (one stream, or regions side by side)."""
+def test_the_stream_kernel_sums_every_element_it_reads(name, streams, ahead):
+    """Every element once per repetition, whatever the read pattern (one stream, or regions side
+    by side) and however far ahead it prefetches (past the buffer's end too: a prefetch never faults)."""
     target = Target.named(name)
-    module = CompiledModule(stream_ir(target, streams=streams), "stream", target)
+    module = CompiledModule(stream_ir(target, streams=streams, prefetch_bytes=ahead), "stream", target)
     kernel = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)(module.address)
     blocks = 37
     data = aligned_zeros(blocks * STREAM_ACCUMULATORS * target.vector_width)
@@ -34,6 +36,9 @@ def test_the_stream_kernel_sums_every_element_it_reads(name, streams):
     assert out.sum() == pytest.approx(3 * data.sum())
     with pytest.raises(ValueError, match="divide"):
         stream_ir(target, streams=3)
+    for bad in (-64, 100, 64.0, True):
+        with pytest.raises(ValueError, match="prefetch_bytes"):
+            stream_ir(target, prefetch_bytes=bad)
 
 
 @pytest.mark.skipif(available_cores() < 2, reason="needs two cores")
