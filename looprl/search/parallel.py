@@ -77,9 +77,9 @@ def parallel_proposals(candidates, context: SearchContext, threads: int) -> list
     ScheduleRecord` s, best first; duplicates skipped), measured through ``context`` (whose evaluator measures on
     ``threads`` threads, and whose budget ends the stage), as candidates. Each one's actions
     replay it from the untuned nest: the candidate's, then cursor moves and ``parallel`` at
-    each marked loop; each is found by ``"parallel"`` on ``threads`` threads. Which of them, or the serial best, wins is decided by the one rule of
-    :func:`~looprl.search.staged.confirm_winner` (a team is slowed by anything else running
-    on its cores: one timing must not decide)."""
+    each marked loop; each is found by ``"parallel"`` on ``threads`` threads. Which of them, or the serial best,
+    wins is decided by tune's winner rule (:func:`looprl.tune.winner.team_or_serial`: a duel of
+    interleaved rounds, as a team is slowed by anything else running on its cores)."""
     proposals, seen = [], set()
     for candidate in candidates:
         if candidate.nest is None:  # e.g. no tile was measured
