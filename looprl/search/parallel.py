@@ -12,8 +12,10 @@ that loop has few iterations (fewer than :data:`MANY` per thread, where contiguo
 unequal blocks or a tail iteration can leave one thread longer at work), the outermost loop
 with that many is proposed as well; and for the best candidate, the variant that leaves the
 write-back copy serial (a second team per call costs more than a small copy saves). Tune
-keeps whichever is faster, the serial best or a parallel proposal: where parallelism does not
-pay (small problems, where forming a team costs more than it saves) the answer stays serial.
+returns the fastest parallel proposal only where it beats the serial best in a duel of
+interleaved rounds (:func:`looprl.tune.winner.team_or_serial`): where parallelism does not pay
+(small problems, where forming a team costs more than it saves, or a core taken by other work)
+the answer stays serial.
 """
 
 from __future__ import annotations
