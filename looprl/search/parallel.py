@@ -11,9 +11,15 @@ thread, the outermost such write-back loop), and measures them on ``threads`` th
 that loop has few iterations (fewer than :data:`MANY` per thread, where contiguous shares of
 unequal blocks or a tail iteration can leave one thread longer at work), the outermost loop
 with that many is proposed as well; and for the best candidate, the variant that leaves the
-write-back copy serial (a second team per call costs more than a small copy saves). Tune
-keeps whichever is faster, the serial best or a parallel proposal: where parallelism does not
-pay (small problems, where forming a team costs more than it saves) the answer stays serial.
+write-back copy serial (a second team per call costs more than a small copy saves). Where that
+loop sits inside a reduction loop (a one-row kernel streaming its weight row by row), two
+variants start one team a call instead: the loop split into one share per thread, the shares'
+loop moved outermost (:func:`shares_variant`: each thread streams its own columns in the
+serial order), and the whole loop moved outermost (:func:`hoisted_variant`). Tune
+returns the fastest parallel proposal only where it beats the serial best in a duel of
+interleaved rounds (:func:`looprl.tune.winner.team_or_serial`): where parallelism does not pay
+(small problems, where forming a team costs more than it saves, or a core taken by other work)
+the answer stays serial.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ import math
 
 from looprl.actions import ActionSet, State, replay
 from looprl.ir.nest import COMPUTE, WRITE_BACK, LoopNest, initial_nest
-from looprl.ir.step import PARALLEL, SWAP, Step
+from looprl.defaults import MAX_LOOPS
+from looprl.ir.step import MAX_FACTOR, PARALLEL, SPLIT, SWAP, Step
 from looprl.search.context import BudgetExhausted, SearchContext
 from looprl.measurement.schedule_record import ScheduleRecord
 
@@ -77,17 +84,17 @@ def parallel_proposals(candidates, context: SearchContext, threads: int) -> list
     ScheduleRecord` s, best first; duplicates skipped), measured through ``context`` (whose evaluator measures on
     ``threads`` threads, and whose budget ends the stage), as candidates. Each one's actions
     replay it from the untuned nest: the candidate's, then cursor moves and ``parallel`` at
-    each marked loop; each is found by ``"parallel"`` on ``threads`` threads. Which of them, or the serial best, wins is decided by the one rule of
-    :func:`~looprl.search.staged.confirm_winner` (a team is slowed by anything else running
-    on its cores: one timing must not decide)."""
+    each marked loop; each is found by ``"parallel"`` on ``threads`` threads. Which of them, or the serial best,
+    wins is decided by tune's winner rule (:func:`looprl.tune.winner.team_or_serial`: a duel of
+    interleaved rounds, as a team is slowed by anything else running on its cores)."""
     proposals, seen = [], set()
     for candidate in candidates:
         if candidate.nest is None:  # e.g. no tile was measured
             continue
-        for marked, swaps, indices in proposed_variants(candidate.nest, threads, serial_copy=not proposals):
+        for marked, steps, indices in proposed_variants(candidate.nest, threads, serial_copy=not proposals):
             if marked.key not in seen:
                 seen.add(marked.key)
-                proposals.append((teams_per_call(marked, indices[0]), len(proposals), candidate, marked, swaps, indices))
+                proposals.append((teams_per_call(marked, indices[0]), len(proposals), candidate, marked, steps, indices))
     # Fewest teams per call first (stable): a loop made parallel inside a reduction loop of 2,560
     # iterations starts 2,560 teams a call (3 GFLOPS on a decode GEMV, against 93 for the same
     # schedule's variant with one team); the budget may end the stage before the last proposals.
@@ -95,7 +102,7 @@ def parallel_proposals(candidates, context: SearchContext, threads: int) -> list
     found = []
     serial_best = max((c.gflops for c in candidates if c.nest is not None), default=0.0)
     try:
-        for _, _, candidate, marked, swaps, indices in proposals:
+        for _, _, candidate, marked, steps, indices in proposals:
             measurement = context.measure(marked)
             if measurement.ok and measurement.gflops < serial_best:
                 # A team slower than the schedule it was made of was likely slowed by something on one
@@ -104,20 +111,26 @@ def parallel_proposals(candidates, context: SearchContext, threads: int) -> list
                 # models bench, where its team runs at 210).
                 measurement = context.remeasure(marked)
             if measurement.ok:
-                actions = _path(candidate.nest, tuple(candidate.actions or ()), swaps, indices, context.target)
+                actions = _path(candidate.nest, tuple(candidate.actions or ()), steps, indices, context.target)
                 found.append(ScheduleRecord(marked, measurement.gflops, actions, "parallel", context.target, threads))
     except BudgetExhausted:
         pass  # the stage ends at the deadline with what it measured
     return found
 
 
-def proposed_variants(nest: LoopNest, threads: int, serial_copy: bool) -> list[tuple[LoopNest, tuple[int, ...], tuple[int, ...]]]:
-    """The parallel variants proposed of one serial schedule, as ``(nest, the swaps that move a
-    loop, the loops marked)``: :func:`parallel_variants` (with ``serial_copy``), then
-    :func:`hoisted_variant` where there is one."""
+def proposed_variants(nest: LoopNest, threads: int, serial_copy: bool) -> list[tuple[LoopNest, tuple[Step, ...], tuple[int, ...]]]:
+    """The parallel variants proposed of one serial schedule, as ``(nest, the steps that move or
+    split a loop first, the loops marked)``: :func:`parallel_variants` (with ``serial_copy``),
+    then :func:`shares_variant` and :func:`hoisted_variant` where there are (in that order: of
+    two proposals that start one team a call, the first is measured first)."""
     variants = [(marked, (), indices) for marked, indices in parallel_variants(nest, threads, serial_copy=serial_copy)]
+    shares = shares_variant(nest, threads)
+    if shares is not None:
+        variants.append(shares)
     hoisted = hoisted_variant(nest, threads)
-    return variants + ([hoisted] if hoisted is not None else [])
+    if hoisted is not None:
+        variants.append((hoisted[0], tuple(Step(SWAP, index) for index in hoisted[1]), hoisted[2]))
+    return variants
 
 
 def hoisted_variant(nest: LoopNest, threads: int) -> tuple[LoopNest, tuple[int, ...], tuple[int, ...]] | None:
@@ -145,6 +158,39 @@ def hoisted_variant(nest: LoopNest, threads: int) -> tuple[LoopNest, tuple[int, 
     return marked[0], tuple(swaps), marked[1]
 
 
+def shares_variant(nest: LoopNest, threads: int) -> tuple[LoopNest, tuple[Step, ...], tuple[int, ...]] | None:
+    """Where the loop :func:`parallel_variant` would make parallel sits inside a reduction loop
+    (a one-row kernel streaming its weight row by row: ``k112s8, n19s256, ...``), that loop
+    split into one share of its iterations per thread (an outer loop of ``threads`` iterations,
+    its last one a tail where they do not divide) and that outer loop moved outermost, made
+    parallel: each thread walks its own columns in the serial schedule's order, where
+    :func:`hoisted_variant` walks them panel by panel across every reduction block (rows of a
+    panel's width, not of a share's). ``(nest, the split and swaps, the loops marked)``; None
+    where the loop is outermost already, has fewer iterations than twice ``threads`` or the
+    outer loop cannot move, or where the split would not replay as an action (a factor above
+    :data:`~looprl.ir.step.MAX_FACTOR`, a nest of :data:`~looprl.defaults.MAX_LOOPS` loops)."""
+    serial = nest.serial()
+    first = parallel_variant(serial, threads)
+    if first is None:
+        return None
+    index = first[1][0]
+    start = next(i for i, loop in enumerate(serial.loops) if loop.nest == serial.loops[index].nest)
+    loop = serial.loops[index]
+    factor = math.ceil(loop.size / threads)
+    if index == start or loop.size < 2 * threads or factor > MAX_FACTOR or len(serial.loops) >= MAX_LOOPS:
+        return None  # (a factor or a loop more than the actions can name: its path would not replay)
+    steps = [Step(SPLIT, index, factor)]
+    moved = serial.apply(steps)
+    for position in range(index - 1, start - 1, -1):  # the outer part, innermost first, past each loop around it
+        if moved.why_not_swap(position) is not None:
+            return None
+        moved, steps = moved.swap(position), steps + [Step(SWAP, position)]
+    marked = parallel_variant(moved, threads)
+    if marked is None or marked[1][0] != start:
+        return None
+    return marked[0], tuple(steps), marked[1]
+
+
 def teams_per_call(nest: LoopNest, index: int) -> int:
     """How many times a call starts a team for parallel loop ``index``: the iterations of the
     loops around it (those before it in its own nest)."""
@@ -152,18 +198,18 @@ def teams_per_call(nest: LoopNest, index: int) -> int:
     return math.prod(loop.iterations for loop in nest.loops[:index] if loop.nest == which)
 
 
-def _path(nest: LoopNest, actions: tuple[str, ...], swaps: tuple[int, ...], indices: tuple[int, ...], target) -> tuple[str, ...]:
+def _path(nest: LoopNest, actions: tuple[str, ...], steps: tuple[Step, ...], indices: tuple[int, ...], target) -> tuple[str, ...]:
     """``actions`` (which reach ``nest`` from the untuned nest under the transition rule)
-    followed by the moves and swaps that carry out ``swaps`` (``LoopNest.swap`` indices, in
-    order) and the ``parallel`` actions that mark ``indices``; just ``actions`` if they do not
-    replay."""
-    action_set = ActionSet.covering(list(actions) + ["swap_up", "swap_down", PARALLEL], target=target)
+    followed by the actions that carry out ``steps`` (splits and swaps, in order) and the
+    ``parallel`` actions that mark ``indices``; just ``actions`` if they do not replay."""
+    splits = [f"split_{step.arg}" for step in steps if step.op == SPLIT]
+    action_set = ActionSet.covering(list(actions) + splits + ["swap_up", "swap_down", PARALLEL], target=target)
     start = State(initial_nest(nest.problem), 0)
     transitions = replay(action_set, start, math.nan, actions)
     state = transitions[-1].state if transitions else start
     if state.nest != nest:
         return actions
-    found = action_set.path(state, [Step(SWAP, index) for index in swaps] + [Step(PARALLEL, index) for index in indices])
+    found = action_set.path(state, list(steps) + [Step(PARALLEL, index) for index in indices])
     if found is None:
         return actions
     return actions + action_set.named(found[0])
@@ -176,6 +222,6 @@ def split_proposals(record: ScheduleRecord, threads: int, target) -> list[Schedu
     path, where no search follows. None on one thread."""
     if threads < 2 or record.nest is None:
         return []
-    return [ScheduleRecord(marked, math.nan, _path(record.nest, tuple(record.actions or ()), swaps, indices, target), record.found_by,
+    return [ScheduleRecord(marked, math.nan, _path(record.nest, tuple(record.actions or ()), steps, indices, target), record.found_by,
                            target, threads)
-            for marked, swaps, indices in proposed_variants(record.nest, threads, serial_copy=True)]
+            for marked, steps, indices in proposed_variants(record.nest, threads, serial_copy=True)]

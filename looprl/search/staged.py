@@ -36,7 +36,7 @@ from looprl.search.budget import scaled_budget, state_cost_s
 from looprl.search.context import BudgetExhausted, SearchContext
 
 INTERRUPTED = "interrupted"
-# Tune's thresholds for confirm_winner (contenders, teams) are its winner rule's: looprl.tune.winner.
+# Tune's thresholds for confirm_winner (its contenders) are its winner rule's: looprl.tune.winner.
 
 
 @dataclass(frozen=True)

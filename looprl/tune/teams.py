@@ -13,7 +13,7 @@ from looprl.search.parallel import parallel_proposals, split_proposals
 from looprl.search.staged import Stage, StagedSearch
 from looprl.tune.measurer import Measurer
 from looprl.tune.results import Answer
-from looprl.tune.winner import split_kept, team_or_serial
+from looprl.tune.winner import team_or_serial
 
 # The share of a measured search's budget the teams get, after the serial stages (which keep
 # their whole budget).
@@ -24,8 +24,9 @@ def with_teams(search: StagedSearch, actions: ActionSet, ranked: list[ScheduleRe
     """The search's answer and its best serial schedule's speed (None on one thread). On more
     than one thread, teams are made of ``ranked`` (the serial candidates, fastest first) and
     measured in a context of the search on ``threads`` threads, in :data:`TEAM_SHARE` of its
-    budget more; the winner rule picks among them and the serial best, re-timed together when
-    close (the serial speed reported is then its re-timed one)."""
+    budget more; the winner rule (:func:`~looprl.tune.winner.team_or_serial`) returns the
+    fastest team only where it beats the serial best in a duel of interleaved rounds after
+    that stage (the serial speed reported is then its re-timed one)."""
     best = ranked[0]
     if threads == 1:
         return best, None
@@ -40,18 +41,19 @@ def with_teams(search: StagedSearch, actions: ActionSet, ranked: list[ScheduleRe
         return proposals
 
     search.run(context, Stage("parallel", propose, share=TEAM_SHARE, from_best=True))
-    if not proposals:
-        return best, best.gflops
-    best = team_or_serial(context, best, proposals, search.budget_s / 4)
-    return best, context.values.get(ranked[0].nest.key, ranked[0].gflops)
+    return team_or_serial(context.evaluator, best, proposals)
 
 
 def split(found: Answer, measurer: Measurer) -> Answer:
     """The fast path's thread split of ``found`` (a serial answer): its parallel variants
-    (those measured tune's teams are made of), each timed once on the threads offered, the
-    fastest kept where it is faster (a policy trained on one thread has no ``parallel``
-    action: measured tune's rule for where to divide the work decides)."""
+    (those measured tune's teams are made of), each timed once on the threads offered, and
+    the fastest returned only where it beats ``found`` by measured tune's rule
+    (:func:`~looprl.tune.winner.team_or_serial`: a duel of interleaved rounds). A policy
+    trained on one thread has no ``parallel`` action: measured tune's rule for where to divide
+    the work decides."""
     team = measurer.team
     before = team.compiled
     variants = [measurer.timed(variant, team) for variant in split_proposals(found.record, measurer.threads, measurer.target)]
-    return replace(found, record=split_kept(found.record, variants), measured=found.measured + team.compiled - before)
+    record, serial_gflops = team_or_serial(team, found.record, variants)
+    return replace(found, record=record, measured=found.measured + team.compiled - before,
+                   serial_gflops=serial_gflops if variants else found.serial_gflops)

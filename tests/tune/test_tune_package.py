@@ -58,7 +58,7 @@ def test_the_winner_rule_s_constants_live_in_one_place():
 
     for name in ("IN_PLACE_ROWS", "in_place_rows"):
         assert hasattr(winner, name) and not hasattr(dots, name)
-    for name in ("CONTENDER_WITHIN", "CONTENDER_ROUNDS", "TEAM_WITHIN"):
+    for name in ("CONTENDER_WITHIN", "CONTENDER_ROUNDS", "TEAM_MARGIN"):
         assert hasattr(winner, name) and not hasattr(staged, name)
     assert winner.IN_PLACE_ROWS == 16 and winner.IN_PLACE_MARGIN == 0.05 and winner.COMPARISON_SHARE == 0.02
 
@@ -75,16 +75,13 @@ def _record(nest, gflops, actions=()):
     return ScheduleRecord(nest, gflops, tuple(actions))
 
 
-def test_fastest_keeps_the_earliest_among_equals_and_a_split_only_where_faster():
-    from looprl.tune.winner import fastest, split_kept
+def test_fastest_keeps_the_earliest_among_equals():
+    from looprl.tune.winner import fastest
 
     first, equal, slower = _record(ROOT, 2.0, ("a",)), _record(SPLIT, 2.0, ("b",)), _record(SWAPPED, 1.0)
     assert fastest([first, equal, slower]) is first
     assert fastest([slower, equal]) is equal
-    assert split_kept(first, [equal]) is first  # a team as fast as the serial answer: serial kept
-    faster = _record(SPLIT, 2.5)
-    assert split_kept(first, [slower, faster]) is faster
-    assert split_kept(first, []) is first
+    assert fastest([]) is None
 
 
 def test_an_in_place_episode_that_re_lays_the_weight_is_a_copy_and_the_faster_copy_is_kept():
