@@ -46,7 +46,9 @@ from looprl.tune.results import Answer, from_relaid_start
 # (dot-product tiles, looprl.search.dots), and kept unless the re-laid twin is IN_PLACE_MARGIN faster.
 # (Kept at 9 when the twin became the re-laid start, a layout of the same problem: the same
 # searches, the same schedules and the same winner; v9's answers are read as they were written.)
-TUNER = "tune-v9"
+# 10: a team is returned only where it beats the serial best in interleaved rounds (v9 compared
+# best samples: a team's lucky moment kept teams slower than one thread); host-derived cache blocks.
+TUNER = "tune-v10"
 
 
 @dataclass(frozen=True)
