@@ -150,7 +150,8 @@ class LinearKernels:
         # dot-product tile of the layer as given): called on the live tensors, nothing copied or compared.
         self.in_place = frozenset(count for count, kernel in self._kernels.items() if kernel is not None and not kernel.packed_inputs)
         self.runtime_rows = frozenset(count for count, kernel in self._kernels.items() if getattr(kernel, "runtime_rows", False))
-        self._plans: dict[int, list[tuple[int, int, int]]] = {}  # row count -> its row plan
+        self._plans: dict[int, tuple] = {}  # row count -> its row plan, its kernels' counts, those bound (_plan_of)
+        self._row_bytes = (self.dtype.element_bytes * in_features, self.dtype.element_bytes * out_features)  # an input's row, an output's
         self._bound = ContentCache(self._bind)  # the kernels bound to the weight and bias as they are now
         self.frozen = checks.flag(frozen, "frozen")  # bound once per weight tensor: its values promised not to change
         self._frozen = FrozenCache(self._bind)  # the kernels bound once per weight and bias tensor (frozen)
@@ -349,61 +350,65 @@ class LinearKernels:
         tensors on every call, or bound once when frozen), looked up only when the plan uses one.
         ``cache``: where the bound kernels are kept (default the layer's own; :meth:`judge`
         gives each copy of a cold weight its own)."""
-        plan = self._plan_of(math.prod(x.shape[:-1]))
-        counts = {count for _, _, count in plan}
+        rows = math.prod(x.shape[:-1])
+        plan, counts, bound = self._plan_of(rows)
         kernels = {}
-        if not counts <= self.in_place:
+        if bound:
             if cache is None:
                 cache = self._frozen if self.frozen else self._bound
             kernels.update(cache.get(weight, bias))
-        if counts & self.in_place:
+        if len(counts) > len(bound):  # some of the plan's kernels read the live tensors
             weight = weight if weight.is_contiguous() else weight.contiguous()
             bias = bias if bias is None or bias.is_contiguous() else bias.contiguous()
-            kernels.update({count: InPlaceKernel(self._kernels[count], weight, bias) for count in counts & self.in_place})
-        return self._run_plan(x, kernels)
+            kernels.update({count: InPlaceKernel(self._kernels[count], weight, bias) for count in counts if count not in bound})
+        return self._run_plan(x, rows, plan, kernels)
 
-    def _plan_of(self, rows: int) -> list[tuple[int, int, int]]:
-        plan = self._plans.get(rows)
-        if plan is None:
-            plan = self._plans[rows] = row_plan(rows, self._seconds, self.runtime_rows)
-        return plan
+    def _plan_of(self, rows: int) -> tuple[list[tuple[int, int, int]], frozenset[int], frozenset[int]]:
+        """The row plan of ``rows`` (``(start, length, count)`` per call), the row counts of its
+        kernels and those of them that are bound to copies (not in place): worked out once per
+        row count (a decode step asks on every call of every layer)."""
+        found = self._plans.get(rows)
+        if found is None:
+            plan = row_plan(rows, self._seconds, self.runtime_rows)
+            counts = frozenset(count for _, _, count in plan)
+            found = self._plans[rows] = (plan, counts, counts - self.in_place)
+        return found
 
-    def _run_plan(self, x, kernels: dict[int, object]):
-        """``x``'s rows through the row plan of its row count with ``kernels`` (by row count)."""
-        rows = math.prod(x.shape[:-1])
-        plan = self._plan_of(rows)
-        flat = x.detach().reshape(rows, self.in_features)
+    def _run_plan(self, x, rows: int, plan: list[tuple[int, int, int]], kernels: dict[int, object]):
+        """``x``'s ``rows`` rows through their row ``plan`` with ``kernels`` (by row count)."""
+        flat = x if x.dim() == 2 else x.reshape(rows, self.in_features)  # its memory read by address: no graph is recorded
         if flat.is_neg() or flat.is_conj():  # a view whose memory holds the values unnegated (torch._neg_view): the values themselves
             flat = flat.resolve_neg().resolve_conj()
         if not flat.is_contiguous():
             flat = flat.contiguous()
-        out = torch.empty((rows, self.out_features), dtype=self._torch_dtype)
+        out = torch.empty((*x.shape[:-1], self.out_features), dtype=self._torch_dtype)  # row-major: rows of out_features
         # Checked above (the dtype, CPU, contiguous, the shapes): the kernels are called on addresses.
         source, target = flat.data_ptr(), out.data_ptr()
-        in_row, out_row = out.element_size() * self.in_features, out.element_size() * self.out_features
-        runtime = self.runtime_rows
+        in_row, out_row = self._row_bytes
         for start, length, count in plan:
             kernel = kernels[count]
             workspace, padded_in, padded_out = self._scratch(count, kernel)
             if length == count:
-                kernel.address_call(target + start * out_row, workspace.ctypes.data, source + start * in_row)
-            elif count in runtime:
-                kernel.address_call(target + start * out_row, workspace.ctypes.data, source + start * in_row, rows=length)
+                kernel.address_call(target + start * out_row, workspace, source + start * in_row)
+            elif count in self.runtime_rows:
+                kernel.address_call(target + start * out_row, workspace, source + start * in_row, rows=length)
             else:  # padded: the rows into the first rows of a buffer of the kernel's count, and back
                 padded_in[:length] = numpy_view(flat[start:start + length])
-                kernel.address_call(padded_out.ctypes.data, workspace.ctypes.data, padded_in.ctypes.data)
-                numpy_view(out[start:start + length])[...] = padded_out[:length]
-        return out.reshape(*x.shape[:-1], self.out_features)
+                kernel.address_call(padded_out.ctypes.data, workspace, padded_in.ctypes.data)
+                numpy_view(out.view(rows, self.out_features)[start:start + length])[...] = padded_out[:length]
+        return out
 
     def _scratch(self, count: int, kernel) -> tuple:
-        """This thread's workspace for the kernel of ``count`` rows, and its padded input and
-        output (zeros: the padding rows stay zero)."""
+        """This thread's workspace for the kernel of ``count`` rows (its address), and its padded
+        input and output (zeros: the padding rows stay zero)."""
         buffers = self._local.__dict__.setdefault("buffers", {})
         found = buffers.get(count)
         if found is None:
             storage = self.dtype.storage
-            found = buffers[count] = (aligned_empty(kernel.kernel.workspace_elements),
-                                      np.zeros((count, self.in_features), storage), np.zeros((count, self.out_features), storage))
+            workspace = aligned_empty(kernel.kernel.workspace_elements)
+            self._local.__dict__.setdefault("kept", []).append(workspace)  # the buffer behind the address
+            found = buffers[count] = (workspace.ctypes.data, np.zeros((count, self.in_features), storage),
+                                      np.zeros((count, self.out_features), storage))
         return found
 
 

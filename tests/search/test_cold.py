@@ -199,8 +199,8 @@ def test_a_frozen_layer_judges_its_cold_rows_on_copies_of_the_weight_in_turn(mon
     monkeypatch.setattr(kernels, "fallback", recording)
     run_plan = kernels._run_plan
 
-    def checked(x, kernel_set):
-        answer = run_plan(x, kernel_set)
+    def checked(x, rows, plan, kernel_set):
+        answer = run_plan(x, rows, plan, kernel_set)
         answers.append(bool(torch.allclose(answer, fallback(x, layer.weight, layer.bias), rtol=1e-4, atol=1e-4)))
         return answer
 
