@@ -17,11 +17,16 @@ tile ``acc[m, v...] += in0[m, r] * in1[r, v...]`` (vectors along the output dime
   call, as any other layout.
 
 The pairs are a layout, so the schedule says it: a ``pair`` step (:mod:`looprl.ir.step`) stores
-the second input paired, and the kernel reads the nest's layout. :func:`pair_step` says where
-a kernel can pair; :func:`upgraded` adds it to a nest of before pairs were steps (every
-:class:`~looprl.measurement.schedule_record.ScheduleRecord` made for a target is upgraded so),
-and :func:`pairing` reads a nest without a pair step as the code generator paired it then,
-by the same rule: such a nest still gives the same kernel. A kernel *pairs* (:func:`pairing`) when its problem is bfloat16, its second input
+the second input paired, and the kernel reads the nest's layouts as they are
+(:func:`~looprl.backend.layout_plan.layouts_applied`): the code generator decides no layout.
+:func:`pair_step` says where a kernel can pair (the rule needs the register plan, so it is
+asked here); the producers of schedules add that step, in one place
+(:func:`looprl.measurement.pair_steps.with_pairs`), and every
+:class:`~looprl.measurement.schedule_record.ScheduleRecord` made for a target carries it, so a
+record of before pairs were steps still gives the same kernel. A nest of a bfloat16 weight
+without a pair step is compiled as it says: its kernel widens each value (correct, slower).
+
+A kernel *pairs* (:func:`pairing`) when its problem is bfloat16, its second input
 a weight (constant: the conversion is paid once, not per call, where an element-by-element
 interleave would cost about as much as the product), its second input paired on the reduction
 and its schedule lends itself:
@@ -131,7 +136,9 @@ def _rule(nest: LoopNest, target: Target) -> Pairing | None:
 def pair_step(nest: LoopNest, target: Target) -> Step | None:
     """The step that pairs the weight of ``nest`` (a nest without pairs) where its kernel for
     ``target`` can take the reduction in pairs (a bfloat16 problem whose second input is
-    constant, a schedule the module docstring's conditions admit), or None."""
+    constant, a schedule the module docstring's conditions admit), or None: what the kernel
+    can do, asked by the producers of schedules (:func:`looprl.measurement.pair_steps.with_pairs`),
+    never by the code generator."""
     if _is_paired(nest):
         return None
     found = _rule(nest, target)
@@ -141,28 +148,16 @@ def pair_step(nest: LoopNest, target: Target) -> Step | None:
     return step if nest.why_not(step) is None else None
 
 
-def upgraded(nest: LoopNest, target: Target) -> LoopNest:
-    """``nest`` as a schedule of today: a nest without a pair step whose kernel the code
-    generator paired before pairs were steps gets its :func:`pair_step` (the one place that
-    upgrades such a nest, so its kernel stays the same); any other nest is returned as it is."""
-    step = pair_step(nest, target)
-    return nest if step is None else nest.apply((step,))
-
-
 @lru_cache(maxsize=4096)  # asked by the code generator, the packing entry points and the kernel: once per schedule
 def pairing(nest: LoopNest, target: Target) -> Pairing | None:
     """How the kernel of ``nest`` for ``target`` takes its reduction in pairs, or None where it
-    does not. A nest the code generator paired before pairs were steps is read as
-    :func:`upgraded` would make it (the same kernel); a nest whose second input is paired (a
-    pair step) pairs where the module docstring's conditions admit it on ``target`` (else its
-    pairs are a layout like any other)."""
-    if not pairs_a_weight(nest.problem):
+    does not: only where the nest's second input is paired (a pair step) and the module
+    docstring's conditions admit it on ``target`` (else its pairs are a layout like any other,
+    and a nest without them widens each value)."""
+    if not pairs_a_weight(nest.problem) or not _is_paired(nest):
         return None
-    if _is_paired(nest):
-        found = _rule(_unpaired(nest), target)
-        if found is not None and nest.layout("in1").is_paired(found.var):
-            return found
-    return _rule(nest, target)  # a nest of before pair steps (one packed by two along the reduction looks paired)
+    found = _rule(_unpaired(nest), target)
+    return found if found is not None and nest.layout("in1").is_paired(found.var) else None
 
 
 @lru_cache(maxsize=4096)
@@ -178,8 +173,11 @@ def dot_pairs(nest: LoopNest, target: Target) -> bool:
 
 def kernel_layouts(nest: LoopNest, target: Target) -> dict:
     """The layouts the kernel of ``nest`` for ``target`` stores tensors in, as the schedule says:
-    its applied ones (:func:`~looprl.backend.layout_plan.layouts_applied`), the second input's
-    paired where the kernel takes the reduction in pairs (:func:`pairing`)."""
+    its applied ones (:func:`~looprl.backend.layout_plan.layouts_applied`) and, where the kernel
+    takes the reduction in pairs (:func:`pairing`: the nest's second input paired by a pair
+    step), the second input's pairs as the kernel walks them (its applied layout, or row-major
+    where that is inert, paired: the loops walk a pair at a time, not affinely). A nest without
+    a pair step has exactly its applied layouts: nothing is added here."""
     applied = layouts_applied(nest)
     paired = pairing(nest, target)
     if paired is not None:

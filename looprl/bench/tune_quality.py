@@ -64,6 +64,7 @@ from looprl.ir.problem import parse_problems
 from looprl.bench.peers import TIMING_ROUNDS, Peers
 from looprl.bench.torch_baseline import best_torch
 from looprl.measurement.numpy_baseline import baseline_label
+from looprl.measurement.pair_steps import with_pairs
 from looprl.measurement.peak import measure_peak_gflops
 from looprl.measurement.roofline import roofline
 from looprl.measurement.timing import time_kernel
@@ -282,7 +283,7 @@ def _run(args, out, target, policy, problems, entries, source, counts, peak, cei
         result = tune(problem, policy, measure=args.mode == "measured", cache=":memory:", target=target, budget_s=args.tune_budget,
                       threads=first)
         # After tuning, the answer, the untuned nest, numpy and torch timed in turn, round after round.
-        timed = peers.timed_with({"tuned": result.kernel, "untuned": compile(initial_nest(problem), target=target)}, problem,
+        timed = peers.timed_with({"tuned": result.kernel, "untuned": compile(with_pairs(initial_nest(problem), target), target=target)}, problem,
                                  args.budget, first)
         tuned, untuned, numpy_value = timed["tuned"], timed["untuned"], timed["numpy"]
         bound = ceilings.bound(problem)

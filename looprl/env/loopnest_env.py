@@ -67,6 +67,7 @@ from looprl.ir.dtypes import as_dtype
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem, as_problem
 from looprl.measurement.evaluator import Evaluator, Measurement
+from looprl.measurement.pair_steps import with_pairs
 from looprl.measurement.peak import peak_gflops
 
 logger = logging.getLogger("looprl.env")
@@ -308,7 +309,7 @@ class LoopNestEnv(gym.Env):
             self._position = (self._position + 1) % len(self.problems)
         self._state = State(initial_nest(problem), 0)
         self._steps = 0
-        measurement = self._measure(self._state.nest)
+        measurement = self._measure(with_pairs(self._state.nest, self.target))
         if self.surrogate is not None and measurement.ok:
             self.surrogate.observe(self._state.nest, measurement.gflops)
         self._gflops = measurement.gflops
@@ -343,9 +344,11 @@ class LoopNestEnv(gym.Env):
         """The GFLOPS of a new state, as :func:`looprl.actions.step` asks for them. With
         ``reward="model"`` a cached state costs a lookup (no resampling), and one not in the
         cache is predicted (``self._predicted``) unless drawn for measurement (or the model
-        cannot predict yet)."""
+        cannot predict yet). What is measured is the state's schedule as compiled, its bfloat16
+        weight paired where the kernel can take pairs; the model sees the state."""
+        schedule = with_pairs(nest, self.target)
         if self.surrogate is not None:
-            known = self.evaluator.cache.lookup(nest, self.target, self.evaluator.budget_s, self.threads)
+            known = self.evaluator.cache.lookup(schedule, self.target, self.evaluator.budget_s, self.threads)
             if known is not None:
                 self.surrogate.observe(nest, known.gflops)
                 return Measurement(known.gflops, from_cache=True, samples=known.samples)
@@ -354,7 +357,7 @@ class LoopNestEnv(gym.Env):
                 if math.isfinite(predicted):
                     self._predicted = True
                     return Measurement(min(max(predicted, 0.0), self.peak), from_cache=False)
-        measurement = self._measure(nest)
+        measurement = self._measure(schedule)
         if measurement.ok and self.surrogate is not None:
             self.surrogate.observe(nest, measurement.gflops)
         return measurement

@@ -13,10 +13,12 @@ tuner's version, and how fast the machine's reference kernel ran while it was fo
 :mod:`looprl.measurement.load`). Where its actions replay on an equivalent problem rather than its own
 (:mod:`looprl.ir.rewrites`), ``replays_on`` names that rewrite.
 
-Records of before schedules were steps are upgraded as they are made, in one place
-(:meth:`ScheduleRecord.__post_init__`): the steps of their action names (replayed once), and
-the pair step of a bfloat16 weight whose kernel the code generator used to pair
-(:func:`~looprl.backend.pairs.pair_step`), so the kernel stays the same.
+A record made for a target carries the pair step of its bfloat16 weight where its kernel can
+pair (:func:`~looprl.measurement.pair_steps.with_pairs`, added in
+:meth:`ScheduleRecord.__post_init__`), so records of before schedules were steps, and of before
+pairs were steps (whose kernels the code generator paired then), are upgraded as they are made,
+in one place: the steps of their action names (replayed once) and that pair step, so the kernel
+stays the same.
 
 Stored (the cache's ``records`` table, a tuned-records file) a record is a flat dict of
 :data:`STORED_FIELDS`, with the host key it was measured under: :func:`checked_entry` is the
@@ -30,11 +32,11 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from looprl.backend.pairs import pair_step, upgraded
 from looprl.ir.action import action_steps
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.ir.step import Step, parse_steps
+from looprl.measurement.pair_steps import added_pairs, with_pairs
 from looprl.target import Target
 
 # A fixed physical bound on a measured figure: 100 TFLOPS of fp32. The largest CPU sockets peak
@@ -78,8 +80,7 @@ class ScheduleRecord:
         steps = self.steps
         if steps is not None and not (isinstance(steps, tuple) and all(isinstance(step, Step) for step in steps)):
             raise ValueError(f"a record's steps are a tuple of Step values, got {steps!r:.200}")
-        # a bfloat16 weight's pairs, which the code generator added before they were a step
-        nest = self.nest if self.target is None else upgraded(self.nest, self.target)
+        nest = with_pairs(self.nest, self.target)  # a bfloat16 weight's pairs, where its kernel for the target can take them
         if steps is None or not _reaches(nest, steps):
             steps = _steps_of(nest, None if self.actions is None else tuple(self.actions), self.target, self.replays_on)
         object.__setattr__(self, "nest", nest)
@@ -96,16 +97,16 @@ class ScheduleRecord:
 @lru_cache(maxsize=4096)  # a record is made again by every dataclasses.replace: derive its steps once per schedule
 def _steps_of(nest: LoopNest, actions, target, replays_on) -> tuple[Step, ...] | None:
     """The steps of a record given as action names (the one upgrade of a record without
-    steps): its actions' steps, and the pair step :func:`~looprl.backend.pairs.upgraded` adds,
-    where they reach its schedule; else None."""
+    steps): its actions' steps, and the pair step :func:`~looprl.measurement.pair_steps.with_pairs`
+    adds (:func:`~looprl.measurement.pair_steps.added_pairs`), where they reach its schedule;
+    else None."""
     if actions is None or replays_on is not None:
         return None
     steps = action_steps(nest.problem, tuple(actions), target)
     if steps is None:
         return None
-    if not _reaches(nest, steps) and target is not None:
-        pair = pair_step(initial_nest(nest.problem).apply(steps), target)
-        steps = steps if pair is None else steps + (pair,)
+    if not _reaches(nest, steps):
+        steps = steps + added_pairs(initial_nest(nest.problem).apply(steps), target)
     return steps if _reaches(nest, steps) else None
 
 

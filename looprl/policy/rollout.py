@@ -28,6 +28,7 @@ from looprl.env.observation import observation
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.measurement.evaluator import Evaluator
+from looprl.measurement.pair_steps import with_pairs
 from looprl.measurement.schedule_record import BestOf, ScheduleRecord
 from looprl.policy.numpy_policy import Policy
 from looprl.policy.retarget import retargeted
@@ -110,9 +111,9 @@ def greedy_rollout(
     allowed = np.array([name not in excluded for name in actions.names])
     measured = 0
 
-    def value(nest: LoopNest):
+    def value(nest: LoopNest):  # a state's schedule as compiled: its bfloat16 weight paired where the kernel can
         nonlocal measured
-        measurement = evaluator.measure(nest)
+        measurement = evaluator.measure(with_pairs(nest, evaluator.target))
         measured += not measurement.from_cache
         return measurement
 
@@ -212,6 +213,10 @@ def measured_path(problem: Problem, names, evaluator: Evaluator, actions: Action
     ``split_<f>`` in ``names`` (tune's tiles may split by a target's tile rows)."""
     if actions is None:
         actions = ActionSet.covering(names, target=evaluator.target)
+
+    def value(nest: LoopNest):  # a state's schedule as compiled: its bfloat16 weight paired where the kernel can
+        return evaluator(with_pairs(nest, evaluator.target))
+
     state = State(initial_nest(problem), 0)
-    gflops = evaluator(state.nest).gflops
-    return [gflops] + [t.gflops for t in replay(actions, state, gflops, names, evaluator)]
+    gflops = value(state.nest).gflops
+    return [gflops] + [t.gflops for t in replay(actions, state, gflops, names, value)]

@@ -21,6 +21,7 @@ from looprl.interrupts import check_interrupt
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.measurement.evaluator import Measurement
+from looprl.measurement.pair_steps import with_pairs
 from looprl.search.budget import Budget
 
 logger = logging.getLogger("looprl.search")
@@ -46,8 +47,11 @@ def node_id(state: State) -> str:
 class SearchContext:
     """Evaluates states for a strategy and records everything a search result needs.
 
-    :meth:`measure` is the only place a search learns a schedule's value: it looks the
-    schedule up in this search's memo, then asks the evaluator (persistent cache, else compile
+    :meth:`measure` is the only place a search learns a schedule's value: it takes a state's
+    nest as the schedule compiled for the context's target (its bfloat16 weight paired where
+    the kernel can take pairs: :func:`~looprl.measurement.pair_steps.with_pairs`, the search's
+    one call of it; the states themselves stay as the actions made them), looks the schedule up
+    in this search's memo, then asks the evaluator (persistent cache, else compile
     and time), and raises :class:`BudgetExhausted` instead of starting a new measurement once
     the deadline or the evaluation count is reached, or when the measurement is predicted to
     end after the deadline. A failed schedule is remembered as failed (never measured twice,
@@ -131,6 +135,7 @@ class SearchContext:
     def measure(self, nest: LoopNest, force: bool = False) -> Measurement:
         """The value of ``nest``: this search's memo, else the evaluator's (``force``: whatever
         the budget). A failed schedule gives a failed :class:`Measurement`."""
+        nest = self.schedule(nest)
         key = nest.key
         if key in self.values:
             return Measurement(self.values[key], from_cache=True)
@@ -159,6 +164,7 @@ class SearchContext:
         """Time ``nest`` (measured before) again, unless predicted to end after the deadline
         (:class:`BudgetExhausted`; ``force``: whatever the budget); its samples keep the best,
         and this search takes the new figure."""
+        nest = self.schedule(nest)
         known = self.values.get(nest.key)
         if not force and known is not None and self.budget.refuses_again(nest.problem.flops, known, self.measure_budget_s):
             raise BudgetExhausted("time budget")
@@ -171,6 +177,11 @@ class SearchContext:
         if measurement.ok:
             self.values[nest.key] = measurement.gflops
         return measurement
+
+    def schedule(self, nest: LoopNest) -> LoopNest:
+        """The schedule this search compiles and measures for a state's ``nest``: its bfloat16
+        weight paired where the kernel for the context's target can take pairs."""
+        return with_pairs(nest, self.target)
 
     def _is_final(self, nest: LoopNest) -> bool:
         """Whether the evaluator would answer ``nest`` from its cache without timing it."""

@@ -21,6 +21,7 @@ from looprl.ir.plans import Plan
 from looprl.ir.problem import Problem
 from looprl.ir.register_tiles import tile_shapes, tile_steps, why_not_tile
 from looprl.measurement.evaluator import Evaluator
+from looprl.measurement.pair_steps import with_pairs
 from looprl.tune.winner import in_place_rows
 
 
@@ -62,6 +63,12 @@ def candidate_tiles(problem: Problem, actions: ActionSet, target) -> list[tuple[
 PLAN_NEAR_TIE = 0.03
 
 
+def _value(evaluator: Evaluator, nest):
+    """The measurement of a state's schedule as compiled: its bfloat16 weight paired where the
+    kernel for the evaluator's target can take pairs."""
+    return evaluator(with_pairs(nest, evaluator.target))
+
+
 def demonstrate(problem: Problem, actions: ActionSet, evaluator: Evaluator, episode_length: int) -> Demonstration:
     """Measure ``problem``'s candidate tiles that fit an episode and return the fastest. With
     plan actions (:mod:`looprl.ir.plans`), the candidates are the plans (one action each), and
@@ -69,7 +76,7 @@ def demonstrate(problem: Problem, actions: ActionSet, evaluator: Evaluator, epis
     if actions.plans:
         return _demonstrate_plan(problem, actions, evaluator)
     root = State(initial_nest(problem), 0)
-    initial = evaluator(root.nest).gflops
+    initial = _value(evaluator, root.nest).gflops
     best: tuple[float, tuple[int, ...]] = (initial, ())
     for rows, columns in candidate_tiles(problem, actions, evaluator.target):
         if why_not_tile(problem, rows, columns) is not None:
@@ -78,7 +85,7 @@ def demonstrate(problem: Problem, actions: ActionSet, evaluator: Evaluator, epis
         if planned is None or len(planned[0]) >= episode_length:
             continue  # a factor outside the action set, or too long to leave a step to stay
         path, state = planned
-        measurement = evaluator(state.nest)
+        measurement = _value(evaluator, state.nest)
         if measurement.ok and measurement.gflops > best[0]:
             best = (measurement.gflops, path)
     return Demonstration(problem, best[1], best[0], initial)
@@ -106,14 +113,14 @@ def plan_values(problem: Problem, actions: ActionSet, evaluator: Evaluator) -> d
             continue
         nest = actions.apply(root, index).nest
         if nest.key not in by_schedule:
-            measurement = evaluator(nest)
+            measurement = _value(evaluator, nest)
             by_schedule[nest.key] = measurement.gflops if measurement.ok else 0.0
         values[index] = by_schedule[nest.key]
     return values
 
 
 def _demonstrate_plan(problem: Problem, actions: ActionSet, evaluator: Evaluator) -> Demonstration:
-    initial = evaluator(initial_nest(problem)).gflops
+    initial = _value(evaluator, initial_nest(problem)).gflops
     values = plan_values(problem, actions, evaluator)
     fastest = max(values.values(), default=0.0)
     if not fastest > initial:

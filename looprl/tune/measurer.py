@@ -16,6 +16,7 @@ from functools import cached_property
 from looprl.backend.host import cache_sizes
 from looprl.ir.problem import Problem
 from looprl.measurement.evaluator import Evaluator
+from looprl.measurement.pair_steps import with_pairs
 from looprl.measurement.roofline import memory_bandwidth
 from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.search.staged import StagedSearch
@@ -73,8 +74,9 @@ class Measurer:
     def timed(self, proposal: ScheduleRecord, evaluator: Evaluator) -> ScheduleRecord:
         """``proposal`` (a record with a nest and its path, no speed yet) timed through
         ``evaluator`` (one of this measurer's: a schedule the cache holds with enough samples
-        is looked up, not timed)."""
-        return replace(proposal, gflops=evaluator(proposal.nest).gflops)
+        is looked up, not timed): its schedule as compiled, the bfloat16 weight paired where the
+        kernel can take pairs (as the record is, once made for the target)."""
+        return replace(proposal, gflops=evaluator(with_pairs(proposal.nest, evaluator.target)).gflops)
 
     def comparison_seconds(self, constant_bytes: int) -> float:
         """What comparing a re-laid copy of a problem's constant inputs (``constant_bytes``) with

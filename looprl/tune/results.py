@@ -17,6 +17,7 @@ from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.ir.rewrites import RELAID, Relaid, relaid, replays_on
 from looprl.measurement.load import LoadReading
+from looprl.measurement.pair_steps import with_pairs
 from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.target import Target
 
@@ -129,12 +130,15 @@ def replayed(problem: Problem, names, actions: ActionSet, replays: str | None = 
     """The schedule of ``problem`` the action ``names`` reach with ``actions`` from its untuned
     nest or, where ``replays`` (a record's ``replays_on``, a former name too) says so, from its
     re-laid start (followed in its coordinates, :mod:`looprl.ir.rewrites`); None where one of
-    them cannot apply."""
+    them cannot apply. The schedule is the one compiled for the actions' target: its bfloat16
+    weight paired where the kernel can take pairs, as a record of it is."""
     if replays_on(replays) == RELAID:
         start = relaid(problem)
         if start is None:
             raise ValueError(f"{problem.name} has no re-laid start for actions to replay from")
         state = follow(actions, State(initial_nest(start.coordinates), 0), names)
-        return None if state is None else start.schedule(state.nest)
-    state = follow(actions, State(initial_nest(problem), 0), names)
-    return None if state is None else state.nest
+        nest = None if state is None else start.schedule(state.nest)
+    else:
+        state = follow(actions, State(initial_nest(problem), 0), names)
+        nest = None if state is None else state.nest
+    return None if nest is None else with_pairs(nest, actions.target)

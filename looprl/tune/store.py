@@ -30,6 +30,7 @@ from looprl.ir.problem import Problem
 from looprl.ir import rewrites
 from looprl.ir.rewrites import RELAID, Relaid, replays_on
 from looprl.measurement.load import LoadReading, busiest, check_load, measured_under, retime_remembered
+from looprl.measurement.pair_steps import with_pairs
 from looprl.tune.measurer import Measurer
 from looprl.tune.results import Answer, from_relaid_start
 
@@ -109,7 +110,7 @@ def recall(measurer: Measurer, problem: Problem, least_budget_s: float, start: L
         return None  # its actions replay from a start this problem does not have: tune again
     if start is not None and not start.reading.busy and not retime_remembered(known, measurer.evaluator):
         return None  # slower now than when it was found: found during a busy moment; tune again
-    root = initial_nest(stored)
+    root = with_pairs(initial_nest(stored), measurer.target)  # the untuned schedule as compiled
     initial = measurer.cache.get(root, measurer.target, measurer.budget_s) or measurer.evaluator(root).gflops
     answer = Answer(known, "remembered", initial, measured=measurer.compiled)
     return from_relaid_start(answer, relaid) if stored is not problem else answer

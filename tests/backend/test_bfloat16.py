@@ -12,6 +12,7 @@ import looprl
 from looprl.backend.pairs import dot_pairs, pairing
 from looprl.ir.dtypes import BFLOAT16, FLOAT32, error_bound, from_bfloat16, to_bfloat16
 from looprl.ir.nest import LoopNest
+from looprl.measurement.pair_steps import with_pairs
 from looprl.measurement.timing import time_kernel
 from looprl.target import Target
 from tests.guarded import GuardedArray
@@ -37,6 +38,12 @@ LAYOUT_KINDS = ("split", "split", "swap_down", "swap_up", "pack", "pad", "parall
 def bf16_inputs(problem, seed, scale=1.0):
     rng = np.random.default_rng(seed)
     return [to_bfloat16(rng.uniform(-scale, scale, size=shape)) for shape in problem.input_shapes]
+
+
+def paired_walk(problem, steps, target):
+    """The schedule a random walk reaches, as the producers of schedules hand it to the code
+    generator: a bfloat16 weight paired where the kernel for ``target`` can take pairs."""
+    return with_pairs(walk(problem, steps), target)
 
 
 def reductions(problem) -> int:
@@ -87,7 +94,7 @@ def test_rounding_to_bfloat16_is_torchs_to_nearest_ties_to_even():
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=st.sampled_from(PROBLEMS), steps=action_steps(kinds=LAYOUT_KINDS), seed=st.integers(0, 2**16))
 def test_random_bfloat16_schedules_stay_within_the_derived_bound(problem, steps, seed):
-    nest = walk(problem, steps)
+    nest = paired_walk(problem, steps, Target.default())
     a, b = bf16_inputs(problem, seed)
     kernel = looprl.compile(nest, threads=2)
     assert_within_bound(problem, kernel(a, b), a, b)
@@ -96,7 +103,7 @@ def test_random_bfloat16_schedules_stay_within_the_derived_bound(problem, steps,
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=st.sampled_from(PROBLEMS), steps=action_steps(), seed=st.integers(0, 2**8))
 def test_every_tiled_loop_packed_in_bfloat16_stays_within_the_bound(problem, steps, seed):
-    nest = pack_every_tiled_loop(walk(problem, steps), seed)
+    nest = with_pairs(pack_every_tiled_loop(walk(problem, steps), seed), Target.default())
     a, b = bf16_inputs(problem, seed)
     assert_within_bound(problem, looprl.compile(nest)(a, b), a, b)
 
@@ -106,7 +113,8 @@ def test_every_tiled_loop_packed_in_bfloat16_stays_within_the_bound(problem, ste
 def test_bfloat16_on_avx2_widens_and_stays_within_the_bound(problem, steps):
     """AVX2 code (no bfloat16 instructions) widens bfloat16 to float32: the same answers' bound."""
     a, b = bf16_inputs(problem, 1)
-    assert_within_bound(problem, looprl.compile(walk(problem, steps), target=Target.named("avx2"))(a, b), a, b)
+    target = Target.named("avx2")
+    assert_within_bound(problem, looprl.compile(paired_walk(problem, steps, target), target=target)(a, b), a, b)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -115,7 +123,8 @@ def test_bfloat16_on_avx2_widens_and_stays_within_the_bound(problem, steps):
 def test_bfloat16_kernels_stay_in_bounds(problem, steps, side, target):
     """bfloat16 inputs and output flush against inaccessible pages: a stray (or too wide) access
     faults. (It found LLVM 22 storing a masked single lane of <16 x i16> as 4 bytes.)"""
-    kernel = looprl.compile(walk(problem, steps), target=target)
+    target = Target.resolve(target)
+    kernel = looprl.compile(paired_walk(problem, steps, target), target=target)
     guards = [GuardedArray(shape, side, np.uint16) for shape in (*problem.input_shapes, problem.output_shape)]
     try:
         a, b, out = (g.array for g in guards)
@@ -171,7 +180,7 @@ def test_a_packed_weight_is_paired_and_its_tile_uses_vdpbf16ps_where_the_host_ha
     if target.missing_on_host():
         pytest.skip(f"this host cannot run {target.isa} code")
     problem = looprl.contraction("mk,nk->mn", m=40, n=100, k=k, constant="in1", dtype=BF16)
-    nest = LoopNest.from_key(problem, f"n2s48t4,m4s9t4,k{k}s1,m9s1,n48s1|m40s1,n100s1|in1=n48.k1.n1%48")
+    nest = with_pairs(LoopNest.from_key(problem, f"n2s48t4,m4s9t4,k{k}s1,m9s1,n48s1|m40s1,n100s1|in1=n48.k1.n1%48"), target)
     paired = pairing(nest, target)
     assert paired is not None and paired.layout.key == "n48.k2.n1%48.k1%2" and paired.var == "k"
     assert paired.dot == target.bfloat16_dot
@@ -317,7 +326,8 @@ def test_tune_measures_a_bfloat16_weights_tiles_packed_and_the_policy_alone_offe
     for problem in (layer, coordinates, coordinates.with_cold()):
         measured.clear()
         measure_tiles(SearchContext(problem, actions, Evaluator(":memory:", target=target)), actions)
-        assert measured and all(pairing(nest, target) is not None and "%" in dict(nest.layouts)["in1"].key for nest in measured)
+        schedules = [with_pairs(nest, target) for nest in measured]  # what the context compiles for each (SearchContext.schedule)
+        assert schedules and all(pairing(nest, target) is not None and "%" in dict(nest.layouts)["in1"].key for nest in schedules)
 
 
 @pytest.mark.target_dependent

@@ -139,9 +139,10 @@ def test_records_written_at_a56e7ac_replay_from_their_steps_without_an_action_se
 
 
 def test_a_bfloat16_weights_record_carries_its_pair_step_and_reads_back_with_it():
-    """A record of before pair steps (its schedule paired by the code generator) is upgraded:
-    its schedule and steps gain the pair step, its kernel stays the same, and it goes through
-    a cache and back with its steps."""
+    """A record of before pair steps (its schedule paired by the code generator then) is
+    upgraded: its schedule and steps gain the pair step, so its kernel stays the paired one, and
+    it goes through a cache and back with its steps."""
+    from looprl.backend.layout_plan import layouts_applied
     from looprl.backend.pairs import kernel_layouts, pair_step, pairing
 
     target = Target.named("avx2")
@@ -149,7 +150,9 @@ def test_a_bfloat16_weights_record_carries_its_pair_step_and_reads_back_with_it(
     pair = pair_step(nest, target)
     assert pair is not None and pair.op == PAIR
     paired = nest.apply((pair,))
-    assert pairing(paired, target) == pairing(nest, target) and kernel_layouts(paired, target) == kernel_layouts(nest, target)
+    assert pairing(nest, target) is None  # the code generator reads the schedule: no pair step, no pairs
+    assert pairing(paired, target) is not None and kernel_layouts(paired, target)["in1"] == paired.layout("in1")
+    assert kernel_layouts(nest, target) == layouts_applied(nest)
     names = ActionSet.for_target(target).path(State(initial_nest(BF16_WEIGHT), 0), looprl.ir.register_tiles.tile_steps(BF16_WEIGHT, 4, 16))
     assert names is not None
     actions = tuple(ActionSet.for_target(target).names[a] for a in names[0])
@@ -187,13 +190,14 @@ def test_a_pair_step_the_kernel_cannot_take_leaves_a_correct_kernel():
     a layout like any other, and the kernel computes the same product."""
     from looprl.backend.pairs import pairing
     from looprl.ir.dtypes import error_bound, from_bfloat16, to_bfloat16
+    from looprl.measurement.pair_steps import with_pairs
 
     problem = parse_problem("mk,kn->mn:m=6,k=10,n=12;const=in1;dtype=bfloat16")
     target = Target.host()
     unpaired = initial_nest(problem).apply([Step("swap", 1)])  # m, n, k
     nest = unpaired.apply([Step(PAIR, 2, tensor="in1")])
     assert pairing(unpaired, target) is None and pairing(nest, target) is None
-    assert pairing(initial_nest(problem), target) is not None  # the untiled nest's kernel (n innermost) pairs
+    assert pairing(with_pairs(initial_nest(problem), target), target) is not None  # the untiled nest's kernel (n innermost) can pair
     rng = np.random.default_rng(3)
     a, b = (to_bfloat16(rng.uniform(-1, 1, size=shape)) for shape in problem.input_shapes)
     out = looprl.compile(nest, target=target)(a, b)
