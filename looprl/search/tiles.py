@@ -7,9 +7,8 @@ episode of a dozen actions cannot also build. ``looprl.tune`` takes the tile the
 (:func:`tile_of` its best state) and :func:`measure_tiles` refines it; given no tile shapes it
 proposes the target's own in order of how often they pay (the flat register tiles of
 :func:`~looprl.ir.register_tiles.tile_shapes`, then the cache blocks of
-:func:`~looprl.ir.schedules.cache_blocks` around the fastest, sized from the host's caches,
-each with the right operand packed (:func:`~looprl.ir.cache_blocks.blocked_steps`); for a
-problem of a few output rows, the streaming tiles of
+:func:`~looprl.ir.schedules.cache_blocks` around the fastest, sized from the host's caches
+(:func:`~looprl.ir.cache_blocks.blocked_steps`); for a problem of a few output rows, the streaming tiles of
 :func:`~looprl.ir.schedules.stream_steps`; then the fastest with the right operand packed into
 column panels (for a cold problem, whose weights come from memory on every call, the packed
 panel schedules of :func:`~looprl.ir.schedules.panel_steps` come first of all); when
@@ -91,11 +90,9 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
             tile = planned(rows, columns)
             if tile is not None and attempt(*tile, columns):
                 flat = (rows, columns)
-        if flat is not None:  # cache blocks around the fastest, the right operand packed
+        if flat is not None:  # cache blocks around the fastest (packed afterwards if the fastest)
             for blocks in cache_blocks(problem, *flat):
                 tile = reached(blocked_steps(problem, *flat, blocks, pack=False))
-                if tile is not None and not packed_first:
-                    tile = packed_path(problem, tile[0], actions)
                 if tile is not None:
                     attempt(*tile, flat[1])
         if not transposed:  # few output rows: stream the right operand (measured after the tiles)
@@ -132,9 +129,9 @@ def packed_path(problem: Problem, names: tuple[str, ...], actions: ActionSet) ->
 
 def all_tiles(problem: Problem, target) -> list[LoopNest]:
     """Every schedule :func:`measure_tiles` could propose for ``problem`` on ``target``: each
-    register tile flat, with the right operand row-major and packed, then with each cache block
-    of :func:`~looprl.ir.schedules.cache_blocks` (packed) (the hand-written reference an
-    experiment measures exhaustively)."""
+    register tile, flat and with each cache block of :func:`~looprl.ir.schedules.cache_blocks`,
+    with the right operand row-major and packed (the hand-written reference an experiment
+    measures exhaustively)."""
     nests: list[LoopNest] = []
     if len(problem.output) < 2 or not problem.reduction_dims:
         return nests
@@ -142,9 +139,10 @@ def all_tiles(problem: Problem, target) -> list[LoopNest]:
         if why_not_tile(problem, rows, columns) is not None:
             continue
         flat = initial_nest(problem).apply(tile_steps(problem, rows, columns))
-        blocked = [initial_nest(problem).apply(blocked_steps(problem, rows, columns, blocks))
+        blocked = [initial_nest(problem).apply(blocked_steps(problem, rows, columns, blocks, pack=False))
                    for blocks in cache_blocks(problem, rows, columns)]
-        for variant in [flat, packed_right(flat)] + blocked:
-            if variant is not None and variant not in nests:
-                nests.append(variant)
+        for nest in [flat] + blocked:
+            for variant in (nest, packed_right(nest)):
+                if variant is not None and variant not in nests:
+                    nests.append(variant)
     return nests

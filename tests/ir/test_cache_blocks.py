@@ -18,14 +18,17 @@ ZEN = Caches(32 * 2**10, 2**20, 32 * 2**20)
 
 
 def test_the_blocks_follow_the_cache_sizes():
-    blocks = derive_blocks(ZEN, 6, 16)
-    assert blocks == Blocks(256, 510, 16384)  # 256 x 16 floats = half of L1; 510 x 256 about half of L2
-    assert blocks.k * 16 * 4 <= ZEN.l1 // 2 and blocks.m * blocks.k * 4 <= ZEN.l2 // 2 and blocks.n * blocks.k * 4 <= ZEN.l3 // 2
+    panel, half, blis = derive_blocks(ZEN, 6, 16)
+    assert panel == Blocks(512, None, 256)  # 6 x 512 floats: 12 KB of L1 (capped at MAX_FACTOR); 512 x 256 floats: half of L2
+    assert half == Blocks(256, None, 512)
+    assert blis == Blocks(256, 510, 16384)  # 256 x 16 floats: half of L1; 510 x 256: about half of L2; 256 x 16384: half of L3
+    assert panel.n * panel.k * 4 <= ZEN.l2 // 2 and blis.m * blis.k * 4 <= ZEN.l2 // 2 and blis.n * blis.k * 4 <= ZEN.l3 // 2
     bigger = derive_blocks(Caches(48 * 2**10, 2 * 2**20, 96 * 2**20), 6, 16)
-    assert bigger.k > blocks.k and bigger.n > blocks.n
-    assert derive_blocks(Caches(ZEN.l1, 4 * ZEN.l2, ZEN.l3), 6, 16).m > blocks.m
-    assert derive_blocks(Caches(0, 0, 0), 6, 16) == Blocks(None, None, None)  # sizes not known: not blocked
-    assert derive_blocks(Caches(ZEN.l1, 0, 0), 6, 16) == Blocks(256, None, None)
+    assert bigger[0].n > panel.n and bigger[2].k > blis.k and bigger[2].n > blis.n
+    smaller = derive_blocks(Caches(16 * 2**10, 256 * 2**10, 8 * 2**20), 6, 16)
+    assert smaller[0].k < panel.k and smaller[2].m < blis.m
+    assert derive_blocks(Caches(0, 0, 0), 6, 16) == ()  # sizes not known: not blocked
+    assert derive_blocks(Caches(ZEN.l1, 0, 0), 6, 16)[0] == Blocks(512, None, None)
     problem = looprl.matmul(2048, 2048, 2048)
     assert cache_blocks(problem, 6, 16, ZEN) != cache_blocks(problem, 6, 16, Caches(16 * 2**10, 2**19, 8 * 2**20))
 
@@ -33,12 +36,14 @@ def test_the_blocks_follow_the_cache_sizes():
 def test_candidates_are_multiples_of_the_tile_inside_the_problem():
     problem = looprl.matmul(2048, 3000, 4096)
     found = block_candidates(problem, 6, 16, ZEN)
-    assert 1 < len(found) == len(set(found))
+    assert len(found) == len(set(found)) == 3
     for blocks in found:
+        assert blocks.k is not None and (blocks.m or blocks.n)
         assert blocks.k is None or (blocks.k % 16 == 0 and 16 <= blocks.k <= MAX_FACTOR)
         assert blocks.m is None or (blocks.m % 6 == 0 and 6 < blocks.m < 2048)
         assert blocks.n is None or (blocks.n % 16 == 0 and 16 < blocks.n < 3000)
     assert block_candidates(looprl.matmul(64, 128, 128), 14, 32, ZEN) == []  # too small for any block
+    assert block_candidates(looprl.matmul(256, 256, 256), 4, 24, ZEN) == []  # the whole reduction fits: no k block
     assert block_candidates(looprl.contraction("mk,k->m", m=64, k=64), 4, 1, ZEN) == []
 
 
@@ -100,11 +105,14 @@ def test_every_candidate_of_a_size_no_block_divides_computes_what_numpy_does():
     problem = looprl.matmul(130, 1000, 700)
     target = Target.default()
     small = Caches(8 * 2**10, 16 * 2**10, 128 * 2**10)  # small caches: every dimension blocked
+    every = []
     for rows, columns in looprl.ir.register_tiles.tile_shapes(problem, target):
         candidates = block_candidates(problem, rows, columns, small)
-        assert any(b.k and b.m and b.n for b in candidates)
+        assert candidates
+        every += candidates
         for blocks in candidates:
             _check_against_guard_pages(looprl.initial_nest(problem).apply(blocked_steps(problem, rows, columns, blocks)), target, "end")
+    assert any(b.k and b.m and b.n for b in every)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
