@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import platform
 
 import llvmlite
 import llvmlite.binding as llvm
 
+from looprl.ir.cache_blocks import host_caches
 from looprl.target import host_cpu
 
 
@@ -45,30 +45,8 @@ def host_fingerprint() -> str:
     return f"{cpu_model_name()}|{name}|{digest}|{platform.machine()}|llvmlite-{llvmlite.__version__}"
 
 
-@functools.cache
 def cache_sizes() -> tuple[int, int]:
-    """(L2 bytes per core, last-level cache bytes) as the OS reports them (sysfs, else
-    ``sysconf``); 0 for a level it does not report."""
-    found: dict[int, int] = {}
-    try:
-        for index in sorted(os.listdir("/sys/devices/system/cpu/cpu0/cache")):
-            folder = os.path.join("/sys/devices/system/cpu/cpu0/cache", index)
-            if not index.startswith("index"):
-                continue
-            with open(os.path.join(folder, "type")) as handle:
-                if handle.read().strip() == "Instruction":
-                    continue
-            with open(os.path.join(folder, "level")) as handle:
-                level = int(handle.read())
-            with open(os.path.join(folder, "size")) as handle:
-                text = handle.read().strip()
-            scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
-            found[level] = int(text.rstrip("KMG")) * scale
-    except (OSError, ValueError):
-        for level, name in ((2, "SC_LEVEL2_CACHE_SIZE"), (3, "SC_LEVEL3_CACHE_SIZE")):
-            try:
-                found[level] = max(0, int(os.sysconf(name)))
-            except (OSError, ValueError):
-                pass
-    l2 = found.get(2, 0)
-    return l2, max([size for level, size in found.items() if level >= 2] or [0])
+    """(L2 bytes per core, last-level cache bytes) as the OS reports them
+    (:func:`looprl.ir.cache_blocks.host_caches`); 0 for a level it does not report."""
+    caches = host_caches()
+    return caches.l2, caches.l3

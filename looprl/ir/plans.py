@@ -3,7 +3,8 @@ without a cache block, with or without the right operand packed, or a streaming 
 output rows. A plan is data (:class:`Plan`, its name such as ``plan_6x2_k256_pack``); the
 schedule it stands for on a problem is :func:`plan_nest`, built from the untiled nest by the
 same IR steps tune's tile stage measures (:func:`~looprl.ir.register_tiles.tile_steps`,
-:func:`~looprl.ir.schedules.cache_blocks`, :func:`~looprl.ir.schedules.stream_steps`).
+:func:`~looprl.ir.schedules.stream_steps`); a plan's k block is the one its name gives
+(:data:`K_BLOCKS`), with a column block fixed by it.
 
 A plan's tile is named by the target's register tile (rows x vectors), not by the problem's
 sizes, so one name means the same decision on every problem of a target: on a problem of
@@ -22,11 +23,17 @@ from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.ir.register_tiles import clipped_tile, pack_right_step, tile_steps, why_not_tile
 from looprl.ir.step import Step
-from looprl.ir.schedules import STREAM_TILES, cache_blocks, dot_steps, dot_tiles, stream_steps, why_not_dot, why_not_stream
+from looprl.ir.schedules import STREAM_TILES, dot_steps, dot_tiles, stream_steps, why_not_dot, why_not_stream
 from looprl.target import Target
 
 PLAN_PREFIX = "plan_"
-K_BLOCKS = (256, 512)  # the reduction blocks of schedules.cache_blocks
+K_BLOCKS = (256, 512)  # the reduction blocks a plan's name may give (_named_blocks)
+# A named k block's column block: about this many elements of the right operand's block row
+# (k_block x n_block elements: 512 columns for k 256, 256 for k 512). A plan's name is data
+# (shipped policies and records name these plans), so the block it stands for is fixed by its
+# name, not derived from the host's caches as tune's tile stage derives its own
+# (looprl.ir.schedules.cache_blocks).
+NAMED_BLOCK_ELEMENTS = 256 * 512
 _TILE_NAME = re.compile(re.escape(PLAN_PREFIX) + r"(\d+)x(\d+)(?:_k(\d+))?(_pack)?")
 _STREAM_NAME = re.compile(re.escape(PLAN_PREFIX) + r"stream_(\d+)x(\d+)")
 _DOT_NAME = re.compile(re.escape(PLAN_PREFIX) + r"dot_(\d+)x(\d+)")
@@ -122,10 +129,9 @@ def plan_steps(problem: Problem, target: Target, plan: Plan) -> tuple[Step, ...]
     rows, columns = plan_tile(problem, target, plan)
     blocks = (None, None)
     if plan.k_block:
-        matching = [pair for pair in cache_blocks(problem, columns) if pair[0] == plan.k_block]
-        if not matching:
+        blocks = _named_blocks(problem, columns, plan.k_block)
+        if blocks is None:
             return f"{problem.name}: no k block of {plan.k_block} around a tile {columns} wide (the problem is too small)"
-        blocks = matching[0]
     why = why_not_tile(problem, rows, columns, *blocks)
     if why is not None:
         return why
@@ -134,6 +140,16 @@ def plan_steps(problem: Problem, target: Target, plan: Plan) -> tuple[Step, ...]
         return steps
     pack = pack_right_step(initial_nest(problem).apply(steps))
     return steps + (pack,) if pack is not None else f"{problem.name}: tile {rows}x{columns} leaves nothing to pack"
+
+
+def _named_blocks(problem: Problem, columns: int, k_block: int) -> tuple[int, int] | None:
+    """(k_block, n_block) of a plan named with ``k_block`` around a tile ``columns`` wide: the
+    column block a whole number of tiles of about :data:`NAMED_BLOCK_ELEMENTS` / ``k_block``
+    columns (at least two); None where the problem is too small for both blocks to leave more
+    than one iteration."""
+    k_size, n_size = problem.size(problem.reduction_dims[0]), problem.size(problem.output[-1])
+    n_block = max(2, round(NAMED_BLOCK_ELEMENTS / k_block / columns)) * columns
+    return (k_block, n_block) if k_block < k_size and n_block < n_size else None
 
 
 def planned(problem: Problem, target: Target, plan: Plan) -> LoopNest | str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from looprl.ir.cache_blocks import Blocks, Caches, block_candidates, host_caches
 from looprl.ir.layout import Layout
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
@@ -119,19 +120,13 @@ def random_schedule(problem: Problem, rng, steps: int = 10, factors=(4, 8, 16), 
     return nest
 
 
-def cache_blocks(problem: Problem, columns: int) -> list[tuple[int, int]]:
-    """(k_block, n_block) pairs to try around a register tile ``columns`` wide: reduction blocks
-    of 256 and 512 elements with column blocks of about 512 and 256, where the problem is large
-    enough for a block to leave more than one iteration (else the block is pointless)."""
-    if not problem.reduction_dims or len(problem.output) < 2:
-        return []
-    k_size, n_size = problem.size(problem.reduction_dims[0]), problem.size(problem.output[-1])
-    blocks = []
-    for k_block, n_target in ((256, 512), (512, 256)):
-        n_block = max(2, round(n_target / columns)) * columns
-        if k_block < k_size and n_block < n_size:
-            blocks.append((k_block, n_block))
-    return blocks
+def cache_blocks(problem: Problem, rows: int, columns: int, caches: Caches | None = None) -> list[Blocks]:
+    """The cache blocks to try around a ``rows`` x ``columns`` register tile of ``problem``
+    (:func:`~looprl.ir.cache_blocks.blocked_steps` builds each): derived from ``caches`` (None:
+    this host's, :func:`~looprl.ir.cache_blocks.host_caches`) and a few neighbours
+    (:func:`~looprl.ir.cache_blocks.block_candidates`); none where the problem is too small
+    for a block to leave more than one iteration."""
+    return block_candidates(problem, rows, columns, host_caches() if caches is None else caches)
 
 
 # Decode-sized problems (few output rows) whose right operand outgrows the caches are bound by

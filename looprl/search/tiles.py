@@ -6,8 +6,9 @@ operands outgrow the caches, blocks of the reduction and of the columns around i
 episode of a dozen actions cannot also build. ``looprl.tune`` takes the tile the policy built
 (:func:`tile_of` its best state) and :func:`measure_tiles` refines it; given no tile shapes it
 proposes the target's own in order of how often they pay (the flat register tiles of
-:func:`~looprl.ir.register_tiles.tile_shapes`, then :func:`~looprl.ir.schedules.cache_blocks`
-around the fastest; for a problem of a few output rows, the streaming tiles of
+:func:`~looprl.ir.register_tiles.tile_shapes`, then the cache blocks of
+:func:`~looprl.ir.schedules.cache_blocks` around the fastest, sized from the host's caches
+(:func:`~looprl.ir.cache_blocks.blocked_steps`); for a problem of a few output rows, the streaming tiles of
 :func:`~looprl.ir.schedules.stream_steps`; then the fastest with the right operand packed into
 column panels (for a cold problem, whose weights come from memory on every call, the packed
 panel schedules of :func:`~looprl.ir.schedules.panel_steps` come first of all); when
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from looprl.actions import ActionSet, State, follow
 from looprl.backend.pairs import pairs_a_weight
+from looprl.ir.cache_blocks import blocked_steps
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.ir.register_tiles import packed_right, tile_of, tile_shapes, tile_steps, why_not_tile
@@ -54,11 +56,11 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
             return True
         return False
 
-    def planned(rows: int, columns: int, blocks=(None, None)) -> tuple[tuple[str, ...], State] | None:
+    def planned(rows: int, columns: int) -> tuple[tuple[str, ...], State] | None:
         """The tile's path and state (packed when the right operand is transposed), or None."""
-        if why_not_tile(problem, rows, columns, *blocks) is not None:
+        if why_not_tile(problem, rows, columns) is not None:
             return None
-        return reached(tile_steps(problem, rows, columns, *blocks))
+        return reached(tile_steps(problem, rows, columns))
 
     def reached(steps: list[Step]) -> tuple[tuple[str, ...], State] | None:
         """The path of actions that takes the untiled nest through IR ``steps``, and its state."""
@@ -88,9 +90,9 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
             tile = planned(rows, columns)
             if tile is not None and attempt(*tile, columns):
                 flat = (rows, columns)
-        if flat is not None:
-            for blocks in cache_blocks(problem, flat[1]):
-                tile = planned(*flat, blocks)
+        if flat is not None:  # cache blocks around the fastest (packed afterwards if the fastest)
+            for blocks in cache_blocks(problem, *flat):
+                tile = reached(blocked_steps(problem, *flat, blocks, pack=False))
                 if tile is not None:
                     attempt(*tile, flat[1])
         if not transposed:  # few output rows: stream the right operand (measured after the tiles)
@@ -127,16 +129,19 @@ def packed_path(problem: Problem, names: tuple[str, ...], actions: ActionSet) ->
 
 def all_tiles(problem: Problem, target) -> list[LoopNest]:
     """Every schedule :func:`measure_tiles` could propose for ``problem`` on ``target``: each
-    register tile, flat and with each cache block, with the right operand row-major and packed
-    (the hand-written reference an experiment measures exhaustively)."""
+    register tile, flat and with each cache block of :func:`~looprl.ir.schedules.cache_blocks`,
+    with the right operand row-major and packed (the hand-written reference an experiment
+    measures exhaustively)."""
     nests: list[LoopNest] = []
     if len(problem.output) < 2 or not problem.reduction_dims:
         return nests
     for rows, columns in tile_shapes(problem, target):
-        for blocks in [(None, None)] + cache_blocks(problem, columns):
-            if why_not_tile(problem, rows, columns, *blocks) is not None:
-                continue
-            nest = initial_nest(problem).apply(tile_steps(problem, rows, columns, *blocks))
+        if why_not_tile(problem, rows, columns) is not None:
+            continue
+        flat = initial_nest(problem).apply(tile_steps(problem, rows, columns))
+        blocked = [initial_nest(problem).apply(blocked_steps(problem, rows, columns, blocks, pack=False))
+                   for blocks in cache_blocks(problem, rows, columns)]
+        for nest in [flat] + blocked:
             for variant in (nest, packed_right(nest)):
                 if variant is not None and variant not in nests:
                     nests.append(variant)

@@ -11,13 +11,13 @@ import looprl
 from looprl.target import Target
 from looprl.actions import ActionSet, State
 from looprl.ir.register_tiles import tile_of, tile_shapes, tile_steps
-from looprl.ir.schedules import STREAM_ROWS, STREAM_TILES, cache_blocks, stream_steps, why_not_stream
+from looprl.ir.schedules import STREAM_ROWS, STREAM_TILES, stream_steps, why_not_stream
 from looprl.measurement.cache import MeasurementCache
 from looprl.measurement.evaluator import Evaluator
 from looprl.search.budget import MAX_BUDGET_S, MIN_BUDGET_S, scaled_budget
 from looprl.search.context import BudgetExhausted, SearchContext
 from looprl.policy.rollout import measured_path
-from looprl.search.tiles import measure_tiles
+from looprl.search.tiles import all_tiles, measure_tiles
 from tests.guarded import GuardedArray
 from tests.policies import random_policy
 
@@ -64,8 +64,22 @@ def test_tile_shapes_widen_the_tile_when_the_output_has_few_rows():
     gemv = tile_shapes(looprl.matmul(1, 4096, 1024), avx512)
     assert gemv == [(1, 30 * 16)]  # 30 accumulators + 1 input vector + 1 broadcast = 32 registers (Target.fits)
     assert tile_shapes(looprl.matmul(3, 20, 64), Target.named("avx2")) == [(3, 20), (2, 20)]  # clipped to the 20 columns
-    assert cache_blocks(looprl.matmul(64, 128, 128), 32) == []  # too small to block
-    assert all(n % 48 == 0 for _, n in cache_blocks(looprl.matmul(1024, 1024, 1024), 48))
+
+
+def test_the_tiles_proposed_hold_the_cache_blocks_of_the_host_s_caches(monkeypatch):
+    from looprl.ir import schedules
+    from looprl.ir.cache_blocks import Caches, blocked_steps
+    from looprl.ir.register_tiles import packed_right
+
+    problem, target = looprl.matmul(130, 1000, 700), Target.named("avx2")
+    small = Caches(8 * 2**10, 16 * 2**10, 128 * 2**10)
+    monkeypatch.setattr(schedules, "host_caches", lambda: small)
+    proposed = all_tiles(problem, target)
+    blocked = [looprl.initial_nest(problem).apply(blocked_steps(problem, rows, columns, blocks, pack=False))
+               for rows, columns in tile_shapes(problem, target) for blocks in schedules.cache_blocks(problem, rows, columns)]
+    assert blocked and all(nest in proposed and packed_right(nest) in proposed for nest in blocked)
+    monkeypatch.setattr(schedules, "host_caches", lambda: Caches(0, 0, 0))  # sizes not known: no block
+    assert all(sum(lp.var == "k" for lp in nest.compute) == 1 for nest in all_tiles(problem, target))
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
