@@ -215,7 +215,8 @@ def interrupt_after(command, seconds, signum):
 def test_cli_single_problem_writes_json(tmp_path):
     out = tmp_path / "one.json"
     result = subprocess.run(
-        CLI + ["--algo", "greedy1", "--problem", "32x24x16", "--budget", "20", "--cache", ":memory:", "--measure-budget-ms", "1", "--json", str(out)],
+        CLI + ["--algo", "greedy1", "--problem", "32x24x16", "--budget", "20", "--evaluations", "12", "--cache", ":memory:", "--measure-budget-ms", "1",
+              "--json", str(out)],
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr
@@ -259,16 +260,30 @@ def test_cli_sigterm_keeps_the_partial_result(tmp_path):
     assert len(rows) == 1 and rows[0]["stopped"] == "interrupted" and int(rows[0]["evaluations"]) >= 1
 
 
-def test_cli_rejects_bad_input(tmp_path):
+def test_cli_rejects_bad_input(tmp_path, capsys):
+    from looprl.cli.search import main
+
+    # One through a process of its own (the command line as a user starts it), the rest through
+    # its main() in this process (argparse's refusals exit, the command's return): the same exit
+    # status and message, without a process start each.
+    def status(argv):
+        try:
+            return main(argv)
+        except SystemExit as exit:
+            return exit.code
+
+    result = subprocess.run(CLI + ["--problem", "8x8x8", "--algo", "beam", "--cache", ":memory:"], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path)
+    assert result.returncode == 2 and "unknown search algorithm" in result.stderr, result.stderr
     for extra, message in [
-        (["--problem", "8x8x8", "--algo", "beam"], "unknown search algorithm"),
         (["--problem", "8x8"], "cannot parse problem"),
         (["--split", "test", "--limit", "0"], "--limit"),
         (["--problem", "8x8x8", "--split-factors", "4,x"], "split factors"),
         (["--problem", "8x8x8", "--split-factors", "1"], "split factor"),
     ]:
-        result = subprocess.run(CLI + extra + ["--cache", ":memory:"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
-        assert result.returncode == 2 and message in result.stderr, (extra, result.stderr)
+        assert status(extra + ["--cache", ":memory:"]) == 2
+        err = capsys.readouterr().err
+        assert "looprl-search: error: " in err and message in err, (extra, err)
 
 
 def test_target_split_factors_form_each_target_s_register_tiles():

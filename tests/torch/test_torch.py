@@ -16,10 +16,16 @@ from tests.policies import random_policy  # noqa: E402
 @pytest.fixture(scope="module")
 def options(tmp_path_factory):
     folder = random_policy(seed=3).save(tmp_path_factory.mktemp("policy") / "policy")
-    # These tests are about looprl's kernels: every call they make is looprl's, never routed to
-    # torch by timing (tests/torch/test_torch_routes.py tests the routes).
-    return {"policy": folder, "budget_s": 0.1, "cache": str(tmp_path_factory.mktemp("cache") / "m.sqlite"), "compare_torch": False,
-            "progress": False}
+    # These tests are about looprl's kernels inside modules: every call they make is looprl's,
+    # never routed to torch by timing (tests/torch/test_torch_routes.py tests the routes), and
+    # each layer is scheduled by the policy alone (measure=False): what a search finds is not
+    # their subject. The records test tunes measured (MEASURED).
+    return {"policy": folder, "cache": str(tmp_path_factory.mktemp("cache") / "m.sqlite"), "compare_torch": False, "progress": False,
+            "measure": False}
+
+
+# Measured tuning in a private cache: records hold measured answers only.
+MEASURED = {"measure": True, "budget_s": 0.1, "cache": ":memory:"}
 
 
 def block(activation=None):
@@ -274,8 +280,8 @@ def test_a_tuned_module_s_records_load_without_tuning_on_the_same_cpu_and_tune_a
     from looprl.torch.records import tuned_names
 
     module = block()
-    x = torch.randn(3, 24)
-    settings = dict(options, cache=":memory:")  # one private cache for the whole module
+    x = torch.randn(2, 24)  # rows 1 and 2 of each layer: four problems, each tuned twice
+    settings = dict(options, **MEASURED)  # one private cache for the whole module
     tuned = tune_module(module, x, **settings)
     assert all(r.mode == "measured" for _, layer in tuned_layers(tuned) for r in layer.results.values())
     path = tmp_path / "records.json"
