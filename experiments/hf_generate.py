@@ -27,7 +27,9 @@ Modes (``--modes``):
 ``--target avx2`` tunes looprl's kernels for AVX2 (on a host that runs it; torch is left as it
 is). Each mode is prepared once (``prepare_s``: ``tune_module``, plus the first generation,
 which warms it), then ``--runs`` generations, the modes interleaved run by run (a slow phase of
-the machine hits each mode alike). Per run and mode: prefill milliseconds (the call until the
+the machine hits each mode alike), each run starting at the next mode in turn (so that no
+mode's figure rests on its place in the order: before, the fast path always ran third and decoded
+about 1.5% below the copy, always second). Per run and mode: prefill milliseconds (the call until the
 first new token), decode tokens per second (the other new tokens over the time after the first)
 and the decode rate over eager's in the same run; then the median of the runs. Every mode must
 generate eager's tokens (greedy, float32: a wrong answer shows); the exit status is 1 if one
@@ -155,7 +157,8 @@ def main(argv=None) -> int:
               "prompt": args.prompt, "new_tokens": args.new}
     rows, measured = [], {mode: [] for mode in modes}  # mode -> (prefill s, decode tokens/s, ratio, same tokens) per run
     for run in range(1, args.runs + 1):  # interleaved: a slow phase of the machine hits every mode alike
-        results = {mode: generate(runners[mode], prompt, args.new) for mode in modes}
+        turn = (run - 1) % len(modes)  # each run starts at another mode: no mode always runs in the same place
+        results = {mode: generate(runners[mode], prompt, args.new) for mode in modes[turn:] + modes[:turn]}
         eager_rate = results["eager"][2]
         for mode in modes:
             tokens, prefill, rate = results[mode]
