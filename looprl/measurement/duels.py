@@ -20,6 +20,7 @@ are judged by it.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -103,12 +104,14 @@ def duel_rounds(pairs: list[tuple], seconds: Callable, margin: float, max_rounds
 
 
 def schedule_duel(evaluator, challenger: LoopNest, incumbent: LoopNest, margin: float, max_rounds: int = DUEL_MAX_ROUNDS,
-                  confidence: float = DUEL_CONFIDENCE) -> Duel:
+                  confidence: float = DUEL_CONFIDENCE, settle_s: float = 0.0) -> Duel:
     """Two schedules of one problem in interleaved rounds (:func:`duel_rounds`), each timed by
     ``evaluator`` (an :class:`~looprl.measurement.evaluator.Evaluator`: its budget per timing,
     its lock and buffers; a parallel schedule on its threads, a serial one on one), each
     compiled once; every timing is added to the measurement cache's samples. A timing that
-    fails counts as NaN seconds (no win for the challenger; no loss for the incumbent)."""
+    fails counts as NaN seconds (no win for the challenger; no loss for the incumbent).
+    ``settle_s``: the challenger is first run (timed, its figures dropped) for that many seconds,
+    so that a team's threads have spread over the cores before its rounds."""
     if not isinstance(challenger, LoopNest) or not isinstance(incumbent, LoopNest):
         raise ValueError(f"schedule_duel() takes two LoopNests, got {type(challenger).__name__} and {type(incumbent).__name__}")
     if challenger.problem != incumbent.problem:
@@ -120,6 +123,9 @@ def schedule_duel(evaluator, challenger: LoopNest, incumbent: LoopNest, margin: 
         measured = evaluator.remeasure(nest, kernels[nest.key])
         return flops / (measured.sample_gflops * 1e9) if measured.ok and measured.sample_gflops else math.nan
 
+    settled = time.perf_counter() + settle_s
+    while time.perf_counter() < settled and not math.isnan(seconds(challenger)):
+        pass
     duel, = duel_rounds([(challenger, incumbent)], seconds, margin, max_rounds, confidence)
     return duel
 

@@ -115,3 +115,41 @@ def test_a_serial_best_alone_is_returned_as_it_is():
     assert team_or_serial(None, serial, []) == (serial, 3.0)  # nothing timed: no evaluator needed
     failed = ScheduleRecord(parallel_variant(serial.nest, 2)[0], 0.0, ())
     assert team_or_serial(None, serial, [failed]) == (serial, 3.0)
+
+
+class BimodalTimer:
+    """A team that runs at twice the serial speed in its first timing and then at the serial
+    speed, as long as its timings alternate with the serial kernel's (the other core taken half
+    the time), and at twice the serial speed once it has run several timings in a row (its
+    threads spread over the cores): ``settles`` says whether that ever happens."""
+
+    def __init__(self, settles: bool):
+        self.settles, self.run, self.settled, self.timings = settles, 0, False, 0
+
+    def __call__(self, kernel, budget_s, workspace=None, lock=None, threads=None, min_runs=3):
+        if threads == 1:
+            self.run, gflops = 0, SERIAL_GFLOPS
+        else:
+            self.run += 1
+            self.timings += 1
+            self.settled = self.settled or (self.settles and self.run >= 3)
+            gflops = 2 * SERIAL_GFLOPS if self.settled or self.timings == 1 else SERIAL_GFLOPS
+        return Timing(kernel.problem.flops / (gflops * 1e9), 3, 1, kernel.problem.flops)
+
+
+@needs_two
+@pytest.mark.parametrize("settles", [True, False])
+def test_a_team_that_loses_its_duel_far_ahead_at_best_is_duelled_once_more_settled(monkeypatch, settles):
+    """In one run of the models benchmark on a quiet Zen 4, three GEMMs whose teams ran at twice
+    their serial speed alone came back serial (their duels lost to a moment when the other core
+    was taken, their best rounds far ahead): such a team runs alone for TEAM_SETTLE_S and is
+    duelled again; that duel decides."""
+    monkeypatch.setattr(evaluator_module, "time_kernel", BimodalTimer(settles))
+    problem = looprl.matmul(24, 16, 8)
+    serial_nest = looprl.initial_nest(problem)
+    evaluator = looprl.Evaluator(":memory:", 0.001, threads=2)
+    serial = ScheduleRecord(serial_nest, SERIAL_GFLOPS, ())
+    team_record = ScheduleRecord(parallel_variant(serial_nest, 2)[0], 2 * SERIAL_GFLOPS, ())
+    chosen, serial_gflops = team_or_serial(evaluator, serial, [team_record])
+    assert (chosen.nest is team_record.nest) is settles and serial_gflops == SERIAL_GFLOPS
+    assert chosen.gflops == (2 * SERIAL_GFLOPS if settles else SERIAL_GFLOPS)
