@@ -113,7 +113,10 @@ def test_a_weight_gets_the_isa_s_weights_policy_where_one_is_shipped(monkeypatch
     listed = json.loads(loading.DEFAULT_POLICIES.read_text())
     assert loading.default_policy_dir("avx512", weights=True) == loading.DEFAULT_POLICIES.parent / listed["avx512/weights"]
     assert loading.default_policy_dir("avx512") == loading.DEFAULT_POLICIES.parent / listed["avx512"]
-    assert loading.default_policy_dir("avx2", weights=True) == loading.default_policy_dir("avx2")  # none for avx2: the ISA's
+    assert loading.default_policy_dir("avx2", weights=True) == loading.DEFAULT_POLICIES.parent / listed["avx2/weights"]
+    monkeypatch.setattr(loading, "_warned", set())  # (another test may have been warned already)
+    with pytest.warns(RuntimeWarning, match="no policy for sse4"):  # none of its own: the closest ISA's, its weights policy too
+        assert loading.default_policy_dir("sse4", weights=True) == loading.DEFAULT_POLICIES.parent / listed["avx2/weights"]
     from looprl.tune import proposers as tuner
 
     asked = []
