@@ -30,6 +30,12 @@ nested parallel loops are refused, not flattened. A split keeps the mark on the 
 swap moves the mark with its loop; a merge keeps it on the merged loop. The mark shows in the
 printed nest (``parallel for``) and as a ``p`` after the loop in :attr:`LoopNest.key`; keys of
 serial schedules are unchanged.
+
+A compute loop may *stage* an input (:meth:`LoopNest.stage`): each of its iterations copies the
+block of the input that the loops inside read into a buffer, which those loops read instead (the
+input is then not converted whole). The mark shows in the printed nest (``stage in1``) and as
+``+in1`` after the loop in :attr:`LoopNest.key`; a split leaves it on the inner loop, a swap
+moves it with its loop, a merge keeps it; a loop at or outside it may not be parallel.
 """
 
 from __future__ import annotations
