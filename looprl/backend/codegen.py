@@ -29,7 +29,11 @@ The loop order is taken as given. In the compute nest:
   element is still summed in the serial order, so results are bit-identical to the serial
   kernel's (except for a dot-product scope cut by a parallel loop inside a reduction loop: its
   partial sums are added across per iteration of that loop, within float32 rounding). A kernel with a parallel loop takes the thread count as an extra ``i32``
-  argument; on one thread it calls the outlined body directly.
+  argument; on one thread it calls the outlined body directly;
+* a *stage* (:meth:`~looprl.ir.nest.LoopNest.stage`) of an input at a runtime loop copies, on
+  entry to each of its iterations, the block of the input the loops inside read into a
+  workspace buffer (in the input's layout restricted to the block; a tail iteration copies
+  only its valid extent), and those loops read the buffer: :mod:`looprl.backend.stages`.
 
 The write-back nest copies the accumulator to the output and applies the problem's epilogue
 (scale, bias, activation, residual: :mod:`looprl.backend.epilogue_ir`) on the way, vectorised
@@ -41,8 +45,8 @@ come from the :class:`~looprl.target.Target`.
 
 The parts, each a module of :mod:`looprl.backend`: ``llvm_text`` (the text-IR builder),
 ``register_plan`` (the register scope and blocks), ``loops`` (runtime loops, tails, parallel
-regions), ``compute`` (the register scope's code), ``write_back``, ``layouts`` (which layouts
-apply, the workspace), ``packing`` and ``abi`` (entry points). This module puts them together.
+regions, stage copies), ``compute`` (the register scope's code), ``write_back``, ``layouts`` (which layouts
+apply, the workspace), ``stages`` (which stages the kernel carries out), ``packing`` and ``abi`` (entry points). This module puts them together.
 
 No LLVM IR passes run: the IR is already vectorised and in SSA form, so only the backend's
 code generation is needed (fast, and it avoids the O3 pipeline's memory leak).
