@@ -17,6 +17,7 @@ from looprl.backend.pairs import kernel_layouts
 from looprl.backend.llvm_text import Function
 from looprl.backend.loops import KernelModule
 from looprl.backend.packing import emit_pack
+from looprl.backend.stages import kernel_stages, staged_layouts
 from looprl.ir.nest import LoopNest
 from looprl.ir.problem import Problem
 from looprl.target import Target
@@ -34,9 +35,11 @@ def kernel_tensors(problem: Problem) -> tuple[str, ...]:
 
 
 def packed_inputs(nest: LoopNest, target: Target) -> tuple[str, ...]:
-    """The inputs the kernel of ``nest`` for ``target`` stores in their layouts (packs on entry)."""
+    """The inputs the kernel of ``nest`` for ``target`` stores in their layouts (packs on entry):
+    those it stages block by block instead (:func:`looprl.backend.stages.kernel_stages`) are not."""
     applied = kernel_layouts(nest, target)
-    return tuple(t for t in ("in0", "in1") if t in applied)
+    staged = kernel_stages(nest, target)
+    return tuple(t for t in ("in0", "in1") if t in applied and t not in staged)
 
 
 def bound_subsets(packed: tuple[str, ...]) -> list[tuple[str, ...]]:
@@ -76,10 +79,10 @@ def body_function(module: KernelModule) -> Function:
 def emit_packing_entry_points(module: KernelModule, nest: LoopNest) -> None:
     """The packing functions and the entry points of a kernel whose body is :data:`BODY_NAME`:
     each packs the inputs it does not take packed into the workspace, then runs the body, ``reps``
-    times."""
+    times, handing it the places of the stage buffers in the workspace too."""
     applied = kernel_layouts(nest, module.target)
     packed = packed_inputs(nest, module.target)
-    places = workspace_layout(nest, applied)
+    places = workspace_layout(nest, applied, staged_layouts(nest, module.target))
     for tensor in packed:
         index = nest.tensor_index(tensor)
         emit_pack(module, pack_function_name(tensor), index, nest.problem.shape(index), applied[tensor],
@@ -87,6 +90,8 @@ def emit_packing_entry_points(module: KernelModule, nest: LoopNest) -> None:
     for bound in [()] + bound_subsets(packed):
         entry = entry_function(module, bound_kernel_name(bound) if bound else KERNEL_NAME)
         pointers = {t: f"%{t}" for t in module.tensors}
+        for stage in kernel_stages(nest, module.target).values():  # the stage buffers
+            pointers[stage.pointer] = entry.offset("%acc", places[stage.tensor][0])
         for tensor in packed:
             if tensor not in bound:
                 pointers[tensor] = entry.offset("%acc", places[tensor][0])

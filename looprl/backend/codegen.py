@@ -29,7 +29,11 @@ The loop order is taken as given. In the compute nest:
   element is still summed in the serial order, so results are bit-identical to the serial
   kernel's (except for a dot-product scope cut by a parallel loop inside a reduction loop: its
   partial sums are added across per iteration of that loop, within float32 rounding). A kernel with a parallel loop takes the thread count as an extra ``i32``
-  argument; on one thread it calls the outlined body directly.
+  argument; on one thread it calls the outlined body directly;
+* a *stage* (:meth:`~looprl.ir.nest.LoopNest.stage`) of an input at a runtime loop copies, on
+  entry to each of its iterations, the block of the input the loops inside read into a
+  workspace buffer (in the input's layout restricted to the block; a tail iteration copies
+  only its valid extent), and those loops read the buffer: :mod:`looprl.backend.stages`.
 
 The write-back nest copies the accumulator to the output and applies the problem's epilogue
 (scale, bias, activation, residual: :mod:`looprl.backend.epilogue_ir`) on the way, vectorised
@@ -41,8 +45,8 @@ come from the :class:`~looprl.target.Target`.
 
 The parts, each a module of :mod:`looprl.backend`: ``llvm_text`` (the text-IR builder),
 ``register_plan`` (the register scope and blocks), ``loops`` (runtime loops, tails, parallel
-regions), ``compute`` (the register scope's code), ``write_back``, ``layouts`` (which layouts
-apply, the workspace), ``packing`` and ``abi`` (entry points). This module puts them together.
+regions, stage copies), ``compute`` (the register scope's code), ``write_back``, ``layouts`` (which layouts
+apply, the workspace), ``stages`` (which stages the kernel carries out), ``packing`` and ``abi`` (entry points). This module puts them together.
 
 No LLVM IR passes run: the IR is already vectorised and in SSA form, so only the backend's
 code generation is needed (fast, and it avoids the O3 pipeline's memory leak).
@@ -55,6 +59,7 @@ from looprl.backend.compute import ComputeEmitter
 from looprl.backend.layout_plan import layouts_applied, workspace_layout
 from looprl.backend.loops import Dynamic, KernelModule, RuntimeRowsUnsupported
 from looprl.backend.pairs import kernel_layouts, pairing
+from looprl.backend.stages import kernel_stages
 from looprl.backend.write_back import WriteBackEmitter
 from looprl.ir.nest import LoopNest
 from looprl.target import Target
@@ -76,6 +81,8 @@ def check_runtime_rows(nest: LoopNest) -> str:
     if "in0" in layouts_applied(nest):
         raise RuntimeRowsUnsupported(f"{nest.problem.name}: runtime rows need the first input in its own layout, "
                                      "but this schedule converts it")
+    if any(lp.staged for lp in nest.compute):
+        raise RuntimeRowsUnsupported(f"{nest.problem.name}: runtime rows are not given to a schedule with a stage step")
     return rows
 
 
@@ -96,11 +103,14 @@ def generate_ir(nest: LoopNest, target: Target, runtime_rows: bool = False) -> s
     where that would take too many specialised copies."""
     rows = check_runtime_rows(nest) if runtime_rows else None
     applied = kernel_layouts(nest, target)
+    stages = kernel_stages(nest, target)
+    buffers = tuple(stage.pointer for stage in stages.values())
+    elements = {**tensor_elements(nest), **{b: nest.problem.dtype.llvm_element for b in buffers}}
     module = KernelModule(target, kernel_tensors(nest.problem), threaded=nest.is_parallel, runtime_rows=runtime_rows,
-                          elements=tensor_elements(nest))
-    compute = ComputeEmitter(module, nest, applied, pairing(nest, target))
+                          elements=elements, buffers=buffers)
+    compute = ComputeEmitter(module, nest, applied, pairing(nest, target), stages)
     write_back = WriteBackEmitter(module, nest, applied)
-    fn = body_function(module) if applied else entry_function(module, KERNEL_NAME)
+    fn = body_function(module) if applied or stages else entry_function(module, KERNEL_NAME)
     output_bytes = 4 * workspace_layout(nest, applied)["acc"][1]
     if rows is not None and "out" not in applied:  # a row-major accumulator: only the rows computed
         row_bytes = output_bytes // nest.problem.size(rows)
@@ -121,7 +131,7 @@ def generate_ir(nest: LoopNest, target: Target, runtime_rows: bool = False) -> s
         if not compute.direct:  # else the compute nest stored the output itself
             write_back.emit_outer(fn, 0, budgets(write_back), {t: f"%{t}" for t in write_back.coefs})
 
-    if applied:
+    if applied or stages:
         body()
         fn.close()
         emit_packing_entry_points(module, nest)

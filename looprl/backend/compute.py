@@ -16,6 +16,7 @@ from looprl.backend.epilogue_ir import emit_epilogue
 from looprl.backend.layout_plan import strides
 from looprl.backend.llvm_text import Function, horizontal_sum, int_splat, load, mask, multiply_add, store, vector_type
 from looprl.backend.loops import KernelModule, NestEmitter
+from looprl.backend.packing import emit_pack
 from looprl.backend.pairs import PAIR, Pairing, dot_pairs
 from looprl.backend.register_plan import RegisterScope, leaf_count, reduction_chunks, vector_chunks
 from looprl.ir.nest import LoopNest
@@ -31,7 +32,7 @@ class ComputeEmitter(NestEmitter):
     """``acc += in0 * in1`` over the compute loops: runtime loops down to the register scope
     (:mod:`looprl.backend.register_plan`), then the scope once per register block."""
 
-    def __init__(self, module: KernelModule, nest: LoopNest, layouts=None, pairing: Pairing | None = None):
+    def __init__(self, module: KernelModule, nest: LoopNest, layouts=None, pairing: Pairing | None = None, stages=None):
         problem = nest.problem
         in0, in1 = problem.operands
         coefs = {"in0": strides(problem, in0), "in1": strides(problem, in1), "acc": strides(problem, problem.output)}
@@ -48,7 +49,12 @@ class ComputeEmitter(NestEmitter):
                 coefs[EPILOGUE_TENSORS["bias"]] = {problem.output[-1]: 1}
             if epilogue.residual:
                 coefs[EPILOGUE_TENSORS["residual"]] = coefs["acc"]
+        for stage in (stages or {}).values():
+            coefs[stage.pointer] = {}  # the buffer's pointer stays put: loops move the staged tensor's
         super().__init__(module, nest.compute, coefs, "compute", renamed)
+        for stage in (stages or {}).values():  # outside the stage, the tensor itself, row-major
+            self.stage_entries.setdefault(stage.level + 1, []).append(stage)
+            self.layouts.pop(stage.tensor, None)
         self.problem = problem
         self.output_dims = set(problem.output)
         self.scope = scope
@@ -59,6 +65,20 @@ class ComputeEmitter(NestEmitter):
         self.pairing = pairing
         self.pair_part: str | None = None  # under the paired loop: "pair" (two indices) or "half" (the last of an odd extent)
         self.dot_pairs = dot_pairs(nest, module.target)  # partial sums of vdpbf16ps on twice as many bfloat16 values
+
+    def emit_stage_copy(self, fn: Function, stage, budgets: dict, src: str, dst: str) -> None:
+        """Call the function that copies the block of ``stage`` of the extents ``budgets``
+        give (a tail iteration's are smaller) from ``src`` into its buffer at ``dst``
+        (emitted once per extents)."""
+        index = stage.block.index
+        extents = tuple(budgets[var] for var in index)
+        key = ("stage", stage.tensor, extents)
+        if key not in self.module.tails:
+            name = f"stage_{stage.tensor}_" + "x".join(map(str, extents))
+            self.module.tails[key] = name
+            emit_pack(self.module, name, index, extents, stage.block, self.problem.dtype.llvm_element,
+                      source=self.problem.shape(index), internal=True)
+        fn.emit(f"call void @{self.module.tails[key]}(ptr {src}, ptr {dst})")
 
     # -- the register scope ------------------------------------------------------
     def emit_inner_part(self, fn: Function, level: int, budgets: dict[str, int], ptrs: dict[str, str]) -> None:

@@ -14,6 +14,7 @@ from looprl.backend.buffers import aligned_empty
 from looprl.backend.jit import CompiledModule
 from looprl.backend.layout_plan import workspace_elements
 from looprl.backend.pairs import kernel_layouts
+from looprl.backend.stages import staged_layouts
 from looprl.backend.threads import before_parallel_call, check_threads, ensure_openmp_runtime
 from looprl.ir.nest import LoopNest
 from looprl.target import Target
@@ -79,7 +80,7 @@ class Kernel:
         self._function = signature(module.address)
         self.layouts = kernel_layouts(nest, self.target)  # tensor -> Layout the code stores it in
         self.packed_inputs = abi.packed_inputs(nest, self.target)
-        self.workspace_elements = workspace_elements(nest, self.layouts)
+        self.workspace_elements = workspace_elements(nest, self.layouts, staged_layouts(nest, self.target))
         self._entries = {name: signature(address) for name, address in module.addresses.items() if "_bound_" in name}
         self._packers = {name: _PACK_SIGNATURE(address) for name, address in module.addresses.items() if "_pack_" in name}
         shapes = dict(zip(("in0", "in1"), self.problem.input_shapes))

@@ -27,10 +27,13 @@ class KernelModule(Module):
     its context as ``i64 %dyn`` (unused where its context is static)."""
 
     def __init__(self, target: Target, tensors: tuple[str, ...], threaded: bool = False, runtime_rows: bool = False,
-                 elements: dict[str, str] | None = None):
+                 elements: dict[str, str] | None = None, buffers: tuple[str, ...] = ()):
         super().__init__()
         self.target = target
-        self.tensors = tensors  # pointer parameters of the kernel and its internal functions
+        self.tensors = tensors  # pointer parameters of the kernel's entry points
+        # pointer parameters of its internal functions: the tensors, then workspace buffers
+        # (stage buffers: looprl.backend.stages) that the entry points place
+        self.carried = tensors + tuple(buffers)
         # tensor -> the element type its pointer in the kernel's body addresses, where not "float"
         self.elements: dict[str, str] = dict(elements or {})
         self.threaded = threaded  # the schedule has a parallel loop: functions take %nthreads
@@ -42,7 +45,7 @@ class KernelModule(Module):
         """A new function (added to the module unless ``append`` is False) whose pointer
         parameters named after :attr:`tensors` address those tensors' elements."""
         fn = Function(header)
-        for tensor in self.tensors:
+        for tensor in self.carried:
             fn.point(f"%{tensor}", self.elements.get(tensor, "float"))
         if append:
             self.functions.append(fn)
@@ -50,13 +53,13 @@ class KernelModule(Module):
 
     def parameters(self) -> str:
         """Parameters of the kernel's internal functions."""
-        return (", ".join(f"ptr noalias %{t}" for t in self.tensors) + (", i64 %dyn" if self.runtime_rows else "")
+        return (", ".join(f"ptr noalias %{t}" for t in self.carried) + (", i64 %dyn" if self.runtime_rows else "")
                 + (", i32 %nthreads" if self.threaded else ""))
 
     def arguments(self, ptrs: dict[str, str], dynamic: str = "0") -> str:
         """Arguments of a call to an internal function taking :meth:`parameters`; ``dynamic``:
         the value of the callee's dynamic budget (an i64 SSA value or constant)."""
-        return (", ".join(f"ptr {ptrs.get(t, 'null')}" for t in self.tensors) + (f", i64 {dynamic}" if self.runtime_rows else "")
+        return (", ".join(f"ptr {ptrs.get(t, 'null')}" for t in self.carried) + (f", i64 {dynamic}" if self.runtime_rows else "")
                 + (", i32 %nthreads" if self.threaded else ""))
 
 
@@ -104,6 +107,8 @@ class NestEmitter:
         self.layouts: dict[str, Layout] = dict(layouts or {})  # tensors addressed through a layout
         self.depth = len(loops)
         self.width = module.target.vector_width
+        self.stage_entries: dict[int, list] = {}  # level -> the stages (looprl.backend.stages) copied on entry to it
+        self._staging: set[int] = set()  # levels whose stages the code being emitted has copied
 
     def entry_budgets(self, level: int) -> tuple[tuple[str, int], ...]:
         """Budgets (full context) of the vars that still have loops at ``level`` or below."""
@@ -114,6 +119,10 @@ class NestEmitter:
         return offset_along(self.coefs.get(tensor, {}), self.layouts.get(tensor), var, elements)
 
     def emit_outer(self, fn: Function, level: int, budgets: dict, ptrs: dict[str, str]) -> None:
+        entering = self.stage_entries.get(level)
+        if entering and level not in self._staging:
+            self.emit_staged(fn, level, budgets, ptrs, entering)
+            return
         dynamic = dynamic_of(budgets)
         if dynamic is not None:
             var, budget = dynamic
@@ -144,6 +153,30 @@ class NestEmitter:
                 self.emit_outer(fn, level + 1, child, moved)
         if rem:
             self.emit_tail_call(fn, level, budgets, ptrs)
+
+    def emit_staged(self, fn: Function, level: int, budgets: dict, ptrs: dict[str, str], stages: list) -> None:
+        """Copy the blocks of ``stages`` (an iteration of loop ``level - 1`` starts), then emit
+        the loops from ``level`` reading each staged tensor from its buffer, through the
+        buffer's layout."""
+        saved = {stage.tensor: self.layouts.get(stage.tensor) for stage in stages}
+        moved = dict(ptrs)
+        for stage in stages:
+            self.emit_stage_copy(fn, stage, budgets, ptrs[stage.tensor], ptrs[stage.pointer])
+            moved[stage.tensor] = ptrs[stage.pointer]
+            self.layouts[stage.tensor] = stage.block
+        self._staging.add(level)
+        try:
+            self.emit_outer(fn, level, budgets, moved)
+        finally:
+            self._staging.discard(level)
+            for tensor, layout in saved.items():
+                if layout is None:
+                    self.layouts.pop(tensor, None)
+                else:
+                    self.layouts[tensor] = layout
+
+    def emit_stage_copy(self, fn: Function, stage, budgets: dict, src: str, dst: str) -> None:
+        raise NotImplementedError  # only the compute nest stages
 
     def emit_tail_call(self, fn: Function, level: int, budgets: dict, ptrs: dict[str, str]) -> None:
         """Call the function that runs the tail iteration of loop ``level``."""
@@ -216,7 +249,7 @@ class NestEmitter:
         loop = self.loops[level]
         budget = budgets[loop.var]
         body = self.region_function(level, budgets)
-        tensors = self.module.tensors
+        tensors = self.module.carried
         slots = len(tensors) + self.module.runtime_rows  # the pointers, then any dynamic budget (an i64 in a pointer's slot)
         context = fn.alloca(f"[{slots} x ptr]")
         for slot, tensor in enumerate(tensors):
@@ -251,7 +284,7 @@ class NestEmitter:
         (contiguous, balanced by elements, the last thread's ending with the tail iteration)."""
         loop = self.loops[level]
         ptrs = {}
-        tensors = self.module.tensors
+        tensors = self.module.carried
         slots = len(tensors) + self.module.runtime_rows
         for slot, tensor in enumerate(tensors):
             place = fn.value(f"getelementptr inbounds [{slots} x ptr], ptr %ctx, i64 0, i64 {slot}", "p")
@@ -327,6 +360,9 @@ class NestEmitter:
     def context_key(self, level: int, budgets: dict[str, int]) -> tuple:
         """What code emitted from ``level`` in a context of ``budgets`` depends on."""
         relevant = {lp.var for lp in self.loops[level:]}
+        for entry, stages in self.stage_entries.items():  # a block's extents matter where it is copied
+            if level == entry:
+                relevant |= {var for stage in stages for var in stage.block.index}
         return (self.name, level, tuple(sorted((v, _budget_key(b)) for v, b in budgets.items() if v in relevant)))
 
     def tail_function(self, level: int, budgets: dict[str, int]) -> str:

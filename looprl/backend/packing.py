@@ -128,17 +128,21 @@ def _emit_transposing_pack(module: KernelModule, fn: Function, index: str, sizes
         lp.__exit__(None, None, None)
 
 
-def emit_pack(module: KernelModule, name: str, index: str, sizes: tuple[int, ...], layout: Layout, element: str = "float") -> None:
+def emit_pack(module: KernelModule, name: str, index: str, sizes: tuple[int, ...], layout: Layout, element: str = "float",
+              source: tuple[int, ...] | None = None, internal: bool = False) -> None:
     """``void name(src, dst)``: copy a row-major tensor of ``element`` (``"float"``, or ``"i16"``
     for bfloat16) into ``layout`` (places that hold no element are left as they are: no loop
-    ever reads them)."""
-    fn = Function(f"define void @{name}(ptr noalias %src, ptr noalias %dst) nounwind {{")
+    ever reads them). With ``source`` (the shape of the row-major tensor ``src`` points into)
+    only the block of extents ``sizes`` at ``src`` is copied (a stage's block). ``internal``:
+    the function is not an entry point."""
+    linkage = "internal " if internal else ""
+    fn = Function(f"define {linkage}void @{name}(ptr noalias %src, ptr noalias %dst) nounwind {{")
     fn.point("%src", element)
     fn.point("%dst", element)
     module.functions.append(fn)
     row = {}
     stride = 1
-    for var, size in zip(reversed(index), reversed(sizes)):
+    for var, size in zip(reversed(index), reversed(source or sizes)):
         row[var] = stride
         stride *= size
     pair = transposed_pair(index, sizes, layout, module.target.vector_width)

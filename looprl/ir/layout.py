@@ -319,6 +319,24 @@ class Layout:
             unit = Atom(var, 1, pair.count * PAIR, pair.count * PAIR, False)
         return Layout(self.index, self.sizes, tuple(tuple(unit if a is pair else a for a in dim) for dim in self.dims[:-1]))
 
+    def block(self, sizes) -> "Layout":
+        """This arrangement for a block of the tensor of ``sizes`` (each at most the tensor's):
+        every piece but the outer one of each dimension as it is, the outer pieces counting
+        the block's elements (their padding dropped). A staged block's buffer (``stage``:
+        :mod:`looprl.ir.step`) holds a block's elements at block-local indices this way."""
+        sizes = tuple(checks.integer(s, "block size") for s in sizes)
+        if len(sizes) != len(self.sizes) or not all(1 <= s <= t for s, t in zip(sizes, self.sizes)):
+            raise ValueError(f"block {sizes} is not a block of a tensor of {self.sizes}")
+        size = dict(zip(self.index, sizes))
+
+        def fitted(atom: Atom) -> Atom:
+            if not atom.outer:
+                return atom
+            count = -(-size[atom.var] // atom.step)
+            return Atom(atom.var, atom.step, count, count, True)
+
+        return Layout(self.index, sizes, tuple(tuple(fitted(a) for a in dim) for dim in self.dims))
+
     def innermost(self, var: str) -> "Layout":
         """This row-major layout with ``var`` moved innermost, the other dimensions in order."""
         why = self.why_not_innermost(var)

@@ -30,6 +30,12 @@ nested parallel loops are refused, not flattened. A split keeps the mark on the 
 swap moves the mark with its loop; a merge keeps it on the merged loop. The mark shows in the
 printed nest (``parallel for``) and as a ``p`` after the loop in :attr:`LoopNest.key`; keys of
 serial schedules are unchanged.
+
+A compute loop may *stage* an input (:meth:`LoopNest.stage`): each of its iterations copies the
+block of the input that the loops inside read into a buffer, which those loops read instead (the
+input is then not converted whole). The mark shows in the printed nest (``stage in1``) and as
+``+in1`` after the loop in :attr:`LoopNest.key`; a split leaves it on the inner loop, a swap
+moves it with its loop, a merge keeps it; a loop at or outside it may not be parallel.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from looprl.ir.step import MIN_FACTOR, Step
 COMPUTE = "compute"
 WRITE_BACK = "write_back"
 LAYOUT_TENSORS = ("in0", "in1", "out")
-_KEY_LOOP_RE = re.compile(r"([a-z])([0-9]+)s([0-9]+)(?:t([0-9]+))?(p?)", re.ASCII)
+_KEY_LOOP_RE = re.compile(r"([a-z])([0-9]+)s([0-9]+)(?:t([0-9]+))?(p?)((?:\+in[01])*)", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,7 @@ class Loop:
     tail: int
     nest: str  # COMPUTE or WRITE_BACK
     parallel: bool = False  # iterations divided among threads (see LoopNest.parallel)
+    staged: tuple[str, ...] = ()  # inputs whose block this loop's body copies first (LoopNest.stage)
 
     @property
     def budget(self) -> int:
@@ -81,6 +88,8 @@ class Loop:
             text += f" step {self.step}"
         if self.tail:
             text += f" tail {self.tail}"
+        if self.staged:
+            text += " stage " + " ".join(self.staged)
         return text
 
 
@@ -124,12 +133,18 @@ class LoopNest(LayoutSteps):
                 match = _KEY_LOOP_RE.fullmatch(item)
                 if match is None:
                     raise ValueError(f"bad loop {item!r} in schedule key {key!r}: expected <dim><size>s<step>[t<tail>][p]")
-                var, size, step, tail, parallel = match.groups()
-                loops.append(Loop(var, int(size), int(step), int(tail or 0), which, parallel == "p"))
+                var, size, step, tail, parallel, staged = match.groups()
+                staged = tuple(staged.split("+")[1:])
+                if staged and (which != COMPUTE or len(set(staged)) != len(staged)):
+                    raise ValueError(f"bad loop {item!r} in schedule key {key!r}: only a compute loop stages, each input once")
+                loops.append(Loop(var, int(size), int(step), int(tail or 0), which, parallel == "p", staged))
             _check_chains(problem, loops, dims, which, key)
             _check_parallel(problem, loops, which, key)
             parts.append(tuple(loops))
         nest = LoopNest(problem, parts[0], parts[1])
+        staged = [t for lp in parts[0] for t in lp.staged]
+        if len(set(staged)) != len(staged):
+            raise ValueError(f"schedule key {key!r} stages an input at two loops")
         if len(texts) == 3:
             for item in texts[2].split(";"):
                 tensor, equals, text = item.partition("=")
@@ -173,7 +188,8 @@ class LoopNest(LayoutSteps):
         """Canonical text of the schedule (the problem excluded): a cache key."""
 
         def part(loops: tuple[Loop, ...]) -> str:
-            return ",".join(f"{lp.var}{lp.size}s{lp.step}" + (f"t{lp.tail}" if lp.tail else "") + ("p" if lp.parallel else "") for lp in loops)
+            return ",".join(f"{lp.var}{lp.size}s{lp.step}" + (f"t{lp.tail}" if lp.tail else "") + ("p" if lp.parallel else "")
+                            + "".join(f"+{t}" for t in lp.staged) for lp in loops)
 
         text = part(self.compute) + "|" + part(self.write_back)
         if self.layouts:
@@ -268,7 +284,9 @@ class LoopNest(LayoutSteps):
         if why is not None:
             raise ValueError(why)
         outer = Loop(loop.var, loop.size // factor, loop.step * factor, (loop.size % factor) * loop.step + loop.tail, loop.nest, loop.parallel)
-        inner = Loop(loop.var, factor, loop.step, 0, loop.nest)  # a parallel loop's mark stays on the outer part
+        # A parallel loop's mark stays on the outer part; a stage stays on the inner one, whose
+        # iterations read the same blocks.
+        inner = Loop(loop.var, factor, loop.step, 0, loop.nest, staged=loop.staged)
         return self._replace_range(index, index + 1, (outer, inner))
 
     def why_not_split(self, index: int, factor: int) -> str | None:
@@ -315,7 +333,8 @@ class LoopNest(LayoutSteps):
             raise ValueError(why)
         outer, inner = self.loops[index], self.loops[index + 1]
         size = outer.size * inner.size + outer.tail // inner.step
-        merged = Loop(outer.var, size, inner.step, outer.tail % inner.step, outer.nest, outer.parallel or inner.parallel)
+        merged = Loop(outer.var, size, inner.step, outer.tail % inner.step, outer.nest, outer.parallel or inner.parallel,
+                      outer.staged + inner.staged)
         return self._replace_range(index, index + 2, (merged,))
 
     def why_not_merge(self, index: int) -> str | None:
@@ -356,6 +375,8 @@ class LoopNest(LayoutSteps):
         for other, lp in enumerate(self.loops):
             if lp.parallel and lp.nest == loop.nest:
                 return f"loop {other} of the {loop.nest.replace('_', '-')} nest is parallel already (nested parallel loops are refused)"
+            if lp.staged and other >= index:
+                return f"loop {other} inside it stages {', '.join(lp.staged)} into one buffer, which threads would share"
         return None
 
     def serial(self) -> "LoopNest":

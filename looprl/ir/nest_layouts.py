@@ -2,10 +2,11 @@
 :class:`~looprl.ir.nest.LoopNest`): ALT's primitives on one tensor's layout (``layout_split``,
 ``layout_reorder``, ``layout_fuse``, ``layout_pad``, ``layout_pack``) and the layout steps
 (:mod:`looprl.ir.step`) that name them at a loop: ``pack``, ``pad``, ``pair``, ``innermost``,
-each with its ``why_not_<op>``."""
+``stage``, each with its ``why_not_<op>``."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from looprl import checks, defaults
@@ -13,6 +14,10 @@ from looprl.ir.layout import Layout
 
 if TYPE_CHECKING:
     from looprl.ir.nest import Loop, LoopNest
+
+# The largest buffer a stage step copies a block into: a fixed bound, the same on every host (a
+# B panel of 256 x 4096 floats, BLIS's k-block by an n-block sized for a shared last-level cache).
+STAGE_MAX_BYTES = 4 << 20
 
 
 class LayoutSteps:
@@ -142,3 +147,60 @@ class LayoutSteps:
         if loop.var not in self.tensor_index(tensor):
             return f"loop {index} walks {loop.var!r}, not a dimension of {tensor} ({self.tensor_index(tensor)})"
         return loop
+
+    # -- stage: a block copied at a loop (looprl.ir.step) ---------------------------------
+    def stage(self, index: int, tensor: str) -> "LoopNest":
+        """Copy, at each iteration of compute loop ``index``, the block of input ``tensor`` the
+        loops inside it read into a buffer (in the tensor's layout restricted to the block:
+        :meth:`Layout.block`), which those loops read instead of the tensor. The loop carries
+        the mark (``stage in1`` in the printed nest, ``+in1`` in the key); a split leaves it on
+        the inner loop (the same blocks), a swap moves it with its loop."""
+        why = self.why_not_stage(index, tensor)
+        if why is not None:
+            raise ValueError(why)
+        loop = self.loops[index]
+        return self._replace_range(index, index + 1, (replace(loop, staged=loop.staged + (tensor,)),))
+
+    def why_not_stage(self, index: int, tensor: str) -> str | None:
+        """Why :meth:`stage` refuses, or None. Refused: the output or a constant input (a
+        constant weight is converted once when bound already); an input staged at some loop
+        already; a write-back loop; a loop inside which no loop walks a dimension the tensor
+        lacks (each copied element would be read once: nothing reuses the buffer); a parallel
+        loop at or outside it (threads would share the one buffer); a block of more than
+        :data:`STAGE_MAX_BYTES`."""
+        index = checks.integer(index, "loop index")
+        if tensor not in ("in0", "in1"):
+            return f"only an input is staged, not {tensor!r}"
+        if not 0 <= index < len(self):
+            return f"loop index {index} out of range: the nest has {len(self)} loops"
+        loop = self.loops[index]
+        if loop.is_write_back:
+            return f"loop {index} ({loop.describe()}) is a write-back loop; a stage names a compute loop"
+        if tensor in self.problem.constant:
+            return f"{tensor} is constant: it is converted once when bound, not per call"
+        if any(tensor in lp.staged for lp in self.compute):
+            return f"{tensor} is staged already"
+        index_letters = self.tensor_index(tensor)
+        if not any(lp.var not in index_letters for lp in self.compute[index + 1:]):
+            return f"no loop inside loop {index} walks a dimension {tensor} ({index_letters}) lacks: nothing would reuse the copy"
+        if any(lp.parallel for lp in self.compute[: index + 1]):
+            return f"a parallel loop at or outside loop {index} would share the one buffer among threads"
+        block = self.layout(tensor).block(self.stage_block(index, tensor))
+        size = block.elements * self.problem.element_bytes
+        if size > STAGE_MAX_BYTES:
+            return f"the block of {tensor} at loop {index} takes {size} bytes, more than STAGE_MAX_BYTES = {STAGE_MAX_BYTES}"
+        return None
+
+    def stage_block(self, index: int, tensor: str) -> tuple[int, ...]:
+        """Extents of the block of ``tensor`` that one (full) iteration of compute loop
+        ``index`` reads, in the tensor's index order: along each dimension the step of the
+        innermost loop of it at or outside ``index``, else the whole extent."""
+        sizes = []
+        for var in self.tensor_index(tensor):
+            steps = [lp.step for lp in self.compute[: index + 1] if lp.var == var]
+            sizes.append(steps[-1] if steps else self.problem.size(var))
+        return tuple(sizes)
+
+    def staged_at(self, tensor: str) -> int | None:
+        """The compute loop that stages ``tensor``, or None."""
+        return next((i for i, lp in enumerate(self.compute) if tensor in lp.staged), None)

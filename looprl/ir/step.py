@@ -25,7 +25,11 @@ The layout ops (each changes how one input ``tensor``, ``in0`` or ``in1``, or th
   by two side by side (:meth:`Layout.paired <looprl.ir.layout.Layout.paired>`), so a bfloat16
   kernel loads each pair as one 32-bit lane;
 * ``innermost``: ``tensor`` (row-major) is stored with loop ``loop``'s dimension innermost, its
-  other dimensions in their order (``B[n, k]`` of ``mk,nk->mn`` stored as ``[k, n]``).
+  other dimensions in their order (``B[n, k]`` of ``mk,nk->mn`` stored as ``[k, n]``);
+* ``stage``: at each iteration of compute loop ``loop``, the block of input ``tensor`` that the
+  loops inside it read is copied into a buffer, in the tensor's layout restricted to that block
+  (:meth:`Layout.block <looprl.ir.layout.Layout.block>`), and those loops read the buffer: the
+  tensor is no longer converted whole (:meth:`LoopNest.stage <looprl.ir.nest.LoopNest.stage>`).
 
 ``loop`` indexes :attr:`LoopNest.loops <looprl.ir.nest.LoopNest.loops>` (compute loops, then
 write-back loops); a split, a pack and a pad have an ``arg``; the layout ops name their
@@ -45,13 +49,13 @@ from dataclasses import dataclass
 from looprl import checks
 
 SPLIT, SWAP, MERGE, PARALLEL = "split", "swap", "merge", "parallel"
-PACK, PAD, PAIR, INNERMOST = "pack", "pad", "pair", "innermost"
+PACK, PAD, PAIR, INNERMOST, STAGE = "pack", "pad", "pair", "innermost", "stage"
 OPS = (SPLIT, SWAP, MERGE, PARALLEL)  # the loop ops
-LAYOUT_OPS = (PACK, PAD, PAIR, INNERMOST)
+LAYOUT_OPS = (PACK, PAD, PAIR, INNERMOST, STAGE)
 ALL_OPS = OPS + LAYOUT_OPS
 TENSORS = ("in0", "in1", "out")
 _WITH_ARG = (SPLIT, PACK, PAD)  # the ops that take an argument
-_TENSORS_OF = {PACK: ("in0", "in1"), PAD: TENSORS, PAIR: ("in1",), INNERMOST: ("in0", "in1")}
+_TENSORS_OF = {PACK: ("in0", "in1"), PAD: TENSORS, PAIR: ("in1",), INNERMOST: ("in0", "in1"), STAGE: ("in0", "in1")}
 # The split factors an action or a search may name (the IR itself takes any factor from 2):
 # wide enough for cache blocks (k blocks of 256, n blocks of 512).
 MIN_FACTOR, MAX_FACTOR = 2, 512
