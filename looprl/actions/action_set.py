@@ -55,6 +55,7 @@ from looprl import checks, defaults
 from looprl.ir.action import (  # noqa: F401  (the action names' one place, re-exported)
     DEFAULT_PAD_MULTIPLE, KINDS, LAYOUT_ACTIONS, MOVES, PLAN, STEP_ACTIONS, SWAPS, Action, pad_multiple,
 )
+from looprl.ir.step import STAGE
 from looprl.ir.nest import LoopNest
 from looprl.ir.plans import Plan, plan_catalogue, planned
 from looprl.ir.problem import Problem
@@ -110,7 +111,7 @@ class ActionSet:
     def __init__(
         self, split_factors=defaults.SPLIT_FACTORS, max_loops: int = defaults.MAX_LOOPS, layouts: bool = False,
         pad_multiple: int = DEFAULT_PAD_MULTIPLE,
-        parallel: bool = False, plans=(), target=None,
+        parallel: bool = False, plans=(), target=None, stages: bool = False,
     ):
         if isinstance(split_factors, (str, bytes)) or not hasattr(split_factors, "__iter__"):
             raise ValueError(f"split_factors must be a sequence of integers, got {split_factors!r}")
@@ -124,6 +125,7 @@ class ActionSet:
         self.layouts = checks.flag(layouts, "layouts")
         self.pad_multiple = checks.integer(pad_multiple, "pad_multiple", minimum=2)
         self.parallel = checks.flag(parallel, "parallel")
+        self.stages = checks.flag(stages, "stages")  # the stage action: the right operand staged at the cursor's loop (last)
         self.plans = _plan_names(plans)
         if self.plans and target is None:
             raise ValueError("plan actions need the target whose register tiles they name")
@@ -134,6 +136,7 @@ class ActionSet:
             + (tuple(Action(kind) for kind in LAYOUT_ACTIONS) if self.layouts else ())
             + ((Action(PARALLEL),) if self.parallel else ())
             + tuple(Action(PLAN, plan=Plan.parse(name)) for name in self.plans)
+            + ((Action(STAGE),) if self.stages else ())
         )
         self.names = tuple(action.name for action in self.actions)
         self._planned: dict = {}
@@ -169,21 +172,23 @@ class ActionSet:
         extra = tuple(f for f in dict.fromkeys(factors) if f not in self.split_factors)
         if not extra:
             return self
-        return ActionSet(self.split_factors + extra, self.max_loops, self.layouts, self.pad_multiple, self.parallel, self.plans, self.target)
+        return ActionSet(self.split_factors + extra, self.max_loops, self.layouts, self.pad_multiple, self.parallel, self.plans, self.target,
+                         self.stages)
 
     def extended(self, names) -> "ActionSet":
         """This action set plus what replaying ``names`` needs: a ``split_<f>`` for each factor
         named that it lacks (after its own splits), the layout actions if ``pack`` or ``pad`` is
-        named, the parallel action if it is and each plan named that it lacks (plans need a set
+        named, the parallel action if it is, the stage action if it is and each plan named that it lacks (plans need a set
         made for a target). Moves, swaps and its own splits keep their indices."""
         names = list(names)
         extended = self.with_splits(split_factors_named(names))
         layouts = extended.layouts or any(n in LAYOUT_ACTIONS for n in names)
         parallel = extended.parallel or PARALLEL in names
         plans = extended.plans + tuple(p for p in dict.fromkeys(plans_named(names)) if p not in extended.plans)
-        if (layouts, parallel, plans) != (extended.layouts, extended.parallel, extended.plans):
+        stages = extended.stages or STAGE in names
+        if (layouts, parallel, plans, stages) != (extended.layouts, extended.parallel, extended.plans, extended.stages):
             extended = ActionSet(extended.split_factors, extended.max_loops, layouts, extended.pad_multiple, parallel, plans,
-                                 extended.target)
+                                 extended.target, stages)
         return extended
 
     def __len__(self) -> int:
@@ -217,7 +222,7 @@ class ActionSet:
             return None if cursor > 0 else "the cursor is on the first loop"
         if act.kind == "down":
             return None if cursor + 1 < len(nest) else "the cursor is on the last loop"
-        if act.kind in SWAPS or act.kind == PARALLEL:
+        if act.kind in SWAPS or act.kind in (PARALLEL, STAGE):
             return nest.why_not(act.step(cursor))
         if act.kind == PLAN:
             planned = self._plan_nest(nest, act.plan)

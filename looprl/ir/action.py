@@ -15,7 +15,7 @@ from looprl import checks
 from looprl.ir.nest import LAYOUT_TENSORS, LoopNest, initial_nest
 from looprl.ir.plans import Plan, plan_steps
 from looprl.ir.problem import Problem
-from looprl.ir.step import MIN_FACTOR, PACK, PAD, PARALLEL, SPLIT, SWAP, Step
+from looprl.ir.step import MIN_FACTOR, PACK, PAD, PARALLEL, SPLIT, STAGE, SWAP, Step
 
 DEFAULT_PAD_MULTIPLE = 16  # what ``pad`` pads to in an action set made for no target
 
@@ -23,11 +23,13 @@ MOVES = ("up", "down")
 SWAPS = ("swap_up", "swap_down")
 LAYOUT_ACTIONS = (PACK, PAD)
 PLAN = "plan"
-KINDS = MOVES + SWAPS + (SPLIT,) + LAYOUT_ACTIONS + (PARALLEL, PLAN)
+KINDS = MOVES + SWAPS + (SPLIT,) + LAYOUT_ACTIONS + (PARALLEL, PLAN, STAGE)
+STAGED_TENSOR = "in1"  # what the stage action stages: the right operand, block by block (issue 61)
 # The actions that take an IR step (looprl.ir.step), relative to the cursor c: kind -> (the
 # step's op, its loop minus c, where the cursor goes minus c). The cursor follows a swapped loop.
 # swap_down comes first: where both swaps reach a step at the same distance, paths take it.
-STEP_ACTIONS = {"swap_down": (SWAP, 0, 1), "swap_up": (SWAP, -1, -1), SPLIT: (SPLIT, 0, 0), PARALLEL: (PARALLEL, 0, 0)}
+STEP_ACTIONS = {"swap_down": (SWAP, 0, 1), "swap_up": (SWAP, -1, -1), SPLIT: (SPLIT, 0, 0), PARALLEL: (PARALLEL, 0, 0),
+                STAGE: (STAGE, 0, 0)}
 _SPLIT_PREFIX = SPLIT + "_"
 
 
@@ -59,13 +61,13 @@ class Action:
 
     def step(self, cursor: int) -> Step | None:
         """The IR step this action takes with the cursor on loop ``cursor`` (a swap, a split,
-        a parallel mark), or None for an action that takes none (a cursor move, a layout
+        a parallel mark, the right operand staged at the loop), or None for an action that takes none (a cursor move, a layout
         action, a plan)."""
         found = STEP_ACTIONS.get(self.kind)
         if found is None:
             return None
         op, offset, _ = found
-        return Step(op, cursor + offset, self.factor)
+        return Step(op, cursor + offset, self.factor, tensor=STAGED_TENSOR if op == STAGE else "")
 
     def cursor_after(self, cursor: int) -> int:
         """Where the cursor goes when this action applies with the cursor on loop ``cursor``."""
@@ -79,7 +81,8 @@ class Action:
     def taking(cls, step: Step) -> "list[tuple[Action, int]]":
         """The actions that take IR ``step``, each with the loop the cursor must be on (a swap
         of loops i and i + 1: ``swap_down`` from i, ``swap_up`` from i + 1); none for a merge."""
-        return [(cls(kind, step.arg), step.loop - offset) for kind, (op, offset, _) in STEP_ACTIONS.items() if op == step.op]
+        return [(cls(kind, step.arg), step.loop - offset) for kind, (op, offset, _) in STEP_ACTIONS.items()
+                if op == step.op and (op != STAGE or step.tensor == STAGED_TENSOR)]
 
     @property
     def is_move(self) -> bool:

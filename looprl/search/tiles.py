@@ -29,7 +29,7 @@ from looprl.ir.problem import Problem
 from looprl.ir.register_tiles import packed_right, tile_of, tile_shapes, tile_steps, why_not_tile
 from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.ir.schedules import STREAM_TILES, cache_blocks, panel_steps, panel_widths, stream_steps, why_not_stream
-from looprl.ir.step import SPLIT, Step
+from looprl.ir.step import PACK, SPLIT, STAGE, Step
 from looprl.search.context import BudgetExhausted, SearchContext
 
 
@@ -105,6 +105,11 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
             packed = packed_path(problem, best[1], actions)
             if packed is not None:
                 attempt(*packed, best[2])
+        if flat is not None and not packed_first and "in1" not in problem.constant:  # a right operand that changes per call:
+            for blocks in cache_blocks(problem, *flat):  # its panels packed block by block, not whole on every call
+                tile = staged_path(problem, *flat, blocks, actions)
+                if tile is not None:
+                    attempt(*tile, flat[1])
     except BudgetExhausted:
         pass  # the stage ends at the deadline with what it measured
     found = None if best[3] is None else ScheduleRecord(best[3], best[0], best[1], "tiles", target, context.threads)
@@ -125,6 +130,32 @@ def packed_path(problem: Problem, names: tuple[str, ...], actions: ActionSet) ->
     if state is None:
         return None
     return tuple(names) + extended.named(tail), state
+
+
+def staged_path(problem: Problem, rows: int, columns: int, blocks, actions: ActionSet) -> tuple[tuple[str, ...], State] | None:
+    """The action path of the blocked schedule of ``rows`` x ``columns`` tiles and ``blocks``
+    whose right operand is packed into panels block by block, at each iteration of the
+    reduction block loop (:func:`~looprl.ir.cache_blocks.blocked_steps` with ``stage="k"``: the
+    blocked path, the ``pack`` action, then the ``stage`` action), and its state; None where
+    there is no such schedule (no reduction block, a constant right operand, a block over the
+    stage's bound)."""
+    try:
+        steps = blocked_steps(problem, rows, columns, blocks, pack=True, stage="k")
+    except ValueError:
+        return None
+    plain = [step for step in steps if step.op not in (PACK, STAGE)]
+    extended = actions.with_splits(step.arg for step in plain if step.op == SPLIT)
+    found = extended.path(State(initial_nest(problem), 0), plain)
+    if found is None:
+        return None
+    packed = packed_path(problem, extended.named(found[0]), extended)
+    if packed is None:
+        return None
+    staging = extended.extended(list(packed[0]) + [STAGE])
+    staged = staging.path(packed[1], [step for step in steps if step.op == STAGE])
+    if staged is None or staged[1].nest != initial_nest(problem).apply(steps):
+        return None
+    return packed[0] + staging.named(staged[0]), staged[1]
 
 
 def all_tiles(problem: Problem, target) -> list[LoopNest]:

@@ -48,7 +48,8 @@ from looprl.tune.results import Answer, from_relaid_start
 # (Kept at 9 when the twin became the re-laid start, a layout of the same problem: the same
 # searches, the same schedules and the same winner; v9's answers are read as they were written.)
 # 10: a team is returned only where it beats the serial best in interleaved rounds (v9 compared
-# best samples: a team's lucky moment kept teams slower than one thread); host-derived cache blocks.
+# best samples: a team's lucky moment kept teams slower than one thread); host-derived cache blocks;
+# a right operand that changes per call also gets its panels staged block by block (the stage action).
 TUNER = "tune-v10"
 
 

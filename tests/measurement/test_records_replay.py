@@ -47,6 +47,7 @@ from looprl.target import Target, host_cpu
 from looprl.tune.results import replayed
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "records_a56e7ac.json"
+CHECKPOINTS = Path(__file__).resolve().parents[2] / "checkpoints"
 DOCUMENT = json.loads(FIXTURE.read_text(encoding="utf-8"))
 REPLAY = DOCUMENT["replay"]
 CHECKS = REPLAY["records"]
@@ -178,12 +179,19 @@ def test_a_records_action_path_reaches_the_same_kernel(index):
     assert kernel_facts(actions_nest(record, target), target, check["threads"]) == expected_facts(check)
 
 
+# The default policies at a56e7ac, when the records were written (checkpoints/default_policies.json
+# then): AVX2 has had a weights policy of its own since (clone-called-avx2), so the fixture's
+# AVX2 weight rollouts are replayed with the policy that made them.
+A56E7AC_DEFAULTS = {"avx512": "clone-plans", "avx2": "clone-plans-avx2", "avx512/weights": "clone-called"}
+
+
 @functools.cache
 def default_policy(target_name: str, weights: bool):
-    """The default policy tune acts with on ``target_name`` (the weights policy where the right
-    operand is constant), retargeted as tune retargets it."""
+    """The default policy tune acted with at a56e7ac on ``target_name`` (the weights policy where
+    the right operand is constant and the ISA had one), retargeted as tune retargets it."""
     target = Target.named(target_name)
-    return retargeted(load_policy("default", target, weights=weights), target)
+    name = A56E7AC_DEFAULTS.get(f"{target.isa}/weights" if weights else target.isa, A56E7AC_DEFAULTS[target.isa])
+    return retargeted(load_policy(str(CHECKPOINTS / name / "policy"), target), target)
 
 
 @pytest.mark.parametrize("entry", ROLLOUTS, ids=_id)

@@ -288,3 +288,55 @@ def test_time_spent_waiting_for_another_process_s_timing_moves_the_deadline(tmp_
     context.deadline = None  # without a deadline the wait is still counted
     waited = context.budget.waited_s
     assert context.measure(looprl.initial_nest(problem).split(2, 8)).ok and context.budget.waited_s >= waited
+
+
+def test_a_changing_right_operand_gets_its_panels_staged_block_by_block():
+    """Issue 61: for B an input (packed on every call), tune also measures the blocked tiles whose
+    panels are packed one k block at a time (the stage action at the k-block loop), and the path
+    replays to the schedule blocked_steps(..., stage="k") builds; a constant B (packed once when
+    bound) gets none."""
+    from looprl.ir.cache_blocks import blocked_steps
+    from looprl.ir.schedules import cache_blocks
+    from looprl.measurement.schedule_record import ScheduleRecord
+    from looprl.search.tiles import staged_path
+
+    target = Target.named("avx2")
+    problem = looprl.matmul(128, 1000, 700)
+    actions = ActionSet.for_target(target)
+    assert "stage" not in actions.names  # a policy's actions are as they were
+    blocks = cache_blocks(problem, 4, 16)
+    assert blocks
+    for block in blocks:
+        names, state = staged_path(problem, 4, 16, block, actions)
+        assert names[-1] == "stage" and "pack" in names
+        assert state.nest == looprl.initial_nest(problem).apply(blocked_steps(problem, 4, 16, block, pack=True, stage="k"))
+        record = ScheduleRecord(state.nest, 1.0, names, "tiles", target, 1)
+        assert looprl.initial_nest(problem).apply(record.steps) == state.nest  # the record's steps, no action replayed
+    weight = looprl.matmul(128, 1000, 700, constant=("b",))
+    assert all(staged_path(weight, 4, 16, block, actions) is None for block in cache_blocks(weight, 4, 16))
+
+    seen = []
+    context = SearchContext(problem, actions, Evaluator(MeasurementCache(":memory:"), 0.0005, target=target))
+    original = context.measure
+
+    def measure(nest):
+        seen.append(nest)
+        return original(nest)
+
+    context.measure = measure
+    measure_tiles(context, actions, shapes=[(4, 16)])
+    staged = [nest for nest in seen if any(loop.staged for loop in nest.compute)]
+    assert staged, "no staged tile was measured"
+
+
+def test_the_stage_action_names_the_right_operand_s_stage_step():
+    from looprl.ir.action import Action
+    from looprl.ir.step import Step
+
+    action = Action.parse("stage")
+    assert action is not None and action.name == "stage"
+    assert action.step(2) == Step("stage", 2, tensor="in1")
+    assert [found.name for found, _ in Action.taking(Step("stage", 1, tensor="in1"))] == ["stage"]
+    assert Action.taking(Step("stage", 1, tensor="in0")) == []  # the left operand: no action stages it
+    extended = ActionSet().extended(["split_8", "stage"])
+    assert extended.names[-1] == "stage" and extended.stages and not ActionSet().stages
