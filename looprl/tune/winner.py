@@ -82,8 +82,8 @@ def team_or_serial(evaluator, serial: ScheduleRecord, teams: Iterable[ScheduleRe
     which times a team on its threads and a serial schedule on one: interleaved rounds until a
     sign test tells them apart, the team shown faster by :data:`TEAM_MARGIN` in the rounds and
     at best), else ``serial``. A team whose figure is not above the serial best's is not
-    duelled (the serial best returned at once). Each side returned carries its best sample, the
-    duel's rounds included (the figure the measurement cache keeps).
+    duelled (the serial best returned at once). Each side returned carries the measurement
+    cache's figure for its schedule, the duel's rounds included.
 
     Why a duel: a team is slowed by anything on any of its cores, so its timings on a shared
     machine are bimodal (both cores free, or one taken), and its best sample is a lucky one.
@@ -106,12 +106,19 @@ def team_or_serial(evaluator, serial: ScheduleRecord, teams: Iterable[ScheduleRe
         duel = schedule_duel(evaluator, team.nest, serial.nest, TEAM_MARGIN, settle_s=TEAM_SETTLE_S)  # its best far ahead: once more, settled
     flops = serial.nest.problem.flops
     team_gflops, serial_gflops = (flops / seconds / 1e9 if 0 < seconds < math.inf else 0.0 for seconds in (duel.challenger_s, duel.incumbent_s))
-    # Each side's figure is its best sample, the duel's rounds included (as the measurement cache
-    # keeps it: a schedule's figure is its best timing wherever it was timed); the duel decides.
-    team_gflops, serial_gflops = max(team_gflops, team.gflops), max(serial_gflops, serial.gflops)
+    # Each side's figure is the measurement cache's for its schedule (its timings, the duel's rounds
+    # included, as the cache keeps them: every figure tune reports is the cache's); the duel decides.
+    team_gflops, serial_gflops = (_cached(evaluator, record.nest, max(timed, record.gflops))
+                                  for record, timed in ((team, team_gflops), (serial, serial_gflops)))
     if duel.shown_faster(TEAM_MARGIN):
         return team.with_gflops(team_gflops), serial_gflops
     return serial.with_gflops(serial_gflops), serial_gflops
+
+
+def _cached(evaluator, nest: LoopNest, otherwise: float) -> float:
+    """The measurement cache's figure of ``nest`` on ``evaluator``'s threads, or ``otherwise``."""
+    known = evaluator.cache.lookup(nest, evaluator.target, evaluator.budget_s, evaluator.threads)
+    return known.gflops if known is not None and known.gflops > 0 else otherwise
 
 
 def fastest(records: Iterable[ScheduleRecord]) -> ScheduleRecord | None:
