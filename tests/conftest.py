@@ -145,3 +145,16 @@ def looprl_loggers_enabled(monkeypatch):
     for name, logger in list(logging.root.manager.loggerDict.items()):
         if (name == "looprl" or name.startswith("looprl.")) and isinstance(logger, logging.Logger) and logger.disabled:
             monkeypatch.setattr(logger, "disabled", False)
+
+
+# The longest groups first (training runs with Ray, command lines, benchmarks, tuned torch
+# modules, the docs' blocks): with pytest-xdist's worksteal, a long test that starts near the end
+# leaves the other worker idle until it ends; started first, the short tests fill in around it.
+LONG_FIRST = ("tests/train/", "tests/cli/", "tests/bench/", "tests/torch/", "tests/project/test_docs.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        return next((i for i, prefix in enumerate(LONG_FIRST) if item.nodeid.startswith(prefix)), len(LONG_FIRST))
+
+    items.sort(key=rank)  # stable: the order within a group is the collection's
