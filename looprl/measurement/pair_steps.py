@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from looprl.backend.pairs import pair_step
+from looprl.backend.pairs import pair_step, pairs_a_weight
 from looprl.ir.nest import LoopNest
 from looprl.ir.step import Step
 from looprl.target import Target
@@ -31,9 +31,16 @@ def added_pairs(nest: LoopNest, target: Target | None) -> tuple[Step, ...]:
     return () if step is None else (step,)
 
 
-@lru_cache(maxsize=4096)  # asked once per schedule by each producer that measures or records it
 def with_pairs(nest: LoopNest, target: Target | None) -> LoopNest:
     """``nest`` as the schedule to compile for ``target``: with :func:`added_pairs` applied, so
-    its kernel pairs wherever it can; any other nest as it is."""
+    its kernel pairs wherever it can; any other nest as it is (a problem that cannot pair, the
+    float32 ones, returned at once: every env step and every measurement asks)."""
+    if target is None or not pairs_a_weight(nest.problem):
+        return nest
+    return _paired(nest, target)
+
+
+@lru_cache(maxsize=4096)  # asked once per schedule by each producer that measures or records it
+def _paired(nest: LoopNest, target: Target) -> LoopNest:
     steps = added_pairs(nest, target)
     return nest.apply(steps) if steps else nest

@@ -104,21 +104,18 @@ def team_or_serial(evaluator, serial: ScheduleRecord, teams: Iterable[ScheduleRe
     duel = schedule_duel(evaluator, team.nest, serial.nest, TEAM_MARGIN)
     if not duel.shown_faster(TEAM_MARGIN) and duel.incumbent_s >= BIMODAL_RATIO * duel.challenger_s:
         duel = schedule_duel(evaluator, team.nest, serial.nest, TEAM_MARGIN, settle_s=TEAM_SETTLE_S)  # its best far ahead: once more, settled
-    flops = serial.nest.problem.flops
-    team_gflops, serial_gflops = (flops / seconds / 1e9 if 0 < seconds < math.inf else 0.0 for seconds in (duel.challenger_s, duel.incumbent_s))
-    # Each side's figure is the measurement cache's for its schedule (its timings, the duel's rounds
-    # included, as the cache keeps them: every figure tune reports is the cache's); the duel decides.
-    team_gflops, serial_gflops = (_cached(evaluator, record.nest, max(timed, record.gflops))
-                                  for record, timed in ((team, team_gflops), (serial, serial_gflops)))
+    team_gflops, serial_gflops = _cached(evaluator, team), _cached(evaluator, serial)  # the duel decides, the cache says how fast
     if duel.shown_faster(TEAM_MARGIN):
         return team.with_gflops(team_gflops), serial_gflops
     return serial.with_gflops(serial_gflops), serial_gflops
 
 
-def _cached(evaluator, nest: LoopNest, otherwise: float) -> float:
-    """The measurement cache's figure of ``nest`` on ``evaluator``'s threads, or ``otherwise``."""
-    known = evaluator.cache.lookup(nest, evaluator.target, evaluator.budget_s, evaluator.threads)
-    return known.gflops if known is not None and known.gflops > 0 else otherwise
+def _cached(evaluator, record: ScheduleRecord) -> float:
+    """The measurement cache's figure of ``record``'s schedule on ``evaluator``'s threads (its
+    timings, the duel's rounds included: every figure tune reports is the cache's), or the
+    record's own where the cache has none."""
+    known = evaluator.cache.lookup(record.nest, evaluator.target, evaluator.budget_s, evaluator.threads)
+    return known.gflops if known is not None and known.gflops > 0 else record.gflops
 
 
 def fastest(records: Iterable[ScheduleRecord]) -> ScheduleRecord | None:
