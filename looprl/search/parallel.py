@@ -138,24 +138,11 @@ def hoisted_variant(nest: LoopNest, threads: int) -> tuple[LoopNest, tuple[int, 
     decode GEMV whose schedule starts with the reduction: ``k320, n3, ...`` starts 320 teams a
     call), the same schedule with that loop moved outermost, made parallel: ``(nest, the swaps
     that move it, the loops marked)``; None where it is outermost already or cannot move."""
-    serial = nest.serial()
-    first = parallel_variant(serial, threads)
-    if first is None:
+    found = _inner_parallel_loop(nest, threads)
+    if found is None:
         return None
-    index = first[1][0]
-    start = next(i for i, loop in enumerate(serial.loops) if loop.nest == serial.loops[index].nest)
-    if index == start:
-        return None
-    moved, swaps = serial, []
-    for position in range(index - 1, start - 1, -1):  # swap it with each loop around it, innermost first
-        if moved.why_not_swap(position) is not None:
-            return None
-        moved = moved.swap(position)
-        swaps.append(position)
-    marked = parallel_variant(moved, threads)
-    if marked is None or marked[1][0] != start:
-        return None
-    return marked[0], tuple(swaps), marked[1]
+    serial, index, start = found
+    return _moved_outermost(serial, index, start, threads)
 
 
 def shares_variant(nest: LoopNest, threads: int) -> tuple[LoopNest, tuple[Step, ...], tuple[int, ...]] | None:
@@ -169,26 +156,47 @@ def shares_variant(nest: LoopNest, threads: int) -> tuple[LoopNest, tuple[Step, 
     where the loop is outermost already, has fewer iterations than twice ``threads`` or the
     outer loop cannot move, or where the split would not replay as an action (a factor above
     :data:`~looprl.ir.step.MAX_FACTOR`, a nest of :data:`~looprl.defaults.MAX_LOOPS` loops)."""
+    found = _inner_parallel_loop(nest, threads)
+    if found is None:
+        return None
+    serial, index, start = found
+    loop = serial.loops[index]
+    factor = math.ceil(loop.size / threads)
+    if loop.size < 2 * threads or factor > MAX_FACTOR or len(serial.loops) >= MAX_LOOPS:
+        return None  # (a factor or a loop more than the actions can name: its path would not replay)
+    split = Step(SPLIT, index, factor)
+    moved = _moved_outermost(serial.apply([split]), index, start, threads)  # the split's outer part, where the loop was
+    if moved is None:
+        return None
+    return moved[0], (split,) + tuple(Step(SWAP, position) for position in moved[1]), moved[2]
+
+
+def _inner_parallel_loop(nest: LoopNest, threads: int) -> tuple[LoopNest, int, int] | None:
+    """``(nest made serial, the loop parallel_variant would mark, the first loop of its nest)``
+    where that loop is not its nest's outermost; else None."""
     serial = nest.serial()
     first = parallel_variant(serial, threads)
     if first is None:
         return None
     index = first[1][0]
     start = next(i for i, loop in enumerate(serial.loops) if loop.nest == serial.loops[index].nest)
-    loop = serial.loops[index]
-    factor = math.ceil(loop.size / threads)
-    if index == start or loop.size < 2 * threads or factor > MAX_FACTOR or len(serial.loops) >= MAX_LOOPS:
-        return None  # (a factor or a loop more than the actions can name: its path would not replay)
-    steps = [Step(SPLIT, index, factor)]
-    moved = serial.apply(steps)
-    for position in range(index - 1, start - 1, -1):  # the outer part, innermost first, past each loop around it
+    return None if index == start else (serial, index, start)
+
+
+def _moved_outermost(nest: LoopNest, index: int, start: int, threads: int) -> tuple[LoopNest, tuple[int, ...], tuple[int, ...]] | None:
+    """``nest`` with loop ``index`` swapped past each loop around it (innermost first) to
+    ``start`` and made parallel there: ``(nest, the swaps' positions, the loops marked)``, or
+    None where a swap is refused or the loop marked is not that one."""
+    moved, swaps = nest, []
+    for position in range(index - 1, start - 1, -1):
         if moved.why_not_swap(position) is not None:
             return None
-        moved, steps = moved.swap(position), steps + [Step(SWAP, position)]
+        moved = moved.swap(position)
+        swaps.append(position)
     marked = parallel_variant(moved, threads)
     if marked is None or marked[1][0] != start:
         return None
-    return marked[0], tuple(steps), marked[1]
+    return marked[0], tuple(swaps), marked[1]
 
 
 def teams_per_call(nest: LoopNest, index: int) -> int:
