@@ -387,7 +387,7 @@ class LinearKernels:
         in_row, out_row = self._row_bytes
         for start, length, count in plan:
             kernel = kernels[count]
-            workspace, padded_in, padded_out = self._scratch(count, kernel)
+            workspace, padded_in, padded_out, _ = self._scratch(count, kernel)
             if length == count:
                 kernel.address_call(target + start * out_row, workspace, source + start * in_row)
             elif count in self.runtime_rows:
@@ -399,16 +399,15 @@ class LinearKernels:
         return out
 
     def _scratch(self, count: int, kernel) -> tuple:
-        """This thread's workspace for the kernel of ``count`` rows (its address), and its padded
-        input and output (zeros: the padding rows stay zero)."""
+        """This thread's workspace for the kernel of ``count`` rows (its address), its padded input
+        and output (zeros: the padding rows stay zero), and the workspace's array itself."""
         buffers = self._local.__dict__.setdefault("buffers", {})
         found = buffers.get(count)
         if found is None:
             storage = self.dtype.storage
             workspace = aligned_empty(kernel.kernel.workspace_elements)
-            self._local.__dict__.setdefault("kept", []).append(workspace)  # the buffer behind the address
             found = buffers[count] = (workspace.ctypes.data, np.zeros((count, self.in_features), storage),
-                                      np.zeros((count, self.out_features), storage))
+                                      np.zeros((count, self.out_features), storage), workspace)  # the buffer behind the address, last
         return found
 
 
