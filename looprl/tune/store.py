@@ -50,7 +50,9 @@ from looprl.tune.results import Answer, from_relaid_start
 # 10: a team is returned only where it beats the serial best in interleaved rounds (v9 compared
 # best samples: a team's lucky moment kept teams slower than one thread); host-derived cache blocks;
 # a right operand that changes per call also gets its panels staged block by block (the stage action).
-TUNER = "tune-v10"
+# 11: teams timed however long the serial stages took (v10 refused every team of a problem whose
+# untuned execution outlasted the budget: 512x11008x4096 on two threads was remembered serial).
+TUNER = "tune-v11"
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,19 @@ from looprl.tune.winner import team_or_serial
 # The share of a measured search's budget the teams get, after the serial stages (which keep
 # their whole budget).
 TEAM_SHARE = 0.25
+# Teams measured however long the serial stages took (the stage's deadline moves for them): on a
+# large problem the serial stages spend the whole budget (512x11008x4096: one untuned execution
+# of 6.7 s against a scaled budget of 1.5 s), and a team predicted from the serial best's speed
+# was then refused before any was timed, so two threads returned the serial answer (0.49x the
+# libraries). Two: the team of the best's outermost output loop and one more variant.
+TEAM_REFINEMENTS = 2
 
 
 def with_teams(search: StagedSearch, actions: ActionSet, ranked: list[ScheduleRecord], threads: int) -> tuple[ScheduleRecord, float | None]:
     """The search's answer and its best serial schedule's speed (None on one thread). On more
     than one thread, teams are made of ``ranked`` (the serial candidates, fastest first) and
     measured in a context of the search on ``threads`` threads, in :data:`TEAM_SHARE` of its
-    budget more; the winner rule (:func:`~looprl.tune.winner.team_or_serial`) returns the
+    budget more (at least :data:`TEAM_REFINEMENTS` of them, whatever the serial stages spent); the winner rule (:func:`~looprl.tune.winner.team_or_serial`) returns the
     fastest team only where it beats the serial best in a duel of interleaved rounds after
     that stage (the serial speed reported is then its re-timed one)."""
     best = ranked[0]
@@ -40,7 +46,7 @@ def with_teams(search: StagedSearch, actions: ActionSet, ranked: list[ScheduleRe
         proposals.extend(parallel_proposals(ranked, context, threads))
         return proposals
 
-    search.run(context, Stage("parallel", propose, share=TEAM_SHARE, from_best=True))
+    search.run(context, Stage("parallel", propose, share=TEAM_SHARE, refinements=TEAM_REFINEMENTS, from_best=True))
     return team_or_serial(context.evaluator, best, proposals)
 
 

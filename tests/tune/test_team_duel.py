@@ -27,15 +27,15 @@ class ScriptedTimer:
     :data:`SERIAL_GFLOPS`; a team at ``lucky`` GFLOPS the first time its schedule is timed and
     at ``team`` GFLOPS after that. Records the threads of each timing, in order."""
 
-    def __init__(self, lucky: float, team: float):
-        self.lucky, self.team = lucky, team
+    def __init__(self, lucky: float, team: float, serial: float = SERIAL_GFLOPS):
+        self.lucky, self.team, self.serial = lucky, team, serial
         self.seen: set[str] = set()
         self.threads: list[int] = []
 
     def __call__(self, kernel, budget_s, workspace=None, lock=None, threads=None, min_runs=3):
         self.threads.append(threads)
         if threads == 1:
-            gflops = SERIAL_GFLOPS
+            gflops = self.serial
         else:
             gflops = self.team if kernel.nest.key in self.seen else self.lucky
             self.seen.add(kernel.nest.key)
@@ -85,6 +85,20 @@ def test_a_team_that_wins_the_rounds_is_returned(monkeypatch, measure):
     assert result.nest.is_parallel and result.kernel.threads == 2
     assert result.gflops == pytest.approx(1.9 * SERIAL_GFLOPS) and result.serial_gflops == pytest.approx(SERIAL_GFLOPS)
     assert timer.duel() == [2, 1] * 5  # five of five: the sign test is 0.95 sure
+
+
+@needs_two
+def test_teams_are_timed_however_long_the_serial_stages_took(monkeypatch):
+    """512x11008x4096 on two threads came back serial (0.49x the libraries): its one untuned
+    execution took longer than the whole scaled budget, and every team, predicted from the
+    serial best's speed, was refused before one was timed. Here the serial kernels run so slowly
+    that a team's predicted cost is past the team stage's share of the budget: teams are still
+    timed (looprl.tune.teams.TEAM_REFINEMENTS), and the faster one is returned."""
+    slow = 0.25  # GFLOPS: one serial call of the subject takes 0.33 s, past the 0.3 s budget
+    timer = ScriptedTimer(lucky=4 * slow, team=4 * slow, serial=slow)
+    result = tuned(monkeypatch, timer)
+    assert 2 in timer.threads
+    assert result.nest.is_parallel and result.gflops == pytest.approx(4 * slow)
 
 
 @needs_two
