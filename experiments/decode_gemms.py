@@ -2,7 +2,7 @@
 token at a time, as ``nn.Linear`` holds them (``mk,nk->mn``, the weight ``[out, in]`` constant).
 
     python experiments/decode_gemms.py [--threads 1,2] [--rows 1,2,4,16] [--budget 0.05] [--quick]
-        [--dtype float32|bfloat16] [--cold] [--out experiments/results]
+        [--dtype float32|bfloat16] [--cold] [--wide-only] [--target avx2] [--out experiments/results]
 
 The problems: every GEMM of the models dataset's test split with at most 16 rows
 (``envs/models.json``, written there as ``mk,kn->mn``; here as the linear layer they come from),
@@ -38,12 +38,13 @@ WIDE_LAYERS = ((4096, 4096), (4096, 11008), (11008, 4096), (2560, 10240))  # (in
 DECODE_ROWS = 16
 
 
-def decode_problems(rows: list[int]) -> list[str]:
-    """The problem names: the test split's few-row GEMMs as linear layers, then the wide layers."""
+def decode_problems(rows: list[int], wide_only: bool = False) -> list[str]:
+    """The problem names: the test split's few-row GEMMs as linear layers (unless
+    ``wide_only``), then the wide layers."""
     from looprl.ir.layers import linear
 
     names = []
-    for entry in json.loads(DATASET.read_text())["test"]:
+    for entry in ([] if wide_only else json.loads(DATASET.read_text())["test"]):
         sizes = entry["sizes"]
         if entry["spec"] == "mk,kn->mn" and sizes["m"] <= DECODE_ROWS:
             names.append(linear(sizes["m"], sizes["k"], sizes["n"], bias=False).name)
@@ -60,6 +61,8 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="two small problems, short budgets: checks the script runs")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the layers' dtype (default float32)")
     parser.add_argument("--cold", action="store_true", help="every layer's weight read from memory on every call (;cold)")
+    parser.add_argument("--wide-only", action="store_true", help="the wide layers alone (files named ..._wide)")
+    parser.add_argument("--target", default=None, help="looprl's target (e.g. avx2: peers held to AVX2 too; files named ..._avx2code)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
 
@@ -67,7 +70,7 @@ def main(argv=None) -> int:
     from looprl.cli.bench import main as bench
 
     rows = [int(r) for r in args.rows.split(",")]
-    problems = decode_problems(rows)
+    problems = decode_problems(rows, args.wide_only)
     if args.quick:
         problems = ["mk,nk->mn:m=1,k=256,n=128;const=in1", "mk,nk->mn:m=4,k=128,n=96;const=in1"]
     if args.cold:
@@ -75,10 +78,10 @@ def main(argv=None) -> int:
     from looprl.target import host_cpu
 
     stem = (f"decode_gemms_{host_cpu()[0]}" + ("_bfloat16" if args.dtype == "bfloat16" else "") + ("_cold" if args.cold else "")
-            + ("_quick" if args.quick else ""))
+            + ("_wide" if args.wide_only else "") + (f"_{args.target}code" if args.target else "") + ("_quick" if args.quick else ""))
     args.out.mkdir(parents=True, exist_ok=True)
     command = ["tune", "--problems", " ".join(problems), "--threads", args.threads, "--budget", str(0.002 if args.quick else args.budget),
-               "--json", str(args.out / f"{stem}.json"), "--dtype", args.dtype] + (["--tune-budget", "0.05"] if args.quick else [])
+               "--json", str(args.out / f"{stem}.json"), "--dtype", args.dtype] + (["--tune-budget", "0.05"] if args.quick else []) + (["--target", args.target] if args.target else [])
     with open(args.out / f"{stem}.txt", "w") as table:
         table.write("$ python experiments/decode_gemms.py " + " ".join(argv if argv is not None else sys.argv[1:]) + "\n")
         with contextlib.redirect_stdout(Tee(sys.stdout, table)):
