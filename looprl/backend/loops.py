@@ -32,7 +32,7 @@ class KernelModule(Module):
         self.target = target
         self.tensors = tensors  # pointer parameters of the kernel's entry points
         # pointer parameters of its internal functions: the tensors, then workspace buffers
-        # (stage buffers: looprl.backend.stages) that the entry points place
+        # (stage buffers: looprl.backend.kernel_plan.Stage) that the entry points place
         self.carried = tensors + tuple(buffers)
         # tensor -> the element type its pointer in the kernel's body addresses, where not "float"
         self.elements: dict[str, str] = dict(elements or {})
@@ -107,7 +107,7 @@ class NestEmitter:
         self.layouts: dict[str, Layout] = dict(layouts or {})  # tensors addressed through a layout
         self.depth = len(loops)
         self.width = module.target.vector_width
-        self.stage_entries: dict[int, list] = {}  # level -> the stages (looprl.backend.stages) copied on entry to it
+        self.stage_entries: dict[int, list] = {}  # level -> the stages (looprl.backend.kernel_plan.Stage) copied on entry to it
         self._staging: set[int] = set()  # levels whose stages the code being emitted has copied
 
     def entry_budgets(self, level: int) -> tuple[tuple[str, int], ...]:

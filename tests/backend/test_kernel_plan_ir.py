@@ -23,12 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from looprl.backend import abi
-from looprl.backend.codegen import generate_ir
-from looprl.backend.layout_plan import workspace_elements
+from looprl.backend.codegen import kernel_ir
+from looprl.backend.kernel_plan import plan_kernel
 from looprl.backend.loops import RuntimeRowsUnsupported
-from looprl.backend.pairs import kernel_layouts
-from looprl.backend.stages import staged_layouts
 from looprl.ir.nest import LoopNest
 from looprl.ir.problem import parse_problem
 from looprl.target import Target
@@ -45,15 +42,15 @@ def facts(nest: LoopNest, target: Target, runtime_rows: bool) -> dict:
     """What the corpus pins of the kernel of ``nest`` for ``target``: its IR text (or the error
     that refuses it), its layouts, packed inputs, workspace and extra entry points."""
     try:
-        ir = generate_ir(nest, target, runtime_rows)
+        plan = plan_kernel(nest, target, runtime_rows)
+        ir = kernel_ir(plan)
     except RuntimeRowsUnsupported as error:
         return {"refused": type(error).__name__}
-    layouts = kernel_layouts(nest, target)
     return {"ir": ir,
-            "layouts": {tensor: layout.key for tensor, layout in sorted(layouts.items())},
-            "packed": list(abi.packed_inputs(nest, target)),
-            "workspace": workspace_elements(nest, layouts, staged_layouts(nest, target)),
-            "entries": list(abi.extra_entry_points(nest, target))}
+            "layouts": {tensor: layout.key for tensor, layout in sorted(plan.layouts.items())},
+            "packed": list(plan.packed),
+            "workspace": plan.workspace_elements,
+            "entries": list(plan.extra_entry_points)}
 
 
 def _digest(text: str) -> str:
