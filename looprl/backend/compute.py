@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from looprl.backend.abi import EPILOGUE_TENSORS
 from looprl.backend.epilogue_ir import emit_epilogue
-from looprl.backend.layout_plan import strides
 from looprl.backend.llvm_text import Function, horizontal_sum, int_splat, load, mask, multiply_add, store, vector_type
 from looprl.backend.loops import KernelModule, NestEmitter
 from looprl.backend.packing import emit_pack
 from looprl.backend.kernel_plan import KernelPlan
 from looprl.backend.pairs import PAIR
-from looprl.backend.register_plan import leaf_count, reduction_chunks, vector_chunks
+from looprl.backend.register_plan import leaf_count, reduction_chunks, strides, vector_chunks
 
 DOT_LANES = (4, 8, 16)  # vdpbf16ps's widths (128, 256, 512 bits); other leaves split the pairs
 

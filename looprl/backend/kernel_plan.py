@@ -35,7 +35,6 @@ from types import MappingProxyType
 from typing import Mapping
 
 from looprl.backend.abi import bound_kernel_name, bound_subsets, kernel_tensors, pack_function_name
-from looprl.backend.layout_plan import layouts_applied
 from looprl.backend.loops import RuntimeRowsUnsupported
 from looprl.backend.pairs import Pairing, kernel_layouts, pairing, reads_dot_pairs
 from looprl.backend.register_plan import RegisterScope
@@ -126,8 +125,8 @@ def plan_kernel(nest: LoopNest, target: Target, runtime_rows: bool = False) -> K
     the first input is converted to a layout (its conversion covers every row) or a stage step
     is present."""
     problem = nest.problem
-    rows = _runtime_rows(nest) if runtime_rows else None
     layouts = kernel_layouts(nest, target)
+    rows = _runtime_rows(nest, layouts) if runtime_rows else None
     registers = RegisterScope(nest, target, layouts)
     stages = _stages(nest, layouts, registers.plan.scope_start)
     packed = tuple(t for t in ("in0", "in1") if t in layouts and t not in stages)
@@ -139,13 +138,14 @@ def plan_kernel(nest: LoopNest, target: Target, runtime_rows: bool = False) -> K
                       MappingProxyType(elements), rows, nest.is_parallel)
 
 
-def _runtime_rows(nest: LoopNest) -> str:
-    """The dimension a runtime-rows kernel of ``nest`` takes the extent of (see :func:`plan_kernel`)."""
+def _runtime_rows(nest: LoopNest, layouts: Mapping[str, Layout]) -> str:
+    """The dimension a runtime-rows kernel of ``nest`` whose layouts are ``layouts`` takes the
+    extent of (see :func:`plan_kernel`)."""
     rows = nest.problem.row_dim
     if rows is None:
         raise ValueError(f"{nest.problem.name}: runtime rows need the output's leading dimension to lead the first input "
                          "and not be in the second")
-    if "in0" in layouts_applied(nest):
+    if "in0" in layouts:
         raise RuntimeRowsUnsupported(f"{nest.problem.name}: runtime rows need the first input in its own layout, "
                                      "but this schedule converts it")
     if any(lp.staged for lp in nest.compute):

@@ -1,38 +1,10 @@
 """Which data layouts a kernel uses: a tensor's layout applies when every loop that addresses it
-walks the layout affinely (else the tensor stays row-major); and the offsets of moving along a
-dimension of a tensor, row-major or through its layout. No IR is emitted here."""
+walks the layout affinely (else the tensor stays row-major). No IR is emitted here."""
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from looprl.ir.layout import Layout
 from looprl.ir.nest import Loop, LoopNest
-from looprl.ir.problem import Problem
-
-
-def strides(problem: Problem, term: str) -> dict[str, int]:
-    """Element stride of each dimension of a row-major tensor indexed by ``term``."""
-    result, stride = {}, 1
-    for dim in reversed(term):
-        result[dim] = stride
-        stride *= problem.size(dim)
-    return result
-
-
-
-@lru_cache(maxsize=65536)
-def _layout_offset(layout: Layout, var: str, elements: int) -> int:
-    return layout.offset(var, elements)
-
-
-def offset_along(row_major: dict[str, int], layout: Layout | None, var: str, elements: int) -> int:
-    """Offset in a tensor of moving ``elements`` along ``var``: by its row-major ``row_major``,
-    or through its ``layout`` when it has one (within a range the schedule walks affinely: see
-    :func:`layouts_applied`)."""
-    if layout is None:
-        return row_major.get(var, 0) * elements
-    return _layout_offset(layout, var, elements)
 
 
 def _walks_affinely(loops: tuple[Loop, ...], size: int, var: str, breakpoints: tuple[int, ...]) -> bool:

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from looprl.backend.layout_plan import offset_along
 from looprl.backend.llvm_text import Function, Module
-from looprl.backend.register_plan import entry_budgets
+from looprl.backend.register_plan import entry_budgets, offset_along
 from looprl.ir.layout import Layout
 from looprl.ir.nest import Loop
 from looprl.target import Target

@@ -148,7 +148,7 @@ def pair_step(nest: LoopNest, target: Target) -> Step | None:
     return step if nest.why_not(step) is None else None
 
 
-@lru_cache(maxsize=4096)  # asked by the code generator, the packing entry points and the kernel: once per schedule
+@lru_cache(maxsize=4096)  # asked by the kernel plan and by kernel_layouts: once per schedule
 def pairing(nest: LoopNest, target: Target) -> Pairing | None:
     """How the kernel of ``nest`` for ``target`` takes its reduction in pairs, or None where it
     does not: only where the nest's second input is paired (a pair step) and the module

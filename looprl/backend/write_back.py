@@ -8,10 +8,9 @@ from __future__ import annotations
 from looprl.backend.abi import EPILOGUE_TENSORS
 from looprl.backend.epilogue_ir import emit_epilogue
 from looprl.backend.kernel_plan import KernelPlan
-from looprl.backend.layout_plan import strides
 from looprl.backend.llvm_text import Function, load, store
 from looprl.backend.loops import KernelModule, NestEmitter
-from looprl.backend.register_plan import vector_chunks
+from looprl.backend.register_plan import strides, vector_chunks
 
 # Write-back: unroll the copy of the innermost loop up to this many vectors.
 COPY_UNROLL = 8
