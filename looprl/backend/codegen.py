@@ -33,20 +33,22 @@ The loop order is taken as given. In the compute nest:
 * a *stage* (:meth:`~looprl.ir.nest.LoopNest.stage`) of an input at a runtime loop copies, on
   entry to each of its iterations, the block of the input the loops inside read into a
   workspace buffer (in the input's layout restricted to the block; a tail iteration copies
-  only its valid extent), and those loops read the buffer: :mod:`looprl.backend.stages`.
+  only its valid extent), and those loops read the buffer: :class:`~looprl.backend.kernel_plan.Stage`.
 
 The write-back nest copies the accumulator to the output and applies the problem's epilogue
 (scale, bias, activation, residual: :mod:`looprl.backend.epilogue_ir`) on the way, vectorised
 like the copy; the bias and the residual are extra pointer arguments of the kernel after the
-accumulator (:func:`kernel_tensors`).
+accumulator (:func:`~looprl.backend.abi.kernel_tensors`).
 
 Every number that depends on the CPU (lanes, registers, FMA) and what fits the register file
 come from the :class:`~looprl.target.Target`.
 
-The parts, each a module of :mod:`looprl.backend`: ``llvm_text`` (the text-IR builder),
-``register_plan`` (the register scope and blocks), ``loops`` (runtime loops, tails, parallel
-regions, stage copies), ``compute`` (the register scope's code), ``write_back``, ``layouts`` (which layouts
-apply, the workspace), ``stages`` (which stages the kernel carries out), ``packing`` and ``abi`` (entry points). This module puts them together.
+Every decision about the kernel is taken first, once, in its plan (:mod:`looprl.backend.kernel_plan`:
+the layouts, the pairs, the register plan, the stages, the workspace, the calling convention's
+facts); the emitters read the plan: ``loops`` (runtime loops, tails, parallel regions, stage
+copies), ``compute`` (the register scope's code), ``write_back``, ``packing`` (conversions to
+layouts), all writing through ``llvm_text`` (the text-IR builder). This module puts them
+together and emits the entry points (:mod:`looprl.backend.abi`).
 
 No LLVM IR passes run: the IR is already vectorised and in SSA form, so only the backend's
 code generation is needed (fast, and it avoids the O3 pipeline's memory leak).
@@ -54,12 +56,12 @@ code generation is needed (fast, and it avoids the O3 pipeline's memory leak).
 
 from __future__ import annotations
 
-from looprl.backend.abi import KERNEL_NAME, body_function, emit_packing_entry_points, entry_function, kernel_tensors
+from looprl.backend.abi import BODY_NAME, KERNEL_NAME, bound_kernel_name, bound_subsets, pack_function_name
 from looprl.backend.compute import ComputeEmitter
-from looprl.backend.layout_plan import layouts_applied, workspace_layout
-from looprl.backend.loops import Dynamic, KernelModule, RuntimeRowsUnsupported
-from looprl.backend.pairs import kernel_layouts, pairing
-from looprl.backend.stages import kernel_stages
+from looprl.backend.kernel_plan import KernelPlan, plan_kernel
+from looprl.backend.llvm_text import Function
+from looprl.backend.loops import Dynamic, KernelModule
+from looprl.backend.packing import emit_pack
 from looprl.backend.write_back import WriteBackEmitter
 from looprl.ir.nest import LoopNest
 from looprl.target import Target
@@ -70,50 +72,27 @@ from looprl.target import Target
 CODEGEN_VERSION = 7  # 7: an innermost loop over a reduction both inputs store contiguously vectorises (dot products: partial sums added across at the store); 6: a register scope over the whole reduction stores the output directly, epilogue applied (no write-back pass); 5: packs that transpose move 8x8 blocks through registers; 4: the register-blocking bound counts floats (AVX2 and SSE4 code changed); 3 was an earlier layouts commit
 
 
-def check_runtime_rows(nest: LoopNest) -> str:
-    """The dimension a runtime-rows kernel of ``nest`` takes the extent of as an argument (the
-    problem's :attr:`~looprl.ir.problem.Problem.row_dim`); a ValueError where there is none or
-    the first input is converted to a layout (its conversion covers every row)."""
-    rows = nest.problem.row_dim
-    if rows is None:
-        raise ValueError(f"{nest.problem.name}: runtime rows need the output's leading dimension to lead the first input "
-                         "and not be in the second")
-    if "in0" in layouts_applied(nest):
-        raise RuntimeRowsUnsupported(f"{nest.problem.name}: runtime rows need the first input in its own layout, "
-                                     "but this schedule converts it")
-    if any(lp.staged for lp in nest.compute):
-        raise RuntimeRowsUnsupported(f"{nest.problem.name}: runtime rows are not given to a schedule with a stage step")
-    return rows
-
-
-def tensor_elements(nest: LoopNest) -> dict[str, str]:
-    """The LLVM element type of each of the kernel body's pointer arguments: the problem's
-    dtype's for its tensors (an input converted to a layout keeps it), its accumulation type's
-    (float32) for the workspace (the accumulator)."""
-    dtype = nest.problem.dtype
-    return {t: dtype.accumulator.llvm_element if t == "acc" else dtype.llvm_element for t in kernel_tensors(nest.problem)}
-
-
 def generate_ir(nest: LoopNest, target: Target, runtime_rows: bool = False) -> str:
-    """LLVM IR text of the kernel of ``nest`` for ``target``, with the entry points of
-    :mod:`looprl.backend.abi`. With ``runtime_rows`` the entry points take the row count
-    (1 to the problem's; :func:`check_runtime_rows`) after ``reps``: the kernel reads and writes
-    only that many leading rows, the loops over them specialised by their remainders
+    """LLVM IR text of the kernel of ``nest`` for ``target`` (:func:`kernel_ir` of its
+    :func:`~looprl.backend.kernel_plan.plan_kernel`). With ``runtime_rows`` the entry points take
+    the row count (1 to the problem's) after ``reps``: the kernel reads and writes only that many
+    leading rows, the loops over them specialised by their remainders
     (:class:`~looprl.backend.loops.Dynamic`); :class:`~looprl.backend.loops.RuntimeRowsUnsupported`
     where that would take too many specialised copies."""
-    rows = check_runtime_rows(nest) if runtime_rows else None
-    applied = kernel_layouts(nest, target)
-    stages = kernel_stages(nest, target)
-    buffers = tuple(stage.pointer for stage in stages.values())
-    elements = {**tensor_elements(nest), **{b: nest.problem.dtype.llvm_element for b in buffers}}
-    module = KernelModule(target, kernel_tensors(nest.problem), threaded=nest.is_parallel, runtime_rows=runtime_rows,
-                          elements=elements, buffers=buffers)
-    compute = ComputeEmitter(module, nest, applied, pairing(nest, target), stages)
-    write_back = WriteBackEmitter(module, nest, applied)
-    fn = body_function(module) if applied or stages else entry_function(module, KERNEL_NAME)
-    output_bytes = 4 * workspace_layout(nest, applied)["acc"][1]
-    if rows is not None and "out" not in applied:  # a row-major accumulator: only the rows computed
-        row_bytes = output_bytes // nest.problem.size(rows)
+    return kernel_ir(plan_kernel(nest, target, runtime_rows))
+
+
+def kernel_ir(plan: KernelPlan) -> str:
+    """LLVM IR text of the kernel ``plan`` describes, with the entry points of :mod:`looprl.backend.abi`."""
+    rows = plan.rows
+    module = KernelModule(plan.target, plan.tensors, threaded=plan.threaded, runtime_rows=rows is not None,
+                          elements=dict(plan.elements), buffers=plan.buffers)
+    compute = ComputeEmitter(module, plan)
+    write_back = WriteBackEmitter(module, plan)
+    fn = body_function(module) if plan.has_body else entry_function(module, KERNEL_NAME)
+    output_bytes = 4 * plan.workspace["acc"][1]
+    if rows is not None and "out" not in plan.layouts:  # a row-major accumulator: only the rows computed
+        row_bytes = output_bytes // plan.problem.size(rows)
         output_bytes = None
 
     def budgets(emitter) -> dict:
@@ -128,15 +107,52 @@ def generate_ir(nest: LoopNest, target: Target, runtime_rows: bool = False) -> s
             size = output_bytes if output_bytes is not None else fn.value(f"mul i64 %dyn, {row_bytes}", "bytes")
             fn.emit(f"call void @llvm.memset.p0.i64(ptr align 4 %acc, i8 0, i64 {size}, i1 false)")
         compute.emit_outer(fn, 0, budgets(compute), {t: f"%{t}" for t in compute.coefs})
-        if not compute.direct:  # else the compute nest stored the output itself
+        if not plan.direct:  # else the compute nest stored the output itself
             write_back.emit_outer(fn, 0, budgets(write_back), {t: f"%{t}" for t in write_back.coefs})
 
-    if applied or stages:
+    if plan.has_body:
         body()
         fn.close()
-        emit_packing_entry_points(module, nest)
+        emit_entry_points(module, plan)
     else:
         with fn.loop("%reps"):
             body()
         fn.close()
     return module.text()
+
+
+def entry_function(module: KernelModule, name: str) -> Function:
+    """A new entry point ``name`` taking the kernel's arguments (added to ``module``)."""
+    params = ", ".join(f"ptr noalias %{t}" for t in module.tensors)
+    rows = ", i64 %dyn" if module.runtime_rows else ""
+    threads = ", i32 %nthreads" if module.threaded else ""
+    return module.function(f"define void @{name}({params}, i64 %reps{rows}{threads}) nounwind {{")
+
+
+def body_function(module: KernelModule) -> Function:
+    """The kernel's body as an internal function that the entry points call (added to ``module``)."""
+    return module.function(f"define internal void @{BODY_NAME}({module.parameters()}) nounwind {{")
+
+
+def emit_entry_points(module: KernelModule, plan: KernelPlan) -> None:
+    """The packing functions and the entry points of a kernel whose body is :data:`BODY_NAME`:
+    each packs the inputs it does not take packed into the workspace, then runs the body, ``reps``
+    times, handing it the places of the stage buffers in the workspace too."""
+    problem, places = plan.problem, plan.workspace
+    for tensor, index in zip(("in0", "in1"), problem.operands):
+        if tensor in plan.packed:
+            emit_pack(module, pack_function_name(tensor), index, problem.shape(index), plan.layouts[tensor], problem.dtype.llvm_element)
+    for bound in [()] + bound_subsets(plan.packed):
+        entry = entry_function(module, bound_kernel_name(bound) if bound else KERNEL_NAME)
+        pointers = {t: f"%{t}" for t in module.tensors}
+        for stage in plan.stages.values():  # the stage buffers
+            pointers[stage.pointer] = entry.offset("%acc", places[stage.tensor][0])
+        for tensor in plan.packed:
+            if tensor not in bound:
+                pointers[tensor] = entry.offset("%acc", places[tensor][0])
+        with entry.loop("%reps"):
+            for tensor in plan.packed:
+                if tensor not in bound:
+                    entry.emit(f"call void @{pack_function_name(tensor)}(ptr %{tensor}, ptr {pointers[tensor]})")
+            entry.emit(f"call void @{BODY_NAME}({module.arguments(pointers, '%dyn')})")
+        entry.close()

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from looprl.backend.abi import EPILOGUE_TENSORS
 from looprl.backend.epilogue_ir import emit_epilogue
-from looprl.backend.layout_plan import strides
 from looprl.backend.llvm_text import Function, horizontal_sum, int_splat, load, mask, multiply_add, store, vector_type
 from looprl.backend.loops import KernelModule, NestEmitter
 from looprl.backend.packing import emit_pack
-from looprl.backend.pairs import PAIR, Pairing, dot_pairs
-from looprl.backend.register_plan import RegisterScope, leaf_count, reduction_chunks, vector_chunks
-from looprl.ir.nest import LoopNest
+from looprl.backend.kernel_plan import KernelPlan
+from looprl.backend.pairs import PAIR
+from looprl.backend.register_plan import leaf_count, reduction_chunks, strides, vector_chunks
 
 DOT_LANES = (4, 8, 16)  # vdpbf16ps's widths (128, 256, 512 bits); other leaves split the pairs
 
@@ -29,19 +28,18 @@ UNROLL_LIMIT = 64
 
 
 class ComputeEmitter(NestEmitter):
-    """``acc += in0 * in1`` over the compute loops: runtime loops down to the register scope
-    (:mod:`looprl.backend.register_plan`), then the scope once per register block."""
+    """``acc += in0 * in1`` over the compute loops of a kernel plan: runtime loops down to the
+    register scope (the plan's :mod:`register plan <looprl.backend.register_plan>`), then the
+    scope once per register block."""
 
-    def __init__(self, module: KernelModule, nest: LoopNest, layouts=None, pairing: Pairing | None = None, stages=None):
-        problem = nest.problem
+    def __init__(self, module: KernelModule, plan: KernelPlan):
+        problem = plan.problem
         in0, in1 = problem.operands
         coefs = {"in0": strides(problem, in0), "in1": strides(problem, in1), "acc": strides(problem, problem.output)}
-        renamed = {("acc" if t == "out" else t): layout for t, layout in (layouts or {}).items()}
-        scope = RegisterScope(nest, module.target, layouts)
-        # Every reduction loop inside the register scope and the output row-major: each output
-        # element is summed in registers and stored once, so the scope stores it straight into
-        # the output, its epilogue applied in registers, and no write-back pass runs.
-        self.direct = scope.plan.zero_init and "acc" not in renamed
+        renamed = {("acc" if t == "out" else t): layout for t, layout in plan.layouts.items()}
+        # A scope over the whole reduction and a row-major output (plan.direct): the scope stores
+        # each output element straight into the output, its epilogue applied in registers.
+        self.direct = plan.direct
         if self.direct:
             coefs["out"] = coefs["acc"]
             epilogue = problem.epilogue
@@ -49,22 +47,22 @@ class ComputeEmitter(NestEmitter):
                 coefs[EPILOGUE_TENSORS["bias"]] = {problem.output[-1]: 1}
             if epilogue.residual:
                 coefs[EPILOGUE_TENSORS["residual"]] = coefs["acc"]
-        for stage in (stages or {}).values():
+        for stage in plan.stages.values():
             coefs[stage.pointer] = {}  # the buffer's pointer stays put: loops move the staged tensor's
-        super().__init__(module, nest.compute, coefs, "compute", renamed)
-        for stage in (stages or {}).values():  # outside the stage, the tensor itself, row-major
+        super().__init__(module, plan.compute, coefs, "compute", renamed)
+        for stage in plan.stages.values():  # outside the stage, the tensor itself, row-major
             self.stage_entries.setdefault(stage.level + 1, []).append(stage)
             self.layouts.pop(stage.tensor, None)
         self.problem = problem
         self.output_dims = set(problem.output)
-        self.scope = scope
+        self.scope = plan.registers
         self.plan = self.scope.plan
         self.vector_var = self.plan.vector_var
         self.inner_start = self.plan.scope_start
         self.columns = problem.size(problem.output[-1])  # a row-major output's offset modulo this: the column
-        self.pairing = pairing
+        self.pairing = plan.pairing
         self.pair_part: str | None = None  # under the paired loop: "pair" (two indices) or "half" (the last of an odd extent)
-        self.dot_pairs = dot_pairs(nest, module.target)  # partial sums of vdpbf16ps on twice as many bfloat16 values
+        self.dot_pairs = plan.dot_pairs  # partial sums of vdpbf16ps on twice as many bfloat16 values
 
     def emit_stage_copy(self, fn: Function, stage, budgets: dict, src: str, dst: str) -> None:
         """Call the function that copies the block of ``stage`` of the extents ``budgets``

@@ -12,9 +12,7 @@ from looprl import checks
 from looprl.backend import abi, codegen, jit
 from looprl.backend.buffers import aligned_empty
 from looprl.backend.jit import CompiledModule
-from looprl.backend.layout_plan import workspace_elements
-from looprl.backend.pairs import kernel_layouts
-from looprl.backend.stages import staged_layouts
+from looprl.backend.kernel_plan import KernelPlan, plan_kernel
 from looprl.backend.threads import before_parallel_call, check_threads, ensure_openmp_runtime
 from looprl.ir.nest import LoopNest
 from looprl.target import Target
@@ -63,24 +61,24 @@ class Kernel:
     take ``rows=``), and only those rows are read and written.
     """
 
-    def __init__(self, nest: LoopNest, ir: str, module: CompiledModule, compile_seconds: float, threads: int = 1,
-                 runtime_rows: bool = False):
+    def __init__(self, nest: LoopNest, plan: KernelPlan, ir: str, module: CompiledModule, compile_seconds: float, threads: int = 1):
         self.nest = nest
-        self.problem = nest.problem
+        self.plan = plan  # what the code generator decided (looprl.backend.kernel_plan)
+        self.problem = plan.problem
         self.target: Target = module.target
         self.ir = ir
         self.compile_seconds = compile_seconds
         self.threads = check_threads(threads)
-        self.runtime_rows = runtime_rows
-        self.max_rows = nest.problem.size(nest.problem.row_dim) if runtime_rows else None
+        self.runtime_rows = plan.rows is not None
+        self.max_rows = self.problem.size(plan.rows) if self.runtime_rows else None
         self._module = module  # keeps the machine code alive
-        self.tensors = abi.kernel_tensors(self.problem)  # the entry points' pointer arguments
+        self.tensors = plan.tensors  # the entry points' pointer arguments
         self.storage = self.problem.dtype.storage  # numpy dtype of the inputs and the output
-        signature = _signature(len(self.tensors), nest.is_parallel, runtime_rows)
+        signature = _signature(len(self.tensors), plan.threaded, self.runtime_rows)
         self._function = signature(module.address)
-        self.layouts = kernel_layouts(nest, self.target)  # tensor -> Layout the code stores it in
-        self.packed_inputs = abi.packed_inputs(nest, self.target)
-        self.workspace_elements = workspace_elements(nest, self.layouts, staged_layouts(nest, self.target))
+        self.layouts = dict(plan.layouts)  # tensor -> Layout the code stores it in
+        self.packed_inputs = plan.packed
+        self.workspace_elements = plan.workspace_elements
         self._entries = {name: signature(address) for name, address in module.addresses.items() if "_bound_" in name}
         self._packers = {name: _PACK_SIGNATURE(address) for name, address in module.addresses.items() if "_pack_" in name}
         shapes = dict(zip(("in0", "in1"), self.problem.input_shapes))
@@ -137,7 +135,7 @@ class Kernel:
         """Call an entry point of this kernel (the row count and the thread count only where the
         code takes them; rows default to the problem's)."""
         extra = (self.max_rows if rows is None else rows,) if self.runtime_rows else ()
-        if self.nest.is_parallel:
+        if self.plan.threaded:
             before_parallel_call(threads)
             function(*pointers, reps, *extra, threads)
         else:
@@ -406,8 +404,9 @@ def compile(nest: LoopNest, target: Target | str | None = None, threads: int = 1
     target = Target.resolve(target)
     target.check_runs_on_host()
     start = time.perf_counter()
-    ir = codegen.generate_ir(nest, target, runtime_rows)
+    plan = plan_kernel(nest, target, runtime_rows)
+    ir = codegen.kernel_ir(plan)
     if "@GOMP_parallel" in ir:
         ensure_openmp_runtime()
-    module = CompiledModule(ir, abi.KERNEL_NAME, target, extra=abi.extra_entry_points(nest, target))
-    return Kernel(nest, ir, module, time.perf_counter() - start, threads, runtime_rows)
+    module = CompiledModule(ir, abi.KERNEL_NAME, target, extra=plan.extra_entry_points)
+    return Kernel(nest, plan, ir, module, time.perf_counter() - start, threads)

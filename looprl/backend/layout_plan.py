@@ -1,39 +1,10 @@
-"""Which data layouts a kernel uses and where its scratch buffers sit: a tensor's layout applies
-when every loop that addresses it walks the layout affinely (else the tensor stays row-major);
-the accumulator and the packed inputs share one workspace. No IR is emitted here."""
+"""Which data layouts a kernel uses: a tensor's layout applies when every loop that addresses it
+walks the layout affinely (else the tensor stays row-major). No IR is emitted here."""
 
 from __future__ import annotations
 
-import math
-from functools import lru_cache
-
 from looprl.ir.layout import Layout
 from looprl.ir.nest import Loop, LoopNest
-from looprl.ir.problem import Problem
-
-
-def strides(problem: Problem, term: str) -> dict[str, int]:
-    """Element stride of each dimension of a row-major tensor indexed by ``term``."""
-    result, stride = {}, 1
-    for dim in reversed(term):
-        result[dim] = stride
-        stride *= problem.size(dim)
-    return result
-
-
-
-@lru_cache(maxsize=65536)
-def _layout_offset(layout: Layout, var: str, elements: int) -> int:
-    return layout.offset(var, elements)
-
-
-def offset_along(row_major: dict[str, int], layout: Layout | None, var: str, elements: int) -> int:
-    """Offset in a tensor of moving ``elements`` along ``var``: by its row-major ``row_major``,
-    or through its ``layout`` when it has one (within a range the schedule walks affinely: see
-    :func:`layouts_applied`)."""
-    if layout is None:
-        return row_major.get(var, 0) * elements
-    return _layout_offset(layout, var, elements)
 
 
 def _walks_affinely(loops: tuple[Loop, ...], size: int, var: str, breakpoints: tuple[int, ...]) -> bool:
@@ -84,34 +55,3 @@ def conversions(nest: LoopNest) -> dict[str, list[str]]:
         "once": [t for t in inputs if t in nest.problem.constant],
         "output": ["out"] if "out" in applied else [],
     }
-
-
-def _round_up(count: int, multiple: int = 16) -> int:  # 16 floats: 64-byte alignment
-    return -(-count // multiple) * multiple
-
-
-def workspace_layout(nest: LoopNest, applied: dict | None = None, staged: dict | None = None) -> dict[str, tuple[int, int]]:
-    """Where the kernel's scratch buffers sit in its (float32) workspace: tensor -> (offset,
-    float32 elements) for the accumulator ``acc`` (float32) and each packed input (in the
-    problem's dtype: a bfloat16 input takes half as many). Offsets are 64-byte aligned.
-    ``applied``: the layouts the kernel uses (default: :func:`layouts_applied`; a kernel's own
-    are :func:`looprl.backend.pairs.kernel_layouts`); ``staged``: tensor -> the layout of the
-    buffer its stage copies blocks into (:func:`looprl.backend.stages.staged_layouts`), which
-    takes that tensor's place instead of the whole tensor."""
-    applied = layouts_applied(nest) if applied is None else applied
-    applied = {**applied, **(staged or {})}
-    acc = applied["out"].elements if "out" in applied else math.prod(nest.problem.output_shape)
-    result, offset = {"acc": (0, acc)}, _round_up(acc)
-    for tensor in ("in0", "in1"):
-        if tensor in applied:
-            floats = -(-applied[tensor].elements * nest.problem.element_bytes // 4)
-            result[tensor] = (offset, floats)
-            offset = _round_up(offset + floats)
-    return result
-
-
-def workspace_elements(nest: LoopNest, applied: dict | None = None, staged: dict | None = None) -> int:
-    """float32 elements of workspace the kernel needs (the output's size without layouts);
-    ``applied`` and ``staged`` as for :func:`workspace_layout`."""
-    return max(offset + count for offset, count in workspace_layout(nest, applied, staged).values())
-

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from looprl.backend.layout_plan import offset_along
 from looprl.backend.llvm_text import Function, Module
-from looprl.backend.register_plan import entry_budgets
+from looprl.backend.register_plan import entry_budgets, offset_along
 from looprl.ir.layout import Layout
 from looprl.ir.nest import Loop
 from looprl.target import Target
@@ -32,7 +31,7 @@ class KernelModule(Module):
         self.target = target
         self.tensors = tensors  # pointer parameters of the kernel's entry points
         # pointer parameters of its internal functions: the tensors, then workspace buffers
-        # (stage buffers: looprl.backend.stages) that the entry points place
+        # (stage buffers: looprl.backend.kernel_plan.Stage) that the entry points place
         self.carried = tensors + tuple(buffers)
         # tensor -> the element type its pointer in the kernel's body addresses, where not "float"
         self.elements: dict[str, str] = dict(elements or {})
@@ -107,7 +106,7 @@ class NestEmitter:
         self.layouts: dict[str, Layout] = dict(layouts or {})  # tensors addressed through a layout
         self.depth = len(loops)
         self.width = module.target.vector_width
-        self.stage_entries: dict[int, list] = {}  # level -> the stages (looprl.backend.stages) copied on entry to it
+        self.stage_entries: dict[int, list] = {}  # level -> the stages (looprl.backend.kernel_plan.Stage) copied on entry to it
         self._staging: set[int] = set()  # levels whose stages the code being emitted has copied
 
     def entry_budgets(self, level: int) -> tuple[tuple[str, int], ...]:

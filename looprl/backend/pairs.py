@@ -42,7 +42,7 @@ A *dot-product* kernel (the innermost loop over a reduction both inputs store co
 vectors of partial sums, as few-row layers read a weight as stored) needs no layout: both
 inputs' pairs are neighbours. Where the target has AVX512_BF16 it reads twice as many
 bfloat16 values per vector and ``vdpbf16ps`` adds their products into the partial sums
-(:func:`dot_pairs`); elsewhere each value is widened, as in any other kernel.
+(:func:`reads_dot_pairs`); elsewhere each value is widened, as in any other kernel.
 
 Where the target has no AVX512_BF16 (AVX2, or a generic AVX-512 target) a paired kernel still
 loads pairs, and splits each 32-bit lane into its two float32 values (a shift and a mask) for
@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from looprl.backend.layout_plan import layouts_applied
-from looprl.backend.register_plan import RegisterScope
+from looprl.backend.register_plan import ComputePlan, RegisterScope
 from looprl.ir.layout import PAIR, Layout
 from looprl.ir.nest import LoopNest
 from looprl.ir.step import PAIR as PAIR_OP, Step
@@ -148,7 +148,7 @@ def pair_step(nest: LoopNest, target: Target) -> Step | None:
     return step if nest.why_not(step) is None else None
 
 
-@lru_cache(maxsize=4096)  # asked by the code generator, the packing entry points and the kernel: once per schedule
+@lru_cache(maxsize=4096)  # asked by the kernel plan and by kernel_layouts: once per schedule
 def pairing(nest: LoopNest, target: Target) -> Pairing | None:
     """How the kernel of ``nest`` for ``target`` takes its reduction in pairs, or None where it
     does not: only where the nest's second input is paired (a pair step) and the module
@@ -160,15 +160,11 @@ def pairing(nest: LoopNest, target: Target) -> Pairing | None:
     return found if found is not None and nest.layout("in1").is_paired(found.var) else None
 
 
-@lru_cache(maxsize=4096)
-def dot_pairs(nest: LoopNest, target: Target) -> bool:
-    """Whether the dot-product kernel of ``nest`` for ``target`` reads its reduction in pairs
-    (a bfloat16 problem whose register tile keeps partial sums along a reduction, on a target
-    with AVX512_BF16)."""
-    if not nest.problem.dtype.pairs_on(target):
-        return False
-    plan = RegisterScope(nest, target, layouts_applied(nest)).plan
-    return plan.reduces_vector and not plan.streaming
+def reads_dot_pairs(dtype, target: Target, plan: ComputePlan) -> bool:
+    """Whether a dot-product kernel of ``dtype`` whose register plan is ``plan`` reads its
+    reduction in pairs on ``target``: a bfloat16 problem whose register tile keeps partial sums
+    along a reduction, on a target with AVX512_BF16."""
+    return dtype.pairs_on(target) and plan.reduces_vector and not plan.streaming
 
 
 def kernel_layouts(nest: LoopNest, target: Target) -> dict:

@@ -5,15 +5,19 @@ just misses the register file is split into.
 
 What fits is the target's rule (:meth:`looprl.target.Target.holds` and
 :meth:`~looprl.target.Target.fits`); how a loop covers its elements is :func:`tile_walk`, the one
-walk every count and every enumeration of the tile goes through. No IR is emitted here."""
+walk every count and every enumeration of the tile goes through; how far moving along a
+dimension goes in a tensor, row-major or through its layout, is :func:`offset_along`. No IR is
+emitted here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
 
-from looprl.backend.layout_plan import layouts_applied, offset_along, strides
+from looprl.backend.layout_plan import layouts_applied
+from looprl.ir.layout import Layout
 from looprl.ir.nest import Loop, LoopNest
+from looprl.ir.problem import Problem
 from looprl.target import Target
 
 # Independent accumulators that hide multiply-add latency (x86 cores from Haswell/Zen on:
@@ -44,6 +48,29 @@ class ComputePlan:
     blocks: int = 1  # register blocks the tile is split into (1: the whole tile fits)
     block_registers: int = 0  # accumulators of the largest block (== tile_registers when 1 block)
     reduces_vector: bool = False  # vector_var is a reduction dimension: one vector of partial sums per output element
+
+
+def strides(problem: Problem, term: str) -> dict[str, int]:
+    """Element stride of each dimension of a row-major tensor indexed by ``term``."""
+    result, stride = {}, 1
+    for dim in reversed(term):
+        result[dim] = stride
+        stride *= problem.size(dim)
+    return result
+
+
+@lru_cache(maxsize=65536)
+def _layout_offset(layout: Layout, var: str, elements: int) -> int:
+    return layout.offset(var, elements)
+
+
+def offset_along(row_major: dict[str, int], layout: Layout | None, var: str, elements: int) -> int:
+    """Offset in a tensor of moving ``elements`` along ``var``: by its row-major ``row_major``,
+    or through its ``layout`` when it has one (within a range the schedule walks affinely: see
+    :func:`~looprl.backend.layout_plan.layouts_applied`)."""
+    if layout is None:
+        return row_major.get(var, 0) * elements
+    return _layout_offset(layout, var, elements)
 
 
 def lanes_for(budget: int, width: int) -> int:

@@ -7,32 +7,31 @@ from __future__ import annotations
 
 from looprl.backend.abi import EPILOGUE_TENSORS
 from looprl.backend.epilogue_ir import emit_epilogue
-from looprl.backend.layout_plan import strides
+from looprl.backend.kernel_plan import KernelPlan
 from looprl.backend.llvm_text import Function, load, store
 from looprl.backend.loops import KernelModule, NestEmitter
-from looprl.backend.register_plan import vector_chunks
-from looprl.ir.nest import LoopNest
+from looprl.backend.register_plan import strides, vector_chunks
 
 # Write-back: unroll the copy of the innermost loop up to this many vectors.
 COPY_UNROLL = 8
 
 
 class WriteBackEmitter(NestEmitter):
-    """``out = epilogue(acc)`` over the write-back loops (a copy when the epilogue is the
+    """``out = epilogue(acc)`` over the write-back loops of a kernel plan (a copy when the epilogue is the
     identity); the innermost loop is vectorised when it walks the output's last dimension
     (unit stride in the output, the accumulator, the bias and the residual)."""
 
-    def __init__(self, module: KernelModule, nest: LoopNest, layouts=None):
-        problem = nest.problem
+    def __init__(self, module: KernelModule, plan: KernelPlan):
+        problem = plan.problem
         out_strides = strides(problem, problem.output)
-        layouts = {"acc": layouts["out"]} if layouts and "out" in layouts else {}
+        layouts = {"acc": plan.layouts["out"]} if "out" in plan.layouts else {}
         coefs = {"acc": out_strides, "out": out_strides}
         epilogue = problem.epilogue
         if epilogue.bias:  # one value per output column: stride 1 along the last dimension only
             coefs[EPILOGUE_TENSORS["bias"]] = {problem.output[-1]: 1}
         if epilogue.residual:
             coefs[EPILOGUE_TENSORS["residual"]] = out_strides
-        super().__init__(module, nest.write_back, coefs, "write_back", layouts)
+        super().__init__(module, plan.write_back, coefs, "write_back", layouts)
         self.epilogue = None
         if not epilogue.is_identity:
             self.epilogue = epilogue

@@ -40,8 +40,7 @@ import numpy as np
 
 from looprl import checks, defaults
 from looprl.backend.codegen import CODEGEN_VERSION
-from looprl.backend.layout_plan import strides
-from looprl.backend.register_plan import ComputePlan, plan
+from looprl.backend.register_plan import ComputePlan, plan, strides
 from looprl.ir.nest import WRITE_BACK, Loop, LoopNest
 from looprl.target import Target
 

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import looprl
-from looprl.backend.pairs import dot_pairs, pairing
+from looprl.backend.pairs import pairing
 from looprl.ir.dtypes import BFLOAT16, FLOAT32, error_bound, from_bfloat16, to_bfloat16
 from looprl.ir.nest import LoopNest
 from looprl.measurement.pair_steps import with_pairs
@@ -210,7 +210,7 @@ def test_few_row_dot_products_read_pairs_on_a_bfloat16_host(k):
         if target.missing_on_host():
             continue
         kernel = looprl.compile(nest, target=target)
-        assert dot_pairs(nest, target) == ("vdpbf16ps" in kernel.assembly()) == target.bfloat16_dot
+        assert kernel.plan.dot_pairs == ("vdpbf16ps" in kernel.assembly()) == target.bfloat16_dot
         assert_within_bound(problem, kernel(a, b), a, b)
 
 

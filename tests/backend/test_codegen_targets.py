@@ -128,14 +128,14 @@ def test_a_target_the_host_cannot_run_is_refused_before_compiling(monkeypatch, n
     if target.isa != "avx512":
         pytest.skip("the host target is not AVX-512 here")
     _pretend_host(monkeypatch, "+sse4.2,+avx,+avx2,+fma,-avx512f")  # an AVX2-only machine
-    monkeypatch.setattr(codegen, "generate_ir", lambda *args: pytest.fail("compiled for a target the host cannot run"))
+    monkeypatch.setattr(codegen, "kernel_ir", lambda *args: pytest.fail("compiled for a target the host cannot run"))
     with pytest.raises(ValueError, match="cannot run code for target 'avx512'.*avx512f"):
         looprl.compile(looprl.initial_nest(looprl.matmul(8, 16, 8)), target)
 
 
 def test_sse_host_refuses_avx2_and_names_the_missing_features(monkeypatch):
     _pretend_host(monkeypatch, "+sse4.2,-avx,-avx2,-fma,-avx512f")
-    monkeypatch.setattr(codegen, "generate_ir", lambda *args: pytest.fail("compiled for a target the host cannot run"))
+    monkeypatch.setattr(codegen, "kernel_ir", lambda *args: pytest.fail("compiled for a target the host cannot run"))
     with pytest.raises(ValueError, match="avx2, fma"):
         looprl.compile(looprl.initial_nest(looprl.matmul(8, 16, 8)), "avx2")
 

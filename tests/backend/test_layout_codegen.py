@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 import looprl
 from looprl.backend import codegen
-from looprl.backend.layout_plan import layout_applies, workspace_elements
+from looprl.backend.kernel_plan import plan_kernel
+from looprl.backend.layout_plan import layout_applies
 from looprl.target import TARGET_NAMES, Target
 from tests.guarded import GuardedArray
 from tests.schedules import action_steps, layout_steps, pack_every_tiled_loop, walk, with_layouts
@@ -125,9 +126,10 @@ def test_a_layout_the_loops_do_not_walk_affinely_is_inert_and_correct():
 def test_row_major_schedules_generate_the_same_code_as_before_layouts():
     """Kernels without layouts keep the single entry point and no pack functions."""
     nest = looprl.initial_nest(looprl.matmul(67, 100, 50)).split(2, 16).swap(1)
-    ir = codegen.generate_ir(nest, Target.host())
+    plan = plan_kernel(nest, Target.host())
+    ir = codegen.kernel_ir(plan)
     assert "looprl_pack" not in ir and "looprl_body" not in ir and ir.count("define void") == 1
-    assert workspace_elements(nest) == 67 * 100
+    assert plan.workspace_elements == 67 * 100 and not plan.has_body
 
 
 @pytest.mark.parametrize("which", ["a", "b", "both"])

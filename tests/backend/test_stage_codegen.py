@@ -9,7 +9,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import looprl
-from looprl.backend.stages import kernel_stages
 from looprl.ir.cache_blocks import Blocks, blocked_steps
 from looprl.ir.step import Step
 from looprl.target import TARGET_NAMES, Target
@@ -46,7 +45,7 @@ def test_random_staged_schedules_match_numpy(problem, steps, pack, tensor, pick,
     if nest is None:
         return
     kernel = looprl.compile(nest, target=target)
-    assert not (tensor in kernel_stages(nest, target) and tensor in kernel.packed_inputs)  # staged or converted whole
+    assert not (tensor in kernel.plan.stages and tensor in kernel.packed_inputs)  # staged or converted whole
     a, b = random_inputs(problem, seed)
     assert_matches(problem, kernel, a, b)
 
@@ -81,7 +80,7 @@ def test_staged_blocks_stay_in_bounds(stage_at, side):
     problem = looprl.matmul(130, 1000, 700)
     nest = blocked(problem, stage_at)
     kernel = looprl.compile(nest)
-    assert "in1" in kernel_stages(nest, kernel.target) and kernel.packed_inputs == ()
+    assert "in1" in kernel.plan.stages and kernel.packed_inputs == ()
     whole = looprl.compile(blocked(problem, None))
     assert kernel.workspace_elements < whole.workspace_elements  # a block, not all of B
     shapes = (*problem.input_shapes, problem.output_shape, (kernel.workspace_elements,))
@@ -126,6 +125,6 @@ def test_a_stage_inside_the_register_scope_is_inert():
     inner_k = max(i for i, lp in enumerate(nest.compute) if lp.var == "k")
     staged_nest = nest.stage(inner_k, "in1")
     kernel = looprl.compile(staged_nest)
-    assert kernel_stages(staged_nest, kernel.target) == {} and kernel.packed_inputs == ("in1",)
+    assert not kernel.plan.stages and kernel.packed_inputs == ("in1",)
     a, b = random_inputs(problem, 5)
     assert_matches(problem, kernel, a, b)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import looprl
-from looprl.backend.codegen import tensor_elements
+from looprl.backend.kernel_plan import tensor_elements
 from looprl.backend.peak_kernel import flops_per_step, pairs_in_peak
 from looprl.ir.dtypes import BFLOAT16, DEFAULT_DTYPE, DTYPES, FLOAT32, DType, as_dtype, error_bound, from_bfloat16, storage
 from looprl.measurement.keys import peak_key

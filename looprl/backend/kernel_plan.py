@@ -1,0 +1,186 @@
+"""The kernel plan: what the code generator decides about one schedule's kernel for one target,
+decided once, before any IR is emitted, from the nest and the target. Every emitter (the
+compute and write-back nests, the entry points, the packing functions) and the compiled
+:class:`~looprl.backend.kernel.Kernel` read the plan; none of them sees the nest.
+
+What it holds:
+
+* the layouts the kernel stores tensors in: those of the nest its loops walk affinely
+  (:func:`~looprl.backend.layout_plan.layouts_applied`) and the second input's pairs where the
+  kernel takes the reduction two indices at a time (:mod:`looprl.backend.pairs`);
+* the register plan of the compute nest (:class:`~looprl.backend.register_plan.RegisterScope`:
+  the vectorised loop, the register scope, its blocks);
+* the stages the kernel carries out (:class:`Stage`): a stage step of input ``tensor`` at
+  compute loop ``level`` copies, on entry to each iteration of that loop (the full ones and
+  the tail one), the block of the tensor the loops inside read into a buffer in the workspace,
+  laid out as the tensor's kernel layout restricted to a full block
+  (:meth:`Layout.block <looprl.ir.layout.Layout.block>`: a tail iteration copies only its valid
+  extent and keeps the full block's strides); the loops inside address the buffer at
+  block-local indices, the loops outside the tensor itself, row-major, and the tensor is not
+  converted whole. The kernel carries out a stage only where the loop is outside the register
+  scope (the block is copied between runtime loops, never inside the unrolled tile) and no
+  parallel loop is at or outside it (one buffer, one thread); elsewhere the stage is inert;
+* the workspace: the accumulator, then each input packed whole or staged block by block, at
+  64-byte aligned offsets;
+* the calling convention's facts: the pointer arguments (:func:`~looprl.backend.abi.kernel_tensors`),
+  the inputs packed on entry, the dimension whose extent is an argument (runtime rows), whether
+  the kernel takes a thread count.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
+
+from looprl.backend.abi import bound_kernel_name, bound_subsets, kernel_tensors, pack_function_name
+from looprl.backend.loops import RuntimeRowsUnsupported
+from looprl.backend.pairs import Pairing, kernel_layouts, pairing, reads_dot_pairs
+from looprl.backend.register_plan import RegisterScope
+from looprl.ir.layout import Layout
+from looprl.ir.nest import Loop, LoopNest
+from looprl.ir.problem import Problem
+from looprl.target import Target
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A stage the kernel carries out: ``tensor``'s blocks copied at compute loop ``level``
+    into a buffer of layout ``block`` (the full block's extents)."""
+
+    tensor: str
+    level: int
+    block: Layout
+
+    @property
+    def pointer(self) -> str:
+        """The name of the buffer's pointer among the kernel's internal pointers."""
+        return f"stage_{self.tensor}"
+
+
+@dataclass(frozen=True, eq=False)
+class KernelPlan:
+    """The code generator's decisions for one kernel (see the module docstring); made by
+    :func:`plan_kernel`."""
+
+    problem: Problem
+    target: Target
+    compute: tuple[Loop, ...]  # the compute nest's loops, outermost first
+    write_back: tuple[Loop, ...]  # the write-back nest's loops
+    layouts: Mapping[str, Layout]  # tensor -> the layout the kernel stores it in (``out``: the accumulator's)
+    pairing: Pairing | None  # how the compute nest takes a bfloat16 reduction in pairs, if it does
+    dot_pairs: bool  # a dot-product tile reads pairs of bfloat16 values per lane (vdpbf16ps)
+    registers: RegisterScope  # the compute nest's register plan
+    stages: Mapping[str, Stage]  # input -> the stage the kernel carries out
+    workspace: Mapping[str, tuple[int, int]]  # acc and each packed or staged input -> (offset, float32 elements)
+    tensors: tuple[str, ...]  # the entry points' pointer arguments in order
+    packed: tuple[str, ...]  # the inputs converted whole to their layouts on entry
+    elements: Mapping[str, str]  # pointer -> the LLVM element type it addresses (tensors and stage buffers)
+    rows: str | None  # the dimension whose extent is an argument (runtime rows), if any
+    threaded: bool  # a loop is parallel: the entry points take the thread count
+
+    @property
+    def direct(self) -> bool:
+        """Whether the compute nest stores the output itself, its epilogue applied in registers:
+        every reduction loop inside the register scope (each output element summed in registers
+        and stored once) and a row-major output; else a write-back nest copies the accumulator."""
+        return self.registers.plan.zero_init and "out" not in self.layouts
+
+    @property
+    def has_body(self) -> bool:
+        """Whether the kernel's body is an internal function that entry points call after
+        converting inputs (a kernel with layouts or stages), rather than the entry point itself."""
+        return bool(self.layouts or self.stages)
+
+    @property
+    def buffers(self) -> tuple[str, ...]:
+        """The stage buffers' pointers, which the kernel's internal functions take after its tensors."""
+        return tuple(stage.pointer for stage in self.stages.values())
+
+    @property
+    def workspace_elements(self) -> int:
+        """float32 elements of workspace the kernel needs."""
+        return max(offset + count for offset, count in self.workspace.values())
+
+    @property
+    def extra_entry_points(self) -> tuple[str, ...]:
+        """The functions besides the kernel a caller looks up: the packing functions and the
+        entries that take packed inputs."""
+        return tuple(pack_function_name(t) for t in self.packed) + tuple(bound_kernel_name(s) for s in bound_subsets(self.packed))
+
+
+def tensor_elements(nest: LoopNest) -> dict[str, str]:
+    """The LLVM element type of each of the kernel body's pointer arguments: the problem's
+    dtype's for its tensors (an input converted to a layout keeps it), its accumulation type's
+    (float32) for the workspace (the accumulator)."""
+    dtype = nest.problem.dtype
+    return {t: dtype.accumulator.llvm_element if t == "acc" else dtype.llvm_element for t in kernel_tensors(nest.problem)}
+
+
+def plan_kernel(nest: LoopNest, target: Target, runtime_rows: bool = False) -> KernelPlan:
+    """The plan of the kernel of ``nest`` for ``target``. With ``runtime_rows`` the kernel takes
+    the extent of the problem's :attr:`~looprl.ir.problem.Problem.row_dim` as an argument: a
+    ValueError where there is none, :class:`~looprl.backend.loops.RuntimeRowsUnsupported` where
+    the first input is converted to a layout (its conversion covers every row) or a stage step
+    is present."""
+    problem = nest.problem
+    layouts = kernel_layouts(nest, target)
+    rows = _runtime_rows(nest, layouts) if runtime_rows else None
+    registers = RegisterScope(nest, target, layouts)
+    stages = _stages(nest, layouts, registers.plan.scope_start)
+    packed = tuple(t for t in ("in0", "in1") if t in layouts and t not in stages)
+    workspace = _workspace(problem, {**layouts, **{t: stage.block for t, stage in stages.items()}})
+    dot = reads_dot_pairs(problem.dtype, target, registers.plan)
+    elements = {**tensor_elements(nest), **{stage.pointer: problem.dtype.llvm_element for stage in stages.values()}}
+    return KernelPlan(problem, target, nest.compute, nest.write_back, MappingProxyType(layouts), pairing(nest, target), dot,
+                      registers, MappingProxyType(stages), MappingProxyType(workspace), kernel_tensors(problem), packed,
+                      MappingProxyType(elements), rows, nest.is_parallel)
+
+
+def _runtime_rows(nest: LoopNest, layouts: Mapping[str, Layout]) -> str:
+    """The dimension a runtime-rows kernel of ``nest`` whose layouts are ``layouts`` takes the
+    extent of (see :func:`plan_kernel`)."""
+    rows = nest.problem.row_dim
+    if rows is None:
+        raise ValueError(f"{nest.problem.name}: runtime rows need the output's leading dimension to lead the first input "
+                         "and not be in the second")
+    if "in0" in layouts:
+        raise RuntimeRowsUnsupported(f"{nest.problem.name}: runtime rows need the first input in its own layout, "
+                                     "but this schedule converts it")
+    if any(lp.staged for lp in nest.compute):
+        raise RuntimeRowsUnsupported(f"{nest.problem.name}: runtime rows are not given to a schedule with a stage step")
+    return rows
+
+
+def _stages(nest: LoopNest, layouts: dict[str, Layout], scope_start: int) -> dict[str, Stage]:
+    """The stages the kernel carries out (see the module docstring), by tensor, given its
+    ``layouts`` and the first loop of its register scope."""
+    found = {}
+    for level, loop in enumerate(nest.compute):
+        for tensor in loop.staged:
+            if level >= scope_start or any(lp.parallel for lp in nest.compute[: level + 1]):
+                continue
+            index = nest.tensor_index(tensor)
+            layout = layouts.get(tensor) or Layout.row_major(index, nest.problem.shape(index))
+            found[tensor] = Stage(tensor, level, layout.block(nest.stage_block(level, tensor)))
+    return found
+
+
+def _round_up(count: int, multiple: int = 16) -> int:  # 16 floats: 64-byte alignment
+    return -(-count // multiple) * multiple
+
+
+def _workspace(problem: Problem, layouts: dict[str, Layout]) -> dict[str, tuple[int, int]]:
+    """Where the kernel's scratch buffers sit in its (float32) workspace: tensor -> (offset,
+    float32 elements) for the accumulator ``acc`` (float32) and each input in ``layouts`` (the
+    kernel's layouts, a staged input's being its buffer's; in the problem's dtype: a bfloat16
+    input takes half as many). Offsets are 64-byte aligned."""
+    acc = layouts["out"].elements if "out" in layouts else math.prod(problem.output_shape)
+    result, offset = {"acc": (0, acc)}, _round_up(acc)
+    for tensor in ("in0", "in1"):
+        if tensor in layouts:
+            floats = -(-layouts[tensor].elements * problem.element_bytes // 4)
+            result[tensor] = (offset, floats)
+            offset = _round_up(offset + floats)
+    return result
