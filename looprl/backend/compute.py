@@ -53,6 +53,7 @@ class ComputeEmitter(NestEmitter):
         for stage in plan.stages.values():  # outside the stage, the tensor itself, row-major
             self.stage_entries.setdefault(stage.level + 1, []).append(stage)
             self.layouts.pop(stage.tensor, None)
+        self.private = plan.private_strides
         self.problem = problem
         self.output_dims = set(problem.output)
         self.scope = plan.registers

@@ -13,7 +13,7 @@ from looprl.backend import abi, codegen, jit
 from looprl.backend.buffers import aligned_empty
 from looprl.backend.jit import CompiledModule
 from looprl.backend.kernel_plan import KernelPlan, plan_kernel
-from looprl.backend.threads import before_parallel_call, check_threads, ensure_openmp_runtime
+from looprl.backend.threads import available_cores, before_parallel_call, check_threads, ensure_openmp_runtime
 from looprl.ir.nest import LoopNest
 from looprl.target import Target
 
@@ -52,7 +52,12 @@ class Kernel:
 
     ``threads`` is how many threads the schedule's parallel loops use unless a call says
     otherwise (:meth:`run`); a schedule without a parallel loop runs on the calling thread
-    whatever the count. The kernel may be called from several threads at once.
+    whatever the count. The kernel may be called from several threads at once. Where the
+    threads of a team stage blocks of an input into buffers of their own
+    (:attr:`KernelPlan.thread_stride <looprl.backend.kernel_plan.KernelPlan.thread_stride>`),
+    :attr:`workspace_elements` holds one set per core this process may use (at most one per
+    iteration of the parallel loop), and a call on more threads (:meth:`raw_call` skips the
+    core check) runs on that many.
 
     A kernel compiled with ``runtime_rows=True`` (:func:`compile`) takes any number of rows
     (the problem's :attr:`~looprl.ir.problem.Problem.row_dim`) from 1 to the problem's in one
@@ -78,7 +83,10 @@ class Kernel:
         self._function = signature(module.address)
         self.layouts = dict(plan.layouts)  # tensor -> Layout the code stores it in
         self.packed_inputs = plan.packed
-        self.workspace_elements = plan.workspace_elements
+        # Threads that stage blocks into buffers of their own (kernel_plan.Stage.private) get them
+        # in the workspace: room for as many threads as this process may use, and no call runs more.
+        self._team_limit = available_cores() if plan.thread_stride else None
+        self.workspace_elements = plan.workspace_for(self._team_limit) if plan.thread_stride else plan.workspace_elements
         self._entries = {name: signature(address) for name, address in module.addresses.items() if "_bound_" in name}
         self._packers = {name: _PACK_SIGNATURE(address) for name, address in module.addresses.items() if "_pack_" in name}
         shapes = dict(zip(("in0", "in1"), self.problem.input_shapes))
@@ -135,6 +143,8 @@ class Kernel:
         """Call an entry point of this kernel (the row count and the thread count only where the
         code takes them; rows default to the problem's)."""
         extra = (self.max_rows if rows is None else rows,) if self.runtime_rows else ()
+        if self._team_limit is not None:  # the workspace holds this many threads' stage buffers
+            threads = min(threads, self._team_limit)
         if self.plan.threaded:
             before_parallel_call(threads)
             function(*pointers, reps, *extra, threads)

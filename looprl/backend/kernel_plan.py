@@ -18,10 +18,15 @@ What it holds:
   extent and keeps the full block's strides); the loops inside address the buffer at
   block-local indices, the loops outside the tensor itself, row-major, and the tensor is not
   converted whole. The kernel carries out a stage only where the loop is outside the register
-  scope (the block is copied between runtime loops, never inside the unrolled tile) and no
-  parallel loop is at or outside it (one buffer, one thread); elsewhere the stage is inert;
-* the workspace: the accumulator, then each input packed whole or staged block by block, at
-  64-byte aligned offsets;
+  scope (the block is copied between runtime loops, never inside the unrolled tile); elsewhere
+  the stage is inert. A stage at or inside the compute nest's parallel loop is *private*
+  (:attr:`Stage.private`): every thread of the team copies the blocks its own iterations read
+  into its own buffer and reads only that one; a stage outside the parallel loop is copied by
+  the calling thread between teams, whose threads only read it;
+* the workspace: the accumulator, then each input packed whole or staged block by block (the
+  shared buffers first, then the private ones), at 64-byte aligned offsets; the private buffers
+  of thread ``t`` lie ``t * thread_stride`` floats after thread 0's (:meth:`KernelPlan.workspace_for`:
+  the workspace of a team);
 * the calling convention's facts: the pointer arguments (:func:`~looprl.backend.abi.kernel_tensors`),
   the inputs packed on entry, the dimension whose extent is an argument (runtime rows), whether
   the kernel takes a thread count.
@@ -47,11 +52,14 @@ from looprl.target import Target
 @dataclass(frozen=True)
 class Stage:
     """A stage the kernel carries out: ``tensor``'s blocks copied at compute loop ``level``
-    into a buffer of layout ``block`` (the full block's extents)."""
+    into a buffer of layout ``block`` (the full block's extents); ``private``: the loop is at or
+    inside the parallel loop, and each thread of its team copies into a buffer of its own
+    (:attr:`KernelPlan.thread_stride` floats after the previous thread's)."""
 
     tensor: str
     level: int
     block: Layout
+    private: bool = False
 
     @property
     def pointer(self) -> str:
@@ -73,7 +81,9 @@ class KernelPlan:
     dot_pairs: bool  # a dot-product tile reads pairs of bfloat16 values per lane (vdpbf16ps)
     registers: RegisterScope  # the compute nest's register plan
     stages: Mapping[str, Stage]  # input -> the stage the kernel carries out
-    workspace: Mapping[str, tuple[int, int]]  # acc and each packed or staged input -> (offset, float32 elements)
+    workspace: Mapping[str, tuple[int, int]]  # acc and each packed or staged input -> (offset, float32 elements); thread 0's for a private stage
+    thread_stride: int  # float32 elements between two threads' private stage buffers (0: no private stage)
+    stage_team: int  # the most threads that stage privately at once: the parallel loop's iterations (1: no private stage)
     tensors: tuple[str, ...]  # the entry points' pointer arguments in order
     packed: tuple[str, ...]  # the inputs converted whole to their layouts on entry
     elements: Mapping[str, str]  # pointer -> the LLVM element type it addresses (tensors and stage buffers)
@@ -100,8 +110,21 @@ class KernelPlan:
 
     @property
     def workspace_elements(self) -> int:
-        """float32 elements of workspace the kernel needs."""
+        """float32 elements of workspace the kernel needs on one thread."""
         return max(offset + count for offset, count in self.workspace.values())
+
+    def workspace_for(self, threads: int) -> int:
+        """float32 elements of workspace the kernel needs on a team of ``threads`` (a team never
+        outnumbers the parallel loop's iterations: :attr:`stage_team`): one thread's, plus a
+        copy of the private stage buffers per further thread."""
+        return self.workspace_elements + (min(threads, self.stage_team) - 1) * self.thread_stride
+
+    @property
+    def private_strides(self) -> dict[str, int]:
+        """Each private stage buffer's pointer -> elements (of its own type) between two
+        threads' copies."""
+        per_float = 4 // self.problem.element_bytes
+        return {stage.pointer: self.thread_stride * per_float for stage in self.stages.values() if stage.private}
 
     @property
     def extra_entry_points(self) -> tuple[str, ...]:
@@ -130,11 +153,13 @@ def plan_kernel(nest: LoopNest, target: Target, runtime_rows: bool = False) -> K
     registers = RegisterScope(nest, target, layouts)
     stages = _stages(nest, layouts, registers.plan.scope_start)
     packed = tuple(t for t in ("in0", "in1") if t in layouts and t not in stages)
-    workspace = _workspace(problem, {**layouts, **{t: stage.block for t, stage in stages.items()}})
+    private = tuple(t for t, stage in stages.items() if stage.private)
+    workspace, thread_stride = _workspace(problem, {**layouts, **{t: stage.block for t, stage in stages.items()}}, private)
+    team = next((lp.iterations for lp in nest.compute if lp.parallel), 1) if private else 1
     dot = reads_dot_pairs(problem.dtype, target, registers.plan)
     elements = {**tensor_elements(nest), **{stage.pointer: problem.dtype.llvm_element for stage in stages.values()}}
     return KernelPlan(problem, target, nest.compute, nest.write_back, MappingProxyType(layouts), pairing(nest, target), dot,
-                      registers, MappingProxyType(stages), MappingProxyType(workspace), kernel_tensors(problem), packed,
+                      registers, MappingProxyType(stages), MappingProxyType(workspace), thread_stride, team, kernel_tensors(problem), packed,
                       MappingProxyType(elements), rows, nest.is_parallel)
 
 
@@ -159,11 +184,12 @@ def _stages(nest: LoopNest, layouts: dict[str, Layout], scope_start: int) -> dic
     found = {}
     for level, loop in enumerate(nest.compute):
         for tensor in loop.staged:
-            if level >= scope_start or any(lp.parallel for lp in nest.compute[: level + 1]):
+            if level >= scope_start:
                 continue
             index = nest.tensor_index(tensor)
             layout = layouts.get(tensor) or Layout.row_major(index, nest.problem.shape(index))
-            found[tensor] = Stage(tensor, level, layout.block(nest.stage_block(level, tensor)))
+            private = any(lp.parallel for lp in nest.compute[: level + 1])
+            found[tensor] = Stage(tensor, level, layout.block(nest.stage_block(level, tensor)), private)
     return found
 
 
@@ -171,16 +197,21 @@ def _round_up(count: int, multiple: int = 16) -> int:  # 16 floats: 64-byte alig
     return -(-count // multiple) * multiple
 
 
-def _workspace(problem: Problem, layouts: dict[str, Layout]) -> dict[str, tuple[int, int]]:
+def _workspace(problem: Problem, layouts: dict[str, Layout], private: tuple[str, ...] = ()) -> tuple[dict[str, tuple[int, int]], int]:
     """Where the kernel's scratch buffers sit in its (float32) workspace: tensor -> (offset,
     float32 elements) for the accumulator ``acc`` (float32) and each input in ``layouts`` (the
     kernel's layouts, a staged input's being its buffer's; in the problem's dtype: a bfloat16
-    input takes half as many). Offsets are 64-byte aligned."""
+    input takes half as many), the inputs in ``private`` (private stages: thread 0's buffers)
+    last; and the float32 elements from thread 0's private buffers to thread 1's (0 without
+    any). Offsets are 64-byte aligned."""
     acc = layouts["out"].elements if "out" in layouts else math.prod(problem.output_shape)
     result, offset = {"acc": (0, acc)}, _round_up(acc)
-    for tensor in ("in0", "in1"):
-        if tensor in layouts:
-            floats = -(-layouts[tensor].elements * problem.element_bytes // 4)
-            result[tensor] = (offset, floats)
-            offset = _round_up(offset + floats)
-    return result
+    shared = [t for t in ("in0", "in1") if t in layouts and t not in private]
+    start = None
+    for tensor in shared + [t for t in ("in0", "in1") if t in private]:
+        if tensor in private and start is None:
+            start = offset
+        floats = -(-layouts[tensor].elements * problem.element_bytes // 4)
+        result[tensor] = (offset, floats)
+        offset = _round_up(offset + floats)
+    return result, (0 if start is None else offset - start)

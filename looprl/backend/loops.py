@@ -108,6 +108,9 @@ class NestEmitter:
         self.width = module.target.vector_width
         self.stage_entries: dict[int, list] = {}  # level -> the stages (looprl.backend.kernel_plan.Stage) copied on entry to it
         self._staging: set[int] = set()  # levels whose stages the code being emitted has copied
+        # private stage buffers' pointers -> elements between two threads' copies (each thread of
+        # the parallel loop's team stages into its own: looprl.backend.kernel_plan.Stage.private)
+        self.private: dict[str, int] = {}
 
     def entry_budgets(self, level: int) -> tuple[tuple[str, int], ...]:
         """Budgets (full context) of the vars that still have loops at ``level`` or below."""
@@ -280,7 +283,8 @@ class NestEmitter:
 
     def emit_region(self, fn: Function, level: int, budgets: dict[str, int]) -> None:
         """The outlined body of parallel loop ``level``: this thread's share of its iterations
-        (contiguous, balanced by elements, the last thread's ending with the tail iteration)."""
+        (contiguous, balanced by elements, the last thread's ending with the tail iteration),
+        staging into this thread's copies of the private stage buffers (:attr:`private`)."""
         loop = self.loops[level]
         ptrs = {}
         tensors = self.module.carried
@@ -309,6 +313,9 @@ class NestEmitter:
         fn.emit("%nthreads = call i32 @omp_get_num_threads()")
         thread64 = fn.value(f"zext i32 {thread} to i64", "tid")
         team64 = fn.value("zext i32 %nthreads to i64", "team")
+        for pointer, stride in self.private.items():  # this thread's own stage buffers
+            if pointer in ptrs:
+                ptrs[pointer] = fn.advance(ptrs[pointer], thread64, stride)
         # Thread t starts at iteration round(t * budget / team / step) (at most the last one).
         half = fn.value(f"mul nuw nsw i64 {team64}, {loop.step}", "h")
         denominator = fn.value(f"mul nuw nsw i64 {half}, 2", "d")

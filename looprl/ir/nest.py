@@ -35,7 +35,10 @@ A compute loop may *stage* an input (:meth:`LoopNest.stage`): each of its iterat
 block of the input that the loops inside read into a buffer, which those loops read instead (the
 input is then not converted whole). The mark shows in the printed nest (``stage in1``) and as
 ``+in1`` after the loop in :attr:`LoopNest.key`; a split leaves it on the inner loop, a swap
-moves it with its loop, a merge keeps it; a loop at or outside it may not be parallel.
+moves it with its loop, a merge keeps it. A stage and a parallel loop go in either order: at or
+inside the parallel loop, every thread stages the blocks its own iterations read into a buffer
+of its own; outside it, the calling thread stages each block before the team that reads it
+starts (:mod:`looprl.backend.kernel_plan`).
 """
 
 from __future__ import annotations
@@ -375,9 +378,7 @@ class LoopNest(LayoutSteps):
         for other, lp in enumerate(self.loops):
             if lp.parallel and lp.nest == loop.nest:
                 return f"loop {other} of the {loop.nest.replace('_', '-')} nest is parallel already (nested parallel loops are refused)"
-            if lp.staged and other >= index:
-                return f"loop {other} inside it stages {', '.join(lp.staged)} into one buffer, which threads would share"
-        return None
+        return None  # a stage at or inside it: each thread stages into its own buffer
 
     def serial(self) -> "LoopNest":
         """This schedule with no parallel loop (its one-thread counterpart)."""

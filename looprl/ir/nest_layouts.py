@@ -165,9 +165,9 @@ class LayoutSteps:
         """Why :meth:`stage` refuses, or None. Refused: the output or a constant input (a
         constant weight is converted once when bound already); an input staged at some loop
         already; a write-back loop; a loop inside which no loop walks a dimension the tensor
-        lacks (each copied element would be read once: nothing reuses the buffer); a parallel
-        loop at or outside it (threads would share the one buffer); a block of more than
-        :data:`STAGE_MAX_BYTES`."""
+        lacks (each copied element would be read once: nothing reuses the buffer); a block of
+        more than :data:`STAGE_MAX_BYTES`. A parallel loop at or outside it is no reason: each
+        thread of its team stages into a buffer of its own."""
         index = checks.integer(index, "loop index")
         if tensor not in ("in0", "in1"):
             return f"only an input is staged, not {tensor!r}"
@@ -183,8 +183,6 @@ class LayoutSteps:
         index_letters = self.tensor_index(tensor)
         if not any(lp.var not in index_letters for lp in self.compute[index + 1:]):
             return f"no loop inside loop {index} walks a dimension {tensor} ({index_letters}) lacks: nothing would reuse the copy"
-        if any(lp.parallel for lp in self.compute[: index + 1]):
-            return f"a parallel loop at or outside loop {index} would share the one buffer among threads"
         block = self.layout(tensor).block(self.stage_block(index, tensor))
         size = block.elements * self.problem.element_bytes
         if size > STAGE_MAX_BYTES:
