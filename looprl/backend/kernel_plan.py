@@ -81,7 +81,8 @@ class KernelPlan:
     dot_pairs: bool  # a dot-product tile reads pairs of bfloat16 values per lane (vdpbf16ps)
     registers: RegisterScope  # the compute nest's register plan
     stages: Mapping[str, Stage]  # input -> the stage the kernel carries out
-    workspace: Mapping[str, tuple[int, int]]  # acc and each packed or staged input -> (offset, float32 elements); thread 0's for a private stage
+    # acc and each packed or staged input -> (offset, float32 elements); a private stage's: thread 0's buffer
+    workspace: Mapping[str, tuple[int, int]]
     thread_stride: int  # float32 elements between two threads' private stage buffers (0: no private stage)
     stage_team: int  # the most threads that stage privately at once: the parallel loop's iterations (1: no private stage)
     tensors: tuple[str, ...]  # the entry points' pointer arguments in order
@@ -159,8 +160,8 @@ def plan_kernel(nest: LoopNest, target: Target, runtime_rows: bool = False) -> K
     dot = reads_dot_pairs(problem.dtype, target, registers.plan)
     elements = {**tensor_elements(nest), **{stage.pointer: problem.dtype.llvm_element for stage in stages.values()}}
     return KernelPlan(problem, target, nest.compute, nest.write_back, MappingProxyType(layouts), pairing(nest, target), dot,
-                      registers, MappingProxyType(stages), MappingProxyType(workspace), thread_stride, team, kernel_tensors(problem), packed,
-                      MappingProxyType(elements), rows, nest.is_parallel)
+                      registers, MappingProxyType(stages), MappingProxyType(workspace), thread_stride, team, kernel_tensors(problem),
+                      packed, MappingProxyType(elements), rows, nest.is_parallel)
 
 
 def _runtime_rows(nest: LoopNest, layouts: Mapping[str, Layout]) -> str:
