@@ -124,13 +124,25 @@ class TunedLinear(nn.Module):
 
     def forward(self, x):
         """The linear layer's own function, ``x @ weight.T + bias`` (never the fused activation)."""
-        if self.activation is None:
-            return self.kernels(x, self.weight, self.bias)
+        kernels = self.kernels
+        weight, bias = self._parameters_now()
+        if kernels.activation is None:  # the kernels' own attribute: ``self.activation``, a submodule, is a slower lookup
+            return kernels(x, weight, bias)
         if self.alone is not None:
-            return self.alone(x, self.weight, self.bias)
-        self.kernels._count(ALONE)
-        return functional.linear(x, self.weight, self.bias)
+            return self.alone(x, weight, bias)
+        kernels._count(ALONE)
+        return functional.linear(x, weight, bias)
 
     def fused(self, x):
         """``activation(linear(x))``: the layer and the activation that follows it in its sequence."""
-        return self.kernels(x, self.weight, self.bias)
+        return self.kernels(x, *self._parameters_now())
+
+    def _parameters_now(self) -> tuple:
+        """``(self.weight, self.bias)`` as they are now, read from the parameters' table where they
+        are registered there (``nn.Module.__getattr__``, which ``self.weight`` goes through, reads
+        the same table after a failed lookup: about a microsecond a call on a decode step), and
+        by ``self.weight`` otherwise (a parametrization's property, pruning's plain attribute)."""
+        table = self._parameters
+        weight = table["weight"] if "weight" in table else self.weight
+        bias = table["bias"] if "bias" in table else self.bias
+        return weight, bias

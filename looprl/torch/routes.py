@@ -78,6 +78,7 @@ NEGATIVE_VIEW = "parameters are negative or conjugate views"  # the fallback rea
 TRANSFORMED = "a tensor under a torch.func transform (vmap, grad, jvp, functionalize)"
 AUTOCAST = "autocast to another dtype is on"  # the fallback reason of a call where CPU autocast computes in a dtype not the kernels'
 _wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_autocast_enabled, _autocast_dtype = torch.is_autocast_enabled, torch.get_autocast_dtype
 
 
 def transformed(*tensors) -> bool:
@@ -91,7 +92,7 @@ def autocast_to_other(dtype) -> bool:
     the layer in autocast's dtype and returns it (a float32 layer under
     ``torch.autocast("cpu", dtype=torch.bfloat16)`` returns bfloat16), which a kernel of
     ``dtype`` does not."""
-    return torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") is not dtype
+    return _autocast_enabled("cpu") and _autocast_dtype("cpu") is not dtype
 
 
 @dataclass(frozen=True)
@@ -218,17 +219,18 @@ class LinearKernels:
         if self.foreign is not None:
             return self.foreign
         dtype = self._torch_dtype  # dtypes are singletons: compared by identity, and is_cpu is cheaper than device.type
-        if autocast_to_other(dtype):
+        if _autocast_enabled("cpu") and _autocast_dtype("cpu") is not dtype:  # autocast_to_other, inlined: asked on every call
             return AUTOCAST
         if type(x) is not torch.Tensor or x.dtype is not dtype or not x.is_cpu or x.dim() < 1:
             return f"input not a {self.dtype} CPU tensor"
-        if transformed(x, weight, bias):
+        if _wrapped(x) or (weight is not None and _wrapped(weight)) or (bias is not None and _wrapped(bias)):  # transformed, inlined
             return TRANSFORMED
         if x.shape[-1] != self.in_features:
             return "input's last dimension is not in_features"
         if x.numel() == 0:
             return "empty input"
-        if (type(weight) not in (torch.Tensor, nn.Parameter) or weight.dtype is not dtype or not weight.is_cpu
+        kind = type(weight)
+        if ((kind is not nn.Parameter and kind is not torch.Tensor) or weight.dtype is not dtype or not weight.is_cpu
                 or weight.shape != self._weight_shape
                 or (bias is not None and (bias.dtype is not dtype or not bias.is_cpu or bias.shape != self._bias_shape))):
             return f"parameters not {self.dtype} on the CPU"
@@ -334,34 +336,51 @@ class LinearKernels:
         counted (:meth:`counted`). A row count routed to torch is looked up first, and is
         torch's whatever else holds (torch's call is the original's: its answer, its errors):
         such a call costs a lookup besides torch's, not every check of :meth:`why_not` (only a
-        layer whose kernels cannot run on this CPU keeps that reason first)."""
-        routed = (self.foreign is None and self.routes and type(x) is torch.Tensor and x.dim() >= 1
-                  and self.runs_torch(math.prod(x.shape[:-1])))
-        why = TORCH_FASTER if routed else self.why_not(x, weight, bias)
+        layer whose kernels cannot run on this CPU keeps that reason first). A decode step calls
+        every layer once per token, so the row count is worked out once per call and handed on."""
+        rows = None
+        if self.foreign is None and type(x) is torch.Tensor and x.dim() >= 1:
+            shape = x.shape
+            rows = shape[0] if len(shape) == 2 else math.prod(shape[:-1])
+            if self.routes:
+                routed = self._torch_rows.get(rows)
+                if routed or (routed is None and self.runs_torch(rows)):
+                    self._count(TORCH_FASTER)
+                    return self.fallback(x, weight, bias)
+        why = self.why_not(x, weight, bias)
         self._count(why)
         if why is not None:
             return self.fallback(x, weight, bias)
-        return self.compute(x, weight, bias)
+        return self.compute(x, weight, bias, rows=rows)
 
-    def compute(self, x, weight, bias, cache=None):
+    def compute(self, x, weight, bias, cache=None, rows: int | None = None):
         """The call by looprl's kernels, for arguments :meth:`why_not` accepts (not checked here):
         the row plan's in-place kernels on the live weight and bias (a strided one read through
         a contiguous copy made for the call), the others bound to copies (compared with the
         tensors on every call, or bound once when frozen), looked up only when the plan uses one.
         ``cache``: where the bound kernels are kept (default the layer's own; :meth:`judge`
-        gives each copy of a cold weight its own)."""
-        rows = math.prod(x.shape[:-1])
-        plan, counts, bound = self._plan_of(rows)
-        kernels = {}
+        gives each copy of a cold weight its own). ``rows``: ``x``'s row count, where the
+        caller has it (None: worked out here)."""
+        if rows is None:
+            rows = math.prod(x.shape[:-1])
+        found = self._plans.get(rows)
+        plan, counts, bound = found if found is not None else self._plan_of(rows)
         if bound:
             if cache is None:
                 cache = self._frozen if self.frozen else self._bound
-            kernels.update(cache.get(weight, bias))
-        if len(counts) > len(bound):  # some of the plan's kernels read the live tensors
-            weight = weight if weight.is_contiguous() else weight.contiguous()
-            bias = bias if bias is None or bias.is_contiguous() else bias.contiguous()
-            kernels.update({count: InPlaceKernel(self._kernels[count], weight, bias) for count in counts if count not in bound})
+            kernels = cache.get(weight, bias)  # read, never changed, by the plan's run
+            if len(counts) > len(bound):  # some of the plan's kernels read the live tensors
+                kernels = {**kernels, **self._in_place_kernels(counts, weight, bias)}
+        else:
+            kernels = self._in_place_kernels(counts, weight, bias)
         return self._run_plan(x, rows, plan, kernels)
+
+    def _in_place_kernels(self, counts, weight, bias) -> dict[int, "InPlaceKernel"]:
+        """The in-place kernels among ``counts`` (row counts), on the live ``weight`` and ``bias``
+        (a strided one read through a contiguous copy made for the call)."""
+        weight = weight if weight.is_contiguous() else weight.contiguous()
+        bias = bias if bias is None or bias.is_contiguous() else bias.contiguous()
+        return {count: InPlaceKernel(self._kernels[count], weight, bias) for count in counts if count in self.in_place}
 
     def _plan_of(self, rows: int) -> tuple[list[tuple[int, int, int]], frozenset[int], frozenset[int]]:
         """The row plan of ``rows`` (``(start, length, count)`` per call), the row counts of its
@@ -381,7 +400,9 @@ class LinearKernels:
             flat = flat.resolve_neg().resolve_conj()
         if not flat.is_contiguous():
             flat = flat.contiguous()
-        out = torch.empty((*x.shape[:-1], self.out_features), dtype=self._torch_dtype)  # row-major: rows of out_features
+        # Row-major: rows of out_features, x's dtype (the layer's, checked) on the CPU. x.new_empty with the sizes as arguments: torch.empty
+        # with a dtype keyword parses its arguments more slowly (about 0.6 us of a decode step's call, torch 2.13).
+        out = x.new_empty(rows, self.out_features) if x.dim() == 2 else x.new_empty(*x.shape[:-1], self.out_features)
         # Checked above (the dtype, CPU, contiguous, the shapes): the kernels are called on addresses.
         source, target = flat.data_ptr(), out.data_ptr()
         in_row, out_row = self._row_bytes

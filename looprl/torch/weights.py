@@ -133,15 +133,16 @@ class FrozenCache:
 
     def __init__(self, derive):
         self._derive = derive
-        self._entry: tuple[tuple, object] | None = None  # ((the bound weight's alias, the bias's or None), the value), replaced whole
+        # ((the bound weight's alias and how it is seen, the bias's or None), the value), replaced whole
+        self._entry: tuple[tuple, object] | None = None
 
     def get(self, weight, bias):
         """The value derived from ``weight`` and ``bias``, bound again when either is another
         tensor than the one bound."""
         entry = self._entry
         if entry is None or not (_same_tensor(entry[0][0], weight) and _same_tensor(entry[0][1], bias)):
-            kept = (weight.detach(), None if bias is None else bias.detach())
-            copies = tuple(None if alias is None else numpy_view(alias).copy() for alias in kept)
+            kept = (_seen(weight.detach()), None if bias is None else _seen(bias.detach()))
+            copies = tuple(None if seen is None else numpy_view(seen[0]).copy() for seen in kept)
             entry = self._entry = (kept, self._derive(*copies))
         return entry[1]
 
@@ -155,10 +156,17 @@ def numpy_view(tensor) -> np.ndarray:
     return tensor.numpy()
 
 
-def _same_tensor(alias, tensor) -> bool:
-    """Whether ``tensor`` (or None) is the memory of ``alias`` (kept alive, so no other tensor
-    can lie at its address) seen the same way."""
-    if alias is None or tensor is None:
-        return alias is tensor
-    return (tensor.data_ptr() == alias.data_ptr() and tensor.dtype == alias.dtype and tensor.shape == alias.shape
-            and tensor.stride() == alias.stride())
+def _seen(alias) -> tuple:
+    """``alias`` (a tensor, kept alive) with how it is seen: its data pointer, dtype, shape and
+    strides, read once here rather than on every :func:`_same_tensor` (a decode step asks once
+    per layer per token)."""
+    return alias, alias.data_ptr(), alias.dtype, alias.shape, alias.stride()
+
+
+def _same_tensor(seen, tensor) -> bool:
+    """Whether ``tensor`` (or None) is the memory of the alias of ``seen`` (:func:`_seen`: kept
+    alive, so no other tensor can lie at its address) seen the same way."""
+    if seen is None or tensor is None:
+        return seen is tensor
+    _, pointer, dtype, shape, stride = seen
+    return tensor.data_ptr() == pointer and tensor.dtype == dtype and tensor.shape == shape and tensor.stride() == stride
