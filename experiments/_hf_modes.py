@@ -177,13 +177,17 @@ class CTranslate2Runner:
 
 
 def _id_tokenizer(vocab: int):
-    """A word-level tokenizer whose token ``t<i>`` is id ``i``: what a model built from a config lacks."""
+    """A word-level tokenizer whose token ``t<i>`` is id ``i``: what a model built from a config lacks.
+    Its special tokens are words of the vocabulary (the converter adds any special token it
+    does not find, which would make the vocabulary one longer than the model's); generation
+    never stops at one (``end_token=[]``)."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from transformers import PreTrainedTokenizerFast
 
     words = {f"t{i}": i for i in range(vocab)}
-    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(words, unk_token="t0")), unk_token="t0")
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(words, unk_token="t0")), unk_token="t0", bos_token="t1",
+                                   eos_token="t2", pad_token="t0")
 
 
 def prepared(mode: str, model, prompt, threads: int, target: str | None, looprl_cache: Path):
