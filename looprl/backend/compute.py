@@ -54,6 +54,10 @@ class ComputeEmitter(NestEmitter):
             self.stage_entries.setdefault(stage.level + 1, []).append(stage)
             self.layouts.pop(stage.tensor, None)
         self.private = plan.private_strides
+        for prefetch in plan.prefetches:  # issued on entry to the loop inside theirs
+            self.prefetch_entries.setdefault(prefetch.level + 1, []).append(prefetch)
+        self.indices = dict(zip(("in0", "in1"), problem.operands))
+        self.element_bytes = problem.element_bytes
         self.problem = problem
         self.output_dims = set(problem.output)
         self.scope = plan.registers
@@ -146,6 +150,8 @@ class ComputeEmitter(NestEmitter):
         """Emit the scope body from ``level``, updating the registers in ``tile`` (one register
         block: the tile's other registers are skipped); ``copies`` counts how many times the
         enclosing unrolled loops replicate this code (bounds unrolling of reduction loops)."""
+        if level > self.inner_start:  # an iteration of a loop inside the scope starts (its entry: emit_outer's)
+            self.emit_prefetches(fn, level, budgets, ptrs, consts)
         if level == self.depth:
             if consts["acc"] in tile:
                 self.leaf(fn, ptrs, consts, tile, 1, 1)

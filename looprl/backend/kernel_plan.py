@@ -23,6 +23,13 @@ What it holds:
   (:attr:`Stage.private`): every thread of the team copies the blocks its own iterations read
   into its own buffer and reads only that one; a stage outside the parallel loop is copied by
   the calling thread between teams, whose threads only read it;
+* the prefetches the kernel issues (:class:`Prefetch`): a prefetch step of input ``tensor``
+  at compute loop ``level`` prefetches, on entry to each iteration of that loop (full or tail,
+  in a runtime loop or unrolled inside the register scope), every 64-byte span of the block of
+  the tensor that the iteration reads (as the kernel addresses it: through its kernel layout,
+  from the iteration's first element) ``ahead`` bytes further on; a block with a dynamic extent
+  (runtime rows) is prefetched at its largest. A kernel without prefetch steps is the kernel it
+  was before they existed, to the byte;
 * the workspace: the accumulator, then each input packed whole or staged block by block (the
   shared buffers first, then the private ones), at 64-byte aligned offsets; the private buffers
   of thread ``t`` lie ``t * thread_stride`` floats after thread 0's (:meth:`KernelPlan.workspace_for`:
@@ -67,6 +74,16 @@ class Stage:
         return f"stage_{self.tensor}"
 
 
+@dataclass(frozen=True)
+class Prefetch:
+    """A prefetch the kernel issues: at each iteration of compute loop ``level``, the lines of
+    ``tensor``'s block that the iteration reads, prefetched ``ahead`` bytes further on."""
+
+    tensor: str
+    level: int
+    ahead: int
+
+
 @dataclass(frozen=True, eq=False)
 class KernelPlan:
     """The code generator's decisions for one kernel (see the module docstring); made by
@@ -90,6 +107,7 @@ class KernelPlan:
     elements: Mapping[str, str]  # pointer -> the LLVM element type it addresses (tensors and stage buffers)
     rows: str | None  # the dimension whose extent is an argument (runtime rows), if any
     threaded: bool  # a loop is parallel: the entry points take the thread count
+    prefetches: tuple[Prefetch, ...] = ()  # the prefetch steps, outermost loop first
 
     @property
     def direct(self) -> bool:
@@ -161,7 +179,8 @@ def plan_kernel(nest: LoopNest, target: Target, runtime_rows: bool = False) -> K
     elements = {**tensor_elements(nest), **{stage.pointer: problem.dtype.llvm_element for stage in stages.values()}}
     return KernelPlan(problem, target, nest.compute, nest.write_back, MappingProxyType(layouts), pairing(nest, target), dot,
                       registers, MappingProxyType(stages), MappingProxyType(workspace), thread_stride, team, kernel_tensors(problem),
-                      packed, MappingProxyType(elements), rows, nest.is_parallel)
+                      packed, MappingProxyType(elements), rows, nest.is_parallel,
+                      tuple(Prefetch(t, level, ahead) for level, lp in enumerate(nest.compute) for t, ahead in lp.prefetched))
 
 
 def _runtime_rows(nest: LoopNest, layouts: Mapping[str, Layout]) -> str:

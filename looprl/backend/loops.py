@@ -13,6 +13,7 @@ from looprl.backend.llvm_text import Function, Module
 from looprl.backend.register_plan import entry_budgets, offset_along
 from looprl.ir.layout import Layout
 from looprl.ir.nest import Loop
+from looprl.ir.nest_layouts import block_lines
 from looprl.target import Target
 
 
@@ -111,6 +112,12 @@ class NestEmitter:
         # private stage buffers' pointers -> elements between two threads' copies (each thread of
         # the parallel loop's team stages into its own: looprl.backend.kernel_plan.Stage.private)
         self.private: dict[str, int] = {}
+        # level -> the prefetches (looprl.backend.kernel_plan.Prefetch) issued on entry to it (an
+        # iteration of loop level - 1 starts), and the index letters and element bytes of each tensor
+        self.prefetch_entries: dict[int, list] = {}
+        self.indices: dict[str, str] = {}
+        self.element_bytes = 4
+        self._lines: dict[tuple, tuple[int, ...]] = {}
 
     def entry_budgets(self, level: int) -> tuple[tuple[str, int], ...]:
         """Budgets (full context) of the vars that still have loops at ``level`` or below."""
@@ -126,9 +133,11 @@ class NestEmitter:
             self.emit_staged(fn, level, budgets, ptrs, entering)
             return
         dynamic = dynamic_of(budgets)
+        below = dynamic is not None and any(lp.var == dynamic[0] for lp in self.loops[level:self.inner_start])
+        if dynamic is None or below:  # (a switch calls the loops from here, which prefetch)
+            self.emit_prefetches(fn, level, budgets, ptrs)
         if dynamic is not None:
             var, budget = dynamic
-            below = [lp for lp in self.loops[level:self.inner_start] if lp.var == var]
             if not below:  # the register scope below needs static extents
                 self.emit_switch(fn, level, budgets, ptrs)
                 return
@@ -179,6 +188,28 @@ class NestEmitter:
 
     def emit_stage_copy(self, fn: Function, stage, budgets: dict, src: str, dst: str) -> None:
         raise NotImplementedError  # only the compute nest stages
+
+    def emit_prefetches(self, fn: Function, level: int, budgets: dict, ptrs: dict[str, str], consts: dict | None = None) -> None:
+        """The prefetches issued on entry to ``level`` (none where no prefetch step is there):
+        each line of its tensor's block (extents ``budgets``, a dynamic one at its largest) from
+        ``ptrs[tensor]`` moved by ``consts[tensor]`` elements, ``ahead`` bytes further on. The
+        address is a ``getelementptr`` without ``inbounds``: ahead of the last lines it points
+        past the tensor, which a prefetch (a hint that never faults) may."""
+        for prefetch in self.prefetch_entries.get(level, ()):
+            extents = tuple(budgets[var].most if isinstance(budgets[var], Dynamic) else budgets[var]
+                            for var in self.indices[prefetch.tensor])
+            key = (prefetch.tensor, self.layouts.get(prefetch.tensor), extents)
+            lines = self._lines.get(key)
+            if lines is None:
+                offsets = [[self.delta(prefetch.tensor, var, x) for x in range(extent)]
+                           for var, extent in zip(self.indices[prefetch.tensor], extents)]
+                # (no more elements than the nest's full block, which why_not_prefetch bounds)
+                lines = self._lines[key] = block_lines(offsets, self.element_bytes, most=1 << 16) or ()
+            start = (consts or {}).get(prefetch.tensor, 0) * self.element_bytes + prefetch.ahead
+            name = self.module.prefetch()
+            for line in lines:
+                ahead = fn.value(f"getelementptr i8, ptr {ptrs[prefetch.tensor]}, i64 {start + line}", "pf")
+                fn.emit(f"call void @{name}(ptr {ahead}, i32 0, i32 3, i32 1)")
 
     def emit_tail_call(self, fn: Function, level: int, budgets: dict, ptrs: dict[str, str]) -> None:
         """Call the function that runs the tail iteration of loop ``level``."""
@@ -369,6 +400,8 @@ class NestEmitter:
         for entry, stages in self.stage_entries.items():  # a block's extents matter where it is copied
             if level == entry:
                 relevant |= {var for stage in stages for var in stage.block.index}
+        for prefetch in self.prefetch_entries.get(level, ()):  # and where it is prefetched
+            relevant |= set(self.indices[prefetch.tensor])
         return (self.name, level, tuple(sorted((v, _budget_key(b)) for v, b in budgets.items() if v in relevant)))
 
     def tail_function(self, level: int, budgets: dict[str, int]) -> str:

@@ -15,7 +15,7 @@ from looprl import checks
 from looprl.ir.nest import LAYOUT_TENSORS, LoopNest, initial_nest
 from looprl.ir.plans import Plan, plan_steps
 from looprl.ir.problem import Problem
-from looprl.ir.step import MIN_FACTOR, PACK, PAD, PARALLEL, SPLIT, STAGE, SWAP, Step
+from looprl.ir.step import MIN_FACTOR, PACK, PAD, PARALLEL, PREFETCH, SPLIT, STAGE, SWAP, Step
 
 DEFAULT_PAD_MULTIPLE = 16  # what ``pad`` pads to in an action set made for no target
 
@@ -23,19 +23,25 @@ MOVES = ("up", "down")
 SWAPS = ("swap_up", "swap_down")
 LAYOUT_ACTIONS = (PACK, PAD)
 PLAN = "plan"
-KINDS = MOVES + SWAPS + (SPLIT,) + LAYOUT_ACTIONS + (PARALLEL, PLAN, STAGE)
+KINDS = MOVES + SWAPS + (SPLIT,) + LAYOUT_ACTIONS + (PARALLEL, PLAN, STAGE, PREFETCH)
 STAGED_TENSOR = "in1"  # what the stage action stages: the right operand, block by block (issue 61)
+PREFETCHED_TENSOR = "in1"  # what a prefetch_<bytes> action prefetches: the right operand, the weight a few-row kernel streams
 # The actions that take an IR step (looprl.ir.step), relative to the cursor c: kind -> (the
 # step's op, its loop minus c, where the cursor goes minus c). The cursor follows a swapped loop.
 # swap_down comes first: where both swaps reach a step at the same distance, paths take it.
 STEP_ACTIONS = {"swap_down": (SWAP, 0, 1), "swap_up": (SWAP, -1, -1), SPLIT: (SPLIT, 0, 0), PARALLEL: (PARALLEL, 0, 0),
-                STAGE: (STAGE, 0, 0)}
+                STAGE: (STAGE, 0, 0), PREFETCH: (PREFETCH, 0, 0)}
+_TENSOR_OF = {STAGE: STAGED_TENSOR, PREFETCH: PREFETCHED_TENSOR}  # the tensor a step action's step names
 _SPLIT_PREFIX = SPLIT + "_"
+_PREFETCH_PREFIX = PREFETCH + "_"
+_WITH_NUMBER = {SPLIT: _SPLIT_PREFIX, PREFETCH: _PREFETCH_PREFIX}  # the kinds whose name ends in a number: its factor
 
 
 @dataclass(frozen=True)
 class Action:
-    """One action as data: its kind and, for a split, its factor; for a plan action, the plan.
+    """One action as data: its kind and, for a split, its factor (for a prefetch, its distance in
+    bytes: ``prefetch_1024``, the right operand prefetched at the cursor's loop); for a plan
+    action, the plan.
 
     :attr:`name` and :meth:`parse` are the one pair that turns actions into names and back
     (``"split_16"``, ``"swap_up"``, a plan's name: :class:`~looprl.ir.plans.Plan`); an action
@@ -43,13 +49,13 @@ class Action:
     action the layout steps it takes there (:meth:`layout_steps`)."""
 
     kind: str
-    factor: int = 0  # split factor (splits only)
+    factor: int = 0  # split factor (splits), bytes ahead (prefetches)
     plan: Plan | None = None  # the plan (plan actions only)
 
     def __post_init__(self):
         checks.one_of(self.kind, "action kind", KINDS)
-        if (self.kind == SPLIT) != (self.factor != 0):
-            raise ValueError(f"only a split has a factor: {self.kind!r} with factor {self.factor}")
+        if (self.kind in _WITH_NUMBER) != (self.factor != 0):
+            raise ValueError(f"only a split or a prefetch has a factor: {self.kind!r} with factor {self.factor}")
         if (self.kind == PLAN) != (self.plan is not None):
             raise ValueError(f"only a plan action has a plan: {self.kind!r} with plan {self.plan}")
 
@@ -57,17 +63,17 @@ class Action:
     def name(self) -> str:
         if self.kind == PLAN:
             return self.plan.name
-        return f"{_SPLIT_PREFIX}{self.factor}" if self.kind == SPLIT else self.kind
+        return f"{_WITH_NUMBER[self.kind]}{self.factor}" if self.kind in _WITH_NUMBER else self.kind
 
     def step(self, cursor: int) -> Step | None:
         """The IR step this action takes with the cursor on loop ``cursor`` (a swap, a split,
-        a parallel mark, the right operand staged at the loop), or None for an action that takes none (a cursor move, a layout
+        a parallel mark, the right operand staged or prefetched at the loop), or None for an action that takes none (a cursor move, a layout
         action, a plan)."""
         found = STEP_ACTIONS.get(self.kind)
         if found is None:
             return None
         op, offset, _ = found
-        return Step(op, cursor + offset, self.factor, tensor=STAGED_TENSOR if op == STAGE else "")
+        return Step(op, cursor + offset, self.factor, tensor=_TENSOR_OF.get(op, ""))
 
     def cursor_after(self, cursor: int) -> int:
         """Where the cursor goes when this action applies with the cursor on loop ``cursor``."""
@@ -82,7 +88,7 @@ class Action:
         """The actions that take IR ``step``, each with the loop the cursor must be on (a swap
         of loops i and i + 1: ``swap_down`` from i, ``swap_up`` from i + 1); none for a merge."""
         return [(cls(kind, step.arg), step.loop - offset) for kind, (op, offset, _) in STEP_ACTIONS.items()
-                if op == step.op and (op != STAGE or step.tensor == STAGED_TENSOR)]
+                if op == step.op and step.tensor == _TENSOR_OF.get(op, "")]
 
     @property
     def is_move(self) -> bool:
@@ -94,13 +100,14 @@ class Action:
         """The action named ``name`` (``"split_16"``, ``"up"``, ...), or None for no such name."""
         if not isinstance(name, str):
             return None
-        if name.startswith(_SPLIT_PREFIX) and name[len(_SPLIT_PREFIX):].isdigit():
-            factor = int(name[len(_SPLIT_PREFIX):])
-            return cls(SPLIT, factor) if factor > 0 else None
+        for kind, prefix in _WITH_NUMBER.items():
+            if name.startswith(prefix) and name[len(prefix):].isdigit():
+                factor = int(name[len(prefix):])
+                return cls(kind, factor) if factor > 0 else None
         plan = Plan.parse(name)
         if plan is not None:
             return cls(PLAN, plan=plan)
-        return cls(name) if name in KINDS and name not in (SPLIT, PLAN) else None
+        return cls(name) if name in KINDS and name not in (SPLIT, PLAN, PREFETCH) else None
 
     def layout_steps(self, nest: LoopNest, cursor: int, pad_multiple: int) -> tuple[Step, ...]:
         """The layout steps a ``pack`` or ``pad`` action takes with the cursor on loop

@@ -39,6 +39,11 @@ moves it with its loop, a merge keeps it. A stage and a parallel loop go in eith
 inside the parallel loop, every thread stages the blocks its own iterations read into a buffer
 of its own; outside it, the calling thread stages each block before the team that reads it
 starts (:mod:`looprl.backend.kernel_plan`).
+
+A compute loop may *prefetch* an input (:meth:`LoopNest.prefetch`): each of its iterations
+also prefetches every cache line of the input it reads a distance further along the input's
+memory. The mark shows in the printed nest (``prefetch in1 +1024``) and as ``>in1:1024`` after
+the loop in :attr:`LoopNest.key`; it moves with its loop as a stage's does.
 """
 
 from __future__ import annotations
@@ -49,14 +54,14 @@ from functools import cached_property
 
 from looprl import checks
 from looprl.ir.layout import Layout
-from looprl.ir.nest_layouts import LayoutSteps
+from looprl.ir.nest_layouts import LayoutSteps, prefetch_refusal
 from looprl.ir.problem import Problem
 from looprl.ir.step import MIN_FACTOR, Step
 
 COMPUTE = "compute"
 WRITE_BACK = "write_back"
 LAYOUT_TENSORS = ("in0", "in1", "out")
-_KEY_LOOP_RE = re.compile(r"([a-z])([0-9]+)s([0-9]+)(?:t([0-9]+))?(p?)((?:\+in[01])*)", re.ASCII)
+_KEY_LOOP_RE = re.compile(r"([a-z])([0-9]+)s([0-9]+)(?:t([0-9]+))?(p?)((?:\+in[01])*)((?:>in[01]:[0-9]+)*)", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,7 @@ class Loop:
     nest: str  # COMPUTE or WRITE_BACK
     parallel: bool = False  # iterations divided among threads (see LoopNest.parallel)
     staged: tuple[str, ...] = ()  # inputs whose block this loop's body copies first (LoopNest.stage)
+    prefetched: tuple[tuple[str, int], ...] = ()  # (input, bytes ahead) each iteration prefetches (LoopNest.prefetch)
 
     @property
     def budget(self) -> int:
@@ -93,6 +99,8 @@ class Loop:
             text += f" tail {self.tail}"
         if self.staged:
             text += " stage " + " ".join(self.staged)
+        for tensor, ahead in self.prefetched:
+            text += f" prefetch {tensor} +{ahead}"
         return text
 
 
@@ -136,11 +144,15 @@ class LoopNest(LayoutSteps):
                 match = _KEY_LOOP_RE.fullmatch(item)
                 if match is None:
                     raise ValueError(f"bad loop {item!r} in schedule key {key!r}: expected <dim><size>s<step>[t<tail>][p]")
-                var, size, step, tail, parallel, staged = match.groups()
+                var, size, step, tail, parallel, staged, prefetched = match.groups()
                 staged = tuple(staged.split("+")[1:])
                 if staged and (which != COMPUTE or len(set(staged)) != len(staged)):
                     raise ValueError(f"bad loop {item!r} in schedule key {key!r}: only a compute loop stages, each input once")
-                loops.append(Loop(var, int(size), int(step), int(tail or 0), which, parallel == "p", staged))
+                prefetched = tuple((t, int(ahead)) for t, ahead in (mark.split(":") for mark in prefetched.split(">")[1:]))
+                why = next((prefetch_refusal(ahead) for _, ahead in prefetched if prefetch_refusal(ahead)), None)
+                if prefetched and (which != COMPUTE or why):
+                    raise ValueError(f"bad loop {item!r} in schedule key {key!r}: {why or 'only a compute loop prefetches'}")
+                loops.append(Loop(var, int(size), int(step), int(tail or 0), which, parallel == "p", staged, prefetched))
             _check_chains(problem, loops, dims, which, key)
             _check_parallel(problem, loops, which, key)
             parts.append(tuple(loops))
@@ -148,6 +160,9 @@ class LoopNest(LayoutSteps):
         staged = [t for lp in parts[0] for t in lp.staged]
         if len(set(staged)) != len(staged):
             raise ValueError(f"schedule key {key!r} stages an input at two loops")
+        prefetched = [t for lp in parts[0] for t, _ in lp.prefetched]
+        if len(set(prefetched)) != len(prefetched) or set(prefetched) & set(staged):
+            raise ValueError(f"schedule key {key!r} prefetches an input at two loops, or one it stages")
         if len(texts) == 3:
             for item in texts[2].split(";"):
                 tensor, equals, text = item.partition("=")
@@ -192,7 +207,7 @@ class LoopNest(LayoutSteps):
 
         def part(loops: tuple[Loop, ...]) -> str:
             return ",".join(f"{lp.var}{lp.size}s{lp.step}" + (f"t{lp.tail}" if lp.tail else "") + ("p" if lp.parallel else "")
-                            + "".join(f"+{t}" for t in lp.staged) for lp in loops)
+                            + "".join(f"+{t}" for t in lp.staged) + "".join(f">{t}:{a}" for t, a in lp.prefetched) for lp in loops)
 
         text = part(self.compute) + "|" + part(self.write_back)
         if self.layouts:
@@ -287,9 +302,9 @@ class LoopNest(LayoutSteps):
         if why is not None:
             raise ValueError(why)
         outer = Loop(loop.var, loop.size // factor, loop.step * factor, (loop.size % factor) * loop.step + loop.tail, loop.nest, loop.parallel)
-        # A parallel loop's mark stays on the outer part; a stage stays on the inner one, whose
-        # iterations read the same blocks.
-        inner = Loop(loop.var, factor, loop.step, 0, loop.nest, staged=loop.staged)
+        # A parallel loop's mark stays on the outer part; a stage or a prefetch stays on the inner
+        # one, whose iterations read the same blocks.
+        inner = Loop(loop.var, factor, loop.step, 0, loop.nest, staged=loop.staged, prefetched=loop.prefetched)
         return self._replace_range(index, index + 1, (outer, inner))
 
     def why_not_split(self, index: int, factor: int) -> str | None:
@@ -337,7 +352,7 @@ class LoopNest(LayoutSteps):
         outer, inner = self.loops[index], self.loops[index + 1]
         size = outer.size * inner.size + outer.tail // inner.step
         merged = Loop(outer.var, size, inner.step, outer.tail % inner.step, outer.nest, outer.parallel or inner.parallel,
-                      outer.staged + inner.staged)
+                      outer.staged + inner.staged, outer.prefetched + inner.prefetched)
         return self._replace_range(index, index + 2, (merged,))
 
     def why_not_merge(self, index: int) -> str | None:

@@ -2,7 +2,7 @@
 :class:`~looprl.ir.nest.LoopNest`): ALT's primitives on one tensor's layout (``layout_split``,
 ``layout_reorder``, ``layout_fuse``, ``layout_pad``, ``layout_pack``) and the layout steps
 (:mod:`looprl.ir.step`) that name them at a loop: ``pack``, ``pad``, ``pair``, ``innermost``,
-``stage``, each with its ``why_not_<op>``."""
+``stage``, ``prefetch``, each with its ``why_not_<op>``."""
 
 from __future__ import annotations
 
@@ -18,6 +18,39 @@ if TYPE_CHECKING:
 # The largest buffer a stage step copies a block into: a fixed bound, the same on every host (a
 # B panel of 256 x 4096 floats, BLIS's k-block by an n-block sized for a shared last-level cache).
 STAGE_MAX_BYTES = 4 << 20
+# A prefetch step: one prefetch per cache line of LINE_BYTES (64 on every x86 core looprl
+# targets), a distance of whole lines up to PREFETCH_MAX_BYTES ahead (a quarter of a 64 KB L1,
+# far past any distance that pays: libraries prefetch a few hundred bytes to a few KB ahead),
+# and at most PREFETCH_MAX_LINES prefetches per iteration of the loop that carries it (a block
+# of up to 4 KB: more would be a burst of prefetches, not a stream kept ahead).
+LINE_BYTES = 64
+PREFETCH_MAX_BYTES = 16 << 10
+PREFETCH_MAX_LINES = 64
+
+
+def prefetch_refusal(ahead) -> str | None:
+    """Why ``ahead`` is no prefetch distance (bytes: a positive multiple of :data:`LINE_BYTES`
+    up to :data:`PREFETCH_MAX_BYTES`), or None."""
+    if type(ahead) is not int or not 0 < ahead <= PREFETCH_MAX_BYTES or ahead % LINE_BYTES:
+        return f"a prefetch distance is a positive multiple of {LINE_BYTES} bytes up to {PREFETCH_MAX_BYTES}, got {ahead!r:.40}"
+    return None
+
+
+def block_lines(offsets_by_dim, element_bytes: int, most: int = PREFETCH_MAX_LINES) -> tuple[int, ...] | None:
+    """The cache lines (byte offsets of 64-byte spans, from the block's first element's
+    address, ascending) that a block of a tensor covers: its elements lie at every sum of one
+    offset (in elements) from each list of ``offsets_by_dim`` (a layout's offset is a sum of one
+    part per dimension: :meth:`Layout.offset`); None where they would be more than ``most``."""
+    count = 1
+    for offsets in offsets_by_dim:
+        count *= len(offsets)
+    if count * element_bytes > most * LINE_BYTES:  # more elements than that many lines hold
+        return None
+    sums = {0}
+    for offsets in offsets_by_dim:
+        sums = {a + b for a in sums for b in offsets}
+    lines = sorted({offset * element_bytes // LINE_BYTES for offset in sums})
+    return tuple(line * LINE_BYTES for line in lines) if len(lines) <= most else None
 
 
 class LayoutSteps:
@@ -180,6 +213,8 @@ class LayoutSteps:
             return f"{tensor} is constant: it is converted once when bound, not per call"
         if any(tensor in lp.staged for lp in self.compute):
             return f"{tensor} is staged already"
+        if self.prefetched_at(tensor) is not None:
+            return f"{tensor} is prefetched: a staged input's loops read its buffer"
         index_letters = self.tensor_index(tensor)
         if not any(lp.var not in index_letters for lp in self.compute[index + 1:]):
             return f"no loop inside loop {index} walks a dimension {tensor} ({index_letters}) lacks: nothing would reuse the copy"
@@ -202,3 +237,52 @@ class LayoutSteps:
     def staged_at(self, tensor: str) -> int | None:
         """The compute loop that stages ``tensor``, or None."""
         return next((i for i, lp in enumerate(self.compute) if tensor in lp.staged), None)
+
+    # -- prefetch: lines read ahead at a loop (looprl.ir.step) -------------------------------
+    def prefetch(self, index: int, tensor: str, ahead: int) -> "LoopNest":
+        """At each iteration of compute loop ``index``, prefetch every cache line of input
+        ``tensor`` the iteration reads (its block: :meth:`stage_block`, in the tensor's layout)
+        ``ahead`` bytes further along the tensor's memory (one ``llvm.prefetch`` per line: a read
+        into every cache level). A prefetch never faults, so one past the end of the tensor (the
+        last lines' ahead) is harmless. The loop carries the mark (``prefetch in1 +1024`` in the
+        printed nest, ``>in1:1024`` in the key); a split leaves it on the inner loop (the same
+        blocks), a swap moves it with its loop."""
+        why = self.why_not_prefetch(index, tensor, ahead)
+        if why is not None:
+            raise ValueError(why)
+        loop = self.loops[index]
+        return self._replace_range(index, index + 1, (replace(loop, prefetched=loop.prefetched + ((tensor, ahead),)),))
+
+    def why_not_prefetch(self, index: int, tensor: str, ahead: int) -> str | None:
+        """Why :meth:`prefetch` refuses, or None. Refused: the output; a distance that is not a
+        positive multiple of :data:`LINE_BYTES` up to :data:`PREFETCH_MAX_BYTES`; a write-back
+        loop, the innermost compute loop (its iterations are vector lanes or single elements:
+        prefetch at a loop around it) or a loop that walks no dimension of the tensor (each
+        iteration would read the same block); an input prefetched at some loop already, or
+        staged (its loops read the buffer); a block of more than :data:`PREFETCH_MAX_LINES`
+        cache lines."""
+        if tensor not in ("in0", "in1"):
+            return f"only an input is prefetched, not {tensor!r}"
+        why = prefetch_refusal(ahead)
+        if why is not None:
+            return why
+        loop = self._layout_loop(index, tensor, compute_only=True)
+        if isinstance(loop, str):
+            return loop
+        if index == len(self.compute) - 1:
+            return f"loop {index} is the innermost compute loop (its iterations are vector lanes); prefetch at a loop around it"
+        if self.prefetched_at(tensor) is not None:
+            return f"{tensor} is prefetched already"
+        if self.staged_at(tensor) is not None:
+            return f"{tensor} is staged: its loops read the buffer"
+        layout = self.layout(tensor)
+        block = self.stage_block(index, tensor)
+        offsets = [[layout.offset(var, x) for x in range(extent)] for var, extent in zip(self.tensor_index(tensor), block)]
+        if block_lines(offsets, self.problem.element_bytes) is None:
+            return (f"an iteration of loop {index} reads a block {block} of {tensor}, more than PREFETCH_MAX_LINES = "
+                    f"{PREFETCH_MAX_LINES} cache lines: prefetch at a loop inside it")
+        return None
+
+    def prefetched_at(self, tensor: str) -> int | None:
+        """The compute loop that prefetches ``tensor``, or None."""
+        return next((i for i, lp in enumerate(self.compute) if any(t == tensor for t, _ in lp.prefetched)), None)

@@ -29,13 +29,18 @@ The layout ops (each changes how one input ``tensor``, ``in0`` or ``in1``, or th
 * ``stage``: at each iteration of compute loop ``loop``, the block of input ``tensor`` that the
   loops inside it read is copied into a buffer, in the tensor's layout restricted to that block
   (:meth:`Layout.block <looprl.ir.layout.Layout.block>`), and those loops read the buffer: the
-  tensor is no longer converted whole (:meth:`LoopNest.stage <looprl.ir.nest.LoopNest.stage>`).
+  tensor is no longer converted whole (:meth:`LoopNest.stage <looprl.ir.nest.LoopNest.stage>`);
+* ``prefetch``: at each iteration of compute loop ``loop``, every cache line of input
+  ``tensor`` that the iteration reads is also prefetched ``arg`` bytes further along the
+  tensor's memory (:meth:`LoopNest.prefetch <looprl.ir.nest.LoopNest.prefetch>`). It changes no
+  layout: like ``stage`` it is a mark a loop carries for one input, so it is a layout op here
+  (a step that names a tensor), and it takes an argument, the distance.
 
 ``loop`` indexes :attr:`LoopNest.loops <looprl.ir.nest.LoopNest.loops>` (compute loops, then
-write-back loops); a split, a pack and a pad have an ``arg``; the layout ops name their
-``tensor``. A step is legal where its transform does not refuse it
+write-back loops); a split, a pack, a pad and a prefetch have an ``arg``; the layout ops name
+their ``tensor``. A step is legal where its transform does not refuse it
 (:meth:`LoopNest.why_not <looprl.ir.nest.LoopNest.why_not>`). ``str(step)`` (``split(3, 16)``,
-``pack(4, in1, 16)``) and :meth:`Step.parse` are the one pair that writes and reads a step's
+``pack(4, in1, 16)``, ``prefetch(1, in1, 1024)``) and :meth:`Step.parse` are the one pair that writes and reads a step's
 name. An env action names steps relative to the cursor (:meth:`looprl.actions.ActionSet.steps`);
 the searches, the hand-written schedules and the plans build steps; AutoTVM's annealing
 proposes them.
@@ -49,13 +54,14 @@ from dataclasses import dataclass
 from looprl import checks
 
 SPLIT, SWAP, MERGE, PARALLEL = "split", "swap", "merge", "parallel"
-PACK, PAD, PAIR, INNERMOST, STAGE = "pack", "pad", "pair", "innermost", "stage"
+PACK, PAD, PAIR, INNERMOST, STAGE, PREFETCH = "pack", "pad", "pair", "innermost", "stage", "prefetch"
 OPS = (SPLIT, SWAP, MERGE, PARALLEL)  # the loop ops
-LAYOUT_OPS = (PACK, PAD, PAIR, INNERMOST, STAGE)
+LAYOUT_OPS = (PACK, PAD, PAIR, INNERMOST, STAGE, PREFETCH)  # the ops that name a tensor
 ALL_OPS = OPS + LAYOUT_OPS
 TENSORS = ("in0", "in1", "out")
-_WITH_ARG = (SPLIT, PACK, PAD)  # the ops that take an argument
-_TENSORS_OF = {PACK: ("in0", "in1"), PAD: TENSORS, PAIR: ("in1",), INNERMOST: ("in0", "in1"), STAGE: ("in0", "in1")}
+_WITH_ARG = (SPLIT, PACK, PAD, PREFETCH)  # the ops that take an argument
+_TENSORS_OF = {PACK: ("in0", "in1"), PAD: TENSORS, PAIR: ("in1",), INNERMOST: ("in0", "in1"), STAGE: ("in0", "in1"),
+               PREFETCH: ("in0", "in1")}
 # The split factors an action or a search may name (the IR itself takes any factor from 2):
 # wide enough for cache blocks (k blocks of 256, n blocks of 512).
 MIN_FACTOR, MAX_FACTOR = 2, 512
@@ -66,7 +72,8 @@ _TEXT = re.compile(r"([a-z]+)\(([^()]*)\)", re.ASCII)
 class Step:
     """One transform of a schedule: ``op`` (one of :data:`ALL_OPS`: the loop ops :data:`OPS`,
     the layout ops :data:`LAYOUT_OPS`) at loop ``loop``; ``arg`` is a
-    split's factor, a pack's tile or a pad's multiple (0 for the other ops); ``tensor`` the
+    split's factor, a pack's tile, a pad's multiple or a prefetch's distance in bytes (0 for
+    the other ops); ``tensor`` the
     tensor a layout op changes ("" for the loop ops). Python and numpy integers are taken alike."""
 
     op: str
@@ -86,7 +93,7 @@ class Step:
         if type(self.arg) is not int:
             object.__setattr__(self, "arg", checks.integer(self.arg, "split factor" if self.op == SPLIT else "step argument"))
         if self.op not in _WITH_ARG and self.arg != 0:
-            raise ValueError(f"only a split, a pack or a pad takes an argument: {self.op} of loop {self.loop} with {self.arg}")
+            raise ValueError(f"only a split, a pack, a pad or a prefetch takes an argument: {self.op} of loop {self.loop} with {self.arg}")
         if self.op in LAYOUT_OPS:
             if self.tensor not in _TENSORS_OF[self.op]:
                 raise ValueError(f"a {self.op} step changes one of {', '.join(_TENSORS_OF[self.op])}, got tensor {self.tensor!r:.80}")
@@ -97,7 +104,7 @@ class Step:
     def args(self) -> tuple:
         """The transform's arguments, as :class:`~looprl.ir.nest.LoopNest`'s method of the op
         takes them: ``(loop,)``, then the tensor (layout ops), then the argument (a split's
-        factor, a pack's tile, a pad's multiple)."""
+        factor, a pack's tile, a pad's multiple, a prefetch's distance)."""
         return (self.loop,) + ((self.tensor,) if self.tensor else ()) + ((self.arg,) if self.op in _WITH_ARG else ())
 
     @property

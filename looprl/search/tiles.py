@@ -9,7 +9,8 @@ proposes the target's own in order of how often they pay (the flat register tile
 :func:`~looprl.ir.register_tiles.tile_shapes`, then the cache blocks of
 :func:`~looprl.ir.schedules.cache_blocks` around the fastest, sized from the host's caches
 (:func:`~looprl.ir.cache_blocks.blocked_steps`); for a problem of a few output rows, the streaming tiles of
-:func:`~looprl.ir.schedules.stream_steps`; then the fastest with the right operand packed into
+:func:`~looprl.ir.schedules.stream_steps` and the fastest of them with its right operand
+prefetched ahead (:func:`~looprl.search.dots.prefetch_variants`); then the fastest with the right operand packed into
 column panels (for a cold problem, whose weights come from memory on every call, the packed
 panel schedules of :func:`~looprl.ir.schedules.panel_steps` come first of all); when
 the output's columns are not the right operand's contiguous dimension, as in ``A @ B.T``,
@@ -31,6 +32,7 @@ from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.ir.schedules import STREAM_TILES, cache_blocks, panel_steps, panel_widths, stream_steps, why_not_stream
 from looprl.ir.step import PACK, SPLIT, STAGE, Step
 from looprl.search.context import BudgetExhausted, SearchContext
+from looprl.search.dots import prefetch_variants
 
 
 def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=None) -> tuple[ScheduleRecord | None, int]:
@@ -96,11 +98,17 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
                 if tile is not None:
                     attempt(*tile, flat[1])
         if not transposed:  # few output rows: stream the right operand (measured after the tiles)
+            streamed = []
             for k_inner, columns in STREAM_TILES:
                 if why_not_stream(problem, k_inner, columns) is None:
                     tile = reached(stream_steps(problem, k_inner, columns))
                     if tile is not None:
                         attempt(*tile, columns)
+                        streamed.append((context.measure(tile[1].nest).gflops, -len(streamed), tile, columns))  # (its memo)
+            if streamed:  # the fastest streaming tile, its right operand prefetched ahead
+                _, _, (names, _), columns = max(streamed)
+                for variant in prefetch_variants(problem, names, actions):
+                    attempt(*variant, columns)
         if best[1] and not packed_first:
             packed = packed_path(problem, best[1], actions)
             if packed is not None:

@@ -126,7 +126,7 @@ def test_an_action_names_a_step_relative_to_the_cursor():
                 assert actions.why_not(here, index) in (state.nest.why_not(step), f"a split would make more than max_loops={actions.max_loops} loops")
             else:
                 assert after.nest == state.nest.apply([step]) and after.cursor == action.cursor_after(cursor)
-    assert {op for op, _, _ in STEP_ACTIONS.values()} == set(OPS) - {MERGE} | {"stage"}  # no action merges; one stages the right operand
+    assert {op for op, _, _ in STEP_ACTIONS.values()} == set(OPS) - {MERGE} | {"stage", "prefetch"}  # no action merges; the right operand staged, prefetched
     assert Action.taking(Step(MERGE, 0)) == [] and ActionSet().path(state, [Step(MERGE, 0)]) is None
 
 
