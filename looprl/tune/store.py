@@ -51,7 +51,9 @@ from looprl.tune.results import Answer, from_relaid_start
 # best samples: a team's lucky moment kept teams slower than one thread); host-derived cache blocks;
 # a right operand that changes per call also gets its panels staged block by block (the stage action).
 # 11: teams timed however long the serial stages took (v10 refused every team of a problem whose
-# untuned execution outlasted the budget: 512x11008x4096 on two threads was remembered serial).
+# untuned execution outlasted the budget: 512x11008x4096 on two threads was remembered serial);
+# few-row problems' best dot and streaming tiles also proposed with prefetches (search.dots.prefetch_variants);
+# teams whose threads stage their own panels.
 TUNER = "tune-v11"
 
 
