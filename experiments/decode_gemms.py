@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="two small problems, short budgets: checks the script runs")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the layers' dtype (default float32)")
     parser.add_argument("--cold", action="store_true", help="every layer's weight read from memory on every call (;cold)")
-    parser.add_argument("--wide-only", action="store_true", help="the wide layers alone (files named ..._wide)")
+    parser.add_argument("--wide-only", action="store_true", help="the wide layers alone, the untuned nests not timed (files named ..._wide)")
     parser.add_argument("--target", default=None, help="looprl's target (e.g. avx2: peers held to AVX2 too; files named ..._avx2code)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -81,7 +81,9 @@ def main(argv=None) -> int:
             + ("_wide" if args.wide_only else "") + (f"_{args.target}code" if args.target else "") + ("_quick" if args.quick else ""))
     args.out.mkdir(parents=True, exist_ok=True)
     command = ["tune", "--problems", " ".join(problems), "--threads", args.threads, "--budget", str(0.002 if args.quick else args.budget),
-               "--json", str(args.out / f"{stem}.json"), "--dtype", args.dtype] + (["--tune-budget", "0.05"] if args.quick else []) + (["--target", args.target] if args.target else [])
+               "--json", str(args.out / f"{stem}.json"), "--dtype", args.dtype] + (["--tune-budget", "0.05"] if args.quick else [])
+    command += ["--target", args.target] if args.target else []
+    command += ["--no-untuned"] if args.wide_only else []  # one untuned call of 512 rows of 4096->11008 takes minutes
     with open(args.out / f"{stem}.txt", "w") as table:
         table.write("$ python experiments/decode_gemms.py " + " ".join(argv if argv is not None else sys.argv[1:]) + "\n")
         with contextlib.redirect_stdout(Tee(sys.stdout, table)):

@@ -14,7 +14,7 @@ the measured peak; on a dataset whose rows name their model (``models``), also a
 model.
 
 The columns, per problem: ``tune ms`` (``looprl.tune``'s wall-clock time), ``untuned`` and
-``tuned`` (GFLOPS of the initial nest and of tune's answer), ``numpy`` and ``torch`` (GFLOPS;
+``tuned`` (GFLOPS of the initial nest, ``nan`` with ``--no-untuned``, and of tune's answer), ``numpy`` and ``torch`` (GFLOPS;
 torch's is the best of its calls), ``tuned/numpy``, ``tuned/torch`` and ``tuned/best`` (the
 tuned kernel against numpy, torch, and the better of the two: the headline), ``bound`` (the
 roofline's GFLOPS bound, ``P`` peak, ``2`` L2, ``L`` last-level cache or ``D`` DRAM bandwidth),
@@ -46,6 +46,7 @@ many agree within 5%.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
@@ -88,6 +89,9 @@ def add_arguments(parser) -> None:
                         help="also run beam4bfs for S seconds per problem (the paper's baseline: 60) and report its best, re-timed (default 0: no search)")
     parser.add_argument("--threads", default="1",
                         help="comma-separated thread counts, e.g. 1,2: tune and time for each, numpy with as many BLAS threads (default 1)")
+    parser.add_argument("--untuned", action=argparse.BooleanOptionalAction, default=True,
+                        help="time the untuned nest with the peers (default); --no-untuned: not (nan): on a large problem one "
+                             "untuned call can take minutes (512 rows of a 4096->11008 linear layer: about 150 s at 0.3 GFLOPS)")
     parser.add_argument("--repeat", action="store_true",
                         help="tune every problem twice from cold caches and report how far the two answers agree (re-timed together)")
     parser.add_argument("--neighbour", choices=KINDS, default=None,
@@ -283,9 +287,11 @@ def _run(args, out, target, policy, problems, entries, source, counts, peak, cei
         result = tune(problem, policy, measure=args.mode == "measured", cache=":memory:", target=target, budget_s=args.tune_budget,
                       threads=first)
         # After tuning, the answer, the untuned nest, numpy and torch timed in turn, round after round.
-        timed = peers.timed_with({"tuned": result.kernel, "untuned": compile(with_pairs(initial_nest(problem), target), target=target)}, problem,
-                                 args.budget, first)
-        tuned, untuned, numpy_value = timed["tuned"], timed["untuned"], timed["numpy"]
+        kernels = {"tuned": result.kernel}
+        if getattr(args, "untuned", True):
+            kernels["untuned"] = compile(with_pairs(initial_nest(problem), target), target=target)
+        timed = peers.timed_with(kernels, problem, args.budget, first)
+        tuned, untuned, numpy_value = timed["tuned"], timed.get("untuned", math.nan), timed["numpy"]
         bound = ceilings.bound(problem)
         torch_value = best_torch(timed["torch"])
         best_value = _best_library(numpy_value, torch_value)
