@@ -226,15 +226,18 @@ def test_cli_single_problem_writes_json(tmp_path):
 
 
 def test_cli_dataset_csv_resumes_and_survives_ctrl_c(tmp_path):
+    from looprl.cli.search import main
+
+    # The searches through main() in this process (the process start: test_cli_single_problem_writes_json);
+    # the interrupted one below in a process of its own.
     path = tmp_path / "runs.csv"
-    base = CLI + ["--split", "test", "--budget", "30", "--evaluations", "8", "--cache", str(tmp_path / "c.sqlite"), "--measure-budget-ms", "1", "--csv", str(path), "--quiet"]
-    done = subprocess.run(base + ["--algo", "greedy1,random", "--limit", "2"], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
+    base = ["--split", "test", "--budget", "30", "--evaluations", "8", "--cache", str(tmp_path / "c.sqlite"), "--measure-budget-ms", "1", "--csv", str(path), "--quiet"]
+    assert main(base + ["--algo", "greedy1,random", "--limit", "2"]) == 0
     rows = list(csv.DictReader(path.open()))
     assert [(r["m"], r["n"], r["k"], r["algorithm"]) for r in rows] == [("64", "64", "112", "greedy1"), ("64", "64", "112", "random"), ("64", "64", "128", "greedy1"), ("64", "64", "128", "random")]
     assert all(float(r["best_gflops"]) >= float(r["initial_gflops"]) and float(r["verified_gflops"]) > 0 for r in rows)
-    again = subprocess.run(base + ["--algo", "greedy1,random", "--limit", "2"], capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and len(list(csv.DictReader(path.open()))) == 4  # nothing redone
+    assert main(base + ["--algo", "greedy1,random", "--limit", "2"]) == 0
+    assert len(list(csv.DictReader(path.open()))) == 4  # nothing redone
 
     # A long random search, interrupted: its partial result is still written.
     code = (
@@ -310,10 +313,10 @@ def test_search_with_the_target_s_split_factors_uses_and_reports_them(tmp_path):
     assert result.settings["target"] == "sse4"
     with pytest.raises(ValueError, match="split_factors"):
         search.run("8x8x8", "random", max_evaluations=2, cache=":memory:", split_factors="wide")
+    from looprl.cli.search import main
+
     out = tmp_path / "r.json"
-    done = subprocess.run(CLI + ["--problem", "16x16x8", "--algo", "greedy1", "--target", "sse4", "--split-factors", "target",
-                                 "--evaluations", "4", "--cache", ":memory:", "--json", str(out), "--quiet"],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
+    assert main(["--problem", "16x16x8", "--algo", "greedy1", "--target", "sse4", "--split-factors", "target",
+                 "--evaluations", "4", "--cache", ":memory:", "--json", str(out), "--quiet"]) == 0
     settings = json.loads(out.read_text())["settings"]
     assert settings["split_factors"] == list(target_split_factors(sse4)) and settings["target"] == "sse4"
