@@ -58,8 +58,10 @@ def resolve_policy(path: str | Path) -> Policy:
 
 
 def evaluate(policy: Policy, problems, evaluator: Evaluator, *, use_mask: bool = False, numpy: bool = False,
-             csv_path: Path | None = None, out=sys.stdout) -> dict:
-    """Run one greedy episode per problem; print a table and a summary; write a CSV."""
+             csv_path: Path | None = None, out=None) -> dict:
+    """Run one greedy episode per problem; print a table and a summary (to ``out``, by default
+    ``sys.stdout`` at the call); write a CSV."""
+    out = sys.stdout if out is None else out  # the stream at the call, not at import
     numpy_values = [math.nan] * len(problems)
     if numpy:
         # numpy's kernels for the same ISA, on as many BLAS threads as the evaluator's kernels

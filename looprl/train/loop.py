@@ -88,14 +88,16 @@ def parse_duration(text: str) -> float:
 
 def train(algo, run: RunDirectory, state: RunState, arguments: dict, *, iterations: int | None,
           time_budget_s: float | None, checkpoint_every: int, export, env_steps: int | None = None,
-          validate=None, validate_every: int = 0, out=sys.stdout) -> RunState:
+          validate=None, validate_every: int = 0, out=None) -> RunState:
     """Iterate until ``iterations``, ``time_budget_s`` (total training time, validation
     included) or ``env_steps`` is reached (all totals across resumes); checkpoint every
     ``checkpoint_every`` iterations, at the end and on Ctrl-C or SIGTERM.
     ``export(checkpoint_path)`` writes the numpy policy of a checkpoint; after the one saved
     on an interrupt, KeyboardInterrupt is raised again. Every
     ``validate_every`` iterations ``validate()`` returns (score, numpy policy of the current
-    weights); a policy that beats the run's best so far is saved in ``policy-best/``."""
+    weights); a policy that beats the run's best so far is saved in ``policy-best/``. Progress
+    goes to ``out``, by default ``sys.stdout`` at the call."""
+    out = sys.stdout if out is None else out  # the stream at the call, not at import
     from tensorboardX import SummaryWriter  # the [train] extra
 
     metrics_path = run.path / METRICS_FILE

@@ -59,6 +59,30 @@ def tiny_config(tmp_path, **env) -> Path:
     return path
 
 
+class Ran:
+    """What a command run in this process left: its exit status and what it printed."""
+
+    def __init__(self, returncode, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+def here(capsys, cli: str, *arguments) -> Ran:
+    """``looprl.cli.<cli>``'s main(arguments) run in this process (argparse's exits included),
+    as ``command`` runs it in a fresh interpreter: the same exit status and lines, without a
+    process start (and its imports) each. The process starts themselves are tested by
+    test_unknown_flags_keep_argparse_usage, the extras-missing cases and the training starts below."""
+    import importlib
+
+    main = importlib.import_module(f"looprl.cli.{cli}").main
+    capsys.readouterr()
+    try:
+        status = main(list(arguments))
+    except SystemExit as exit_:
+        status = exit_.code
+    captured = capsys.readouterr()
+    return Ran(status, captured.out, captured.err)
+
+
 def assert_one_line_error(result, prog, fragment):
     lines = result.stderr.splitlines()
     assert result.returncode == 2, result.stderr
@@ -81,21 +105,21 @@ def corrupt_policy(tmp_path):
 
 
 # -- each command: one line, exit status 2 ---------------------------------------------------------
-def test_each_command_reports_bad_input_in_one_line(tmp_path, corrupt_policy):
+def test_each_command_reports_bad_input_in_one_line(tmp_path, corrupt_policy, capsys):
     a_file = tmp_path / "a-file"
     a_file.write_text("not a folder")
     cases = [
-        ("looprl tune", ["16", "16", "16", "--no-numpy", "--cache", ":memory:", "--policy", str(corrupt_policy)],
+        ("tune", ["16", "16", "16", "--no-numpy", "--cache", ":memory:", "--policy", str(corrupt_policy)],
          "looprl-tune", str(corrupt_policy / "policy.npz")),
-        ("looprl tune", ["16", "16", "16", "--no-numpy", "--cache", str(tmp_path)], "looprl-tune", "is a folder"),
-        ("looprl.search", ["--problem", "16x16x16", "--cache", ":memory:", "--json", str(tmp_path)], "looprl-search", "--json"),
-        ("looprl.search", ["--split", "test", "--limit", "1", "--cache", ":memory:", "--csv", str(a_file / "x.csv")],
+        ("tune", ["16", "16", "16", "--no-numpy", "--cache", str(tmp_path)], "looprl-tune", "is a folder"),
+        ("search", ["--problem", "16x16x16", "--cache", ":memory:", "--json", str(tmp_path)], "looprl-search", "--json"),
+        ("search", ["--split", "test", "--limit", "1", "--cache", ":memory:", "--csv", str(a_file / "x.csv")],
          "looprl-search", "is not a folder"),
-        ("looprl.train", ["--evaluate", str(corrupt_policy), "--cache", ":memory:"], "looprl-train", str(corrupt_policy)),
-        ("looprl.bench", ["tune", "--limit", "1", "--json", str(tmp_path)], "looprl-bench", "--json"),
+        ("train", ["--evaluate", str(corrupt_policy), "--cache", ":memory:"], "looprl-train", str(corrupt_policy)),
+        ("bench", ["tune", "--limit", "1", "--json", str(tmp_path)], "looprl-bench", "--json"),
     ]
     for module, arguments, prog, fragment in cases:
-        assert_one_line_error(run_cli(module, *arguments, cwd=tmp_path), prog, fragment)
+        assert_one_line_error(here(capsys, module, *arguments), prog, fragment)
     assert a_file.read_text() == "not a folder"
 
 
@@ -122,10 +146,10 @@ def test_one_line():
 
 
 @pytest.mark.parametrize("name", ["tune", "search", "train", "bench"])
-def test_help_names_a_command_that_exists(name):
+def test_help_names_a_command_that_exists(name, capsys):
     import importlib.util
 
-    result = command(name, "--help")
+    result = here(capsys, name, "--help")
     assert result.returncode == 0 and result.stdout.startswith(f"usage: looprl-{name} "), result.stdout[:200]
     for word in result.stdout.split("python -m ")[1:]:
         module = word.split()[0].strip("`.,:;()")
@@ -160,8 +184,8 @@ def test_bench_numbers_are_checked_before_any_work(arguments, first_work, flag, 
     ("search", ["--problem", "16x16x16", "--budget", "nan"], "looprl-search", "--budget"),
     ("search", ["--problem", "16x16x16", "--measure-budget-ms", "inf"], "looprl-search", "--measure-budget-ms"),
 ])
-def test_non_finite_numbers_are_refused(tmp_path, module, arguments, prog, fragment):
-    assert_one_line_error(command(module, *arguments, cwd=tmp_path), prog, fragment)
+def test_non_finite_numbers_are_refused(capsys, module, arguments, prog, fragment):
+    assert_one_line_error(here(capsys, module, *arguments), prog, fragment)
 
 
 def test_tuning_a_long_kernel_says_what_takes_the_time_first(monkeypatch, capsys):
@@ -303,10 +327,14 @@ def test_a_failed_numpy_baseline_is_one_line_and_the_tuned_figures_still_print(m
     (["--address", "127.0.0.1:1"], {}, "--address 127.0.0.1:1: no Ray cluster answers there"),
     (["--address", "nowhere"], {}, "expected HOST:PORT"),
 ])
-def test_a_start_refused_for_bad_input_is_one_line_and_creates_no_folder(tmp_path, arguments, env, fragment):
+def test_a_start_refused_for_bad_input_is_one_line_and_creates_no_folder(tmp_path, arguments, env, fragment, capsys):
     config = tiny_config(tmp_path, **env)
     out = tmp_path / "run"
-    result = command("train", "--algo", "dqn", "--config", str(config), "--iterations", "1", "--out", str(out), *arguments, timeout=300)
+    arguments = ["--algo", "dqn", "--config", str(config), "--iterations", "1", "--out", str(out), *arguments]
+    if "--address" in arguments:  # a process of its own: Ray's attempt to attach stays out of this one
+        result = command("train", *arguments, timeout=300)
+    else:
+        result = here(capsys, "train", *arguments)
     assert_one_line_error(result, "looprl-train", fragment)
     assert not out.exists()
 

@@ -200,11 +200,26 @@ def test_results_and_graph_are_saved(tmp_path):
 CLI = [sys.executable, "-m", "looprl.search"]
 
 
-def interrupt_after(command, seconds, signum):
-    """Start ``command``, send it ``signum`` after ``seconds``; its return code and stderr."""
+def measured_rows(cache) -> int:
+    """How many measurements the SQLite measurement cache at ``cache`` holds (0 before it exists)."""
+    import sqlite3
+
+    try:
+        with sqlite3.connect(f"file:{cache}?mode=ro", uri=True, timeout=5) as connection:
+            return connection.execute("SELECT count(*) FROM measurements").fetchone()[0]
+    except sqlite3.OperationalError:  # not created yet
+        return 0
+
+
+def interrupt_when_measuring(command, cache, signum, rows=3, deadline_s=120):
+    """Start ``command`` (a search measuring into the cache file ``cache``), send it ``signum``
+    once ``rows`` measurements are in that cache (the search is under way, its handlers in
+    place; a fixed sleep of 5 s had burnt a core for as long); its return code and stderr."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(seconds)
+        deadline = time.monotonic() + deadline_s
+        while measured_rows(cache) < rows and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         process.send_signal(signum)
         _, stderr = process.communicate(timeout=120)
     finally:
@@ -226,24 +241,28 @@ def test_cli_single_problem_writes_json(tmp_path):
 
 
 def test_cli_dataset_csv_resumes_and_survives_ctrl_c(tmp_path):
+    from looprl.cli.search import main
+
+    # The searches through main() in this process (the process start: test_cli_single_problem_writes_json);
+    # the interrupted one below in a process of its own.
     path = tmp_path / "runs.csv"
-    base = CLI + ["--split", "test", "--budget", "30", "--evaluations", "8", "--cache", str(tmp_path / "c.sqlite"), "--measure-budget-ms", "1", "--csv", str(path), "--quiet"]
-    done = subprocess.run(base + ["--algo", "greedy1,random", "--limit", "2"], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
+    base = ["--split", "test", "--budget", "30", "--evaluations", "8", "--cache", str(tmp_path / "c.sqlite"), "--measure-budget-ms", "1", "--csv", str(path), "--quiet"]
+    assert main(base + ["--algo", "greedy1,random", "--limit", "2"]) == 0
     rows = list(csv.DictReader(path.open()))
     assert [(r["m"], r["n"], r["k"], r["algorithm"]) for r in rows] == [("64", "64", "112", "greedy1"), ("64", "64", "112", "random"), ("64", "64", "128", "greedy1"), ("64", "64", "128", "random")]
     assert all(float(r["best_gflops"]) >= float(r["initial_gflops"]) and float(r["verified_gflops"]) > 0 for r in rows)
-    again = subprocess.run(base + ["--algo", "greedy1,random", "--limit", "2"], capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and len(list(csv.DictReader(path.open()))) == 4  # nothing redone
+    assert main(base + ["--algo", "greedy1,random", "--limit", "2"]) == 0
+    assert len(list(csv.DictReader(path.open()))) == 4  # nothing redone
 
     # A long random search, interrupted: its partial result is still written.
     code = (
         "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler);"
         "from looprl.cli.search import main; sys.exit(main(sys.argv[1:]))"
     )
+    cache = tmp_path / "slow.sqlite"
     slow = [sys.executable, "-c", code, "--split", "test", "--offset", "2", "--limit", "1", "--algo", "random", "--budget", "600",
-            "--cache", ":memory:", "--measure-budget-ms", "1", "--csv", str(path), "--quiet"]
-    returncode, stderr = interrupt_after(slow, 5, signal.SIGINT)
+            "--cache", str(cache), "--measure-budget-ms", "1", "--csv", str(path), "--quiet"]
+    returncode, stderr = interrupt_when_measuring(slow, cache, signal.SIGINT)
     assert returncode == 130, stderr
     rows = list(csv.DictReader(path.open()))
     assert len(rows) == 5 and rows[-1]["stopped"] == "interrupted" and int(rows[-1]["evaluations"]) >= 1
@@ -252,9 +271,10 @@ def test_cli_dataset_csv_resumes_and_survives_ctrl_c(tmp_path):
 def test_cli_sigterm_keeps_the_partial_result(tmp_path):
     # SIGTERM is how a scheduler, `kill` or a background job (which ignores SIGINT) stops it.
     path = tmp_path / "runs.csv"
-    slow = CLI + ["--split", "test", "--limit", "1", "--algo", "random", "--budget", "600", "--cache", ":memory:",
+    cache = tmp_path / "slow.sqlite"
+    slow = CLI + ["--split", "test", "--limit", "1", "--algo", "random", "--budget", "600", "--cache", str(cache),
                   "--measure-budget-ms", "1", "--csv", str(path), "--quiet"]
-    returncode, stderr = interrupt_after(slow, 5, signal.SIGTERM)
+    returncode, stderr = interrupt_when_measuring(slow, cache, signal.SIGTERM)
     assert returncode == 130, stderr
     rows = list(csv.DictReader(path.open()))
     assert len(rows) == 1 and rows[0]["stopped"] == "interrupted" and int(rows[0]["evaluations"]) >= 1
@@ -310,10 +330,10 @@ def test_search_with_the_target_s_split_factors_uses_and_reports_them(tmp_path):
     assert result.settings["target"] == "sse4"
     with pytest.raises(ValueError, match="split_factors"):
         search.run("8x8x8", "random", max_evaluations=2, cache=":memory:", split_factors="wide")
+    from looprl.cli.search import main
+
     out = tmp_path / "r.json"
-    done = subprocess.run(CLI + ["--problem", "16x16x8", "--algo", "greedy1", "--target", "sse4", "--split-factors", "target",
-                                 "--evaluations", "4", "--cache", ":memory:", "--json", str(out), "--quiet"],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
+    assert main(["--problem", "16x16x8", "--algo", "greedy1", "--target", "sse4", "--split-factors", "target",
+                 "--evaluations", "4", "--cache", ":memory:", "--json", str(out), "--quiet"]) == 0
     settings = json.loads(out.read_text())["settings"]
     assert settings["split_factors"] == list(target_split_factors(sse4)) and settings["target"] == "sse4"

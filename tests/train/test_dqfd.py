@@ -161,6 +161,9 @@ def test_demonstrations_need_dqn():
 
 @pytest.mark.slow
 def test_a_dqfd_run_gathers_demonstrations_repeats_expert_iteration_and_ships_an_honest_record(tmp_path):
+    """A run with pretrain and demonstrations sections, end to end: the clone it starts from,
+    the expert iteration's rounds, the record shipped (one Ray start; a run with a pretrain
+    section alone is this run without the demonstrations)."""
     import json
 
     import yaml
@@ -178,6 +181,13 @@ def test_a_dqfd_run_gathers_demonstrations_repeats_expert_iteration_and_ships_an
     out = run_cli("--algo", "dqn", "--config", str(config), "--iterations", "2", "--out", str(run), "--num-env-runners", "0",
                   "--validate-every", "1", "--validation-problems", "2")
     assert "[demonstrations] 2/2 problems" in out and "round 2 of expert iteration" in out and "[iter 2/2]" in out
+    # The pretrain section: the run starts from its clone, which competes in validation (RL keeps it
+    # unless a snapshot validates better). A run with a pretrain section alone takes the same
+    # path without the demonstrations (looprl/train/run.py: execute).
+    assert "[clone]" in out and "validation of the starting policy" in out
+    assert Policy.load(run / "pretrained").metadata["pretrained"]["problems"] == 2
+    best = Policy.load(run / "policy-best").metadata["validation"]
+    assert best["iteration"] in (0, 1, 2) and best["speedup_geomean"] > 0
     summary = json.loads((run / "demonstrations.json").read_text())
     assert [r["round"] for r in summary["rounds"]] == [1, 2] and all(r["pairs"] >= 2 for r in summary["rounds"])
     x, y = load_demonstrations(run / "demonstrations.npz")
@@ -185,6 +195,7 @@ def test_a_dqfd_run_gathers_demonstrations_repeats_expert_iteration_and_ships_an
     assert (run / "pretrained" / "policy.json").exists() and (run / "demonstrations-clone" / "policy.json").exists()
     arguments = json.loads((run / "run.json").read_text())["arguments"]
     assert arguments["demonstration_round"] == 2 and arguments["start_validation"] > 0
+    assert arguments["init_from"] == str(run / "pretrained")
     import csv
 
     rows = list(csv.DictReader((run / "metrics.csv").open()))

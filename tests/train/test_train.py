@@ -209,6 +209,17 @@ def run_cli(*arguments, timeout=600):
     return result.stdout
 
 
+def evaluate_here(capsys, *arguments) -> str:
+    """``looprl-train arguments`` (an evaluation) run in this process, exit status 0: what it printed."""
+    from looprl.cli.train import main as train_main
+
+    capsys.readouterr()
+    status = train_main(list(arguments))
+    captured = capsys.readouterr()
+    assert status == 0, captured.err[-4000:]
+    return captured.out
+
+
 def write_tiny_config(tmp_path, algo="dqn"):
     import yaml
 
@@ -219,7 +230,7 @@ def write_tiny_config(tmp_path, algo="dqn"):
 
 
 @pytest.mark.slow
-def test_cli_trains_checkpoints_resumes_and_evaluates(tmp_path):
+def test_cli_trains_checkpoints_resumes_and_evaluates(tmp_path, capsys):
     run = tmp_path / "run"
     config = write_tiny_config(tmp_path)
     common = ["--num-env-runners", "0", "--checkpoint-every", "1", "--validate-every", "1", "--validation-problems", "2"]
@@ -247,8 +258,11 @@ def test_cli_trains_checkpoints_resumes_and_evaluates(tmp_path):
     assert held >= first["env_steps"] // 2  # restored, not empty
     assert any((run / "tb").iterdir())
 
+    # Evaluation starts no Ray: run in this process (the command line's own process start is
+    # tested by tests/cli/test_cli_bad_input.py's evaluation without the train extra).
     table = tmp_path / "eval.csv"
-    out = run_cli("--evaluate", str(run), "--split", "test", "--limit", "2", "--csv", str(table), "--cache", str(tmp_path / "cache.sqlite"))
+    out = evaluate_here(capsys, "--evaluate", str(run), "--split", "test", "--limit", "2", "--csv", str(table),
+                        "--cache", str(tmp_path / "cache.sqlite"))
     assert "2 problems: speed-up over untuned" in out
     rows = list(csv.DictReader(table.open()))
     assert len(rows) == 2 and all(float(r["initial_gflops"]) > 0 and float(r["final_gflops"]) > 0 for r in rows)
@@ -256,27 +270,9 @@ def test_cli_trains_checkpoints_resumes_and_evaluates(tmp_path):
     assert all(len(r["actions"].split()) == 10 or r["stopped"] == "cycle" for r in rows)
 
     # An RLlib checkpoint inside a run folder is exported on the fly.
-    out = run_cli("--evaluate", str(run / "checkpoints" / "iter_000003"), "--split", "test", "--limit", "1", "--cache", str(tmp_path / "cache.sqlite"))
+    out = evaluate_here(capsys, "--evaluate", str(run / "checkpoints" / "iter_000003"), "--split", "test", "--limit", "1",
+                        "--cache", str(tmp_path / "cache.sqlite"))
     assert "1 problems" in out
-
-
-@pytest.mark.slow
-def test_a_run_with_a_pretrain_section_starts_from_its_clone_and_keeps_it_unless_rl_validates_better(tmp_path):
-    import yaml
-
-    agent = tiny_agent("dqn", str(tmp_path / "cache.sqlite"))
-    agent["pretrain"] = {"problems_per_dataset": 2, "epochs": 20}
-    config = tmp_path / "pretrain.yaml"
-    config.write_text(yaml.safe_dump(agent))
-    run = tmp_path / "run"
-    out = run_cli("--algo", "dqn", "--config", str(config), "--iterations", "1", "--out", str(run), "--num-env-runners", "0",
-                  "--validate-every", "1", "--validation-problems", "2")
-    assert "[clone]" in out and "validation of the starting policy" in out
-    clone = Policy.load(run / "pretrained")
-    assert clone.metadata["pretrained"]["problems"] == 2
-    assert json.loads((run / "run.json").read_text())["arguments"]["init_from"] == str(run / "pretrained")
-    best = Policy.load(run / "policy-best").metadata["validation"]
-    assert best["iteration"] in (0, 1) and best["speedup_geomean"] > 0
 
 
 def test_ctrl_c_saves_a_final_checkpoint(tmp_path):

@@ -123,21 +123,21 @@ def test_tune_imports_neither_ray_nor_torch(policy_dir):
     assert result.stdout.split() == ["True", "False", "False"]
 
 
-def test_cli(policy_dir):
-    result = subprocess.run(
+def test_cli(policy_dir, capsys):
+    from looprl.cli.tune import main
+
+    result = subprocess.run(  # the command as a user starts it
         [sys.executable, "-m", "looprl", "tune", "96", "64", "80", "--policy", str(policy_dir), "--cache", ":memory:"],
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert "GFLOPS" in result.stdout and "looprl / numpy" in result.stdout and "actions:" in result.stdout
-    batched = subprocess.run(
-        [sys.executable, "-m", "looprl", "tune", "--spec", "bmk,bkn->bmn", "--sizes", "b=2,m=24,k=16,n=40", "--policy", str(policy_dir),
-         "--no-measure", "--no-numpy", "--cache", ":memory:"],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert batched.returncode == 0 and "policy mode" in batched.stdout, batched.stderr
-    bad = subprocess.run([sys.executable, "-m", "looprl", "tune", "96", "64"], capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "three integers" in bad.stderr
+    # The rest through its main() in this process: the same exit status and lines, no process start each.
+    capsys.readouterr()
+    assert main(["--spec", "bmk,bkn->bmn", "--sizes", "b=2,m=24,k=16,n=40", "--policy", str(policy_dir),
+                 "--no-measure", "--no-numpy", "--cache", ":memory:"]) == 0
+    assert "policy mode" in capsys.readouterr().out
+    assert main(["96", "64"]) == 2 and "three integers" in capsys.readouterr().err
 
 
 @pytest.mark.target_dependent
