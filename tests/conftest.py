@@ -108,6 +108,23 @@ def a_quiet_machine(monkeypatch):
 
 
 @pytest.fixture(autouse=True, scope="session")
+def a_timing_lock_per_worker(tmp_path_factory):
+    """Each pytest worker times under a machine-wide lock of its own (a file in its own temporary
+    folder), so one worker's timings never wait for the other's: the tests assert behaviour,
+    never a speed, and the load readings read quiet (:func:`a_quiet_machine`). Waiting for the
+    other worker's timings cost about a minute and a half of the suite's wall-clock time on two
+    cores. Tests of the lock itself make their own lock files; processes a test starts use the
+    real default."""
+    from looprl.measurement import lock
+
+    real = lock.default_lock_path
+    own = tmp_path_factory.mktemp("timing-lock") / "looprl-timing.lock"
+    lock.default_lock_path = lambda: own
+    yield
+    lock.default_lock_path = real
+
+
+@pytest.fixture(autouse=True, scope="session")
 def bandwidth_measured_once_per_session():
     """Each host bandwidth (a target, buffer size, thread count and budget) is measured for real
     once per test process, then given again: tune measures the L2, LLC and DRAM bandwidths for
