@@ -78,7 +78,12 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
     # The output's columns are the vectors' lanes: if they are not the right operand's
     # contiguous dimension (A @ B.T, attention's q . k^T), every tile is measured packed.
     transposed = problem.operands[1][-1] != problem.output[-1]
-    packed_first = transposed or pairs_a_weight(problem)
+    # A constant right operand (a weight) is packed once, when the kernel is bound: panels cost
+    # nothing per call, so every tile is measured with them. Measured packed last (the best tile
+    # only), a large layer's budget was spent before its panels were timed: 128 rows of a
+    # 4096->4096 layer came back unpacked at 101.9 GFLOPS, where its 9x48 tile packed ran at 113
+    # (a quiet Zen 4; oneDNN's packed linear 110.8).
+    packed_first = transposed or pairs_a_weight(problem) or "in1" in problem.constant
     flat = None
     try:
         if problem.cold and not transposed:  # weights from memory: whole panels, packed in order, first
