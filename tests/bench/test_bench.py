@@ -1,4 +1,5 @@
 import json
+import math
 import os
 import subprocess
 import sys
@@ -99,6 +100,18 @@ def test_tune_benchmark_reports_times_and_ratios(tmp_path, capsys, monkeypatch):
         assert set(row["torch_calls_gflops"]) == {"torch.matmul", "F.linear", "oneDNN packed"}
     assert all(row["tuned_gflops"] > 0 and row["search_gflops"] > 0 for row in report["rows"])
     assert summary["search_vs_numpy_geomean"] > 0 and summary["tuned_vs_search_geomean"] > 0
+
+
+def test_the_tune_benchmark_leaves_the_untuned_nest_out_when_told(tmp_path, capsys, monkeypatch):
+    """--no-untuned: one untuned call of a large layer takes minutes; the column says nan and
+    every other figure is there."""
+    path = tmp_path / "tune.json"
+    monkeypatch.setenv("LOOPRL_CACHE_DIR", str(tmp_path / "cache"))
+    out = bench(capsys, "tune", "--problems", "24x40x32", "--budget", "0.002", "--tune-budget", "0.05", "--mode", "policy",
+                "--no-untuned", "--json", str(path))
+    row = json.loads(path.read_text())["rows"][0]
+    assert math.isnan(row["untuned_gflops"]) and row["tuned_gflops"] > 0 and row["numpy_gflops"] > 0
+    assert " nan " in out
 
 
 def test_tune_benchmark_summarises_per_model():
