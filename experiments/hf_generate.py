@@ -189,6 +189,19 @@ def run_case(config: str, prompt_length: int, threads: int, modes: list[str], ar
     return rows
 
 
+def _release() -> None:
+    """Free what a case's modes left behind before the next case builds its model: torch's
+    compiled graphs (Dynamo's caches hold the compiled models and their frozen weights) and the
+    garbage. With the Qwen2- and the 1.6 GB Llama-style configs in one run, the process grew to
+    15.5 GB and was killed for memory during the Llama's preparation."""
+    import gc
+
+    import torch
+
+    torch._dynamo.reset()
+    gc.collect()
+
+
 def print_table(rows: list[dict]) -> None:
     print(f"\n{'config':>7} {'prompt':>6} {'thr':>3} {'mode':>16} {'prepare s':>9} {'prefill ms':>10} {'tokens/s':>9} {'x eager':>7} "
           f"{'of bound':>8}  tokens")
@@ -247,13 +260,16 @@ def main(argv=None) -> int:
     print(f"{cpu_model_name()} ({llvm_cpu}); configs {', '.join(configs)}{' (quick: tiny)' if args.quick else ''}; modes {', '.join(modes)}; "
           f"{args.runs} run(s)", flush=True)
     rows = []
+    about = dict(common, configs={name: (QUICK if args.quick else CONFIGS)[name] for name in configs}, recommended=RECOMMENDED,
+                 command=" ".join(sys.argv))
     for config in configs:
         for prompt in prompts:
             for count in threads:
                 rows.extend(run_case(config, prompt, count, modes, args, common))
+                write(out, rows, about)  # each case's rows kept as it ends: a later case killed for memory loses only itself
+                _release()
     print_table(rows)
-    write(out, rows, dict(common, configs={name: (QUICK if args.quick else CONFIGS)[name] for name in configs}, recommended=RECOMMENDED,
-                          command=" ".join(sys.argv)))
+    write(out, rows, about)
     return 0 if all(row.get("same_tokens", True) for row in rows if not row.get("skipped")) else 1
 
 
