@@ -10,6 +10,9 @@ each round starting at the next way in turn (a slow phase of the machine hits ea
 the best round's microseconds per call are printed:
 
 * ``F.linear``: ``torch.nn.functional.linear(x, weight, bias)``;
+* ``oneDNN packed``: oneDNN's linear on the weight packed once beforehand
+  (``torch.ops.mkldnn._reorder_linear_weight``, then ``_linear_pointwise``, as
+  :mod:`looprl.bench.torch_baseline` times it): torch's faster path on AMD;
 * ``nn.Linear``: the layer's own module call (what a model calls: ``nn.Module.__call__`` and
   then ``F.linear``), the reference of issue 63's target (a routed or tuned call at most 5 us more);
 * ``routed``: the ``TunedLinear`` from ``tune_module(layer, x, measure=False, compare_torch=False)``
@@ -72,7 +75,10 @@ def ways(in_features: int, out_features: int, rows: int) -> dict:
             same = torch.equal(got, expected) if name == "routed" else torch.allclose(got, expected, rtol=1e-4, atol=1e-4)
             if not same:
                 raise SystemExit(f"{name} computed another answer than the layer")
-    return {"F.linear": lambda: functional.linear(x, weight, bias), "nn.Linear": lambda: layer(x), "routed": lambda: routed(x),
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
+    return {"F.linear": lambda: functional.linear(x, weight, bias),
+            "oneDNN packed": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, bias.detach(), "none", [], "none"),
+            "nn.Linear": lambda: layer(x), "routed": lambda: routed(x),
             "kernel": lambda: kernel.address_call(out.data_ptr(), workspace, x.data_ptr()), "frozen": lambda: frozen(x),
             "followed": lambda: followed(x)}
 
