@@ -35,6 +35,7 @@ from looprl.measurement.duels import schedule_duel
 from looprl.measurement.load import TEAM_SETTLE_S
 from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.search.context import SearchContext
+from looprl.search.dots import FEW_ROWS
 from looprl.search.staged import StagedSearch
 from looprl.tune.results import Answer
 
@@ -51,8 +52,9 @@ TEAM_MARGIN = 0.05
 # Problems with at most this many output rows are searched in place too: a decode step's few
 # rows stream the weight once, bound by its bandwidth, where a dot-product tile reads it as fast
 # as a re-laid copy and keeps no copy. Above it the register tiles' broadcasts win (two loads
-# per multiply-add in a dot-product tile against one per few in a register tile).
-IN_PLACE_ROWS = 16
+# per multiply-add in a dot-product tile against one per few in a register tile). The same few
+# rows whose weight the searches prefetch (looprl.search.dots.FEW_ROWS): one rule, one number.
+IN_PLACE_ROWS = FEW_ROWS
 # Where the weights may change, a problem of more rows than IN_PLACE_ROWS is searched in place
 # too when comparing the re-laid start's copy would cost at least this share of its call: below it
 # the in-place answer would have to win on speed alone, which dot-product tiles do not at many
