@@ -14,8 +14,6 @@ its rule needs the register plan); adding the step is decided here, never in the
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from looprl.backend.pairs import pair_step, pairs_a_weight
 from looprl.ir.nest import LoopNest
 from looprl.ir.step import Step
@@ -25,22 +23,17 @@ from looprl.target import Target
 def added_pairs(nest: LoopNest, target: Target | None) -> tuple[Step, ...]:
     """The steps :func:`with_pairs` adds to ``nest``: the pair step of its bfloat16 weight where
     its kernel for ``target`` can take the reduction in pairs
-    (:func:`~looprl.backend.pairs.pair_step`), else none (a nest paired already, a float32
-    problem, a changing second input, a schedule the rule does not admit, no target)."""
-    step = None if target is None else pair_step(nest, target)
+    (:func:`~looprl.backend.pairs.pair_step`, remembered per schedule and target), else none (a
+    nest paired already, a schedule the rule does not admit, no target; a problem that cannot
+    pair, the float32 ones, answered at once: every env step and every measurement asks)."""
+    if target is None or not pairs_a_weight(nest.problem):
+        return ()
+    step = pair_step(nest, target)
     return () if step is None else (step,)
 
 
 def with_pairs(nest: LoopNest, target: Target | None) -> LoopNest:
     """``nest`` as the schedule to compile for ``target``: with :func:`added_pairs` applied, so
-    its kernel pairs wherever it can; any other nest as it is (a problem that cannot pair, the
-    float32 ones, returned at once: every env step and every measurement asks)."""
-    if target is None or not pairs_a_weight(nest.problem):
-        return nest
-    return _paired(nest, target)
-
-
-@lru_cache(maxsize=4096)  # asked once per schedule by each producer that measures or records it
-def _paired(nest: LoopNest, target: Target) -> LoopNest:
+    its kernel pairs wherever it can; any other nest as it is."""
     steps = added_pairs(nest, target)
     return nest.apply(steps) if steps else nest

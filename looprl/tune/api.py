@@ -28,12 +28,13 @@ Two modes:
   stored, and the winner rule keeps one (an answer there that re-lays the weight is a copy, as
   the re-laid start's, and pays what a copy pays).
 
-One pass: the problem searched is the problem or its fused view
-(:func:`looprl.ir.rewrites.plan_rewrites`); a right operand stored across the output's columns is
-searched from its re-laid start (:class:`looprl.ir.rewrites.Relaid`, a layout of the same
-problem's nest) and, where the winner rule asks, as stored; the answers, all schedules of the
-one problem, come from the policy alone, the store or the measured searches; the winner rule
-picks one, and :func:`_finish` compiles it once (a fused view's kernel called through reshapes).
+One pass: the problem asked is read once into a :class:`~looprl.tune.searched.Searched` (the
+problem searched, the problem or its fused view, :func:`looprl.ir.rewrites.plan_rewrites`, and
+its facts), which the parts read; a right operand stored across the output's columns is searched
+from its re-laid start (:class:`looprl.ir.rewrites.Relaid`, a layout of the same problem's nest)
+and, where the winner rule asks, as stored; the answers, all schedules of the one problem, come
+from the policy alone, the store or the measured searches; the winner rule picks one, and
+:func:`_finish` compiles it once (a fused view's kernel called through reshapes).
 """
 
 from __future__ import annotations
@@ -51,18 +52,18 @@ from looprl import checks, defaults
 from looprl.backend.kernel import ReshapedKernel, compile
 from looprl.backend.threads import available_cores, check_threads
 from looprl.ir.problem import Problem, as_problem, matmul
-from looprl.ir.rewrites import RewriteChain, plan_rewrites, relaid
 from looprl.measurement.evaluator import Evaluator
 from looprl.policy.numpy_policy import Policy
 from looprl.search.budget import MIN_BUDGET_S
 from looprl.target import Target
-from looprl.tune.measured import in_place_answer, measured_answer, relaid_answer
+from looprl.tune.measured import in_place_answer, measured_answer
 from looprl.tune.measurer import Measurer
 from looprl.tune.policy_alone import policy_tune
 from looprl.tune.proposers import PolicyProposer
 from looprl.tune.results import Answer, TuneResult
 from looprl.tune import store
-from looprl.tune.winner import in_place_rows, preferred, searches_in_place
+from looprl.tune.searched import Searched
+from looprl.tune.winner import preferred, searches_in_place
 
 # Search time of measured tune by default: None scales it with the problem
 # (:func:`~looprl.search.budget.scaled_budget`: 0.4 s up to ~256^3, where a new state costs
@@ -123,48 +124,42 @@ def tune(
     weights_change = checks.flag(weights_change, "weights_change")
     target = Target.resolve(target)
     target.check_runs_on_host()
-    plan = plan_rewrites(as_tunable_problem(problem))
-    proposer = PolicyProposer.prepared(policy, target, plan.searched, episode_length)
+    searched = Searched.read(as_tunable_problem(problem))
+    proposer = PolicyProposer.prepared(policy, target, searched.problem, episode_length)
     measurer = Measurer.open(cache, measure_budget_s, target, threads)
     if not measure:
-        return _finish(plan, *policy_tune(proposer, plan.searched, relaid(plan.searched), measurer, weights_change), threads, started)
-    chosen = _measured(proposer, plan.searched, measurer, budget_s, started, max_evaluations, remember and max_evaluations is None, weights_change)
-    return _finish(plan, chosen, measurer.evaluator, threads, started)
+        evaluator = measurer.policy_evaluator(proposer.actions.parallel)
+        return _finish(searched, policy_tune(proposer, searched, measurer, evaluator, weights_change), evaluator, threads, started)
+    chosen = _measured(proposer, searched, measurer, budget_s, started, max_evaluations, remember and max_evaluations is None, weights_change)
+    return _finish(searched, chosen, measurer.evaluator, threads, started)
 
 
-def _measured(proposer: PolicyProposer, problem: Problem, measurer: Measurer, budget_s: float | None, started: float,
+def _measured(proposer: PolicyProposer, searched: Searched, measurer: Measurer, budget_s: float | None, started: float,
               max_evaluations: int | None, remembers: bool, weights_change: bool) -> Answer:
-    """Measured mode's answer for ``problem`` (the problem searched). A constant weight with a
-    re-laid start (:func:`~looprl.ir.rewrites.relaid`) is searched from it (recalled from the
-    store, else measured and stored when ``remembers``) and, where the winner rule asks, as
-    stored in place (recalled only along a recalled answer from the start); the winner rule
-    picks. Any other problem gets the
-    measured answer (:func:`~looprl.tune.measured.measured_answer`). The weight as stored is
-    not searched where the search is the rollout alone (budget 0) or capped in schedules
-    (measurements outside the cap would make a capped comparison unequal)."""
-    start = relaid(problem)
-    exact = start if start is not None and start.exact else None
-    searches_given = exact is not None and in_place_rows(problem, None) and budget_s != 0 and max_evaluations is None
-    given = problem if searches_given else None
-    compare_s = measurer.comparison_seconds(problem.constant_bytes) if weights_change and given is not None else 0.0
+    """Measured mode's answer for the problem searched. A
+    constant weight with a re-laid start (:attr:`Searched.exact_start`) is searched from it
+    (recalled from the store, else measured and stored when ``remembers``) and, where the winner
+    rule asks, as stored in place (recalled only along a recalled answer from the start); the
+    winner rule picks. Any other problem gets the measured answer
+    (:func:`~looprl.tune.measured.measured_answer`). The weight as stored is not searched where
+    the search is the rollout alone (budget 0) or capped in schedules (measurements outside the
+    cap would make a capped comparison unequal)."""
+    exact = searched.exact_start
+    given = searched.problem if exact is not None and searched.dots and budget_s != 0 and max_evaluations is None else None
+    compare_s = measurer.comparison_seconds(searched.problem.constant_bytes) if weights_change and given is not None else 0.0
     answer = in_place = None
     load = store.load_now(measurer) if remembers else None  # the machine's load: a busy moment is not remembered as final
     least = MIN_BUDGET_S if budget_s is None else budget_s
     if remembers:
-        answer = store.recall(measurer, problem, least, load, exact)
+        answer = store.recall(measurer, searched.problem, least, load, exact)
         if answer is not None and searches_in_place(given, answer, compare_s):
-            in_place = store.recall(measurer, problem, least, load)
+            in_place = store.recall(measurer, searched.problem, least, load)
     if answer is None:
-        if exact is not None:
-            answer = relaid_answer(proposer.policy, exact, measurer.evaluator, proposer.episode_length, budget_s, measurer.threads,
-                                   started, max_evaluations)
-        else:
-            answer = measured_answer(proposer.policy, problem, measurer.evaluator, proposer.episode_length, budget_s, measurer.threads,
-                                     started, max_evaluations)
+        answer = measured_answer(proposer, searched, measurer, budget_s, started, max_evaluations)
         if remembers:
             answer = store.remember(answer, measurer, load, exact)
     if in_place is None and searches_in_place(given, answer, compare_s):  # a remembered answer is not searched again
-        in_place = in_place_answer(problem, measurer.evaluator, measurer.threads)
+        in_place = in_place_answer(searched.problem, measurer.evaluator, measurer.threads)
         if in_place is not None:
             in_place = replace(in_place, record=replace(in_place.record, budget_s=answer.record.budget_s))
             if remembers:
@@ -172,17 +167,17 @@ def _measured(proposer: PolicyProposer, problem: Problem, measurer: Measurer, bu
     return preferred([answer, in_place], compare_s)
 
 
-def _finish(plan: RewriteChain, answer: Answer, evaluator: Evaluator, threads: int, started: float) -> TuneResult:
-    """The one finishing step: ``answer`` (a schedule of the plan's searched problem) compiled
-    once (a fused view's kernel called through reshapes), and the result built (``evaluator``:
-    the one that timed the answer's search)."""
+def _finish(searched: Searched, answer: Answer, evaluator: Evaluator, threads: int, started: float) -> TuneResult:
+    """The one finishing step: ``answer`` (a schedule of the problem searched) compiled once (a
+    fused view's kernel called through reshapes), and the result built (``evaluator``: the one
+    that timed the answer's search)."""
     kernel = compile(answer.nest, target=evaluator.target, threads=threads)
-    if plan.through_fused_view:
-        kernel = ReshapedKernel(kernel, plan.original)
-    tuned_as = plan.searched if plan.through_fused_view else None
+    if searched.fused:
+        kernel = ReshapedKernel(kernel, searched.original)
     record = replace(answer.record, target=evaluator.target, threads=threads)
     answer = replace(answer, record=record, measured=answer.measured or evaluator.compiled)
-    return TuneResult(plan.original, kernel=kernel, seconds=time.perf_counter() - started, tuned_as=tuned_as, answer=answer)
+    return TuneResult(searched.original, kernel=kernel, seconds=time.perf_counter() - started,
+                      tuned_as=searched.problem if searched.fused else None, answer=answer)
 
 
 def as_tunable_problem(problem: Any) -> Problem:

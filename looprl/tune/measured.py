@@ -6,8 +6,10 @@ the winner rule, then the teams on more than one thread (:func:`~looprl.tune.tea
   tiles refined and the policy-guided search. Also the expert of training's demonstrations.
 * :func:`relaid_answer`: that search from a problem's re-laid start
   (:class:`~looprl.ir.rewrites.Relaid`), as an answer for the problem.
-* :func:`measured_answer`: that search of the problem searched and, for a right operand that
-  changes per call and is stored across the output's columns, from its re-laid start too.
+* :func:`measured_answer`: that search of the problem searched (a
+  :class:`~looprl.tune.searched.Searched`): from the re-laid start of a constant weight; for a
+  right operand that changes per call and is stored across the output's columns, from its
+  re-laid start too.
 * :func:`in_place_answer`: the dot-product tiles of a problem as given (its weight in place).
 """
 
@@ -18,14 +20,16 @@ import time
 from dataclasses import replace
 
 from looprl.ir.problem import Problem
-from looprl.ir.rewrites import Relaid, relaid
+from looprl.ir.rewrites import Relaid
 from looprl.measurement.evaluator import Evaluator
 from looprl.policy.numpy_policy import Policy
 from looprl.search.budget import REFINEMENTS
 from looprl.search.dots import dot_proposals, in_place_actions
 from looprl.search.staged import Stage, StagedSearch
+from looprl.tune.measurer import Measurer
 from looprl.tune.proposers import PolicyProposer, tiles_stage
 from looprl.tune.results import Answer, from_relaid_start
+from looprl.tune.searched import Searched
 from looprl.tune.store import TUNER
 from looprl.tune.teams import with_teams
 from looprl.tune.winner import confirmed, preferred
@@ -77,21 +81,26 @@ def relaid_answer(policy: Policy, start: Relaid, evaluator: Evaluator, episode_l
     return replace(answer, record=record, measured=answer.measured + 1)
 
 
-def measured_answer(policy: Policy, problem: Problem, evaluator: Evaluator, episode_length: int | None, budget_s: float | None,
-                    threads: int, started: float, max_evaluations: int | None = None) -> Answer:
-    """The measured search of ``problem``. A right operand that changes per call and is stored
-    across the output's columns (``bmk,bnk->bmn``) is searched two ways, each a whole measured
-    search with the budget: from its re-laid start (:func:`relaid_answer`: the operand re-laid
-    inside every call, timed so) and as given (its tiles read the operand in place or pack it
-    per tile); the winner rule keeps the faster (neither keeps a copy). Which wins depends on the
-    shape and the target: with one row the conversion costs as much as the product; on
-    128x960x960 (Zen 4) the re-laid kernel ran at 98 GFLOPS for AVX-512 against 113 as given,
-    and at 101 against 84 for AVX2."""
-    direct = measured_search(policy, problem, evaluator, episode_length, budget_s, threads, started, max_evaluations)
-    start = relaid(problem)
-    if start is None or start.exact:
+def measured_answer(proposer: PolicyProposer, searched: Searched, measurer: Measurer, budget_s: float | None, started: float,
+                    max_evaluations: int | None = None) -> Answer:
+    """The measured search of the problem searched, on the measurer's one-thread evaluator and
+    threads. A constant weight with a re-laid start is searched from it (:func:`relaid_answer`).
+    A right operand that changes per call and is stored across the output's columns
+    (``bmk,bnk->bmn``) is searched two ways, each a whole measured search with the budget: from
+    its re-laid start (the operand re-laid inside every call, timed so) and as given (its tiles
+    read the operand in place or pack it per tile); the winner rule keeps the faster (neither
+    keeps a copy). Which wins depends on the shape and the target: with one row the conversion
+    costs as much as the product; on 128x960x960 (Zen 4) the re-laid kernel ran at 98 GFLOPS for
+    AVX-512 against 113 as given, and at 101 against 84 for AVX2. Any other problem: its
+    measured search."""
+    policy, length, evaluator, threads = proposer.policy, proposer.episode_length, measurer.evaluator, measurer.threads
+    start = searched.start
+    if start is not None and start.exact:
+        return relaid_answer(policy, start, evaluator, length, budget_s, threads, started, max_evaluations)
+    direct = measured_search(policy, searched.problem, evaluator, length, budget_s, threads, started, max_evaluations)
+    if start is None:
         return direct
-    through = relaid_answer(policy, start, evaluator, episode_length, budget_s, threads, time.perf_counter(), max_evaluations)
+    through = relaid_answer(policy, start, evaluator, length, budget_s, threads, time.perf_counter(), max_evaluations)
     through = replace(through, record=replace(through.record, budget_s=direct.record.budget_s), initial_gflops=direct.initial_gflops,
                       greedy_gflops=direct.greedy_gflops)  # the report's untuned nest and rollout: the problem's as given
     return preferred([through, direct])

@@ -66,6 +66,12 @@ class Measurer:
         teams' timings)."""
         return self.on_threads()
 
+    def policy_evaluator(self, parallel: bool) -> Evaluator:
+        """The evaluator that times the fast path's episodes: :attr:`team` for a policy whose
+        actions mark loops parallel (``parallel``: it decides the thread split itself), else
+        the one-thread evaluator."""
+        return self.team if parallel else self.evaluator
+
     def search(self, problem: Problem, budget_s: float | None, started: float | None = None) -> StagedSearch:
         """A staged search of ``problem`` timed by the one-thread evaluator, ``budget_s``
         counted from ``started``."""

@@ -19,13 +19,13 @@ import math
 from dataclasses import replace
 
 from looprl.ir.problem import Problem
-from looprl.ir.rewrites import Relaid
 from looprl.measurement.evaluator import Evaluator
 from looprl.tune.measurer import Measurer
 from looprl.tune.proposers import PolicyProposer
 from looprl.tune.results import Answer, from_relaid_start
+from looprl.tune.searched import Searched
 from looprl.tune.teams import split
-from looprl.tune.winner import fastest, in_place_rows, preferred, relaying_actions
+from looprl.tune.winner import fastest, preferred, relaying_actions
 
 # Timings of the policy alone's proposals per episode: the state its greedy episode ends in,
 # and for a bfloat16 weight its kernels pair, that state packed, the episode without
@@ -33,39 +33,41 @@ from looprl.tune.winner import fastest, in_place_rows, preferred, relaying_actio
 POLICY_TIMINGS = 4
 
 
-def policy_tune(proposer: PolicyProposer, problem: Problem, start: Relaid | None, measurer: Measurer, weights_change: bool,
-                timings: int = POLICY_TIMINGS) -> tuple[Answer, Evaluator]:
-    """The fast path's answer for ``problem``, and the evaluator that timed its episodes: the
-    policy's episode from the re-laid start of a constant weight (``start``, run in its
-    coordinates) or else from the untuned nest and, for a linear layer of few rows, also on the
-    weight as stored (never re-laying it where ``weights_change``: a copy would be compared on
-    every call), each timing at most ``timings`` proposals; the winner rule picks."""
-    evaluator = measurer.team if proposer.actions.parallel else measurer.evaluator
-
-    def episode(problem: Problem, excluded: frozenset[str] = frozenset()) -> Answer:
-        found = policy_answer(proposer, problem, measurer, evaluator, excluded, timings)
-        return found if proposer.actions.parallel or measurer.threads == 1 else split(found, measurer)
-
-    if start is None or not start.exact:
-        return episode(problem), evaluator
-    answer = from_relaid_start(episode(start.coordinates), start)
-    in_place, compare_s = None, 0.0
-    if in_place_rows(problem) and proposer.actions.fits(problem):
-        compare_s = measurer.comparison_seconds(problem.constant_bytes) if weights_change else 0.0
-        in_place = episode(problem, relaying_actions(proposer.actions) if weights_change else frozenset())
-    return preferred([answer, in_place], compare_s), evaluator
+def policy_tune(proposer: PolicyProposer, searched: Searched, measurer: Measurer, evaluator: Evaluator, weights_change: bool,
+                timings: int = POLICY_TIMINGS) -> Answer:
+    """The fast path's answer for the problem searched, its episodes timed through ``evaluator``
+    (:meth:`~looprl.tune.measurer.Measurer.policy_evaluator`): the policy's episode from the
+    re-laid start of a constant weight (run in its coordinates) or else from the untuned nest
+    and, for a linear layer of few rows, also on the weight as stored (never re-laying it where
+    ``weights_change``: a copy would be compared on every call), each timing at most ``timings``
+    proposals; the winner rule picks."""
+    start = searched.exact_start
+    if start is None:
+        return policy_answer(proposer, searched.problem, searched.pairs, measurer, evaluator, frozenset(), timings)
+    in_place = searched.few_rows and proposer.actions.fits(searched.problem)
+    compare_s = measurer.comparison_seconds(searched.problem.constant_bytes) if in_place and weights_change else 0.0
+    relaid = policy_answer(proposer, start.coordinates, searched.pairs, measurer, evaluator, frozenset(), timings)
+    answers = [from_relaid_start(relaid, start)]
+    if in_place:
+        excluded = relaying_actions(proposer.actions) if weights_change else frozenset()
+        answers.append(policy_answer(proposer, searched.problem, searched.pairs, measurer, evaluator, excluded, timings))
+    return preferred(answers, compare_s)
 
 
-def policy_answer(proposer: PolicyProposer, problem: Problem, measurer: Measurer, evaluator: Evaluator, excluded: frozenset[str],
-                  timings: int) -> Answer:
-    """The policy alone's answer for ``problem``: its proposals (never taking one of
-    ``excluded``) timed in order through ``evaluator``, at most ``timings`` of them, a
-    proposal that is the fastest so far not timed again; the fastest kept."""
+def policy_answer(proposer: PolicyProposer, problem: Problem, pairs: bool, measurer: Measurer, evaluator: Evaluator,
+                  excluded: frozenset[str], timings: int) -> Answer:
+    """The policy alone's answer for ``problem`` (``pairs``: its bfloat16 weight may be paired,
+    :attr:`~looprl.tune.searched.Searched.pairs`): its proposals (never taking one of
+    ``excluded``) timed in order through ``evaluator``, at most ``timings`` of them, a proposal
+    that is the fastest so far not timed again; the fastest kept. On more than one thread, a
+    policy whose actions mark no loop parallel has its answer offered the teams
+    (:func:`~looprl.tune.teams.split`)."""
     before = evaluator.compiled
     best, timed = None, 0
-    for proposal in proposer.alone(problem, excluded):
+    for proposal in proposer.alone(problem, pairs, excluded):
         if timed < timings and (best is None or proposal.nest != best.nest):
             found, timed = measurer.timed(proposal, evaluator), timed + 1
             best = found if best is None else fastest([best, found])
     record = replace(best, found_by="policy", target=evaluator.target, threads=evaluator.threads)
-    return Answer(record, "policy", math.nan, measured=evaluator.compiled - before)
+    answer = Answer(record, "policy", math.nan, measured=evaluator.compiled - before)
+    return answer if measurer.threads == 1 or proposer.actions.parallel else split(answer, measurer)

@@ -23,7 +23,6 @@ import warnings
 from dataclasses import dataclass, replace
 
 from looprl.actions import ActionSet, State, replay
-from looprl.backend.pairs import pairs_a_weight
 from looprl.ir.plans import Plan
 from looprl.ir.problem import Problem
 from looprl.ir.register_tiles import tile_of
@@ -73,10 +72,10 @@ class PolicyProposer:
         never taking one of ``excluded``."""
         return greedy_rollout(self.policy, problem, observe, episode_length=self.episode_length, excluded=excluded)
 
-    def alone(self, problem: Problem, excluded: frozenset[str] = frozenset()) -> list[ScheduleRecord]:
+    def alone(self, problem: Problem, pairs: bool, excluded: frozenset[str] = frozenset()) -> list[ScheduleRecord]:
         """The policy alone's proposals (unmeasured: speed NaN), in the order they are timed:
         the state its greedy episode ends in. For a bfloat16 problem whose weight its kernels
-        pair (:func:`~looprl.backend.pairs.pairs_a_weight`), re-laying allowed, also that state
+        pair (``pairs``: :func:`~looprl.backend.pairs.pairs_a_weight`), re-laying allowed, also that state
         with the weight packed into panels of its tile and, where the answer is a dot-product
         tile, the greedy episode without dot-product tiles (packed too): the shipped policies
         learnt on float32, where a weight re-laid whole streams as fast as in panels and few-row
@@ -84,7 +83,7 @@ class PolicyProposer:
         twice the rate. At most four proposals."""
         rollout = self.episode(problem, excluded=excluded)
         proposals = [ScheduleRecord(rollout.final_nest, math.nan, tuple(rollout.final_actions))]
-        if not pairs_a_weight(problem) or "pack" in excluded:
+        if not pairs or "pack" in excluded:
             return proposals
         paths = [proposals[0].actions]
         dots = frozenset(name for name in self.actions.names if (plan := Plan.parse(name)) is not None and plan.dot)

@@ -123,7 +123,7 @@ class _Proposals:
     def __init__(self, records):
         self.records = records
 
-    def alone(self, problem, excluded=frozenset()):
+    def alone(self, problem, pairs, excluded=frozenset()):
         return list(self.records)
 
 
@@ -135,12 +135,12 @@ def test_the_fast_path_times_at_most_its_cap_and_never_the_fastest_so_far_again(
     proposals = _Proposals([_record(ROOT, math.nan, ("r",)), _record(SPLIT, math.nan, ("s",)), _record(SPLIT, math.nan, ("s2",)),
                             _record(SWAPPED, math.nan, ("w",))])
     timings = _Timings(speeds)
-    answer = policy_answer(proposals, PROBLEM, Measurer(timings, 1), timings, frozenset(), POLICY_TIMINGS)
+    answer = policy_answer(proposals, PROBLEM, False, Measurer(timings, 1), timings, frozenset(), POLICY_TIMINGS)
     assert timings.asked == [ROOT.key, SPLIT.key, SWAPPED.key]  # the split again is the fastest so far: not timed
     assert answer.nest == SPLIT and answer.actions == ("s",) and answer.gflops == 3.0 and answer.measured == 3
     assert answer.mode == "policy" and math.isnan(answer.initial_gflops) and answer.record.found_by == "policy"
     capped = _Timings(speeds)
-    answer = policy_answer(proposals, PROBLEM, Measurer(capped, 1), capped, frozenset(), 1)
+    answer = policy_answer(proposals, PROBLEM, False, Measurer(capped, 1), capped, frozenset(), 1)
     assert capped.asked == [ROOT.key] and answer.nest == ROOT and answer.measured == 1
     assert POLICY_TIMINGS == 4
 
