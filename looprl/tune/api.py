@@ -128,8 +128,7 @@ def tune(
     proposer = PolicyProposer.prepared(policy, target, searched.problem, episode_length)
     measurer = Measurer.open(cache, measure_budget_s, target, threads)
     if not measure:
-        evaluator = measurer.policy_evaluator(proposer.actions.parallel)
-        return _finish(searched, policy_tune(proposer, searched, measurer, evaluator, weights_change), evaluator, threads, started)
+        return _finish(searched, *policy_tune(proposer, searched, measurer, weights_change), threads, started)
     chosen = _measured(proposer, searched, measurer, budget_s, started, max_evaluations, remember and max_evaluations is None, weights_change)
     return _finish(searched, chosen, measurer.evaluator, threads, started)
 

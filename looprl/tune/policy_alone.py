@@ -33,17 +33,18 @@ from looprl.tune.winner import fastest, preferred, relaying_actions
 POLICY_TIMINGS = 4
 
 
-def policy_tune(proposer: PolicyProposer, searched: Searched, measurer: Measurer, evaluator: Evaluator, weights_change: bool,
-                timings: int = POLICY_TIMINGS) -> Answer:
-    """The fast path's answer for the problem searched, its episodes timed through ``evaluator``
-    (:meth:`~looprl.tune.measurer.Measurer.policy_evaluator`): the policy's episode from the
-    re-laid start of a constant weight (run in its coordinates) or else from the untuned nest
+def policy_tune(proposer: PolicyProposer, searched: Searched, measurer: Measurer, weights_change: bool,
+                timings: int = POLICY_TIMINGS) -> tuple[Answer, Evaluator]:
+    """The fast path's answer for the problem searched, and the evaluator that timed its
+    episodes (:meth:`~looprl.tune.measurer.Measurer.policy_evaluator`): the policy's episode from
+    the re-laid start of a constant weight (run in its coordinates) or else from the untuned nest
     and, for a linear layer of few rows, also on the weight as stored (never re-laying it where
     ``weights_change``: a copy would be compared on every call), each timing at most ``timings``
     proposals; the winner rule picks."""
+    evaluator = measurer.policy_evaluator(proposer.actions.parallel)
     start = searched.exact_start
     if start is None:
-        return policy_answer(proposer, searched.problem, searched.pairs, measurer, evaluator, frozenset(), timings)
+        return policy_answer(proposer, searched.problem, searched.pairs, measurer, evaluator, frozenset(), timings), evaluator
     in_place = searched.few_rows and proposer.actions.fits(searched.problem)
     compare_s = measurer.comparison_seconds(searched.problem.constant_bytes) if in_place and weights_change else 0.0
     relaid = policy_answer(proposer, start.coordinates, searched.pairs, measurer, evaluator, frozenset(), timings)
@@ -51,7 +52,7 @@ def policy_tune(proposer: PolicyProposer, searched: Searched, measurer: Measurer
     if in_place:
         excluded = relaying_actions(proposer.actions) if weights_change else frozenset()
         answers.append(policy_answer(proposer, searched.problem, searched.pairs, measurer, evaluator, excluded, timings))
-    return preferred(answers, compare_s)
+    return preferred(answers, compare_s), evaluator
 
 
 def policy_answer(proposer: PolicyProposer, problem: Problem, pairs: bool, measurer: Measurer, evaluator: Evaluator,
