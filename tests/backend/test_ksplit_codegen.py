@@ -241,3 +241,27 @@ def test_a_split_loop_of_one_iteration_in_a_tail_still_sums_into_the_partials():
     for team in TEAMS:
         out, _ = guarded_call(kernel, {"in0": a, "in1": b}, team, "end")
         assert_agrees(problem, out, serial, a, b, same_order=False)
+
+
+@pytest.mark.parametrize("team", TEAMS)
+def test_threads_that_split_k_stage_their_own_panels(team):
+    """A BLIS-ordered blocked schedule (n-block, k-block, m-block, 4x16 tiles) with B staged at
+    the k-block loop and that loop split among the threads: each thread stages the blocks of its
+    own share of k into its own buffer, beside its partial accumulator (both private, one
+    thread_stride apart per thread)."""
+    from looprl.ir.cache_blocks import Blocks, blocked_steps
+
+    problem = looprl.matmul(20, 150, 700)  # a tail in every block
+    nest = looprl.initial_nest(problem).apply(blocked_steps(problem, 4, 16, Blocks(64, 32, 128)))
+    k_block = next(i for i, loop in enumerate(nest.compute) if loop.var == "k")
+    nest = nest.stage(k_block, "in1").ksplit(k_block)
+    with cores(3):
+        kernel = looprl.compile(nest)
+    plan = kernel.plan
+    assert plan.stages["in1"].private and plan.ksplit == k_block
+    partial, staged = plan.workspace["partial"], plan.workspace["in1"]
+    assert partial[0] < staged[0] and plan.thread_stride >= staged[0] + staged[1] - partial[0]
+    a, b = random_inputs(problem, 12)
+    serial = looprl.compile(nest.serial())(a, b)
+    out, _ = guarded_call(kernel, {"in0": a, "in1": b}, team, "end")
+    assert_agrees(problem, out, serial, a, b, same_order=team == 1)
