@@ -134,7 +134,7 @@ class ActionSet:
         self.stages = checks.flag(stages, "stages")  # the stage action: the right operand staged at the cursor's loop (last)
         # the prefetch_<bytes> actions: the right operand prefetched that far ahead at the cursor's loop (last)
         self.prefetches = tuple(dict.fromkeys(checks.positive_int(ahead, "prefetch distance") for ahead in prefetches))
-        self.ksplit = checks.flag(ksplit, "ksplit")  # the ksplit action: the cursor's reduction loop split among the threads (last)
+        self.ksplit = checks.flag(ksplit, "ksplit")  # the ksplit action: the cursor's reduction loop on the threads (last)
         self.plans = _plan_names(plans)
         if self.plans and target is None:
             raise ValueError("plan actions need the target whose register tiles they name")
@@ -189,7 +189,8 @@ class ActionSet:
     def extended(self, names) -> "ActionSet":
         """This action set plus what replaying ``names`` needs: a ``split_<f>`` for each factor
         named that it lacks (after its own splits), the layout actions if ``pack`` or ``pad`` is
-        named, the parallel action if it is, the stage action if it is, each ``prefetch_<bytes>`` named, the ksplit action if it is and each plan named that it lacks (plans need a set
+        named, the parallel action if it is, the stage action if it is, each ``prefetch_<bytes>``
+        named, the ksplit action if it is and each plan named that it lacks (plans need a set
         made for a target). Moves, swaps and its own splits keep their indices."""
         names = list(names)
         extended = self.with_splits(split_factors_named(names))

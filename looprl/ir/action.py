@@ -67,8 +67,8 @@ class Action:
 
     def step(self, cursor: int) -> Step | None:
         """The IR step this action takes with the cursor on loop ``cursor`` (a swap, a split,
-        a parallel mark, a split-k, the right operand staged or prefetched at the loop), or None for an action that takes none (a cursor move, a layout
-        action, a plan)."""
+        a parallel mark, a split-k, the right operand staged or prefetched at the loop), or None
+        for an action that takes none (a cursor move, a layout action, a plan)."""
         found = STEP_ACTIONS.get(self.kind)
         if found is None:
             return None
