@@ -41,11 +41,13 @@ class ThreadSteps:
         divided among the kernel's threads. The loop must walk an output dimension (a
         reduction loop is :meth:`ksplit`'s), and no other loop of its nest (compute or
         write-back) may be parallel already: nested parallel loops are refused."""
-        return self._marked(index, self.why_not_parallel(checks.integer(index, "loop index")))
+        index = checks.integer(index, "loop index")
+        return self._marked(index, self.why_not_parallel(index))
 
     def why_not_parallel(self, index: int) -> str | None:
         """Why :meth:`parallel` refuses loop ``index``, or None if it may be parallel."""
-        loop = self._loop(checks.integer(index, "loop index"))
+        index = checks.integer(index, "loop index")
+        loop = self._loop(index)
         if loop.var not in self.problem.output:
             return f"it walks {loop.var!r}, a reduction dimension (threads would add into the same outputs; ksplit sums their partials)"
         return self._why_not_mark(index)
@@ -55,11 +57,13 @@ class ThreadSteps:
         each thread sums its share of the iterations into a partial output of its own, and the
         partials are added together before the epilogue (the module docstring). No other
         compute loop may be parallel already."""
-        return self._marked(index, self.why_not_ksplit(checks.integer(index, "loop index")))
+        index = checks.integer(index, "loop index")
+        return self._marked(index, self.why_not_ksplit(index))
 
     def why_not_ksplit(self, index: int) -> str | None:
         """Why :meth:`ksplit` refuses loop ``index``, or None if it applies."""
-        loop = self._loop(checks.integer(index, "loop index"))
+        index = checks.integer(index, "loop index")
+        loop = self._loop(index)
         if loop.var in self.problem.output:
             return f"it walks {loop.var!r}, an output dimension (make it parallel instead)"
         return self._why_not_mark(index)
@@ -89,7 +93,8 @@ class ThreadSteps:
         return None  # a stage at or inside it: each thread stages into its own buffer
 
     def _marked(self, index: int, why: str | None) -> "LoopNest":
-        """This schedule with loop ``index`` marked parallel, or the ValueError ``why`` says."""
+        """This schedule with loop ``index`` (a Python int) marked parallel, or the ValueError
+        ``why`` says."""
         loop = self._loop(index)
         if why is not None:
             raise ValueError(f"cannot make loop {index} ({loop.describe()}) parallel: {why}")
