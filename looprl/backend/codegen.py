@@ -30,6 +30,11 @@ The loop order is taken as given. In the compute nest:
   kernel's (except for a dot-product scope cut by a parallel loop inside a reduction loop: its
   partial sums are added across per iteration of that loop, within float32 rounding). A kernel with a parallel loop takes the thread count as an extra ``i32``
   argument; on one thread it calls the outlined body directly;
+* a parallel loop over a reduction dimension (a split-k: :meth:`~looprl.ir.nest.LoopNest.ksplit`)
+  is emitted the same way, each thread of its team summing into a partial accumulator of its own
+  (a private buffer of the workspace); the calling thread zeroes the partials first and adds them
+  into the accumulator once the teams have joined, and the write-back nest applies the epilogue
+  to that sum (:mod:`looprl.backend.partials`);
 * a *stage* (:meth:`~looprl.ir.nest.LoopNest.stage`) of an input at a runtime loop copies, on
   entry to each of its iterations, the block of the input the loops inside read into a
   workspace buffer (in the input's layout restricted to the block; a tail iteration copies
@@ -62,6 +67,7 @@ from looprl.backend.kernel_plan import KernelPlan, plan_kernel
 from looprl.backend.llvm_text import Function
 from looprl.backend.loops import Dynamic, KernelModule
 from looprl.backend.packing import emit_pack
+from looprl.backend.partials import partial_count, sum_partials, zero_partials
 from looprl.backend.write_back import WriteBackEmitter
 from looprl.ir.nest import LoopNest
 from looprl.target import Target
@@ -102,11 +108,17 @@ def kernel_ir(plan: KernelPlan) -> str:
         return found
 
     def body() -> None:
-        if not compute.plan.zero_init:
+        pointers = {t: f"%{t}" for t in compute.coefs}
+        if plan.ksplit is not None:  # the threads sum into partial accumulators, zeroed first
+            partials = partial_count(fn, plan)
+            pointers["acc"] = zero_partials(module, fn, plan, partials)
+        elif not compute.plan.zero_init:
             module.declarations["llvm.memset"] = "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)"
             size = output_bytes if output_bytes is not None else fn.value(f"mul i64 %dyn, {row_bytes}", "bytes")
             fn.emit(f"call void @llvm.memset.p0.i64(ptr align 4 %acc, i8 0, i64 {size}, i1 false)")
-        compute.emit_outer(fn, 0, budgets(compute), {t: f"%{t}" for t in compute.coefs})
+        compute.emit_outer(fn, 0, budgets(compute), pointers)
+        if plan.ksplit is not None:  # every team has joined: their sum, before the epilogue
+            sum_partials(module, fn, plan, pointers["acc"], partials)
         if not plan.direct:  # else the compute nest stored the output itself
             write_back.emit_outer(fn, 0, budgets(write_back), {t: f"%{t}" for t in write_back.coefs})
 

@@ -30,10 +30,17 @@ What it holds:
   from the iteration's first element) ``ahead`` bytes further on; a block with a dynamic extent
   (runtime rows) is prefetched at its largest. A kernel without prefetch steps is the kernel it
   was before they existed, to the byte;
+* the split reduction (:attr:`KernelPlan.ksplit`): where the compute nest's parallel loop walks
+  a reduction dimension (:meth:`LoopNest.ksplit <looprl.ir.nest.LoopNest.ksplit>`), each thread
+  of its team sums into a partial accumulator of its own (``partial`` in the workspace, a private
+  buffer: :mod:`looprl.backend.partials` zeroes them first and adds them into the accumulator
+  after the compute nest, before the write-back nest applies the epilogue); such a kernel never
+  stores the output from its register scope (:attr:`KernelPlan.direct`);
 * the workspace: the accumulator, then each input packed whole or staged block by block (the
-  shared buffers first, then the private ones), at 64-byte aligned offsets; the private buffers
-  of thread ``t`` lie ``t * thread_stride`` floats after thread 0's (:meth:`KernelPlan.workspace_for`:
-  the workspace of a team);
+  shared buffers first, then the private ones: the partial accumulator, then the private stage
+  buffers), at 64-byte aligned offsets; the private buffers of thread ``t`` lie
+  ``t * thread_stride`` floats after thread 0's (:meth:`KernelPlan.workspace_for`: the workspace
+  of a team);
 * the calling convention's facts: the pointer arguments (:func:`~looprl.backend.abi.kernel_tensors`),
   the inputs packed on entry, the dimension whose extent is an argument (runtime rows), whether
   the kernel takes a thread count.
@@ -100,21 +107,23 @@ class KernelPlan:
     stages: Mapping[str, Stage]  # input -> the stage the kernel carries out
     # acc and each packed or staged input -> (offset, float32 elements); a private stage's: thread 0's buffer
     workspace: Mapping[str, tuple[int, int]]
-    thread_stride: int  # float32 elements between two threads' private stage buffers (0: no private stage)
-    stage_team: int  # the most threads that stage privately at once: the parallel loop's iterations (1: no private stage)
+    thread_stride: int  # float32 elements between two threads' private buffers (0: none)
+    stage_team: int  # the most threads with private buffers at once: the parallel loop's iterations (1: no private buffer)
     tensors: tuple[str, ...]  # the entry points' pointer arguments in order
     packed: tuple[str, ...]  # the inputs converted whole to their layouts on entry
     elements: Mapping[str, str]  # pointer -> the LLVM element type it addresses (tensors and stage buffers)
     rows: str | None  # the dimension whose extent is an argument (runtime rows), if any
     threaded: bool  # a loop is parallel: the entry points take the thread count
     prefetches: tuple[Prefetch, ...] = ()  # the prefetch steps, outermost loop first
+    ksplit: int | None = None  # the compute loop (over a reduction) whose threads sum into partial accumulators, if any
 
     @property
     def direct(self) -> bool:
         """Whether the compute nest stores the output itself, its epilogue applied in registers:
         every reduction loop inside the register scope (each output element summed in registers
-        and stored once) and a row-major output; else a write-back nest copies the accumulator."""
-        return self.registers.plan.zero_init and "out" not in self.layouts
+        and stored once), a row-major output and no split reduction; else a write-back nest copies
+        the accumulator."""
+        return self.registers.plan.zero_init and "out" not in self.layouts and self.ksplit is None
 
     @property
     def has_body(self) -> bool:
@@ -140,10 +149,12 @@ class KernelPlan:
 
     @property
     def private_strides(self) -> dict[str, int]:
-        """Each private stage buffer's pointer -> elements (of its own type) between two
-        threads' copies."""
+        """Each private buffer's pointer -> elements (of its own type) between two threads'
+        copies: the private stage buffers', and the accumulator's where the threads sum into
+        partial ones (the compute nest then addresses thread 0's as ``acc``)."""
         per_float = 4 // self.problem.element_bytes
-        return {stage.pointer: self.thread_stride * per_float for stage in self.stages.values() if stage.private}
+        strides = {"acc": self.thread_stride} if self.ksplit is not None else {}
+        return {**strides, **{stage.pointer: self.thread_stride * per_float for stage in self.stages.values() if stage.private}}
 
     @property
     def extra_entry_points(self) -> tuple[str, ...]:
@@ -173,14 +184,16 @@ def plan_kernel(nest: LoopNest, target: Target, runtime_rows: bool = False) -> K
     stages = _stages(nest, layouts, registers.plan.scope_start)
     packed = tuple(t for t in ("in0", "in1") if t in layouts and t not in stages)
     private = tuple(t for t, stage in stages.items() if stage.private)
-    workspace, thread_stride = _workspace(problem, {**layouts, **{t: stage.block for t, stage in stages.items()}}, private)
-    team = next((lp.iterations for lp in nest.compute if lp.parallel), 1) if private else 1
+    ksplit = nest.split_reduction
+    workspace, thread_stride = _workspace(problem, {**layouts, **{t: stage.block for t, stage in stages.items()}}, private,
+                                          partial=ksplit is not None)
+    team = next((lp.iterations for lp in nest.compute if lp.parallel), 1) if thread_stride else 1
     dot = reads_dot_pairs(problem.dtype, target, registers.plan)
     elements = {**tensor_elements(nest), **{stage.pointer: problem.dtype.llvm_element for stage in stages.values()}}
     return KernelPlan(problem, target, nest.compute, nest.write_back, MappingProxyType(layouts), pairing(nest, target), dot,
                       registers, MappingProxyType(stages), MappingProxyType(workspace), thread_stride, team, kernel_tensors(problem),
                       packed, MappingProxyType(elements), rows, nest.is_parallel,
-                      tuple(Prefetch(t, level, ahead) for level, lp in enumerate(nest.compute) for t, ahead in lp.prefetched))
+                      tuple(Prefetch(t, level, ahead) for level, lp in enumerate(nest.compute) for t, ahead in lp.prefetched), ksplit)
 
 
 def _runtime_rows(nest: LoopNest, layouts: Mapping[str, Layout]) -> str:
@@ -217,21 +230,28 @@ def _round_up(count: int, multiple: int = 16) -> int:  # 16 floats: 64-byte alig
     return -(-count // multiple) * multiple
 
 
-def _workspace(problem: Problem, layouts: dict[str, Layout], private: tuple[str, ...] = ()) -> tuple[dict[str, tuple[int, int]], int]:
+def _workspace(problem: Problem, layouts: dict[str, Layout], private: tuple[str, ...] = (),
+               partial: bool = False) -> tuple[dict[str, tuple[int, int]], int]:
     """Where the kernel's scratch buffers sit in its (float32) workspace: tensor -> (offset,
     float32 elements) for the accumulator ``acc`` (float32) and each input in ``layouts`` (the
     kernel's layouts, a staged input's being its buffer's; in the problem's dtype: a bfloat16
-    input takes half as many), the inputs in ``private`` (private stages: thread 0's buffers)
-    last; and the float32 elements from thread 0's private buffers to thread 1's (0 without
-    any). Offsets are 64-byte aligned."""
+    input takes half as many), the private buffers last (thread 0's: with ``partial``, its
+    partial accumulator ``partial``, the accumulator's size, then the inputs in ``private``, the
+    private stages); and the float32 elements from thread 0's private buffers to thread 1's (0
+    without any). Offsets are 64-byte aligned."""
     acc = layouts["out"].elements if "out" in layouts else math.prod(problem.output_shape)
     result, offset = {"acc": (0, acc)}, _round_up(acc)
     shared = [t for t in ("in0", "in1") if t in layouts and t not in private]
-    start = None
-    for tensor in shared + [t for t in ("in0", "in1") if t in private]:
-        if tensor in private and start is None:
-            start = offset
+    for tensor in shared:
         floats = -(-layouts[tensor].elements * problem.element_bytes // 4)
         result[tensor] = (offset, floats)
         offset = _round_up(offset + floats)
-    return result, (0 if start is None else offset - start)
+    start = offset
+    if partial:
+        result["partial"] = (offset, acc)
+        offset = _round_up(offset + acc)
+    for tensor in (t for t in ("in0", "in1") if t in private):
+        floats = -(-layouts[tensor].elements * problem.element_bytes // 4)
+        result[tensor] = (offset, floats)
+        offset = _round_up(offset + floats)
+    return result, offset - start

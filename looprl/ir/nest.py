@@ -22,10 +22,12 @@ output's layout is the accumulator's (the write-back nest unpacks it into the ro
 output array). Layouts appear in :attr:`LoopNest.key` only when some tensor has one, so keys
 of row-major schedules are unchanged.
 
-A loop may be marked *parallel* (:meth:`LoopNest.parallel`): its iterations are divided among
-threads. Only a loop over an output dimension may be parallel (its iterations write disjoint
-output elements and each element's sum runs in the serial order, so the results are
-bit-identical to the serial kernel's), and at most one loop per nest (compute, write-back):
+A loop may be marked *parallel*: its iterations are divided among threads
+(:mod:`looprl.ir.nest_threads`). A loop over an output dimension by :meth:`LoopNest.parallel`
+(its iterations write disjoint output elements and each element's sum runs in the serial order,
+so the results are bit-identical to the serial kernel's); a compute loop over a reduction
+dimension by :meth:`LoopNest.ksplit` (each thread sums its share into a partial output of its
+own, the partials added before the epilogue); at most one loop per nest (compute, write-back):
 nested parallel loops are refused, not flattened. A split keeps the mark on the outer loop; a
 swap moves the mark with its loop; a merge keeps it on the merged loop. The mark shows in the
 printed nest (``parallel for``) and as a ``p`` after the loop in :attr:`LoopNest.key`; keys of
@@ -55,6 +57,7 @@ from functools import cached_property
 from looprl import checks
 from looprl.ir.layout import Layout
 from looprl.ir.nest_layouts import LayoutSteps, prefetch_refusal
+from looprl.ir.nest_threads import ThreadSteps
 from looprl.ir.problem import Problem
 from looprl.ir.step import MIN_FACTOR, Step
 
@@ -73,7 +76,7 @@ class Loop:
     step: int
     tail: int
     nest: str  # COMPUTE or WRITE_BACK
-    parallel: bool = False  # iterations divided among threads (see LoopNest.parallel)
+    parallel: bool = False  # iterations divided among threads (LoopNest.parallel; over a reduction: LoopNest.ksplit)
     staged: tuple[str, ...] = ()  # inputs whose block this loop's body copies first (LoopNest.stage)
     prefetched: tuple[tuple[str, int], ...] = ()  # (input, bytes ahead) each iteration prefetches (LoopNest.prefetch)
 
@@ -105,7 +108,7 @@ class Loop:
 
 
 @dataclass(frozen=True)
-class LoopNest(LayoutSteps):
+class LoopNest(LayoutSteps, ThreadSteps):
     """A schedule: the problem plus the compute and write-back loops, outermost first.
 
     Indices used by the transforms (:meth:`split`, :meth:`swap`, :meth:`merge`,
@@ -268,8 +271,10 @@ class LoopNest(LayoutSteps):
         (in0, in1), out = self.problem.operands, self.problem.output
         for depth, (index, loop) in enumerate(self._indexed(COMPUTE)):
             lines.append(self._line(depth, index, loop, cursor))
-        depth = len(self.compute)
-        lines.append("  " * depth + f"acc[{out}] += in0[{in0}] * in1[{in1}]")
+        depth, partial = len(self.compute), self.split_reduction is not None
+        lines.append("  " * depth + f"acc{'_thread' * partial}[{out}] += in0[{in0}] * in1[{in1}]")
+        if partial:
+            lines.append(f"acc[{out}] = sum of acc_thread[{out}] over the threads")
         for depth, (index, loop) in enumerate(self._indexed(WRITE_BACK)):
             lines.append(self._line(depth, index, loop, cursor))
         lines.append("  " * len(self.write_back) + f"out[{out}] = {self.problem.epilogue.describe(out)}")
@@ -370,38 +375,6 @@ class LoopNest(LayoutSteps):
             return f"cannot merge loops {index} and {index + 1}: the inner one has a tail of its own (merge the loops inside it first)"
         return None
 
-    def parallel(self, index: int) -> "LoopNest":
-        """Mark loop ``index`` parallel: its iterations (the tail iteration included) are
-        divided among the kernel's threads. The loop must walk an output dimension (a
-        reduction loop would make threads add into the same elements), and no other loop of
-        its nest (compute or write-back) may be parallel already: nested parallel loops are
-        refused."""
-        index = checks.integer(index, "loop index")
-        loop = self._loop(index)
-        why = self.why_not_parallel(index)
-        if why is not None:
-            raise ValueError(f"cannot make loop {index} ({loop.describe()}) parallel: {why}")
-        return self._replace_range(index, index + 1, (replace(loop, parallel=True),))
-
-    def why_not_parallel(self, index: int) -> str | None:
-        """Why :meth:`parallel` refuses loop ``index``, or None if it may be parallel."""
-        loop = self._loop(checks.integer(index, "loop index"))
-        if loop.parallel:
-            return "it is parallel already"
-        if loop.var not in self.problem.output:
-            return f"it walks {loop.var!r}, a reduction dimension (threads would add into the same outputs)"
-        for other, lp in enumerate(self.loops):
-            if lp.parallel and lp.nest == loop.nest:
-                return f"loop {other} of the {loop.nest.replace('_', '-')} nest is parallel already (nested parallel loops are refused)"
-        return None  # a stage at or inside it: each thread stages into its own buffer
-
-    def serial(self) -> "LoopNest":
-        """This schedule with no parallel loop (its one-thread counterpart)."""
-        if not self.is_parallel:
-            return self
-        unmark = lambda loops: tuple(replace(lp, parallel=False) for lp in loops)  # noqa: E731
-        return replace(self, compute=unmark(self.compute), write_back=unmark(self.write_back))
-
     def _loop(self, index: int) -> Loop:
         """Loop ``index``, a Python int (callers convert with :func:`looprl.checks.integer`)."""
         if not 0 <= index < len(self):
@@ -455,12 +428,9 @@ def _check_chains(problem: Problem, loops: list[Loop], dims: tuple[str, ...], wh
 
 def _check_parallel(problem: Problem, loops: list[Loop], which: str, key: str) -> None:
     """Refuse parallel marks that :meth:`LoopNest.parallel` would not have set."""
-    marked = [lp for lp in loops if lp.parallel]
+    marked = [lp for lp in loops if lp.parallel]  # (one over a reduction dimension: a ksplit)
     if len(marked) > 1:
         raise ValueError(f"schedule key {key!r} of {problem.name}: the {which} nest has {len(marked)} parallel loops; at most one is allowed")
-    for loop in marked:
-        if loop.var not in problem.output:
-            raise ValueError(f"schedule key {key!r} of {problem.name}: the parallel {which} loop walks the reduction dimension {loop.var!r}")
 
 
 def initial_nest(problem: Problem) -> LoopNest:

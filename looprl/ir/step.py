@@ -12,7 +12,11 @@ The loop ops:
 * ``swap``: loop ``loop`` and the next loop of its nest change places;
 * ``merge``: loop ``loop`` and the next loop, a split of one dimension, become one loop again
   (the inverse of a split);
-* ``parallel``: loop ``loop`` is marked parallel.
+* ``parallel``: loop ``loop``, over an output dimension, is marked parallel;
+* ``ksplit``: loop ``loop``, over a reduction dimension of the compute nest, is marked
+  parallel: each thread sums its share of the loop's iterations into a partial output of its
+  own, and the partials are added into the output before the epilogue (a split-k: where the
+  output is too small to share out, :mod:`looprl.ir.nest_threads`).
 
 The layout ops (each changes how one input ``tensor``, ``in0`` or ``in1``, or the accumulator
 ``out`` is stored: :mod:`looprl.ir.layout`):
@@ -53,9 +57,9 @@ from dataclasses import dataclass
 
 from looprl import checks
 
-SPLIT, SWAP, MERGE, PARALLEL = "split", "swap", "merge", "parallel"
+SPLIT, SWAP, MERGE, PARALLEL, KSPLIT = "split", "swap", "merge", "parallel", "ksplit"
 PACK, PAD, PAIR, INNERMOST, STAGE, PREFETCH = "pack", "pad", "pair", "innermost", "stage", "prefetch"
-OPS = (SPLIT, SWAP, MERGE, PARALLEL)  # the loop ops
+OPS = (SPLIT, SWAP, MERGE, PARALLEL, KSPLIT)  # the loop ops
 LAYOUT_OPS = (PACK, PAD, PAIR, INNERMOST, STAGE, PREFETCH)  # the ops that name a tensor
 ALL_OPS = OPS + LAYOUT_OPS
 TENSORS = ("in0", "in1", "out")

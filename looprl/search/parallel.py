@@ -29,7 +29,7 @@ import math
 from looprl.actions import ActionSet, State, replay
 from looprl.ir.nest import COMPUTE, WRITE_BACK, LoopNest, initial_nest
 from looprl.defaults import MAX_LOOPS
-from looprl.ir.step import MAX_FACTOR, PARALLEL, SPLIT, SWAP, Step
+from looprl.ir.step import KSPLIT, MAX_FACTOR, PARALLEL, SPLIT, SWAP, Step
 from looprl.search.context import BudgetExhausted, SearchContext
 from looprl.measurement.schedule_record import ScheduleRecord
 
@@ -100,22 +100,33 @@ def parallel_proposals(candidates, context: SearchContext, threads: int) -> list
     # schedule's variant with one team); the budget may end the stage before the last proposals.
     proposals.sort(key=lambda proposal: proposal[:2])
     found = []
-    serial_best = max((c.gflops for c in candidates if c.nest is not None), default=0.0)
+    serial_best = best_serial_gflops(candidates)
     try:
         for _, _, candidate, marked, steps, indices in proposals:
-            measurement = context.measure(marked)
-            if measurement.ok and measurement.gflops < serial_best:
-                # A team slower than the schedule it was made of was likely slowed by something on one
-                # of its cores (a 2-vCPU host's other vCPU taken away): timed once more before it is
-                # ranked (1024x960x960 on a Zen 4 came back serial at 112 GFLOPS in one run of the
-                # models bench, where its team runs at 210).
-                measurement = context.remeasure(marked)
+            measurement = timed_team(context, marked, serial_best)
             if measurement.ok:
                 actions = _path(candidate.nest, tuple(candidate.actions or ()), steps, indices, context.target)
                 found.append(ScheduleRecord(marked, measurement.gflops, actions, "parallel", context.target, threads))
     except BudgetExhausted:
         pass  # the stage ends at the deadline with what it measured
     return found
+
+
+def best_serial_gflops(candidates) -> float:
+    """The speed of the fastest of ``candidates`` (serial records) that has a schedule."""
+    return max((c.gflops for c in candidates if c.nest is not None), default=0.0)
+
+
+def timed_team(context: SearchContext, nest: LoopNest, serial_best: float):
+    """The measurement of team ``nest`` through ``context``: a team slower than ``serial_best``
+    (the serial schedules it was made of) was likely slowed by something on one of its cores (a
+    2-vCPU host's other vCPU taken away), so it is timed once more before it is ranked
+    (1024x960x960 on a Zen 4 came back serial at 112 GFLOPS in one run of the models bench, where
+    its team runs at 210). BudgetExhausted ends it as it ends any measurement."""
+    measurement = context.measure(nest)
+    if measurement.ok and measurement.gflops < serial_best:
+        measurement = context.remeasure(nest)
+    return measurement
 
 
 def proposed_variants(nest: LoopNest, threads: int, serial_copy: bool) -> list[tuple[LoopNest, tuple[Step, ...], tuple[int, ...]]]:
@@ -210,16 +221,28 @@ def _path(nest: LoopNest, actions: tuple[str, ...], steps: tuple[Step, ...], ind
     """``actions`` (which reach ``nest`` from the untuned nest under the transition rule)
     followed by the actions that carry out ``steps`` (splits and swaps, in order) and the
     ``parallel`` actions that mark ``indices``; just ``actions`` if they do not replay."""
+    found = action_path(nest, actions, steps + tuple(Step(PARALLEL, index) for index in indices), target)
+    return actions if found is None else found
+
+
+def action_path(nest: LoopNest, actions: tuple[str, ...], steps: tuple[Step, ...], target) -> tuple[str, ...] | None:
+    """``actions`` (which reach ``nest`` from the untuned nest under the transition rule)
+    followed by the actions that carry out ``steps`` (splits, swaps, parallel marks and
+    split-ks, in order), or None where they do not replay (a split factor or a loop more than
+    the actions can name)."""
+    if any(step.op == SPLIT and step.arg > MAX_FACTOR for step in steps):
+        return None
     splits = [f"split_{step.arg}" for step in steps if step.op == SPLIT]
-    action_set = ActionSet.covering(list(actions) + splits + ["swap_up", "swap_down", PARALLEL], target=target)
+    marks = list(dict.fromkeys(step.op for step in steps if step.op in (PARALLEL, KSPLIT)))
+    action_set = ActionSet.covering(list(actions) + splits + ["swap_up", "swap_down"] + marks, target=target)
     start = State(initial_nest(nest.problem), 0)
     transitions = replay(action_set, start, math.nan, actions)
     state = transitions[-1].state if transitions else start
     if state.nest != nest:
-        return actions
-    found = action_set.path(state, list(steps) + [Step(PARALLEL, index) for index in indices])
+        return None
+    found = action_set.path(state, list(steps))
     if found is None:
-        return actions
+        return None
     return actions + action_set.named(found[0])
 
 

@@ -54,7 +54,8 @@ from looprl.tune.results import Answer, from_relaid_start
 # untuned execution outlasted the budget: 512x11008x4096 on two threads was remembered serial);
 # few-row problems' best dot and streaming tiles also proposed with prefetches (search.dots.prefetch_variants);
 # teams whose threads stage their own panels.
-TUNER = "tune-v11"
+# 12: split-k teams (looprl.search.ksplit) proposed where the output is too small to share out.
+TUNER = "tune-v12"
 
 
 @dataclass(frozen=True)

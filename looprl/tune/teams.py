@@ -1,6 +1,7 @@
 """Tune's teams: the best serial schedules proposed again with their outermost eligible loops
-parallel (:mod:`looprl.search.parallel`), measured on the threads offered, after a search of
-one thread. One tail for every measured search (the policy-guided one and the in-place one),
+parallel (:mod:`looprl.search.parallel`), and where the output is too small to share out with
+their reduction split among the threads (:mod:`looprl.search.ksplit`), measured on the threads
+offered, after a search of one thread. One tail for every measured search (the policy-guided one and the in-place one),
 and the fast path's split of its answer."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from dataclasses import replace
 
 from looprl.actions import ActionSet
 from looprl.measurement.schedule_record import ScheduleRecord
+from looprl.search.ksplit import ksplit_proposals, ksplit_split_proposals
 from looprl.search.parallel import parallel_proposals, split_proposals
 from looprl.search.staged import Stage, StagedSearch
 from looprl.tune.measurer import Measurer
@@ -43,6 +45,9 @@ def with_teams(search: StagedSearch, actions: ActionSet, ranked: list[ScheduleRe
     proposals: list[ScheduleRecord] = []
 
     def propose(context):
+        # Split-k teams first: they are proposed only where the output is too small to share out
+        # (looprl.search.ksplit), where the teams that divide it are the weaker bet.
+        proposals.extend(ksplit_proposals(ranked, context, threads))
         proposals.extend(parallel_proposals(ranked, context, threads))
         return proposals
 
@@ -59,7 +64,9 @@ def split(found: Answer, measurer: Measurer) -> Answer:
     the work decides."""
     team = measurer.team
     before = team.compiled
-    variants = [measurer.timed(variant, team) for variant in split_proposals(found.record, measurer.threads, measurer.target)]
+    proposed = ksplit_split_proposals(found.record, measurer.threads, measurer.target)
+    proposed += split_proposals(found.record, measurer.threads, measurer.target)
+    variants = [measurer.timed(variant, team) for variant in proposed]
     record, serial_gflops = team_or_serial(team, found.record, variants)
     return replace(found, record=record, measured=found.measured + team.compiled - before,
                    serial_gflops=serial_gflops if variants else found.serial_gflops)

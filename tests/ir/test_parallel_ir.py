@@ -85,7 +85,6 @@ def test_a_dimension_named_p_is_not_a_mark():
 @pytest.mark.parametrize(
     "key, message",
     [
-        ("m64s1,k32s1p,n48s1|m64s1,n48s1", "reduction dimension"),
         ("m64s1p,k32s1,n48s1p|m64s1,n48s1", "2 parallel loops"),
         ("m64s1,k32s1,n48s1|m64s1p,n48s1p", "2 parallel loops"),
         ("m64s1pp,k32s1,n48s1|m64s1,n48s1", "bad loop"),
@@ -94,6 +93,10 @@ def test_a_dimension_named_p_is_not_a_mark():
 def test_from_key_refuses_bad_marks(nest, key, message):
     with pytest.raises(ValueError, match=message):
         LoopNest.from_key(nest.problem, key)
+
+
+def test_a_marked_reduction_loop_in_a_key_is_a_split_k(nest):
+    assert LoopNest.from_key(nest.problem, "m64s1,k32s1p,n48s1|m64s1,n48s1") == looprl.initial_nest(nest.problem).ksplit(1)
 
 
 def test_printed_nest_shows_the_mark(nest):
