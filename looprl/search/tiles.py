@@ -9,7 +9,7 @@ proposes the target's own in order of how often they pay (the flat register tile
 :func:`~looprl.ir.register_tiles.tile_shapes`, then the cache blocks of
 :func:`~looprl.ir.schedules.cache_blocks` around the fastest, sized from the host's caches
 (:func:`~looprl.ir.cache_blocks.blocked_steps`); for a problem of a few output rows, the streaming tiles of
-:func:`~looprl.ir.schedules.stream_steps` and the fastest of them with its right operand
+:func:`~looprl.search.streams.stream_tiles` (:func:`~looprl.ir.schedules.stream_steps`) and the fastest of them with its right operand
 prefetched ahead (:func:`~looprl.search.dots.prefetch_variants`); then the fastest with the right operand packed into
 column panels (for a cold problem, whose weights come from memory on every call, the packed
 panel schedules of :func:`~looprl.ir.schedules.panel_steps` come first of all); when
@@ -29,10 +29,11 @@ from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.ir.register_tiles import packed_right, tile_of, tile_shapes, tile_steps, why_not_tile
 from looprl.measurement.schedule_record import ScheduleRecord
-from looprl.ir.schedules import STREAM_TILES, cache_blocks, panel_steps, panel_widths, stream_steps, why_not_stream
+from looprl.ir.schedules import cache_blocks, panel_steps, panel_widths, stream_steps
 from looprl.ir.step import PACK, SPLIT, STAGE, Step
 from looprl.search.context import BudgetExhausted, SearchContext
 from looprl.search.dots import prefetch_variants
+from looprl.search.streams import stream_tiles
 
 
 def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=None) -> tuple[ScheduleRecord | None, int]:
@@ -104,12 +105,11 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
                     attempt(*tile, flat[1])
         if not transposed:  # few output rows: stream the right operand (measured after the tiles)
             streamed = []
-            for k_inner, columns in STREAM_TILES:
-                if why_not_stream(problem, k_inner, columns) is None:
-                    tile = reached(stream_steps(problem, k_inner, columns))
-                    if tile is not None:
-                        attempt(*tile, columns)
-                        streamed.append((context.measure(tile[1].nest).gflops, -len(streamed), tile, columns))  # (its memo)
+            for k_inner, columns in stream_tiles(problem):
+                tile = reached(stream_steps(problem, k_inner, columns))
+                if tile is not None:
+                    attempt(*tile, columns)
+                    streamed.append((context.measure(tile[1].nest).gflops, -len(streamed), tile, columns))  # (its memo)
             if streamed:  # the fastest streaming tile, its right operand prefetched ahead
                 _, _, (names, _), columns = max(streamed)
                 for variant in prefetch_variants(problem, names, actions):

@@ -55,7 +55,9 @@ from looprl.tune.results import Answer, from_relaid_start
 # few-row problems' best dot and streaming tiles also proposed with prefetches (search.dots.prefetch_variants);
 # teams whose threads stage their own panels.
 # 12: split-k teams (looprl.search.ksplit) proposed where the output is too small to share out.
-TUNER = "tune-v12"
+# 13: few-row problems whose output rows fit the register-blocked tile also get deeper streaming
+# tiles (looprl.search.streams: more rows of the right operand read at once).
+TUNER = "tune-v13"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,68 @@
+"""Tune's streaming tiles of a few-row problem: the fixed :data:`~looprl.ir.schedules.STREAM_TILES`
+and, where each row of the right operand is read in short segments, deeper ones that keep more
+of its rows streaming at once (:func:`stream_tiles`), each a ``(k_inner, columns)`` of
+:func:`~looprl.ir.schedules.stream_steps`.
+
+Why deeper streams pay there, read from the generated code: when the output's rows fit the
+code generator's register-blocked tile (:data:`~looprl.backend.register_plan.BLOCKED_TILE_FLOATS`:
+``1 x 960`` does, ``1 x 4864`` does not), it keeps the accumulators of one register block (about
+a register file of columns: 320 on AVX-512) in registers across the whole reduction, whatever
+the nest's loop order. Each row of ``B[k, n]`` is then read a register block's width at a time
+(1280 bytes on AVX-512), and every segment starts a new stream that the hardware prefetchers
+have to pick up again: only the reads in flight at once hide that start, and they are the
+``k_inner`` rows the tile streams. Where the rows do not fit, the nest's order holds, each of
+the ``k_inner`` rows is one long stream across the whole row, and more of them than the
+prefetchers track ran far slower (``k_inner`` 32 at 7 GFLOPS against 29 for 8, 1 x 4864 x 896).
+
+Informal figures (a 2-vCPU Zen 4 shared with other work, one thread, AVX-512 code, best of 40
+interleaved rounds, numpy in the same rounds): ``matmul(1, 960, 960)`` ran 37.9 GFLOPS with
+``(32, 64)`` and 36.7 with ``(32, 32)`` where the best fixed tile ran 31.0 (numpy 49.8);
+``matmul(1, 1000, 1280)`` 35.8 against 28.7. How many rows pay depends on the host's
+prefetchers and fill buffers, so the depths are measured, never chosen: :data:`STREAM_DEPTHS`,
+bounded by the host's L1 (:func:`stream_tiles`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from looprl.backend.register_plan import BLOCKED_TILE_FLOATS
+from looprl.ir.cache_blocks import Caches, host_caches
+from looprl.ir.problem import Problem
+from looprl.ir.schedules import STREAM_TILES, why_not_stream
+
+# Rows of the right operand a deep streaming tile reads at once (its k_inner), each measured.
+STREAM_DEPTHS = (16, 32, 64)
+# Columns of a deep streaming tile: 2 and 4 cache lines of float32.
+STREAM_COLUMNS = (32, 64)
+# A deep tile's block (k_inner rows x columns) holds at most this share of L1: its lines are
+# read a few at a time from each row and must stay in L1 until the tile's last row is read.
+L1_SHARE = 4
+
+
+def short_segments(problem: Problem) -> bool:
+    """Whether ``problem``'s output rows fit the code generator's register-blocked tile
+    (:data:`~looprl.backend.register_plan.BLOCKED_TILE_FLOATS` elements), so that its right
+    operand's rows are read one register block's width at a time (see the module's text)."""
+    return len(problem.output) >= 2 and math.prod(problem.size(d) for d in problem.output) <= BLOCKED_TILE_FLOATS
+
+
+def stream_tiles(problem: Problem, caches: Caches | None = None) -> tuple[tuple[int, int], ...]:
+    """The ``(k_inner, columns)`` streaming tiles tune measures for ``problem``, in order: each
+    of :data:`~looprl.ir.schedules.STREAM_TILES` that applies (:func:`why_not_stream`), then,
+    for a problem of :func:`short_segments`, each of :data:`STREAM_COLUMNS` x
+    :data:`STREAM_DEPTHS` that applies and whose block (``k_inner`` x ``columns`` elements) is
+    at most 1/:data:`L1_SHARE` of ``caches``' L1 (None: this host's,
+    :func:`~looprl.ir.cache_blocks.host_caches`; an L1 not known: no deep tile)."""
+    if caches is not None and not isinstance(caches, Caches):
+        raise ValueError(f"caches must be a Caches value or None, got {type(caches).__name__}")
+    caches = host_caches() if caches is None else caches
+    found = [tile for tile in STREAM_TILES if why_not_stream(problem, *tile) is None]
+    if not found or not short_segments(problem):
+        return tuple(found)
+    for columns in STREAM_COLUMNS:
+        for depth in STREAM_DEPTHS:
+            fits = depth * columns * problem.dtype.element_bytes * L1_SHARE <= caches.l1
+            if fits and (depth, columns) not in found and why_not_stream(problem, depth, columns) is None:
+                found.append((depth, columns))
+    return tuple(found)
