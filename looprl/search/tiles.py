@@ -8,7 +8,8 @@ episode of a dozen actions cannot also build. ``looprl.tune`` takes the tile the
 proposes the target's own in order of how often they pay (the flat register tiles of
 :func:`~looprl.ir.register_tiles.tile_shapes`, then the cache blocks of
 :func:`~looprl.ir.schedules.cache_blocks` around the fastest, sized from the host's caches
-(:func:`~looprl.ir.cache_blocks.blocked_steps`); for a problem of a few output rows, the streaming tiles of
+(:func:`~looprl.ir.cache_blocks.blocked_steps`), and for a few-row problem with a long reduction the fastest with
+its reduction blocks outermost (:mod:`looprl.search.kblocks`); for a problem of a few output rows, the streaming tiles of
 :func:`~looprl.search.streams.stream_tiles` (:func:`~looprl.ir.schedules.stream_steps`) and the fastest of them with its right operand
 prefetched ahead (:func:`~looprl.search.dots.prefetch_variants`); then the fastest with the right operand packed into
 column panels (for a cold problem, whose weights come from memory on every call, the packed
@@ -33,6 +34,7 @@ from looprl.ir.schedules import cache_blocks, panel_steps, panel_widths, stream_
 from looprl.ir.step import PACK, SPLIT, STAGE, Step
 from looprl.search.context import BudgetExhausted, SearchContext
 from looprl.search.dots import prefetch_variants
+from looprl.search.kblocks import kblock_sizes, kblock_steps
 from looprl.search.streams import stream_tiles
 
 
@@ -101,6 +103,11 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
         if flat is not None:  # cache blocks around the fastest (packed afterwards if the fastest)
             for blocks in cache_blocks(problem, *flat):
                 tile = reached(blocked_steps(problem, *flat, blocks, pack=False))
+                if tile is not None:
+                    attempt(*tile, flat[1])
+            flat_nest = initial_nest(problem).apply(tile_steps(problem, *flat))
+            for block in kblock_sizes(problem, flat[0]):  # few rows, a long reduction: its blocks outermost
+                tile = reached(tile_steps(problem, *flat) + kblock_steps(flat_nest, block))
                 if tile is not None:
                     attempt(*tile, flat[1])
         if not transposed:  # few output rows: stream the right operand (measured after the tiles)
