@@ -12,9 +12,13 @@ takes the block loop in and every register block runs the whole reduction again 
 exactly that many: there the order is reached only as a split-k team's, whose parallel loop
 bounds the scope: :mod:`looprl.search.ksplit`).
 
-Informal figures (a 2-vCPU Zen 4 shared with other work, one thread, best of 10 interleaved
-rounds, GFLOPS): ``matmul(16, 256, 16384)`` with AVX2 code ran 51.5 with ``kc`` 512 (4 x 24
-tile) against 7.2 flat (numpy 65.2).
+Informal figures (a 2-vCPU Zen 4 shared with other work, load average 5 to 9, one thread, best
+of 10 interleaved rounds, GFLOPS): ``matmul(16, 256, 16384)`` with AVX2 code ran 51.5 with
+``kc`` 512 (4 x 24 tile) against 7.2 flat (numpy 65.2); with AVX-512 code 61.5 (9 x 48) against
+15.3 flat. ``looprl.tune`` of it from an empty cache (``threads=1``) now returns the blocks
+outermost: 70.9 GFLOPS in its measurements with AVX-512 code, where every flat tile it measured
+ran 6 to 12. A constant weight stored as ``nn.Linear`` holds it (``W[n, k]``) is packed into
+column panels as every tile of it is (:func:`~looprl.search.tiles.measure_tiles`).
 """
 
 from __future__ import annotations

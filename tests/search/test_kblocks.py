@@ -7,6 +7,7 @@ them, as paths that replay."""
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -16,6 +17,7 @@ from looprl.actions import ActionSet
 from looprl.backend.register_plan import plan
 from looprl.ir.action import action_steps
 from looprl.ir.cache_blocks import Caches
+from looprl.ir.layers import linear
 from looprl.ir.step import MAX_FACTOR
 from looprl.ir.register_tiles import tile_shapes, tile_steps, why_not_tile
 from looprl.search.context import SearchContext
@@ -93,3 +95,16 @@ def test_measure_tiles_measures_the_fastest_flat_tile_with_its_blocks_outermost(
     for block in blocks:
         assert fastest.apply(kblock_steps(fastest, block)).key in measured
     assert looprl.initial_nest(problem).apply(action_steps(problem, record.actions, TARGET)) == record.nest  # the answer replays
+
+
+def test_a_linear_layer_s_weight_as_stored_gets_its_blocks_outermost_packed_and_they_compute_what_numpy_does():
+    problem = linear(16, 2048, 256, bias=False)  # W[n, k], a constant: every tile is packed
+    evaluator = FakeEvaluator()
+    measure_tiles(SearchContext(problem, ActionSet(), evaluator, budget_s=math.inf), ActionSet())
+    blocked = [nest for nest in evaluator.measured if nest.compute[0].var == "k"]
+    assert len(blocked) == len(kblock_sizes(problem, 4)) > 0
+    rng = np.random.default_rng(0)
+    a, w = (rng.uniform(-1, 1, shape).astype(np.float32) for shape in problem.input_shapes)
+    for nest in blocked:
+        assert nest.layouts  # the weight packed into column panels
+        np.testing.assert_allclose(looprl.compile(nest)(a, w), a @ w.T, rtol=1e-4, atol=1e-3 * 2048 ** 0.5)
