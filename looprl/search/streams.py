@@ -38,6 +38,13 @@ STREAM_COLUMNS = (32, 64)
 # A deep tile's block (k_inner rows x columns) holds at most this share of L1: its lines are
 # read a few at a time from each row and must stay in L1 until the tile's last row is read.
 L1_SHARE = 4
+# An x86 core's L1 data cache picks a line's set from the address bits within a 4 KB page (its
+# size is ways x 4 KB: 32 KB is 8 ways, 48 KB 12), so lines of rows a power of two apart share
+# sets. A deep tile's lines fill at most half of any set's ways: measured on a Zen 4, ``(32, 64)``
+# over rows 2 KB apart (1 x 512 x 2048: 16 of its lines in each of 8 sets) ran at 14.6 GFLOPS
+# where ``(4, 64)`` ran 32.8.
+SET_BYTES = 4096
+LINE_BYTES = 64
 
 
 def short_segments(problem: Problem) -> bool:
@@ -47,13 +54,30 @@ def short_segments(problem: Problem) -> bool:
     return len(problem.output) >= 2 and math.prod(problem.size(d) for d in problem.output) <= BLOCKED_TILE_FLOATS
 
 
+def set_crowding(problem: Problem, k_inner: int, columns: int) -> int:
+    """The most lines of one streaming tile's block (``k_inner`` rows of the right operand, from
+    their first ``columns`` elements, the right operand row-major) that fall in one L1 set
+    (sets of :data:`LINE_BYTES` lines picked by the address within :data:`SET_BYTES`)."""
+    element = problem.dtype.element_bytes
+    row_bytes = problem.size(problem.output[-1]) * element
+    counts: dict[int, int] = {}
+    for row in range(k_inner):
+        start = row * row_bytes
+        for line in range(start // LINE_BYTES, (start + columns * element - 1) // LINE_BYTES + 1):
+            key = line % (SET_BYTES // LINE_BYTES)
+            counts[key] = counts.get(key, 0) + 1
+    return max(counts.values(), default=0)
+
+
 def stream_tiles(problem: Problem, caches: Caches | None = None) -> tuple[tuple[int, int], ...]:
     """The ``(k_inner, columns)`` streaming tiles tune measures for ``problem``, in order: each
     of :data:`~looprl.ir.schedules.STREAM_TILES` that applies (:func:`why_not_stream`), then,
     for a problem of :func:`short_segments`, each of :data:`STREAM_COLUMNS` x
-    :data:`STREAM_DEPTHS` that applies and whose block (``k_inner`` x ``columns`` elements) is
+    :data:`STREAM_DEPTHS` that applies, whose block (``k_inner`` x ``columns`` elements) is
     at most 1/:data:`L1_SHARE` of ``caches``' L1 (None: this host's,
-    :func:`~looprl.ir.cache_blocks.host_caches`; an L1 not known: no deep tile)."""
+    :func:`~looprl.ir.cache_blocks.host_caches`; an L1 not known: no deep tile) and puts at
+    most half of L1's ways (its size over :data:`SET_BYTES`) of lines in one set
+    (:func:`set_crowding`)."""
     if caches is not None and not isinstance(caches, Caches):
         raise ValueError(f"caches must be a Caches value or None, got {type(caches).__name__}")
     caches = host_caches() if caches is None else caches
@@ -63,6 +87,7 @@ def stream_tiles(problem: Problem, caches: Caches | None = None) -> tuple[tuple[
     for columns in STREAM_COLUMNS:
         for depth in STREAM_DEPTHS:
             fits = depth * columns * problem.dtype.element_bytes * L1_SHARE <= caches.l1
+            fits = fits and set_crowding(problem, depth, columns) <= caches.l1 // SET_BYTES // 2
             if fits and (depth, columns) not in found and why_not_stream(problem, depth, columns) is None:
                 found.append((depth, columns))
     return tuple(found)

@@ -17,7 +17,7 @@ from looprl.backend.register_plan import BLOCKED_TILE_FLOATS
 from looprl.ir.cache_blocks import Caches
 from looprl.ir.schedules import STREAM_ROWS, STREAM_TILES, stream_steps, why_not_stream
 from looprl.search.context import SearchContext
-from looprl.search.streams import L1_SHARE, STREAM_COLUMNS, STREAM_DEPTHS, short_segments, stream_tiles
+from looprl.search.streams import L1_SHARE, STREAM_COLUMNS, STREAM_DEPTHS, set_crowding, short_segments, stream_tiles
 from looprl.search.tiles import measure_tiles
 from tests.search.test_prefetch_proposals import FakeEvaluator
 from tests.search.test_tiles import RUNNABLE, _check_against_guard_pages
@@ -42,8 +42,8 @@ def test_a_one_row_problem_whose_row_fits_the_register_blocks_gets_the_deep_tile
 def test_long_rows_many_rows_and_a_short_reduction_get_no_tile_that_does_not_fit():
     long_rows = looprl.matmul(1, 4864, 896)  # 4864 floats a row: the nest's order holds, rows are long streams
     assert not short_segments(long_rows) and stream_tiles(long_rows, ZEN4) == STREAM_TILES
-    four = looprl.matmul(4, 512, 1024)  # 4 x 512 = BLOCKED_TILE_FLOATS: still short segments
-    assert 4 * 512 == BLOCKED_TILE_FLOATS and set(DEEP) & set(stream_tiles(four, ZEN4))
+    four = looprl.matmul(4, 480, 1024)  # 4 x 480 below BLOCKED_TILE_FLOATS: short segments
+    assert 4 * 480 <= BLOCKED_TILE_FLOATS and set(DEEP) & set(stream_tiles(four, ZEN4))
     assert not set(DEEP) & set(stream_tiles(looprl.matmul(4, 520, 1024), ZEN4))
     assert stream_tiles(looprl.matmul(STREAM_ROWS + 1, 128, 1024), ZEN4) == ()
     short_k = stream_tiles(looprl.matmul(1, 960, 20), ZEN4)
@@ -52,6 +52,18 @@ def test_long_rows_many_rows_and_a_short_reduction_get_no_tile_that_does_not_fit
     assert all(columns < 48 for _, columns in narrow) and (16, 32) in narrow and (16, 64) not in narrow
     for tiles in (short_k, narrow):
         assert len(set(tiles)) == len(tiles)
+
+
+def test_rows_a_power_of_two_apart_get_no_deep_tile_that_crowds_an_l1_set():
+    assert set_crowding(looprl.matmul(1, 960, 960), 32, 64) == 2  # rows 3840 bytes apart: 16 sets' offsets, each twice
+    assert set_crowding(looprl.matmul(1, 512, 2048), 32, 64) == 16  # rows 2 KB apart: two offsets
+    assert set_crowding(looprl.matmul(1, 1024, 1024), 8, 16) == 8
+    for shape in ((1, 512, 2048), (1, 1024, 1024)):  # both short segments, yet only the fixed tiles
+        problem = looprl.matmul(*shape)
+        assert short_segments(problem) and stream_tiles(problem, ZEN4) == STREAM_TILES
+    assert stream_tiles(looprl.matmul(1, 768, 768), ZEN4)[len(STREAM_TILES):] == ((16, 32), (16, 64))  # 3 KB apart: 4 per set at 16
+    assert (32, 32) in stream_tiles(looprl.matmul(1, 768, 768), Caches(64 << 10, 1 << 20, 0))  # 16 ways: 8 lines a set
+    assert (16, 32) not in stream_tiles(looprl.matmul(1, 768, 768), Caches(16 << 10, 1 << 20, 0))  # 4 ways: 2 a set
 
 
 def test_stream_tiles_refuses_caches_that_are_not_caches():
