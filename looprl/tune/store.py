@@ -56,7 +56,8 @@ from looprl.tune.results import Answer, from_relaid_start
 # teams whose threads stage their own panels.
 # 12: split-k teams (looprl.search.ksplit) proposed where the output is too small to share out.
 # 13: few-row problems whose output rows fit the register-blocked tile also get deeper streaming
-# tiles (looprl.search.streams: more rows of the right operand read at once).
+# tiles (looprl.search.streams: more rows of the right operand read at once); few-row problems
+# with a long reduction their fastest flat tile with the reduction blocks outermost (looprl.search.kblocks).
 TUNER = "tune-v13"
 
 
