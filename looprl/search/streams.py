@@ -17,9 +17,12 @@ prefetchers track ran far slower (``k_inner`` 32 at 7 GFLOPS against 29 for 8, 1
 Informal figures (a 2-vCPU Zen 4 shared with other work, one thread, AVX-512 code, best of 40
 interleaved rounds, numpy in the same rounds): ``matmul(1, 960, 960)`` ran 37.9 GFLOPS with
 ``(32, 64)`` and 36.7 with ``(32, 32)`` where the best fixed tile ran 31.0 (numpy 49.8);
-``matmul(1, 1000, 1280)`` 35.8 against 28.7. How many rows pay depends on the host's
-prefetchers and fill buffers, so the depths are measured, never chosen: :data:`STREAM_DEPTHS`,
-bounded by the host's L1 (:func:`stream_tiles`).
+``matmul(1, 1000, 1280)`` 35.8 against 28.7. With AVX2 code the fixed ``(8, 16)`` won on
+``1 x 960 x 960`` (31 against 19 at best). How many rows pay depends on the host's prefetchers
+and fill buffers and on the code, so the depths are measured, never chosen: :data:`STREAM_DEPTHS`,
+bounded by the host's L1 (:func:`stream_tiles`), after the fixed tiles and as far as the budget
+goes (``looprl.tune(matmul(1, 960, 960))`` reached two fixed tiles in its default budget; with
+``budget_s=6`` it measured every deep tile and returned ``(32, 64)``).
 """
 
 from __future__ import annotations
