@@ -28,7 +28,10 @@ Options (``torch.compile(..., options={...})``): ``max_rows``, ``policy``, ``tar
 threads 1 by default; with ``compare_torch``, the default, each linear layer's looprl plan is
 timed against torch's call at every tuned row count, with the graph's own weight, and the row
 counts where torch was faster stay torch's), ``rest`` (``"inductor"`` or ``"eager"``), ``bmm`` (``"faster"``: batched products
-replaced where the tuned kernel timed clearly faster than torch's; ``"always"``; ``"never"``).
+replaced where the tuned kernel timed clearly faster than torch's; ``"always"``; ``"never"``),
+``merge`` (default True: under Inductor's ``freezing``, linear calls that read one input with
+constant weights, as attention's q, k and v projections and a gated MLP's gate and up, become
+one call over their weights concatenated, :mod:`looprl.torch.siblings`; False leaves them apart).
 
 Grad mode on at compile time leaves every linear call to torch (the kernels have no backward;
 Dynamo guards on grad mode, so a model compiled for inference and later called with grad mode on
@@ -73,10 +76,11 @@ from looprl.torch.layers import layer_shape, tune_layer, weight_bytes
 from looprl.torch.records import route_summary, summarise_calls
 from looprl.torch.routes import AUTOCAST, TRANSFORMED, LinearKernels, autocast_to_other, transformed
 from looprl.torch.rows import check_max_rows
+from looprl.torch.siblings import constant_value, linear_arguments, merge_siblings, reads_constants
 
 __all__ = ["looprl_backend", "stats"]
 
-OPTIONS = ("max_rows", "policy", "target", "budget_s", "cache", "threads", "rest", "bmm", "compare_torch", "measure")
+OPTIONS = ("max_rows", "policy", "target", "budget_s", "cache", "threads", "rest", "bmm", "compare_torch", "measure", "merge")
 BMM_CHOICES = ("faster", "always", "never")
 LINEAR_TARGETS = (torch._C._nn.linear, functional.linear)
 LINEAR_DTYPES = (torch.float32, torch.bfloat16)  # linear calls replaced on these (input, weight and bias of one)
@@ -110,14 +114,27 @@ def _operator(registry, index: int, what: str):
     return found
 
 
-@torch.library.custom_op("looprl::linear", mutates_args=())
+# The operators, registered with torch's dispatcher directly: one Python function per call, on the
+# CPU's key. (torch.library.custom_op wraps a function in an autograd layer, a dynamo-disabled
+# wrapper and an aliasing check, all Python: 23 us a call against 14 at one row of a 64->64 layer,
+# torch 2.13, Zen 4; on a decode step that is about 1 ms of a Qwen2-style model's 113 calls.) No
+# autograd kernel: the backend puts them only in graphs compiled with grad mode off, and Dynamo
+# compiles a graph again, without them, when grad mode is on.
+_library = torch.library.Library("looprl", "DEF")
+_library.define("linear(Tensor x, Tensor weight, Tensor? bias, int layer) -> Tensor", tags=(torch.Tag.pt2_compliant_tag,))
+_library.define("matmul(Tensor a, Tensor b, int product) -> Tensor", tags=(torch.Tag.pt2_compliant_tag,))
+
+
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, layer: int) -> torch.Tensor:
     return _operator(_layers, layer, "linear")(x, weight, bias)
 
 
-@_linear.register_fake
-def _(x, weight, bias, layer):
+def _linear_fake(x, weight, bias, layer):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+_library.impl("linear", _linear, "CPU")
+torch.library.register_fake("looprl::linear", _linear_fake, lib=_library)
 
 
 class BatchedProduct:
@@ -177,14 +194,16 @@ class BatchedProduct:
 _products: weakref.WeakValueDictionary[int, BatchedProduct] = weakref.WeakValueDictionary()  # as _layers
 
 
-@torch.library.custom_op("looprl::matmul", mutates_args=())
 def _matmul(a: torch.Tensor, b: torch.Tensor, product: int) -> torch.Tensor:
     return _operator(_products, product, "matmul")(a, b)
 
 
-@_matmul.register_fake
-def _(a, b, product):
+def _matmul_fake(a, b, product):
     return a.new_empty((*a.shape[:-1], b.shape[-1]))
+
+
+_library.impl("matmul", _matmul, "CPU")
+torch.library.register_fake("looprl::matmul", _matmul_fake, lib=_library)
 
 
 def stats() -> dict:
@@ -227,8 +246,11 @@ def looprl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     check_max_rows(options.get("max_rows"))
     compare_torch = checks.flag(options.get("compare_torch", True), "option compare_torch")
     measure = checks.flag(options.get("measure", True), "option measure")
+    merge = checks.flag(options.get("merge", True), "option merge")
     owned: list = []  # the operators put in this graph: what is returned owns them
     if not torch.is_grad_enabled():
+        if merge and rest == "inductor" and _freezing():  # the weights promised constant: concatenated once, by Inductor's freezing
+            merge_siblings(gm, LINEAR_TARGETS, LINEAR_DTYPES)
         tuning = {"policy": options.get("policy", "default"), "target": options.get("target"), "budget_s": options.get("budget_s"),
                   "threads": options.get("threads", 1), "cache": open_cache(options.get("cache")),  # one cache for the graph
                   "weights_change": not _freezing(),  # without freezing the weights are compared on every call
@@ -279,8 +301,7 @@ def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: in
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in LINEAR_TARGETS:
             continue
-        args = list(node.args) + [None] * (3 - len(node.args))
-        x, weight, bias = args[0], args[1], node.kwargs.get("bias", args[2])
+        x, weight, bias = linear_arguments(node)
         weight_value = _example_value(gm, weight, values)
         bias_value = _example_value(gm, bias, values) if bias is not None else None
         x_value = x.meta.get("example_value") if hasattr(x, "meta") else None
@@ -299,7 +320,7 @@ def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: in
         shape = layer_shape(per_rows)
         # Under Inductor's freezing the caller has promised that the parameters and buffers (get_attr nodes) keep their
         # values: bound once, as Inductor does. A weight or bias that is a graph input carries no such promise: compared.
-        frozen = freezing and all(node is None or getattr(node, "op", None) == "get_attr" for node in (weight, bias))
+        frozen = freezing and all(node is None or reads_constants(node) for node in (weight, bias))
         kernels = LinearKernels(in_features, out_features, activation, per_rows, routes=judged.get(shape), frozen=frozen)
         if compare_torch and shape not in judged:
             judged[shape] = kernels.judge(weight_value.detach(), None if bias_value is None else bias_value.detach())
@@ -324,17 +345,13 @@ def _freezing() -> bool:
 
 
 def _example_value(gm: torch.fx.GraphModule, node, values: dict):
-    """The tensor a graph node stands for: a graph input's example, or the graph module's own
+    """The tensor a graph node stands for: a graph input's example, the graph module's own
     attribute for a ``get_attr`` node (with Inductor's ``freezing`` on, Dynamo hands parameters
-    over as attributes of the graph, not as inputs); None for anything else."""
+    over as attributes of the graph, not as inputs) or the concatenation of such attributes that
+    merged siblings read (:func:`looprl.torch.siblings.constant_value`); None for anything else."""
     if node in values:
         return values[node]
-    if getattr(node, "op", None) == "get_attr":
-        value = gm
-        for part in node.target.split("."):
-            value = getattr(value, part, None)
-        return value
-    return None
+    return constant_value(gm, node)
 
 
 def _register(registry: weakref.WeakValueDictionary, item, owned: list) -> int:
