@@ -4,9 +4,10 @@ loaded once before the scope and stored once after it), and the register blocks 
 just misses the register file is split into.
 
 What fits is the target's rule (:meth:`looprl.target.Target.holds`), read once per target into
-:func:`register_room` (the most accumulators per row width), which the planning asks; how a loop covers its elements is :func:`tile_walk`, the one
-walk every count and every enumeration of the tile goes through; how far moving along a
-dimension goes in a tensor, row-major or through its layout, is :func:`offset_along`. No IR is
+:func:`register_room` (the most accumulators per row width), which the planning asks; how a
+loop covers its elements is :func:`tile_walk`, the one walk every count and every enumeration
+of the tile goes through; how far moving along a dimension goes in a tensor, row-major or
+through its layout, is :func:`offset_along`. No IR is
 emitted here."""
 
 from __future__ import annotations
