@@ -230,26 +230,10 @@ class ActionSet:
         return not self.actions[self.validate(action)].is_move
 
     def why_not(self, state: State, action: int) -> str | None:
-        """Why ``action`` cannot apply in ``state`` (checked without building the new nest),
-        or None if it applies."""
-        act = self.actions[self.validate(action)]
-        nest, cursor = state.nest, state.cursor
-        if act.kind == "up":
-            return None if cursor > 0 else "the cursor is on the first loop"
-        if act.kind == "down":
-            return None if cursor + 1 < len(nest) else "the cursor is on the last loop"
-        if act.kind in SWAPS or act.kind in (PARALLEL, STAGE, PREFETCH, KSPLIT):
-            return nest.why_not(act.step(cursor))
-        if act.kind == PLAN:
-            planned = self._plan_nest(nest, act.plan)
-            if isinstance(planned, str):
-                return planned
-            return f"the schedule already is {act.name}'s" if planned.key == nest.key else None
-        if act.kind in LAYOUT_ACTIONS:
-            return None if self._layout_nest(nest, cursor, act.kind) is not None else f"{act.kind} changes no tensor here"
-        if len(nest) + 1 > self.max_loops:
-            return f"a split would make more than max_loops={self.max_loops} loops"
-        return nest.why_not(act.step(cursor))
+        """Why ``action`` cannot apply in ``state`` (checked without building the nest a step
+        action makes), or None if it applies."""
+        found = self._next(state, action, build=False)
+        return found if isinstance(found, str) else None
 
     def can_apply(self, state: State, action: int) -> bool:
         """Whether ``action`` applies in ``state``."""
@@ -257,42 +241,55 @@ class ActionSet:
 
     def apply(self, state: State, action: int) -> State | None:
         """The state after ``action``, or None when the action cannot apply."""
-        if self.why_not(state, action) is not None:
-            return None
-        act = self.actions[int(action)]
-        nest, cursor = state.nest, state.cursor
-        step = act.step(cursor)
-        if step is not None:
-            nest = nest.apply((step,))
-        elif act.kind == PLAN:
-            nest = self._plan_nest(nest, act.plan)
-        elif act.kind in LAYOUT_ACTIONS:
-            nest = self._layout_nest(nest, cursor, act.kind)
-        return State(nest, act.cursor_after(cursor))
+        found = self._next(state, action, build=True)
+        return None if isinstance(found, str) else found
 
     def applicable_plans(self, state: State) -> list[int]:
         """The indices of the plan actions that apply in ``state``, in the set's order."""
         return [index for index, action in enumerate(self.actions) if action.kind == PLAN and self.can_apply(state, index)]
 
-    def _plan_nest(self, nest: LoopNest, plan: Plan) -> LoopNest | str:
-        """``plan``'s schedule of ``nest``'s problem, or why there is none (remembered per
-        problem: an episode asks for every plan's mask at each step)."""
-        key = (nest.problem, plan)
-        found = self._planned.get(key)
-        if found is None:
-            found = planned(nest.problem, self.target, plan)
-            if not isinstance(found, str) and len(found) > self.max_loops:
-                found = f"{plan.name} makes {len(found)} loops, more than max_loops={self.max_loops}"
-            if len(self._planned) > PLANS_REMEMBERED:
-                self._planned.clear()
-            self._planned[key] = found
-        return found
-
-    def _layout_nest(self, nest: LoopNest, cursor: int, kind: str) -> LoopNest | None:
-        """The nest after layout action ``kind`` at ``cursor`` (its steps:
-        :meth:`Action.layout_steps`), or None if it changes nothing."""
-        steps = Action(kind).layout_steps(nest, cursor, self.pad_multiple)
-        return nest.apply(steps) if steps else None
+    def _next(self, state: State, action: int, build: bool) -> State | str:
+        """The one rule of what ``action`` does in ``state``: the state after it, or why it
+        cannot apply. A plan's schedule is remembered per problem (an episode asks for every
+        plan's mask at each step); a layout action takes its steps (:meth:`Action.layout_steps`);
+        with ``build`` False a step action's nest is checked, not built (the state returned then
+        keeps ``state``'s nest: :meth:`why_not` reads only the reason)."""
+        act = self.actions[self.validate(action)]
+        nest, cursor = state.nest, state.cursor
+        if act.kind == "up" and cursor == 0:
+            return "the cursor is on the first loop"
+        if act.kind == "down" and cursor + 1 >= len(nest):
+            return "the cursor is on the last loop"
+        if act.kind == PLAN:
+            key = (nest.problem, act.plan)
+            after = self._planned.get(key)
+            if after is None:
+                after = planned(nest.problem, self.target, act.plan)
+                if not isinstance(after, str) and len(after) > self.max_loops:
+                    after = f"{act.plan.name} makes {len(after)} loops, more than max_loops={self.max_loops}"
+                if len(self._planned) > PLANS_REMEMBERED:
+                    self._planned.clear()
+                self._planned[key] = after
+            if isinstance(after, str):
+                return after
+            if after.key == nest.key:
+                return f"the schedule already is {act.name}'s"
+        elif act.kind in LAYOUT_ACTIONS:
+            steps = Action(act.kind).layout_steps(nest, cursor, self.pad_multiple)
+            if not steps:
+                return f"{act.kind} changes no tensor here"
+            after = nest.apply(steps) if build else nest
+        elif act.kind in MOVES:
+            after = nest
+        else:
+            if act.kind == SPLIT and len(nest) + 1 > self.max_loops:
+                return f"a split would make more than max_loops={self.max_loops} loops"
+            step = act.step(cursor)
+            reason = nest.why_not(step)
+            if reason is not None:
+                return reason
+            after = nest.apply((step,)) if build else nest
+        return State(after, act.cursor_after(cursor))
 
     def moves(self, start: int, cursor: int) -> tuple[int, ...]:
         """The cursor moves (action indices) from loop ``start`` to loop ``cursor``."""

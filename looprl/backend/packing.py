@@ -13,6 +13,10 @@ widening and rounding back leave as they were)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
+
 from looprl.backend.llvm_text import Function, load, store, vector_type
 from looprl.backend.loops import KernelModule
 from looprl.backend.register_plan import vector_chunks
@@ -20,6 +24,38 @@ from looprl.ir.layout import Layout
 
 PACK_CHUNK = 256  # elements of the innermost dimension copied by one unrolled block
 TRANSPOSE_BLOCK = 8  # rows and columns of one in-register transpose (at most the vector width)
+
+
+@dataclass(frozen=True)
+class PackFacts:
+    """What a pack asks of its layout, read from it once (:func:`pack_facts`) before any IR is
+    emitted: the transposition blocks do (:func:`transposed_pair`), else the elements the
+    innermost dimension is copied in per chunk; the destination offsets the pack's static
+    places take."""
+
+    pair: tuple[str, str, int] | None  # (a, b, block) of a blocked transposition, or None
+    chunk: int  # elements of the innermost dimension per copied chunk (without ``pair``)
+    offsets: Mapping[tuple[str, int], int]  # (var, index) -> g_var(index), at the indices the pack places statically
+
+
+def pack_facts(index: str, sizes: tuple[int, ...], layout: Layout, width: int) -> PackFacts:
+    """The facts of packing a row-major tensor of ``index`` and extents ``sizes`` into ``layout``
+    on vectors of ``width`` lanes (see :class:`PackFacts`)."""
+    pair = transposed_pair(index, sizes, layout, width)
+    size = dict(zip(index, sizes))
+    if pair is not None:
+        a, b, block = pair
+        wanted = [(b, 0), (b, 1)] + [(b, j) for j in range(size[b] // block * block, size[b])]
+        wanted += [(a, x) for x in range(size[a] // block * block, size[a])]
+        return PackFacts(pair, 0, MappingProxyType({key: layout.offset(*key) for key in wanted}))
+    var = index[-1]
+    points = layout.breakpoints(var)
+    if points:
+        chunk = max(d for d in range(1, min(points[0], PACK_CHUNK) + 1) if points[0] % d == 0)
+    else:
+        chunk = min(size[var], PACK_CHUNK)
+    wanted = ([(var, 1)] if chunk > 1 else []) + [(var, size[var] // chunk * chunk)]
+    return PackFacts(None, chunk, MappingProxyType({key: layout.offset(*key) for key in wanted}))
 
 
 def runtime_offset(fn: Function, layout: Layout, var: str, x: str) -> str:
@@ -90,14 +126,15 @@ def _transpose(fn: Function, rows: list[str], block: int) -> list[str]:
 
 
 def _emit_transposing_pack(module: KernelModule, fn: Function, index: str, sizes: tuple[int, ...], layout: Layout,
-                           row: dict[str, int], pair: tuple[str, str, int]) -> None:
+                           row: dict[str, int], facts: PackFacts) -> None:
     """The body of a pack that :func:`transposed_pair` accepts (see the module docstring)."""
-    a, b, block = pair
+    a, b, block = facts.pair
+    offsets = facts.offsets
     size = dict(zip(index, sizes))
     src, dst, loops = _enter_outer_loops(fn, layout, [(v, size[v]) for v in index if v not in (a, b)], row)
     full_a, rem_a = divmod(size[a], block)
     full_b, rem_b = divmod(size[b], block)
-    stride_b = layout.offset(b, 1) - layout.offset(b, 0)
+    stride_b = offsets[b, 1] - offsets[b, 0]
 
     def scalar(src_ptr: str, dst_ptr: str) -> None:
         store(module, fn, dst_ptr, 0, 1, 1, load(module, fn, src_ptr, 0, 1, 1, 0, cache=False))
@@ -117,13 +154,13 @@ def _emit_transposing_pack(module: KernelModule, fn: Function, index: str, sizes
                         store(module, fn, dst_ab, j * stride_b, block, block, column)
             for j in range(full_b * block, size[b]):  # the columns no block covers
                 for i in range(block):
-                    scalar(fn.offset(src_a, i * row[a] + j), fn.offset(dst_a, layout.offset(b, j) + i))
+                    scalar(fn.offset(src_a, i * row[a] + j), fn.offset(dst_a, offsets[b, j] + i))
     if rem_a:  # the rows no block covers
         with fn.loop(size[b]) as lb:
             src_b = fn.advance(src, lb.iv, 1)
             dst_b = fn.index(dst, runtime_offset(fn, layout, b, lb.iv))
             for x in range(full_a * block, size[a]):
-                scalar(fn.offset(src_b, x * row[a]), fn.offset(dst_b, layout.offset(a, x)))
+                scalar(fn.offset(src_b, x * row[a]), fn.offset(dst_b, offsets[a, x]))
     for lp in reversed(loops):
         lp.__exit__(None, None, None)
 
@@ -145,19 +182,14 @@ def emit_pack(module: KernelModule, name: str, index: str, sizes: tuple[int, ...
     for var, size in zip(reversed(index), reversed(source or sizes)):
         row[var] = stride
         stride *= size
-    pair = transposed_pair(index, sizes, layout, module.target.vector_width)
-    if pair is not None:
-        _emit_transposing_pack(module, fn, index, sizes, layout, row, pair)
+    facts = pack_facts(index, sizes, layout, module.target.vector_width)
+    if facts.pair is not None:
+        _emit_transposing_pack(module, fn, index, sizes, layout, row, facts)
         fn.close()
         return
     src, dst, loops = _enter_outer_loops(fn, layout, list(zip(index[:-1], sizes[:-1])), row)
-    var, size = index[-1], sizes[-1]
-    points = layout.breakpoints(var)
-    if points:
-        chunk = max(d for d in range(1, min(points[0], PACK_CHUNK) + 1) if points[0] % d == 0)
-    else:
-        chunk = min(size, PACK_CHUNK)
-    step = layout.offset(var, 1) if chunk > 1 else 1  # the dst stride inside a chunk
+    var, size, chunk = index[-1], sizes[-1], facts.chunk
+    step = facts.offsets[var, 1] if chunk > 1 else 1  # the dst stride inside a chunk
     width = module.target.vector_width
 
     def block(src_ptr: str, dst_ptr: str, count: int) -> None:
@@ -178,7 +210,7 @@ def emit_pack(module: KernelModule, name: str, index: str, sizes: tuple[int, ...
             chunk_dst = fn.index(dst, runtime_offset(fn, layout, var, start))
             block(chunk_src, chunk_dst, chunk)
     if rem:
-        block(fn.offset(src, full * chunk * row[var]), fn.offset(dst, layout.offset(var, full * chunk)), rem)
+        block(fn.offset(src, full * chunk * row[var]), fn.offset(dst, facts.offsets[var, full * chunk]), rem)
     for lp in reversed(loops):
         lp.__exit__(None, None, None)
     fn.close()

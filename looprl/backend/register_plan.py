@@ -3,10 +3,11 @@
 loaded once before the scope and stored once after it), and the register blocks a tile that
 just misses the register file is split into.
 
-What fits is the target's rule (:meth:`looprl.target.Target.holds` and
-:meth:`~looprl.target.Target.fits`); how a loop covers its elements is :func:`tile_walk`, the one
-walk every count and every enumeration of the tile goes through; how far moving along a
-dimension goes in a tensor, row-major or through its layout, is :func:`offset_along`. No IR is
+What fits is the target's rule (:meth:`looprl.target.Target.holds`), read once per target into
+:func:`register_room` (the most accumulators per row width), which the planning asks; how a
+loop covers its elements is :func:`tile_walk`, the one walk every count and every enumeration
+of the tile goes through; how far moving along a dimension goes in a tensor, row-major or
+through its layout, is :func:`offset_along`. No IR is
 emitted here."""
 
 from __future__ import annotations
@@ -155,17 +156,36 @@ def balanced(count: int, most: int) -> list[tuple[int, int]]:
     return list(zip(bounds, bounds[1:]))
 
 
-@lru_cache(maxsize=4096)
-def block_shape(rows: int, cols: int, target: Target) -> tuple[int, int]:
-    """Rows x vectors of the register blocks of a ``rows`` x ``cols`` tile that does not fit.
+@lru_cache(maxsize=None)  # one entry per target
+def register_room(target: Target) -> tuple[int, ...]:
+    """What fits ``target``'s register file, read from its rule (:meth:`Target.holds`) once: at
+    index ``v``, the most accumulators an output tile in rows of ``v`` vector registers may have
+    and stay there with its live inputs (0: not even one); the last index (``target.registers``)
+    stands for any wider row. The tiles that hold are a prefix (fewer accumulators of the same
+    rows hold too), so :func:`holds` asks this alone."""
+    return tuple(max((count for count in range(1, target.registers + 1) if target.holds(count, vectors)), default=0)
+                 for vectors in range(target.registers + 1))
 
-    Among the block shapes that fit (:meth:`Target.fits`), take the one whose balanced blocks
+
+def holds(room: tuple[int, ...], accumulators: int, row_vectors: int = 1) -> bool:
+    """Whether a tile of ``accumulators`` registers in rows of ``row_vectors`` fits a register
+    file whose :func:`register_room` is ``room`` (:meth:`Target.holds`, answered from it)."""
+    return accumulators <= room[min(row_vectors, len(room) - 1)]
+
+
+@lru_cache(maxsize=4096)
+def block_shape(rows: int, cols: int, room: tuple[int, ...]) -> tuple[int, int]:
+    """Rows x vectors of the register blocks of a ``rows`` x ``cols`` tile that does not fit a
+    register file whose :func:`register_room` is ``room``.
+
+    Among the block shapes that fit (:meth:`Target.fits`: r rows of v vectors hold), take the one whose balanced blocks
     cost least per reduction step: a block issues max(r*v, FMA_CHAINS) multiply-add slots (fewer accumulators than that wait
     on latency) and r + v loads, weighted at a quarter of a slot."""
     best = None
-    for v in range(1, min(cols, target.registers) + 1):
-        for r in range(1, min(rows, target.registers) + 1):
-            if not target.fits(r, v):
+    registers = len(room) - 1
+    for v in range(1, min(cols, registers) + 1):
+        for r in range(1, min(rows, registers) + 1):
+            if not holds(room, r * v, v):
                 break
             cost = 0.0
             for r0, r1 in balanced(rows, r):
@@ -190,6 +210,7 @@ class RegisterScope:
         self.loops = nest.compute
         self.depth = len(self.loops)
         self.target = target
+        self.room = register_room(target)  # the target's register file, asked once
         self.width = target.vector_width
         self.output_dims = set(problem.output)
         self.acc_strides = strides(problem, problem.output)
@@ -217,14 +238,13 @@ class RegisterScope:
             vector_var = innermost.var  # a dot product: vectors of partial sums, summed across at the store
         if self.floor == n - 1:  # a parallel innermost loop runs element by element
             vector_var = None
-        target = self.target
         self.vector_var = vector_var
         self.reduces_vector = vector_var is not None and vector_var not in self.output_dims
         if vector_var is None:
             start, tile = n, 1
             for level in range(n - 1, self.floor, -1):
                 size = self.tile_size(level)
-                if not target.holds(size):
+                if not holds(self.room, size):
                     break
                 start, tile = level, size
             streaming = False
@@ -233,7 +253,7 @@ class RegisterScope:
             inner_chunks = 1 if self.reduces_vector else -(-innermost.budget // lanes_for(innermost.budget, self.width))
             for level in range(n - 1, self.floor, -1):
                 size = self.tile_size(level)
-                if not target.holds(size, inner_chunks):
+                if not holds(self.room, size, inner_chunks):
                     break
                 start, tile, streaming = level, size, False
         # Register blocking: reach out to the outermost reduction loop whose tile is at most a
@@ -301,9 +321,9 @@ class RegisterScope:
         grid = self.rows(level, budgets, 0)
         size = sum(len(row) for row in grid)
         longest = max(len(row) for row in grid)
-        if self.target.holds(size, longest if self.vector_var is not None and not self.reduces_vector else 1):  # as in _plan
+        if holds(self.room, size, longest if self.vector_var is not None and not self.reduces_vector else 1):  # as in _plan
             return [[slot for row in grid for slot in row]]
-        rows_per, cols_per = block_shape(len(grid), longest, self.target)
+        rows_per, cols_per = block_shape(len(grid), longest, self.room)
         result = []
         for r0, r1 in balanced(len(grid), rows_per):
             for c0, c1 in balanced(longest, cols_per):

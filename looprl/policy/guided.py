@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from looprl.actions import Action, State, replay
-from looprl.env.observation import observation
 from looprl.ir.nest import initial_nest
 from looprl.ir.step import SPLIT
 from looprl.policy.numpy_policy import Policy
@@ -59,7 +58,6 @@ def guided_search(
     actions = policy_actions(policy, context.target).with_splits(tile_rows)
     if start is not None:  # e.g. a register tile's wide splits, or pack
         actions = actions.extended(start[0])
-    normalized = policy.observation_kind == "normalized"
     before = context.new_measurements
     root_state = State(initial_nest(context.problem), 0)
     root = Node(root_state, (), context.measure(root_state.nest, force=True).gflops)
@@ -87,7 +85,7 @@ def guided_search(
                 if reason is not None:
                     raise BudgetExhausted(reason)
                 expanded += 1
-                for score, path, following in _proposals(policy, actions, node.state, normalized, top_k, tile_rows):
+                for score, path, following in _proposals(policy, actions, node.state, top_k, tile_rows):
                     if following is None or following.key in seen:
                         continue
                     seen.add(following.key)
@@ -116,42 +114,42 @@ def guided_search(
     )
 
 
-def _ranked(policy: Policy, actions, state: State, normalized: bool, scores: np.ndarray | None = None) -> tuple[np.ndarray, list[int]]:
+def _ranked(policy: Policy, actions, state: State, scores: np.ndarray | None = None) -> tuple[np.ndarray, list[int]]:
     """The policy's scores in ``state`` (given, or computed) and its valid actions, best first."""
     if scores is None:
-        scores = _scores(policy, actions, [state], normalized)[0]
+        scores = _scores(policy, actions, [state])[0]
     mask = actions.mask(state).astype(bool)
     return scores, [int(a) for a in np.argsort(-np.where(mask, scores, -np.inf), kind="stable") if mask[a]]
 
 
-def _scores(policy: Policy, actions, states: list[State], normalized: bool) -> np.ndarray:
+def _scores(policy: Policy, actions, states: list[State]) -> np.ndarray:
     """The policy's scores of ``actions`` in each of ``states`` (one batch through the network);
     -inf for splits it was not trained with."""
-    observations = np.stack([observation(s.nest, s.cursor, actions.max_loops, normalized) for s in states])
+    observations = np.stack([policy.observe(s.nest, s.cursor, actions.max_loops) for s in states])
     trained = policy.scores(observations)
     scores = np.full((len(states), len(actions)), -np.inf, dtype=trained.dtype)
     scores[:, [actions.index(name) for name in policy.action_names]] = trained
     return scores
 
 
-def _proposals(policy: Policy, actions, state: State, normalized: bool, top_k: int, tile_rows: tuple[int, ...] = ()):
+def _proposals(policy: Policy, actions, state: State, top_k: int, tile_rows: tuple[int, ...] = ()):
     """The policy's ``top_k`` schedule changes from ``state``: its best valid actions, with a
     proposed cursor move followed by its greedy choices until the schedule changes; the
     target's register tiles; so that a policy fond of one part of the nest still gets the others
     tried, its best structural action at each other compute loop (reached by moves), ranked by
     score; and its ``top_k`` best tiles (:func:`_tiles`)."""
     everywhere = [State(state.nest, cursor) for cursor in range(len(state.nest))]
-    scores_at = _scores(policy, actions, everywhere, normalized)  # row per cursor position
-    scores, ranked = _ranked(policy, actions, state, normalized, scores_at[state.cursor])
+    scores_at = _scores(policy, actions, everywhere)  # row per cursor position
+    scores, ranked = _ranked(policy, actions, state, scores_at[state.cursor])
     proposals = []
     for action in ranked[:top_k]:
-        path, following = _until_structural(policy, actions, state, action, normalized)
+        path, following = _until_structural(policy, actions, state, action)
         proposals.append((float(scores[action]), path, following))
     elsewhere = []
     for there in everywhere:
         if there.cursor == state.cursor or state.nest.loops[there.cursor].is_write_back:
             continue  # the write-back copy costs little: its loops are left to the policy's top_k
-        there_scores, there_ranked = _ranked(policy, actions, there, normalized, scores_at[there.cursor])
+        there_scores, there_ranked = _ranked(policy, actions, there, scores_at[there.cursor])
         structural = [a for a in there_ranked if actions.is_structural(a)]
         if structural:
             best = structural[0]
@@ -211,7 +209,7 @@ def _tile(actions, state: State, cursor: int, split: int) -> tuple[tuple[int, ..
     return actions.moves(state.cursor, cursor) + (split, actions.index("down"), actions.index("swap_down")), sunk
 
 
-def _until_structural(policy: Policy, actions, state: State, action: int, normalized: bool) -> tuple[tuple[int, ...], State | None]:
+def _until_structural(policy: Policy, actions, state: State, action: int) -> tuple[tuple[int, ...], State | None]:
     """Apply ``action``; if it only moves the cursor, follow the policy's best valid actions
     until one changes the schedule. Returns the actions taken and the state reached (None if
     the moves cycle without a schedule change)."""
@@ -222,7 +220,7 @@ def _until_structural(policy: Policy, actions, state: State, action: int, normal
         if following.cursor in visited or len(path) > 2 * actions.max_loops:
             return path, None
         visited.add(following.cursor)
-        _, ranked = _ranked(policy, actions, following, normalized)
+        _, ranked = _ranked(policy, actions, following)
         if not ranked:
             return path, None
         path += (ranked[0],)

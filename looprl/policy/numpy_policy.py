@@ -31,6 +31,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from looprl.env.observation import observation
 from looprl.ir.plans import Plan
 from looprl.target import Target
 
@@ -167,6 +168,12 @@ class Policy:
     def observation_kind(self) -> str:
         """``"raw"`` or ``"normalized"``: the observations the policy was trained on."""
         return self.metadata["observation"]
+
+    def observe(self, nest, cursor: int, max_loops: int) -> np.ndarray:
+        """The observation of the state ``nest`` with the cursor on loop ``cursor`` (of an action
+        set of ``max_loops`` loops at most) as this policy was trained to read it
+        (:attr:`observation_kind`: :func:`~looprl.env.observation.observation`)."""
+        return observation(nest, cursor, max_loops, self.observation_kind == "normalized")
 
     @property
     def target(self) -> Target | None:

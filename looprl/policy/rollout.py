@@ -24,7 +24,6 @@ from looprl.target import Target
 from looprl.actions import ActionSet, State, step
 from looprl.actions import replay
 from looprl.actions.transition import FAILED
-from looprl.env.observation import observation
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.measurement.evaluator import Evaluator
@@ -107,7 +106,6 @@ def greedy_rollout(
     episode_length = checks.count(episode_length, "episode_length")
     actions = policy_actions(policy, evaluator.target if evaluator is not None else None)
     actions.check_fits(problem)
-    normalized = policy.metadata["observation"] == "normalized"
     allowed = np.array([name not in excluded for name in actions.names])
     measured = 0
 
@@ -127,9 +125,8 @@ def greedy_rollout(
     failures = 0
     stopped = "length"
     for _ in range(episode_length):
-        obs = observation(state.nest, state.cursor, actions.max_loops, normalized)
         mask = actions.mask(state) & allowed if use_mask else (allowed if excluded else None)
-        action = policy.act(obs, mask)
+        action = policy.act(policy.observe(state.nest, state.cursor, actions.max_loops), mask)
         taken.append(actions.names[action])
         try:
             transition = step(actions, state, gflops, action, value if evaluator is not None else None)
@@ -182,7 +179,7 @@ def greedy_schedules(policy: Policy, problem: Problem, target: Target | None = N
     passed.pop(root.nest.key, None)
     schedules = list(reversed(list(passed.values())))
     if actions.plans:
-        scores = policy.scores(observation(root.nest, 0, actions.max_loops, policy.observation_kind == "normalized"))
+        scores = policy.scores(policy.observe(root.nest, 0, actions.max_loops))
         for index in sorted(actions.applicable_plans(root), key=lambda index: -scores[index]):
             nest = actions.apply(root, index).nest
             if nest.key not in passed:

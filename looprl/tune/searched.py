@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from looprl.backend.pairs import pairs_a_weight
 from looprl.ir.problem import Problem
 from looprl.ir.rewrites import Relaid, plan_rewrites, relaid
-from looprl.tune.winner import in_place_rows
+from looprl.tune.winner import in_place_facts
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Searched:
     fused: bool  # whether ``problem`` is the fused view, the answer's kernel then called through reshapes
     start: Relaid | None  # the re-laid start of the searched problem's right operand (looprl.ir.rewrites.relaid), or None
     pairs: bool  # a bfloat16 weight its kernels may take in pairs (looprl.backend.pairs.pairs_a_weight)
-    few_rows: bool  # searched in place as a few-row problem (looprl.tune.winner.in_place_rows)
+    few_rows: bool  # searched in place as a few-row problem (looprl.tune.winner.in_place_rows, read by in_place_facts)
     dots: bool  # dot-product tiles apply, whatever its rows (in_place_rows with no bound on rows)
 
     @classmethod
@@ -36,8 +36,9 @@ class Searched:
         pairs = pairs_a_weight(problem)
         rewrites = plan_rewrites(problem)
         searched = rewrites.searched
-        return cls(problem, searched, rewrites.through_fused_view, relaid(searched), pairs, in_place_rows(searched),
-                   in_place_rows(searched, None))
+        start = relaid(searched)
+        few_rows, dots = in_place_facts(searched)
+        return cls(problem, searched, rewrites.through_fused_view, start, pairs, few_rows, dots)
 
     @property
     def exact_start(self) -> Relaid | None:

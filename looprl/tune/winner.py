@@ -132,7 +132,21 @@ def in_place_rows(problem: Problem, most: int | None = IN_PLACE_ROWS) -> bool:
     """Whether ``problem`` is searched in place: dot-product tiles apply and its output rows
     (all but the last dimension) are at most ``most`` (None: any number; tune's choice where
     the weights may change between calls, and a re-laid copy of them costs a comparison)."""
-    return why_not_dot(problem) is None and (most is None or math.prod(problem.output_shape[:-1]) <= most)
+    return why_not_dot(problem) is None and (most is None or _rows(problem) <= most)
+
+
+def in_place_facts(problem: Problem) -> tuple[bool, bool]:
+    """``(in_place_rows(problem), in_place_rows(problem, None))``: whether ``problem`` is
+    searched in place as a few-row problem, and whether dot-product tiles apply at all, the IR
+    asked once."""
+    few = _rows(problem) <= IN_PLACE_ROWS
+    dots = why_not_dot(problem) is None
+    return dots and few, dots
+
+
+def _rows(problem: Problem) -> int:
+    """The output rows of ``problem``: all its output's dimensions but the last."""
+    return math.prod(problem.output_shape[:-1])
 
 
 def relaying_actions(actions: ActionSet) -> frozenset[str]:

@@ -2,9 +2,9 @@
 
 import looprl
 from looprl.backend.codegen import generate_ir
-from looprl.backend.register_plan import FMA_CHAINS, plan
+from looprl.backend.register_plan import FMA_CHAINS, holds, plan, register_room
 from looprl.ir.schedules import expert_matmul
-from looprl.target import Target
+from looprl.target import TARGET_NAMES, Target
 
 AVX512 = Target.named("avx512")
 AVX2 = Target.named("avx2")
@@ -102,3 +102,14 @@ def test_tails_become_shared_functions():
     nest = looprl.initial_nest(looprl.matmul(67, 64, 16)).split(0, 16)
     ir = generate_ir(nest, AVX512)
     assert ir.count("define internal void @tail") == 1
+
+
+def test_the_register_room_answers_as_the_targets_rule_for_every_tile():
+    # The planning asks a target's register file once (register_room): every tile, rows wider
+    # than the file included, fits exactly where Target.holds says it does.
+    for name in TARGET_NAMES:
+        target = Target.named(name)
+        room = register_room(target)
+        for accumulators in range(0, 2 * target.registers + 2):
+            for row_vectors in range(1, 2 * target.registers + 2):
+                assert holds(room, accumulators, row_vectors) == target.holds(accumulators, row_vectors), (name, accumulators, row_vectors)

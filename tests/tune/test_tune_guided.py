@@ -140,7 +140,7 @@ def test_guided_proposals_change_the_schedule_and_reach_every_part_of_the_nest()
     actions = ActionSet()
     state = State(looprl.initial_nest(PROBLEM), 0)
     policy = random_policy(bias=[0, 0, 0, 0, 0, 0, 9])  # always split_16, wherever the cursor is
-    proposals = _proposals(policy, actions, state, True, top_k=1)  # its own choice: split_16 at the cursor
+    proposals = _proposals(policy, actions, state, top_k=1)  # its own choice: split_16 at the cursor
     reached = [following for _, _, following in proposals if following is not None]
     assert reached and all(following.nest != state.nest for following in reached)
     for _, path, following in proposals:  # each path replays to the state it claims
@@ -156,7 +156,7 @@ def test_guided_proposals_include_tiles_a_policy_would_not_reach_one_action_at_a
     actions = ActionSet()
     root = State(looprl.initial_nest(PROBLEM), 0)  # m, k, n
     policy = random_policy(bias=[0, 0, -9, -9, 9, 0, 0])  # splits by 4, never swaps
-    proposals = _proposals(policy, actions, root, True, top_k=3)
+    proposals = _proposals(policy, actions, root, top_k=3)
     reached = {following.nest for _, _, following in proposals if following is not None}
     tile = root.nest.split(0, 4).swap(1)  # m/4, k, m4, n: four output rows in registers
     assert tile in reached
@@ -171,7 +171,7 @@ def test_guided_proposals_try_the_target_s_register_tiles_over_output_rows():
     actions = ActionSet((4, 8, 16, 6, 14))  # the policy's splits keep their indices; the target's rows follow
     root = State(looprl.initial_nest(PROBLEM), 1)  # on k: the policy splits where it stands
     policy = random_policy(bias=[0, 0, -9, -9, 0, 0, 9])  # likes split_16 best, has never seen 6 or 14
-    proposals = _proposals(policy, actions, root, True, top_k=3, tile_rows=(14, 6, 4))
+    proposals = _proposals(policy, actions, root, top_k=3, tile_rows=(14, 6, 4))
     reached = [following.nest for _, _, following in proposals if following is not None]
     for rows in (14, 6, 4):  # m is the only loop over output rows with a loop below it
         assert root.nest.split(0, rows).swap(1) in reached
@@ -209,7 +209,7 @@ def test_a_layout_policy_pads_for_the_target_and_keeps_its_scores_by_name_when_t
     assert policy_actions(policy, looprl.Target.named("avx512")).pad_multiple == 16
     actions = policy_actions(policy, looprl.Target.named("avx2")).with_splits((6,))
     assert actions.names[-3:] == ("split_6", "pack", "pad")  # the new split moved pack and pad
-    scores = _scores(policy, actions, [State(looprl.initial_nest(PROBLEM), 0)], True)[0]
+    scores = _scores(policy, actions, [State(looprl.initial_nest(PROBLEM), 0)])[0]
     assert int(np.argmax(scores)) == actions.index("pack") and int(np.argmin(scores)) == actions.index("split_6")
     assert scores[actions.index("pad")] == pytest.approx(-9) and scores[actions.index("split_16")] == pytest.approx(3)
 
@@ -222,7 +222,7 @@ def test_a_layout_policy_s_proposals_include_its_layout_actions_and_tune_replays
     problem = looprl.matmul(24, 40, 20)  # k = 20: pad makes it 24 on AVX2
     policy = random_policy(bias=[0, 0, -9, -9, 0, 0, 0, 0, 9], layouts=True)  # pads wherever it can
     actions = policy_actions(policy, looprl.Target.named("avx2"))
-    proposals = _proposals(policy, actions, State(looprl.initial_nest(problem), 0), True, top_k=3)
+    proposals = _proposals(policy, actions, State(looprl.initial_nest(problem), 0), top_k=3)
     padded = [following for _, path, following in proposals if actions.names[path[-1]] == "pad"]
     assert padded and padded[0].nest.layouts  # pad at the k loop, reached by a move
     cache = MeasurementCache(":memory:")
