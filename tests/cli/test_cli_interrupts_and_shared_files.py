@@ -66,6 +66,9 @@ def test_sigterm_during_an_evaluation_keeps_the_rows_done_and_exits_130(tmp_path
 
 
 def test_sigterm_to_the_process_group_of_a_training_run_saves_it_and_exits_130(tmp_path):
+    """As a scheduler stops a job: every process of the group (Ray's too) gets the signal. Ctrl-C
+    (SIGINT) takes the same way into the run (tests/project/test_interrupts.py): this run stands
+    for both (the run that tests/train/ once interrupted with SIGINT asserted this one's checks)."""
     run = tmp_path / "run"
     process = subprocess.Popen(
         [sys.executable, "-m", "looprl.cli.train", "--algo", "dqn", "--config", str(tiny_config(tmp_path)), "--iterations", "100000",
@@ -88,6 +91,7 @@ def test_sigterm_to_the_process_group_of_a_training_run_saves_it_and_exits_130(t
     assert "saving a final checkpoint" in output and "resume with --resume" in output
     state = json.loads((run / "run.json").read_text())["state"]
     assert state["iteration"] >= 2 and (run / "checkpoints" / state["checkpoint"]).exists()
+    assert (run / "policy" / "policy.npz").exists()  # the final checkpoint's policy, exported
 
 
 class _FakeAlgo:
