@@ -165,6 +165,21 @@ def looprl_loggers_enabled(monkeypatch):
             monkeypatch.setattr(logger, "disabled", False)
 
 
+TARGET_DEPENDENT = "target_dependent"
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Under ``-m target_dependent`` alone (.ci/run's second command) a test file whose text never
+    names the marker is not imported: none of its tests would run, and importing it (torch,
+    RLlib, transformers, pytest's rewriting of its asserts) cost each worker seconds (the
+    marker is only ever applied in the test files themselves:
+    tests/project/test_test_map.py checks it)."""
+    if (config.getoption("markexpr", "") == TARGET_DEPENDENT and collection_path.suffix == ".py"
+            and collection_path.name.startswith("test_") and TARGET_DEPENDENT not in collection_path.read_text()):
+        return True
+    return None
+
+
 @pytest.fixture
 def ray_session():
     """A Ray of this test process's own (two CPUs, no dashboard) for the tests that train with
