@@ -17,7 +17,6 @@ from looprl.target import Target
 from looprl.train import demonstrations as demos
 from looprl.train.config import validate_agent
 from looprl.train.demonstrations import load_demonstrations, save_demonstrations
-from looprl.train.dqfd import margin_loss
 from looprl.train.expert_iteration import rounds
 from looprl.train.schema import section_settings
 
@@ -25,6 +24,8 @@ torch = pytest.importorskip("torch")
 
 
 def test_margin_loss_is_zero_only_when_the_demonstrated_action_leads_by_the_margin():
+    from looprl.train.dqfd import margin_loss  # here, not at the top: it imports RLlib (~1.6 CPU s in each collecting worker)
+
     q = torch.tensor([[1.0, 0.5, 0.2], [1.0, 0.98, 0.0], [0.0, 1.0, 0.0]])
     actions = torch.tensor([0, 0, 0])
     per_row = [0.0, (0.98 + 0.05) - 1.0, (1.0 + 0.05) - 0.0]
