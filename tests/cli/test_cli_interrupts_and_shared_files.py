@@ -16,7 +16,7 @@ import pytest
 
 from looprl.cli import search as search_cli
 from looprl.measurement.lock import LockWaitTimeout
-from tests.cli.test_cli_bad_input import ROOT, SMALL, assert_one_line_error, command, tiny_config
+from tests.cli.test_cli_bad_input import ROOT, SMALL, assert_one_line_error, command, here, tiny_config
 from tests.policies import random_policy
 
 
@@ -174,12 +174,12 @@ def test_starting_an_unstarted_folder_again_discards_what_its_first_start_left(t
     assert (folder / "checkpoints").exists()  # not a run folder (no run.json): nothing is removed
 
 
-def test_a_run_with_a_checkpoint_is_still_only_resumed(tmp_path):
+def test_a_run_with_a_checkpoint_is_still_only_resumed(tmp_path, capsys):
     folder = unstarted_run(tmp_path)
     record = json.loads((folder / "run.json").read_text())
     record["state"]["checkpoint"] = "iter_000001"
     (folder / "run.json").write_text(json.dumps(record))
-    result = command("train", "--algo", "dqn", "--config", str(tiny_config(tmp_path)), "--out", str(folder))
+    result = here(capsys, "train", "--algo", "dqn", "--config", str(tiny_config(tmp_path)), "--out", str(folder))  # refused before Ray
     assert_one_line_error(result, "looprl-train", "already holds a run")
 
 
