@@ -1,4 +1,5 @@
 import os
+import sys
 
 import pytest
 from hypothesis import settings
@@ -164,6 +165,48 @@ def looprl_loggers_enabled(monkeypatch):
             monkeypatch.setattr(logger, "disabled", False)
 
 
+TARGET_DEPENDENT = "target_dependent"
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Under ``-m target_dependent`` alone (.ci/run's second command) a test file whose text never
+    names the marker is not imported: none of its tests would run, and importing it (torch,
+    RLlib, transformers, pytest's rewriting of its asserts) cost each worker seconds (the
+    marker is only ever applied in the test files themselves:
+    tests/project/test_test_map.py checks it)."""
+    if (config.getoption("markexpr", "") == TARGET_DEPENDENT and collection_path.suffix == ".py"
+            and collection_path.name.startswith("test_") and TARGET_DEPENDENT not in collection_path.read_text()):
+        return True
+    return None
+
+
+@pytest.fixture
+def ray_session():
+    """A Ray of this test process's own (two CPUs, no dashboard) for the tests that train with
+    RLlib in the test process, shared by consecutive tests that ask for it: the first starts it,
+    :func:`pytest_runtest_teardown` stops it after the last (starting a Ray costs ~1.5 CPU s
+    and ~5 s of waiting; one left idle, ~3% of a core). The training runs of the command line
+    called in the test process (``looprl.cli.train.main``) attach to it and leave it running."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+    import torch
+
+    torch.set_num_threads(1)
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False)
+    yield
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Stop :func:`ray_session`'s Ray after the last of the consecutive tests that use it."""
+    ray = sys.modules.get("ray")
+    if ray is None or "ray_session" not in getattr(item, "fixturenames", ()):
+        return
+    if (nextitem is None or "ray_session" not in getattr(nextitem, "fixturenames", ())) and ray.is_initialized():
+        ray.shutdown()
+
+
 # The longest groups first (training runs with Ray, command lines, benchmarks, tuned torch
 # modules, the docs' blocks): with pytest-xdist's worksteal, a long test that starts near the end
 # leaves the other worker idle until it ends; started first, the short tests fill in around it.
@@ -171,7 +214,8 @@ LONG_FIRST = ("tests/train/", "tests/cli/", "tests/bench/", "tests/torch/", "tes
 
 
 def pytest_collection_modifyitems(config, items):
-    def rank(item) -> int:
-        return next((i for i, prefix in enumerate(LONG_FIRST) if item.nodeid.startswith(prefix)), len(LONG_FIRST))
+    def rank(item) -> tuple[int, bool]:
+        group = next((i for i, prefix in enumerate(LONG_FIRST) if item.nodeid.startswith(prefix)), len(LONG_FIRST))
+        return group, "ray_session" not in getattr(item, "fixturenames", ())  # the tests sharing one Ray side by side
 
     items.sort(key=rank)  # stable: the order within a group is the collection's

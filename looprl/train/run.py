@@ -218,6 +218,7 @@ def execute(plan: RunSpec, log: Log = _print) -> None:
     saves a final checkpoint, stops Ray and raises :class:`RunInterrupted` (before Ray started:
     KeyboardInterrupt)."""
     run, agent, arguments, initial_policy = plan.run, plan.agent, plan.arguments, plan.initial_policy
+    keep_ray = ray_running()  # a Ray this process ran before the run (its caller's) is left running after it
     if plan.address:
         start_ray(plan.address)  # attached before anything is written: an unreachable cluster leaves --out as it was
     if plan.starting:
@@ -238,7 +239,7 @@ def execute(plan: RunSpec, log: Log = _print) -> None:
         run.trim_metrics(plan.state.iteration)
     demonstrations = run.path / DEMONSTRATIONS_FILE if agent.get("demonstrations") else None
     try:
-        algo = start_algorithm(agent, arguments["seed"], plan.num_env_runners, plan.address, demonstrations)
+        algo = start_algorithm(agent, arguments["seed"], plan.num_env_runners, plan.address, demonstrations, keep_ray=keep_ray)
     except KeyboardInterrupt:
         raise RunInterrupted(f"start it again with --out {run.path}") from None
     try:
@@ -246,10 +247,10 @@ def execute(plan: RunSpec, log: Log = _print) -> None:
     except KeyboardInterrupt:
         # The final checkpoint is saved; Ray's own processes may have had the signal too
         # (SIGTERM to the process group, Ctrl-C in a terminal): do not wait for them.
-        stop(algo, quickly=True)
+        stop(algo, quickly=True, keep_ray=keep_ray)
         raise RunInterrupted(f"resume with --resume --out {run.path}" if run.checkpointed() else f"start it again with --out {run.path}") from None
     finally:
-        stop(algo, quickly=False)
+        stop(algo, quickly=False, keep_ray=keep_ray)
 
 
 def _train(plan: RunSpec, algo, initial_policy: Policy | None, log: Log) -> None:
@@ -321,8 +322,10 @@ def _train(plan: RunSpec, algo, initial_policy: Policy | None, log: Log) -> None
     log(f"done: {state.iteration} iterations, {state.env_steps} env steps; newest policy in {run.path / NEWEST_POLICY}{kept}")
 
 
-def start_algorithm(agent: dict, seed: int, num_env_runners: int | None, address: str | None, demonstrations: Path | None = None):
-    """Start (or attach to) Ray and build the algorithm."""
+def start_algorithm(agent: dict, seed: int, num_env_runners: int | None, address: str | None, demonstrations: Path | None = None,
+                    keep_ray: bool = False):
+    """Start (or attach to) Ray and build the algorithm; if that fails, Ray is stopped again
+    unless ``keep_ray`` (a Ray that was running before the run)."""
     start_ray(address)
     # torch and the learners (which import Ray and torch) only now: checking a run needs none of them.
     import torch
@@ -333,7 +336,8 @@ def start_algorithm(agent: dict, seed: int, num_env_runners: int | None, address
     try:
         return build_config(agent, seed=seed, num_env_runners=num_env_runners, demonstrations=demonstrations).build_algo()
     except BaseException:
-        shutdown_ray(quickly=True)
+        if not keep_ray:
+            shutdown_ray(quickly=True)
         raise
 
 
@@ -361,8 +365,16 @@ def start_ray(address: str | None) -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-def stop(algo, quickly: bool) -> None:
-    """Stop the algorithm and Ray (once; bounded in time when ``quickly``)."""
+def ray_running() -> bool:
+    """Whether this process is connected to a Ray (started here or attached to)."""
+    ray = sys.modules.get("ray")  # never imported: never started
+    return ray is not None and ray.is_initialized()
+
+
+def stop(algo, quickly: bool, keep_ray: bool = False) -> None:
+    """Stop the algorithm and Ray (once; bounded in time when ``quickly``), leaving Ray running
+    when ``keep_ray``: a Ray the process ran before the run (a caller that trains several runs,
+    or tests sharing one, calling :func:`execute` in its own process)."""
     if getattr(algo, "_looprl_stopped", False):
         return
     algo._looprl_stopped = True
@@ -370,14 +382,16 @@ def stop(algo, quickly: bool) -> None:
         _bounded(algo.stop, RAY_STOP_WAIT_S)
     else:
         algo.stop()
-    shutdown_ray(quickly)
+    if not keep_ray:
+        shutdown_ray(quickly)
 
 
 def shutdown_ray(quickly: bool) -> bool:
-    """Shut Ray down if this process started it (bounded in time when ``quickly``); whether it had."""
-    ray = sys.modules.get("ray")  # never imported: never started
-    if ray is None or not ray.is_initialized():
+    """Shut Ray down if this process runs one (bounded in time when ``quickly``); whether it had."""
+    if not ray_running():
         return False
+    import ray
+
     if quickly:
         _bounded(ray.shutdown, RAY_STOP_WAIT_S)
     else:

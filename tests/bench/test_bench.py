@@ -102,18 +102,6 @@ def test_tune_benchmark_reports_times_and_ratios(tmp_path, capsys, monkeypatch):
     assert summary["search_vs_numpy_geomean"] > 0 and summary["tuned_vs_search_geomean"] > 0
 
 
-def test_the_tune_benchmark_leaves_the_untuned_nest_out_when_told(tmp_path, capsys, monkeypatch):
-    """--no-untuned: one untuned call of a large layer takes minutes; the column says nan and
-    every other figure is there."""
-    path = tmp_path / "tune.json"
-    monkeypatch.setenv("LOOPRL_CACHE_DIR", str(tmp_path / "cache"))
-    out = bench(capsys, "tune", "--problems", "24x40x32", "--budget", "0.002", "--tune-budget", "0.05", "--mode", "policy",
-                "--no-untuned", "--json", str(path))
-    row = json.loads(path.read_text())["rows"][0]
-    assert math.isnan(row["untuned_gflops"]) and row["tuned_gflops"] > 0 and row["numpy_gflops"] > 0
-    assert " nan " in out
-
-
 def test_tune_benchmark_summarises_per_model():
     import looprl
     from looprl.bench.tune_quality import _label, per_model
@@ -153,25 +141,33 @@ def test_layers_benchmark_compares_fused_numpy_and_torch(tmp_path, capsys):
     assert "bad layer" in refused(capsys, "layers", "--layers", "12,16,gelu")
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
-def test_benchmarks_print_one_and_two_thread_figures_side_by_side(tmp_path, capsys, monkeypatch):
-    """The tune benchmark here; the codegen benchmark's two-thread columns: test_codegen_benchmark_runs_and_writes_json."""
+def test_the_tune_benchmark_prints_one_and_two_thread_figures_side_by_side_and_leaves_the_untuned_nest_out_when_told(
+        tmp_path, capsys, monkeypatch):
+    """One run for two options (each run starts numpy's and torch's child processes): the
+    two-thread figures beside the one-thread ones where there are two cores (the codegen
+    benchmark's two-thread columns: test_codegen_benchmark_runs_and_writes_json), and
+    --no-untuned (one untuned call of a large layer takes minutes): the column says nan and
+    every other figure is there."""
+    two_cores = len(os.sched_getaffinity(0)) >= 2
     monkeypatch.setenv("LOOPRL_CACHE_DIR", str(tmp_path / "cache"))
     path = tmp_path / "tune.json"
-    out = bench(capsys, "tune", "--problems", "48x64x32", "--budget", "0.01", "--tune-budget", "0.1",
-                "--threads", "1,2", "--neighbour", "bursty", "--json", str(path))
-    assert "numpy@2" in out and "2 threads: geomean tuned@2/numpy@2" in out
-    assert "tuned on 2 threads beside a bursty BLAS neighbour" in out
+    out = bench(capsys, "tune", "--problems", "48x64x32", "--budget", "0.01", "--tune-budget", "0.1", "--no-untuned",
+                "--threads", "1,2" if two_cores else "1", "--neighbour", "bursty", "--json", str(path))
     report = json.loads(path.read_text())
     row = report["rows"][0]
-    assert row["tuned_gflops"] > 0 and row["tuned_gflops_t2"] > 0 and row["numpy_gflops_t2"] > 0 and row["serial_counterpart_gflops_t2"] > 0
-    assert report["summary"]["threads"] == [1, 2] and report["summary"]["tuned_vs_numpy_geomean_t2"] > 0
-    for key in ("neighbour", "neighbour_t2"):  # the answer tuned beside the neighbour, re-timed with the quiet one
+    assert math.isnan(row["untuned_gflops"]) and row["tuned_gflops"] > 0 and row["numpy_gflops"] > 0
+    assert " nan " in out
+    assert "--threads" in refused(capsys, "tune", "--problems", "8x8x8", "--threads", "1,x")
+    if two_cores:
+        assert "numpy@2" in out and "2 threads: geomean tuned@2/numpy@2" in out
+        assert "tuned on 2 threads beside a bursty BLAS neighbour" in out
+        assert row["tuned_gflops_t2"] > 0 and row["numpy_gflops_t2"] > 0 and row["serial_counterpart_gflops_t2"] > 0
+        assert report["summary"]["threads"] == [1, 2] and report["summary"]["tuned_vs_numpy_geomean_t2"] > 0
+    for key in ("neighbour", "neighbour_t2") if two_cores else ("neighbour",):  # tuned beside the neighbour, re-timed quiet
         beside = row[key]
         assert beside["quiet_gflops"] > 0 and beside["neighbour_gflops"] > 0
         assert beside["ratio"] == pytest.approx(beside["neighbour_gflops"] / beside["quiet_gflops"])
         assert report["summary"][key]["problems"] == 1
-    assert "--threads" in refused(capsys, "tune", "--problems", "8x8x8", "--threads", "1,x")
 
 
 def test_a_neighbour_runs_blas_work_only_while_its_block_runs():

@@ -16,7 +16,7 @@ import pytest
 
 from looprl.cli import search as search_cli
 from looprl.measurement.lock import LockWaitTimeout
-from tests.cli.test_cli_bad_input import ROOT, SMALL, assert_one_line_error, command, tiny_config
+from tests.cli.test_cli_bad_input import ROOT, SMALL, assert_one_line_error, command, here, tiny_config
 from tests.policies import random_policy
 
 
@@ -66,6 +66,9 @@ def test_sigterm_during_an_evaluation_keeps_the_rows_done_and_exits_130(tmp_path
 
 
 def test_sigterm_to_the_process_group_of_a_training_run_saves_it_and_exits_130(tmp_path):
+    """As a scheduler stops a job: every process of the group (Ray's too) gets the signal. Ctrl-C
+    (SIGINT) takes the same way into the run (tests/project/test_interrupts.py): this run stands
+    for both (the run that tests/train/ once interrupted with SIGINT asserted this one's checks)."""
     run = tmp_path / "run"
     process = subprocess.Popen(
         [sys.executable, "-m", "looprl.cli.train", "--algo", "dqn", "--config", str(tiny_config(tmp_path)), "--iterations", "100000",
@@ -88,6 +91,7 @@ def test_sigterm_to_the_process_group_of_a_training_run_saves_it_and_exits_130(t
     assert "saving a final checkpoint" in output and "resume with --resume" in output
     state = json.loads((run / "run.json").read_text())["state"]
     assert state["iteration"] >= 2 and (run / "checkpoints" / state["checkpoint"]).exists()
+    assert (run / "policy" / "policy.npz").exists()  # the final checkpoint's policy, exported
 
 
 class _FakeAlgo:
@@ -170,12 +174,12 @@ def test_starting_an_unstarted_folder_again_discards_what_its_first_start_left(t
     assert (folder / "checkpoints").exists()  # not a run folder (no run.json): nothing is removed
 
 
-def test_a_run_with_a_checkpoint_is_still_only_resumed(tmp_path):
+def test_a_run_with_a_checkpoint_is_still_only_resumed(tmp_path, capsys):
     folder = unstarted_run(tmp_path)
     record = json.loads((folder / "run.json").read_text())
     record["state"]["checkpoint"] = "iter_000001"
     (folder / "run.json").write_text(json.dumps(record))
-    result = command("train", "--algo", "dqn", "--config", str(tiny_config(tmp_path)), "--out", str(folder))
+    result = here(capsys, "train", "--algo", "dqn", "--config", str(tiny_config(tmp_path)), "--out", str(folder))  # refused before Ray
     assert_one_line_error(result, "looprl-train", "already holds a run")
 
 

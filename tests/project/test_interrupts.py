@@ -49,11 +49,30 @@ def test_check_interrupt_raises_only_inside_the_block_that_got_the_signal():
         check_interrupt()
 
 
-def test_sigterm_raises_keyboard_interrupt_inside_the_block_and_the_handler_is_restored():
-    before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(KeyboardInterrupt):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_and_ctrl_c_raise_keyboard_interrupt_inside_the_block_and_the_handlers_are_restored(signum):
+    """Ctrl-C (SIGINT, with Python's own handler, as in a terminal) takes SIGTERM's way: the same
+    handler, so what tests/cli/ checks of a training run stopped by SIGTERM (a final checkpoint,
+    exit status 130) holds for Ctrl-C too."""
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a command line starts
+    try:
+        before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt):
+            with terminate_as_interrupt():
+                assert signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM)
+                os.kill(os.getpid(), signum)
+                for _ in range(1000):
+                    pass
+        assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+    finally:
+        signal.signal(signal.SIGINT, previous_int)
+
+
+def test_an_ignored_ctrl_c_stays_ignored():
+    """A run started in the background by a non-interactive shell has SIGINT ignored: left so."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
         with terminate_as_interrupt():
-            os.kill(os.getpid(), signal.SIGTERM)
-            for _ in range(1000):
-                pass
-    assert signal.getsignal(signal.SIGTERM) is before
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

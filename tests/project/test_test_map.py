@@ -52,3 +52,14 @@ def test_every_named_test_path_exists():
                if not any(ROOT.glob(name)) and not (ROOT / name).exists()]
     assert len(named) > 10  # the pattern finds the paths
     assert not missing, "paths under tests/ that do not exist:\n  " + "\n  ".join(missing)
+
+
+def test_every_target_dependent_test_is_in_a_file_that_names_the_marker(request):
+    """The second command of .ci/run (``-m target_dependent``) imports only the test files whose
+    text names the marker (tests/conftest.py: pytest_ignore_collect): a test marked any other way
+    (a marker applied from elsewhere) would be left out of it silently."""
+    from tests.conftest import TARGET_DEPENDENT
+
+    marked = {item.path for item in request.session.items if item.get_closest_marker(TARGET_DEPENDENT)}
+    unnamed = [str(path.relative_to(ROOT)) for path in marked if TARGET_DEPENDENT not in path.read_text()]
+    assert not unnamed, f"target_dependent tests in files that never name the marker: {unnamed}"

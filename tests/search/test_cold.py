@@ -151,7 +151,9 @@ def test_tune_of_a_cold_problem_returns_a_kernel_that_computes_the_layer(tmp_pat
 def test_tune_module_tunes_few_rows_with_the_other_layers_bytes_between_calls(llc_bytes, measure, tmp_path, monkeypatch):
     """Rows up to COLD_ROWS carry the bytes of the model's other weights (read between two calls
     of the layer in a decode step), named cold where that reaches twice the last-level cache;
-    in measured tuning and on the fast path (the policy alone: a third of the time)."""
+    in measured tuning and on the fast path (the policy alone: a third of the time). Tuned for
+    the rows seen, 1, COLD_ROWS and twice that (max_rows=1: no other power of two, each row
+    count a tune of ~0.6 CPU s when measured), so both sides of COLD_ROWS are checked."""
     torch = pytest.importorskip("torch")
     from looprl import torch as looprl_torch
 
@@ -159,9 +161,9 @@ def test_tune_module_tunes_few_rows_with_the_other_layers_bytes_between_calls(ll
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 32)).eval()
     policy = random_policy(seed=5).save(tmp_path / "policy")
-    examples = [torch.randn(1, 64), torch.randn(32, 64)]
+    examples = [torch.randn(rows, 64) for rows in (1, looprl_torch.COLD_ROWS, 2 * looprl_torch.COLD_ROWS)]
     tuned = looprl_torch.tune_module(model, examples, policy=policy, budget_s=0.05, cache=":memory:", progress=False,
-                                     compare_torch=False, measure=measure)
+                                     compare_torch=False, measure=measure, max_rows=1)
     layers = looprl_torch.tuned_layers(tuned)
     assert len(layers) == 2
     others = {64: 4 * 96 * 32, 96: 4 * 64 * 96}  # by in_features: the other layer's weight
@@ -169,6 +171,7 @@ def test_tune_module_tunes_few_rows_with_the_other_layers_bytes_between_calls(ll
         between = others[layer.in_features]
         expected = looprl.ir.problem.COLD if llc_bytes == 10_000 and between >= 2 * llc_bytes else between
         found = {rows: result.problem.between for rows, result in layer.results.items()}
+        assert sorted(found) == [1, looprl_torch.COLD_ROWS, 2 * looprl_torch.COLD_ROWS]
         assert found == {rows: expected if rows <= looprl_torch.COLD_ROWS else 0 for rows in found}, found
     with torch.no_grad():
         for x in examples + [torch.randn(5, 64)]:

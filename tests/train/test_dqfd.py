@@ -17,15 +17,15 @@ from looprl.target import Target
 from looprl.train import demonstrations as demos
 from looprl.train.config import validate_agent
 from looprl.train.demonstrations import load_demonstrations, save_demonstrations
-from looprl.train.dqfd import margin_loss
 from looprl.train.expert_iteration import rounds
 from looprl.train.schema import section_settings
-from tests.train.test_train import ray_session  # noqa: F401  (the module's Ray, started once)
 
 torch = pytest.importorskip("torch")
 
 
 def test_margin_loss_is_zero_only_when_the_demonstrated_action_leads_by_the_margin():
+    from looprl.train.dqfd import margin_loss  # here, not at the top: it imports RLlib (~1.6 CPU s in each collecting worker)
+
     q = torch.tensor([[1.0, 0.5, 0.2], [1.0, 0.98, 0.0], [0.0, 1.0, 0.0]])
     actions = torch.tensor([0, 0, 0])
     per_row = [0.0, (0.98 + 0.05) - 1.0, (1.0 + 0.05) - 0.0]
@@ -160,17 +160,17 @@ def test_demonstrations_need_dqn():
 
 
 @pytest.mark.slow
-def test_a_dqfd_run_gathers_demonstrations_repeats_expert_iteration_and_ships_an_honest_record(tmp_path):
+def test_a_dqfd_run_gathers_demonstrations_repeats_expert_iteration_and_ships_an_honest_record(ray_session, tmp_path, capsys):
     """A run with pretrain and demonstrations sections, end to end: the clone it starts from,
-    the expert iteration's rounds, the record shipped (one Ray start; a run with a pretrain
-    section alone is this run without the demonstrations)."""
+    the expert iteration's rounds, the record shipped (the command line run in this process, on
+    the process's Ray; a run with a pretrain section alone is this run without the demonstrations)."""
     import json
 
     import yaml
 
     from looprl.policy.numpy_policy import Policy
     from looprl.train.ship import ship
-    from tests.train.test_train import run_cli, tiny_agent
+    from tests.train.test_train import tiny_agent, train_here
 
     agent = tiny_agent("dqn", str(tmp_path / "cache.sqlite"))
     agent["pretrain"] = {"problems_per_dataset": 2, "epochs": 20}
@@ -178,8 +178,8 @@ def test_a_dqfd_run_gathers_demonstrations_repeats_expert_iteration_and_ships_an
     config = tmp_path / "dqfd.yaml"
     config.write_text(yaml.safe_dump(agent))
     run = tmp_path / "run"
-    out = run_cli("--algo", "dqn", "--config", str(config), "--iterations", "2", "--out", str(run), "--num-env-runners", "0",
-                  "--validate-every", "1", "--validation-problems", "2")
+    out = train_here(capsys, "--algo", "dqn", "--config", str(config), "--iterations", "2", "--out", str(run), "--num-env-runners", "0",
+                       "--validate-every", "1", "--validation-problems", "2")
     assert "[demonstrations] 2/2 problems" in out and "round 2 of expert iteration" in out and "[iter 2/2]" in out
     # The pretrain section: the run starts from its clone, which competes in validation (RL keeps it
     # unless a snapshot validates better). A run with a pretrain section alone takes the same

@@ -1,10 +1,6 @@
 import csv
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
@@ -102,18 +98,6 @@ def test_durations():
 # -- one iteration of each algorithm, checkpoint, export ------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    import ray
-    import torch
-
-    torch.set_num_threads(1)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.parametrize("algo", ALGORITHMS)
 def test_one_iteration_checkpoint_and_exported_policy_match(algo, ray_session, tmp_path):
     import torch
@@ -203,20 +187,18 @@ def test_a_two_thread_agent_trains_and_exports_a_policy_with_the_parallel_action
 # -- the command line: checkpoints, resume, Ctrl-C, evaluation ------------------------------------------
 
 
-def run_cli(*arguments, timeout=600):
-    result = subprocess.run([sys.executable, "-m", "looprl.train", *arguments], capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    return result.stdout
-
-
-def evaluate_here(capsys, *arguments) -> str:
-    """``looprl-train arguments`` (an evaluation) run in this process, exit status 0: what it printed."""
+def train_here(capsys, *arguments) -> str:
+    """``looprl-train arguments`` run in this process, exit status 0: what it printed. A
+    training run attaches to the test process's Ray (the ``ray_session`` fixture) and leaves it
+    running, where a process of its own imported torch and RLlib and started a Ray each time
+    (the command line's own process start is tested by tests/cli/'s SIGTERM run, and an
+    evaluation's by tests/cli/test_cli_bad_input.py's run without the train extra)."""
     from looprl.cli.train import main as train_main
 
     capsys.readouterr()
     status = train_main(list(arguments))
     captured = capsys.readouterr()
-    assert status == 0, captured.err[-4000:]
+    assert status == 0, captured.out[-2000:] + captured.err[-4000:]
     return captured.out
 
 
@@ -230,11 +212,11 @@ def write_tiny_config(tmp_path, algo="dqn"):
 
 
 @pytest.mark.slow
-def test_cli_trains_checkpoints_resumes_and_evaluates(tmp_path, capsys):
+def test_cli_trains_checkpoints_resumes_and_evaluates(ray_session, tmp_path, capsys):
     run = tmp_path / "run"
     config = write_tiny_config(tmp_path)
     common = ["--num-env-runners", "0", "--checkpoint-every", "1", "--validate-every", "1", "--validation-problems", "2"]
-    out = run_cli("--algo", "dqn", "--config", str(config), "--iterations", "2", "--out", str(run), *common)
+    out = train_here(capsys, "--algo", "dqn", "--config", str(config), "--iterations", "2", "--out", str(run), *common)
     assert "[iter 2/2]" in out and (run / "policy" / "policy.json").exists()
     assert out.count("validation: greedy speed-up") == 2
     best = Policy.load(run / "policy-best").metadata["validation"]
@@ -242,7 +224,7 @@ def test_cli_trains_checkpoints_resumes_and_evaluates(tmp_path, capsys):
     first = json.loads((run / "run.json").read_text())["state"]
     assert first["iteration"] == 2 and first["checkpoint"] == "iter_000002"
 
-    out = run_cli("--resume", "--out", str(run), "--iterations", "3", *common)
+    out = train_here(capsys, "--resume", "--out", str(run), "--iterations", "3", *common)
     assert "resumed" in out and "[iter 3/3]" in out
     state = json.loads((run / "run.json").read_text())["state"]
     assert state["iteration"] == 3 and state["env_steps"] > first["env_steps"]
@@ -258,10 +240,8 @@ def test_cli_trains_checkpoints_resumes_and_evaluates(tmp_path, capsys):
     assert held >= first["env_steps"] // 2  # restored, not empty
     assert any((run / "tb").iterdir())
 
-    # Evaluation starts no Ray: run in this process (the command line's own process start is
-    # tested by tests/cli/test_cli_bad_input.py's evaluation without the train extra).
     table = tmp_path / "eval.csv"
-    out = evaluate_here(capsys, "--evaluate", str(run), "--split", "test", "--limit", "2", "--csv", str(table),
+    out = train_here(capsys, "--evaluate", str(run), "--split", "test", "--limit", "2", "--csv", str(table),
                         "--cache", str(tmp_path / "cache.sqlite"))
     assert "2 problems: speed-up over untuned" in out
     rows = list(csv.DictReader(table.open()))
@@ -270,41 +250,9 @@ def test_cli_trains_checkpoints_resumes_and_evaluates(tmp_path, capsys):
     assert all(len(r["actions"].split()) == 10 or r["stopped"] == "cycle" for r in rows)
 
     # An RLlib checkpoint inside a run folder is exported on the fly.
-    out = evaluate_here(capsys, "--evaluate", str(run / "checkpoints" / "iter_000003"), "--split", "test", "--limit", "1",
+    out = train_here(capsys, "--evaluate", str(run / "checkpoints" / "iter_000003"), "--split", "test", "--limit", "1",
                         "--cache", str(tmp_path / "cache.sqlite"))
     assert "1 problems" in out
-
-
-def test_ctrl_c_saves_a_final_checkpoint(tmp_path):
-    run = tmp_path / "run"
-    config = write_tiny_config(tmp_path)
-    code = (
-        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler);"
-        "from looprl.cli.train import main; sys.exit(main(sys.argv[1:]))"
-    )
-    process = subprocess.Popen(
-        [sys.executable, "-c", code, "--algo", "dqn", "--config", str(config), "--iterations", "100000", "--out", str(run),
-         "--num-env-runners", "0", "--checkpoint-every", "1000"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    lines = []
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        line = process.stdout.readline()
-        lines.append(line)
-        if not line or line.startswith("[iter 2/"):
-            break
-    try:
-        process.send_signal(signal.SIGINT)
-        rest, _ = process.communicate(timeout=300)
-    finally:
-        process.kill()  # never leave a 100000-iteration run behind if the test fails
-    output = "".join(lines) + rest
-    assert process.returncode == 130, output[-3000:]  # interrupted, and saved
-    assert "saving a final checkpoint" in output
-    state = json.loads((run / "run.json").read_text())["state"]
-    assert state["iteration"] >= 2 and (run / "checkpoints" / state["checkpoint"]).exists()
-    assert (run / "policy" / "policy.npz").exists()
 
 
 def test_cli_rejects_bad_input(tmp_path, capsys):
