@@ -73,15 +73,15 @@ eager's (float32, greedy); the exit status is 1 if one differed. Writes
 another path without the suffix), a row per run and mode and a row per mode for the medians
 (``run`` = ``median``), and prints a table of the medians and each worker's peak resident memory.
 
-Memory: a worker holds about one prepared model (the modes that run a copy, a compiled graph or a
-converted model drop the one built, but their peak counts both), so with every mode alive a case
-needs about the sum of the modes' peaks: about 1-2 GB for the Qwen2- and GPT-2-style configs,
-several GB per mode for the 1.6 GB Llama-style one, too much for a 24 GB host with all seven
-modes. ``--live N`` keeps at most N workers alive: eager's worker lives through the case and the
-other modes run in groups of N - 1 beside it, each group its ``--runs`` rounds (numbered on
-across the groups; eager has a row for every round and each mode's ``vs_eager`` is against
-eager's generation of the same round). Give ``--live 2`` or ``3`` for the Llama-style config on
-such a host.
+Memory: a case needs about the sum of its live workers' peaks (this process holds no model; its
+own peak, about 0.6 GB, is the DRAM bandwidth measurement's buffer). Measured on the 1.6 GB
+Llama-style config (32-token prompt, one thread, Zen 4): eager's worker peaked at 2.0 GB and
+``looprl-frozen``'s at 13.5 GB (10.2 GB resident once prepared: looprl's tuned copy holds far
+more than the model's weights), so on a 24 GB host that config runs with ``--live 2``. The
+tiny ``--quick`` configs' workers peak at 0.4-0.8 GB each. ``--live N`` keeps at most N workers
+alive: eager's worker lives through the case and the other modes run in groups of N - 1 beside
+it, each group its ``--runs`` rounds (numbered on across the groups; eager has a row for every
+round and each mode's ``vs_eager`` is against eager's generation of the same round).
 """
 
 from __future__ import annotations
@@ -156,6 +156,8 @@ def run_case(config: str, prompt_length: int, threads: int, modes: list[str], ar
                         worker = start(mode)
                         if worker is not None:
                             workers[mode] = worker
+                    if len(workers) == 1 and len(group) > 1:
+                        continue  # every other mode of the group skipped: eager alone would add rounds that compare nothing
                     for run in range(args.runs):  # interleaved, each round starting at the next mode
                         number += 1
                         ran = [mode for mode in group if mode in workers]
