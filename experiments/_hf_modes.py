@@ -44,6 +44,11 @@ def build(name: str, quick: bool = False):
     return model_class(config).eval()
 
 
+def make_prompt(model, length: int):
+    """A prompt of ``length`` random token ids of ``model``'s vocabulary (seed 1), one sequence."""
+    return torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(1))
+
+
 def _projections(model) -> list[nn.Module]:
     from transformers.pytorch_utils import Conv1D
 

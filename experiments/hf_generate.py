@@ -3,7 +3,7 @@ freezing, CTranslate2 and oneDNN's packed linears (issue 63).
 
     python experiments/hf_generate.py [--configs qwen2,gpt2,llama] [--prompts 32,512] [--new 64] [--threads 1,2]
         [--modes eager,max-autotune,ctranslate2,onednn-packed,looprl,looprl-frozen,looprl-compiled] [--runs 3]
-        [--target avx2] [--quick] [--out PREFIX]
+        [--live N] [--target avx2] [--quick] [--out PREFIX]
 
 Needs transformers 5 (``pip install -e .[hf]``); CTranslate2 (``pip install ctranslate2``) only for
 its mode, which is skipped with the reason printed where it is not installed. Each model is
@@ -39,25 +39,28 @@ Modes (``--modes``; default all but ``copy``, ``fast`` and ``tune``):
   its weight packed once for one row (``torch.ops.mkldnn._reorder_linear_weight`` then
   ``_linear_pointwise``, what Inductor's freezing runs for a linear layer), the rest eager;
 * ``looprl``: ``tune_module(model, (prompt,))``, the default (measured tuning, the weights followed);
-* ``looprl-frozen``: the same with ``frozen=True`` (the weights bound once, as freezing promises):
-  **looprl's recommended recipe for generation**. Of looprl's paths it decoded fastest where they
-  were compared (docs/torch.md: GPT-2-shaped generation, decode 42.4 tokens/s frozen against 38.5
-  for ``backend="looprl"`` with freezing; issue 63's Qwen2 runs 1.03-1.08x eager against 0.91-1.09x
-  for the default) and it prepares in the least time of the measured ones;
+* ``looprl-frozen``: the same with ``frozen=True`` (the weights bound once, as freezing promises);
 * ``looprl-compiled``: the compile recipe of ``max-autotune`` with ``backend="looprl"`` (looprl's
-  linear layers, Inductor for the rest of the graph, freezing on);
+  linear layers, sibling projections such as q/k/v and gate/up merged into one kernel each,
+  Inductor for the rest of the graph, freezing on): **looprl's recommended recipe for
+  generation**. Before the merge it decoded as fast as ``looprl-frozen`` (issue 63's Qwen2-style
+  run, one thread, quiet Zen 4: 56.25 against 56.28 tokens/s, 1.73x and 1.67x eager); merging
+  took 2.4 ms off its decode token (16.6 against 18.9 ms, docs/torch.md), so it now decodes
+  fastest of looprl's modes. It prepares in more time than ``looprl-frozen`` (96 against 51 s
+  in that run: Inductor's compilation);
 * ``copy``, ``fast``, ``tune`` (the earlier modes, kept so that the commands in docs/results.md
   still run): a deep copy of the model (the spread between two copies of one model is the floor
   under which a ratio says nothing); ``tune_module(model, [(prompt,), (prompt[:, :1],)],
   measure=False)``; the same measured.
 
 Per case (a config, a prompt, a thread count; ``torch.set_num_threads`` and looprl's kernels for
-that many threads): each mode is prepared first in a child process of its own with every cache
-empty (``LOOPRL_CACHE_DIR`` and ``TORCHINDUCTOR_CACHE_DIR`` fresh temporary folders, set before
-torch is imported): ``prepare_s`` is the time from the built model to the end of its first
-generation (tuning, compiling, converting, packing; that generation warms). Then this process
-prepares every mode again on those caches (tuning is a lookup, Inductor's compilation is read
-back) and times ``--runs`` generations, the modes interleaved run by run, each run starting at
+that many threads) each mode lives in a worker process of its own (``_hf_worker.py``), started
+one at a time with every cache empty (``LOOPRL_CACHE_DIR`` and ``TORCHINDUCTOR_CACHE_DIR`` fresh
+temporary folders, set before torch is imported): it builds the model, prepares its mode once
+(``prepare_s``: the time from the built model to the end of its first generation: tuning,
+compiling, converting, packing; that generation warms) and then runs one timed generation
+whenever this process asks. This process holds no model: it orchestrates ``--runs`` rounds, each
+round asking every live mode for one generation, the modes interleaved, each round starting at
 the next mode in turn. Per run and mode: prefill milliseconds (until the first new token),
 decode tokens per second (the other new tokens over the time after the first) and its ratio to
 eager's in the same run; the medians of the runs; ``of_bound``: the decode rate over the DRAM
@@ -68,7 +71,17 @@ as ``experiments/bandwidth_bound.py`` measures it). Every mode's tokens are chec
 eager's (float32, greedy); the exit status is 1 if one differed. Writes
 ``experiments/results/hf_generate_<llvm cpu>_peers[_avx2][_quick].csv`` and ``.json`` (``--out``:
 another path without the suffix), a row per run and mode and a row per mode for the medians
-(``run`` = ``median``), and prints a table of the medians.
+(``run`` = ``median``), and prints a table of the medians and each worker's peak resident memory.
+
+Memory: a case needs about the sum of its live workers' peaks (this process holds no model; its
+own peak, about 0.6 GB, is the DRAM bandwidth measurement's buffer). Measured on the 1.6 GB
+Llama-style config (32-token prompt, one thread, Zen 4): eager's worker peaked at 2.0 GB and
+``looprl-frozen``'s at 13.5 GB (10.2 GB resident once prepared: looprl's tuned copy holds far
+more than the model's weights), so on a 24 GB host that config runs with ``--live 2``. The
+tiny ``--quick`` configs' workers peak at 0.4-0.8 GB each. ``--live N`` keeps at most N workers
+alive: eager's worker lives through the case and the other modes run in groups of N - 1 beside
+it, each group its ``--runs`` rounds (numbered on across the groups; eager has a row for every
+round and each mode's ``vs_eager`` is against eager's generation of the same round).
 """
 
 from __future__ import annotations
@@ -76,110 +89,111 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from _hf_modes import CONFIGS, QUICK, build, generate, prepared, read_bytes_per_token
+from _hf_modes import CONFIGS, QUICK
+from _hf_worker import Worker, WorkerFailed, memory
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODES = ("eager", "max-autotune", "ctranslate2", "onednn-packed", "looprl", "looprl-frozen", "looprl-compiled", "copy", "fast", "tune")
 DEFAULT_MODES = MODES[:7]
-RECOMMENDED = "looprl-frozen"
+RECOMMENDED = "looprl-compiled"
 FIELDS = ["config", "prompt", "new_tokens", "threads", "mode", "run", "target", "llvm_cpu", "cpu", "parameters", "prepare_s", "prefill_ms",
           "decode_tokens_per_s", "vs_eager", "bytes_per_token", "dram_gbs", "of_bound", "same_tokens", "skipped"]
 
 
-def child(args) -> int:
-    """Prepare one mode with the caches this process was given (empty) and print its prepare time."""
-    import torch
-
-    torch.set_num_threads(args.threads_one)
-    model = build(args.child_config, args.quick)
-    prompt = make_prompt(model, args.child_prompt)
-    started = time.perf_counter()
-    runner = prepared(args.child_mode, model, prompt, args.threads_one, args.target, Path(os.environ["LOOPRL_CACHE_DIR"]))
-    generate(runner, prompt, args.new)
-    print(json.dumps({"prepare_s": time.perf_counter() - started}), flush=True)
-    return 0
-
-
-def make_prompt(model, length: int):
-    import torch
-
-    return torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(1))
-
-
-def prepare_in_child(mode: str, config: str, prompt: int, threads: int, args, caches: Path) -> float | str:
-    """``mode``'s prepare seconds with every cache empty (a child process with fresh cache
-    folders under ``caches``), or why the mode cannot run (its child's last line of error)."""
-    looprl_dir, inductor_dir = caches / "looprl", caches / "inductor"
-    environment = dict(os.environ, LOOPRL_CACHE_DIR=str(looprl_dir), TORCHINDUCTOR_CACHE_DIR=str(inductor_dir))
-    command = [sys.executable, str(Path(__file__).resolve()), "--child-mode", mode, "--child-config", config, "--child-prompt", str(prompt),
-               "--threads", str(threads), "--new", str(args.new)] + (["--quick"] if args.quick else []) + (
-                   ["--target", args.target] if args.target else [])
-    done = subprocess.run(command, env=environment, capture_output=True, text=True)
-    if done.returncode != 0:
-        lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
-        raised = [line for line in lines if re.match(r"[\w.]+(Error|Exception): ", line)]  # the exception, not torch's advice after it
-        return (raised or lines or [f"exit status {done.returncode}"])[-1]
-    return json.loads(done.stdout.strip().splitlines()[-1])["prepare_s"]
+def groups(modes: list[str], live: int) -> list[list[str]]:
+    """The modes' workers alive together, each group with eager (the reference): every mode at
+    once where ``live`` is 0, else at most ``live`` workers, eager's one of them."""
+    others = [mode for mode in modes if mode != "eager"]
+    size = len(others) if live == 0 else live - 1
+    return [["eager"] + others[start:start + size] for start in range(0, max(len(others), 1), max(size, 1))]
 
 
 def run_case(config: str, prompt_length: int, threads: int, modes: list[str], args, common: dict) -> list[dict]:
-    """Every mode of one case prepared (timed in a child, then here) and its generations timed."""
-    import torch
-
+    """One case: every mode prepared in a worker of its own (every cache empty), then ``--runs``
+    rounds of generations per group of workers alive together, interleaved."""
     from looprl.measurement.roofline import memory_bandwidth
 
-    torch.set_num_threads(threads)
-    model = build(config, args.quick)
-    prompt = make_prompt(model, prompt_length)
-    parameters = sum(p.numel() for p in model.parameters())
-    per_token = read_bytes_per_token(model, prompt_length + args.new / 2)
     dram_gbs = memory_bandwidth(cache=":memory:", threads=threads)["dram"]
-    case = dict(common, config=config, prompt=prompt_length, new_tokens=args.new, threads=threads, parameters=parameters,
-                bytes_per_token=per_token, dram_gbs=round(dram_gbs, 2))
-    print(f"\n{config}: {parameters / 1e6:.1f}M parameters, {per_token / 1e6:.0f} MB read per token; {prompt_length}-token prompt, "
-          f"{args.new} new tokens; {threads} thread(s); DRAM {dram_gbs:.1f} GB/s", flush=True)
-    reference, _, _ = generate(prepared("eager", model, prompt, threads, args.target, Path()), prompt, args.new)
-    runners, prepare, rows, skipped = {}, {}, [], {}
+    measured, prepare, skipped, peaks, rows = {}, {}, {}, {}, []
     with tempfile.TemporaryDirectory(prefix="hf_generate_") as folder:
-        for mode in modes:
-            caches = Path(folder) / mode
+        def start(mode: str) -> Worker | None:
             if mode == "ctranslate2" and importlib.util.find_spec("ctranslate2") is None:
-                result = "CTranslate2 is not installed (pip install ctranslate2)"
+                skipped[mode] = "CTranslate2 is not installed (pip install ctranslate2)"
             else:
-                result = 0.0 if mode == "eager" else prepare_in_child(mode, config, prompt_length, threads, args, caches)
-            if isinstance(result, str):
-                skipped[mode] = result
-                print(f"{mode:>16}: skipped ({result})", flush=True)
-                continue
-            prepare[mode] = result
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(caches / "inductor")  # the child's compilation, read back (Inductor reads it when it compiles)
-            runners[mode] = prepared(mode, model, prompt, threads, args.target, caches / "looprl")
-            generate(runners[mode], prompt, args.new)  # warm, here too
-            print(f"{mode:>16}: prepared in {prepare[mode]:.1f} s with every cache empty", flush=True)
-        ran = [mode for mode in modes if mode in runners]
-        measured = {mode: [] for mode in ran}
-        for run in range(1, args.runs + 1):  # interleaved, each run starting at the next mode
-            turn = (run - 1) % len(ran)
-            results = {mode: generate(runners[mode], prompt, args.new) for mode in ran[turn:] + ran[:turn]}
-            for mode in ran:
-                tokens, prefill, rate = results[mode]
-                ratio = rate / results["eager"][2]
-                measured[mode].append((prefill, rate, ratio, tokens == reference))
-                rows.append(dict(case, mode=mode, run=run, prepare_s=round(prepare[mode], 2), prefill_ms=round(1e3 * prefill, 2),
-                                 decode_tokens_per_s=round(rate, 2), vs_eager=round(ratio, 3),
-                                 of_bound=round(rate * per_token / 1e9 / dram_gbs, 3), same_tokens=tokens == reference))
+                try:
+                    worker = Worker(mode, config, prompt_length, threads, args.new, args.quick, args.target, Path(folder) / mode)
+                except WorkerFailed as error:
+                    skipped[mode] = str(error)
+                else:
+                    prepare[mode] = 0.0 if mode == "eager" else worker.ready["prepare_s"]
+                    measured[mode], peaks[mode] = [], worker.ready["peak_rss_mb"]
+                    print(f"{mode:>16}: prepared in {prepare[mode]:.1f} s with every cache empty; resident {worker.ready['rss_mb']} MB, "
+                          f"peak {worker.ready['peak_rss_mb']} MB", flush=True)
+                    return worker
+            print(f"{mode:>16}: skipped ({skipped[mode]})", flush=True)
+            return None
+
+        eager = start("eager")
+        if eager is None:
+            raise RuntimeError(f"eager, the reference, did not run: {skipped['eager']}")
+        reference, facts = eager.ready["tokens"], eager.ready
+        per_token = facts["bytes_per_token"]
+        case = dict(common, config=config, prompt=prompt_length, new_tokens=args.new, threads=threads, parameters=facts["parameters"],
+                    bytes_per_token=per_token, dram_gbs=round(dram_gbs, 2))
+        print(f"{config}: {facts['parameters'] / 1e6:.1f}M parameters, {per_token / 1e6:.0f} MB read per token; {prompt_length}-token "
+              f"prompt, {args.new} new tokens; {threads} thread(s); DRAM {dram_gbs:.1f} GB/s", flush=True)
+        number = 0
+        try:
+            for group in groups(modes, args.live):
+                workers = {"eager": eager}
+                try:
+                    for mode in group[1:]:
+                        worker = start(mode)
+                        if worker is not None:
+                            workers[mode] = worker
+                    if len(workers) == 1 and len(group) > 1:
+                        continue  # every other mode of the group skipped: eager alone would add rounds that compare nothing
+                    for run in range(args.runs):  # interleaved, each round starting at the next mode
+                        number += 1
+                        ran = [mode for mode in group if mode in workers]
+                        order = ran[run % len(ran):] + ran[:run % len(ran)]
+                        results = {}
+                        for mode in order:
+                            try:
+                                results[mode] = workers[mode].run()
+                            except WorkerFailed as error:
+                                if mode == "eager":
+                                    raise RuntimeError(f"eager, the reference, failed: {error}") from None
+                                skipped[mode] = str(error)
+                                workers.pop(mode).close()
+                                print(f"{mode:>16}: failed in round {number} ({error})", flush=True)
+                        for mode in (mode for mode in group if mode in results):
+                            result = results[mode]
+                            rate, tokens = result["decode_tokens_per_s"], result["tokens"]
+                            ratio = rate / results["eager"]["decode_tokens_per_s"]
+                            peaks[mode] = result["peak_rss_mb"]
+                            measured[mode].append((result["prefill_s"], rate, ratio, tokens == reference))
+                            rows.append(dict(case, mode=mode, run=number, prepare_s=round(prepare[mode], 2),
+                                             prefill_ms=round(1e3 * result["prefill_s"], 2), decode_tokens_per_s=round(rate, 2),
+                                             vs_eager=round(ratio, 3), of_bound=round(rate * per_token / 1e9 / dram_gbs, 3),
+                                             same_tokens=tokens == reference))
+                finally:
+                    for mode, worker in workers.items():
+                        if mode != "eager":
+                            worker.close()
+                print(f"  peak resident memory (MB) of the workers alive together: "
+                      f"{', '.join(f'{mode} {peaks[mode]:.0f}' for mode in group if mode in peaks)}; this process "
+                      f"{memory()['peak_rss_mb']:.0f}", flush=True)
+        finally:
+            eager.close()
     for mode in modes:
-        if mode in skipped:
-            rows.append(dict(case, mode=mode, run="median", skipped=skipped[mode]))
+        if mode in skipped or not measured.get(mode):
+            rows.append(dict(case, mode=mode, run="median", skipped=skipped.get(mode, "no run")))
             continue
         prefills, rates, ratios, same = zip(*measured[mode])
         rate = statistics.median(rates)
@@ -187,19 +201,6 @@ def run_case(config: str, prompt_length: int, threads: int, modes: list[str], ar
                          decode_tokens_per_s=round(rate, 2), vs_eager=round(statistics.median(ratios), 3),
                          of_bound=round(rate * per_token / 1e9 / dram_gbs, 3), same_tokens=all(same)))
     return rows
-
-
-def _release() -> None:
-    """Free what a case's modes left behind before the next case builds its model: torch's
-    compiled graphs (Dynamo's caches hold the compiled models and their frozen weights) and the
-    garbage. With the Qwen2- and the 1.6 GB Llama-style configs in one run, the process grew to
-    15.5 GB and was killed for memory during the Llama's preparation."""
-    import gc
-
-    import torch
-
-    torch._dynamo.reset()
-    gc.collect()
 
 
 def print_table(rows: list[dict]) -> None:
@@ -230,14 +231,11 @@ def main(argv=None) -> int:
     parser.add_argument("--target", choices=("avx2",), default=None, help="looprl's kernels for this target (default: the host's)")
     parser.add_argument("--quick", action="store_true", help="tiny configs, 4 new tokens: a check that every mode runs")
     parser.add_argument("--out", type=Path, default=None, help="the results' path without .csv/.json")
-    for hidden in ("--child-mode", "--child-config", "--child-prompt"):
-        parser.add_argument(hidden, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--live", type=int, default=0,
+                        help="at most this many mode workers alive at once, eager's one of them (default 0: every mode at once)")
     args = parser.parse_args(argv)
     args.new = args.new if args.new is not None else (4 if args.quick else 64)
     args.runs = args.runs if args.runs is not None else (2 if args.quick else 3)
-    if args.child_mode is not None:
-        args.threads_one, args.child_prompt = int(args.threads), int(args.child_prompt)
-        return child(args)
     modes, configs = args.modes.split(","), args.configs.split(",")
     prompts = [args.prompt] if args.prompt is not None else [int(p) for p in args.prompts.split(",")]
     threads = [int(t) for t in args.threads.split(",")]
@@ -251,6 +249,8 @@ def main(argv=None) -> int:
             parser.error(f"--configs: unknown config {config!r}; configs: {', '.join(CONFIGS)}")
     if args.runs < 1 or args.new < 2 or min(prompts) < 1 or min(threads) < 1:
         parser.error("--runs, --prompts and --threads must be at least 1, --new at least 2")
+    if args.live == 1 or args.live < 0:
+        parser.error(f"--live: {args.live} workers cannot hold eager and another mode; give 0 (every mode at once) or at least 2")
     from looprl.backend.host import cpu_model_name
     from looprl.target import host_cpu
 
@@ -266,8 +266,7 @@ def main(argv=None) -> int:
         for prompt in prompts:
             for count in threads:
                 rows.extend(run_case(config, prompt, count, modes, args, common))
-                write(out, rows, about)  # each case's rows kept as it ends: a later case killed for memory loses only itself
-                _release()
+                write(out, rows, about)  # each case's rows kept as it ends: a later case that fails loses only itself
     print_table(rows)
     write(out, rows, about)
     return 0 if all(row.get("same_tokens", True) for row in rows if not row.get("skipped")) else 1
