@@ -32,16 +32,18 @@ SHAPE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "n
          "vocab_size": VOCAB, "max_position_embeddings": 64, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
 
 
-def build(arch: str, dtype=torch.float32):
-    """A transformers decoder of random weights (seed 0) in eval mode: ``llama`` (grouped-query
-    attention, no biases), ``qwen2`` (grouped-query attention, biases on q, k and v; its LM head
-    not tied) or ``gpt2`` (GPT-2's own attention and MLP, its LM head tied to the embedding)."""
+def build(arch: str, dtype=torch.float32, layers: int = 2):
+    """A transformers decoder of ``layers`` decoder layers, random weights (seed 0), in eval mode:
+    ``llama`` (grouped-query attention, no biases), ``qwen2`` (grouped-query attention, biases on
+    q, k and v; its LM head not tied) or ``gpt2`` (GPT-2's own attention and MLP, its LM head tied
+    to the embedding)."""
+    shape = dict(SHAPE, num_hidden_layers=layers)
     if arch == "llama":
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SHAPE))
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape))
     elif arch == "qwen2":
-        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**SHAPE, tie_word_embeddings=False))
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**shape, tie_word_embeddings=False))
     else:
-        config = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64, bos_token_id=None,
+        config = transformers.GPT2Config(n_embd=64, n_layer=layers, n_head=4, vocab_size=VOCAB, n_positions=64, bos_token_id=None,
                                          eos_token_id=None)
         model = transformers.GPT2LMHeadModel(config)
     torch.manual_seed(0)
