@@ -23,7 +23,7 @@ with more thread counts each one's ``of bound`` too, from the roofline measured 
 others are still printed.
 
 ``--threads 1,2`` tunes every problem once per thread count (``looprl.tune(threads=N)``, each
-from a cold cache), times the returned kernel on N threads and numpy on N BLAS threads, and
+from a cold cache, every count before the peers time that problem), times the returned kernel on N threads and numpy on N BLAS threads, and
 prints the figures side by side; for N > 1 also the returned schedule made serial, on one
 thread (its one-thread counterpart). The first count's figures keep the one-count names in
 the JSON rows and summary; the others get a ``_t<N>`` suffix.
@@ -286,6 +286,11 @@ def _run(args, out, target, policy, problems, entries, source, counts, peak, cei
     for problem, entry in zip(problems, entries):
         result = tune(problem, policy, measure=args.mode == "measured", cache=":memory:", target=target, budget_s=args.tune_budget,
                       threads=first)
+        # Every thread count tuned before the peers run for this problem: a team is measured on
+        # cores that the peers' processes (whose threads had just timed numpy and torch) leave
+        # alone, as a user's tune would be.
+        threaded_results = {n: tune(problem, policy, measure=args.mode == "measured", cache=":memory:", target=target,
+                                    budget_s=args.tune_budget, threads=n) for n in counts[1:]}
         # After tuning, the answer, the untuned nest, numpy and torch timed in turn, round after round.
         kernels = {"tuned": result.kernel}
         if getattr(args, "untuned", True):
@@ -312,8 +317,7 @@ def _run(args, out, target, policy, problems, entries, source, counts, peak, cei
             row["search_gflops"] = _timed(compile(found.best_nest, target=target), args.budget)
         columns = ""
         for n in counts[1:]:
-            threaded = tune(problem, policy, measure=args.mode == "measured", cache=":memory:", target=target,
-                            budget_s=args.tune_budget, threads=n)
+            threaded = threaded_results[n]
             kernels = {"tuned": threaded.kernel}
             if threaded.nest.is_parallel:
                 kernels["serial"] = compile(threaded.nest.serial(), target=target)
