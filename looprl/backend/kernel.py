@@ -196,12 +196,20 @@ class Kernel:
         places = {"out": out, "acc": workspace, **arrays}
         return tuple(places[t].ctypes.data for t in self.tensors)
 
-    def bind(self, **inputs: np.ndarray) -> "BoundKernel":
+    def bind(self, *, shared: dict | None = None, **inputs: np.ndarray) -> "BoundKernel":
         """Fix constant inputs (``a=`` / ``in0=`` the first, ``b=`` / ``in1=`` the second,
         ``bias=`` the epilogue's bias): each operand is converted to its layout once, now; the
         returned callable takes only the remaining inputs (positionally, in the order of
         :attr:`inputs`) and does not convert the bound ones again. The arrays are copied:
-        changing them afterwards does not change the bound kernel."""
+        changing them afterwards does not change the bound kernel.
+
+        ``shared``: a dict that several kernels bound to the same arrays pass in turn (the
+        kernels of one layer at its row counts): a converted or copied operand is kept there
+        under its array, layout and storage, and a later kernel that stores it alike reads that
+        buffer instead of a copy of its own (read-only for every kernel: one copy of a weight
+        per layout, not per kernel)."""
+        if shared is not None and not isinstance(shared, dict):
+            raise ValueError(f"bind() expects shared to be a dict or None, got {type(shared).__name__}")
         if not inputs:
             raise ValueError("bind() needs at least one input: a= (the first), b= (the second) or bias=")
         bound: dict[str, np.ndarray] = {}
@@ -215,7 +223,7 @@ class Kernel:
                 raise ValueError(f"bind() got the {_WHAT[tensor]} twice")
             self._check(array, _WHAT[tensor], self.input_shapes[tensor], self.storage)
             bound[tensor] = array
-        return BoundKernel(self, bound)
+        return BoundKernel(self, bound, shared)
 
     def raw_call(self, pointers: tuple[int, ...], reps: int, threads: int | None = None, rows: int | None = None) -> None:
         """Call with pre-validated buffer addresses in the order of :attr:`tensors` (in0, in1,
@@ -249,20 +257,29 @@ class BoundKernel:
     :meth:`Kernel.bind`): ``bound(x)`` returns the output for the remaining input ``x`` (and
     any other remaining inputs, in the kernel's order)."""
 
-    def __init__(self, kernel: Kernel, bound: dict[str, np.ndarray]):
+    def __init__(self, kernel: Kernel, bound: dict[str, np.ndarray], shared: dict | None = None):
         self.kernel = kernel
         self.bound = tuple(sorted(bound))
         self.free = tuple(t for t in kernel.inputs if t not in bound)
         self._buffers: dict[str, np.ndarray] = {}
+        shared = {} if shared is None else shared
         converted = []
         for tensor, array in bound.items():
-            if tensor in kernel.packed_inputs:
-                packed = aligned_empty(kernel.layouts[tensor].elements, kernel.storage)
-                kernel._packers[abi.pack_function_name(tensor)](array.ctypes.data, packed.ctypes.data)
-                self._buffers[tensor] = packed
+            packs = tensor in kernel.packed_inputs
+            # The array (its memory, shape and strides: the caller keeps it alive while it binds), how it is stored, in what dtype.
+            key = (array.ctypes.data, array.shape, array.strides, tensor, kernel.layouts[tensor].key if packs else "as given",
+                   np.dtype(kernel.storage).str)
+            buffer = shared.get(key)
+            if buffer is None:
+                if packs:
+                    buffer = aligned_empty(kernel.layouts[tensor].elements, kernel.storage)
+                    kernel._packers[abi.pack_function_name(tensor)](array.ctypes.data, buffer.ctypes.data)
+                else:  # used as given: a private copy
+                    buffer = np.array(array, dtype=kernel.storage, order="C", copy=True)
+                shared[key] = buffer
+            self._buffers[tensor] = buffer
+            if packs:
                 converted.append(tensor)
-            else:  # used as given: keep a private copy
-                self._buffers[tensor] = np.array(array, dtype=kernel.storage, order="C", copy=True)
         self.converted = tuple(sorted(converted))  # bound inputs converted once, here
         self._function = kernel._entries[abi.bound_kernel_name(self.converted)] if self.converted else kernel._function
         # For address_call: each kernel argument is a bound buffer's address, or which given address it takes.
@@ -341,9 +358,9 @@ class ReshapedKernel:
         Kernel._check(out, "out", self.problem.output_shape, self.kernel.storage)
         self.kernel.run(*self._views(a, b), out.reshape(self.kernel.problem.output_shape), reps, workspace, threads=threads)
 
-    def bind(self, **inputs: np.ndarray):
-        """:meth:`Kernel.bind` with this problem's arrays; the returned callable takes the
-        remaining input as this problem shapes it."""
+    def bind(self, *, shared: dict | None = None, **inputs: np.ndarray):
+        """:meth:`Kernel.bind` with this problem's arrays (``shared`` as there); the returned
+        callable takes the remaining input as this problem shapes it."""
         shapes = dict(zip(("in0", "in1"), self.problem.input_shapes))
         views = dict(zip(("in0", "in1"), self.kernel.problem.input_shapes))
         given = {}
@@ -353,7 +370,7 @@ class ReshapedKernel:
                 raise ValueError(f"bind() got an unknown input {name!r}; expected a/in0 (first input) or b/in1 (second)")
             Kernel._check(array, _WHAT[tensor], shapes[tensor], self.kernel.storage)
             given[tensor] = array.reshape(views[tensor])
-        return _ReshapedBound(self.kernel.bind(**given), self.problem, [t for t in ("in0", "in1") if t not in given])
+        return _ReshapedBound(self.kernel.bind(shared=shared, **given), self.problem, [t for t in ("in0", "in1") if t not in given])
 
     def __getattr__(self, name: str):
         """The view's kernel's other attributes (``raw_call``, ``tensors``, ``workspace_elements``,

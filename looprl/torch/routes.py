@@ -211,7 +211,8 @@ class LinearKernels:
         """The kernels, by row count, bound to copies of ``weight`` and ``bias`` (those that
         convert the weight: the in-place ones read the live tensors)."""
         constants = {"b": weight} if bias is None else {"b": weight, "bias": bias}
-        return {rows: kernel.bind(**constants) for rows, kernel in self._kernels.items() if rows not in self.in_place}
+        shared: dict = {}  # one copy of the weight per layout, whatever the row counts that store it alike
+        return {rows: kernel.bind(shared=shared, **constants) for rows, kernel in self._kernels.items() if rows not in self.in_place}
 
     def why_not(self, x, weight, bias) -> str | None:
         """Why a call on ``x`` falls back to torch (a short reason, the key of :func:`stats`'

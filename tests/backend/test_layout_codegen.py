@@ -148,6 +148,33 @@ def test_bind_converts_constant_inputs_once(which):
         np.testing.assert_allclose(bound(*args), expected, atol=1e-3)
 
 
+def test_kernels_bound_with_one_shared_dict_keep_one_copy_per_layout():
+    """The kernels of one layer bound to one weight (its row counts) hold one converted copy
+    per layout, not one each: two kernels storing B alike read one buffer, a kernel storing it
+    otherwise (another panel width, or as given) has its own, and every one computes numpy's
+    product after the arrays given are changed."""
+    alike, also_alike = looprl.compile(packed_matmul()), looprl.compile(packed_matmul(pack_a=True))
+    problem = alike.problem
+    narrower = looprl.initial_nest(problem).split(2, 8).swap(1).layout_pack("in1", "n", 8)
+    other, plain = looprl.compile(narrower), looprl.compile(looprl.initial_nest(problem))
+    assert other.packed_inputs == ("in1",) and plain.packed_inputs == ()
+    a, b = random_inputs(problem, 6)
+    expected = reference(problem, a, b)
+    shared: dict = {}
+    bound = [kernel.bind(shared=shared, b=b) for kernel in (alike, also_alike, other, plain)]
+    buffers = [entry._buffers["in1"] for entry in bound]
+    assert buffers[0] is buffers[1]  # one layout: one copy
+    assert buffers[2] is not buffers[0] and buffers[3] is not buffers[0] and len(shared) == 3
+    b[...] = 0.0  # the copies are the kernels', not the caller's array
+    for entry in bound:
+        args = (a,) if entry.free == ("in0",) else ()
+        np.testing.assert_allclose(entry(*args), expected, atol=1e-3)
+    alone = alike.bind(b=random_inputs(problem, 6)[1])  # without shared: a copy of its own, as before
+    assert alone._buffers["in1"] is not buffers[0]
+    with pytest.raises(ValueError, match="shared"):
+        alike.bind(shared=[], b=b)
+
+
 def test_bind_refuses_bad_arguments():
     kernel = looprl.compile(packed_matmul())
     a, b = random_inputs(kernel.problem, 5)
