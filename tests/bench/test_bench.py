@@ -147,12 +147,22 @@ def test_the_tune_benchmark_prints_one_and_two_thread_figures_side_by_side_and_l
     two-thread figures beside the one-thread ones where there are two cores (the codegen
     benchmark's two-thread columns: test_codegen_benchmark_runs_and_writes_json), and
     --no-untuned (one untuned call of a large layer takes minutes): the column says nan and
-    every other figure is there."""
+    every other figure is there. Every thread count is tuned before the peers time the problem
+    (tuned right after the peers' children had timed it, two-thread teams lost their duels)."""
+    from looprl.bench import tune_quality
+
     two_cores = len(os.sched_getaffinity(0)) >= 2
     monkeypatch.setenv("LOOPRL_CACHE_DIR", str(tmp_path / "cache"))
+    events = []
+    real_tune, real_timed_with = tune_quality.tune, tune_quality.Peers.timed_with
+    monkeypatch.setattr(tune_quality, "tune", lambda *a, **k: events.append(("tune", k["threads"])) or real_tune(*a, **k))
+    monkeypatch.setattr(tune_quality.Peers, "timed_with", lambda self, *a, **k: events.append(("timed", a[-1])) or real_timed_with(self, *a, **k))
     path = tmp_path / "tune.json"
     out = bench(capsys, "tune", "--problems", "48x64x32", "--budget", "0.01", "--tune-budget", "0.1", "--no-untuned",
                 "--threads", "1,2" if two_cores else "1", "--neighbour", "bursty", "--json", str(path))
+    counts = [1, 2] if two_cores else [1]
+    tunes = [("tune", n) for n in counts]
+    assert events[:len(counts)] == tunes and ("timed", 1) in events and max(events.index(t) for t in tunes) < events.index(("timed", 1))
     report = json.loads(path.read_text())
     row = report["rows"][0]
     assert math.isnan(row["untuned_gflops"]) and row["tuned_gflops"] > 0 and row["numpy_gflops"] > 0
