@@ -348,10 +348,11 @@ def _example_value(gm: torch.fx.GraphModule, node, values: dict):
     """The tensor a graph node stands for: a graph input's example, the graph module's own
     attribute for a ``get_attr`` node (with Inductor's ``freezing`` on, Dynamo hands parameters
     over as attributes of the graph, not as inputs) or the concatenation of such attributes that
-    merged siblings read (:func:`looprl.torch.siblings.constant_value`); None for anything else."""
-    if node in values:
-        return values[node]
-    return constant_value(gm, node)
+    merged siblings read (:func:`looprl.torch.siblings.constant_value`); None for anything else.
+    Kept in ``values`` (the pass's own dict): a merged weight is concatenated once per pass."""
+    if node not in values:
+        values[node] = constant_value(gm, node)
+    return values[node]
 
 
 def _register(registry: weakref.WeakValueDictionary, item, owned: list) -> int:

@@ -14,6 +14,8 @@ its rule needs the register plan); adding the step is decided here, never in the
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from looprl.backend.pairs import pair_step, pairs_a_weight
 from looprl.ir.nest import LoopNest
 from looprl.ir.step import Step
@@ -34,6 +36,13 @@ def added_pairs(nest: LoopNest, target: Target | None) -> tuple[Step, ...]:
 
 def with_pairs(nest: LoopNest, target: Target | None) -> LoopNest:
     """``nest`` as the schedule to compile for ``target``: with :func:`added_pairs` applied, so
-    its kernel pairs wherever it can; any other nest as it is."""
+    its kernel pairs wherever it can; any other nest as it is (the float32 ones at once)."""
+    if target is None or not pairs_a_weight(nest.problem):
+        return nest
+    return _paired(nest, target)
+
+
+@lru_cache(maxsize=4096)  # asked once per schedule by each producer that measures or records it
+def _paired(nest: LoopNest, target: Target) -> LoopNest:
     steps = added_pairs(nest, target)
     return nest.apply(steps) if steps else nest

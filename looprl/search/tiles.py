@@ -105,11 +105,14 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
                 tile = reached(blocked_steps(problem, *flat, blocks, pack=False))
                 if tile is not None:
                     attempt(*tile, flat[1])
-            flat_nest = initial_nest(problem).apply(tile_steps(problem, *flat))
-            for block in kblock_sizes(problem, flat[0]):  # few rows, a long reduction: its blocks outermost
-                tile = reached(tile_steps(problem, *flat) + kblock_steps(flat_nest, block))
-                if tile is not None:
-                    attempt(*tile, flat[1])
+            blocks = kblock_sizes(problem, flat[0])  # few rows, a long reduction: its blocks outermost
+            if blocks:
+                flat_steps = tile_steps(problem, *flat)
+                flat_nest = initial_nest(problem).apply(flat_steps)
+                for block in blocks:
+                    tile = reached(flat_steps + kblock_steps(flat_nest, block))
+                    if tile is not None:
+                        attempt(*tile, flat[1])
         if not transposed:  # few output rows: stream the right operand (measured after the tiles)
             streamed = []
             for k_inner, columns in stream_tiles(problem):
