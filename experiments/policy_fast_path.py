@@ -20,6 +20,11 @@ dataset holds (so no policy was trained on their labels, whatever it demonstrate
 ``--dtype bfloat16``: every layer in bfloat16 (kernels checked against the exact layer on the
 bfloat16 values within ``looprl.ir.dtypes.error_bound``); the output files end ``_bfloat16``.
 
+``--first``: each policy also as ``NAME-first``, the fast path with one timing an episode (its
+greedy episode's end state, none of the bfloat16 fallbacks: the packed answer, the episode
+without dot-product tiles); the issue's "policy alone". On more than one thread it is still
+offered measured tune's teams. The fast path itself times up to four proposals an episode.
+
 ``--weights-change``: every tune is told the weights change (``weights_change=True``, what
 ``tune_module``'s default path passes: a kernel that reads a copy of the weight pays for
 comparing it, so in-place answers are preferred); without it the weights are constant (the
@@ -91,6 +96,26 @@ def layers(split: str, run: Path | None, limit: int | None) -> list:
     return problems[:limit] if limit and split != "validation-rows" else problems
 
 
+def first_proposal(problem, policy, cache: str, threads: int, weights_change: bool):
+    """The fast path's answer with one timing an episode (``--first``): what ``tune(problem,
+    policy, measure=False)`` runs, its proposals cut to the greedy episode's end state."""
+    from looprl import defaults
+    from looprl.target import Target
+    from looprl.tune.api import _finish, as_tunable_problem
+    from looprl.tune.measurer import Measurer
+    from looprl.tune.policy_alone import policy_tune
+    from looprl.tune.proposers import PolicyProposer
+    from looprl.tune.searched import Searched
+
+    started = time.perf_counter()
+    target = Target.default()
+    searched = Searched.read(as_tunable_problem(problem))
+    proposer = PolicyProposer.prepared(policy, target, searched.problem, None)
+    measurer = Measurer.open(cache, defaults.STATE_BUDGET_S, target, threads)
+    answer, evaluator = policy_tune(proposer, searched, measurer, weights_change, timings=1)
+    return _finish(searched, answer, evaluator, threads, started)
+
+
 def check_correct(kernel, problem) -> None:
     """Raise if ``kernel`` does not compute the layer as numpy does (float64 reference; a
     bfloat16 layer within the derived bound of its bfloat16 values)."""
@@ -150,6 +175,8 @@ def main(argv=None) -> int:
     parser.add_argument("--weights-change", action="store_true",
                         help="tune every method with weights_change=True (tune_module's default path: a copy of the weight is compared "
                              "per call); default: the weights constant (frozen)")
+    parser.add_argument("--first", action="store_true",
+                        help="also each policy with one timing an episode (NAME-first: no bfloat16 fallbacks)")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the layers' dtype (default float32)")
     parser.add_argument("--limit", type=int, default=None, help="first N layers (validation-rows: N spread over them)")
@@ -170,7 +197,7 @@ def main(argv=None) -> int:
         name, _, path = item.partition("=")
         if not name or not path:
             raise SystemExit(f"--policy takes NAME=PATH, got {item!r}")
-        policies[name] = load_policy(path, target, weights=True)  # every problem here is a linear layer: a weight on the right
+        policies[name] = load_policy(path, target, weights=True, dtype=args.dtype)  # every problem here is a linear layer: a weight on the right
         if not args.no_random:
             policies[f"{name}-random"] = policies[name].with_random_weights(seed=0)
     threads = [int(t) for t in args.threads.split(",")]
@@ -193,6 +220,10 @@ def main(argv=None) -> int:
                     started = time.perf_counter()
                     results[name] = (tune(problem, policy, measure=False, cache=args.cache, threads=count, weights_change=args.weights_change),
                                   time.perf_counter() - started)
+                    if args.first:
+                        started = time.perf_counter()
+                        results[f"{name}-first"] = (first_proposal(problem, policy, args.cache, count, args.weights_change),
+                                                    time.perf_counter() - started)
                 for result, _ in results.values():
                     check_correct(result.kernel, problem)
                 best = retime({method: result.kernel for method, (result, _) in results.items()}, args.rounds)
@@ -204,7 +235,7 @@ def main(argv=None) -> int:
                     rows.append(row)
                 handle.flush()
                 print(f"[{count}t {index + 1}/{len(problems)}] {problem.name}: tune {best['tune']:.1f} GFLOPS; "
-                      + ", ".join(f"{m} {best[m] / best['tune']:.2f}" for m in policies), flush=True)
+                      + ", ".join(f"{m} {best[m] / best['tune']:.2f}" for m in results if m != "tune"), flush=True)
     text = summary(rows, f"{command}\nweights {'change (compared per call)' if args.weights_change else 'constant'}; CPU: {cpu_model_name()} ({host_cpu()[0]}, {target.isa}); {len(problems)} layers ({args.split})")
     out.with_suffix(".txt").write_text(text + "\n", encoding="utf-8")
     print(text)

@@ -12,6 +12,11 @@ linear layer's, bound to the kernel once), under ``"<isa>/weights"``:
 has no feature for a constant operand, and the two kinds want different answers to the same
 observation: packing a weight is free (done once, when the kernel is bound), packing an operand
 that changes per call is paid on every call.
+
+A policy for bfloat16 problems is listed with ``"/bfloat16"`` after the ISA's or the weights'
+key (``"avx512/weights/bfloat16"``): ``dtype="bfloat16"`` takes the most specific key listed
+(:func:`role_keys`), so an ISA without one falls back to its float32 policy, which reads the
+dtype from the observation but was never trained on bfloat16 labels.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import json
 import warnings
 from pathlib import Path
 
+from looprl.ir.dtypes import FLOAT32, as_dtype
 from looprl.target import TARGET_NAMES, Target
 from looprl.env.observation import FEATURES_PER_LOOP, OBSERVATION_LAYOUT_VERSION
 from looprl.policy.numpy_policy import Policy
@@ -29,6 +35,7 @@ from looprl.resources import shipped_path
 DEFAULT_POLICIES = shipped_path("checkpoints", "default_policies.json")
 _warned: set[tuple[str, str]] = set()  # (asked ISA, used ISA) pairs already warned about
 WEIGHTS_SUFFIX = "/weights"  # "<isa>/weights": the policy for problems whose right operand is a weight
+DTYPE_SUFFIXES = ("/bfloat16",)  # "<isa>[/weights]/bfloat16": the policy for problems of that dtype
 
 
 def default_policies() -> dict[str, Path]:
@@ -39,7 +46,7 @@ def default_policies() -> dict[str, Path]:
         raise ValueError(f"cannot read the list of default policies {DEFAULT_POLICIES}: {error}") from None
     if not isinstance(listed, dict) or not listed or not all(isinstance(k, str) and isinstance(v, str) for k, v in listed.items()):
         raise ValueError(f"{DEFAULT_POLICIES}: expected an object mapping ISA names to policy folders")
-    unknown = {key for key in listed if key.removesuffix(WEIGHTS_SUFFIX) not in TARGET_NAMES}
+    unknown = {key for key in listed if _isa_of(key) not in TARGET_NAMES}
     if unknown:
         raise ValueError(f"{DEFAULT_POLICIES}: unknown ISA names {sorted(unknown)}")
     if not any(key in TARGET_NAMES for key in listed):
@@ -47,39 +54,58 @@ def default_policies() -> dict[str, Path]:
     return {isa: DEFAULT_POLICIES.parent / folder for isa, folder in listed.items()}
 
 
-def default_policy_dir(target: Target | str | None = None, weights: bool = False) -> Path:
+def _isa_of(key: str) -> str:
+    """The ISA a key of the list names (its role suffixes removed)."""
+    for suffix in DTYPE_SUFFIXES:
+        key = key.removesuffix(suffix)
+    return key.removesuffix(WEIGHTS_SUFFIX)
+
+
+def role_keys(isa: str, weights: bool = False, dtype=FLOAT32) -> tuple[str, ...]:
+    """The keys of the list that can serve a problem on ``isa``, most specific first: for a
+    weight of a bfloat16 problem ``<isa>/weights/bfloat16``, ``<isa>/bfloat16``,
+    ``<isa>/weights``, ``<isa>``; the first one listed is the policy."""
+    dtype = as_dtype(dtype)
+    roles = [WEIGHTS_SUFFIX, ""] if weights else [""]
+    keys = [isa + role + "/" + dtype.name for role in roles] if dtype != FLOAT32 else []
+    return (*keys, *(isa + role for role in roles))
+
+
+def default_policy_dir(target: Target | str | None = None, weights: bool = False, dtype=FLOAT32) -> Path:
     """The folder of the shipped policy for ``target`` (None: the host's); with a warning, the
     closest one if none was made for its ISA. ``weights``: for a problem whose right operand is
-    a weight, the ISA's ``<isa>/weights`` policy where it has one."""
+    a weight; ``dtype``: for a problem of that dtype; the most specific role the ISA lists
+    (:func:`role_keys`)."""
     target = Target.resolve(target)
     listed = default_policies()
-    available = {isa: path for isa, path in listed.items() if isa in TARGET_NAMES}
-    if target.isa in available:
-        return listed.get(target.isa + WEIGHTS_SUFFIX, available[target.isa]) if weights else available[target.isa]
-    wanted = TARGET_NAMES.index(target.isa)  # widest first: on a tie, the wider one
-    closest = min(available, key=lambda isa: (abs(TARGET_NAMES.index(isa) - wanted), TARGET_NAMES.index(isa)))
-    if (target.isa, closest) not in _warned:
-        _warned.add((target.isa, closest))
-        warnings.warn(
-            f"looprl ships no policy for {target.isa}; using the {closest} policy (measured tuning corrects for it; "
-            f"train one with: python -m looprl.train --init-from default --target {target.isa})",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-    return listed.get(closest + WEIGHTS_SUFFIX, available[closest]) if weights else available[closest]
+    available = [isa for isa in listed if isa in TARGET_NAMES]
+    isa = target.isa
+    if isa not in available:
+        wanted = TARGET_NAMES.index(isa)  # widest first: on a tie, the wider one
+        isa = min(available, key=lambda name: (abs(TARGET_NAMES.index(name) - wanted), TARGET_NAMES.index(name)))
+        if (target.isa, isa) not in _warned:
+            _warned.add((target.isa, isa))
+            warnings.warn(
+                f"looprl ships no policy for {target.isa}; using the {isa} policy (measured tuning corrects for it; "
+                f"train one with: python -m looprl.train --init-from default --target {target.isa})",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    return listed[next(key for key in role_keys(isa, weights, dtype) if key in listed)]
 
 
-def load_policy(policy: Policy | str | Path, target: Target | str | None = None, weights: bool = False) -> Policy:
+def load_policy(policy: Policy | str | Path, target: Target | str | None = None, weights: bool = False,
+                dtype=FLOAT32) -> Policy:
     """The shipped default policy for ``target`` (None: the host's; ``weights``: for a problem
-    whose right operand is a weight, see the module docstring), a policy folder or file, or a
-    Policy; checked for the observation layout and action set this version of looprl
-    produces."""
+    whose right operand is a weight; ``dtype``: for a problem of that dtype; see the module
+    docstring), a policy folder or file, or a Policy; checked for the observation layout and
+    action set this version of looprl produces."""
     if isinstance(policy, Policy):
         loaded, where = policy, "the given policy"
     elif not isinstance(policy, (str, Path)):
         raise ValueError(f"policy must be 'default', a policy folder or a Policy, got {type(policy).__name__}")
     else:
-        path = default_policy_dir(target, weights) if policy == "default" else Path(policy)
+        path = default_policy_dir(target, weights, dtype) if policy == "default" else Path(policy)
         if policy == "default" and not path.exists():
             raise ValueError(f"the default policy is missing ({path}); pass policy=PATH to a policy folder")
         loaded, where = Policy.load(path), str(path)

@@ -186,7 +186,7 @@ class Policy:
         """The ``LoopNest-v0`` keyword arguments of the env this policy acts in, from its
         metadata: ``gym.make("LoopNest-v0", **policy.env_kwargs)`` gives observations of the
         policy's kind and shape and the policy's actions, in its order. Also the problems it
-        was trained on (``dataset``/``split`` or ``problems``) and its target's ISA (the
+        was trained on (``dataset``/``split`` or ``problems``, and their ``dtype`` where one was set) and its target's ISA (the
         named target, so the env's code runs on any host with that ISA; a policy without a
         target: the host's) when its file records them. Override any of them by keyword
         after the unpacking (``problems=...``, ``cache=...``, ``target=...``)."""
@@ -208,6 +208,8 @@ class Policy:
             kwargs["split"] = trained_on.get("split", "train")
         elif isinstance(trained_on, list) and trained_on:
             kwargs["problems"] = list(trained_on)
+        if meta.get("dtype") is not None:
+            kwargs["dtype"] = meta["dtype"]
         if self.target is not None:
             kwargs["target"] = self.target.isa
         return kwargs

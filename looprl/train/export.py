@@ -116,6 +116,7 @@ def policy_metadata(agent: dict[str, Any], network: dict[str, Any], extra: dict[
         "algorithm": agent.get("algorithm"),
         "apex": bool(agent.get("apex", False)),
         "training_problems": _training_problems(env),
+        **({"dtype": str(env["dtype"])} if env.get("dtype") is not None else {}),  # every training problem in it
         "target": target.to_dict(),
         "host_cpu": cpu_model_name(),
         "network": network,

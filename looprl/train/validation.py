@@ -35,11 +35,17 @@ def spread(problems: Sequence[Problem], count: int) -> list[Problem]:
 
 
 def training_groups(agent: dict) -> tuple[tuple[Problem, ...], ...]:
-    """The agent's training problems, one group per dataset (or its own ``problems`` as one)."""
+    """The agent's training problems, one group per dataset (or its own ``problems`` as one), in
+    the env's ``dtype`` where it sets one (as the env makes every problem it draws): what the
+    demonstrations, validation and adaptation measure is what the agent trains on."""
     env = agent.get("env", {})
     if env.get("problems"):
-        return (env_problems(problems=env["problems"]),)
-    return dataset_groups(env.get("dataset", defaults.DATASET), env.get("split", "train"))
+        groups = (env_problems(problems=env["problems"]),)
+    else:
+        groups = dataset_groups(env.get("dataset", defaults.DATASET), env.get("split", "train"))
+    if env.get("dtype") is None:
+        return groups
+    return tuple(tuple(problem.with_dtype(env["dtype"]) for problem in group) for group in groups)
 
 
 def spread_over_datasets(agent: dict, per_dataset: int) -> list[Problem]:

@@ -55,7 +55,7 @@ class PolicyProposer:
         weights policy where ``searched``'s right operand is a weight), a policy made for another
         ISA acting with this target's plans (each mapped from its counterpart, with a warning),
         and its actions checked against ``searched`` before anything is measured."""
-        loaded = load_policy(policy, target, weights="in1" in searched.constant)
+        loaded = load_policy(policy, target, weights="in1" in searched.constant, dtype=searched.dtype)
         _warn_if_made_for_another_target(loaded, target)
         loaded = retargeted(loaded, target)  # another ISA's plans would spill here: this target's, each from its counterpart
         actions = policy_actions(loaded, target)

@@ -120,7 +120,8 @@ def test_a_weight_gets_the_isa_s_weights_policy_where_one_is_shipped(monkeypatch
     from looprl.tune import proposers as tuner
 
     asked = []
-    monkeypatch.setattr(tuner, "load_policy", lambda policy, target, weights=False: asked.append(weights) or loading.load_policy(policy, target))
+    monkeypatch.setattr(tuner, "load_policy",
+                        lambda policy, target, weights=False, dtype="float32": asked.append(weights) or loading.load_policy(policy, target))
     looprl.tune(looprl.linear(4, 64, 96), measure=False, cache=":memory:", threads=1)  # a linear layer: a weight on the right
     looprl.tune(looprl.matmul(4, 96, 64), measure=False, cache=":memory:", threads=1)  # a plain matmul: no weight
     assert asked == [True, False]
