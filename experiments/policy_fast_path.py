@@ -20,10 +20,12 @@ dataset holds (so no policy was trained on their labels, whatever it demonstrate
 ``--dtype bfloat16``: every layer in bfloat16 (kernels checked against the exact layer on the
 bfloat16 values within ``looprl.ir.dtypes.error_bound``); the output files end ``_bfloat16``.
 
-``--first``: each policy also as ``NAME-first``, the fast path with one timing an episode (its
-greedy episode's end state, none of the bfloat16 fallbacks: the packed answer, the episode
-without dot-product tiles); the issue's "policy alone". On more than one thread it is still
-offered measured tune's teams. The fast path itself times up to four proposals an episode.
+``--timings 1,2``: each policy also as ``NAME-t1``, ``NAME-t2``: the fast path with at most that
+many timings an episode (its proposals in order: the greedy episode's end state, then for a
+paired bfloat16 weight the episode without dot-product tiles where the first used one, then
+each of those packed into panels). ``t1`` is the issue's "policy alone": the greedy answer,
+none of the fallbacks; on more than one thread it is still offered measured tune's teams. The
+fast path itself times up to :data:`looprl.tune.policy_alone.POLICY_TIMINGS` (4).
 
 ``--weights-change``: every tune is told the weights change (``weights_change=True``, what
 ``tune_module``'s default path passes: a kernel that reads a copy of the weight pays for
@@ -96,9 +98,9 @@ def layers(split: str, run: Path | None, limit: int | None) -> list:
     return problems[:limit] if limit and split != "validation-rows" else problems
 
 
-def first_proposal(problem, policy, cache: str, threads: int, weights_change: bool):
-    """The fast path's answer with one timing an episode (``--first``): what ``tune(problem,
-    policy, measure=False)`` runs, its proposals cut to the greedy episode's end state."""
+def capped_fast_path(problem, policy, cache: str, threads: int, weights_change: bool, timings: int):
+    """The fast path's answer with at most ``timings`` timings an episode (``--timings``): what
+    ``tune(problem, policy, measure=False)`` runs, its proposals cut to the first ``timings``."""
     from looprl import defaults
     from looprl.target import Target
     from looprl.tune.api import _finish, as_tunable_problem
@@ -112,7 +114,7 @@ def first_proposal(problem, policy, cache: str, threads: int, weights_change: bo
     searched = Searched.read(as_tunable_problem(problem))
     proposer = PolicyProposer.prepared(policy, target, searched.problem, None)
     measurer = Measurer.open(cache, defaults.STATE_BUDGET_S, target, threads)
-    answer, evaluator = policy_tune(proposer, searched, measurer, weights_change, timings=1)
+    answer, evaluator = policy_tune(proposer, searched, measurer, weights_change, timings=timings)
     return _finish(searched, answer, evaluator, threads, started)
 
 
@@ -175,8 +177,8 @@ def main(argv=None) -> int:
     parser.add_argument("--weights-change", action="store_true",
                         help="tune every method with weights_change=True (tune_module's default path: a copy of the weight is compared "
                              "per call); default: the weights constant (frozen)")
-    parser.add_argument("--first", action="store_true",
-                        help="also each policy with one timing an episode (NAME-first: no bfloat16 fallbacks)")
+    parser.add_argument("--timings", default="",
+                        help="also each policy with at most N timings an episode (NAME-tN; 1: no bfloat16 fallbacks), e.g. 1,2")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the layers' dtype (default float32)")
     parser.add_argument("--limit", type=int, default=None, help="first N layers (validation-rows: N spread over them)")
@@ -201,6 +203,9 @@ def main(argv=None) -> int:
         if not args.no_random:
             policies[f"{name}-random"] = policies[name].with_random_weights(seed=0)
     threads = [int(t) for t in args.threads.split(",")]
+    caps = [int(t) for t in args.timings.split(",") if t]
+    if any(cap < 1 for cap in caps):
+        raise SystemExit(f"--timings takes positive counts, got {args.timings!r}")
     out = args.out or RESULTS / (f"policy_fast_path_{args.split}_{cpu_slug(host_cpu()[0])}" + ("_bfloat16" if args.dtype == "bfloat16" else ""))
     out.parent.mkdir(parents=True, exist_ok=True)
     problems = [problem.with_dtype(args.dtype) for problem in layers(args.split, args.run, args.limit)]
@@ -220,10 +225,10 @@ def main(argv=None) -> int:
                     started = time.perf_counter()
                     results[name] = (tune(problem, policy, measure=False, cache=args.cache, threads=count, weights_change=args.weights_change),
                                   time.perf_counter() - started)
-                    if args.first:
+                    for cap in caps:
                         started = time.perf_counter()
-                        results[f"{name}-first"] = (first_proposal(problem, policy, args.cache, count, args.weights_change),
-                                                    time.perf_counter() - started)
+                        results[f"{name}-t{cap}"] = (capped_fast_path(problem, policy, args.cache, count, args.weights_change, cap),
+                                                     time.perf_counter() - started)
                 for result, _ in results.values():
                     check_correct(result.kernel, problem)
                 best = retime({method: result.kernel for method, (result, _) in results.items()}, args.rounds)
