@@ -14,8 +14,9 @@ vit-s16, mobilenet-v2) with its decode rows (1, 4, 16), plus the wide LLM layers
 4096->11008, 11008->4096 at 1 and 16 rows (weights of 64-180 MB, cold). ``--split validation``
 (choosing which policy to ship): the layers of the ``models-called`` training problems that the
 run ``--run``'s pretraining did not demonstrate (never the test split); ``--split
-validation-rows``: the training models' linear layers at 2, 8 and 256 rows, row counts no
-dataset holds (so no policy was trained on their labels, whatever it demonstrated).
+validation-rows``: ``models-called``'s validation split, the training models' linear layers
+at 2, 8 and 256 rows, row counts no split holds (so no policy was trained on their labels,
+whatever it demonstrated: ``looprl.workloads.datasets.validation_entries``).
 
 ``--dtype bfloat16``: every layer in bfloat16 (kernels checked against the exact layer on the
 bfloat16 values within ``looprl.ir.dtypes.error_bound``); the output files end ``_bfloat16``.
@@ -61,7 +62,6 @@ from looprl.backend.host import cpu_model_name, host_cpu
 RESULTS = Path(__file__).resolve().parent / "results"
 WIDE_LAYERS = ((4096, 4096), (4096, 11008), (11008, 4096))  # (in_features, out_features) of 7B-class decoders
 WIDE_ROWS = (1, 16)
-VALIDATION_ROWS = (2, 8, 256)  # rows of --split validation-rows: none of the models dataset's (1, 4, 16, 128, 512, 1024)
 FIELDS = ["problem", "rows", "threads", "method", "gflops", "of_tune", "seconds", "measured", "actions"]
 
 
@@ -75,11 +75,11 @@ def layers(split: str, run: Path | None, limit: int | None) -> list:
         shapes = [(dict(e.sizes)["m"], dict(e.sizes)["k"], dict(e.sizes)["n"]) for e in dataset_entries("models-called", "test")
                   if e.spec == "mk,kn->mn"]
         shapes += [(rows, k, n) for k, n in WIDE_LAYERS for rows in WIDE_ROWS]
-    elif split == "validation-rows":  # the training models' layers at row counts no dataset holds
+    elif split == "validation-rows":  # models-called's validation split: the training models' layers at row counts no split holds
         from looprl.train.validation import spread
 
-        shapes = list(dict.fromkeys((dict(e.sizes)["k"], dict(e.sizes)["n"]) for e in dataset_entries("models-called", "train")))
-        shapes = [(rows, k, n) for k, n in shapes for rows in VALIDATION_ROWS]
+        shapes = [(dict(e.sizes)["m"], dict(e.sizes)["k"], dict(e.sizes)["n"]) for e in dataset_entries("models-called", "validation")
+                  if e.spec == "mk,kn->mn"]
         shapes = spread(shapes, limit) if limit else shapes
     else:
         if run is None:

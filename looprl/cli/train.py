@@ -142,8 +142,10 @@ def _adapt(args, parser: argparse.ArgumentParser) -> int:
                          f"compiling and comparing on the held-out problems alone take about 10 s)")
     if args.held_out < 1:
         raise ValueError(f"--held-out must be positive, got {args.held_out}")
+    from looprl.policy.loading import load_policy
+
     try:
-        held_out_problems_for(args.held_out)
+        held_out_problems_for(args.held_out, load_policy(args.adapt, args.target))
     except ValueError as error:
         raise ValueError(f"--{str(error).replace('_', '-', 1)}") from None
     require_training_extra("adapting", ("torch",))

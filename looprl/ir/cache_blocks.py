@@ -173,7 +173,8 @@ def block_candidates(problem: Problem, rows: int, columns: int, caches: Caches) 
         blocks = Blocks(_balanced(derived.k, problem.size(red), K_MULTIPLE),
                         _balanced(derived.m, problem.size(row), rows) if derived.m is not None and derived.m > rows else None,
                         _balanced(derived.n, problem.size(col), columns) if derived.n is not None and derived.n > columns else None)
-        if blocks.k is not None and (blocks.m, blocks.n) != (None, None) and blocks not in found:
+        if (blocks.k is not None and (blocks.m, blocks.n) != (None, None) and blocks not in found
+                and why_not_blocked(problem, rows, columns, blocks) is None):
             found.append(blocks)
     return found
 
@@ -260,7 +261,11 @@ def why_not_blocked(problem: Problem, rows: int, columns: int, blocks: Blocks) -
         return f"tile {rows}x{columns}: rows and columns must be positive"
     if not isinstance(blocks, Blocks):
         return f"blocks must be a Blocks value, got {type(blocks).__name__}"
+    sizes = {"m": problem.size(problem.output[-2]), "n": problem.size(problem.output[-1]), "k": problem.size(problem.reduction_dims[0])}
     for name, block, tile in (("m", blocks.m, rows), ("n", blocks.n, columns), ("k", blocks.k, 1)):
         if block is not None and (block < 2 or block % tile):
             return f"the {name} block {block} must be at least 2 and a multiple of the tile's {tile}"
+        if block is not None and block < sizes[name] and block // tile > MAX_FACTOR:
+            # its loop over tiles would be split by block // tile: no split step (no action) names a count that large
+            return f"the {name} block {block} holds {block // tile} tiles of {tile}: more than a split can name ({MAX_FACTOR})"
     return None

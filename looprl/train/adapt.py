@@ -20,8 +20,10 @@ tune as the expert, at a scale that fits a coffee break:
    DQfD's large-margin loss (:func:`fine_tune`). This is supervised fine-tuning, not RL: the
    result's metadata says so (``adapted``), and keeps the algorithm and the RL steps of the
    policy it started from.
-3. **Before and after**, on held-out shapes (the models dataset's test split, whole models no
-   training problem comes from): one greedy episode of each policy per problem, its final state
+3. **Before and after**, on held-out shapes (the validation split of the policy's datasets,
+   ``models-called``'s for a weights policy, else ``models``': the training models' layers at
+   row counts no split holds; never a test split, as keeping or rejecting the adapted policy
+   is a choice made on them): one greedy episode of each policy per problem, its final state
    timed, both re-timed together in interleaved rounds (best kept), and with them the
    retargeted policy before fine-tuning (step 0), when there was one. The figures are printed
    and written to ``OUT/adapt.json``; the adapted policy is ``OUT/policy``
@@ -68,10 +70,10 @@ from looprl.train.cloning import margin_loss
 from looprl.train.demonstrations import demonstration_arrays, expert_demonstration
 from looprl.train.tile_planner import Demonstration
 from looprl.train.validation import spread, training_groups
-from looprl.workloads.datasets import dataset_problems
+from looprl.workloads.datasets import dataset_names, dataset_problems
 
-TRAINING_DATASETS = ("models", "gemm-shapes", "mm64-256")
-HELD_OUT = ("models", "test")
+TRAINING_DATASETS = ("models", "gemm-shapes", "mm64-256")  # a policy whose file names none of its own
+VALIDATION_DATASETS = ("models-called", "models")  # the datasets with a validation split, the more specific first
 GATHER_SHARE = 0.75  # of the budget: demonstrations; the rest fine-tunes and compares
 RETIME_ROUNDS = 5
 RETIME_S = 0.05  # per kernel and round (a large problem's single call can take 30 ms), when the budget leaves room
@@ -118,14 +120,47 @@ def geomean_ratio(numerators, denominators) -> float:
     return math.exp(sum(map(math.log, pairs)) / len(pairs)) if pairs else math.nan
 
 
+def policy_datasets(policy: Policy) -> tuple[str, ...]:
+    """The datasets ``policy`` was trained on (its file's ``training_problems``; those this
+    looprl knows), else :data:`TRAINING_DATASETS`: a weights policy adapts on the layers it was
+    made for, not on general GEMMs."""
+    trained_on = policy.metadata.get("training_problems")
+    names = trained_on.get("dataset") if isinstance(trained_on, dict) else None
+    names = [names] if isinstance(names, str) else list(names or ())
+    known = tuple(name for name in names if name in dataset_names())
+    return known or TRAINING_DATASETS
+
+
+def held_out_split(datasets) -> str:
+    """The dataset whose validation split judges an adaptation on ``datasets``: the first of
+    :data:`VALIDATION_DATASETS` among them (``models-called`` for a weights policy), else
+    ``models``. Never a test split: whether the adapted policy is kept is a choice between
+    two policies, made on validation (the test splits give the published figures)."""
+    return next((name for name in VALIDATION_DATASETS if name in datasets), "models")
+
+
+def held_out_problems_for(count: int, policy: Policy) -> list[Problem]:
+    """``count`` problems spread over ``policy``'s held-out split (:func:`held_out_split`), in
+    its dtype where its file names one; a ValueError when the split has fewer."""
+    name = held_out_split(policy_datasets(policy))
+    available = dataset_problems(name, "validation")
+    if count > len(available):
+        raise ValueError(f"held_out must be at most {len(available)} (the held-out split {name}/validation has "
+                         f"{len(available)} problems), got {count}")
+    dtype = policy.metadata.get("dtype")
+    return [p.with_dtype(dtype) if dtype else p for p in spread(available, count)]
+
+
 def adaptation_agent(policy: Policy, target: Target) -> dict:
-    """The agent configuration a policy was trained as (its actions, episode, observation), on
-    the training splits of ``TRAINING_DATASETS``, measuring for ``target``."""
+    """The agent configuration a policy was trained as (its actions, episode, observation,
+    datasets and dtype: :func:`policy_datasets`), on their training splits, measuring for
+    ``target``."""
     meta = policy.metadata
     return {
         "algorithm": "dqn",
         "env": {
-            "dataset": list(TRAINING_DATASETS), "split": "train", "observation": meta["observation"],
+            **({"dtype": meta["dtype"]} if meta.get("dtype") else {}),
+            "dataset": list(policy_datasets(policy)), "split": "train", "observation": meta["observation"],
             "split_factors": list(meta["split_factors"]), "layouts": bool(meta.get("layouts", False)),
             "plans": list(meta.get("plans", [])),  # the policy's own plans: a plan names the same tile on any target
             "max_loops": int(meta["observation_shape"][0]), "episode_length": int(meta["episode_length"]),
@@ -287,15 +322,6 @@ def retimed(nests_by_method: dict[str, list], target: Target, rounds: int = RETI
     return {method: [best[n.key] for n in nests] for method, nests in nests_by_method.items()}
 
 
-def held_out_problems_for(count: int) -> list[Problem]:
-    """``count`` problems spread over the held-out split; a ValueError when it has fewer."""
-    available = dataset_problems(*HELD_OUT)
-    if count > len(available):
-        raise ValueError(f"held_out must be at most {len(available)} (the held-out split {'/'.join(HELD_OUT)} has "
-                         f"{len(available)} problems), got {count}")
-    return spread(available, count)
-
-
 def adapt(policy: Policy | str | Path = "default", *, out: str | Path, target: Target | str | None = None, budget_s: float = 600.0,
           held_out: int = 12, cache=None, seed: int = 0, log=print, training_problems=None, held_out_problems=None) -> AdaptReport:
     """Adapt ``policy`` (``"default"``: the shipped one for ``target``) to this machine within
@@ -311,12 +337,12 @@ def adapt(policy: Policy | str | Path = "default", *, out: str | Path, target: T
     held_out = checks.positive_int(held_out, "held_out")
     target = Target.resolve(target)
     target.check_runs_on_host()
-    if held_out_problems is None:
-        problems_held_out = held_out_problems_for(held_out)
-    else:
-        problems_held_out = [as_problem(p) for p in held_out_problems]
     source = str(policy) if not isinstance(policy, Policy) else "the given policy"
     loaded = load_policy(policy, target)
+    if held_out_problems is None:
+        problems_held_out = held_out_problems_for(held_out, loaded)
+    else:
+        problems_held_out = [as_problem(p) for p in held_out_problems]
     start = retargeted(loaded, target)  # another target's plans replaced by this one's
     if start is not loaded:
         log(f"[adapt] the policy's plans are {loaded.target.isa if loaded.target else 'another target'}'s: given {target.isa}'s "

@@ -14,7 +14,10 @@ searches and the cost model than the L2-resident mm64-256).
 ``models`` is the GEMMs and attention products of published models (BERT, GPT-2, SmolLM,
 TinyLlama, ViT-S/16, ResNet-50, MobileNetV2), derived from their configurations in
 :mod:`looprl.workloads.architectures` (which says how, the bounds, what is left out and why) and
-split by model: the test split is whole models that no training problem comes from. Its rows
+split by model: the test split is whole models that no training problem comes from. It and
+``models-called`` also have a derived ``validation`` split (:func:`validation_entries`: the
+training models' linear layers at row counts no split holds), for choosing between policies
+without looking at a test split. Its rows
 carry ``model``, ``layer``, ``derivation``, ``spec`` and ``sizes``; :func:`dataset_entries`
 returns them, :func:`dataset_problems` the problems alone.
 
@@ -43,7 +46,10 @@ from looprl.workloads.entries import DatasetEntry
 from looprl.ir.problem import Problem, as_problem
 from looprl.resources import shipped_path
 
-SPLITS = ("train", "test", "all")
+SPLITS = ("train", "validation", "test", "all")
+# Rows of the validation split: no split of models or models-called holds them (theirs are 1, 4,
+# 16, 128, 512, 1024 and the vision models' own), so no policy is trained on their labels.
+VALIDATION_ROWS = (2, 8, 256)
 
 _DEFINITIONS = {
     "mm64-256": {
@@ -217,9 +223,13 @@ def load_dataset(name: str) -> dict:
 
 
 def dataset_entries(name: str, split: str = "train") -> tuple[DatasetEntry, ...]:
-    """The rows of ``split`` ("train", "test" or "all") of dataset ``name``, each a frozen
-    :class:`DatasetEntry` (spec, sizes, and for ``models`` the model, layer and derivation)."""
+    """The rows of ``split`` ("train", "validation", "test" or "all") of dataset ``name``, each a
+    frozen :class:`DatasetEntry` (spec, sizes, and for ``models`` the model, layer and
+    derivation). ``validation`` (:func:`validation_entries`) is derived, not stored, and only
+    ``models`` and ``models-called`` have one; ``all`` is train and test."""
     split = checks.one_of(split, "split", SPLITS)
+    if split == "validation":
+        return validation_entries(name)
     content = load_dataset(name)
     rows = content["train"] + content["test"] if split == "all" else content[split]
     try:
@@ -228,8 +238,45 @@ def dataset_entries(name: str, split: str = "train") -> tuple[DatasetEntry, ...]
         raise ValueError(f"dataset {name}: {error}") from None
 
 
+def validation_entries(name: str) -> tuple[DatasetEntry, ...]:
+    """The validation split of ``models`` or ``models-called``: the linear layers of the training
+    models (the ``mk,kn->mn`` GEMMs of ``models``' train split that are not convolutions), each
+    once, at :data:`VALIDATION_ROWS` rows, row counts no split holds; for ``models-called`` as a
+    model calls them (:func:`as_called`). Disjoint from both stored splits, so that choosing
+    between policies (or keeping an adaptation) never looks at the test split, and no policy
+    was trained on these problems' labels. Any other dataset: a ValueError."""
+    source = _definition(name).get("called_from", name)
+    if source != "models":
+        raise ValueError(f"dataset {name!r} has no validation split (only models and models-called: their training "
+                         f"models' linear layers at {', '.join(map(str, VALIDATION_ROWS))} rows)")
+    layers = {}
+    for entry in dataset_entries("models", "train"):
+        sizes = dict(entry.sizes)
+        if entry.spec == "mk,kn->mn" and "conv" not in (entry.derivation or ""):
+            layers.setdefault((sizes["k"], sizes["n"]), entry)
+    entries = [_at_rows(entry, rows) for entry in layers.values() for rows in VALIDATION_ROWS]
+    if name == "models":
+        return tuple(entries)
+    # models-called also holds the training models' decode layers too wide for models (LM heads, TinyLlama's MLP)
+    train_models = set(load_dataset("models")["train_models"])
+    wide = {}
+    for excluded in excluded_entries():
+        entry, sizes = excluded.entry, dict(excluded.entry.sizes)
+        if entry.model in train_models and sizes["m"] <= defaults.COLD_ROWS and (sizes["k"], sizes["n"]) not in layers:
+            wide.setdefault((sizes["k"], sizes["n"]), entry)
+    entries += [_at_rows(entry, rows) for entry in wide.values() for rows in VALIDATION_ROWS]
+    return tuple(DatasetEntry.from_row(row) for entry in entries for row in as_called(entry))
+
+
+def _at_rows(entry: DatasetEntry, rows: int) -> DatasetEntry:
+    """``entry``'s layer at ``rows`` rows, its derivation saying so."""
+    sizes = dict(entry.sizes)
+    return replace(entry, sizes=(("m", rows), ("n", sizes["n"]), ("k", sizes["k"])),
+                   derivation=f"{entry.derivation}; at {rows} rows (validation)")
+
+
 def dataset_problems(name: str, split: str = "train") -> tuple[Problem, ...]:
-    """The problems of ``split`` ("train", "test" or "all") of dataset ``name``."""
+    """The problems of ``split`` ("train", "validation", "test" or "all") of dataset ``name``."""
     return tuple(entry.problem for entry in dataset_entries(name, split))
 
 

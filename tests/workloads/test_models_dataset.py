@@ -138,6 +138,6 @@ def test_bad_names_are_rejected():
     with pytest.raises(ValueError, match="unknown dataset"):
         dataset_entries("model")
     with pytest.raises(ValueError, match="unknown split"):
-        dataset_entries("models", "validation")
+        dataset_entries("models", "valid")
     with pytest.raises(ValueError, match="unknown split"):
         dataset_problems("models", None)
