@@ -61,10 +61,9 @@ def stage_buffers(nest: "LoopNest", layouts: Mapping[str, Layout]) -> dict[tuple
     found = {}
     for level, loop in enumerate(nest.compute):
         for tensor in loop.staged:
-            block = nest.stage_block(level, tensor)
             index = nest.tensor_index(tensor)
             layout = layouts.get(tensor) or Layout.row_major(index, nest.problem.shape(index))
-            found[level, tensor] = layout.block(block)
+            found[level, tensor] = layout.block(nest.stage_block(level, tensor))
     return found
 
 
