@@ -241,8 +241,13 @@ class ActionSet:
 
     def apply(self, state: State, action: int) -> State | None:
         """The state after ``action``, or None when the action cannot apply."""
-        found = self._next(state, action, build=True)
+        found = self.after(state, action)
         return None if isinstance(found, str) else found
+
+    def after(self, state: State, action: int) -> State | str:
+        """The state after ``action`` in ``state``, or why it cannot apply (a string): the one
+        rule asked once, for a caller that needs the reason as well as the state."""
+        return self._next(state, action, build=True)
 
     def applicable_plans(self, state: State) -> list[int]:
         """The indices of the plan actions that apply in ``state``, in the set's order."""

@@ -4,7 +4,7 @@ The environment, the policy's rollout, the searches, tune's stages, the demonstr
 tests all move from state to state through :func:`step`, so a policy trained in the env acts
 the same wherever it runs:
 
-* an action that cannot apply (:meth:`ActionSet.why_not`) is a no-op: the state and its GFLOPS
+* an action that cannot apply (:meth:`ActionSet.after` says why) is a no-op: the state and its GFLOPS
   stay (``outcome == "invalid"``);
 * a cursor move changes no schedule: the new state keeps the GFLOPS, nothing is measured
   (``"moved"``);
@@ -58,9 +58,9 @@ class Transition:
 
 def step(actions: ActionSet, state: State, gflops: float, action: int, value: Callable | None) -> Transition:
     """Apply ``action`` (an index into ``actions``) in ``state`` (whose speed is ``gflops``)."""
-    following = actions.apply(state, action)
-    if following is None:
-        return Transition(state, gflops, INVALID, why=actions.why_not(state, action))
+    following = actions.after(state, action)
+    if isinstance(following, str):
+        return Transition(state, gflops, INVALID, why=following)
     if not actions.is_structural(action):
         return Transition(following, gflops, MOVED)
     if value is None:

@@ -55,10 +55,11 @@ from typing import Mapping
 
 from looprl.backend.abi import bound_kernel_name, bound_subsets, kernel_tensors, pack_function_name
 from looprl.backend.loops import RuntimeRowsUnsupported
-from looprl.backend.pairs import Pairing, kernel_layouts, pairing, reads_dot_pairs
+from looprl.backend.pairs import Pairing, kernel_pairing, reads_dot_pairs
 from looprl.backend.register_plan import RegisterScope
 from looprl.ir.layout import Layout
 from looprl.ir.nest import Loop, LoopNest
+from looprl.ir.nest_layouts import stage_buffers
 from looprl.ir.problem import Problem
 from looprl.target import Target
 
@@ -176,12 +177,19 @@ def plan_kernel(nest: LoopNest, target: Target, runtime_rows: bool = False) -> K
     the extent of the problem's :attr:`~looprl.ir.problem.Problem.row_dim` as an argument: a
     ValueError where there is none, :class:`~looprl.backend.loops.RuntimeRowsUnsupported` where
     the first input is converted to a layout (its conversion covers every row) or a stage step
-    is present."""
+    is present.
+
+    The nest's facts are read first, in one descent to the IR (the pointers' element types, the
+    layouts and the pairing: :func:`~looprl.backend.pairs.kernel_pairing`, the stage buffers'
+    layouts: :func:`~looprl.ir.nest_layouts.stage_buffers`); the register plan, runtime rows,
+    stages and workspace are then decided from them, and no emitter goes back to the nest."""
     problem = nest.problem
-    layouts = kernel_layouts(nest, target)
-    rows = _runtime_rows(nest, layouts) if runtime_rows else None
+    elements = tensor_elements(nest)
+    layouts, paired = kernel_pairing(nest, target)
+    buffers = stage_buffers(nest, layouts)
     registers = RegisterScope(nest, target, layouts)
-    stages = _stages(nest, layouts, registers.plan.scope_start)
+    rows = _runtime_rows(nest, layouts) if runtime_rows else None
+    stages = _stages(nest, buffers, registers.plan.scope_start)
     packed = tuple(t for t in ("in0", "in1") if t in layouts and t not in stages)
     private = tuple(t for t, stage in stages.items() if stage.private)
     ksplit = nest.split_reduction
@@ -189,8 +197,8 @@ def plan_kernel(nest: LoopNest, target: Target, runtime_rows: bool = False) -> K
                                           partial=ksplit is not None)
     team = next((lp.iterations for lp in nest.compute if lp.parallel), 1) if thread_stride else 1
     dot = reads_dot_pairs(problem.dtype, target, registers.plan)
-    elements = {**tensor_elements(nest), **{stage.pointer: problem.dtype.llvm_element for stage in stages.values()}}
-    return KernelPlan(problem, target, nest.compute, nest.write_back, MappingProxyType(layouts), pairing(nest, target), dot,
+    elements.update({stage.pointer: problem.dtype.llvm_element for stage in stages.values()})
+    return KernelPlan(problem, target, nest.compute, nest.write_back, MappingProxyType(layouts), paired, dot,
                       registers, MappingProxyType(stages), MappingProxyType(workspace), thread_stride, team, kernel_tensors(problem),
                       packed, MappingProxyType(elements), rows, nest.is_parallel,
                       tuple(Prefetch(t, level, ahead) for level, lp in enumerate(nest.compute) for t, ahead in lp.prefetched), ksplit)
@@ -211,18 +219,15 @@ def _runtime_rows(nest: LoopNest, layouts: Mapping[str, Layout]) -> str:
     return rows
 
 
-def _stages(nest: LoopNest, layouts: dict[str, Layout], scope_start: int) -> dict[str, Stage]:
-    """The stages the kernel carries out (see the module docstring), by tensor, given its
-    ``layouts`` and the first loop of its register scope."""
+def _stages(nest: LoopNest, buffers: Mapping[tuple[int, str], Layout], scope_start: int) -> dict[str, Stage]:
+    """The stages the kernel carries out (see the module docstring), by tensor, given the
+    layouts of the stage steps' ``buffers`` (by compute loop and tensor) and the first loop of
+    its register scope."""
     found = {}
-    for level, loop in enumerate(nest.compute):
-        for tensor in loop.staged:
-            if level >= scope_start:
-                continue
-            index = nest.tensor_index(tensor)
-            layout = layouts.get(tensor) or Layout.row_major(index, nest.problem.shape(index))
+    for (level, tensor), block in buffers.items():
+        if level < scope_start:
             private = any(lp.parallel for lp in nest.compute[: level + 1])
-            found[tensor] = Stage(tensor, level, layout.block(nest.stage_block(level, tensor)), private)
+            found[tensor] = Stage(tensor, level, block, private)
     return found
 
 

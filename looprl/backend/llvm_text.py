@@ -1,7 +1,8 @@
 """A builder of LLVM IR as text: functions with SSA names and blocks, bottom-tested runtime
 loops with carried values, a module of functions and intrinsic declarations, and the vector
-memory operations (full, masked, broadcast, gathered loads; full and masked stores) every part of
-the code generator emits. Knows nothing of loop nests or targets.
+memory operations (full, masked, broadcast, gathered loads; full and masked stores; one float32
+buffer added into another) every part of the code generator emits. Knows nothing of loop nests
+or targets.
 
 Values are float32. A pointer addresses elements of one type: ``float``, or ``i16`` for
 bfloat16 tensors (:attr:`looprl.ir.dtypes.DType.llvm_element`); a function knows each pointer's
@@ -396,3 +397,22 @@ def store(module: Module, fn: Function, ptr: str, offset: int, lanes: int, activ
         name = module.masked("store", lanes)
         fn.emit(f"call void @{name}({vector_type(lanes)} {value}, ptr align 4 {addr}, {mask(lanes, active)})")
 
+
+def add_into(module: Module, fn: Function, acc: str, other: str, floats: int, width: int) -> None:
+    """``acc[i] += other[i]`` for the ``floats`` float32 elements of both (pointers to
+    float32): whole vectors of ``width`` lanes in a runtime loop, then one masked vector for the
+    rest."""
+    full, rest = divmod(floats, width)
+    if full:
+        with fn.loop(full) as lp:
+            into, read = fn.advance(acc, lp.iv, width), fn.advance(other, lp.iv, width)
+            _add_vector(module, fn, into, read, width, width)
+    if rest:
+        into, read = fn.offset(acc, full * width), fn.offset(other, full * width)
+        _add_vector(module, fn, into, read, width, rest)
+
+
+def _add_vector(module: Module, fn: Function, into: str, read: str, lanes: int, active: int) -> None:
+    total = fn.value(f"fadd <{lanes} x float> {load(module, fn, into, 0, lanes, active, 1, cache=False)}, "
+                     f"{load(module, fn, read, 0, lanes, active, 1, cache=False)}", "sum")
+    store(module, fn, into, 0, lanes, active, total)

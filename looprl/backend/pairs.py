@@ -86,13 +86,6 @@ def pairs_a_weight(problem) -> bool:
     return problem.dtype.dot_pairs and "in1" in problem.constant
 
 
-def _unpaired(nest: LoopNest) -> LoopNest:
-    """``nest`` with its second input's pairs (a pair step's) undone."""
-    layout = nest.layout("in1")
-    unpaired = layout.unpaired()
-    return nest if unpaired is layout else nest.with_layout("in1", unpaired)
-
-
 def _is_paired(nest: LoopNest) -> bool:
     """Whether ``nest``'s second input stores a reduction two by two (a pair step's layout)."""
     layout = nest.layout("in1")
@@ -148,15 +141,15 @@ def pair_step(nest: LoopNest, target: Target) -> Step | None:
     return step if nest.why_not(step) is None else None
 
 
-@lru_cache(maxsize=4096)  # asked by the kernel plan and by kernel_layouts: once per schedule
+@lru_cache(maxsize=4096)  # asked by the kernel plan (kernel_pairing) of every kernel compiled: once per schedule
 def pairing(nest: LoopNest, target: Target) -> Pairing | None:
     """How the kernel of ``nest`` for ``target`` takes its reduction in pairs, or None where it
     does not: only where the nest's second input is paired (a pair step) and the module
     docstring's conditions admit it on ``target`` (else its pairs are a layout like any other,
     and a nest without them widens each value)."""
-    if not pairs_a_weight(nest.problem) or not _is_paired(nest):
+    if not pairs_a_weight(nest.problem):
         return None
-    found = _rule(_unpaired(nest), target)
+    found = _rule(nest.without_pairs("in1"), target)  # the rule, on the nest before its pair step
     return found if found is not None and nest.layout("in1").is_paired(found.var) else None
 
 
@@ -167,15 +160,16 @@ def reads_dot_pairs(dtype, target: Target, plan: ComputePlan) -> bool:
     return dtype.pairs_on(target) and plan.reduces_vector and not plan.streaming
 
 
-def kernel_layouts(nest: LoopNest, target: Target) -> dict:
+def kernel_pairing(nest: LoopNest, target: Target) -> tuple[dict, Pairing | None]:
     """The layouts the kernel of ``nest`` for ``target`` stores tensors in, as the schedule says:
     its applied ones (:func:`~looprl.backend.layout_plan.layouts_applied`) and, where the kernel
     takes the reduction in pairs (:func:`pairing`: the nest's second input paired by a pair
     step), the second input's pairs as the kernel walks them (its applied layout, or row-major
     where that is inert, paired: the loops walk a pair at a time, not affinely). A nest without
-    a pair step has exactly its applied layouts: nothing is added here."""
+    a pair step has exactly its applied layouts: nothing is added here. And the :func:`pairing`
+    (None where the kernel takes no pairs), read together once by the kernel plan."""
     applied = layouts_applied(nest)
     paired = pairing(nest, target)
     if paired is not None:
         applied["in1"] = paired.layout
-    return applied
+    return applied, paired

@@ -18,7 +18,7 @@ a smaller team); a smaller team libgomp forms leaves its partials zero, which ad
 from __future__ import annotations
 
 from looprl.backend.kernel_plan import KernelPlan
-from looprl.backend.llvm_text import Function, Module, load, store
+from looprl.backend.llvm_text import Function, Module, add_into
 
 
 def partial_count(fn: Function, plan: KernelPlan) -> str:
@@ -52,23 +52,4 @@ def sum_partials(module: Module, fn: Function, plan: KernelPlan, first: str, cou
         others = fn.value(f"sub nuw nsw i64 {count}, 1", "parts")
         with fn.loop(others) as lp:
             partial = fn.advance(fn.offset(first, plan.thread_stride), lp.iv, plan.thread_stride)
-            _add_into(module, fn, "%acc", partial, floats, plan.target.vector_width)
-
-
-def _add_into(module: Module, fn: Function, acc: str, partial: str, floats: int, width: int) -> None:
-    """``acc[i] += partial[i]`` for the ``floats`` float32 elements of both: whole vectors of
-    ``width`` lanes in a runtime loop, then one masked vector for the rest."""
-    full, rest = divmod(floats, width)
-    if full:
-        with fn.loop(full) as lp:
-            into, read = fn.advance(acc, lp.iv, width), fn.advance(partial, lp.iv, width)
-            _add_vector(module, fn, into, read, width, width)
-    if rest:
-        into, read = fn.offset(acc, full * width), fn.offset(partial, full * width)
-        _add_vector(module, fn, into, read, width, rest)
-
-
-def _add_vector(module: Module, fn: Function, into: str, read: str, lanes: int, active: int) -> None:
-    total = fn.value(f"fadd <{lanes} x float> {load(module, fn, into, 0, lanes, active, 1, cache=False)}, "
-                     f"{load(module, fn, read, 0, lanes, active, 1, cache=False)}", "sum")
-    store(module, fn, into, 0, lanes, active, total)
+            add_into(module, fn, "%acc", partial, floats, plan.target.vector_width)

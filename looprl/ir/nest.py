@@ -250,6 +250,13 @@ class LoopNest(LayoutSteps, ThreadSteps):
             layouts[tensor] = layout
         return replace(self, layouts=tuple((t, layouts[t]) for t in LAYOUT_TENSORS if t in layouts))
 
+    def without_pairs(self, tensor: str = "in1") -> "LoopNest":
+        """This schedule with ``tensor``'s pairs (a pair step's layout: :meth:`Layout.unpaired`)
+        undone; itself where it has none."""
+        layout = self.layout(tensor)
+        plain = layout.unpaired()
+        return self if plain is layout else self.with_layout(tensor, plain)
+
     def on_problem(self, problem: Problem) -> "LoopNest":
         """The same loops, as a schedule of ``problem``, an equivalent problem whose tensors hold
         the same dimensions of the same sizes, listed in the same order, possibly indexed in

@@ -2,12 +2,13 @@
 :class:`~looprl.ir.nest.LoopNest`): ALT's primitives on one tensor's layout (``layout_split``,
 ``layout_reorder``, ``layout_fuse``, ``layout_pad``, ``layout_pack``) and the layout steps
 (:mod:`looprl.ir.step`) that name them at a loop: ``pack``, ``pad``, ``pair``, ``innermost``,
-``stage``, ``prefetch``, each with its ``why_not_<op>``."""
+``stage``, ``prefetch``, each with its ``why_not_<op>``; and the layouts of a schedule's stage
+buffers in a kernel (:func:`stage_buffers`)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from looprl import checks, defaults
 from looprl.ir.layout import Layout
@@ -51,6 +52,19 @@ def block_lines(offsets_by_dim, element_bytes: int, most: int = PREFETCH_MAX_LIN
         sums = {a + b for a in sums for b in offsets}
     lines = sorted({offset * element_bytes // LINE_BYTES for offset in sums})
     return tuple(line * LINE_BYTES for line in lines) if len(lines) <= most else None
+
+
+def stage_buffers(nest: "LoopNest", layouts: Mapping[str, Layout]) -> dict[tuple[int, str], Layout]:
+    """The layout of each stage step's buffer in ``nest``, by (compute loop, tensor): the
+    tensor's layout in ``layouts`` (a kernel's; row-major where it has none) for the block one
+    full iteration of the loop reads (:meth:`LayoutSteps.stage_block`, :meth:`Layout.block`)."""
+    found = {}
+    for level, loop in enumerate(nest.compute):
+        for tensor in loop.staged:
+            index = nest.tensor_index(tensor)
+            layout = layouts.get(tensor) or Layout.row_major(index, nest.problem.shape(index))
+            found[level, tensor] = layout.block(nest.stage_block(level, tensor))
+    return found
 
 
 class LayoutSteps:

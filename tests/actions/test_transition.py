@@ -99,3 +99,18 @@ def test_a_layout_action_that_changes_nothing_is_invalid_without_raising():
     assert "changes no tensor" in actions.why_not(State(nest, 0), actions.index("pack"))  # m has step 1 and no tile
     padded = np.array([actions.can_apply(State(nest, c), actions.index("pad")) for c in range(len(nest))])
     assert not padded.any()  # 16 is a multiple of every pad multiple offered (16)
+
+
+def test_after_is_apply_and_why_not_in_one_answer():
+    """``ActionSet.after`` gives what ``apply`` gives where the action applies and what
+    ``why_not`` says where it does not; the transition of an invalid action carries that reason."""
+    actions = ActionSet((4, 6), layouts=True, parallel=True)
+    nest = looprl.initial_nest(looprl.matmul(16, 24, 20))
+    for state in (State(nest, 0), State(nest, 2), State(nest.split(2, 4), 1)):
+        for a in range(len(actions)):
+            found, why = actions.after(state, a), actions.why_not(state, a)
+            if why is None:
+                assert found == actions.apply(state, a)
+            else:
+                assert found == why and actions.apply(state, a) is None
+                assert step(actions, state, 1.0, a, None).why == why

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import looprl
 from looprl.backend.layout_plan import layouts_applied
-from looprl.backend.pairs import kernel_layouts, pair_step, pairing
+from looprl.backend.pairs import kernel_pairing, pair_step, pairing
 from looprl.ir.register_tiles import tile_steps
 from looprl.measurement.pair_steps import with_pairs
 from looprl.target import Target
@@ -42,7 +42,7 @@ def test_an_unpaired_bfloat16_weight_schedule_compiles_the_widening_kernel(targe
     assert_within_bound(LAYER, kernel.bind(b=b)(a), a, b)
     paired = with_pairs(nest, target)
     found = pairing(paired, target)
-    assert found is not None and kernel_layouts(paired, target)["in1"] == paired.layout("in1")
+    assert found is not None and kernel_pairing(paired, target) == ({**layouts_applied(paired), "in1": paired.layout("in1")}, found)
     paired_kernel = looprl.compile(paired, target=target)
     assert ("vdpbf16ps" in paired_kernel.assembly()) == target.bfloat16_dot
     assert_within_bound(LAYER, paired_kernel(a, b), a, b)
@@ -69,10 +69,11 @@ def test_a_schedule_without_pairs_keeps_exactly_its_applied_layouts(problem, ste
     nest = walk(problem, steps)
     if any(nest.layout("in1").is_paired(var) for var in problem.reduction_dims):
         return  # packed by two along the reduction: the same layout as a pair step's
-    assert kernel_layouts(nest, target) == layouts_applied(nest) and pairing(nest, target) is None
+    assert kernel_pairing(nest, target) == (layouts_applied(nest), None) and pairing(nest, target) is None
     paired = with_pairs(nest, target)
     if paired != nest:
-        assert pairing(paired, target) is not None and kernel_layouts(paired, target)["in1"].is_paired(pairing(paired, target).var)
+        layouts, found = kernel_pairing(paired, target)
+        assert found is not None and found == pairing(paired, target) and layouts["in1"].is_paired(found.var)
 
 
 def test_a_float32_or_changing_second_input_gets_no_pair_step():

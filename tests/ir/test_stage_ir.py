@@ -7,7 +7,7 @@ import looprl
 from looprl.ir.cache_blocks import Blocks, blocked_steps
 from looprl.ir.layout import Layout
 from looprl.ir.nest import LoopNest
-from looprl.ir.nest_layouts import STAGE_MAX_BYTES
+from looprl.ir.nest_layouts import STAGE_MAX_BYTES, stage_buffers
 from looprl.ir.step import Step
 
 
@@ -55,6 +55,16 @@ def test_layout_block_keeps_the_inner_pieces():
     assert block.key == "n16.k1.n1%16" and block.sizes == (64, 100) and block.elements == 7 * 64 * 16
     with pytest.raises(ValueError, match="not a block"):
         layout.block((701, 16))
+
+
+def test_stage_buffers_lay_each_block_out_as_the_kernel_lays_its_tensor():
+    """A stage step's buffer: the tensor's layout in the kernel's layouts (row-major where it has
+    none) for the block one iteration of its loop reads, by (loop, tensor)."""
+    nest = blocked_nest().stage(1, "in1")
+    panels = nest.layout("in1")
+    assert stage_buffers(nest, {"in1": panels}) == {(1, "in1"): panels.block((64, 128))}
+    assert stage_buffers(nest, {}) == {(1, "in1"): Layout.row_major("kn", (700, 1000)).block((64, 128))}
+    assert stage_buffers(blocked_nest(), {"in1": panels}) == {}
 
 
 def test_why_not_stage_refuses_with_reasons():

@@ -143,7 +143,7 @@ def test_a_bfloat16_weights_record_carries_its_pair_step_and_reads_back_with_it(
     upgraded: its schedule and steps gain the pair step, so its kernel stays the paired one, and
     it goes through a cache and back with its steps."""
     from looprl.backend.layout_plan import layouts_applied
-    from looprl.backend.pairs import kernel_layouts, pair_step, pairing
+    from looprl.backend.pairs import kernel_pairing, pair_step, pairing
 
     target = Target.named("avx2")
     nest = initial_nest(BF16_WEIGHT).apply(looprl.ir.register_tiles.tile_steps(BF16_WEIGHT, 4, 16))
@@ -151,8 +151,9 @@ def test_a_bfloat16_weights_record_carries_its_pair_step_and_reads_back_with_it(
     assert pair is not None and pair.op == PAIR
     paired = nest.apply((pair,))
     assert pairing(nest, target) is None  # the code generator reads the schedule: no pair step, no pairs
-    assert pairing(paired, target) is not None and kernel_layouts(paired, target)["in1"] == paired.layout("in1")
-    assert kernel_layouts(nest, target) == layouts_applied(nest)
+    assert pairing(paired, target) is not None and kernel_pairing(paired, target)[0]["in1"] == paired.layout("in1")
+    assert kernel_pairing(nest, target) == (layouts_applied(nest), None)
+    assert paired.without_pairs("in1") == nest and nest.without_pairs("in1") is nest  # the rule reads the nest before its pair step
     names = ActionSet.for_target(target).path(State(initial_nest(BF16_WEIGHT), 0), looprl.ir.register_tiles.tile_steps(BF16_WEIGHT, 4, 16))
     assert names is not None
     actions = tuple(ActionSet.for_target(target).names[a] for a in names[0])
