@@ -2,7 +2,9 @@
 
 - A ```python block runs in a fresh interpreter (this checkout first on the path, the tests'
   private measurement cache, a temporary working folder). A block whose first line is
-  ``# not run`` is an illustration only; few may be.
+  ``# not run`` is an illustration only; few may be. A block that imports torch runs in an
+  interpreter forked from one that has only imported torch (:class:`TorchImported`): its own
+  globals, modules and state as a fresh interpreter's, without paying torch's import again.
 - Every command in a ```bash / ```console block that starts a looprl command line
   (``.venv/bin/looprl-*``, ``python -m looprl...``) or an experiment script is parsed by that
   command's own argparse parser, stopped right after parsing: a renamed or mistyped flag fails
@@ -13,10 +15,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import runpy
+import select
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -76,16 +81,116 @@ def test_few_blocks_are_left_unrun():
     assert len(not_run) <= MAX_NOT_RUN, f"too many blocks marked {NOT_RUN!r}: {not_run}"
 
 
+# What TorchImported's interpreter runs: it imports torch (as the blocks do first) and torch._dynamo, then for each
+# request (a JSON line: the block, its folder and environment, the files for its stdout and stderr) forks a child
+# that empties __main__ and runs the block there as `python -c` would (an exception: its
+# traceback and exit status 1; the interpreter's exit and its atexit handlers as usual), and
+# answers the child's pid, then its exit status.
+TORCH_IMPORTED = """
+def serve():
+    import builtins, json, os, sys
+    import torch
+    import torch._dynamo
+    import __main__
+    for line in sys.stdin:
+        request = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            os.chdir(request["cwd"])
+            os.environ.clear()
+            os.environ.update(request["env"])
+            for fd, name, flags in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY | os.O_CREAT),
+                                    (2, request["stderr"], os.O_WRONLY | os.O_CREAT)):
+                opened = os.open(name, flags)
+                os.dup2(opened, fd)
+                os.close(opened)
+            namespace = __main__.__dict__
+            namespace.clear()
+            namespace.update(__name__="__main__", __doc__=None, __package__=None, __spec__=None, __builtins__=builtins)
+            exec(compile(request["text"], "<string>", "exec"), namespace)
+            return
+        print(json.dumps(pid), flush=True)
+        print(json.dumps(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])), flush=True)
+serve()
+"""
+
+
+def _without_test_name(environment: dict) -> dict:
+    return {name: value for name, value in environment.items() if name != "PYTEST_CURRENT_TEST"}
+
+
+class TorchImported:
+    """An interpreter that has imported torch (and torch._dynamo, which ``torch.compile`` loads)
+    and nothing else, whose forks run the blocks that import torch: each fork has a fresh
+    interpreter's globals, modules and state but for torch's, whose import cost each such block
+    1.5 CPU s, 2.8 with torch._dynamo. Started with the environment of the first block it runs."""
+
+    def __init__(self, environment: dict):
+        self.environment = environment
+        self.process = subprocess.Popen([sys.executable, "-c", TORCH_IMPORTED], env=environment, text=True,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def _answer(self, deadline: float):
+        """The next answer, None at ``deadline``."""
+        ready, _, _ = select.select([self.process.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            return None
+        line = self.process.stdout.readline()
+        assert line, f"the interpreter that imported torch exited ({self.process.wait()})"
+        return json.loads(line)
+
+    def run(self, text: str, folder: Path, environment: dict, timeout_s: float) -> tuple[int, str]:
+        """(exit status, stderr) of ``text`` run in a fork, in ``folder`` with ``environment``
+        (which torch's import saw, but for the running test's name); killed after ``timeout_s``."""
+        assert _without_test_name(environment) == _without_test_name(self.environment), "a block's environment differs from the first's"
+        deadline = time.monotonic() + timeout_s
+        request = {"text": text, "cwd": str(folder), "env": environment, "stdout": str(folder / ".stdout"), "stderr": str(folder / ".stderr")}
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        pid = self._answer(deadline + 60)  # the first request waits for torch's import too
+        assert pid is not None, "the interpreter that imported torch does not answer"
+        status = self._answer(deadline)
+        if status is None:
+            os.kill(pid, signal.SIGKILL)
+            self._answer(time.monotonic() + 60)
+            pytest.fail(f"timed out after {timeout_s} s")
+        return status, (folder / ".stderr").read_text()
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def torch_imported():
+    """``torch_imported(environment)``: the module's TorchImported interpreter, started on first use."""
+    started = []
+
+    def get(environment: dict) -> TorchImported:
+        if not started:
+            started.append(TorchImported(environment))
+        return started[0]
+
+    yield get
+    for interpreter in started:
+        interpreter.close()
+
+
 @pytest.mark.parametrize(("path", "line", "text"), list(_python_params()))
-def test_python_block_runs(path, line, text, tmp_path):
+def test_python_block_runs(path, line, text, tmp_path, torch_imported):
     if text.startswith(NOT_RUN):
         pytest.skip(f"marked {NOT_RUN!r}")
     environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     started = time.monotonic()
-    completed = subprocess.run([sys.executable, "-c", text], cwd=tmp_path, env=environment,
-                               capture_output=True, text=True, timeout=SNIPPET_TIMEOUT_S)
-    assert completed.returncode == 0, (
-        f"{_label(path, line)} failed after {time.monotonic() - started:.1f} s:\n{completed.stderr[-3000:]}")
+    if "import torch" in text:
+        status, stderr = torch_imported(environment).run(text, tmp_path, environment, SNIPPET_TIMEOUT_S)
+    else:
+        completed = subprocess.run([sys.executable, "-c", text], cwd=tmp_path, env=environment,
+                                   capture_output=True, text=True, timeout=SNIPPET_TIMEOUT_S)
+        status, stderr = completed.returncode, completed.stderr
+    assert status == 0, f"{_label(path, line)} failed after {time.monotonic() - started:.1f} s:\n{stderr[-3000:]}"
 
 
 # ---- command lines ----------------------------------------------------------------------

@@ -16,12 +16,15 @@ model, not torch (the routes would give a model this small to torch). One test r
 default path (measured tuning, the routes judged) on one tiny model.
 """
 
+import importlib.util
 import warnings
 
 import pytest
 
 torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+# transformers imported by the tests that build a model (build()), not when collected: ~0.8 CPU s in
+# each worker, which may never build one
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="could not import 'transformers'")
 
 from looprl.torch import TunedLinear, stats, tune_module, tuned_layers  # noqa: E402
 from tests.policies import random_policy  # noqa: E402
@@ -37,6 +40,8 @@ def build(arch: str, dtype=torch.float32, layers: int = 2):
     ``llama`` (grouped-query attention, no biases), ``qwen2`` (grouped-query attention, biases on
     q, k and v; its LM head not tied) or ``gpt2`` (GPT-2's own attention and MLP, its LM head tied
     to the embedding)."""
+    import transformers
+
     shape = dict(SHAPE, num_hidden_layers=layers)
     if arch == "llama":
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape))

@@ -58,14 +58,18 @@ def compiled_layers(module, x, options, freezing: bool):
 
 @pytest.mark.parametrize("shape", [(1, 1, 32), (5, 32)])
 def test_siblings_become_one_call_under_freezing_and_give_the_unmerged_outputs(options, shape):
+    """Merged on either input's rank; ``merge=False`` compiled once, on the 2-D input (its six
+    calls are the backend's ordinary path, for inputs of any rank in tests/torch/test_dynamo.py)."""
     module, x = Projections().eval(), torch.randn(*shape)
     with torch.no_grad():
         expected = module(x)
     merged, merged_layers = compiled_layers(module, x, options, freezing=True)
-    apart, apart_layers = compiled_layers(module, x, dict(options, merge=False), freezing=True)
-    assert (merged_layers, apart_layers) == (3, 6)  # q+k+v, gate+up, down; against all six
-    torch.testing.assert_close(merged, apart)  # the same values, up to float32 rounding
+    assert merged_layers == 3  # q+k+v, gate+up, down
     torch.testing.assert_close(merged, expected)
+    if len(shape) == 2:
+        apart, apart_layers = compiled_layers(module, x, dict(options, merge=False), freezing=True)
+        assert apart_layers == 6  # against all six
+        torch.testing.assert_close(merged, apart)  # the same values, up to float32 rounding
 
 
 @pytest.mark.parametrize("freezing, rest", [(False, "inductor"), (True, "eager")])
