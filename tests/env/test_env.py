@@ -159,7 +159,8 @@ def test_env_rejects_bad_arguments():
         (dict(max_loops=4), "more than max_loops"),
         (dict(episode_length=0), "episode_length"),
         (dict(peak=-1.0), "peak"),
-        (dict(problems=None, split="validation"), "unknown split"),
+        (dict(problems=None, split="valid"), "unknown split"),
+        (dict(problems=None, split="validation"), "mm64-256' has no validation split"),  # only models and models-called have one
         (dict(problems=None, dataset="mm1-2"), "unknown dataset"),
         (dict(render_mode="human"), "render_mode"),
         (dict(cache=3), "cache"),

@@ -232,8 +232,8 @@ def test_unknown_datasets_and_splits_list_the_known_ones():
     for dataset in ("mm1-2", ["mm64-256", "mm1-2"], 3, []):
         with pytest.raises(ValueError, match="unknown dataset .*known datasets: gemm-shapes, mm384-1024, mm64-256"):
             make_env(problems=None, dataset=dataset)
-    for split in ("validation", None, ["train"], np.array(["train"])):
-        with pytest.raises(ValueError, match="unknown split .*expected one of train, test, all"):
+    for split in ("valid", None, ["train"], np.array(["train"])):
+        with pytest.raises(ValueError, match="unknown split .*expected one of train, validation, test, all"):
             make_env(problems=None, split=split)
 
 
