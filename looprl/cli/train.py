@@ -144,8 +144,9 @@ def _adapt(args, parser: argparse.ArgumentParser) -> int:
         raise ValueError(f"--held-out must be positive, got {args.held_out}")
     from looprl.policy.loading import load_policy
 
+    policy = load_policy(args.adapt, args.target)  # its own errors as they are
     try:
-        held_out_problems_for(args.held_out, load_policy(args.adapt, args.target))
+        held_out_problems_for(args.held_out, policy)
     except ValueError as error:
         raise ValueError(f"--{str(error).replace('_', '-', 1)}") from None
     require_training_extra("adapting", ("torch",))

@@ -124,7 +124,9 @@ def derive_blocks(caches: Caches, rows: int, columns: int, element_bytes: int = 
       right one fills half of the last level.
 
     A reduction block is at most :data:`~looprl.ir.step.MAX_FACTOR` (the largest split an
-    action names). None where a level is not known (size 0): no block is derived from it."""
+    action names); a row or column block of more tiles than that is refused where it is
+    offered (:func:`why_not_blocked`). None where a level is not known (size 0): no block is
+    derived from it."""
     if not isinstance(caches, Caches):
         raise ValueError(f"caches must be a Caches value, got {type(caches).__name__}")
     if rows < 1 or columns < 1 or element_bytes < 1:

@@ -62,13 +62,14 @@ def _isa_of(key: str) -> str:
 
 
 def role_keys(isa: str, weights: bool = False, dtype=FLOAT32) -> tuple[str, ...]:
-    """The keys of the list that can serve a problem on ``isa``, most specific first: for a
-    weight of a bfloat16 problem ``<isa>/weights/bfloat16``, ``<isa>/bfloat16``,
-    ``<isa>/weights``, ``<isa>``; the first one listed is the policy."""
+    """The keys of the list that can serve a problem on ``isa``, most specific first, the role
+    before the dtype (the observation shows a problem's dtype but not that an operand is a
+    weight): for a weight of a bfloat16 problem ``<isa>/weights/bfloat16``, ``<isa>/weights``,
+    ``<isa>/bfloat16``, ``<isa>``; the first one listed is the policy."""
     dtype = as_dtype(dtype)
     roles = [WEIGHTS_SUFFIX, ""] if weights else [""]
-    keys = [isa + role + "/" + dtype.name for role in roles] if dtype != FLOAT32 else []
-    return (*keys, *(isa + role for role in roles))
+    suffixes = ["/" + dtype.name, ""] if dtype != FLOAT32 else [""]
+    return tuple(isa + role + suffix for role in roles for suffix in suffixes)
 
 
 def default_policy_dir(target: Target | str | None = None, weights: bool = False, dtype=FLOAT32) -> Path:

@@ -124,8 +124,7 @@ def policy_datasets(policy: Policy) -> tuple[str, ...]:
     """The datasets ``policy`` was trained on (its file's ``training_problems``; those this
     looprl knows), else :data:`TRAINING_DATASETS`: a weights policy adapts on the layers it was
     made for, not on general GEMMs."""
-    trained_on = policy.metadata.get("training_problems")
-    names = trained_on.get("dataset") if isinstance(trained_on, dict) else None
+    names = policy.env_kwargs.get("dataset")
     names = [names] if isinstance(names, str) else list(names or ())
     known = tuple(name for name in names if name in dataset_names())
     return known or TRAINING_DATASETS
@@ -147,8 +146,8 @@ def held_out_problems_for(count: int, policy: Policy) -> list[Problem]:
     if count > len(available):
         raise ValueError(f"held_out must be at most {len(available)} (the held-out split {name}/validation has "
                          f"{len(available)} problems), got {count}")
-    dtype = policy.metadata.get("dtype")
-    return [p.with_dtype(dtype) if dtype else p for p in spread(available, count)]
+    dtype = policy.env_kwargs.get("dtype")
+    return [p.with_dtype(dtype) if dtype is not None else p for p in spread(available, count)]
 
 
 def adaptation_agent(policy: Policy, target: Target) -> dict:
@@ -159,7 +158,7 @@ def adaptation_agent(policy: Policy, target: Target) -> dict:
     return {
         "algorithm": "dqn",
         "env": {
-            **({"dtype": meta["dtype"]} if meta.get("dtype") else {}),
+            **({"dtype": policy.env_kwargs["dtype"]} if "dtype" in policy.env_kwargs else {}),
             "dataset": list(policy_datasets(policy)), "split": "train", "observation": meta["observation"],
             "split_factors": list(meta["split_factors"]), "layouts": bool(meta.get("layouts", False)),
             "plans": list(meta.get("plans", [])),  # the policy's own plans: a plan names the same tile on any target

@@ -282,7 +282,7 @@ NAMES = AnyOf((Text(), ListOf(Text())))
 
 ENV = Section({
     "dataset": NAMES,
-    "split": Choice(SPLITS),
+    "split": Choice(tuple(split for split in SPLITS if split != "validation")),  # what no policy may learn from
     "problems": ListOf(Text()),
     "order": Choice(ORDERS),
     "split_factors": ListOf(Integer(MIN_FACTOR, MAX_FACTOR), distinct=True),

@@ -32,6 +32,7 @@ problems.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import replace
@@ -238,6 +239,7 @@ def dataset_entries(name: str, split: str = "train") -> tuple[DatasetEntry, ...]
         raise ValueError(f"dataset {name}: {error}") from None
 
 
+@functools.cache  # a tuple of frozen entries, derived from the shipped files
 def validation_entries(name: str) -> tuple[DatasetEntry, ...]:
     """The validation split of ``models`` or ``models-called``: the linear layers of the training
     models (the ``mk,kn->mn`` GEMMs of ``models``' train split that are not convolutions), each

@@ -14,8 +14,8 @@ from looprl.policy import loading
 def test_the_most_specific_role_listed_serves_a_problem():
     assert loading.role_keys("avx512") == ("avx512",)
     assert loading.role_keys("avx512", weights=True) == ("avx512/weights", "avx512")
-    assert loading.role_keys("avx2", weights=True, dtype="bfloat16") == (
-        "avx2/weights/bfloat16", "avx2/bfloat16", "avx2/weights", "avx2")
+    assert loading.role_keys("avx2", weights=True, dtype="bfloat16") == (  # the role before the dtype
+        "avx2/weights/bfloat16", "avx2/weights", "avx2/bfloat16", "avx2")
     assert loading.role_keys("avx2", dtype=BFLOAT16) == ("avx2/bfloat16", "avx2")
 
 
@@ -27,6 +27,9 @@ def test_a_bfloat16_weight_gets_its_own_policy_where_one_is_listed_and_the_float
     assert loading.default_policy_dir("avx512", weights=True) == tmp_path / "w"
     assert loading.default_policy_dir("avx512", dtype="bfloat16") == tmp_path / "a"  # no general bfloat16 policy: float32's
     assert loading.default_policy_dir("avx2", weights=True, dtype="bfloat16") == tmp_path / "c"  # nothing more specific listed
+    listed.write_text(json.dumps({"avx512": "a", "avx512/weights": "w", "avx512/bfloat16": "b"}))
+    assert loading.default_policy_dir("avx512", weights=True, dtype="bfloat16") == tmp_path / "w"  # a weight's policy first
+    assert loading.default_policy_dir("avx512", dtype="bfloat16") == tmp_path / "b"
     listed.write_text(json.dumps({"avx512": "a", "avx512/bfloat16/weights": "x"}))  # the suffixes in the wrong order
     with pytest.raises(ValueError, match="unknown ISA"):
         loading.default_policies()

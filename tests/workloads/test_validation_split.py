@@ -38,3 +38,14 @@ def test_models_called_holds_them_as_a_model_calls_them_with_the_wide_decode_lay
 def test_a_dataset_without_one_says_so(name):
     with pytest.raises(ValueError, match=f"{name}' has no validation split"):
         dataset_entries(name, "validation")
+
+
+def test_no_agent_trains_on_it():
+    from looprl.train.schema import validate_agent
+    from tests.train.test_train import tiny_agent
+
+    agent = tiny_agent("apex-dqn", ":memory:")
+    agent["env"].update(dataset="models", split="validation")
+    del agent["env"]["problems"]
+    with pytest.raises(ValueError, match="split"):
+        validate_agent(agent)
