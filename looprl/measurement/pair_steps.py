@@ -44,5 +44,5 @@ def with_pairs(nest: LoopNest, target: Target | None) -> LoopNest:
 
 @lru_cache(maxsize=4096)  # asked once per schedule by each producer that measures or records it
 def _paired(nest: LoopNest, target: Target) -> LoopNest:
-    steps = added_pairs(nest, target)
-    return nest.apply(steps) if steps else nest
+    step = pair_step(nest, target)  # with_pairs has answered a problem that cannot pair
+    return nest if step is None else nest.apply((step,))
