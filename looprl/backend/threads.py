@@ -61,6 +61,7 @@ OPENMP_SYMBOLS = ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")
 
 _runtime_lock = threading.Lock()
 _runtime: list[str] = []  # the library path, once its symbols are registered with LLVM
+_private: list[ctypes.CDLL] = []  # looprl's private copy of the runtime, where that is the one loaded
 _used = threading.local()  # .parallel: this thread has run a parallel region
 _forked_after_use = [False]
 
@@ -105,7 +106,7 @@ def ensure_openmp_runtime() -> str:
                 "install it (Debian/Ubuntu: apt install libgomp1) or keep every loop serial"
             )
         try:
-            library, path = _private_runtime(path)
+            library, path, private = _private_runtime(path)
             addresses = {name: ctypes.cast(getattr(library, name), ctypes.c_void_p).value for name in OPENMP_SYMBOLS}
         except (OSError, AttributeError) as error:
             raise CompileError(f"cannot use the OpenMP runtime {path}: {error}") from None
@@ -113,7 +114,15 @@ def ensure_openmp_runtime() -> str:
         for name, address in addresses.items():
             llvm.add_symbol(name, address)
         _runtime.append(path)
+        if private:
+            _private.append(library)
         return path
+
+
+def private_runtime() -> ctypes.CDLL | None:
+    """looprl's private copy of libgomp, where the kernels run on it (see the module
+    docstring); None before the runtime is loaded, or where it is one another library loaded."""
+    return _private[0] if _private else None
 
 
 SPIN_COUNT = "1000"  # libgomp's own spin count when threads outnumber cores
@@ -121,23 +130,23 @@ PRIVATE_NAME = "libgomp-looprl.so.1"  # the private copy's file name
 _WAIT_SETTINGS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
 
 
-def _private_runtime(name: str) -> tuple[ctypes.CDLL, str]:
+def _private_runtime(name: str) -> tuple[ctypes.CDLL, str, bool]:
     """The libgomp looprl's kernels call: the one already loaded in this process if another
     library loaded it (torch's: see the module docstring), else a libgomp of looprl's own,
     whose threads spin briefly: a copy of the library ``name`` resolves to, opened with
     ``RTLD_LOCAL`` while the spin count is set in the environment (restored right after:
     libgomp reads it once, when it loads). Where the file cannot be found or copied (no /proc),
-    the shared library as it is."""
+    the shared library as it is. ``(library, its description, whether it is the private copy)``."""
     try:  # a libgomp another library of this process already uses (torch's): share its pool
         already = ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
     except (OSError, AttributeError):  # not loaded (or no RTLD_NOLOAD on this OS)
         already = None
     if already is not None:
-        return already, f"{_mapped_file('libgomp') or name} (already loaded in this process: its thread pool is shared)"
+        return already, f"{_mapped_file('libgomp') or name} (already loaded in this process: its thread pool is shared)", False
     shared = ctypes.CDLL(name)
     source = _mapped_file("libgomp")
     if source is None or any(setting in os.environ for setting in _WAIT_SETTINGS):
-        return shared, name
+        return shared, name, False
     with tempfile.TemporaryDirectory(prefix="looprl-gomp-") as folder:
         private = os.path.join(folder, PRIVATE_NAME)
         shutil.copyfile(source, private)
@@ -146,7 +155,7 @@ def _private_runtime(name: str) -> tuple[ctypes.CDLL, str]:
             library = ctypes.CDLL(private, mode=os.RTLD_LOCAL | os.RTLD_NOW)
         finally:
             del os.environ["GOMP_SPINCOUNT"]
-    return library, f"{source} (a private copy, GOMP_SPINCOUNT={SPIN_COUNT})"
+    return library, f"{source} (a private copy, GOMP_SPINCOUNT={SPIN_COUNT})", True
 
 
 def _mapped_file(fragment: str) -> str | None:

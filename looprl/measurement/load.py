@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 
 from looprl import defaults
 from looprl.backend.peak_kernel import peak_chain_counts
+from looprl.backend.placement import placed_team
 from looprl.backend.threads import before_parallel_call, check_threads
 from looprl.measurement import timing
 from looprl.measurement.peak import chain_kernel
@@ -117,10 +118,11 @@ def time_reference(target: Target, threads: int = 1, lock=None, settle_s: float 
     target.check_runs_on_host()
     kernel = chain_kernel(target, max(peak_chain_counts(target)), threads)
     before_parallel_call(threads)
-    settled = time.perf_counter() + settle_s
-    while time.perf_counter() < settled:
-        kernel.run(100)
-    return timing.best_time(kernel.run, REFERENCE_BUDGET_S, flops=kernel.flops, lock=lock).gflops
+    with placed_team(threads):
+        settled = time.perf_counter() + settle_s
+        while time.perf_counter() < settled:
+            kernel.run(100)
+        return timing.best_time(kernel.run, REFERENCE_BUDGET_S, flops=kernel.flops, lock=lock).gflops
 
 
 def check_load(target: Target | str | None = None, cache=None, *, threads: int = 1, budget_s: float = defaults.STATE_BUDGET_S,

@@ -20,6 +20,7 @@ from looprl import checks
 from looprl.backend.jit import CompiledModule
 from looprl.backend.peak_kernel import PEAK_ITERATIONS, flops_per_step, pairs_in_peak, peak_chain_counts, peak_ir
 from looprl.ir.dtypes import FLOAT32
+from looprl.backend.placement import placed_team
 from looprl.backend.threads import before_parallel_call, check_threads, ensure_openmp_runtime
 from looprl.measurement.lock import machine_lock
 from looprl.measurement.timing import best_time
@@ -77,7 +78,7 @@ def measure_peak_gflops(target: Target, budget_s: float = 0.5, threads: int = 1,
     kernels = [chain_kernel(target, chains, threads, dtype) for chains in peak_chain_counts(target)]
     before_parallel_call(threads)
     best = 0.0
-    with machine_lock():
+    with machine_lock(), placed_team(threads):
         for _ in range(2):
             for kernel in kernels:
                 timing = best_time(kernel.run, budget_s / 2 / len(kernels), flops=kernel.flops)

@@ -23,6 +23,7 @@ from looprl.backend.buffers import aligned_zeros
 from looprl.backend.host import cache_sizes
 from looprl.backend.jit import CompiledModule
 from looprl.backend.stream_kernel import PREFETCH_DISTANCES, STREAM_ACCUMULATORS, STREAM_PATTERNS, stream_ir
+from looprl.backend.placement import placed_team
 from looprl.backend.threads import before_parallel_call, check_threads, ensure_openmp_runtime
 from looprl.ir.dtypes import FLOAT32
 from looprl.ir.problem import Problem
@@ -76,7 +77,8 @@ def measure_bandwidth_gbs(target: Target, buffer_bytes: int, threads: int = 1, b
             team = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32)(module.address)
             call = lambda reps: team(data.ctypes.data, blocks, reps, out.ctypes.data, threads)  # noqa: E731
             before_parallel_call(threads)
-        best = max([best] + [best_time(call, budget_s / (2 * len(patterns)), flops=data.nbytes).gflops for _ in range(2)])  # GB/s
+        with placed_team(threads):
+            best = max([best] + [best_time(call, budget_s / (2 * len(patterns)), flops=data.nbytes).gflops for _ in range(2)])  # GB/s
         del module
     return best
 
