@@ -58,7 +58,11 @@ from looprl.tune.results import Answer, from_relaid_start
 # 13: few-row problems whose output rows fit the register-blocked tile also get deeper streaming
 # tiles (looprl.search.streams: more rows of the right operand read at once); few-row problems
 # with a long reduction their fastest flat tile with the reduction blocks outermost (looprl.search.kblocks).
-TUNER = "tune-v13"
+# 14: teams on the private runtime have each thread held to a core of its own (looprl.backend.placement:
+# v13's team measurements on a guest that stacked a team on one core found teams at one thread's
+# speed); a team whose calling thread packs a changing right operand whole is also proposed with
+# each thread packing its own panels at the parallel loop (looprl.search.parallel.staged_team).
+TUNER = "tune-v14"
 
 
 @dataclass(frozen=True)
