@@ -109,12 +109,6 @@ def plan_catalogue(target: Target) -> tuple[Plan, ...]:
             + tuple(Plan(rows, columns, dot=True) for rows, columns in dot_tiles(target)))
 
 
-def plan_tile(problem: Problem, target: Target, plan: Plan) -> tuple[int, int]:
-    """(rows, columns) of ``plan``'s register tile on ``problem``: clipped to its output as
-    :func:`~looprl.ir.register_tiles.tile_shapes` clips the target's tiles."""
-    return clipped_tile(problem, target, plan.rows, plan.vectors)
-
-
 def plan_steps(problem: Problem, target: Target, plan: Plan) -> tuple[Step, ...] | str:
     """The steps from ``problem``'s untiled nest to the schedule ``plan`` stands for on it, or
     why there is none."""
@@ -126,7 +120,7 @@ def plan_steps(problem: Problem, target: Target, plan: Plan) -> tuple[Step, ...]
     if plan.dot:
         why = why_not_dot(problem)
         return why if why is not None else tuple(dot_steps(problem, target, plan.rows, plan.vectors))
-    rows, columns = plan_tile(problem, target, plan)
+    rows, columns = clipped_tile(problem, target, plan.rows, plan.vectors)  # as tile_shapes clips the target's tiles
     blocks = (None, None)
     if plan.k_block:
         blocks = _named_blocks(problem, columns, plan.k_block)

@@ -105,16 +105,17 @@ def recall(measurer: Measurer, problem: Problem, least_budget_s: float, start: L
            relaid: Relaid | None = None) -> Answer | None:
     """The answer an earlier measured tune of ``problem`` (given ``relaid``, the re-laid start
     of its constant weight: from that start) on the measurer's threads remembered, if it was
-    found with at least ``least_budget_s`` and its action path is known, and it was found on a
-    quiet machine (else None: tune again). Where ``start`` says the machine is quiet now, the
-    answer is timed again first and not served if it runs below
-    :data:`~looprl.measurement.load.BUSY_RATIO` of its recorded speed
-    (:func:`~looprl.measurement.load.retime_remembered`). The untuned nest's speed is looked
-    up (or timed) for the report."""
+    found with at least ``least_budget_s``, something replays it (its action path, or its steps
+    alone: a record replays without an action set; served so, the answer has no action path,
+    as the search that found it had none), and it was found on a quiet machine (else None: tune
+    again). Where ``start`` says the machine is quiet now, the answer is timed again first and
+    not served if it runs below :data:`~looprl.measurement.load.BUSY_RATIO` of its recorded
+    speed (:func:`~looprl.measurement.load.retime_remembered`). The untuned nest's speed is
+    looked up (or timed) for the report."""
     stored = relaid.coordinates if _apart(relaid, RELAID) else problem
     known = measurer.cache.get_tuned(stored, measurer.target, measurer.budget_s, tuner=TUNER, threads=measurer.threads)
-    if known is None or known.budget_s < least_budget_s or known.actions is None:
-        return None  # (also when another IR version wrote it, or it is provisional) tune again
+    if known is None or known.budget_s < least_budget_s or (known.actions is None and known.steps is None):
+        return None  # (also when another IR version wrote it, or it is provisional, or nothing replays it) tune again
     try:
         known = replace(known, replays_on=replays_on(known.replays_on))
     except ValueError:

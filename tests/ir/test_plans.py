@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import looprl
 from looprl.actions import Action, ActionSet, State, replay
-from looprl.ir.plans import Plan, plan_catalogue, plan_nest, plan_tile, why_not_plan
+from looprl.ir.plans import Plan, plan_catalogue, plan_nest, why_not_plan
 from looprl.ir.register_tiles import tile_of, tile_shapes
 from looprl.target import Target
 from tests.guarded import GuardedArray
@@ -84,7 +84,7 @@ def test_a_plan_is_the_tile_tune_measures_clipped_to_few_rows():
     nest = plan_nest(problem, AVX2, Plan(rows, vectors))
     assert tile_of(nest) == tile_shapes(problem, AVX2)[0] == (rows, vectors * 8)
     few = looprl.matmul(3, 600, 700)  # 3 rows: the tile keeps them all and widens
-    assert plan_tile(few, AVX2, Plan(rows, vectors)) == (3, AVX2.most_vectors(3) * 8)
+    assert tile_of(plan_nest(few, AVX2, Plan(rows, vectors))) == (3, AVX2.most_vectors(3) * 8)
     packed = plan_nest(problem, AVX2, Plan(rows, vectors, packed=True))
     assert packed.layouts and packed.compute == nest.compute
     blocked = plan_nest(problem, AVX2, Plan(rows, vectors, k_block=256))

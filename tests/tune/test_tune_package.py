@@ -163,3 +163,27 @@ def test_an_answer_remembered_is_recalled_only_with_enough_budget_and_by_this_ve
     assert store.recall(measurer, PROBLEM, 0.5) is None  # a larger budget tunes again
     monkeypatch.setattr(store, "TUNER", store.TUNER + "-next")
     assert store.recall(measurer, PROBLEM, 0.4) is None  # another version's answer is not returned
+
+
+def test_an_answer_remembered_with_steps_and_no_action_path_is_recalled_by_its_steps():
+    """A record replays from its steps without an action set (a split-k team whose factor no
+    action names has only those): the store serves it; one that nothing replays is tuned again."""
+    from looprl.ir.step import SPLIT as SPLIT_OP, Step
+    from looprl.tune import store
+    from looprl.tune.measurer import Measurer
+    from looprl.tune.results import Answer
+
+    measurer = Measurer.open(":memory:", 0.001, Target.host(), 1)
+    measurer.cache.add_sample(ROOT, 1.5, measurer.target, measurer.budget_s, 1)  # the untuned nest's speed, known
+    steps = (Step(SPLIT_OP, 0, 4),)
+    found = Answer(ScheduleRecord(SPLIT, 4.0, None, "parallel", measurer.target, 1, budget_s=0.4, steps=steps), "measured", 1.5)
+    assert found.record.actions is None and found.record.steps == steps
+    store.remember(found, measurer, store.load_now(measurer))
+    again = store.recall(measurer, PROBLEM, 0.4)
+    assert again is not None and again.mode == "remembered" and again.nest == SPLIT and again.gflops == 4.0
+    assert again.record.steps == steps and again.record.actions is None and again.actions == ()  # no action path, as found
+    assert initial_nest(PROBLEM).apply(again.record.steps) == again.nest and again.initial_gflops == 1.5
+    unreplayable = Answer(ScheduleRecord(SWAPPED, 5.0, None, "parallel", measurer.target, 1, budget_s=0.4), "measured", 1.5)
+    assert unreplayable.record.steps is None
+    store.remember(unreplayable, measurer, store.load_now(measurer))
+    assert store.recall(measurer, PROBLEM, 0.4) is None  # neither actions nor steps: tuned again
