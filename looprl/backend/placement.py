@@ -26,7 +26,10 @@ How. For each call on ``threads`` > 1 threads, :func:`placed_team`:
   size is asked for.
 
 A pool thread held to a core waits for that core where other work runs on it; on a machine
-with cores to spare, a woken thread might have found an idle one instead. The calls of torch's
+with cores to spare, a woken thread might have found an idle one instead. A program that
+places its threads itself can turn placement off with ``LOOPRL_PLACE_TEAMS=0`` in its
+environment (read when looprl is imported); ``experiments/team_placement.py`` times teams
+both ways. The calls of torch's
 runtime (where torch loaded it first, looprl's kernels share torch's pool, whose threads spin
 long after a region) and of a runtime set up by ``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY`` are
 left as that runtime places them. ``looprl-bench mixed`` measures a team's calls with other
@@ -43,6 +46,7 @@ from typing import Iterator
 
 from looprl.backend.threads import private_runtime
 
+PLACE_TEAMS = os.environ.get("LOOPRL_PLACE_TEAMS", "1").strip()  # "1" (the default) or "0": see the module docstring
 _REGION_BODY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)  # void (*)(void *), what GOMP_parallel runs
 _placed = threading.local()  # .cores: (the calling thread's core, its pool threads' cores) last placed
 
@@ -80,9 +84,11 @@ def pool_cores(core: int, allowed: set[int], threads: int) -> tuple[int, ...] | 
 def placed_team(threads: int) -> Iterator[None]:
     """Hold the calling thread and the pool threads of a team of ``threads`` each to a core of
     its own while the block runs (see the module docstring); nothing on one thread, off the
-    private runtime, or where the cores cannot be asked or set."""
+    private runtime, with ``LOOPRL_PLACE_TEAMS=0``, or where the cores cannot be asked or set."""
+    if PLACE_TEAMS not in ("0", "1"):
+        raise ValueError(f"LOOPRL_PLACE_TEAMS must be 0 or 1, not {PLACE_TEAMS!r}")
     runtime = private_runtime()
-    core = current_core() if threads > 1 and runtime is not None else None
+    core = current_core() if PLACE_TEAMS == "1" and threads > 1 and runtime is not None else None
     if core is None:
         yield
         return

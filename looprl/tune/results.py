@@ -108,8 +108,14 @@ class TuneResult:
     def replayed(self) -> LoopNest | None:
         """The schedule :attr:`actions` reach with :attr:`action_set` from where they start
         (:func:`replayed`): the untuned nest of the problem tuned (``tuned_as`` or ``problem``),
-        or its re-laid start where ``record.replays_on`` says so."""
-        return replayed(self.tuned_as or self.problem, self.actions, self.action_set, self.record.replays_on)
+        or its re-laid start where ``record.replays_on`` says so. An answer found without an
+        action path (a split-k team or a team whose split no action names: ``actions`` empty)
+        replays by its record's steps instead (``initial_nest(problem).apply(record.steps)``);
+        None where neither replays."""
+        record = self.record
+        if not self.actions and record.steps is not None and record.replays_on is None:
+            return initial_nest(record.nest.problem).apply(record.steps)
+        return replayed(self.tuned_as or self.problem, self.actions, self.action_set, record.replays_on)
 
     @property
     def speedup(self) -> float:

@@ -93,3 +93,22 @@ def test_off_the_private_runtime_nothing_is_placed(monkeypatch):
     with placement.placed_team(2):
         if before is not None:
             assert os.sched_getaffinity(0) == before
+
+
+@pytest.mark.skipif(available_cores() < 2, reason="needs two cores")
+def test_placement_is_turned_off_by_its_setting_and_a_bad_setting_is_a_value_error(monkeypatch):
+    from looprl.backend import placement
+
+    placed = []
+    monkeypatch.setattr(placement, "private_runtime", lambda: object())
+    monkeypatch.setattr(placement, "_place_pool", lambda runtime, pool: placed.append(pool))
+    monkeypatch.setattr(placement._placed, "cores", None, raising=False)
+    for setting in ("1", "0"):
+        monkeypatch.setattr(placement, "PLACE_TEAMS", setting)
+        with placement.placed_team(2):
+            pass
+        assert len(placed) == 1  # placed with "1", not again with "0"
+    monkeypatch.setattr(placement, "PLACE_TEAMS", "yes")
+    with pytest.raises(ValueError, match="LOOPRL_PLACE_TEAMS must be 0 or 1, not 'yes'"):
+        with placement.placed_team(2):
+            pass

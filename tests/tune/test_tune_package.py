@@ -187,3 +187,18 @@ def test_an_answer_remembered_with_steps_and_no_action_path_is_recalled_by_its_s
     assert unreplayable.record.steps is None
     store.remember(unreplayable, measurer, store.load_now(measurer))
     assert store.recall(measurer, PROBLEM, 0.4) is None  # neither actions nor steps: tuned again
+
+
+def test_an_answer_without_an_action_path_replays_by_its_steps():
+    """TuneResult.replayed() of an answer found without an action path (a split-k team's, an
+    in-place answer's) is its schedule, from its record's steps, not the untuned nest that an
+    empty action path reaches."""
+    from dataclasses import replace
+
+    import looprl
+
+    result = looprl.tune(looprl.matmul(24, 40, 56), threads=1, cache=":memory:", remember=False)
+    assert result.replayed() == result.nest and result.record.steps
+    pathless = replace(result, answer=replace(result.answer, record=replace(result.record, actions=None)))
+    assert pathless.actions == () and pathless.record.steps == result.record.steps
+    assert pathless.replayed() == result.nest != looprl.initial_nest(result.problem)
