@@ -13,7 +13,7 @@ from looprl.backend import abi, codegen, jit
 from looprl.backend.buffers import aligned_empty
 from looprl.backend.jit import CompiledModule
 from looprl.backend.kernel_plan import KernelPlan, plan_kernel
-from looprl.backend.placement import placed_team
+from looprl.backend.placement import hold_team, release_team
 from looprl.backend.threads import available_cores, before_parallel_call, check_threads, ensure_openmp_runtime
 from looprl.ir.nest import LoopNest
 from looprl.target import Target
@@ -148,8 +148,11 @@ class Kernel:
             threads = min(threads, self._team_limit)
         if self.plan.threaded:
             before_parallel_call(threads)
-            with placed_team(threads):
+            held = hold_team(threads)
+            try:
                 function(*pointers, reps, *extra, threads)
+            finally:
+                release_team(held)
         else:
             function(*pointers, reps, *extra)
 

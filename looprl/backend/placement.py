@@ -51,17 +51,24 @@ _REGION_BODY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)  # void (*)(void *), what
 _placed = threading.local()  # .cores: (the calling thread's core, its pool threads' cores) last placed
 
 
-def _sched_getcpu():
-    """glibc's ``sched_getcpu`` (the core the calling thread is on), or None where it is missing."""
+def _libc_function(name: str, restype, argtypes):
+    """glibc's ``name`` with its C signature, or None where the C library lacks it."""
     try:
-        function = ctypes.CDLL(None).sched_getcpu
+        function = getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
-    function.restype, function.argtypes = ctypes.c_int, []
+    function.restype, function.argtypes = restype, argtypes
     return function
 
 
-_GETCPU = _sched_getcpu()
+# Called on every team call (a few hundred nanoseconds each, where os.sched_[gs]etaffinity
+# building Python sets cost about 7 us a call): the calling thread's core and its CPU mask.
+_CPU_SET_BYTES = 128  # glibc's cpu_set_t: 1024 cores
+_CpuSet = ctypes.c_ubyte * _CPU_SET_BYTES
+_GETCPU = _libc_function("sched_getcpu", ctypes.c_int, [])
+_GET_MASK = _libc_function("sched_getaffinity", ctypes.c_int, [ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p])
+_SET_MASK = _libc_function("sched_setaffinity", ctypes.c_int, [ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p])
+_ONE_CORE: dict[int, ctypes.Array] = {}  # core -> a mask of that core alone
 
 
 def current_core() -> int | None:
@@ -80,34 +87,69 @@ def pool_cores(core: int, allowed: set[int], threads: int) -> tuple[int, ...] | 
     return tuple(others[: threads - 1]) if len(others) >= threads - 1 else None
 
 
+def hold_team(threads: int):
+    """Hold the calling thread and the pool threads of a team of ``threads`` each to a core of
+    its own (see the module docstring): the calling thread's CPU mask as it was, to hand to
+    :func:`release_team` when the call is over; None where nothing was held (one thread, off
+    the private runtime, ``LOOPRL_PLACE_TEAMS=0``, or where the cores cannot be asked or set)."""
+    if PLACE_TEAMS != "1":
+        if PLACE_TEAMS != "0":
+            raise ValueError(f"LOOPRL_PLACE_TEAMS must be 0 or 1, not {PLACE_TEAMS!r}")
+        return None
+    runtime = private_runtime()
+    if threads < 2 or runtime is None or _GETCPU is None or _GET_MASK is None or _SET_MASK is None:
+        return None
+    saved = _CpuSet()
+    core = _GETCPU()
+    if core < 0 or _GET_MASK(0, _CPU_SET_BYTES, saved) != 0:
+        return None
+    pool = _pool_for(core, bytes(saved), threads)
+    if pool is None:
+        return None
+    single = _ONE_CORE.get(core)
+    if single is None:
+        single = _ONE_CORE.setdefault(core, _CpuSet.from_buffer_copy(_mask_bytes({core})))
+    if _SET_MASK(0, _CPU_SET_BYTES, single) != 0:
+        return None
+    if getattr(_placed, "cores", None) != (core, pool):
+        _place_pool(runtime, pool)
+        _placed.cores = (core, pool)
+    return saved
+
+
+def release_team(saved) -> None:
+    """Give the calling thread back the CPU mask :func:`hold_team` returned (None: nothing)."""
+    if saved is not None:
+        _SET_MASK(0, _CPU_SET_BYTES, saved)
+
+
 @contextlib.contextmanager
 def placed_team(threads: int) -> Iterator[None]:
-    """Hold the calling thread and the pool threads of a team of ``threads`` each to a core of
-    its own while the block runs (see the module docstring); nothing on one thread, off the
-    private runtime, with ``LOOPRL_PLACE_TEAMS=0``, or where the cores cannot be asked or set."""
-    if PLACE_TEAMS not in ("0", "1"):
-        raise ValueError(f"LOOPRL_PLACE_TEAMS must be 0 or 1, not {PLACE_TEAMS!r}")
-    runtime = private_runtime()
-    core = current_core() if PLACE_TEAMS == "1" and threads > 1 and runtime is not None else None
-    if core is None:
-        yield
-        return
+    """:func:`hold_team` for the length of the block, then :func:`release_team`."""
+    saved = hold_team(threads)
     try:
-        allowed = os.sched_getaffinity(0)
-    except (AttributeError, OSError):
-        allowed = set()
-    pool = pool_cores(core, allowed, threads) if core in allowed else None
-    if pool is None:
-        yield
-        return
-    os.sched_setaffinity(0, {core})
-    try:
-        if getattr(_placed, "cores", None) != (core, pool):
-            _place_pool(runtime, pool)
-            _placed.cores = (core, pool)
         yield
     finally:
-        os.sched_setaffinity(0, allowed)
+        release_team(saved)
+
+
+def _pool_for(core: int, mask: bytes, threads: int) -> tuple[int, ...] | None:
+    """:func:`pool_cores` of the cores in ``mask`` (a CPU mask's bytes), remembered per mask,
+    core and team size; None where ``core`` is not in the mask or too few cores are."""
+    key = (core, mask, threads)
+    known = getattr(_placed, "pools", None)
+    if known is None:
+        known = _placed.pools = {}
+    if key not in known:
+        bits = int.from_bytes(mask, "little")
+        allowed = {index for index in range(bits.bit_length()) if bits >> index & 1}
+        known[key] = pool_cores(core, allowed, threads) if core in allowed else None
+    return known[key]
+
+
+def _mask_bytes(cores: set[int]) -> bytes:
+    """A CPU mask of ``cores``, as glibc's cpu_set_t bytes."""
+    return sum(1 << core for core in cores).to_bytes(_CPU_SET_BYTES, "little")
 
 
 def _place_pool(runtime: ctypes.CDLL, pool: tuple[int, ...]) -> None:
