@@ -11,6 +11,21 @@ from hypothesis import settings
 settings.register_profile("looprl", derandomize=True, database=None)
 settings.load_profile("looprl")
 
+TARGET_VARIABLE = "LOOPRL_TARGET"  # looprl.target.TARGET_VARIABLE, read here without importing looprl
+RERUN_SHARE = 3
+
+
+def examples(count: int) -> int:
+    """How many examples a target-dependent property test draws: ``count`` where looprl's
+    default target is the host's, a third of them (at least one) where ``LOOPRL_TARGET`` names a
+    target (.ci/run's second command, ``LOOPRL_TARGET=avx2 ... -m target_dependent``). The host's
+    run draws them all, over every target the test draws from; the re-run is there to fail a
+    test that assumes the host's ISA or policy (what the default target decides: the tiles, the
+    plans, the shipped policy, the dot products), which its first examples reach as well as the
+    rest. Its explicit ``@example``s run in both."""
+    named = os.environ.get(TARGET_VARIABLE, "").strip().lower() not in ("", "host")
+    return max(1, count // RERUN_SHARE) if named else count
+
 
 @pytest.fixture(autouse=True, scope="session")
 def one_torch_thread_per_worker():
