@@ -4,6 +4,16 @@ import sys
 import pytest
 from hypothesis import settings
 
+# The kernels the tests run share torch's libgomp (each worker imports torch when it collects;
+# looprl/backend/threads.py), whose idle threads spin 300,000 times after each parallel region
+# (libgomp's default): with two workers on two cores they spin on the core the other worker
+# computes on, and their CPU is counted. With GOMP_SPINCOUNT=1000, what looprl's own runtime
+# sets where it loads libgomp first, tests/backend cost 64.3 CPU s -> 60.1 (two workers, by `time`).
+# Set here, before anything loads libgomp; workers and the processes the tests start inherit
+# it. tests/backend/test_runtime_sharing.py runs its processes without it.
+if not {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(os.environ):
+    os.environ["GOMP_SPINCOUNT"] = "1000"
+
 # Every property test replays the same examples on every run and host (derandomize: drawn from
 # a seed fixed by the test function; no example database carried between runs): its verdict never
 # depends on the examples one run happened to draw. A failure found once is kept as an explicit
