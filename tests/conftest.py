@@ -4,12 +4,37 @@ import sys
 import pytest
 from hypothesis import settings
 
+# The kernels the tests run share torch's libgomp (each worker imports torch when it collects;
+# looprl/backend/threads.py), whose idle threads spin 300,000 times after each parallel region
+# (libgomp's default): with two workers on two cores they spin on the core the other worker
+# computes on, and their CPU is counted. With GOMP_SPINCOUNT=1000, what looprl's own runtime
+# sets where it loads libgomp first, tests/backend cost 64.3 CPU s -> 60.1 (two workers, by `time`).
+# Set here, before anything loads libgomp; workers and the processes the tests start inherit
+# it. tests/backend/test_runtime_sharing.py runs its processes without it.
+if not {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(os.environ):
+    os.environ["GOMP_SPINCOUNT"] = "1000"
+
 # Every property test replays the same examples on every run and host (derandomize: drawn from
 # a seed fixed by the test function; no example database carried between runs): its verdict never
 # depends on the examples one run happened to draw. A failure found once is kept as an explicit
 # @example beside its test. Each test's own @settings (its example count) inherits this.
 settings.register_profile("looprl", derandomize=True, database=None)
 settings.load_profile("looprl")
+
+TARGET_VARIABLE = "LOOPRL_TARGET"  # looprl.target.TARGET_VARIABLE, read here without importing looprl
+RERUN_SHARE = 3
+
+
+def examples(count: int) -> int:
+    """How many examples a target-dependent property test draws: ``count`` where looprl's
+    default target is the host's, a third of them (at least one) where ``LOOPRL_TARGET`` names a
+    target (.ci/run's second command, ``LOOPRL_TARGET=avx2 ... -m target_dependent``). The host's
+    run draws them all, over every target the test draws from; the re-run is there to fail a
+    test that assumes the host's ISA or policy (what the default target decides: the tiles, the
+    plans, the shipped policy, the dot products), which its first examples reach as well as the
+    rest. Its explicit ``@example``s run in both."""
+    named = os.environ.get(TARGET_VARIABLE, "").strip().lower() not in ("", "host")
+    return max(1, count // RERUN_SHARE) if named else count
 
 
 @pytest.fixture(autouse=True, scope="session")

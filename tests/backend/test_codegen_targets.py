@@ -14,6 +14,7 @@ from looprl.backend import codegen, jit, register_plan
 from looprl.backend import kernel as kernel_module
 from looprl.ir.schedules import expert_candidates, expert_matmul
 from looprl.target import TARGET_NAMES, Target
+from tests.conftest import examples
 from tests.schedules import action_steps, walk
 from tests.backend.test_codegen_correctness import PROBLEMS, assert_matches, random_inputs
 
@@ -85,7 +86,7 @@ def test_kernel_target_and_assembly_follow_the_requested_target(name):
     assert_matches(kernel.problem, kernel, a, b)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=st.sampled_from(PROBLEMS), steps=action_steps(), name=st.sampled_from(RUNNABLE), seed=st.integers(0, 2**16))
 def test_random_schedules_match_numpy_on_every_runnable_target(problem, steps, name, seed):
     nest = walk(problem, steps)

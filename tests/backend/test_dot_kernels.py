@@ -16,6 +16,7 @@ from looprl.ir.plans import Plan, plan_catalogue, plan_nest, why_not_plan
 from looprl.ir.rewrites import RELAID
 from looprl.target import Target
 from looprl.tune.store import TUNER
+from tests.conftest import examples
 from tests.guarded import GuardedArray
 from tests.schedules import ACTIONS, action_steps
 
@@ -77,7 +78,7 @@ def test_the_dot_plans_vectorise_along_the_reduction():
     assert "both must store it last" in why_not_plan(looprl.matmul(4, 30, 100), AVX2, Plan(1, 8, dot=True))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=st.sampled_from(PROBLEMS), index=st.integers(0, 9), steps=action_steps(max_size=6),
        target=st.sampled_from([HOST, AVX2, SSE4]), seed=st.integers(0, 2**16))
 def test_dot_schedules_match_numpy(problem, index, steps, target, seed):
@@ -93,7 +94,7 @@ def test_dot_schedules_match_numpy(problem, index, steps, target, seed):
     np.testing.assert_allclose(out, reference(problem, arrays), rtol=0, atol=tolerance(problem, arrays))
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=st.sampled_from(PROBLEMS), index=st.integers(0, 9), side=st.sampled_from(["start", "end"]))
 def test_dot_kernels_stay_in_bounds(problem, index, side):
     """Every buffer flush against an inaccessible page: a masked tail that read past the end of

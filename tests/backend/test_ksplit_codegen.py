@@ -34,6 +34,7 @@ from tests.backend.test_codegen_correctness import random_inputs
 from tests.backend.test_epilogue_codegen import random_arrays, reference, tolerance
 from looprl.backend.register_plan import plan as register_plan
 from tests.backend.test_staged_teams import cores
+from tests.conftest import examples
 from tests.guarded import GuardedArray
 from tests.schedules import action_steps, walk
 
@@ -123,7 +124,7 @@ def assert_planned(kernel, nest):
     assert plan.private_strides["acc"] == plan.thread_stride
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=st.sampled_from(PROBLEMS), steps=action_steps(("split", "split", "swap_down", "swap_up"), max_size=10),
        pick=st.integers(0, 20), parallel_copy=st.booleans(), seed=st.integers(0, 2**16), target=st.sampled_from(HOST_TARGETS),
        side=st.sampled_from(["start", "end"]))

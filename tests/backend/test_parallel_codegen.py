@@ -19,6 +19,7 @@ from looprl.backend import codegen, register_plan
 from looprl.backend.threads import available_cores
 from looprl.ir.dtypes import error_bound
 from looprl.target import TARGET_NAMES, Target
+from tests.conftest import examples
 from tests.guarded import GuardedArray
 from tests.schedules import action_steps, walk
 
@@ -68,7 +69,7 @@ def raw_run(kernel, a, b, threads, reps=1):
     return out
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=st.sampled_from(PROBLEMS), steps=parallel_steps, seed=st.integers(0, 2**16), target=st.sampled_from(HOST_TARGETS),
        outer=st.booleans())
 def test_parallel_schedules_are_bit_identical_to_serial(problem, steps, seed, target, outer):
@@ -120,7 +121,7 @@ def agreement(nest, target, a, b):
     return within
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=st.sampled_from(PROBLEMS), steps=parallel_steps, side=st.sampled_from(["start", "end"]), team=st.sampled_from((2, 3, 5)))
 @example(problem=PROBLEMS[6], steps=[(0, "swap_down"), (0, "swap_down"), (0, "parallel"), (1, "split_2"), (0, "swap_down")],
          side="start", team=2)

@@ -32,6 +32,7 @@ from looprl.target import TARGET_NAMES, Target
 from tests.backend.test_bfloat16 import assert_within_bound, bf16_inputs
 from tests.backend.test_codegen_correctness import random_inputs, reference
 from tests.backend.test_parallel_codegen import agreement, regions
+from tests.conftest import examples
 from tests.guarded import GuardedArray
 from tests.schedules import action_steps, pack_every_tiled_loop, walk
 
@@ -115,7 +116,7 @@ def assert_private_where_inside_the_team(nest, plan):
     assert (plan.thread_stride == 0) == (not private)
 
 
-@settings(max_examples=35, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(35), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=st.sampled_from(PROBLEMS), steps=action_steps(("split", "split", "swap_down", "swap_up"), max_size=10),
        pack=st.booleans(), tensor=st.sampled_from(TENSORS), stage_pick=st.integers(0, 20), parallel_pick=st.integers(0, 20),
        stage_first=st.booleans(), private=st.integers(0, 3).map(bool), seed=st.integers(0, 2**16),

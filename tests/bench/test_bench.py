@@ -146,6 +146,18 @@ def test_layers_benchmark_compares_fused_numpy_and_torch(tmp_path, capsys):
     assert "bad layer" in refused(capsys, "layers", "--layers", "12,16,gelu")
 
 
+class StandInTorch:
+    """A torch baseline child that starts no process: each call at 1 GFLOPS."""
+
+    failure, label = None, "torch (a stand-in)"
+
+    def time(self, problem, budget_s):
+        return {"torch.matmul": 1.0, "F.linear": 1.0, "oneDNN packed": 1.0}
+
+    def close(self):
+        pass
+
+
 def test_the_tune_benchmark_prints_one_and_two_thread_figures_side_by_side_and_leaves_the_untuned_nest_out_when_told(
         tmp_path, capsys, monkeypatch):
     """One run for two options (each run starts numpy's and torch's child processes): the
@@ -153,11 +165,16 @@ def test_the_tune_benchmark_prints_one_and_two_thread_figures_side_by_side_and_l
     benchmark's two-thread columns: test_codegen_benchmark_runs_and_writes_json), and
     --no-untuned (one untuned call of a large layer takes minutes): the column says nan and
     every other figure is there. Every thread count is tuned before the peers time the problem
-    (tuned right after the peers' children had timed it, two-thread teams lost their duels)."""
-    from looprl.bench import tune_quality
+    (tuned right after the peers' children had timed it, two-thread teams lost their duels).
+
+    torch's children are stand-ins here (a real one per thread count imported torch, ~1.7 CPU s
+    each, and nothing here reads their figures): torch's real child is timed by
+    test_tune_benchmark_reports_times_and_ratios."""
+    from looprl.bench import peers, tune_quality
 
     two_cores = len(os.sched_getaffinity(0)) >= 2
     monkeypatch.setenv("LOOPRL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(peers, "torch_child", lambda isa, threads=1, **_: StandInTorch())
     events = []
     real_tune, real_timed_with = tune_quality.tune, tune_quality.Peers.timed_with
     monkeypatch.setattr(tune_quality, "tune", lambda *a, **k: events.append(("tune", k["threads"])) or real_tune(*a, **k))

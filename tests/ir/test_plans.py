@@ -11,6 +11,7 @@ from looprl.actions import Action, ActionSet, State, replay
 from looprl.ir.plans import Plan, plan_catalogue, plan_nest, why_not_plan
 from looprl.ir.register_tiles import tile_of, tile_shapes
 from looprl.target import Target
+from tests.conftest import examples
 from tests.guarded import GuardedArray
 from tests.backend.test_codegen_correctness import assert_matches, random_inputs, reference
 
@@ -29,7 +30,7 @@ def problems():
     return st.one_of(plain, batched, decode)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=problems(), target=st.sampled_from([AVX2, AVX512]), named_for=st.sampled_from([AVX2, AVX512]),
        choice=st.integers(0, 10**6), seed=st.integers(0, 2**16))
 def test_every_plan_of_any_problem_computes_what_numpy_computes(problem, target, named_for, choice, seed):
@@ -46,7 +47,7 @@ def test_every_plan_of_any_problem_computes_what_numpy_computes(problem, target,
     assert_matches(problem, looprl.compile(nest, target=target), a, b)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=problems(), choice=st.integers(0, 10**6), side=st.sampled_from(["start", "end"]))
 def test_plan_kernels_stay_in_bounds(problem, choice, side):
     target = Target.default()  # what compile generates for when given none

@@ -25,20 +25,21 @@ def test_experiment_script_starts(script, monkeypatch, capsys):
 
 
 def test_the_real_models_experiment_writes_every_method_and_its_summary(tmp_path):
-    """A two-problem run: each method's row, the ablation's ratios, the plot."""
+    """A one-problem run (each problem is tuned by every method: ~2.5 CPU s a problem): each
+    method's row, the ablation's ratios, the plot."""
     import csv
     import os
 
     out = tmp_path / "rm"
     env = dict(os.environ, LOOPRL_CACHE_DIR=str(tmp_path / "cache"))
     script = Path(__file__).resolve().parents[2] / "experiments" / "real_models.py"
-    done = subprocess.run([sys.executable, str(script), "--problems", "48x64x32,20x40x24", "--rounds", "1", "--out", str(out)],
+    done = subprocess.run([sys.executable, str(script), "--problems", "48x64x32", "--rounds", "1", "--out", str(out)],
                           capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
     rows = list(csv.DictReader((tmp_path / "rm.csv").open()))
     assert {r["method"] for r in rows} == {"untuned", "tune", "tune-random", "rollout", "rollout-random", "tune-third",
                                            "tune-random-third", "tune-4", "tune-random-4", "hand"}
-    assert len(rows) == 20 and all(float(r["gflops"]) > 0 and float(r["numpy_gflops"]) > 0 for r in rows)
+    assert len(rows) == 10 and all(float(r["gflops"]) > 0 and float(r["numpy_gflops"]) > 0 for r in rows)
     assert "tune / tune-random" in done.stdout and "tune-third / tune-random" in done.stdout and (tmp_path / "rm.png").exists()
     by = {(r["problem"], r["method"]): int(r["measured"]) for r in rows}
     for problem in {r["problem"] for r in rows}:  # the capped tunes measured at most a third of tune-random's schedules

@@ -24,6 +24,7 @@ from looprl.search.context import SearchContext
 from looprl.search.kblocks import MIN_BLOCK, kblock_sizes, kblock_steps
 from looprl.search.tiles import measure_tiles
 from looprl.target import Target
+from tests.conftest import examples
 from tests.search.test_prefetch_proposals import TARGET, FakeEvaluator
 from tests.search.test_tiles import RUNNABLE, _check_against_guard_pages
 
@@ -66,7 +67,7 @@ def test_the_steps_move_the_block_loop_outermost_and_the_generator_keeps_it_outs
         kblock_steps(flat, 20000)
 
 
-@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(16), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     m=st.integers(2, 16), n=st.integers(3, 120), k=st.integers(20, 300), block=st.integers(2, 19),
     tile=st.sampled_from([(1, 16), (2, 8), (4, 24), (3, 5)]), target=st.sampled_from(RUNNABLE), side=st.sampled_from(["start", "end"]),

@@ -19,6 +19,7 @@ from looprl.ir.schedules import STREAM_ROWS, STREAM_TILES, stream_steps, why_not
 from looprl.search.context import SearchContext
 from looprl.search.streams import L1_SHARE, STREAM_COLUMNS, STREAM_DEPTHS, set_crowding, short_segments, stream_tiles
 from looprl.search.tiles import measure_tiles
+from tests.conftest import examples
 from tests.search.test_prefetch_proposals import FakeEvaluator
 from tests.search.test_tiles import RUNNABLE, _check_against_guard_pages
 
@@ -85,7 +86,7 @@ def test_measure_tiles_measures_every_streaming_proposal_and_only_those():
     assert not deep & {nest.key for nest in evaluator.measured}
 
 
-@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(16), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     m=st.integers(1, STREAM_ROWS), n=st.integers(3, 200), k=st.integers(3, 140),
     tile=st.sampled_from(DEEP), target=st.sampled_from(RUNNABLE), side=st.sampled_from(["start", "end"]),

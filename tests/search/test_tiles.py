@@ -18,6 +18,7 @@ from looprl.search.budget import MAX_BUDGET_S, MIN_BUDGET_S, scaled_budget
 from looprl.search.context import BudgetExhausted, SearchContext
 from looprl.policy.rollout import measured_path
 from looprl.search.tiles import all_tiles, measure_tiles
+from tests.conftest import examples
 from tests.guarded import GuardedArray
 from tests.policies import random_policy
 
@@ -82,7 +83,7 @@ def test_the_tiles_proposed_hold_the_cache_blocks_of_the_host_s_caches(monkeypat
     assert all(sum(lp.var == "k" for lp in nest.compute) == 1 for nest in all_tiles(problem, target))
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     m=st.integers(1, 40), n=st.integers(2, 70), k=st.integers(2, 40),
     rows=st.integers(1, 9), columns=st.sampled_from([2, 8, 16, 24]),
@@ -120,7 +121,7 @@ def _check_against_guard_pages(nest, target, side):
             g.release()
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(rows=st.integers(1, 14), columns=st.sampled_from([16, 32, 48, 64]), blocked=st.booleans())
 def test_an_action_path_builds_exactly_the_nest_the_steps_build(rows, columns, blocked):
     problem = looprl.matmul(100, 700, 600)
@@ -151,7 +152,7 @@ def test_a_streaming_tile_reads_k_inner_rows_of_a_panel_inside_the_output_rows()
         stream_steps(looprl.matmul(64, 256, 256), 8, 16)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     m=st.integers(1, STREAM_ROWS), n=st.integers(3, 150), k=st.integers(3, 70),
     tile=st.sampled_from(STREAM_TILES + ((2, 8), (3, 5))), target=st.sampled_from(RUNNABLE), side=st.sampled_from(["start", "end"]),
