@@ -141,9 +141,9 @@ def proposed_variants(nest: LoopNest, threads: int, serial_copy: bool) -> list[t
     variants = []
     for marked, indices in parallel_variants(nest, threads, serial_copy=serial_copy):
         variants.append((marked, (), indices))
-        staged = staged_team(marked, indices[0])
-        if staged is not None:
-            variants.append((staged, (Step(STAGE, indices[0], tensor=STAGED_TENSOR),), indices))
+        stage = staged_team(marked, indices[0])
+        if stage is not None:
+            variants.append((marked.apply((stage,)), (stage,), indices))
     shares = shares_variant(nest, threads)
     if shares is not None:
         variants.append(shares)
@@ -153,20 +153,20 @@ def proposed_variants(nest: LoopNest, threads: int, serial_copy: bool) -> list[t
     return variants
 
 
-def staged_team(marked: LoopNest, index: int) -> LoopNest | None:
+def staged_team(marked: LoopNest, index: int) -> Step | None:
     """Where team ``marked`` converts its right operand whole on every call (a changing input
-    packed into panels) and its parallel loop ``index`` walks that operand's panels, the same
-    team staging the operand at that loop instead: each thread packs the panels its own
-    iterations read, into a buffer of its own, right before it reads them
+    packed into panels) and its parallel loop ``index`` walks that operand's panels, the step
+    that makes it the same team staging the operand at that loop instead: each thread packs
+    the panels its own iterations read, into a buffer of its own, right before it reads them
     (:meth:`~looprl.ir.nest.LoopNest.stage`); None otherwise (a constant weight is converted
-    once, when bound, and is never staged). The calling thread's whole pack
-    ran before the team started and left the panels in its own core's caches: 128x320x960 on
-    a 2-vCPU Zen 4, AVX2 code, ran at 167-173 GFLOPS so and 186-195 staged (informal)."""
+    once, when bound, and is never staged). The calling thread's whole pack ran before the
+    team started and left the panels in its own core's caches: 128x320x960 on a 2-vCPU Zen 4,
+    AVX2 code, ran at 167-173 GFLOPS so and 186-195 staged (informal)."""
     tensor = STAGED_TENSOR
     if tensor not in dict(marked.layouts) or marked.loops[index].var not in marked.tensor_index(tensor):
         return None
     step = Step(STAGE, index, tensor=tensor)
-    return None if marked.why_not(step) is not None else marked.apply((step,))
+    return None if marked.why_not(step) is not None else step
 
 
 def hoisted_variant(nest: LoopNest, threads: int) -> tuple[LoopNest, tuple[int, ...], tuple[int, ...]] | None:
