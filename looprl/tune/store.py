@@ -62,7 +62,10 @@ from looprl.tune.results import Answer, from_relaid_start
 # v13's team measurements on a guest that stacked a team on one core found teams at one thread's
 # speed); a team whose calling thread packs a changing right operand whole is also proposed with
 # each thread packing its own panels at the parallel loop (looprl.search.parallel.staged_team).
-TUNER = "tune-v14"
+# 15: a team that loses its duel is duelled once more, settled, where its team-stage figure (not
+# only its best round) was far ahead of the serial best (v14 remembered 1x2560x960 serial at two
+# threads after its team ran at the serial speed through one duel).
+TUNER = "tune-v15"
 
 
 @dataclass(frozen=True)

@@ -66,8 +66,9 @@ COMPARISON_SHARE = 0.02
 # on every call unless frozen); a near-tie goes to the schedule that keeps nothing.
 # 5%: what two timings of one kernel differ by (torch.routes).
 IN_PLACE_MARGIN = 0.05
-# A team that lost its duel is duelled once more, settled, where its best round was this many
-# times the serial best's speed: a bimodal team (full speed while both cores were its own).
+# A team that lost its duel is duelled once more, settled, where its best round or its figure from
+# the team stage was this many times the serial best's speed: a bimodal team (full speed while
+# both cores were its own).
 BIMODAL_RATIO = 1.5
 
 
@@ -93,18 +94,22 @@ def team_or_serial(evaluator, serial: ScheduleRecord, teams: Iterable[ScheduleRe
     its own one-thread answer ran at 55.3 (a 2-vCPU Zen 3); on a busy 2-vCPU Zen 4 the same
     problem's team timed 207 GFLOPS at best and 105 at the median, its serial best 113.
 
-    A team that loses its duel while its best round ran :data:`BIMODAL_RATIO` times the serial
-    best's speed or more is duelled once more after running alone for
+    A team that loses its duel while its best round, or its figure from the team stage, ran
+    :data:`BIMODAL_RATIO` times the serial best's speed or more is duelled once more after running alone for
     :data:`~looprl.measurement.load.TEAM_SETTLE_S`, and that duel decides: in one run of
     ``looprl-bench tune --dataset models --split test --threads 1,2`` on a quiet Zen 4 three
     compute-bound GEMMs came back serial (0.51x the libraries at two threads) where alone they
     returned teams at 2.0x their serial speed (the benchmark's peers stay up in child processes
-    whose threads had just run)."""
+    whose threads had just run). The team stage's figure counts too: in a later run (Zen 4,
+    2026-11-30) 1x2560x960's team timed 73.1 GFLOPS in its stage against the serial best's 42.4,
+    then ran at the serial speed in all four rounds of its duel (best 40.0), and the answer came
+    back serial (0.54x the libraries at two threads)."""
     team = fastest(record for record in teams if record.nest is not None and record.gflops > 0)
     if team is None or serial.nest is None or not team.gflops > serial.gflops:
         return serial, serial.gflops
     duel = schedule_duel(evaluator, team.nest, serial.nest, TEAM_MARGIN)
-    if not duel.shown_faster(TEAM_MARGIN) and duel.incumbent_s >= BIMODAL_RATIO * duel.challenger_s:
+    far_ahead = duel.incumbent_s >= BIMODAL_RATIO * duel.challenger_s or team.gflops >= BIMODAL_RATIO * serial.gflops
+    if not duel.shown_faster(TEAM_MARGIN) and far_ahead:
         duel = schedule_duel(evaluator, team.nest, serial.nest, TEAM_MARGIN, settle_s=TEAM_SETTLE_S)  # its best far ahead: once more, settled
     team_gflops, serial_gflops = _cached(evaluator, team), _cached(evaluator, serial)  # the duel decides, the cache says how fast
     if duel.shown_faster(TEAM_MARGIN):
