@@ -25,9 +25,11 @@ With ``parallel=True`` (an env or search on more than one thread) one more actio
 
 ``stage`` and ``prefetch_<bytes>`` (the right operand staged, or prefetched that many bytes
 ahead, at the cursor's loop), then ``ksplit`` (the cursor loop, over a reduction, divided among
-the threads with partial sums: :meth:`LoopNest.ksplit`) come last, only in a set made with them
-(``stages``, ``prefetches``, ``ksplit``) or extended by a path that names them: never in the
-env's (tune proposes split-k teams after its search: :mod:`looprl.search.ksplit`).
+the threads with partial sums: :meth:`LoopNest.ksplit`) and ``spill`` (the output tile stored and
+reloaded at each iteration of the cursor's reduction loop: :meth:`LoopNest.spill`) come last, only
+in a set made with them (``stages``, ``prefetches``, ``ksplit``, ``spills``) or extended by a path
+that names them: never in the env's (tune proposes split-k teams after its search,
+:mod:`looprl.search.ksplit`, and spilled streaming tiles among its tiles, :mod:`looprl.search.streams`).
 
 With ``plans`` (names of :class:`~looprl.ir.plans.Plan`, e.g. all of
 :func:`~looprl.ir.plans.plan_catalogue` for the target) one action per plan comes last:
@@ -61,7 +63,7 @@ from looprl import checks, defaults
 from looprl.ir.action import (  # noqa: F401  (the action names' one place, re-exported)
     DEFAULT_PAD_MULTIPLE, KINDS, LAYOUT_ACTIONS, MOVES, PLAN, STEP_ACTIONS, SWAPS, Action, pad_multiple,
 )
-from looprl.ir.step import KSPLIT, PREFETCH, STAGE
+from looprl.ir.step import KSPLIT, PREFETCH, SPILL, STAGE
 from looprl.ir.nest import LoopNest
 from looprl.ir.plans import Plan, plan_catalogue, planned
 from looprl.ir.problem import Problem
@@ -118,6 +120,7 @@ class ActionSet:
         self, split_factors=defaults.SPLIT_FACTORS, max_loops: int = defaults.MAX_LOOPS, layouts: bool = False,
         pad_multiple: int = DEFAULT_PAD_MULTIPLE,
         parallel: bool = False, plans=(), target=None, stages: bool = False, prefetches=(), ksplit: bool = False,
+        spills: bool = False,
     ):
         if isinstance(split_factors, (str, bytes)) or not hasattr(split_factors, "__iter__"):
             raise ValueError(f"split_factors must be a sequence of integers, got {split_factors!r}")
@@ -135,6 +138,7 @@ class ActionSet:
         # the prefetch_<bytes> actions: the right operand prefetched that far ahead at the cursor's loop (last)
         self.prefetches = tuple(dict.fromkeys(checks.positive_int(ahead, "prefetch distance") for ahead in prefetches))
         self.ksplit = checks.flag(ksplit, "ksplit")  # the ksplit action: the cursor's reduction loop on the threads (last)
+        self.spills = checks.flag(spills, "spills")  # the spill action: the output tile spilled at the cursor's reduction loop (last)
         self.plans = _plan_names(plans)
         if self.plans and target is None:
             raise ValueError("plan actions need the target whose register tiles they name")
@@ -148,6 +152,7 @@ class ActionSet:
             + ((Action(STAGE),) if self.stages else ())
             + tuple(Action(PREFETCH, ahead) for ahead in self.prefetches)
             + ((Action(KSPLIT),) if self.ksplit else ())
+            + ((Action(SPILL),) if self.spills else ())
         )
         self.names = tuple(action.name for action in self.actions)
         self._planned: dict = {}
@@ -184,13 +189,13 @@ class ActionSet:
         if not extra:
             return self
         return ActionSet(self.split_factors + extra, self.max_loops, self.layouts, self.pad_multiple, self.parallel, self.plans, self.target,
-                         self.stages, self.prefetches, self.ksplit)
+                         self.stages, self.prefetches, self.ksplit, self.spills)
 
     def extended(self, names) -> "ActionSet":
         """This action set plus what replaying ``names`` needs: a ``split_<f>`` for each factor
         named that it lacks (after its own splits), the layout actions if ``pack`` or ``pad`` is
         named, the parallel action if it is, the stage action if it is, each ``prefetch_<bytes>``
-        named, the ksplit action if it is and each plan named that it lacks (plans need a set
+        named, the ksplit and spill actions if they are and each plan named that it lacks (plans need a set
         made for a target). Moves, swaps and its own splits keep their indices."""
         names = list(names)
         extended = self.with_splits(split_factors_named(names))
@@ -201,10 +206,12 @@ class ActionSet:
         named = [action.factor for action in map(Action.parse, names) if action is not None and action.kind == PREFETCH]
         prefetches = extended.prefetches + tuple(a for a in dict.fromkeys(named) if a not in extended.prefetches)
         ksplit = extended.ksplit or KSPLIT in names
-        if (layouts, parallel, plans, stages, prefetches, ksplit) != (extended.layouts, extended.parallel, extended.plans, extended.stages,
-                                                                      extended.prefetches, extended.ksplit):
+        spills = extended.spills or SPILL in names
+        if (layouts, parallel, plans, stages, prefetches, ksplit, spills) != (extended.layouts, extended.parallel, extended.plans,
+                                                                              extended.stages, extended.prefetches, extended.ksplit,
+                                                                              extended.spills):
             extended = ActionSet(extended.split_factors, extended.max_loops, layouts, extended.pad_multiple, parallel, plans,
-                                 extended.target, stages, prefetches, ksplit)
+                                 extended.target, stages, prefetches, ksplit, spills)
         return extended
 
     def __len__(self) -> int:

@@ -217,8 +217,9 @@ class RegisterScope:
         self.acc_layout = (layouts or {}).get("out")  # the accumulator's layout is the output's
         self.input_layouts = {t: (layouts or {}).get(t) for t in ("in0", "in1")}
         self.problem = problem
-        # Loops down to a parallel loop stay runtime loops outside the register scope.
-        self.floor = max((i for i, lp in enumerate(self.loops) if lp.parallel), default=-1)
+        # Loops down to a parallel loop or a spilled one (looprl.ir.nest_spill) stay runtime
+        # loops outside the register scope.
+        self.floor = max((i for i, lp in enumerate(self.loops) if lp.parallel or lp.spilled), default=-1)
         self._subtrees: dict[tuple, frozenset[int]] = {}
         self.plan = self._plan(problem)
 
@@ -236,7 +237,7 @@ class RegisterScope:
             vector_var = innermost.var if problem.output[-1] == innermost.var else None
         if vector_var is None and self._reads_both_along(innermost.var):
             vector_var = innermost.var  # a dot product: vectors of partial sums, summed across at the store
-        if self.floor == n - 1:  # a parallel innermost loop runs element by element
+        if self.floor == n - 1:  # a parallel (or spilled) innermost loop runs element by element
             vector_var = None
         self.vector_var = vector_var
         self.reduces_vector = vector_var is not None and vector_var not in self.output_dims

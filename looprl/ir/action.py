@@ -15,7 +15,7 @@ from looprl import checks
 from looprl.ir.nest import LAYOUT_TENSORS, LoopNest, initial_nest
 from looprl.ir.plans import Plan, plan_steps
 from looprl.ir.problem import Problem
-from looprl.ir.step import KSPLIT, MIN_FACTOR, PACK, PAD, PARALLEL, PREFETCH, SPLIT, STAGE, SWAP, Step
+from looprl.ir.step import KSPLIT, MIN_FACTOR, PACK, PAD, PARALLEL, PREFETCH, SPILL, SPLIT, STAGE, SWAP, Step
 
 DEFAULT_PAD_MULTIPLE = 16  # what ``pad`` pads to in an action set made for no target
 
@@ -23,14 +23,14 @@ MOVES = ("up", "down")
 SWAPS = ("swap_up", "swap_down")
 LAYOUT_ACTIONS = (PACK, PAD)
 PLAN = "plan"
-KINDS = MOVES + SWAPS + (SPLIT,) + LAYOUT_ACTIONS + (PARALLEL, PLAN, STAGE, PREFETCH, KSPLIT)
+KINDS = MOVES + SWAPS + (SPLIT,) + LAYOUT_ACTIONS + (PARALLEL, PLAN, STAGE, PREFETCH, KSPLIT, SPILL)
 STAGED_TENSOR = "in1"  # what the stage action stages: the right operand, block by block (issue 61)
 PREFETCHED_TENSOR = "in1"  # what a prefetch_<bytes> action prefetches: the right operand, the weight a few-row kernel streams
 # The actions that take an IR step (looprl.ir.step), relative to the cursor c: kind -> (the
 # step's op, its loop minus c, where the cursor goes minus c). The cursor follows a swapped loop.
 # swap_down comes first: where both swaps reach a step at the same distance, paths take it.
 STEP_ACTIONS = {"swap_down": (SWAP, 0, 1), "swap_up": (SWAP, -1, -1), SPLIT: (SPLIT, 0, 0), PARALLEL: (PARALLEL, 0, 0),
-                STAGE: (STAGE, 0, 0), PREFETCH: (PREFETCH, 0, 0), KSPLIT: (KSPLIT, 0, 0)}
+                STAGE: (STAGE, 0, 0), PREFETCH: (PREFETCH, 0, 0), KSPLIT: (KSPLIT, 0, 0), SPILL: (SPILL, 0, 0)}
 _TENSOR_OF = {STAGE: STAGED_TENSOR, PREFETCH: PREFETCHED_TENSOR}  # the tensor a step action's step names
 _SPLIT_PREFIX = SPLIT + "_"
 _PREFETCH_PREFIX = PREFETCH + "_"
@@ -67,7 +67,7 @@ class Action:
 
     def step(self, cursor: int) -> Step | None:
         """The IR step this action takes with the cursor on loop ``cursor`` (a swap, a split,
-        a parallel mark, a split-k, the right operand staged or prefetched at the loop), or None
+        a parallel mark, a split-k, a spill, the right operand staged or prefetched at the loop), or None
         for an action that takes none (a cursor move, a layout action, a plan)."""
         found = STEP_ACTIONS.get(self.kind)
         if found is None:

@@ -46,6 +46,10 @@ A compute loop may *prefetch* an input (:meth:`LoopNest.prefetch`): each of its 
 also prefetches every cache line of the input it reads a distance further along the input's
 memory. The mark shows in the printed nest (``prefetch in1 +1024``) and as ``>in1:1024`` after
 the loop in :attr:`LoopNest.key`; it moves with its loop as a stage's does.
+
+A compute loop over a reduction dimension may *spill* the output tile (:meth:`LoopNest.spill`,
+:mod:`looprl.ir.nest_spill`): the tile is stored and reloaded at each of its iterations, so the
+code generator keeps the nest's order there (``~`` after the loop in :attr:`LoopNest.key`).
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from functools import cached_property
 from looprl import checks
 from looprl.ir.layout import Layout
 from looprl.ir.nest_layouts import LayoutSteps, prefetch_refusal
+from looprl.ir.nest_spill import SpillSteps
 from looprl.ir.nest_threads import ThreadSteps
 from looprl.ir.problem import Problem
 from looprl.ir.step import MIN_FACTOR, Step
@@ -64,7 +69,7 @@ from looprl.ir.step import MIN_FACTOR, Step
 COMPUTE = "compute"
 WRITE_BACK = "write_back"
 LAYOUT_TENSORS = ("in0", "in1", "out")
-_KEY_LOOP_RE = re.compile(r"([a-z])([0-9]+)s([0-9]+)(?:t([0-9]+))?(p?)((?:\+in[01])*)((?:>in[01]:[0-9]+)*)", re.ASCII)
+_KEY_LOOP_RE = re.compile(r"([a-z])([0-9]+)s([0-9]+)(?:t([0-9]+))?(p?)(~?)((?:\+in[01])*)((?:>in[01]:[0-9]+)*)", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,7 @@ class Loop:
     parallel: bool = False  # iterations divided among threads (LoopNest.parallel; over a reduction: LoopNest.ksplit)
     staged: tuple[str, ...] = ()  # inputs whose block this loop's body copies first (LoopNest.stage)
     prefetched: tuple[tuple[str, int], ...] = ()  # (input, bytes ahead) each iteration prefetches (LoopNest.prefetch)
+    spilled: bool = False  # the output tile stored and reloaded at each iteration (LoopNest.spill)
 
     @property
     def budget(self) -> int:
@@ -95,7 +101,7 @@ class Loop:
         return self.size + (self.tail > 0)
 
     def describe(self) -> str:
-        text = ("parallel " if self.parallel else "") + f"for {self.var} in {self.size}"
+        text = ("parallel " if self.parallel else "") + ("spill " if self.spilled else "") + f"for {self.var} in {self.size}"
         if self.step != 1:
             text += f" step {self.step}"
         if self.tail:
@@ -108,7 +114,7 @@ class Loop:
 
 
 @dataclass(frozen=True)
-class LoopNest(LayoutSteps, ThreadSteps):
+class LoopNest(LayoutSteps, ThreadSteps, SpillSteps):
     """A schedule: the problem plus the compute and write-back loops, outermost first.
 
     Indices used by the transforms (:meth:`split`, :meth:`swap`, :meth:`merge`,
@@ -146,8 +152,10 @@ class LoopNest(LayoutSteps, ThreadSteps):
             for item in text.split(",") if text else ():
                 match = _KEY_LOOP_RE.fullmatch(item)
                 if match is None:
-                    raise ValueError(f"bad loop {item!r} in schedule key {key!r}: expected <dim><size>s<step>[t<tail>][p]")
-                var, size, step, tail, parallel, staged, prefetched = match.groups()
+                    raise ValueError(f"bad loop {item!r} in schedule key {key!r}: expected <dim><size>s<step>[t<tail>][p][~]")
+                var, size, step, tail, parallel, spilled, staged, prefetched = match.groups()
+                if spilled and (which != COMPUTE or var in problem.output):
+                    raise ValueError(f"bad loop {item!r} in schedule key {key!r}: only a compute loop over a reduction dimension spills")
                 staged = tuple(staged.split("+")[1:])
                 if staged and (which != COMPUTE or len(set(staged)) != len(staged)):
                     raise ValueError(f"bad loop {item!r} in schedule key {key!r}: only a compute loop stages, each input once")
@@ -155,11 +163,13 @@ class LoopNest(LayoutSteps, ThreadSteps):
                 why = next((prefetch_refusal(ahead) for _, ahead in prefetched if prefetch_refusal(ahead)), None)
                 if prefetched and (which != COMPUTE or why):
                     raise ValueError(f"bad loop {item!r} in schedule key {key!r}: {why or 'only a compute loop prefetches'}")
-                loops.append(Loop(var, int(size), int(step), int(tail or 0), which, parallel == "p", staged, prefetched))
+                loops.append(Loop(var, int(size), int(step), int(tail or 0), which, parallel == "p", staged, prefetched, spilled == "~"))
             _check_chains(problem, loops, dims, which, key)
             _check_parallel(problem, loops, which, key)
             parts.append(tuple(loops))
         nest = LoopNest(problem, parts[0], parts[1])
+        if sum(lp.spilled for lp in parts[0]) > 1:
+            raise ValueError(f"schedule key {key!r} spills at two loops (at most one is)")
         staged = [t for lp in parts[0] for t in lp.staged]
         if len(set(staged)) != len(staged):
             raise ValueError(f"schedule key {key!r} stages an input at two loops")
@@ -209,7 +219,7 @@ class LoopNest(LayoutSteps, ThreadSteps):
         """Canonical text of the schedule (the problem excluded): a cache key."""
 
         def part(loops: tuple[Loop, ...]) -> str:
-            return ",".join(f"{lp.var}{lp.size}s{lp.step}" + (f"t{lp.tail}" if lp.tail else "") + ("p" if lp.parallel else "")
+            return ",".join(f"{lp.var}{lp.size}s{lp.step}" + (f"t{lp.tail}" if lp.tail else "") + ("p" if lp.parallel else "") + ("~" if lp.spilled else "")
                             + "".join(f"+{t}" for t in lp.staged) + "".join(f">{t}:{a}" for t, a in lp.prefetched) for lp in loops)
 
         text = part(self.compute) + "|" + part(self.write_back)
@@ -313,9 +323,10 @@ class LoopNest(LayoutSteps, ThreadSteps):
         why = self.why_not_split(index, factor)
         if why is not None:
             raise ValueError(why)
-        outer = Loop(loop.var, loop.size // factor, loop.step * factor, (loop.size % factor) * loop.step + loop.tail, loop.nest, loop.parallel)
-        # A parallel loop's mark stays on the outer part; a stage or a prefetch stays on the inner
-        # one, whose iterations read the same blocks.
+        outer = Loop(loop.var, loop.size // factor, loop.step * factor, (loop.size % factor) * loop.step + loop.tail, loop.nest, loop.parallel,
+                     spilled=loop.spilled)
+        # A parallel loop's mark and a spill stay on the outer part; a stage or a prefetch stays on
+        # the inner one, whose iterations read the same blocks.
         inner = Loop(loop.var, factor, loop.step, 0, loop.nest, staged=loop.staged, prefetched=loop.prefetched)
         return self._replace_range(index, index + 1, (outer, inner))
 
@@ -364,7 +375,7 @@ class LoopNest(LayoutSteps, ThreadSteps):
         outer, inner = self.loops[index], self.loops[index + 1]
         size = outer.size * inner.size + outer.tail // inner.step
         merged = Loop(outer.var, size, inner.step, outer.tail % inner.step, outer.nest, outer.parallel or inner.parallel,
-                      outer.staged + inner.staged, outer.prefetched + inner.prefetched)
+                      outer.staged + inner.staged, outer.prefetched + inner.prefetched, outer.spilled or inner.spilled)
         return self._replace_range(index, index + 2, (merged,))
 
     def why_not_merge(self, index: int) -> str | None:

@@ -16,7 +16,10 @@ The loop ops:
 * ``ksplit``: loop ``loop``, over a reduction dimension of the compute nest, is marked
   parallel: each thread sums its share of the loop's iterations into a partial output of its
   own, and the partials are added into the output before the epilogue (a split-k: where the
-  output is too small to share out, :mod:`looprl.ir.nest_threads`).
+  output is too small to share out, :mod:`looprl.ir.nest_threads`);
+* ``spill``: loop ``loop``, over a reduction dimension of the compute nest, stores the output
+  tile and reloads it at each of its iterations, so that the code generator's register scope
+  lies inside it (:mod:`looprl.ir.nest_spill`).
 
 The layout ops (each changes how one input ``tensor``, ``in0`` or ``in1``, or the accumulator
 ``out`` is stored: :mod:`looprl.ir.layout`):
@@ -57,9 +60,9 @@ from dataclasses import dataclass
 
 from looprl import checks
 
-SPLIT, SWAP, MERGE, PARALLEL, KSPLIT = "split", "swap", "merge", "parallel", "ksplit"
+SPLIT, SWAP, MERGE, PARALLEL, KSPLIT, SPILL = "split", "swap", "merge", "parallel", "ksplit", "spill"
 PACK, PAD, PAIR, INNERMOST, STAGE, PREFETCH = "pack", "pad", "pair", "innermost", "stage", "prefetch"
-OPS = (SPLIT, SWAP, MERGE, PARALLEL, KSPLIT)  # the loop ops
+OPS = (SPLIT, SWAP, MERGE, PARALLEL, KSPLIT, SPILL)  # the loop ops
 LAYOUT_OPS = (PACK, PAD, PAIR, INNERMOST, STAGE, PREFETCH)  # the ops that name a tensor
 ALL_OPS = OPS + LAYOUT_OPS
 TENSORS = ("in0", "in1", "out")

@@ -10,7 +10,8 @@ proposes the target's own in order of how often they pay (the flat register tile
 :func:`~looprl.ir.schedules.cache_blocks` around the fastest, sized from the host's caches
 (:func:`~looprl.ir.cache_blocks.blocked_steps`), and for a few-row problem with a long reduction the fastest with
 its reduction blocks outermost (:mod:`looprl.search.kblocks`); for a problem of a few output rows, the streaming tiles of
-:func:`~looprl.search.streams.stream_tiles` (:func:`~looprl.ir.schedules.stream_steps`) and the fastest of them with its right operand
+:func:`~looprl.search.streams.stream_tiles` (:func:`~looprl.ir.schedules.stream_steps`), after those of
+:func:`~looprl.search.streams.spilled_tiles` with the output spilled at their block loop, and the fastest of them with its right operand
 prefetched ahead (:func:`~looprl.search.dots.prefetch_variants`); then the fastest with the right operand packed into
 column panels (for a cold problem, whose weights come from memory on every call, the packed
 panel schedules of :func:`~looprl.ir.schedules.panel_steps` come first of all); when
@@ -31,11 +32,11 @@ from looprl.ir.problem import Problem
 from looprl.ir.register_tiles import packed_right, tile_of, tile_shapes, tile_steps, why_not_tile
 from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.ir.schedules import cache_blocks, panel_steps, panel_widths, stream_steps
-from looprl.ir.step import PACK, SPLIT, STAGE, Step
+from looprl.ir.step import PACK, SPILL, SPLIT, STAGE, Step
 from looprl.search.context import BudgetExhausted, SearchContext
 from looprl.search.dots import prefetch_variants
 from looprl.search.kblocks import kblock_sizes, kblock_steps
-from looprl.search.streams import stream_tiles
+from looprl.search.streams import spilled_stream_steps, spilled_tiles, stream_tiles
 
 
 def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=None) -> tuple[ScheduleRecord | None, int]:
@@ -70,6 +71,7 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
     def reached(steps: list[Step]) -> tuple[tuple[str, ...], State] | None:
         """The path of actions that takes the untiled nest through IR ``steps``, and its state."""
         extended = actions.with_splits(step.arg for step in steps if step.op == SPLIT)
+        extended = extended.extended([SPILL]) if any(step.op == SPILL for step in steps) else extended
         found = extended.path(root, steps)
         if found is None:
             return None  # e.g. more loops than max_loops
@@ -115,8 +117,9 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
                         attempt(*tile, flat[1])
         if not transposed:  # few output rows: stream the right operand (measured after the tiles)
             streamed = []
-            for k_inner, columns in stream_tiles(problem):
-                tile = reached(stream_steps(problem, k_inner, columns))
+            tiles = [(spilled_stream_steps, tile) for tile in spilled_tiles(problem)] + [(stream_steps, tile) for tile in stream_tiles(problem)]
+            for steps_of, (k_inner, columns) in tiles:  # the spilled ones first (looprl.search.streams)
+                tile = reached(steps_of(problem, k_inner, columns))
                 if tile is not None:
                     attempt(*tile, columns)
                     streamed.append((context.measure(tile[1].nest).gflops, -len(streamed), tile, columns))  # (its memo)
