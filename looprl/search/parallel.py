@@ -33,8 +33,9 @@ from looprl.actions import ActionSet, State, replay
 from looprl.ir.nest import COMPUTE, WRITE_BACK, LoopNest, initial_nest
 from looprl.defaults import MAX_LOOPS
 from looprl.ir.action import STAGED_TENSOR
-from looprl.ir.step import KSPLIT, MAX_FACTOR, PARALLEL, SPLIT, STAGE, SWAP, Step
+from looprl.ir.step import KSPLIT, MAX_FACTOR, PARALLEL, SPILL, SPLIT, STAGE, SWAP, Step
 from looprl.search.context import BudgetExhausted, SearchContext
+from looprl.search.dots import few_rows
 from looprl.measurement.schedule_record import ScheduleRecord
 
 
@@ -83,14 +84,15 @@ def parallel_variant(nest: LoopNest, threads: int, iterations: int | None = None
     return marked, indices
 
 
-def parallel_proposals(candidates, context: SearchContext, threads: int) -> list[ScheduleRecord]:
+def parallel_proposals(candidates, context: SearchContext, threads: int, at_least: int = 0) -> list[ScheduleRecord]:
     """The parallel variants of ``candidates`` (:class:`~looprl.measurement.schedule_record.
     ScheduleRecord` s, best first; duplicates skipped), measured through ``context`` (whose evaluator measures on
     ``threads`` threads, and whose budget ends the stage), as candidates. Each one's actions
     replay it from the untuned nest: the candidate's, then cursor moves and ``parallel`` at
     each marked loop; each is found by ``"parallel"`` on ``threads`` threads. Which of them, or the serial best,
     wins is decided by tune's winner rule (:func:`looprl.tune.winner.team_or_serial`: a duel of
-    interleaved rounds, as a team is slowed by anything else running on its cores)."""
+    interleaved rounds, as a team is slowed by anything else running on its cores). The first
+    ``at_least`` proposals are measured whatever the budget."""
     proposals, seen = [], set()
     for candidate in candidates:
         if candidate.nest is None:  # e.g. no tile was measured
@@ -106,8 +108,8 @@ def parallel_proposals(candidates, context: SearchContext, threads: int) -> list
     found = []
     serial_best = best_serial_gflops(candidates)
     try:
-        for _, _, candidate, marked, steps, indices in proposals:
-            measurement = timed_team(context, marked, serial_best)
+        for rank, (_, _, candidate, marked, steps, indices) in enumerate(proposals):
+            measurement = timed_team(context, marked, serial_best, force=rank < at_least)
             if measurement.ok:
                 actions = _path(candidate.nest, tuple(candidate.actions or ()), steps, indices, context.target)
                 found.append(ScheduleRecord(marked, measurement.gflops, actions, "parallel", context.target, threads))
@@ -121,23 +123,25 @@ def best_serial_gflops(candidates) -> float:
     return max((c.gflops for c in candidates if c.nest is not None), default=0.0)
 
 
-def timed_team(context: SearchContext, nest: LoopNest, serial_best: float):
+def timed_team(context: SearchContext, nest: LoopNest, serial_best: float, force: bool = False):
     """The measurement of team ``nest`` through ``context``: a team slower than ``serial_best``
     (the serial schedules it was made of) was likely slowed by something on one of its cores (a
     2-vCPU host's other vCPU taken away), so it is timed once more before it is ranked
     (1024x960x960 on a Zen 4 came back serial at 112 GFLOPS in one run of the models bench, where
-    its team runs at 210). BudgetExhausted ends it as it ends any measurement."""
-    measurement = context.measure(nest)
+    its team runs at 210). BudgetExhausted ends it as it ends any measurement (``force``: whatever
+    the budget)."""
+    measurement = context.measure(nest, force=force)
     if measurement.ok and measurement.gflops < serial_best:
-        measurement = context.remeasure(nest)
+        measurement = context.remeasure(nest, force=force)
     return measurement
 
 
 def proposed_variants(nest: LoopNest, threads: int, serial_copy: bool) -> list[tuple[LoopNest, tuple[Step, ...], tuple[int, ...]]]:
     """The parallel variants proposed of one serial schedule, as ``(nest, the steps that move or
     split a loop first, the loops marked)``: :func:`parallel_variants` (with ``serial_copy``),
-    then :func:`shares_variant` and :func:`hoisted_variant` where there are (in that order: of
-    two proposals that start one team a call, the first is measured first)."""
+    then :func:`shares_variant` and :func:`hoisted_variant` where there are, each followed by its
+    :func:`spilled_team` where there is one (in that order: of two proposals that start one team
+    a call, the first is measured first)."""
     variants = []
     for marked, indices in parallel_variants(nest, threads, serial_copy=serial_copy):
         variants.append((marked, (), indices))
@@ -145,12 +149,35 @@ def proposed_variants(nest: LoopNest, threads: int, serial_copy: bool) -> list[t
         if stage is not None:
             variants.append((marked.apply((stage,)), (stage,), indices))
     shares = shares_variant(nest, threads)
-    if shares is not None:
-        variants.append(shares)
     hoisted = hoisted_variant(nest, threads)
     if hoisted is not None:
-        variants.append((hoisted[0], tuple(Step(SWAP, index) for index in hoisted[1]), hoisted[2]))
+        hoisted = (hoisted[0], tuple(Step(SWAP, index) for index in hoisted[1]), hoisted[2])
+    for variant in (shares, hoisted):
+        if variant is not None:
+            variants.append(variant)
+            spill = spilled_team(variant[0], variant[2][0])
+            if spill is not None:
+                variants.append((variant[0].apply((spill,)), variant[1] + (spill,), variant[2]))
     return variants
+
+
+def spilled_team(marked: LoopNest, index: int) -> Step | None:
+    """Where team ``marked`` of a few-row problem streams its right operand in blocks of the
+    reduction inside its parallel loop ``index`` (a reduction loop with a loop over tiles of the
+    output inside it: a streaming tile's order) and spills at no loop, the step that spills the output at that
+    block loop (:meth:`~looprl.ir.nest.LoopNest.spill`); None otherwise. A thread's share of the
+    columns can fit the code generator's register-blocked tile where the whole row did not, and
+    the scope then takes the block loop in, each register block running the whole reduction
+    (4x960x2560, AVX2 code: shares over columns at 57-77 GFLOPS against 81-88 serial; informal)."""
+    if not few_rows(marked.problem) or marked.spilled_loop is not None:
+        return None
+    output = marked.problem.output
+    inside = marked.compute[index + 1:]
+    block = next((i for i, loop in enumerate(inside) if loop.var not in output), None)
+    if block is None or not any(loop.var in output and loop.step > 1 and loop.size > 1 for loop in inside[block + 1:]):
+        return None  # no loop over tiles of the output inside the block loop: the tile stays in registers there
+    step = Step(SPILL, index + 1 + block)
+    return None if marked.why_not(step) is not None else step
 
 
 def staged_team(marked: LoopNest, index: int) -> Step | None:
@@ -258,7 +285,7 @@ def action_path(nest: LoopNest, actions: tuple[str, ...], steps: tuple[Step, ...
     if any(step.op == SPLIT and step.arg > MAX_FACTOR for step in steps):
         return None
     splits = [f"split_{step.arg}" for step in steps if step.op == SPLIT]
-    marks = list(dict.fromkeys(step.op for step in steps if step.op in (STAGE, PARALLEL, KSPLIT)))
+    marks = list(dict.fromkeys(step.op for step in steps if step.op in (STAGE, PARALLEL, KSPLIT, SPILL)))
     action_set = ActionSet.covering(list(actions) + splits + ["swap_up", "swap_down"] + marks, target=target)
     start = State(initial_nest(nest.problem), 0)
     transitions = replay(action_set, start, math.nan, actions)

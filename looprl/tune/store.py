@@ -64,7 +64,9 @@ from looprl.tune.results import Answer, from_relaid_start
 # each thread packing its own panels at the parallel loop (looprl.search.parallel.staged_team).
 # 15: a team that loses its duel is duelled once more, settled, where its team-stage figure (not
 # only its best round) was far ahead of the serial best (v14 remembered 1x2560x960 serial at two
-# threads after its team ran at the serial speed through one duel).
+# threads after its team ran at the serial speed through one duel); few-row problems whose output
+# fits the register-blocked tile also get their streaming tiles with the output spilled at the
+# block loop (looprl.search.streams.spilled_tiles: the nest's order kept).
 TUNER = "tune-v15"
 
 

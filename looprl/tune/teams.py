@@ -26,13 +26,20 @@ TEAM_SHARE = 0.25
 # was then refused before any was timed, so two threads returned the serial answer (0.49x the
 # libraries). Two: the team of the best's outermost output loop and one more variant.
 TEAM_REFINEMENTS = 2
+# Teams measured whatever the budget (the first proposals, fewest teams a call first): a few-row
+# streaming tile's column shares are proposed twice, unspilled and spilled, before its panels,
+# and the refinements' deadline (predicted from the serial best's speed) ended the stage after the
+# first: 4x960x2560 with AVX2 code came back serial at 97 GFLOPS, where its panels ran at 135
+# (informal, 2026-11-30).
+TEAM_MINIMUM = 3
 
 
 def with_teams(search: StagedSearch, actions: ActionSet, ranked: list[ScheduleRecord], threads: int) -> tuple[ScheduleRecord, float | None]:
     """The search's answer and its best serial schedule's speed (None on one thread). On more
     than one thread, teams are made of ``ranked`` (the serial candidates, fastest first) and
     measured in a context of the search on ``threads`` threads, in :data:`TEAM_SHARE` of its
-    budget more (at least :data:`TEAM_REFINEMENTS` of them, whatever the serial stages spent); the winner rule (:func:`~looprl.tune.winner.team_or_serial`) returns the
+    budget more (at least :data:`TEAM_REFINEMENTS` of them, whatever the serial stages spent, and
+    the first :data:`TEAM_MINIMUM` parallel proposals whatever the budget); the winner rule (:func:`~looprl.tune.winner.team_or_serial`) returns the
     fastest team only where it beats the serial best in a duel of interleaved rounds after
     that stage (the serial speed reported is then its re-timed one)."""
     best = ranked[0]
@@ -48,7 +55,7 @@ def with_teams(search: StagedSearch, actions: ActionSet, ranked: list[ScheduleRe
         # Split-k teams first: they are proposed only where the output is too small to share out
         # (looprl.search.ksplit), where the teams that divide it are the weaker bet.
         proposals.extend(ksplit_proposals(ranked, context, threads))
-        proposals.extend(parallel_proposals(ranked, context, threads))
+        proposals.extend(parallel_proposals(ranked, context, threads, at_least=TEAM_MINIMUM))
         return proposals
 
     search.run(context, Stage("parallel", propose, share=TEAM_SHARE, refinements=TEAM_REFINEMENTS, from_best=True))

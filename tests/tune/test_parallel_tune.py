@@ -83,7 +83,7 @@ def test_a_parallel_schedule_that_does_not_pay_is_not_returned(monkeypatch):
 
     tune_module = importlib.import_module("looprl.tune.teams")  # the module, not the function it exports
 
-    def slow(candidates, context, threads):
+    def slow(candidates, context, threads, at_least=0):
         best = candidates[0]
         return [ScheduleRecord(parallel_variant(best.nest, threads)[0], best.gflops / 3, best.actions)]
 
@@ -101,7 +101,7 @@ def test_teams_are_predicted_from_the_serial_best_not_the_last_schedule_measured
     tune_module = importlib.import_module("looprl.tune.teams")
     seen = []
 
-    def recording(candidates, context, threads):
+    def recording(candidates, context, threads, at_least=0):
         seen.append((context.budget.reference_gflops, candidates[0].gflops))
         return []
 
