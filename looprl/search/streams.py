@@ -1,7 +1,10 @@
 """Tune's streaming tiles of a few-row problem: the fixed :data:`~looprl.ir.schedules.STREAM_TILES`
 and, where each row of the right operand is read in short segments, deeper ones that keep more
 of its rows streaming at once (:func:`stream_tiles`), each a ``(k_inner, columns)`` of
-:func:`~looprl.ir.schedules.stream_steps`.
+:func:`~looprl.ir.schedules.stream_steps`; and before them, where the segments are short, the
+tiles of :data:`SPILLED_TILES` with the output spilled at their block loop
+(:func:`spilled_stream_steps`, :mod:`looprl.ir.nest_spill`), which keep the nest's order so
+that the segments are whole rows.
 
 Why deeper streams pay there, read from the generated code: when the output's rows fit the
 code generator's register-blocked tile (:data:`~looprl.backend.register_plan.BLOCKED_TILE_FLOATS`:
