@@ -39,7 +39,7 @@ import math
 import time
 from dataclasses import dataclass, replace
 
-from looprl import defaults
+from looprl import checks, defaults
 from looprl.backend.peak_kernel import peak_chain_counts
 from looprl.backend.placement import placed_team
 from looprl.backend.threads import before_parallel_call, check_threads
@@ -59,6 +59,19 @@ RETIME_TRIES = 2  # timings of a remembered answer before it is judged slower th
 # calls, its threads sharing a core until the scheduler spread them; 0.02 s of running did not
 # restore it, 0.05 s did (Zen 4, 2 vCPUs, 2026-11-29).
 TEAM_SETTLE_S = 0.1
+
+
+# A team of ``threads`` runs its threads together now where the reference kernel on them runs at
+# least this share of ``threads`` times its one-thread speed (team_runs_now). On a 2-vCPU KVM guest
+# (AMD EPYC Zen 4, 2026-11-30), with every other process idle and each thread of the team held to
+# a core of its own, 6 of 60 readings of the two-thread reference, in runs of about a second,
+# came out at exactly its one-thread speed (118.0 GFLOPS against 236): the pool thread, asleep
+# between calls, woke only after the calling thread had done its share (with the pool threads
+# spinning, OMP_WAIT_POLICY=ACTIVE, none of 60 did). A team timed then is timed at one thread's
+# speed, and in one run of the models benchmark six problems came back serial so.
+TEAM_SCALING = 0.75
+TEAM_WAIT_S = 2.0  # how long team_runs_now is waited for (wait_for_teams), polled every TEAM_POLL_S
+TEAM_POLL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -123,6 +136,28 @@ def time_reference(target: Target, threads: int = 1, lock=None, settle_s: float 
         while time.perf_counter() < settled:
             kernel.run(100)
         return timing.best_time(kernel.run, REFERENCE_BUDGET_S, flops=kernel.flops, lock=lock).gflops
+
+
+def team_runs_now(target: Target, threads: int, lock=None) -> bool:
+    """Whether a team of ``threads`` threads runs its threads together now: the reference kernel
+    (:func:`time_reference`) on ``threads`` threads at least :data:`TEAM_SCALING` x ``threads``
+    times its speed on one, the two read one after the other (see :data:`TEAM_SCALING`)."""
+    threads = check_threads(threads)
+    if threads == 1:
+        return True
+    return time_reference(target, threads, lock) >= TEAM_SCALING * threads * time_reference(target, 1, lock)
+
+
+def wait_for_teams(target: Target, threads: int, lock=None, timeout_s: float = TEAM_WAIT_S) -> bool:
+    """Wait until :func:`team_runs_now` (polled every :data:`TEAM_POLL_S`) for at most
+    ``timeout_s`` seconds: whether it does."""
+    deadline = time.perf_counter() + checks.seconds(timeout_s, "timeout_s", allow_zero=True)
+    while True:
+        if team_runs_now(target, threads, lock):
+            return True
+        if time.perf_counter() + TEAM_POLL_S > deadline:
+            return False
+        time.sleep(TEAM_POLL_S)
 
 
 def check_load(target: Target | str | None = None, cache=None, *, threads: int = 1, budget_s: float = defaults.STATE_BUDGET_S,

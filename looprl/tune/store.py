@@ -66,7 +66,9 @@ from looprl.tune.results import Answer, from_relaid_start
 # only its best round) was far ahead of the serial best (v14 remembered 1x2560x960 serial at two
 # threads after its team ran at the serial speed through one duel); few-row problems whose output
 # fits the register-blocked tile also get their streaming tiles with the output spilled at the
-# block loop (looprl.search.streams.spilled_tiles: the nest's order kept).
+# block loop (looprl.search.streams.spilled_tiles: the nest's order kept), and their teams over
+# column shares spilled too; the first three team proposals are timed whatever the budget; teams
+# timed while their threads did not run together are timed again once they do (tune.winner).
 TUNER = "tune-v15"
 
 

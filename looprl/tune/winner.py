@@ -32,7 +32,7 @@ from looprl.ir.problem import Problem
 from looprl.ir.nest import LoopNest
 from looprl.ir.schedules import why_not_dot
 from looprl.measurement.duels import schedule_duel
-from looprl.measurement.load import TEAM_SETTLE_S
+from looprl.measurement.load import TEAM_SETTLE_S, team_runs_now, wait_for_teams
 from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.search.context import SearchContext
 from looprl.search.dots import FEW_ROWS
@@ -70,6 +70,9 @@ IN_PLACE_MARGIN = 0.05
 # the team stage was this many times the serial best's speed: a bimodal team (full speed while
 # both cores were its own).
 BIMODAL_RATIO = 1.5
+# The teams timed again once a team's threads run together again, where the serial best was
+# returned while they did not (team_or_serial).
+TEAMS_RETIMED = 3
 
 
 def confirmed(search: StagedSearch, context: SearchContext) -> list[ScheduleRecord]:
@@ -78,7 +81,7 @@ def confirmed(search: StagedSearch, context: SearchContext) -> list[ScheduleReco
     return search.confirm(context, within=CONTENDER_WITHIN, rounds=CONTENDER_ROUNDS, max_cost_s=search.budget_s / 4).ranked
 
 
-def team_or_serial(evaluator, serial: ScheduleRecord, teams: Iterable[ScheduleRecord]) -> tuple[ScheduleRecord, float]:
+def team_or_serial(evaluator, serial: ScheduleRecord, teams: Iterable[ScheduleRecord], retry: bool = True) -> tuple[ScheduleRecord, float]:
     """The answer of a tune on more threads than one, and the serial best's speed as last
     timed: the fastest of ``teams`` (each timed on the threads offered) where it wins the duel
     against ``serial`` (:func:`~looprl.measurement.duels.schedule_duel` through ``evaluator``,
@@ -103,8 +106,30 @@ def team_or_serial(evaluator, serial: ScheduleRecord, teams: Iterable[ScheduleRe
     whose threads had just run). The team stage's figure counts too: in a later run (Zen 4,
     2026-11-30) 1x2560x960's team timed 73.1 GFLOPS in its stage against the serial best's 42.4,
     then ran at the serial speed in all four rounds of its duel (best 40.0), and the answer came
-    back serial (0.54x the libraries at two threads)."""
-    team = fastest(record for record in teams if record.nest is not None and record.gflops > 0)
+    back serial (0.54x the libraries at two threads).
+
+    Where the serial best is returned though teams were timed, and a team's threads do not run
+    together just now (:func:`~looprl.measurement.load.team_runs_now`: on a 2-vCPU guest a pool
+    thread woken late left whole seconds of team timings at one thread's speed, every team of a
+    problem then timed no faster than its serial best), tune waits until they do
+    (:func:`~looprl.measurement.load.wait_for_teams`, at most
+    :data:`~looprl.measurement.load.TEAM_WAIT_S`), times the :data:`TEAMS_RETIMED` fastest teams
+    again and applies the rule once more (``retry``: whether it may)."""
+    timed = [record for record in teams if record.nest is not None and record.gflops > 0]
+    chosen = _duelled(evaluator, serial, timed)
+    returned_serial = chosen[0].nest is None or not chosen[0].nest.is_parallel
+    if retry and timed and returned_serial and not team_runs_now(evaluator.target, evaluator.threads, evaluator.timing_lock):
+        # The team's threads did not run together just now (a pool thread woken late): its figures
+        # may be one thread's. Once they do, the fastest teams are timed again and judged again.
+        if wait_for_teams(evaluator.target, evaluator.threads, evaluator.timing_lock):
+            retimed = [record.with_gflops(evaluator.remeasure(record.nest).gflops) for record in sorted(timed, key=lambda r: -r.gflops)[:TEAMS_RETIMED]]
+            return team_or_serial(evaluator, serial, retimed, retry=False)
+    return chosen
+
+
+def _duelled(evaluator, serial: ScheduleRecord, timed: list[ScheduleRecord]) -> tuple[ScheduleRecord, float]:
+    """:func:`team_or_serial`'s rule once, on the teams ``timed`` (each with a schedule and a figure)."""
+    team = fastest(timed)
     if team is None or serial.nest is None or not team.gflops > serial.gflops:
         return serial, serial.gflops
     duel = schedule_duel(evaluator, team.nest, serial.nest, TEAM_MARGIN)

@@ -2,6 +2,8 @@
 interleaved rounds (looprl.tune.winner.team_or_serial), in measured tune and in the fast
 path's split alike. Every timer here is scripted: no wall-clock time is asserted."""
 
+import importlib
+
 import pytest
 
 import looprl
@@ -185,3 +187,41 @@ def test_a_team_far_ahead_in_its_stage_that_loses_every_round_is_duelled_once_mo
     team_record = ScheduleRecord(parallel_variant(serial_nest, 2)[0], 2 * SERIAL_GFLOPS, ())
     chosen, serial_gflops = team_or_serial(evaluator, serial, [team_record])
     assert (chosen.nest is team_record.nest) is settles and serial_gflops == SERIAL_GFLOPS
+
+
+@needs_two
+@pytest.mark.parametrize("teams_come_back", [True, False])
+def test_teams_timed_while_their_threads_did_not_run_together_are_timed_again_once_they_do(monkeypatch, teams_come_back):
+    """A 2-vCPU guest (Zen 4, 2026-11-30) ran whole seconds of two-thread timings at exactly one
+    thread's speed (a pool thread woken late), every team of a problem then timed no faster than
+    its serial best and returned serial. Where the serial best is returned with teams timed and
+    a team's threads do not run together now, tune waits until they do, times the fastest teams
+    again and judges again; where they never do, the serial best stands."""
+    from looprl.measurement import load
+
+    winner = importlib.import_module("looprl.tune.winner")
+    state = {"together": False}
+    monkeypatch.setattr(winner, "team_runs_now", lambda target, threads, lock=None: state["together"])
+
+    def wait(target, threads, lock=None, timeout_s=load.TEAM_WAIT_S):
+        state["together"] = teams_come_back
+        return teams_come_back
+
+    monkeypatch.setattr(winner, "wait_for_teams", wait)
+
+    class Timer:  # a team at one thread's speed until its threads run together, then at twice
+        def __call__(self, kernel, budget_s, workspace=None, lock=None, threads=None, min_runs=3):
+            gflops = 2 * SERIAL_GFLOPS if threads != 1 and state["together"] else SERIAL_GFLOPS
+            return Timing(kernel.problem.flops / (gflops * 1e9), 3, 1, kernel.problem.flops)
+
+    monkeypatch.setattr(evaluator_module, "time_kernel", Timer())
+    problem = looprl.matmul(24, 16, 8)
+    serial_nest = looprl.initial_nest(problem)
+    evaluator = looprl.Evaluator(":memory:", 0.001, threads=2)
+    serial = ScheduleRecord(serial_nest, SERIAL_GFLOPS, ())
+    team_record = ScheduleRecord(parallel_variant(serial_nest, 2)[0], SERIAL_GFLOPS * 0.99, ())  # timed at one thread's speed
+    chosen, serial_gflops = team_or_serial(evaluator, serial, [team_record])
+    assert (chosen.nest is team_record.nest) is teams_come_back and serial_gflops == SERIAL_GFLOPS
+    assert chosen.gflops == (2 * SERIAL_GFLOPS if teams_come_back else SERIAL_GFLOPS)
+    state["together"] = False
+    assert team_or_serial(evaluator, serial, [team_record], retry=False)[0] is serial  # the rule alone: serial
