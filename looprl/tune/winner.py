@@ -71,8 +71,11 @@ IN_PLACE_MARGIN = 0.05
 # both cores were its own).
 BIMODAL_RATIO = 1.5
 # The teams timed again once a team's threads run together again, where the serial best was
-# returned while they did not (team_or_serial).
+# returned while they did not (team_or_serial), at most TEAM_RETRIES times: in one run of the
+# models benchmark (Zen 4, 2026-11-30) 128x320x960's teams, timed again once a reading found the
+# threads together, ran at the serial speed again (113.8 GFLOPS against the stage's 218.0).
 TEAMS_RETIMED = 3
+TEAM_RETRIES = 3
 
 
 def confirmed(search: StagedSearch, context: SearchContext) -> list[ScheduleRecord]:
@@ -81,7 +84,7 @@ def confirmed(search: StagedSearch, context: SearchContext) -> list[ScheduleReco
     return search.confirm(context, within=CONTENDER_WITHIN, rounds=CONTENDER_ROUNDS, max_cost_s=search.budget_s / 4).ranked
 
 
-def team_or_serial(evaluator, serial: ScheduleRecord, teams: Iterable[ScheduleRecord], retry: bool = True) -> tuple[ScheduleRecord, float]:
+def team_or_serial(evaluator, serial: ScheduleRecord, teams: Iterable[ScheduleRecord], retries: int = TEAM_RETRIES) -> tuple[ScheduleRecord, float]:
     """The answer of a tune on more threads than one, and the serial best's speed as last
     timed: the fastest of ``teams`` (each timed on the threads offered) where it wins the duel
     against ``serial`` (:func:`~looprl.measurement.duels.schedule_duel` through ``evaluator``,
@@ -114,16 +117,17 @@ def team_or_serial(evaluator, serial: ScheduleRecord, teams: Iterable[ScheduleRe
     problem then timed no faster than its serial best), tune waits until they do
     (:func:`~looprl.measurement.load.wait_for_teams`, at most
     :data:`~looprl.measurement.load.TEAM_WAIT_S`), times the :data:`TEAMS_RETIMED` fastest teams
-    again and applies the rule once more (``retry``: whether it may)."""
+    again and applies the rule again, up to ``retries`` times: a reading that found the threads
+    together can fall just before another such spell."""
     timed = [record for record in teams if record.nest is not None and record.gflops > 0]
     chosen = _duelled(evaluator, serial, timed)
     returned_serial = chosen[0].nest is None or not chosen[0].nest.is_parallel
-    if retry and timed and returned_serial and not team_runs_now(evaluator.target, evaluator.threads, evaluator.timing_lock):
+    if retries > 0 and timed and returned_serial and not team_runs_now(evaluator.target, evaluator.threads, evaluator.timing_lock):
         # The team's threads did not run together just now (a pool thread woken late): its figures
         # may be one thread's. Once they do, the fastest teams are timed again and judged again.
         if wait_for_teams(evaluator.target, evaluator.threads, evaluator.timing_lock):
             retimed = [record.with_gflops(evaluator.remeasure(record.nest).gflops) for record in sorted(timed, key=lambda r: -r.gflops)[:TEAMS_RETIMED]]
-            return team_or_serial(evaluator, serial, retimed, retry=False)
+            return team_or_serial(evaluator, serial, retimed, retries - 1)
     return chosen
 
 

@@ -224,4 +224,41 @@ def test_teams_timed_while_their_threads_did_not_run_together_are_timed_again_on
     assert (chosen.nest is team_record.nest) is teams_come_back and serial_gflops == SERIAL_GFLOPS
     assert chosen.gflops == (2 * SERIAL_GFLOPS if teams_come_back else SERIAL_GFLOPS)
     state["together"] = False
-    assert team_or_serial(evaluator, serial, [team_record], retry=False)[0] is serial  # the rule alone: serial
+    assert team_or_serial(evaluator, serial, [team_record], retries=0)[0] is serial  # the rule alone: serial
+
+
+def _spells(monkeypatch, slow_retimes: int):
+    """128x320x960 (Zen 4, 2026-11-30): its teams, timed again once a reading found the threads
+    together, ran at the serial speed again (another spell had begun). This: team_or_serial of a team timed at one thread's speed whose first ``slow_retimes`` timings
+    after a wait are slow too (a spell came back), then at twice the serial speed."""
+    winner = importlib.import_module("looprl.tune.winner")
+    state = {"waits": 0}
+    monkeypatch.setattr(winner, "team_runs_now", lambda target, threads, lock=None: False)
+
+    def wait(target, threads, lock=None, timeout_s=None):
+        state["waits"] += 1
+        return True
+
+    monkeypatch.setattr(winner, "wait_for_teams", wait)
+
+    def timer(kernel, budget_s, workspace=None, lock=None, threads=None, min_runs=3):
+        fast = threads != 1 and state["waits"] > slow_retimes
+        gflops = 2 * SERIAL_GFLOPS if fast else SERIAL_GFLOPS
+        return Timing(kernel.problem.flops / (gflops * 1e9), 3, 1, kernel.problem.flops)
+
+    monkeypatch.setattr(evaluator_module, "time_kernel", timer)
+    problem = looprl.matmul(24, 16, 8)
+    serial_nest = looprl.initial_nest(problem)
+    serial = ScheduleRecord(serial_nest, SERIAL_GFLOPS, ())
+    team_record = ScheduleRecord(parallel_variant(serial_nest, 2)[0], SERIAL_GFLOPS * 0.99, ())
+    chosen, _ = team_or_serial(looprl.Evaluator(":memory:", 0.001, threads=2), serial, [team_record])
+    return chosen.nest is team_record.nest, state["waits"]
+
+
+@needs_two
+@pytest.mark.parametrize("slow_retimes, returned, waits", [(0, True, 1), (2, True, 3), (3, False, 3)])
+def test_a_spell_that_comes_back_is_waited_out_up_to_team_retries_times(monkeypatch, slow_retimes, returned, waits):
+    from looprl.tune.winner import TEAM_RETRIES
+
+    assert TEAM_RETRIES == 3
+    assert _spells(monkeypatch, slow_retimes) == (returned, waits)
