@@ -1,10 +1,11 @@
 """The README and docs/ say only what runs: every Python block runs, every command line parses.
 
-- A ```python block runs in a fresh interpreter (this checkout first on the path, the tests'
-  private measurement cache, a temporary working folder). A block whose first line is
-  ``# not run`` is an illustration only; few may be. A block that imports torch runs in an
-  interpreter forked from one that has only imported torch (:class:`TorchImported`): its own
-  globals, modules and state as a fresh interpreter's, without paying torch's import again.
+- A ```python block runs in a fresh interpreter (this checkout first on the path, a temporary
+  working folder, and a measurement cache of this module's own: :func:`blocks_cache`). A block
+  whose first line is ``# not run`` is an illustration only; few may be. The blocks that import
+  torch run one after another in one test, each in an interpreter forked from one that has
+  only imported torch (:class:`TorchImported`): its own globals, modules and state as a fresh
+  interpreter's, without paying torch's import again.
 - Every command in a ```bash / ```console block that starts a looprl command line
   (``.venv/bin/looprl-*``, ``python -m looprl...``) or an experiment script is parsed by that
   command's own argparse parser, stopped right after parsing: a renamed or mistyped flag fails
@@ -65,8 +66,17 @@ PYTHON_BLOCKS = [(path, line, text) for path in DOCUMENTS for language, line, te
 SHELL_BLOCKS = [(path, line, text) for path in DOCUMENTS for language, line, text in fenced_blocks(path) if language in SHELLS]
 
 
+def _imports_torch(text: str) -> bool:
+    return "import torch" in text
+
+
+TORCH_BLOCKS = [(path, line, text) for path, line, text in PYTHON_BLOCKS if _imports_torch(text) and not text.startswith(NOT_RUN)]
+
+
 def _python_params():
     for path, line, text in PYTHON_BLOCKS:
+        if (path, line, text) in TORCH_BLOCKS:
+            continue  # test_the_torch_blocks_run
         marks = [pytest.mark.slow] if any(word in text for word in SLOW_WORDS) else []
         yield pytest.param(path, line, text, id=_label(path, line), marks=marks)
 
@@ -164,33 +174,58 @@ class TorchImported:
 
 
 @pytest.fixture(scope="module")
-def torch_imported():
-    """``torch_imported(environment)``: the module's TorchImported interpreter, started on first use."""
-    started = []
+def blocks_cache(tmp_path_factory) -> Path:
+    """The measurement cache folder (``LOOPRL_CACHE_DIR``) of every block this module runs in
+    one test process: the blocks share it as a reader's session shares theirs, and none sees
+    the measurements the other tests of the process left in theirs (a block that trains
+    AutoTVM's global model on the host's database, ``transfer=True``, trains on the blocks'
+    measurements alone). It holds this host's memory bandwidths at one thread from the start,
+    as a reader's cache holds them after their first tune: measured in this process, once per
+    test process (tests/conftest.py), where each block's first tune measured them again
+    (about 4 CPU s: what a bandwidth is, is checked by tests/measurement/test_roofline.py)."""
+    from looprl.measurement import roofline
 
-    def get(environment: dict) -> TorchImported:
-        if not started:
-            started.append(TorchImported(environment))
-        return started[0]
+    folder = tmp_path_factory.mktemp("docs-cache")
+    roofline.memory_bandwidth(cache=folder / "measurements.sqlite")
+    return folder
 
-    yield get
-    for interpreter in started:
-        interpreter.close()
+
+def _environment(cache_folder: Path) -> dict:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                LOOPRL_CACHE_DIR=str(cache_folder))
 
 
 @pytest.mark.parametrize(("path", "line", "text"), list(_python_params()))
-def test_python_block_runs(path, line, text, tmp_path, torch_imported):
+def test_python_block_runs(path, line, text, tmp_path, blocks_cache):
     if text.startswith(NOT_RUN):
         pytest.skip(f"marked {NOT_RUN!r}")
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     started = time.monotonic()
-    if "import torch" in text:
-        status, stderr = torch_imported(environment).run(text, tmp_path, environment, SNIPPET_TIMEOUT_S)
-    else:
-        completed = subprocess.run([sys.executable, "-c", text], cwd=tmp_path, env=environment,
-                                   capture_output=True, text=True, timeout=SNIPPET_TIMEOUT_S)
-        status, stderr = completed.returncode, completed.stderr
-    assert status == 0, f"{_label(path, line)} failed after {time.monotonic() - started:.1f} s:\n{stderr[-3000:]}"
+    completed = subprocess.run([sys.executable, "-c", text], cwd=tmp_path, env=_environment(blocks_cache),
+                               capture_output=True, text=True, timeout=SNIPPET_TIMEOUT_S)
+    assert completed.returncode == 0, f"{_label(path, line)} failed after {time.monotonic() - started:.1f} s:\n{completed.stderr[-3000:]}"
+
+
+@pytest.mark.slow
+def test_the_torch_blocks_run(tmp_path, blocks_cache):
+    """Every block that imports torch, in the documents' order, each in a fork of one
+    interpreter that imported torch (one such interpreter per test process, not one per worker
+    that ran any of them: ~3.5 CPU s each). A failing block does not stop the others; the
+    failure names each that failed."""
+    assert TORCH_BLOCKS, "no block imports torch"
+    environment = _environment(blocks_cache)
+    interpreter = TorchImported(environment)
+    failed = []
+    try:
+        for index, (path, line, text) in enumerate(TORCH_BLOCKS):
+            folder = tmp_path / str(index)
+            folder.mkdir()
+            started = time.monotonic()
+            status, stderr = interpreter.run(text, folder, environment, SNIPPET_TIMEOUT_S)
+            if status != 0:
+                failed.append(f"{_label(path, line)} failed after {time.monotonic() - started:.1f} s:\n{stderr[-3000:]}")
+    finally:
+        interpreter.close()
+    assert not failed, "\n\n".join(failed)
 
 
 # ---- command lines ----------------------------------------------------------------------

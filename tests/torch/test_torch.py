@@ -280,7 +280,7 @@ def test_a_tuned_module_s_records_load_without_tuning_on_the_same_cpu_and_tune_a
     from looprl.torch.records import tuned_names
 
     module = block()
-    x = torch.randn(2, 24)  # rows 1 and 2 of each layer: four problems, each tuned twice
+    x = torch.randn(1, 24)  # one row of each layer: two problems, each tuned twice (measured tuning costs ~0.5 CPU s a problem)
     settings = dict(options, **MEASURED)  # one private cache for the whole module
     tuned = tune_module(module, x, **settings)
     assert all(r.mode == "measured" for _, layer in tuned_layers(tuned) for r in layer.results.values())
