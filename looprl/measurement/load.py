@@ -36,6 +36,7 @@ How ``tune`` uses it:
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, replace
 
@@ -72,6 +73,11 @@ TEAM_SETTLE_S = 0.1
 TEAM_SCALING = 0.75
 TEAM_WAIT_S = 2.0  # how long team_runs_now is waited for (wait_for_teams), polled every TEAM_POLL_S
 TEAM_POLL_S = 0.1
+# Where other processes keep this share of a core busy or more (others_busy, read over
+# OTHERS_WINDOW_S), a team that does not run together is slowed by them, not by a thread woken
+# late: waiting for it would wait on their work (a test run's other worker, a user's job).
+OTHERS_BUSY_CORES = 0.5
+OTHERS_WINDOW_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -150,14 +156,45 @@ def team_runs_now(target: Target, threads: int, lock=None) -> bool:
 
 def wait_for_teams(target: Target, threads: int, lock=None, timeout_s: float = TEAM_WAIT_S) -> bool:
     """Wait until :func:`team_runs_now` (polled every :data:`TEAM_POLL_S`) for at most
-    ``timeout_s`` seconds: whether it does."""
+    ``timeout_s`` seconds: whether it does. False at once where other processes keep
+    :data:`OTHERS_BUSY_CORES` of a core busy (:func:`others_busy`): their work, not a late
+    thread, keeps the team apart."""
     deadline = time.perf_counter() + checks.seconds(timeout_s, "timeout_s", allow_zero=True)
     while True:
         if team_runs_now(target, threads, lock):
             return True
-        if time.perf_counter() + TEAM_POLL_S > deadline:
+        if others_busy() >= OTHERS_BUSY_CORES or time.perf_counter() + TEAM_POLL_S > deadline:
             return False
         time.sleep(TEAM_POLL_S)
+
+
+def others_busy(window_s: float = OTHERS_WINDOW_S) -> float:
+    """Cores' worth of CPU time that other processes used over the next ``window_s`` seconds
+    (this process sleeps meanwhile): the machine's busy time (``/proc/stat``) less this
+    process's own (``/proc/self/stat``), in jiffies of the clock tick; 0.0 where those files
+    cannot be read (not Linux)."""
+    before = _busy_jiffies()
+    time.sleep(window_s)
+    after = _busy_jiffies()
+    if before is None or after is None:
+        return 0.0
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    others = (after[0] - before[0]) - (after[1] - before[1])
+    return max(0.0, others / ticks / window_s)
+
+
+def _busy_jiffies() -> tuple[int, int] | None:
+    """(the machine's busy jiffies over all cores, this process's), or None where unreadable."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = [int(value) for value in stat.readline().split()[1:]]
+        with open("/proc/self/stat", encoding="ascii") as own:
+            mine = own.read().rsplit(")", 1)[1].split()
+    except (OSError, ValueError, IndexError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and waiting for I/O
+    steal = fields[7] if len(fields) > 7 else 0
+    return sum(fields[:8]) - idle - steal, int(mine[11]) + int(mine[12])
 
 
 def check_load(target: Target | str | None = None, cache=None, *, threads: int = 1, budget_s: float = defaults.STATE_BUDGET_S,

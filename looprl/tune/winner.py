@@ -32,7 +32,7 @@ from looprl.ir.problem import Problem
 from looprl.ir.nest import LoopNest
 from looprl.ir.schedules import why_not_dot
 from looprl.measurement.duels import schedule_duel
-from looprl.measurement.load import TEAM_SETTLE_S, team_runs_now, wait_for_teams
+from looprl.measurement.load import OTHERS_BUSY_CORES, TEAM_SETTLE_S, others_busy, team_runs_now, wait_for_teams
 from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.search.context import SearchContext
 from looprl.search.dots import FEW_ROWS
@@ -112,7 +112,9 @@ def team_or_serial(evaluator, serial: ScheduleRecord, teams: Iterable[ScheduleRe
     back serial (0.54x the libraries at two threads).
 
     Where the serial best is returned though teams were timed, and a team's threads do not run
-    together just now (:func:`~looprl.measurement.load.team_runs_now`: on a 2-vCPU guest a pool
+    together just now while no other process keeps a core busy
+    (:func:`~looprl.measurement.load.team_runs_now`, :func:`~looprl.measurement.load.others_busy`:
+    a busy machine's answer is its load's business, :mod:`looprl.measurement.load`; on a 2-vCPU guest a pool
     thread woken late left whole seconds of team timings at one thread's speed, every team of a
     problem then timed no faster than its serial best), tune waits until they do
     (:func:`~looprl.measurement.load.wait_for_teams`, at most
@@ -122,9 +124,11 @@ def team_or_serial(evaluator, serial: ScheduleRecord, teams: Iterable[ScheduleRe
     timed = [record for record in teams if record.nest is not None and record.gflops > 0]
     chosen = _duelled(evaluator, serial, timed)
     returned_serial = chosen[0].nest is None or not chosen[0].nest.is_parallel
-    if retries > 0 and timed and returned_serial and not team_runs_now(evaluator.target, evaluator.threads, evaluator.timing_lock):
-        # The team's threads did not run together just now (a pool thread woken late): its figures
-        # may be one thread's. Once they do, the fastest teams are timed again and judged again.
+    if (retries > 0 and timed and returned_serial and not team_runs_now(evaluator.target, evaluator.threads, evaluator.timing_lock)
+            and others_busy() < OTHERS_BUSY_CORES):
+        # The team's threads did not run together just now with no other process in the way (a
+        # pool thread woken late): its figures may be one thread's. Once they do, the fastest
+        # teams are timed again and judged again.
         if wait_for_teams(evaluator.target, evaluator.threads, evaluator.timing_lock):
             retimed = [record.with_gflops(evaluator.remeasure(record.nest).gflops) for record in sorted(timed, key=lambda r: -r.gflops)[:TEAMS_RETIMED]]
             return team_or_serial(evaluator, serial, retimed, retries - 1)
