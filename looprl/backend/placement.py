@@ -79,6 +79,13 @@ def current_core() -> int | None:
     return core if core >= 0 else None
 
 
+def places_teams() -> bool:
+    """Whether teams are placed in this process: placement on (``LOOPRL_PLACE_TEAMS``) and the
+    kernels on looprl's private runtime (loaded, and not one another library or a user's
+    ``GOMP_SPINCOUNT``/``OMP_WAIT_POLICY`` set up)."""
+    return PLACE_TEAMS == "1" and private_runtime() is not None
+
+
 def pool_cores(core: int, allowed: set[int], threads: int) -> tuple[int, ...] | None:
     """The cores a team of ``threads`` whose calling thread is on ``core`` holds its pool threads
     to: the lowest ``threads - 1`` of ``allowed`` (the calling thread's affinity) other than

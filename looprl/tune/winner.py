@@ -27,6 +27,7 @@ from typing import Iterable
 
 from looprl.actions import ActionSet
 from looprl.actions.action_set import LAYOUT_ACTIONS
+from looprl.backend.placement import places_teams
 from looprl.ir.plans import Plan
 from looprl.ir.problem import Problem
 from looprl.ir.nest import LoopNest
@@ -111,7 +112,9 @@ def team_or_serial(evaluator, serial: ScheduleRecord, teams: Iterable[ScheduleRe
     then ran at the serial speed in all four rounds of its duel (best 40.0), and the answer came
     back serial (0.54x the libraries at two threads).
 
-    Where the serial best is returned though teams were timed, and a team's threads do not run
+    Where the serial best is returned though teams were timed, looprl places its teams
+    (:func:`~looprl.backend.placement.places_teams`: elsewhere teams may share a core for good,
+    and waiting would not end it), and a team's threads do not run
     together just now while no other process keeps a core busy
     (:func:`~looprl.measurement.load.team_runs_now`, :func:`~looprl.measurement.load.others_busy`:
     a busy machine's answer is its load's business, :mod:`looprl.measurement.load`; on a 2-vCPU guest a pool
@@ -124,8 +127,8 @@ def team_or_serial(evaluator, serial: ScheduleRecord, teams: Iterable[ScheduleRe
     timed = [record for record in teams if record.nest is not None and record.gflops > 0]
     chosen = _duelled(evaluator, serial, timed)
     returned_serial = chosen[0].nest is None or not chosen[0].nest.is_parallel
-    if (retries > 0 and timed and returned_serial and not team_runs_now(evaluator.target, evaluator.threads, evaluator.timing_lock)
-            and others_busy() < OTHERS_BUSY_CORES):
+    if (retries > 0 and timed and returned_serial and places_teams()
+            and not team_runs_now(evaluator.target, evaluator.threads, evaluator.timing_lock) and others_busy() < OTHERS_BUSY_CORES):
         # The team's threads did not run together just now with no other process in the way (a
         # pool thread woken late): its figures may be one thread's. Once they do, the fastest
         # teams are timed again and judged again.

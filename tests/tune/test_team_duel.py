@@ -203,6 +203,7 @@ def test_teams_timed_while_their_threads_did_not_run_together_are_timed_again_on
     state = {"together": False}
     monkeypatch.setattr(winner, "team_runs_now", lambda target, threads, lock=None: state["together"])
     monkeypatch.setattr(winner, "others_busy", lambda window_s=None: 0.0)
+    monkeypatch.setattr(winner, "places_teams", lambda: True)
 
     def wait(target, threads, lock=None, timeout_s=load.TEAM_WAIT_S):
         state["together"] = teams_come_back
@@ -236,6 +237,7 @@ def _spells(monkeypatch, slow_retimes: int):
     state = {"waits": 0}
     monkeypatch.setattr(winner, "team_runs_now", lambda target, threads, lock=None: False)
     monkeypatch.setattr(winner, "others_busy", lambda window_s=None: 0.0)
+    monkeypatch.setattr(winner, "places_teams", lambda: True)
 
     def wait(target, threads, lock=None, timeout_s=None):
         state["waits"] += 1
@@ -274,6 +276,24 @@ def test_teams_are_not_waited_for_where_other_processes_keep_a_core_busy(monkeyp
     waited = []
     monkeypatch.setattr(winner, "team_runs_now", lambda target, threads, lock=None: False)
     monkeypatch.setattr(winner, "others_busy", lambda window_s=None: 1.0)
+    monkeypatch.setattr(winner, "places_teams", lambda: True)
+    monkeypatch.setattr(winner, "wait_for_teams", lambda *args, **kwargs: waited.append(1) or True)
+    monkeypatch.setattr(evaluator_module, "time_kernel", ScriptedTimer(lucky=SERIAL_GFLOPS, team=SERIAL_GFLOPS))
+    problem = looprl.matmul(24, 16, 8)
+    serial = ScheduleRecord(looprl.initial_nest(problem), SERIAL_GFLOPS, ())
+    team_record = ScheduleRecord(parallel_variant(serial.nest, 2)[0], SERIAL_GFLOPS * 0.99, ())
+    assert team_or_serial(looprl.Evaluator(":memory:", 0.001, threads=2), serial, [team_record])[0] is serial and waited == []
+
+
+@needs_two
+def test_teams_are_not_waited_for_where_looprl_does_not_place_them(monkeypatch):
+    """Unplaced (a user's GOMP_SPINCOUNT, torch's shared pool, LOOPRL_PLACE_TEAMS=0), a team may
+    share one core for good on a guest that stacks them: waiting would not end it."""
+    winner = importlib.import_module("looprl.tune.winner")
+    waited = []
+    monkeypatch.setattr(winner, "places_teams", lambda: False)
+    monkeypatch.setattr(winner, "team_runs_now", lambda target, threads, lock=None: False)
+    monkeypatch.setattr(winner, "others_busy", lambda window_s=None: 0.0)
     monkeypatch.setattr(winner, "wait_for_teams", lambda *args, **kwargs: waited.append(1) or True)
     monkeypatch.setattr(evaluator_module, "time_kernel", ScriptedTimer(lucky=SERIAL_GFLOPS, team=SERIAL_GFLOPS))
     problem = looprl.matmul(24, 16, 8)
