@@ -178,9 +178,8 @@ def others_busy(window_s: float = OTHERS_WINDOW_S) -> float:
     after = _busy_jiffies()
     if before is None or after is None:
         return 0.0
-    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    others = (after[0] - before[0]) - (after[1] - before[1])
-    return max(0.0, others / ticks / window_s)
+    others = (after[0] - before[0]) - (after[1] - before[1])  # (read from /proc: Linux, which has sysconf)
+    return max(0.0, others / os.sysconf("SC_CLK_TCK") / window_s)
 
 
 def _busy_jiffies() -> tuple[int, int] | None:
