@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     from looprl.backend.host import cpu_model_name
     from looprl.target import host_cpu
 
-    out = args.out or RESULTS / f"hf_token_profile_{host_cpu()}_{args.config}_t{args.threads}"
+    out = args.out or RESULTS / f"hf_token_profile_{host_cpu()[0]}_{args.config}_t{args.threads}"
     lines = []
 
     def log(line: str) -> None:
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
 
     log(f"$ python experiments/hf_token_profile.py --config {args.config} --modes {args.modes} --threads {args.threads} "
         f"--prompt {args.prompt} --new {args.new}" + (f" --target {args.target}" if args.target else ""))
-    log(f"{cpu_model_name()} ({host_cpu()}); one decode token = the profiled generation's {args.new - 1} tokens after the first; "
+    log(f"{cpu_model_name()} ({host_cpu()[0]}); one decode token = the profiled generation's {args.new - 1} tokens after the first; "
         "operators' own CPU time")
     for mode in args.modes.split(","):
         profile_mode(mode, args.config, args.prompt, args.new, args.threads, args.target, log)

@@ -30,7 +30,7 @@ from looprl.ir.problem import COLD
 from looprl.measurement.lock import machine_lock
 
 # Part of the measurement cache key: bump when the rule below changes what it reports.
-TIMING_PROTOCOL_VERSION = 2
+TIMING_PROTOCOL_VERSION = 3
 DEFAULT_BUDGET_S = 0.015
 # A problem's constant inputs, when other work reads bytes between its calls (Problem.between), are
 # timed from this many copies at most, used in turn: as many as put those bytes (at most twice the
