@@ -81,7 +81,12 @@ class Evaluator:
     or None for the host); the cache key includes the target and ``budget_s``. A cached state
     with fewer than ``samples`` timings is timed again when it is looked up (``samples=1``:
     never). Schedules with a parallel loop run on ``threads`` threads (1 to the cores this
-    process may use), which is part of their cache key; the others run on one."""
+    process may use), which is part of their cache key; the others run on one. A cold problem's
+    copies (:func:`~looprl.measurement.timing.cold_copy_count`) count the caches of
+    ``cold_threads`` threads (default ``threads``; :meth:`with_threads` keeps the larger): a tune
+    on two threads times its serial schedules on the copies its teams read, as the two-thread
+    tunes of 1 x 512 x 512 and 1 x 1408 x 512 (cold, Zen 4) timed their serial schedules on
+    half as many and returned them at 32-37 GB/s against teams at 26-31, from warmer copies."""
 
     def __init__(
         self,
@@ -92,9 +97,11 @@ class Evaluator:
         target: "Target | str | None" = None,
         samples: int = defaults.MEASUREMENT_SAMPLES,
         threads: int = 1,
+        cold_threads: int | None = None,
     ):
         self.budget_s = checks.seconds(budget_s, "budget_s")
         self.threads = check_threads(threads)
+        self.cold_threads = self.threads if cold_threads is None else check_threads(cold_threads)
         self.target = Target.resolve(target)
         self.target.check_runs_on_host()
         self.samples = checks.positive_int(samples, "samples")
@@ -115,7 +122,8 @@ class Evaluator:
     def with_threads(self, threads: int) -> "Evaluator":
         """An evaluator like this one (cache, budget, lock, target, samples, and the same
         buffers, already paged in) that measures parallel schedules on ``threads`` threads."""
-        other = Evaluator(self.cache, self.budget_s, self.timing_lock, self.strict, self.target, self.samples, threads)
+        other = Evaluator(self.cache, self.budget_s, self.timing_lock, self.strict, self.target, self.samples, threads,
+                          max(self.cold_threads, threads))
         other._workspaces = self._workspaces
         return other
 
@@ -165,7 +173,8 @@ class Evaluator:
                 kernel = kernel if kernel is not None else compile(nest, target=self.target, threads=threads)
                 compiled = time.perf_counter()
                 workspace = self._workspace(nest.problem)
-                timing = time_kernel(kernel, self.budget_s, workspace=workspace, lock=self.timing_lock, threads=threads)
+                timing = time_kernel(kernel, self.budget_s, workspace=workspace, lock=self.timing_lock, threads=threads,
+                                     cold_threads=self.cold_threads)
         except (CompileError, KernelError, MemoryError) as error:
             if self.strict:
                 raise

@@ -30,12 +30,12 @@ from looprl.ir.problem import COLD
 from looprl.measurement.lock import machine_lock
 
 # Part of the measurement cache key: bump when the rule below changes what it reports.
-TIMING_PROTOCOL_VERSION = 2
+TIMING_PROTOCOL_VERSION = 3
 DEFAULT_BUDGET_S = 0.015
 # A problem's constant inputs, when other work reads bytes between its calls (Problem.between), are
 # timed from this many copies at most, used in turn: as many as put those bytes (at most twice the
 # last-level cache: beyond that everything comes from memory) between two uses of one copy.
-MAX_COLD_COPIES = 64
+MAX_COLD_COPIES = 256
 COLD_LAYOUTS_KEPT = 2  # packed forms of the copies kept per workspace (one per layout: the latest)
 
 
@@ -167,17 +167,21 @@ def _uniform(rng, shape, dtype: DType = DEFAULT_DTYPE) -> np.ndarray:
 
 def time_kernel(
     kernel: Kernel | ReshapedKernel, budget_s: float = DEFAULT_BUDGET_S, min_runs: int = 3, workspace: Workspace | None = None,
-    lock=None, threads: int | None = None,
+    lock=None, threads: int | None = None, cold_threads: int | None = None,
 ) -> Timing:
     """Time ``kernel`` on aligned buffers (``workspace``, or new ones) by :func:`best_time`,
-    its parallel loops on ``threads`` threads (None: the kernel's own count)."""
+    its parallel loops on ``threads`` threads (None: the kernel's own count). A cold problem's
+    copies (:func:`cold_copy_count`) count the caches of ``cold_threads`` threads (None:
+    ``threads``): a tune on two threads times its serial schedules and its teams on the same
+    copies, or the serial ones would read theirs warmer."""
     if not isinstance(kernel, (Kernel, ReshapedKernel)):
         raise ValueError(f"time_kernel() expects a Kernel, got {type(kernel).__name__}")
     threads = kernel.threads if threads is None else check_threads(threads)
     ws = workspace if workspace is not None and workspace.problem == kernel.problem else Workspace(kernel.problem)
     ws.ensure(kernel.workspace_elements)  # packed inputs live there: their conversion is timed
-    if cold_copy_count(kernel.problem.constant_bytes, between=kernel.problem.between, threads=threads) > 1:
-        return best_time(_cold_call(kernel, ws, threads), budget_s, flops=kernel.problem.flops, min_runs=min_runs, lock=lock)
+    cold_threads = threads if cold_threads is None else check_threads(cold_threads)
+    if cold_copy_count(kernel.problem.constant_bytes, between=kernel.problem.between, threads=cold_threads) > 1:
+        return best_time(_cold_call(kernel, ws, threads, cold_threads), budget_s, flops=kernel.problem.flops, min_runs=min_runs, lock=lock)
     call, pointers = kernel.raw_call, ws.pointers
     constant = [t for t in kernel.problem.constant if t in kernel.packed_inputs]
     if constant:  # weights are converted once, when bound, as in use: not timed
@@ -208,19 +212,20 @@ def cold_copy_count(nbytes: int, llc_bytes: int | None = None, between: int = CO
     return min(MAX_COLD_COPIES, 1 + round(between / nbytes))
 
 
-def _cold_call(kernel, ws: Workspace, threads: int):
-    """``call(reps)`` for :func:`best_time` that runs ``kernel`` once per copy of the cold
-    problem's constant inputs in turn (:meth:`Workspace.cold_copies`; packed ones as bound
-    kernels take them), so every call reads its weights from memory."""
+def _cold_call(kernel, ws: Workspace, threads: int, cold_threads: int):
+    """``call(reps)`` for :func:`best_time` that runs ``kernel`` on ``threads`` threads once per
+    copy of the cold problem's constant inputs in turn (:meth:`Workspace.cold_copies`, counted
+    for ``cold_threads``; packed ones as bound kernels take them), so every call reads its
+    weights from memory."""
     constant = list(kernel.problem.constant)
     packed = [t for t in constant if t in kernel.packed_inputs]
     function = kernel.bind(**{t: ws.input(t) for t in packed}) if packed else kernel
     copies = {}
     for t in constant:
         if t in packed:
-            copies[t] = [function._buffers[t]] + ws.cold_copies(t, kernel.layouts[t], kernel._packers[pack_function_name(t)], threads)
+            copies[t] = [function._buffers[t]] + ws.cold_copies(t, kernel.layouts[t], kernel._packers[pack_function_name(t)], cold_threads)
         else:
-            copies[t] = [ws.input(t)] + ws.cold_copies(t, threads=threads)
+            copies[t] = [ws.input(t)] + ws.cold_copies(t, threads=cold_threads)
     count = min(len(c) for c in copies.values())
     slots = {t: kernel.tensors.index(t) for t in constant}
     sets = []

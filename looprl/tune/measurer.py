@@ -35,7 +35,7 @@ class Measurer:
     def open(cls, cache, measure_budget_s: float, target: Target, threads: int) -> "Measurer":
         """A measurer over the measurement cache ``cache`` (a path, ``":memory:"`` or None),
         timing each new schedule for ``measure_budget_s``."""
-        return cls(Evaluator(cache, measure_budget_s, target=target), threads)
+        return cls(Evaluator(cache, measure_budget_s, target=target, cold_threads=threads), threads)
 
     @property
     def target(self) -> Target:

@@ -69,7 +69,7 @@ from looprl.tune.results import Answer, from_relaid_start
 # block loop (looprl.search.streams.spilled_tiles: the nest's order kept), and their teams over
 # column shares spilled too; the first three team proposals are timed whatever the budget; teams
 # timed while their threads did not run together are timed again once they do (tune.winner).
-TUNER = "tune-v15"
+TUNER = "tune-v16"
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ def test_two_schedules_are_compiled_once_and_timed_in_turn(monkeypatch):
     first, second = looprl.initial_nest(problem), looprl.initial_nest(problem).split(0, 4)
     timed = []
 
-    def timer(kernel, budget_s, workspace=None, lock=None, threads=None, min_runs=3):
+    def timer(kernel, budget_s, workspace=None, lock=None, threads=None, min_runs=3, cold_threads=None):
         timed.append(kernel)
         gflops = 2.0 if kernel.nest == first else 1.0
         return Timing(problem.flops / (gflops * 1e9), 3, 1, problem.flops)

@@ -18,7 +18,7 @@ def scripted_timings(monkeypatch):
     values = []
     targets = []
 
-    def fake_time_kernel(kernel, budget_s, workspace=None, lock=None, threads=None):
+    def fake_time_kernel(kernel, budget_s, workspace=None, lock=None, threads=None, cold_threads=None):
         targets.append(kernel.target)
         flops = kernel.nest.problem.flops
         return Timing(seconds=flops / (values.pop(0) * 1e9), runs=1, reps=1, flops=flops)

@@ -84,7 +84,7 @@ def test_a_cold_timing_calls_each_copy_in_turn_and_every_copy_computes_the_same_
     monkeypatch.setattr(Kernel, "_call", recording)
     copies = timing.cold_copy_count(ws.inputs[1].nbytes)
     assert copies == 8
-    timing._cold_call(kernel, ws, 1)(2 * copies)
+    timing._cold_call(kernel, ws, 1, 1)(2 * copies)
     weights = [pointers[kernel.tensors.index("in1")] for pointers in used]
     assert len(set(weights)) == copies and weights[:copies] == weights[copies:]  # each copy once per round, in turn
     assert timing.time_kernel(kernel, 0.002, workspace=ws).gflops > 0

@@ -34,7 +34,7 @@ class ScriptedTimer:
         self.seen: set[str] = set()
         self.threads: list[int] = []
 
-    def __call__(self, kernel, budget_s, workspace=None, lock=None, threads=None, min_runs=3):
+    def __call__(self, kernel, budget_s, workspace=None, lock=None, threads=None, min_runs=3, cold_threads=None):
         self.threads.append(threads)
         if threads == 1:
             gflops = self.serial
@@ -142,7 +142,7 @@ class BimodalTimer:
     def __init__(self, settles: bool, lucky_first: bool = True):
         self.settles, self.lucky_first, self.run, self.settled, self.timings = settles, lucky_first, 0, False, 0
 
-    def __call__(self, kernel, budget_s, workspace=None, lock=None, threads=None, min_runs=3):
+    def __call__(self, kernel, budget_s, workspace=None, lock=None, threads=None, min_runs=3, cold_threads=None):
         if threads == 1:
             self.run, gflops = 0, SERIAL_GFLOPS
         else:
@@ -212,7 +212,7 @@ def test_teams_timed_while_their_threads_did_not_run_together_are_timed_again_on
     monkeypatch.setattr(winner, "wait_for_teams", wait)
 
     class Timer:  # a team at one thread's speed until its threads run together, then at twice
-        def __call__(self, kernel, budget_s, workspace=None, lock=None, threads=None, min_runs=3):
+        def __call__(self, kernel, budget_s, workspace=None, lock=None, threads=None, min_runs=3, cold_threads=None):
             gflops = 2 * SERIAL_GFLOPS if threads != 1 and state["together"] else SERIAL_GFLOPS
             return Timing(kernel.problem.flops / (gflops * 1e9), 3, 1, kernel.problem.flops)
 
@@ -245,7 +245,7 @@ def _spells(monkeypatch, slow_retimes: int):
 
     monkeypatch.setattr(winner, "wait_for_teams", wait)
 
-    def timer(kernel, budget_s, workspace=None, lock=None, threads=None, min_runs=3):
+    def timer(kernel, budget_s, workspace=None, lock=None, threads=None, min_runs=3, cold_threads=None):
         fast = threads != 1 and state["waits"] > slow_retimes
         gflops = 2 * SERIAL_GFLOPS if fast else SERIAL_GFLOPS
         return Timing(kernel.problem.flops / (gflops * 1e9), 3, 1, kernel.problem.flops)

@@ -83,7 +83,7 @@ class ScriptedTimer:
         self.ksplit, self.others = ksplit, others
         self.timed: list[str] = []
 
-    def __call__(self, kernel, budget_s, workspace=None, lock=None, threads=None, min_runs=3):
+    def __call__(self, kernel, budget_s, workspace=None, lock=None, threads=None, min_runs=3, cold_threads=None):
         nest = kernel.nest
         self.timed.append("serial" if threads == 1 else "ksplit" if nest.split_reduction is not None else "team")
         gflops = SERIAL_GFLOPS if threads == 1 else self.ksplit if nest.split_reduction is not None else self.others
