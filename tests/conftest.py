@@ -14,6 +14,16 @@ from hypothesis import settings
 if not {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(os.environ):
     os.environ["GOMP_SPINCOUNT"] = "1000"
 
+# Inductor compiles in the process that asks (one compile thread) instead of a pool of its own:
+# by default the first Inductor compilation of a process (compile_threads = its cores, 2 here)
+# starts a sidecar process that imports torch again (~2 CPU s) and a pool of workers for C++
+# compiles that a warm Inductor cache rarely needs; each pytest worker and each docs block that
+# compiled with Inductor paid it. The compiled graphs are the same; only where Inductor's own
+# compilation runs changes. Set before torch is imported (its config reads the variable then);
+# the workers and the processes the tests start inherit it.
+if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+
 # Every property test replays the same examples on every run and host (derandomize: drawn from
 # a seed fixed by the test function; no example database carried between runs): its verdict never
 # depends on the examples one run happened to draw. A failure found once is kept as an explicit

@@ -415,7 +415,9 @@ def test_random_models_tuned_compute_what_they_compute_after_random_edits(monkey
         model, features = random_model(seed)
         covered |= features
         rng = random.Random(1000 + seed)
-        examples = [torch.randn(4, model.width), torch.randn(6, model.width)]
+        # two example shapes, kernels for 1, 2 and 3 rows (each a problem compiled twice: fixed and
+        # runtime rows); the calls below of 5 and 9 rows run in row plans beyond them
+        examples = [torch.randn(2, model.width), torch.randn(3, model.width)]
         before = state_digest(model)
         tuned = tune_module(model, examples, **options)
         assert state_digest(model) == before, seed  # the given model and torch's generator as they were
