@@ -69,6 +69,9 @@ from looprl.tune.results import Answer, from_relaid_start
 # block loop (looprl.search.streams.spilled_tiles: the nest's order kept), and their teams over
 # column shares spilled too; the first three team proposals are timed whatever the budget; teams
 # timed while their threads did not run together are timed again once they do (tune.winner).
+# 16: a cold problem's serial schedules are timed, in a tune on several threads, on the copies its
+# teams read (measurement.evaluator.Evaluator.cold_threads; the serial ones read warmer copies and
+# won on that), and on up to 256 copies (the cap was 64).
 TUNER = "tune-v16"
 
 
