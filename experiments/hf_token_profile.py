@@ -5,6 +5,12 @@ worth, in ms per token").
     python experiments/hf_token_profile.py [--config qwen2] [--modes looprl-compiled,max-autotune] [--threads 1]
         [--prompt 32] [--new 33] [--out PATH]
 
+``max-autotune`` is transformers' compile recipe with Inductor's freezing on
+(``torch._inductor.config.freezing = True``: its prepacked GEMMs and its C++ GEMM template) under
+``torch.no_grad()``, and a static cache; ``looprl-compiled`` the same recipe with
+``backend="looprl"``. This script sets freezing itself around every generation of a compiled
+mode (as ``_hf_modes.Runner`` also does), and checks that it is on there.
+
 Per mode (``hf_generate.py``'s modes; each prepared in this process, one after the other, with
 every cache empty: ``LOOPRL_CACHE_DIR`` and ``TORCHINDUCTOR_CACHE_DIR`` are fresh temporary folders
 set before torch is imported): the prepared model generates ``--new`` tokens after a
@@ -38,6 +44,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 LINEARS = ("looprl::linear", "mkldnn::_linear_pointwise", "aten::linear", "aten::addmm", "aten::mm", "mkl::_mkl_linear")
 GROUPS = (("compiled graph (own time)", "## Call CompiledFxGraph"), ("Dynamo guards", "TorchDynamo Cache Lookup"),
           ("attention", "scaled_dot_product"))
+COMPILED = ("max-autotune", "looprl-compiled")  # modes compiled by Inductor: generated with freezing on
 
 
 def _weight_shape(shapes) -> tuple[int, ...] | None:
@@ -89,6 +96,26 @@ def breakdown(events, tokens: int) -> list[tuple[str, float, str]]:
     return rows
 
 
+def _frozen(compiled: bool):
+    """Inductor's freezing on for a compiled mode (checked), else nothing."""
+    import contextlib
+
+    if not compiled:
+        return contextlib.nullcontext()
+    import torch._inductor.config as inductor_config
+
+    patch = inductor_config.patch(freezing=True)
+
+    @contextlib.contextmanager
+    def frozen():
+        with patch:
+            if not inductor_config.freezing:
+                raise RuntimeError("Inductor's freezing did not turn on: the max-autotune comparison needs it")
+            yield
+
+    return frozen()
+
+
 def profile_mode(mode: str, config: str, prompt_length: int, new: int, threads: int, target: str | None, log) -> None:
     import time
 
@@ -98,16 +125,18 @@ def profile_mode(mode: str, config: str, prompt_length: int, new: int, threads: 
     from _hf_modes import build, make_prompt, prepared
 
     torch.set_num_threads(threads)
+    compiled = mode in COMPILED
     model = build(config)
     prompt = make_prompt(model, prompt_length)
     started = time.perf_counter()
     runner = prepared(mode, model, prompt, threads, target, Path(os.environ["LOOPRL_CACHE_DIR"]) / mode)
-    runner(prompt, new)
-    prepare_s = time.perf_counter() - started
-    rates = [runner(prompt, new)[2] for _ in range(3)]
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as profiled:
+    with _frozen(compiled), torch.no_grad():
         runner(prompt, new)
-    log(f"{mode}: prepared in {prepare_s:.1f} s; decode {max(rates):.2f} tokens/s unprofiled "
+        prepare_s = time.perf_counter() - started
+        rates = [runner(prompt, new)[2] for _ in range(3)]
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as profiled:
+            runner(prompt, new)
+    log(f"{mode}{' (Inductor freezing on)' if compiled else ''}: prepared in {prepare_s:.1f} s; decode {max(rates):.2f} tokens/s unprofiled "
         f"(best of 3: {', '.join(f'{r:.2f}' for r in rates)}), {1e3 / max(rates):.2f} ms a token")
     for what, ms, detail in breakdown(profiled.key_averages(group_by_input_shape=True), new - 1):
         log(f"    {what:<44} {ms:7.3f} ms a token  {detail}")
