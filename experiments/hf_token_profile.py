@@ -35,6 +35,7 @@ to compare, not the sum with the unprofiled rate. Writes ``PATH.txt`` (default
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -96,24 +97,18 @@ def breakdown(events, tokens: int) -> list[tuple[str, float, str]]:
     return rows
 
 
+@contextlib.contextmanager
 def _frozen(compiled: bool):
     """Inductor's freezing on for a compiled mode (checked), else nothing."""
-    import contextlib
-
     if not compiled:
-        return contextlib.nullcontext()
+        yield
+        return
     import torch._inductor.config as inductor_config
 
-    patch = inductor_config.patch(freezing=True)
-
-    @contextlib.contextmanager
-    def frozen():
-        with patch:
-            if not inductor_config.freezing:
-                raise RuntimeError("Inductor's freezing did not turn on: the max-autotune comparison needs it")
-            yield
-
-    return frozen()
+    with inductor_config.patch(freezing=True):
+        if not inductor_config.freezing:
+            raise RuntimeError("Inductor's freezing did not turn on: the max-autotune comparison needs it")
+        yield
 
 
 def profile_mode(mode: str, config: str, prompt_length: int, new: int, threads: int, target: str | None, log) -> None:
