@@ -11,6 +11,7 @@ import numpy as np
 from looprl import checks
 from looprl.backend import abi, codegen, jit
 from looprl.backend.buffers import aligned_empty
+from looprl.backend.weight_memory import weight_empty
 from looprl.backend.jit import CompiledModule
 from looprl.backend.kernel_plan import KernelPlan, plan_kernel
 from looprl.backend.placement import hold_team, release_team
@@ -276,11 +277,13 @@ class BoundKernel:
                    np.dtype(kernel.storage).str)
             buffer = shared.get(key)
             if buffer is None:
+                # Converted once, read on every call: on huge pages (looprl.backend.weight_memory).
                 if packs:
-                    buffer = aligned_empty(kernel.layouts[tensor].elements, kernel.storage)
+                    buffer = weight_empty(kernel.layouts[tensor].elements, kernel.storage)
                     kernel._packers[abi.pack_function_name(tensor)](array.ctypes.data, buffer.ctypes.data)
                 else:  # used as given: a private copy
-                    buffer = np.array(array, dtype=kernel.storage, order="C", copy=True)
+                    buffer = weight_empty(array.shape, kernel.storage)
+                    buffer[...] = array
                 shared[key] = buffer
             self._buffers[tensor] = buffer
             if packs:

@@ -21,6 +21,7 @@ import numpy as np
 
 from looprl import checks
 from looprl.backend.buffers import aligned_empty
+from looprl.backend.weight_memory import weight_empty
 from looprl.backend.abi import kernel_tensors, pack_function_name
 from looprl.backend.host import cache_sizes
 from looprl.backend.kernel import Kernel, ReshapedKernel
@@ -29,8 +30,9 @@ from looprl.ir.dtypes import DEFAULT_DTYPE, DType, to_bfloat16
 from looprl.ir.problem import COLD
 from looprl.measurement.lock import machine_lock
 
-# Part of the measurement cache key: bump when the rule below changes what it reports.
-TIMING_PROTOCOL_VERSION = 3
+# Part of the measurement cache key: bump when the rule below changes what it reports (4: packed
+# weights, and their cold copies, on huge pages: looprl.backend.weight_memory).
+TIMING_PROTOCOL_VERSION = 4
 DEFAULT_BUDGET_S = 0.015
 # A problem's constant inputs, when other work reads bytes between its calls (Problem.between), are
 # timed from this many copies at most, used in turn: as many as put those bytes (at most twice the
@@ -138,7 +140,7 @@ class Workspace:
                 self._cold_packed.pop(next(iter(self._cold_packed)))
             packed = []
             for source in sources:
-                target = aligned_empty(layout.elements, source.dtype)
+                target = weight_empty(layout.elements, source.dtype)  # where a bound kernel packs it
                 packer(source.ctypes.data, target.ctypes.data)
                 packed.append(target)
         self._cold_packed[key] = packed  # now the latest

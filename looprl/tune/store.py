@@ -72,7 +72,9 @@ from looprl.tune.results import Answer, from_relaid_start
 # 16: a cold problem's serial schedules are timed, in a tune on several threads, on the copies its
 # teams read (measurement.evaluator.Evaluator.cold_threads; the serial ones read warmer copies and
 # won on that), and on up to 256 copies (the cap was 64).
-TUNER = "tune-v16"
+# 17: a packed weight's cold copies are timed on huge pages, where bound kernels now pack their
+# weights (looprl.backend.weight_memory): v16 timed them on 4 KB pages, their translations cold.
+TUNER = "tune-v17"
 
 
 @dataclass(frozen=True)
