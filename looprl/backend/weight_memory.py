@@ -15,8 +15,9 @@ memory is ordinary, and everything works the same, only slower.
 
 An arena's huge pages are given back as the arrays on them die, and its mapping when the last
 one is gone (each keeps it alive); an array's memory must be held through the array (an address
-alone does not keep it), as for any numpy array. ``LOOPRL_HUGE_PAGES=0`` in the environment turns the advice off, to measure
-what it is worth; any other value than ``0`` or ``1`` is a ``ValueError`` at the first weight.
+alone does not keep it), as for any numpy array. ``LOOPRL_HUGE_PAGES=0`` in the environment
+turns the advice off, to measure what it is worth; any other value than ``0`` or ``1`` is a
+``ValueError`` at the first weight.
 """
 
 from __future__ import annotations
