@@ -33,6 +33,10 @@ replaced where the tuned kernel timed clearly faster than torch's; ``"always"``;
 constant weights, as attention's q, k and v projections and a gated MLP's gate and up, become
 one call over their weights concatenated, :mod:`looprl.torch.siblings`; False leaves them apart).
 
+Under Inductor's freezing, ``torch.addmm(bias, x, weight)`` over a constant weight stored ``[in,
+out]`` and a constant bias (transformers' ``Conv1D``: GPT-2's projections) is first made a linear
+call over the weight transposed once (:mod:`looprl.torch.transposed`), and then taken as above.
+
 Grad mode on at compile time leaves every linear call to torch (the kernels have no backward;
 Dynamo guards on grad mode, so a model compiled for inference and later called with grad mode on
 is compiled again, untouched). :func:`stats` counts the calls the operators served and the
@@ -77,6 +81,7 @@ from looprl.torch.records import route_summary, summarise_calls
 from looprl.torch.routes import AUTOCAST, TRANSFORMED, LinearKernels, autocast_to_other, transformed
 from looprl.torch.rows import check_max_rows
 from looprl.torch.siblings import constant_value, linear_arguments, merge_siblings, reads_constants
+from looprl.torch.transposed import addmm_as_linear
 
 __all__ = ["looprl_backend", "stats"]
 
@@ -249,6 +254,8 @@ def looprl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     merge = checks.flag(options.get("merge", True), "option merge")
     owned: list = []  # the operators put in this graph: what is returned owns them
     if not torch.is_grad_enabled():
+        if rest == "inductor" and _freezing():  # the weights promised constant: a [in, out] one transposed once (GPT-2's Conv1D)
+            addmm_as_linear(gm, LINEAR_DTYPES)
         if merge and rest == "inductor" and _freezing():  # the weights promised constant: concatenated once, by Inductor's freezing
             merge_siblings(gm, LINEAR_TARGETS, LINEAR_DTYPES)
         tuning = {"policy": options.get("policy", "default"), "target": options.get("target"), "budget_s": options.get("budget_s"),

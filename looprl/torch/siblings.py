@@ -54,7 +54,7 @@ def merge_siblings(gm: torch.fx.GraphModule, targets: tuple, dtypes: tuple) -> i
     return merged
 
 
-def _constant(gm: torch.fx.GraphModule, node):
+def constant_of(gm: torch.fx.GraphModule, node):
     """The tensor a ``get_attr`` node of ``gm`` stands for, or None for any other node."""
     if getattr(node, "op", None) != "get_attr":
         return None
@@ -68,11 +68,11 @@ def _sibling_key(gm: torch.fx.GraphModule, node, dtypes: tuple) -> tuple | None:
     """What a mergeable linear call shares with its siblings (its input node, dtype, input width,
     whether it has a bias), or None where the call is not one to merge."""
     x, weight_node, bias_node = linear_arguments(node)
-    weight = _constant(gm, weight_node)
+    weight = constant_of(gm, weight_node)
     if weight is None or weight.dim() != 2 or weight.dtype not in dtypes or weight.device.type != "cpu":
         return None
     if bias_node is not None:
-        bias = _constant(gm, bias_node)
+        bias = constant_of(gm, bias_node)
         if bias is None or bias.dim() != 1 or bias.dtype != weight.dtype or bias.device.type != "cpu" or bias.shape[0] != weight.shape[0]:
             return None
     x_value = x.meta.get("example_value") if isinstance(x, torch.fx.Node) else None
@@ -96,7 +96,7 @@ def _merge(gm: torch.fx.GraphModule, nodes: list) -> None:
         call = graph.call_function(nodes[0].target, (x, weight, bias))
     start, inserted = 0, call
     for node, piece in zip(nodes, weights):
-        width = _constant(gm, piece).shape[0]
+        width = constant_of(gm, piece).shape[0]
         with graph.inserting_after(inserted):
             columns = graph.call_function(torch.narrow, (call, -1, start, width))
         with graph.inserting_after(columns):
@@ -112,19 +112,40 @@ def _merge(gm: torch.fx.GraphModule, nodes: list) -> None:
 
 def constant_value(gm: torch.fx.GraphModule, node):
     """The tensor a node of ``gm`` that reads only constants stands for: a ``get_attr`` node's
-    tensor, or a concatenation :func:`merge_siblings` made of them (computed here); None for
-    any other node."""
+    tensor, a concatenation :func:`merge_siblings` made of them, or a contiguous transpose
+    :func:`looprl.torch.transposed.addmm_as_linear` made of one (computed here); None for any
+    other node."""
+    inner = transposed_of(node)
+    if inner is not None:
+        weight = constant_of(gm, inner)
+        if weight is None:
+            return None
+        with torch.no_grad():
+            return weight.detach().t().contiguous()
     if getattr(node, "op", None) == "call_function" and node.target is torch.cat and not node.kwargs:
-        parts = [_constant(gm, part) for part in node.args[0]]
+        parts = [constant_of(gm, part) for part in node.args[0]]
         if all(part is not None for part in parts):
             with torch.no_grad():
                 return torch.cat([part.detach() for part in parts], node.args[1])
         return None
-    return _constant(gm, node)
+    return constant_of(gm, node)
+
+
+def transposed_of(node):
+    """The node whose contiguous transpose ``node`` is (``torch.t(n).contiguous()``), else None."""
+    if getattr(node, "op", None) == "call_method" and node.target == "contiguous" and len(node.args) == 1:
+        inner = node.args[0]
+        if getattr(inner, "op", None) == "call_function" and inner.target is torch.t:
+            return inner.args[0]
+    return None
 
 
 def reads_constants(node) -> bool:
-    """Whether ``node`` is a ``get_attr`` node or a concatenation of them (see :func:`constant_value`)."""
+    """Whether ``node`` is a ``get_attr`` node, a concatenation of them or the contiguous
+    transpose of one (see :func:`constant_value`)."""
+    inner = transposed_of(node)
+    if inner is not None:
+        return getattr(inner, "op", None) == "get_attr"
     if getattr(node, "op", None) == "call_function" and node.target is torch.cat:
         return all(getattr(part, "op", None) == "get_attr" for part in node.args[0])
     return getattr(node, "op", None) == "get_attr"
