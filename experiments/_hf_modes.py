@@ -23,8 +23,9 @@ QUICK = {name: dict(shape, hidden=64, layers=2, heads=4, kv_heads=4 if name == "
 POSITIONS = 1024  # the longest prompt and its new tokens fit
 
 
-def build(name: str, quick: bool = False):
-    """The model of config ``name`` (tiny where ``quick``), random weights drawn from seed 0, eval mode, float32."""
+def build(name: str, quick: bool = False, dtype: str = "float32"):
+    """The model of config ``name`` (tiny where ``quick``), random weights drawn from seed 0 (in
+    float32, then cast to ``dtype``: ``"float32"`` or ``"bfloat16"``), eval mode."""
     import transformers
 
     shape = (QUICK if quick else CONFIGS)[name]
@@ -41,7 +42,7 @@ def build(name: str, quick: bool = False):
                          pad_token_id=None)
         model_class = kind[1]
     torch.manual_seed(0)
-    return model_class(config).eval()
+    return model_class(config).eval().to(getattr(torch, dtype))
 
 
 def make_prompt(model, length: int):
@@ -57,7 +58,7 @@ def _projections(model) -> list[nn.Module]:
 
 def read_bytes_per_token(model, context: float) -> int:
     """Bytes a decode step reads at least: every linear layer's (and ``Conv1D``'s) weight and bias,
-    each tensor once, and the KV cache of ``context`` positions (float32)."""
+    each tensor once, and the KV cache of ``context`` positions (in the model's dtype)."""
     tensors = {}
     for module in _projections(model):
         for tensor in (module.weight, module.bias):
@@ -67,7 +68,8 @@ def read_bytes_per_token(model, context: float) -> int:
     layers = config.num_hidden_layers
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return int(sum(tensors.values()) + 2 * layers * heads * head_dim * context * 4)
+    element = next(model.parameters()).element_size()
+    return int(sum(tensors.values()) + 2 * layers * heads * head_dim * context * element)
 
 
 class TokenClock:
@@ -159,7 +161,7 @@ def onednn_packed(model):
 
 
 class CTranslate2Runner:
-    """The model converted by CTranslate2 (float32) and run by its generator, greedy."""
+    """The model converted by CTranslate2 (in the model's dtype, float32 or bfloat16) and run by its generator, greedy."""
 
     def __init__(self, model, threads: int):
         import ctranslate2
@@ -168,8 +170,9 @@ class CTranslate2Runner:
         source, target = Path(self.folder.name) / "model", Path(self.folder.name) / "ct2"
         model.save_pretrained(source)
         _id_tokenizer(model.config.vocab_size).save_pretrained(source)  # the converter reads the vocabulary from a tokenizer
-        ctranslate2.converters.TransformersConverter(str(source)).convert(str(target), quantization="float32")
-        self.generator = ctranslate2.Generator(str(target), device="cpu", compute_type="float32", intra_threads=threads)
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        ctranslate2.converters.TransformersConverter(str(source)).convert(str(target), quantization=dtype)
+        self.generator = ctranslate2.Generator(str(target), device="cpu", compute_type=dtype, intra_threads=threads)
 
     def __call__(self, prompt, new: int) -> tuple[list[int], float, float]:
         tokens, times = [], []

@@ -2,7 +2,7 @@
 on it. Not a script (``test_experiments`` skips names that start with ``_``).
 
 The worker (``python experiments/_hf_worker.py MODE CONFIG PROMPT THREADS NEW [--quick] [--target
-avx2]``, started by :class:`Worker` with ``LOOPRL_CACHE_DIR`` and ``TORCHINDUCTOR_CACHE_DIR`` set to
+avx2] [--dtype bfloat16]``, started by :class:`Worker` with ``LOOPRL_CACHE_DIR`` and ``TORCHINDUCTOR_CACHE_DIR`` set to
 empty folders) builds the config's model, prepares ``MODE`` once and warms it with one
 generation, then answers requests read from its standard input, one a line: ``run`` (one timed
 generation) or ``quit``. Each answer is one line of JSON on its standard output after the marker
@@ -65,9 +65,10 @@ def serve(argv: list[str]) -> int:
         parser.add_argument(name, type=int)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--target", default=None)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    model = build(args.config, args.quick)
+    model = build(args.config, args.quick, args.dtype)
     prompt = make_prompt(model, args.prompt)
     facts = {"parameters": sum(p.numel() for p in model.parameters()),
              "bytes_per_token": read_bytes_per_token(model, args.prompt + args.new / 2)}
@@ -96,11 +97,12 @@ class Worker:
     """The main process's handle on one mode's worker: started (and prepared) by the constructor,
     asked for generations by :meth:`run`, ended by :meth:`close`. ``ready`` is its first answer."""
 
-    def __init__(self, mode: str, config: str, prompt: int, threads: int, new: int, quick: bool, target: str | None, caches: Path):
+    def __init__(self, mode: str, config: str, prompt: int, threads: int, new: int, quick: bool, target: str | None, caches: Path,
+                 dtype: str = "float32"):
         self.mode = mode
         environment = dict(os.environ, LOOPRL_CACHE_DIR=str(caches / "looprl"), TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"))
         command = [sys.executable, str(Path(__file__).resolve()), mode, config, str(prompt), str(threads), str(new)] + (
-            ["--quick"] if quick else []) + (["--target", target] if target else [])
+            ["--quick"] if quick else []) + (["--target", target] if target else []) + (["--dtype", dtype] if dtype != "float32" else [])
         self.errors = tempfile.TemporaryFile(mode="w+", encoding="utf-8")  # a file, not a pipe: nothing blocks on it
         self.process = subprocess.Popen(command, env=environment, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors,
                                         text=True, cwd=Path(__file__).resolve().parent)
