@@ -143,7 +143,8 @@ def test_packed_cold_copies_are_timed_on_huge_pages_where_bound_kernels_pack_the
 
     packed = workspace.cold_copies("in1", Layout(), packer)
     assert len(packed) == len(source)
-    assert all(_from_weight_memory(copy) and _advised(copy.ctypes.data) for copy in packed)
+    assert all(_from_weight_memory(copy) for copy in packed)
+    assert all(_advised(copy.ctypes.data) for copy in (packed[0], packed[len(packed) // 2], packed[-1]))  # smaps read once a copy
     assert all(np.array_equal(copy.reshape(64, 64), src) for copy, src in zip(packed, source))
 
 
