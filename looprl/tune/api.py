@@ -61,7 +61,7 @@ from looprl.search.budget import MIN_BUDGET_S
 from looprl.target import Target
 from looprl.tune.measured import in_place_answer, measured_answer
 from looprl.tune.measurer import Measurer
-from looprl.tune.policy_alone import policy_tune, remembered_policy_tune
+from looprl.tune.policy_alone import remembered_policy_tune
 from looprl.tune.proposers import PolicyProposer
 from looprl.tune.results import Answer, TuneResult
 from looprl.tune import store
@@ -102,8 +102,7 @@ def tune(
     seconds the measured search may take, counted from the call (None: scaled to the problem; 0:
     the rollout only, every state of it measured). ``measure_budget_s``: timing budget per new
     schedule. ``cache``: the measurement cache (a path, ``":memory:"`` or None for the per-user
-    one). ``remember``: reuse and store the answer for this host, target, problem and threads (a
-    measured answer in the measurement cache, the policy alone's in this process).
+    one). ``remember``: reuse and store the answer for this host, target, problem and threads.
     ``threads``: threads the kernel may use (None: the cores this process may use; 1: serial).
     Measured mode proposes the best serial schedules again with their outermost eligible loops
     parallel, in a quarter of the budget more, and returns the faster of them and the serial
@@ -132,8 +131,7 @@ def tune(
     proposer = PolicyProposer.prepared(policy, target, searched.problem, episode_length)
     measurer = Measurer.open(cache, measure_budget_s, target, threads)
     if not measure:
-        alone = remembered_policy_tune if remember else policy_tune
-        return _finish(searched, *alone(proposer, searched, measurer, weights_change), threads, started)
+        return _finish(searched, *remembered_policy_tune(proposer, searched, measurer, weights_change, remember), threads, started)
     chosen = _measured(proposer, searched, measurer, budget_s, started, max_evaluations, remember and max_evaluations is None, weights_change)
     return _finish(searched, chosen, measurer.evaluator, threads, started)
 

@@ -75,12 +75,12 @@ _answers_lock = threading.Lock()
 
 
 def remembered_policy_tune(proposer: PolicyProposer, searched: Searched, measurer: Measurer, weights_change: bool,
-                           timings: int = POLICY_TIMINGS) -> tuple[Answer, Evaluator]:
+                           remember: bool = True, timings: int = POLICY_TIMINGS) -> tuple[Answer, Evaluator]:
     """:func:`policy_tune`'s answer, remembered in this process for the same :class:`Question`
     (at most :data:`REMEMBERED_ANSWERS`): asked again, the answer comes back with nothing timed
-    (``measured`` 0). With a private measurement cache (``":memory:"``) nothing is remembered:
-    such a cache starts from nothing, and so does its tune."""
-    if measurer.cache.path == ":memory:":
+    (``measured`` 0). Without ``remember`` (tune's), or with a private measurement cache
+    (``":memory:"``: it starts from nothing, and so does its tune), nothing is remembered or recalled."""
+    if not remember or measurer.cache.path == ":memory:":
         return policy_tune(proposer, searched, measurer, weights_change, timings)
     question = Question(searched.problem, searched.pairs, measurer.target, fingerprint(proposer.policy), proposer.episode_length,
                         measurer.threads, measurer.budget_s, weights_change, timings, os.path.realpath(measurer.cache.path))

@@ -8,7 +8,6 @@ import looprl
 from looprl.backend.threads import available_cores
 from looprl.policy.numpy_policy import Policy
 from looprl.target import Target
-from looprl.tune import api as tune_api
 from looprl.tune import policy_alone
 from tests.policies import random_policy
 
@@ -28,7 +27,6 @@ def tunes(monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(policy_alone, "policy_tune", counted)
-    monkeypatch.setattr(tune_api, "policy_tune", counted)
     yield made
     policy_alone.forget_policy_answers()
 
