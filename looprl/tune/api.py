@@ -26,7 +26,10 @@ Two modes:
   the untuned nest is not timed (``speedup`` is NaN). A linear layer of few rows
   (:data:`~looprl.tune.winner.IN_PLACE_ROWS`) gets a second episode on the weight as it is
   stored, and the winner rule keeps one (an answer there that re-lays the weight is a copy, as
-  the re-laid start's, and pays what a copy pays).
+  the re-laid start's, and pays what a copy pays). With ``remember``, the answer is remembered
+  in the process for the same problem, target, policy, threads and cache file
+  (:func:`~looprl.tune.policy_alone.remembered_policy_tune`), so a recompiled graph does not tune
+  its layers again.
 
 One pass: the problem asked is read once into a :class:`~looprl.tune.searched.Searched` (the
 problem searched, the problem or its fused view, :func:`looprl.ir.rewrites.plan_rewrites`, and
@@ -58,7 +61,7 @@ from looprl.search.budget import MIN_BUDGET_S
 from looprl.target import Target
 from looprl.tune.measured import in_place_answer, measured_answer
 from looprl.tune.measurer import Measurer
-from looprl.tune.policy_alone import policy_tune
+from looprl.tune.policy_alone import remembered_policy_tune
 from looprl.tune.proposers import PolicyProposer
 from looprl.tune.results import Answer, TuneResult
 from looprl.tune import store
@@ -128,7 +131,7 @@ def tune(
     proposer = PolicyProposer.prepared(policy, target, searched.problem, episode_length)
     measurer = Measurer.open(cache, measure_budget_s, target, threads)
     if not measure:
-        return _finish(searched, *policy_tune(proposer, searched, measurer, weights_change), threads, started)
+        return _finish(searched, *remembered_policy_tune(proposer, searched, measurer, weights_change, remember), threads, started)
     chosen = _measured(proposer, searched, measurer, budget_s, started, max_evaluations, remember and max_evaluations is None, weights_change)
     return _finish(searched, chosen, measurer.evaluator, threads, started)
 

@@ -1,11 +1,13 @@
 """The README and docs/ say only what runs: every Python block runs, every command line parses.
 
-- A ```python block runs in a fresh interpreter (this checkout first on the path, a temporary
-  working folder, and a measurement cache of this module's own: :func:`blocks_cache`). A block
-  whose first line is ``# not run`` is an illustration only; few may be. The blocks that import
-  torch run one after another in one test, each in an interpreter forked from one that has
-  only imported torch (:class:`TorchImported`): its own globals, modules and state as a fresh
-  interpreter's, without paying torch's import again.
+- A ```python block runs as in a fresh interpreter (this checkout first on the path, a temporary
+  working folder, and a measurement cache of this module's own: :func:`blocks_cache`), in an
+  interpreter forked from one that has only imported what the blocks import first
+  (:class:`Imported`): its own globals, modules and state as a fresh interpreter's, without
+  paying those imports again. The blocks that import torch run one after another in one test,
+  forked from an interpreter that imported torch; the others, one test each, from one that
+  imported looprl (one per test process). A block whose first line is ``# not run`` is an
+  illustration only; few may be.
 - Every command in a ```bash / ```console block that starts a looprl command line
   (``.venv/bin/looprl-*``, ``python -m looprl...``) or an experiment script is parsed by that
   command's own argparse parser, stopped right after parsing: a renamed or mistyped flag fails
@@ -91,16 +93,15 @@ def test_few_blocks_are_left_unrun():
     assert len(not_run) <= MAX_NOT_RUN, f"too many blocks marked {NOT_RUN!r}: {not_run}"
 
 
-# What TorchImported's interpreter runs: it imports torch (as the blocks do first) and torch._dynamo, then for each
-# request (a JSON line: the block, its folder and environment, the files for its stdout and stderr) forks a child
-# that empties __main__ and runs the block there as `python -c` would (an exception: its
-# traceback and exit status 1; the interpreter's exit and its atexit handlers as usual), and
-# answers the child's pid, then its exit status.
-TORCH_IMPORTED = """
-def serve():
-    import builtins, json, os, sys
-    import torch
-    import torch._dynamo
+# What an Imported interpreter runs: it imports the modules named (as the blocks do first), then for each request (a
+# JSON line: the block, its folder and environment, the files for its stdout and stderr) forks a child that empties
+# __main__ and runs the block there as `python -c` would (an exception: its traceback and exit status 1; the
+# interpreter's exit and its atexit handlers as usual), and answers the child's pid, then its exit status.
+FORK_SERVER = """
+def serve(modules):
+    import builtins, importlib, json, os, sys
+    for name in modules:
+        importlib.import_module(name)
     import __main__
     for line in sys.stdin:
         request = json.loads(line)
@@ -123,24 +124,27 @@ def serve():
             return
         print(json.dumps(pid), flush=True)
         print(json.dumps(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])), flush=True)
-serve()
 """
+# The modules imported before a block is forked: torch and torch._dynamo (which torch.compile loads; 1.5 and 2.8 CPU s
+# a fresh interpreter pays for them) for the blocks that import torch, looprl (and numpy, which it imports) for the others.
+TORCH_MODULES = ("torch", "torch._dynamo")
+LOOPRL_MODULES = ("looprl",)
 
 
 def _without_test_name(environment: dict) -> dict:
     return {name: value for name, value in environment.items() if name != "PYTEST_CURRENT_TEST"}
 
 
-class TorchImported:
-    """An interpreter that has imported torch (and torch._dynamo, which ``torch.compile`` loads)
-    and nothing else, whose forks run the blocks that import torch: each fork has a fresh
-    interpreter's globals, modules and state but for torch's, whose import cost each such block
-    1.5 CPU s, 2.8 with torch._dynamo. Started with the environment of the first block it runs."""
+class Imported:
+    """An interpreter that has imported ``modules`` and nothing else, whose forks run blocks:
+    each fork has a fresh interpreter's globals, modules and state but for those modules',
+    whose import each block would pay again. Started with the environment of the first block
+    it runs."""
 
-    def __init__(self, environment: dict):
+    def __init__(self, modules: tuple[str, ...], environment: dict):
         self.environment = environment
-        self.process = subprocess.Popen([sys.executable, "-c", TORCH_IMPORTED], env=environment, text=True,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.process = subprocess.Popen([sys.executable, "-c", f"{FORK_SERVER}\nserve({list(modules)!r})\n"], env=environment,
+                                        text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
     def _answer(self, deadline: float):
         """The next answer, None at ``deadline``."""
@@ -148,19 +152,19 @@ class TorchImported:
         if not ready:
             return None
         line = self.process.stdout.readline()
-        assert line, f"the interpreter that imported torch exited ({self.process.wait()})"
+        assert line, f"the interpreter that imported the blocks' modules exited ({self.process.wait()})"
         return json.loads(line)
 
     def run(self, text: str, folder: Path, environment: dict, timeout_s: float) -> tuple[int, str]:
         """(exit status, stderr) of ``text`` run in a fork, in ``folder`` with ``environment``
-        (which torch's import saw, but for the running test's name); killed after ``timeout_s``."""
+        (which the modules' import saw, but for the running test's name); killed after ``timeout_s``."""
         assert _without_test_name(environment) == _without_test_name(self.environment), "a block's environment differs from the first's"
         deadline = time.monotonic() + timeout_s
         request = {"text": text, "cwd": str(folder), "env": environment, "stdout": str(folder / ".stdout"), "stderr": str(folder / ".stderr")}
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
-        pid = self._answer(deadline + 60)  # the first request waits for torch's import too
-        assert pid is not None, "the interpreter that imported torch does not answer"
+        pid = self._answer(deadline + 60)  # the first request waits for the modules' import too
+        assert pid is not None, "the interpreter that imported the blocks' modules does not answer"
         status = self._answer(deadline)
         if status is None:
             os.kill(pid, signal.SIGKILL)
@@ -195,14 +199,22 @@ def _environment(cache_folder: Path) -> dict:
                 LOOPRL_CACHE_DIR=str(cache_folder))
 
 
+@pytest.fixture(scope="module")
+def looprl_imported(blocks_cache):
+    """The interpreter that imported looprl, whose forks run the blocks that do not import
+    torch: one per test process that runs any of them (``import looprl``: ~0.5 CPU s a block)."""
+    interpreter = Imported(LOOPRL_MODULES, _environment(blocks_cache))
+    yield interpreter
+    interpreter.close()
+
+
 @pytest.mark.parametrize(("path", "line", "text"), list(_python_params()))
-def test_python_block_runs(path, line, text, tmp_path, blocks_cache):
+def test_python_block_runs(path, line, text, tmp_path, blocks_cache, looprl_imported):
     if text.startswith(NOT_RUN):
         pytest.skip(f"marked {NOT_RUN!r}")
     started = time.monotonic()
-    completed = subprocess.run([sys.executable, "-c", text], cwd=tmp_path, env=_environment(blocks_cache),
-                               capture_output=True, text=True, timeout=SNIPPET_TIMEOUT_S)
-    assert completed.returncode == 0, f"{_label(path, line)} failed after {time.monotonic() - started:.1f} s:\n{completed.stderr[-3000:]}"
+    status, stderr = looprl_imported.run(text, tmp_path, _environment(blocks_cache), SNIPPET_TIMEOUT_S)
+    assert status == 0, f"{_label(path, line)} failed after {time.monotonic() - started:.1f} s:\n{stderr[-3000:]}"
 
 
 @pytest.mark.slow
@@ -213,7 +225,7 @@ def test_the_torch_blocks_run(tmp_path, blocks_cache):
     failure names each that failed."""
     assert TORCH_BLOCKS, "no block imports torch"
     environment = _environment(blocks_cache)
-    interpreter = TorchImported(environment)
+    interpreter = Imported(TORCH_MODULES, environment)
     failed = []
     try:
         for index, (path, line, text) in enumerate(TORCH_BLOCKS):

@@ -14,8 +14,10 @@ from tests.policies import random_policy  # noqa: E402
 @pytest.fixture(scope="module")
 def options(tmp_path_factory):
     folder = random_policy(seed=5).save(tmp_path_factory.mktemp("policy") / "policy")
-    # looprl's kernels on every call (not routed to torch by timing): tests/torch/test_torch_routes.py tests routing
-    return {"policy": str(folder), "budget_s": 0.05, "cache": ":memory:", "compare_torch": False}
+    # looprl's kernels on every call (not routed to torch by timing): tests/torch/test_torch_routes.py tests routing.
+    # A cache file of the module's: the policy alone's answers are remembered for it (a graph compiled again tunes nothing)
+    cache = tmp_path_factory.mktemp("cache") / "dynamo.sqlite"
+    return {"policy": str(folder), "budget_s": 0.05, "cache": str(cache), "compare_torch": False}
 
 
 def model():

@@ -16,9 +16,11 @@ from tests.policies import random_policy  # noqa: E402
 @pytest.fixture(scope="module")
 def options(tmp_path_factory):
     folder = random_policy(seed=5).save(tmp_path_factory.mktemp("policy") / "policy")
-    # every call looprl's (not routed to torch by timing), the policy's answers alone; the rest of the graph Inductor's, whose
-    # freezing folds the concatenated weights into constants (the backend merges only for it)
-    return {"policy": str(folder), "cache": ":memory:", "compare_torch": False, "measure": False}
+    # every call looprl's (not routed to torch by timing), the policy's answers alone (remembered for the module's cache
+    # file: a graph compiled again tunes nothing); the rest of the graph Inductor's, whose freezing folds the concatenated
+    # weights into constants (the backend merges only for it)
+    cache = tmp_path_factory.mktemp("cache") / "siblings.sqlite"
+    return {"policy": str(folder), "cache": str(cache), "compare_torch": False, "measure": False}
 
 
 class Projections(nn.Module):

@@ -19,7 +19,9 @@ from looprl.measurement.tuned_records import read_tuned_records  # noqa: E402
 from looprl.torch import TunedLinear, stats, tune_module, tuned_layers  # noqa: E402
 from looprl.torch.routes import AUTOCAST, TRANSFORMED  # noqa: E402
 
-FAST = {"measure": False, "compare_torch": False, "progress": False, "cache": ":memory:"}
+# The process's measurement cache (tests/conftest.py: a private folder), where the policy alone's
+# answers are remembered: a layer shape and row count another test tuned is not tuned again.
+FAST = {"measure": False, "compare_torch": False, "progress": False}
 BF16 = torch.bfloat16
 
 
