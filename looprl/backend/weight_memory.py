@@ -22,6 +22,8 @@ turns the advice off, to measure what it is worth; any other value than ``0`` or
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import mmap
 import os
@@ -84,7 +86,22 @@ class _Arena:
         return range(start // HUGE_PAGE_BYTES, (start + size - 1) // HUGE_PAGE_BYTES + 1)
 
 
-_current: list[_Arena | None] = [None]  # the arena being carved
+# The arenas being carved: one for weights that live on, one for arrays that a timing makes and
+# drops (:func:`for_timing`), so that short-lived arrays do not share huge pages with long-lived
+# ones and keep them resident after they die.
+_current: dict[bool, _Arena] = {}
+_timing = contextvars.ContextVar("looprl_weight_memory_timing", default=False)
+
+
+@contextlib.contextmanager
+def for_timing():
+    """Inside, :func:`weight_empty` carves from the timing arenas (a tune's candidates' packed
+    weights and cold copies: many, dropped soon), apart from the weights that live on."""
+    token = _timing.set(True)
+    try:
+        yield
+    finally:
+        _timing.reset(token)
 
 
 def huge_pages_on() -> bool:
@@ -106,13 +123,14 @@ def weight_empty(shape: tuple[int, ...] | int, dtype=np.float32) -> np.ndarray:
     if nbytes > ARENA_BYTES // 4:  # a mapping of its own, freed with the array
         memory = _mapping(math.ceil(nbytes / HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES)[2]
         return memory[:nbytes].view(dtype).reshape(shape)
+    timing = _timing.get()
     with _lock:
-        arena = _current[0]
+        arena = _current.get(timing)
         start = None if arena is None else arena.carve(nbytes)
         if start is None:
             if arena is not None:
                 arena.retire()
-            arena = _current[0] = _Arena()
+            arena = _current[timing] = _Arena()
             start = arena.carve(nbytes)
     array = arena.memory[start : start + nbytes].view(dtype).reshape(shape)
     weakref.finalize(array, arena.release, start, nbytes)

@@ -21,7 +21,7 @@ import numpy as np
 
 from looprl import checks
 from looprl.backend.buffers import aligned_empty
-from looprl.backend.weight_memory import weight_empty
+from looprl.backend.weight_memory import for_timing, weight_empty
 from looprl.backend.abi import kernel_tensors, pack_function_name
 from looprl.backend.host import cache_sizes
 from looprl.backend.kernel import Kernel, ReshapedKernel
@@ -188,7 +188,8 @@ def time_kernel(
     call, pointers = kernel.raw_call, ws.pointers
     constant = [t for t in kernel.problem.constant if t in kernel.packed_inputs]
     if constant:  # weights are converted once, when bound, as in use: not timed
-        bound = kernel.bind(**{t: ws.input(t) for t in constant})
+        with for_timing():
+            bound = kernel.bind(**{t: ws.input(t) for t in constant})
         arrays = {t: bound._buffers.get(t, ws.inputs[i]) for i, t in enumerate(("in0", "in1"))}
         pointers = (arrays["in0"].ctypes.data, arrays["in1"].ctypes.data) + ws.pointers[2:]
         call = bound.raw_call
@@ -222,13 +223,14 @@ def _cold_call(kernel, ws: Workspace, threads: int, cold_threads: int):
     weights from memory."""
     constant = list(kernel.problem.constant)
     packed = [t for t in constant if t in kernel.packed_inputs]
-    function = kernel.bind(**{t: ws.input(t) for t in packed}) if packed else kernel
     copies = {}
-    for t in constant:
-        if t in packed:
-            copies[t] = [function._buffers[t]] + ws.cold_copies(t, kernel.layouts[t], kernel._packers[pack_function_name(t)], cold_threads)
-        else:
-            copies[t] = [ws.input(t)] + ws.cold_copies(t, threads=cold_threads)
+    with for_timing():
+        function = kernel.bind(**{t: ws.input(t) for t in packed}) if packed else kernel
+        for t in constant:
+            if t in packed:
+                copies[t] = [function._buffers[t]] + ws.cold_copies(t, kernel.layouts[t], kernel._packers[pack_function_name(t)], cold_threads)
+            else:
+                copies[t] = [ws.input(t)] + ws.cold_copies(t, threads=cold_threads)
     count = min(len(c) for c in copies.values())
     slots = {t: kernel.tensors.index(t) for t in constant}
     sets = []

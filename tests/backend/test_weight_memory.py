@@ -96,7 +96,7 @@ def _resident_bytes(address: int) -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists() or not hasattr(mmap, "MADV_HUGEPAGE"), reason="needs Linux")
 def test_the_pages_of_weights_that_died_are_given_back_and_the_live_ones_kept(huge_pages, monkeypatch):
-    monkeypatch.setattr(weight_memory, "_current", [None])  # a fresh arena
+    monkeypatch.setattr(weight_memory, "_current", {})  # a fresh arena
     arrays = [weight_empty(HUGE_PAGE_BYTES // 4 // 4, np.float32) for _ in range(12)]  # three huge pages, filled
     for i, array in enumerate(arrays):
         array.fill(i)
@@ -169,3 +169,20 @@ def test_a_bad_shape_is_a_value_error(huge_pages):
         weight_empty("big")
     with pytest.raises(ValueError):
         weight_empty((-1, 3))
+
+
+def _mapping_of(array: np.ndarray):
+    owner = array
+    while isinstance(owner, np.ndarray):
+        owner = owner.base
+    return owner.obj
+
+
+def test_a_timings_arrays_come_from_arenas_apart_from_the_weights_that_live_on(huge_pages, monkeypatch):
+    monkeypatch.setattr(weight_memory, "_current", {})
+    kept = weight_empty(1000)
+    with weight_memory.for_timing():
+        transient = weight_empty(1000)
+    after = weight_empty(1000)
+    assert _mapping_of(kept) is _mapping_of(after)  # the weights that live on, side by side
+    assert _mapping_of(transient) is not _mapping_of(kept)
