@@ -254,10 +254,10 @@ def looprl_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     merge = checks.flag(options.get("merge", True), "option merge")
     owned: list = []  # the operators put in this graph: what is returned owns them
     if not torch.is_grad_enabled():
-        if rest == "inductor" and _freezing():  # the weights promised constant: a [in, out] one transposed once (GPT-2's Conv1D)
-            addmm_as_linear(gm, LINEAR_DTYPES)
-        if merge and rest == "inductor" and _freezing():  # the weights promised constant: concatenated once, by Inductor's freezing
-            merge_siblings(gm, LINEAR_TARGETS, LINEAR_DTYPES)
+        if rest == "inductor" and _freezing():  # the weights promised constant: Inductor's freezing folds what is made of them once
+            addmm_as_linear(gm, LINEAR_DTYPES)  # a weight stored [in, out] transposed (GPT-2's Conv1D)
+            if merge:
+                merge_siblings(gm, LINEAR_TARGETS, LINEAR_DTYPES)  # sibling weights concatenated
         tuning = {"policy": options.get("policy", "default"), "target": options.get("target"), "budget_s": options.get("budget_s"),
                   "threads": options.get("threads", 1), "cache": open_cache(options.get("cache")),  # one cache for the graph
                   "weights_change": not _freezing(),  # without freezing the weights are compared on every call

@@ -70,7 +70,7 @@ class _Arena:
             for page in self._pages(start, size):
                 self.live[page] -= 1
                 if not self.live[page] and (page + 1) * HUGE_PAGE_BYTES <= self.next:
-                    self.region.madvise(mmap.MADV_DONTNEED, self.offset + page * HUGE_PAGE_BYTES, HUGE_PAGE_BYTES)
+                    self._give_back(page)
 
     def retire(self) -> None:
         """No more carving here: the pages already free are given back now, the others as their
@@ -79,7 +79,11 @@ class _Arena:
             self.next = ARENA_BYTES
             for page, count in enumerate(self.live):
                 if not count:
-                    self.region.madvise(mmap.MADV_DONTNEED, self.offset + page * HUGE_PAGE_BYTES, HUGE_PAGE_BYTES)
+                    self._give_back(page)
+
+    def _give_back(self, page: int) -> None:
+        """Huge page ``page``'s memory returned to the system (its addresses stay the arena's)."""
+        self.region.madvise(mmap.MADV_DONTNEED, self.offset + page * HUGE_PAGE_BYTES, HUGE_PAGE_BYTES)
 
     @staticmethod
     def _pages(start: int, size: int) -> range:
