@@ -75,6 +75,7 @@ from looprl.measurement.evaluator import open_cache
 from looprl.measurement.timing import best_time
 from looprl.tune.api import tune
 from looprl import checks
+from looprl.torch import native
 from looprl.torch.activations import activation_of_call
 from looprl.torch.layers import layer_shape, tune_layer, weight_bytes
 from looprl.torch.records import route_summary, summarise_calls
@@ -333,7 +334,7 @@ def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: in
             judged[shape] = kernels.judge(weight_value.detach(), None if bias_value is None else bias_value.detach())
         index = _register(_layers, kernels, owned)
         end = users[0] if activation is not None else node
-        _replace_node(gm, end, torch.ops.looprl.linear.default, (x, weight, bias, index))
+        _replace_node(gm, end, _linear_operator(kernels, index), (x, weight, bias, index))
         if end is not node:
             gm.graph.erase_node(node)
         replaced += 1
@@ -341,6 +342,24 @@ def _replace_linear_calls(gm: torch.fx.GraphModule, example_inputs, max_rows: in
         gm.graph.lint()
         gm.recompile()
     return replaced
+
+
+def _linear_operator(kernels: LinearKernels, index: int):
+    """The operator a graph calls for the layer ``kernels`` registered as ``index``: the native
+    one (:mod:`looprl.torch.native`: no Python on the path of the calls it can run, the others
+    handed to ``looprl::linear``), the layer given its entry in the native table; else, where it
+    is off or cannot be built, ``looprl::linear``."""
+    handle = native.library()
+    if handle is None:
+        return torch.ops.looprl.linear.default
+    kernels.native = native.NativeLayer(handle, index, kernels.in_features, kernels.out_features, kernels.dtype.name == "bfloat16",
+                                        "bias" in kernels.results[1].problem.epilogue.inputs, on_forget=_retire_native)
+    return torch.ops.looprl_native.linear.default
+
+
+def _retire_native(calls: int) -> None:
+    """Add the calls a freed layer's native entry computed (not yet counted) to the totals."""
+    _retire({"looprl": calls})
 
 
 def _freezing() -> bool:

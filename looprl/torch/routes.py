@@ -46,6 +46,7 @@ it is faster.
 from __future__ import annotations
 
 import copy
+import ctypes
 import math
 import threading
 from dataclasses import dataclass
@@ -163,6 +164,9 @@ class LinearKernels:
         self._torch_rows: dict[int, bool] = {}  # row count -> whether torch computes it, from the routes
 
     foreign: str | None = None  # unpickled on a CPU that cannot run the kernels' code: why (every call is torch's)
+    # The layer's entry in the native operator's table (looprl.torch.native.NativeLayer), where the backend put the layer in a
+    # graph through that operator: offered the plans it can run (native_plan), dropped when the routes change.
+    native = None
 
     def __getstate__(self) -> dict:
         """What a pickle (``torch.save`` of a model) keeps: the schedules tuned, not their
@@ -195,11 +199,17 @@ class LinearKernels:
         return clone
 
     def counted(self) -> dict[str, int]:
+        """Calls by outcome: ``"looprl"`` (the native operator's included) or a fallback's reason."""
+        native = self.native.take_calls() if self.native is not None else 0
         with self._stats_lock:
+            if native:
+                self.calls["looprl"] = self.calls.get("looprl", 0) + native
             return dict(self.calls)
 
     def forget_calls(self) -> None:
         """Start counting calls afresh (tune_module's own timing calls are not the user's)."""
+        if self.native is not None:
+            self.native.take_calls()
         with self._stats_lock:
             self.calls = {}
 
@@ -273,6 +283,8 @@ class LinearKernels:
                   for count, duel in zip(counts, duels)}
         self.routes = routes
         self._torch_rows = {}
+        if self.native is not None:
+            self.native.clear()
         return routes
 
     def _cold_calls(self, weight, bias) -> tuple | None:
@@ -316,6 +328,8 @@ class LinearKernels:
             self.routes[count] = (Route(count, math.nan, math.nan, "model") if known is None
                                   else Route(count, known.looprl_s, known.torch_s, "model", known.wins, known.rounds))
         self._torch_rows = {}
+        if self.native is not None:
+            self.native.clear()
 
     def runs_torch(self, rows: int) -> bool:
         """Whether a call on ``rows`` rows is routed to torch: a judged row count by its own
@@ -352,7 +366,52 @@ class LinearKernels:
         self._count(why)
         if why is not None:
             return self.fallback(x, weight, bias)
-        return self.compute(x, weight, bias, rows=rows)
+        out = self.compute(x, weight, bias, rows=rows)
+        native = self.native
+        if native is not None and rows not in native.offered:
+            self._offer_native(native, rows, x, weight, bias)
+        return out
+
+    def _offer_native(self, native, rows: int, x, weight, bias) -> None:
+        """Offer the native operator the plan of ``rows`` rows just computed by looprl's kernels
+        on these tensors, where it can run it: every kernel serial, each reading its rows of the
+        input in place (none padded), the weight read in place or from copies bound once
+        (frozen: the plan then holds for this weight tensor only), input, weight and bias
+        contiguous. Else noted as refused (its calls stay this method's)."""
+        from looprl.backend.kernel import BoundKernel, Kernel
+        from looprl.torch import native as native_module
+
+        plan, counts, bound = self._plan_of(rows)
+        contiguous = x.is_contiguous() and weight.is_contiguous() and (bias is None or bias.is_contiguous())
+        if not contiguous or (bound and not self.frozen):
+            native.refuse(rows)
+            return
+        copies = self._frozen.get(weight, bias) if bound else {}
+        roles = {"in0": native_module.INPUT, "in1": native_module.WEIGHT, "out": native_module.OUTPUT, "acc": native_module.WORKSPACE,
+                 "bias": native_module.BIAS}
+        parts, workspace = [], 0
+        for start, length, count in plan:
+            kernel = self._kernels[count]
+            if not isinstance(kernel, Kernel) or kernel.plan.threaded or (length != count and not kernel.runtime_rows):
+                native.refuse(rows)
+                return
+            if count in self.in_place:
+                function, sources, fixed = kernel._function, [roles[t] for t in kernel.tensors], [0] * len(kernel.tensors)
+            else:
+                copy_ = copies[count]
+                if not isinstance(copy_, BoundKernel) or copy_.free != ("in0",):
+                    native.refuse(rows)
+                    return
+                given = {0: native_module.OUTPUT, 1: native_module.WORKSPACE, 2: native_module.INPUT}  # address_call's slots
+                function = copy_._function
+                sources = [given[a] if g else native_module.FIXED for a, g in zip(copy_._arguments, copy_._given)]
+                fixed = [0 if g else a for a, g in zip(copy_._arguments, copy_._given)]
+            address = ctypes.cast(function, ctypes.c_void_p).value
+            parts.append((address, start, length, kernel.runtime_rows, sources, fixed))
+            workspace = max(workspace, kernel.workspace_elements * 4)
+        weight_bound = (weight.data_ptr(), 0 if bias is None else bias.data_ptr()) if bound else None
+        keep = (weight.detach(), None if bias is None else bias.detach(), copies) if bound else None
+        native.offer(rows, parts, weight_bound, workspace, keep)
 
     def compute(self, x, weight, bias, cache=None, rows: int | None = None):
         """The call by looprl's kernels, for arguments :meth:`why_not` accepts (not checked here):

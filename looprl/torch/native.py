@@ -1,0 +1,235 @@
+"""The linear operator without Python on its path: ``looprl_native::linear``, built from
+``native_linear.cpp`` with the host's C++ compiler against torch's headers, once per source,
+torch and compiler (about 7 s), and kept in ``$LOOPRL_NATIVE_DIR`` (default: the per-user cache
+directory's ``looprl/native``, not ``$LOOPRL_CACHE_DIR``'s measurements).
+
+A decode step calls each linear layer once per token with one row. Through the Python operator
+(``looprl::linear``: the dispatcher into Python, the layer's lookup, :meth:`LinearKernels.__call__
+<looprl.torch.routes.LinearKernels.__call__>`' checks and row plan, ctypes) a call cost about
+15 us more than its kernel (a 512x512 layer: 27.3 us against 12.5, Zen 4, torch 2.13); the native
+operator runs the same kernels about 1 us above them. It keeps a table, per layer of a compiled
+graph, of the row counts whose looprl plan it can run itself (:meth:`NativeLayer.offer`, called
+by the Python operator after it computed such a call with looprl's kernels): serial kernels, each
+reading the input's rows in place (no padded block) and the weight either in place or from copies
+bound once (frozen layers, for that weight tensor only). Every other call, and any call whose
+tensors are not plain CPU tensors as the plan expects (another dtype, autograd, autocast, a
+transform's wrapper, a strided view, another weight tensor than a frozen plan's), goes to the
+Python operator, which decides as before (and counts its fallbacks); the native operator's own
+calls are added to the layer's ``"looprl"`` count (:meth:`NativeLayer.take_calls`).
+
+``LOOPRL_NATIVE=0`` turns it off (the backend then puts ``looprl::linear`` in its graphs); where
+no compiler or headers are found, or the build fails, the same happens, with a warning once per
+process naming why (:func:`unavailable`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import warnings
+import weakref
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("native_linear.cpp")
+MAX_POINTERS = 6  # as kMaxPointers in the source
+FIXED, INPUT, OUTPUT, WORKSPACE, WEIGHT, BIAS = range(6)  # a pointer argument's source, as the source's Source
+BUILD_TIMEOUT_S = 600
+
+
+class Part(ctypes.Structure):
+    """One kernel call of a native plan, as the source's ``Part``."""
+
+    _fields_ = [("function", ctypes.c_void_p), ("start", ctypes.c_int64), ("length", ctypes.c_int64), ("takes_rows", ctypes.c_int64),
+                ("pointers", ctypes.c_int64), ("sources", ctypes.c_int64 * MAX_POINTERS), ("fixed", ctypes.c_int64 * MAX_POINTERS)]
+
+
+def native_dir() -> Path:
+    """``$LOOPRL_NATIVE_DIR``, or ``$XDG_CACHE_HOME/looprl/native`` (``~/.cache/looprl/native``)."""
+    explicit = os.environ.get("LOOPRL_NATIVE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "looprl" / "native"
+
+
+def enabled() -> bool:
+    """``LOOPRL_NATIVE`` (read at each call): ``1`` (the default) or ``0``; anything else is a
+    ``ValueError`` naming it."""
+    value = os.environ.get("LOOPRL_NATIVE", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"LOOPRL_NATIVE must be 0 or 1, not {value!r}")
+    return value == "1"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _command(compiler: str, source: Path, output: Path) -> list[str]:
+    from torch.utils import cpp_extension
+
+    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    includes = [f"-I{path}" for path in cpp_extension.include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return [compiler, "-O2", "-std=c++20", "-shared", "-fPIC", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *includes, str(source),
+            "-o", str(output), f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}", "-lc10", "-ltorch_cpu"]
+
+
+def _version(compiler: str) -> str:
+    try:
+        return subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def build(directory: Path | None = None) -> Path:
+    """The built library's path (built if not there: under a lock, so that processes building
+    at once build it once). Raises ``RuntimeError`` naming what failed."""
+    compiler = _compiler()
+    if compiler is None:
+        raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
+    directory = native_dir() if directory is None else directory
+    source = SOURCE.read_bytes()
+    command = _command(compiler, Path("SOURCE"), Path("OUTPUT"))
+    key = hashlib.sha256(b"\0".join([source, torch.__version__.encode(), _version(compiler).encode(), " ".join(command).encode(),
+                                     sys.version.encode()])).hexdigest()[:20]
+    library = directory / f"native_linear-{key}.so"
+    if library.exists():
+        return library
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if library.exists():  # another process built it while this one waited
+            return library
+        with tempfile.TemporaryDirectory(dir=directory) as scratch:
+            built = Path(scratch) / library.name
+            try:
+                done = subprocess.run(_command(compiler, SOURCE, built), capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+            except (OSError, subprocess.SubprocessError) as error:
+                raise RuntimeError(f"building {SOURCE.name} failed: {error}") from None
+            if done.returncode != 0:
+                raise RuntimeError(f"building {SOURCE.name} failed ({compiler}, exit {done.returncode}): {done.stderr.strip()[-2000:]}")
+            os.replace(built, library)
+    return library
+
+
+_state_lock = threading.Lock()
+_state: dict = {}  # "library": the ctypes handle, or "why": why there is none
+
+
+def library() -> ctypes.CDLL | None:
+    """The native library, loaded (and built if needed) once per process, its operator
+    registered with torch; None where ``LOOPRL_NATIVE=0`` or it could not be built or loaded
+    (:func:`unavailable` says why; a warning says so once)."""
+    if not enabled():
+        return None
+    with _state_lock:
+        if "library" not in _state and "why" not in _state:
+            try:
+                path = build()
+                torch.ops.load_library(str(path))
+                handle = ctypes.CDLL(str(path))
+            except (RuntimeError, OSError) as error:
+                _state["why"] = str(error)
+                warnings.warn(f"looprl's native linear operator is not available, the Python one serves every call: {error}",
+                              RuntimeWarning, stacklevel=2)
+            else:
+                _declare(handle)
+                torch.library.register_fake("looprl_native::linear", _linear_fake)
+                _state["library"] = handle
+        return _state.get("library")
+
+
+def unavailable() -> str | None:
+    """Why the native operator is not in use (None: it is, or was not asked for yet)."""
+    if not enabled():
+        return "LOOPRL_NATIVE=0"
+    return _state.get("why")
+
+
+def _declare(handle: ctypes.CDLL) -> None:
+    i64 = ctypes.c_int64
+    handle.looprl_native_layer.argtypes = [i64] * 5
+    handle.looprl_native_layer.restype = None
+    handle.looprl_native_plan.argtypes = [i64, i64, ctypes.POINTER(Part), i64, i64, i64, i64]
+    handle.looprl_native_plan.restype = i64
+    for name in ("looprl_native_clear", "looprl_native_forget", "looprl_native_take_calls"):
+        getattr(handle, name).argtypes = [i64]
+    handle.looprl_native_clear.restype = None
+    handle.looprl_native_forget.restype = i64
+    handle.looprl_native_take_calls.restype = i64
+
+
+def _linear_fake(x, weight, bias, layer):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+class NativeLayer:
+    """A layer's entry in the native operator's table (the index its graph passes): the plans it
+    was offered, and what they read kept alive until they are dropped. Made by the backend for
+    each :class:`~looprl.torch.routes.LinearKernels` it puts in a graph (its ``native``); freed
+    with it, its table entry forgotten (the calls it had computed handed to ``on_forget``)."""
+
+    def __init__(self, handle: ctypes.CDLL, index: int, in_features: int, out_features: int, bfloat16: bool, has_bias: bool,
+                 on_forget=None):
+        self._handle, self.index = handle, index
+        self._lock = threading.Lock()
+        self._kept: dict[int, object] = {}  # row count -> what its plan points at (bound copies, the weight they were bound for)
+        self.offered: set[int] = set()  # row counts offered since the plans were last dropped (given a plan or not)
+        handle.looprl_native_layer(index, in_features, out_features, int(bfloat16), int(has_bias))
+        weakref.finalize(self, _forget, handle, index, on_forget)
+
+    def offer(self, rows: int, parts: list[tuple], weight_bound: tuple[int, int] | None, workspace_bytes: int, keep) -> None:
+        """Give the table a plan for ``rows`` rows: ``parts``, one ``(function address, start,
+        length, takes_rows, sources, fixed)`` per kernel call (``sources``: per pointer argument
+        one of :data:`FIXED`, :data:`INPUT`, ..., ``fixed``: the addresses of the fixed ones);
+        ``weight_bound``: the weight's and bias's data pointers a plan with bound copies holds
+        for (None: it reads them in place); ``keep``: what the plan points at, kept alive here
+        until the plan is dropped."""
+        array = (Part * len(parts))()
+        for part, (function, start, length, takes_rows, sources, fixed) in zip(array, parts):
+            part.function, part.start, part.length, part.takes_rows, part.pointers = function, start, length, int(takes_rows), len(sources)
+            part.sources[:len(sources)] = sources
+            part.fixed[:len(fixed)] = fixed
+        weight, bias = weight_bound or (0, 0)
+        with self._lock:
+            # The plan replaces any earlier one for these rows under the table's lock: what the earlier one pointed at
+            # is let go only after that (the caller holds ``keep`` until then).
+            self._handle.looprl_native_plan(self.index, rows, array, len(parts), weight, bias, workspace_bytes)
+            self._kept[rows] = keep
+            self.offered.add(rows)
+
+    def refuse(self, rows: int) -> None:
+        """Note that ``rows`` has no plan the native operator can run (not offered again)."""
+        with self._lock:
+            self.offered.add(rows)
+
+    def clear(self) -> None:
+        """Drop every plan (the routes or the weight changed): returns once no call runs one."""
+        with self._lock:
+            self._handle.looprl_native_clear(self.index)
+            self._kept.clear()
+            self.offered.clear()
+
+    def take_calls(self) -> int:
+        """The calls the native operator computed for this layer since last asked."""
+        return self._handle.looprl_native_take_calls(self.index)
+
+
+def _forget(handle: ctypes.CDLL, index: int, on_forget) -> None:
+    calls = handle.looprl_native_forget(index)
+    if on_forget is not None and calls:
+        on_forget(calls)

@@ -1,0 +1,231 @@
+// looprl's linear operator called without Python: looprl_native::linear(x, weight, bias, layer).
+//
+// The backend (looprl.dynamo) puts this operator in the graphs it hands Inductor. A call whose
+// layer has a plan for its row count, on tensors the plan was made for, runs the plan's kernels
+// here: addresses read from the tensors, the kernels (looprl's JIT code) called by address.
+// Every other call is the Python operator's (looprl::linear, redispatched to its CPU kernel),
+// which computes it, counts it, and may hand this table a plan for its row count
+// (looprl.torch.native). The table is written only from Python and read on every call.
+//
+// A plan is a list of kernel calls (parts), each over a run of rows. Each pointer argument of a
+// part's kernel is the input x, the output, this thread's workspace, the weight or the bias as
+// passed to this call (a kernel that reads them in place), or an address fixed when the plan was
+// made (a copy of the weight bound to the kernel: then the plan holds only for that weight
+// tensor, seen as when the plan was made, and Python keeps that tensor and the copies alive
+// until the plan is dropped). Plans are dropped under the table's lock, which calls hold while
+// they run: once looprl_native_clear returns, no call still reads what the plan pointed at.
+#include <ATen/autocast_mode.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/GradMode.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+// Where a kernel's pointer argument comes from (the values of a part's `sources`).
+enum Source : int64_t { kFixed = 0, kInput = 1, kOutput = 2, kWorkspace = 3, kWeight = 4, kBias = 5 };
+
+constexpr int kMaxPointers = 6;
+
+// One kernel call of a plan; laid out as looprl.torch.native.Part (ctypes) writes it.
+struct Part {
+  void* function;
+  int64_t start;         // its first row
+  int64_t length;        // its rows
+  int64_t takes_rows;    // 1: the kernel takes the row count after reps
+  int64_t pointers;      // its pointer arguments (4 to 6)
+  int64_t sources[kMaxPointers];
+  int64_t fixed[kMaxPointers];  // the address of a kFixed argument
+};
+
+struct Plan {
+  std::vector<Part> parts;
+  int64_t weight = 0;  // bound copies: the weight's and bias's data pointers the plan holds for (0: in place)
+  int64_t bias = 0;
+  int64_t workspace_bytes = 0;
+};
+
+struct Layer {
+  int64_t in_features = 0, out_features = 0;
+  at::ScalarType dtype = at::kFloat;
+  bool has_bias = false;
+  std::unordered_map<int64_t, Plan> plans;  // row count -> plan
+  std::atomic<int64_t> calls{0};            // calls this table computed (Python adds them to the layer's count)
+};
+
+std::shared_mutex table_lock;
+std::unordered_map<int64_t, std::unique_ptr<Layer>> table;
+
+// The workspace of this thread, at least `bytes`, 64-byte aligned (what a kernel's `acc` needs).
+void* workspace(int64_t bytes) {
+  thread_local void* buffer = nullptr;
+  thread_local int64_t size = 0;
+  if (bytes > size) {
+    std::free(buffer);
+    int64_t rounded = (bytes + 4095) / 4096 * 4096;
+    buffer = std::aligned_alloc(4096, rounded);
+    size = buffer ? rounded : 0;
+  }
+  return buffer;
+}
+
+using P = void*;
+using I = int64_t;
+
+void call_part(const Part& part, P* args) {
+  const I reps = 1, rows = part.length;
+  void* f = part.function;
+  switch (part.pointers * 2 + part.takes_rows) {
+    case 8: reinterpret_cast<void (*)(P, P, P, P, I)>(f)(args[0], args[1], args[2], args[3], reps); break;
+    case 9: reinterpret_cast<void (*)(P, P, P, P, I, I)>(f)(args[0], args[1], args[2], args[3], reps, rows); break;
+    case 10: reinterpret_cast<void (*)(P, P, P, P, P, I)>(f)(args[0], args[1], args[2], args[3], args[4], reps); break;
+    case 11: reinterpret_cast<void (*)(P, P, P, P, P, I, I)>(f)(args[0], args[1], args[2], args[3], args[4], reps, rows); break;
+    case 12: reinterpret_cast<void (*)(P, P, P, P, P, P, I)>(f)(args[0], args[1], args[2], args[3], args[4], args[5], reps); break;
+    case 13: reinterpret_cast<void (*)(P, P, P, P, P, P, I, I)>(f)(args[0], args[1], args[2], args[3], args[4], args[5], reps, rows); break;
+  }
+}
+
+// A plain dense CPU tensor (no functorch wrapper, no Python subclass mode, no conjugate or
+// negative bit): the dispatch keys of torch.empty's tensor, nothing else.
+bool plain(const at::Tensor& t) {
+  static const c10::DispatchKeySet allowed({c10::DispatchKey::CPU, c10::DispatchKey::ADInplaceOrView,
+                                            c10::DispatchKey::AutogradCPU, c10::DispatchKey::AutocastCPU});
+  return allowed.has_all(t.key_set()) && t.layout() == at::kStrided;
+}
+
+// The plan this call can run by, or null: the checks of LinearKernels.why_not and of a plan's
+// weight, for what Python does not see here (anything not plain goes to Python, which decides).
+const Plan* plan_for(const Layer& layer, const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  if (at::autocast::is_autocast_enabled(at::kCPU)) return nullptr;  // Python decides by autocast's dtype
+  if (bias.has_value() != layer.has_bias) return nullptr;
+  if (!plain(x) || x.scalar_type() != layer.dtype || x.dim() < 1 || x.size(-1) != layer.in_features || !x.is_contiguous()) return nullptr;
+  if (!plain(weight) || weight.scalar_type() != layer.dtype || weight.dim() != 2 || weight.size(0) != layer.out_features ||
+      weight.size(1) != layer.in_features || !weight.is_contiguous())
+    return nullptr;
+  if (bias.has_value()) {
+    const at::Tensor& b = *bias;
+    if (!plain(b) || b.scalar_type() != layer.dtype || b.dim() != 1 || b.size(0) != layer.out_features || !b.is_contiguous()) return nullptr;
+  }
+  if (c10::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() || (bias.has_value() && bias->requires_grad())))
+    return nullptr;
+  int64_t numel = x.numel();
+  if (numel == 0) return nullptr;
+  auto found = layer.plans.find(numel / layer.in_features);
+  if (found == layer.plans.end()) return nullptr;
+  const Plan& plan = found->second;
+  if (plan.weight != 0 && (reinterpret_cast<int64_t>(weight.const_data_ptr()) != plan.weight ||
+                           (bias.has_value() && reinterpret_cast<int64_t>(bias->const_data_ptr()) != plan.bias)))
+    return nullptr;
+  return &plan;
+}
+
+at::Tensor run(const Layer& layer, const Plan& plan, const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = layer.out_features;
+  at::Tensor out = at::empty(sizes, x.options());
+  const int64_t element = x.element_size();
+  char* input = static_cast<char*>(const_cast<void*>(x.const_data_ptr()));
+  char* output = static_cast<char*>(out.mutable_data_ptr());
+  void* scratch = workspace(plan.workspace_bytes);
+  void* given[6] = {nullptr, nullptr, nullptr, scratch, const_cast<void*>(weight.const_data_ptr()),
+                    bias.has_value() ? const_cast<void*>(bias->const_data_ptr()) : nullptr};
+  for (const Part& part : plan.parts) {
+    given[kInput] = input + part.start * layer.in_features * element;
+    given[kOutput] = output + part.start * layer.out_features * element;
+    P args[kMaxPointers];
+    for (int64_t i = 0; i < part.pointers; ++i)
+      args[i] = part.sources[i] == kFixed ? reinterpret_cast<P>(part.fixed[i]) : given[part.sources[i]];
+    call_part(part, args);
+  }
+  return out;
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t index) {
+  {
+    std::shared_lock<std::shared_mutex> lock(table_lock);
+    auto found = table.find(index);
+    if (found != table.end()) {
+      Layer& layer = *found->second;
+      const Plan* plan = plan_for(layer, x, weight, bias);
+      if (plan != nullptr && workspace(plan->workspace_bytes) != nullptr) {
+        at::Tensor out = run(layer, *plan, x, weight, bias);
+        layer.calls.fetch_add(1, std::memory_order_relaxed);
+        return out;
+      }
+    }
+  }
+  static auto python = c10::Dispatcher::singleton()
+                           .findSchemaOrThrow("looprl::linear", "")
+                           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t)>();
+  return python.redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), x, weight, bias, index);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(looprl_native, m) {
+  m.def("linear(Tensor x, Tensor weight, Tensor? bias, int layer) -> Tensor", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(linear)));
+}
+
+// The table's writers, called from Python (ctypes).
+extern "C" {
+
+// Declare a layer (index as the graph passes it), dropping any plans it had.
+void looprl_native_layer(int64_t index, int64_t in_features, int64_t out_features, int64_t bfloat16, int64_t has_bias) {
+  auto layer = std::make_unique<Layer>();
+  layer->in_features = in_features;
+  layer->out_features = out_features;
+  layer->dtype = bfloat16 ? at::kBFloat16 : at::kFloat;
+  layer->has_bias = has_bias != 0;
+  std::unique_lock<std::shared_mutex> lock(table_lock);
+  table[index] = std::move(layer);
+}
+
+// Give a layer a plan for `rows` rows; 0 if the layer is not declared.
+int64_t looprl_native_plan(int64_t index, int64_t rows, const Part* parts, int64_t count, int64_t weight, int64_t bias,
+                           int64_t workspace_bytes) {
+  Plan plan;
+  plan.parts.assign(parts, parts + count);
+  plan.weight = weight;
+  plan.bias = bias;
+  plan.workspace_bytes = workspace_bytes;
+  std::unique_lock<std::shared_mutex> lock(table_lock);
+  auto found = table.find(index);
+  if (found == table.end()) return 0;
+  found->second->plans[rows] = std::move(plan);
+  return 1;
+}
+
+// Drop every plan of a layer (its calls go to Python again); returns once no call runs one.
+void looprl_native_clear(int64_t index) {
+  std::unique_lock<std::shared_mutex> lock(table_lock);
+  auto found = table.find(index);
+  if (found != table.end()) found->second->plans.clear();
+}
+
+// Forget a layer; returns the calls it computed not yet taken.
+int64_t looprl_native_forget(int64_t index) {
+  std::unique_lock<std::shared_mutex> lock(table_lock);
+  auto found = table.find(index);
+  if (found == table.end()) return 0;
+  int64_t calls = found->second->calls.exchange(0);
+  table.erase(found);
+  return calls;
+}
+
+// The calls a layer computed since last asked (then counted afresh).
+int64_t looprl_native_take_calls(int64_t index) {
+  std::shared_lock<std::shared_mutex> lock(table_lock);
+  auto found = table.find(index);
+  return found == table.end() ? 0 : found->second->calls.exchange(0);
+}
+
+}  // extern "C"
