@@ -5,7 +5,10 @@ entry point of this package), so ``torch.compile(model, backend="looprl")`` work
 importing looprl first. Dynamo hands it each captured FX graph. In it, every ``linear`` call
 (``torch._C._nn.linear`` / ``functional.linear``: ``nn.Linear`` and code that calls
 ``F.linear``) on float32 or bfloat16 CPU tensors (input, weight and bias of one dtype) whose weight is a graph input (a parameter), when the graph
-is compiled with grad mode off, is replaced by the custom operator ``looprl::linear``; a ReLU,
+is compiled with grad mode off, is replaced by the custom operator ``looprl_native::linear``
+(:mod:`looprl.torch.native`: the row counts whose plan it can run without Python, the others
+handed to ``looprl::linear``, the Python operator; ``looprl::linear`` itself where the native
+operator is off or cannot be built); a ReLU,
 GELU (either approximation) or SiLU that is the linear call's only user is fused into it. The
 operator runs :class:`looprl.torch.LinearKernels`: kernels tuned (:func:`looprl.tune` of
 :func:`looprl.linear`) for every power of two up to ``max_rows`` (default: the most rows the

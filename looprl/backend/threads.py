@@ -64,6 +64,7 @@ _runtime: list[str] = []  # the library path, once its symbols are registered wi
 _private: list[ctypes.CDLL] = []  # looprl's private copy of the runtime, where that is the one loaded
 _used = threading.local()  # .parallel: this thread has run a parallel region
 _forked_after_use = [False]
+_parallel_probes: list = []  # functions saying whether the calling thread ran parallel kernels by other paths (register_parallel_probe)
 
 
 def available_cores() -> int:
@@ -185,8 +186,15 @@ def before_parallel_call(threads: int) -> None:
     _used.parallel = True
 
 
+def register_parallel_probe(probe) -> None:
+    """Have ``probe()`` (true or false for the calling thread) asked after a fork too: a caller
+    that runs parallel kernels without :func:`before_parallel_call` (the native linear operator,
+    :mod:`looprl.torch.native`) says so through it."""
+    _parallel_probes.append(probe)
+
+
 def _after_fork_in_child() -> None:
-    if getattr(_used, "parallel", False):
+    if getattr(_used, "parallel", False) or any(probe() for probe in _parallel_probes):
         _forked_after_use[0] = True
 
 

@@ -11,7 +11,10 @@ operator runs the same kernels about 1 us above them. It keeps a table, per laye
 graph, of the row counts whose looprl plan it can run itself (:meth:`NativeLayer.offer`, called
 by the Python operator after it computed such a call with looprl's kernels): serial kernels, each
 reading the input's rows in place (no padded block) and the weight either in place or from copies
-bound once (frozen layers, for that weight tensor only). Every other call, and any call whose
+bound once (frozen layers, for that weight tensor only); a team's kernels where looprl does not
+place its teams (:func:`looprl.backend.placement.places_teams`: on torch's OpenMP runtime, as in
+a process that loaded torch first, or with ``LOOPRL_PLACE_TEAMS=0``), the process that made the
+plan only (a forked child's calls are Python's, which refuses what would hang). Every other call, and any call whose
 tensors are not plain CPU tensors as the plan expects (another dtype, autograd, autocast, a
 transform's wrapper, a strided view, another weight tensor than a frozen plan's), goes to the
 Python operator, which decides as before (and counts its fallbacks); the native operator's own
@@ -40,6 +43,8 @@ from pathlib import Path
 
 import torch
 
+from looprl.backend import threads
+
 SOURCE = Path(__file__).with_name("native_linear.cpp")
 MAX_POINTERS = 6  # as kMaxPointers in the source
 FIXED, INPUT, OUTPUT, WORKSPACE, WEIGHT, BIAS = range(6)  # a pointer argument's source, as the source's Source
@@ -50,7 +55,7 @@ class Part(ctypes.Structure):
     """One kernel call of a native plan, as the source's ``Part``."""
 
     _fields_ = [("function", ctypes.c_void_p), ("start", ctypes.c_int64), ("length", ctypes.c_int64), ("takes_rows", ctypes.c_int64),
-                ("pointers", ctypes.c_int64), ("sources", ctypes.c_int64 * MAX_POINTERS), ("fixed", ctypes.c_int64 * MAX_POINTERS)]
+                ("threads", ctypes.c_int64), ("pointers", ctypes.c_int64), ("sources", ctypes.c_int64 * MAX_POINTERS), ("fixed", ctypes.c_int64 * MAX_POINTERS)]
 
 
 def native_dir() -> Path:
@@ -149,6 +154,7 @@ def library() -> ctypes.CDLL | None:
             else:
                 _declare(handle)
                 torch.library.register_fake("looprl_native::linear", _linear_fake)
+                threads.register_parallel_probe(handle.looprl_native_used_parallel)
                 _state["library"] = handle
         return _state.get("library")
 
@@ -171,6 +177,8 @@ def _declare(handle: ctypes.CDLL) -> None:
     handle.looprl_native_clear.restype = None
     handle.looprl_native_forget.restype = i64
     handle.looprl_native_take_calls.restype = i64
+    handle.looprl_native_used_parallel.argtypes = []
+    handle.looprl_native_used_parallel.restype = i64
 
 
 def _linear_fake(x, weight, bias, layer):
@@ -194,14 +202,16 @@ class NativeLayer:
 
     def offer(self, rows: int, parts: list[tuple], weight_bound: tuple[int, int] | None, workspace_bytes: int, keep) -> None:
         """Give the table a plan for ``rows`` rows: ``parts``, one ``(function address, start,
-        length, takes_rows, sources, fixed)`` per kernel call (``sources``: per pointer argument
+        length, takes_rows, threads, sources, fixed)`` per kernel call (``threads``: 0 for a serial
+        kernel, else the thread count its entry point takes; ``sources``: per pointer argument
         one of :data:`FIXED`, :data:`INPUT`, ..., ``fixed``: the addresses of the fixed ones);
         ``weight_bound``: the weight's and bias's data pointers a plan with bound copies holds
         for (None: it reads them in place); ``keep``: what the plan points at, kept alive here
         until the plan is dropped."""
         array = (Part * len(parts))()
-        for part, (function, start, length, takes_rows, sources, fixed) in zip(array, parts):
-            part.function, part.start, part.length, part.takes_rows, part.pointers = function, start, length, int(takes_rows), len(sources)
+        for part, (function, start, length, takes_rows, threads_, sources, fixed) in zip(array, parts):
+            part.function, part.start, part.length, part.takes_rows = function, start, length, int(takes_rows)
+            part.threads, part.pointers = threads_, len(sources)
             part.sources[:len(sources)] = sources
             part.fixed[:len(fixed)] = fixed
         weight, bias = weight_bound or (0, 0)

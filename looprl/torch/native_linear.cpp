@@ -7,7 +7,9 @@
 // which computes it, counts it, and may hand this table a plan for its row count
 // (looprl.torch.native). The table is written only from Python and read on every call.
 //
-// A plan is a list of kernel calls (parts), each over a run of rows. Each pointer argument of a
+// A plan is a list of kernel calls (parts), each over a run of rows, its kernel serial or a team's
+// (offered only where looprl does not place its teams: on torch's OpenMP runtime, as in a torch
+// process, or with LOOPRL_PLACE_TEAMS=0). Each pointer argument of a
 // part's kernel is the input x, the output, this thread's workspace, the weight or the bias as
 // passed to this call (a kernel that reads them in place), or an address fixed when the plan was
 // made (a copy of the weight bound to the kernel: then the plan holds only for that weight
@@ -19,6 +21,8 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/GradMode.h>
 #include <torch/library.h>
+
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdint>
@@ -42,6 +46,7 @@ struct Part {
   int64_t start;         // its first row
   int64_t length;        // its rows
   int64_t takes_rows;    // 1: the kernel takes the row count after reps
+  int64_t threads;       // 0: a serial kernel; else it takes this thread count (i32) last
   int64_t pointers;      // its pointer arguments (4 to 6)
   int64_t sources[kMaxPointers];
   int64_t fixed[kMaxPointers];  // the address of a kFixed argument
@@ -52,6 +57,7 @@ struct Plan {
   int64_t weight = 0;  // bound copies: the weight's and bias's data pointers the plan holds for (0: in place)
   int64_t bias = 0;
   int64_t workspace_bytes = 0;
+  int64_t pid = 0;  // a plan with a team's kernels: the process it was made in (a forked child's calls are Python's)
 };
 
 struct Layer {
@@ -80,17 +86,32 @@ void* workspace(int64_t bytes) {
 
 using P = void*;
 using I = int64_t;
+using T = int32_t;
 
+thread_local bool used_parallel = false;  // this thread has run a team's kernel (looprl_native_used_parallel)
+
+// A kernel's entry point: its pointers, reps (1), then the row count where it takes one, then
+// the thread count where it has a parallel loop (looprl.backend.abi).
 void call_part(const Part& part, P* args) {
   const I reps = 1, rows = part.length;
+  const T threads = static_cast<T>(part.threads);
+  const bool team = part.threads != 0;
+  if (team) used_parallel = true;
   void* f = part.function;
-  switch (part.pointers * 2 + part.takes_rows) {
-    case 8: reinterpret_cast<void (*)(P, P, P, P, I)>(f)(args[0], args[1], args[2], args[3], reps); break;
-    case 9: reinterpret_cast<void (*)(P, P, P, P, I, I)>(f)(args[0], args[1], args[2], args[3], reps, rows); break;
-    case 10: reinterpret_cast<void (*)(P, P, P, P, P, I)>(f)(args[0], args[1], args[2], args[3], args[4], reps); break;
-    case 11: reinterpret_cast<void (*)(P, P, P, P, P, I, I)>(f)(args[0], args[1], args[2], args[3], args[4], reps, rows); break;
-    case 12: reinterpret_cast<void (*)(P, P, P, P, P, P, I)>(f)(args[0], args[1], args[2], args[3], args[4], args[5], reps); break;
-    case 13: reinterpret_cast<void (*)(P, P, P, P, P, P, I, I)>(f)(args[0], args[1], args[2], args[3], args[4], args[5], reps, rows); break;
+  P a = args[0], b = args[1], c = args[2], d = args[3], e = args[4], g = args[5];
+  switch (part.pointers * 4 + part.takes_rows * 2 + team) {
+    case 16: reinterpret_cast<void (*)(P, P, P, P, I)>(f)(a, b, c, d, reps); break;
+    case 17: reinterpret_cast<void (*)(P, P, P, P, I, T)>(f)(a, b, c, d, reps, threads); break;
+    case 18: reinterpret_cast<void (*)(P, P, P, P, I, I)>(f)(a, b, c, d, reps, rows); break;
+    case 19: reinterpret_cast<void (*)(P, P, P, P, I, I, T)>(f)(a, b, c, d, reps, rows, threads); break;
+    case 20: reinterpret_cast<void (*)(P, P, P, P, P, I)>(f)(a, b, c, d, e, reps); break;
+    case 21: reinterpret_cast<void (*)(P, P, P, P, P, I, T)>(f)(a, b, c, d, e, reps, threads); break;
+    case 22: reinterpret_cast<void (*)(P, P, P, P, P, I, I)>(f)(a, b, c, d, e, reps, rows); break;
+    case 23: reinterpret_cast<void (*)(P, P, P, P, P, I, I, T)>(f)(a, b, c, d, e, reps, rows, threads); break;
+    case 24: reinterpret_cast<void (*)(P, P, P, P, P, P, I)>(f)(a, b, c, d, e, g, reps); break;
+    case 25: reinterpret_cast<void (*)(P, P, P, P, P, P, I, T)>(f)(a, b, c, d, e, g, reps, threads); break;
+    case 26: reinterpret_cast<void (*)(P, P, P, P, P, P, I, I)>(f)(a, b, c, d, e, g, reps, rows); break;
+    case 27: reinterpret_cast<void (*)(P, P, P, P, P, P, I, I, T)>(f)(a, b, c, d, e, g, reps, rows, threads); break;
   }
 }
 
@@ -122,6 +143,7 @@ const Plan* plan_for(const Layer& layer, const at::Tensor& x, const at::Tensor& 
   auto found = layer.plans.find(numel / layer.in_features);
   if (found == layer.plans.end()) return nullptr;
   const Plan& plan = found->second;
+  if (plan.pid != 0 && plan.pid != static_cast<int64_t>(getpid())) return nullptr;  // forked: Python refuses or runs it
   if (plan.weight != 0 && (reinterpret_cast<int64_t>(weight.const_data_ptr()) != plan.weight ||
                            (bias.has_value() && reinterpret_cast<int64_t>(bias->const_data_ptr()) != plan.bias)))
     return nullptr;
@@ -141,7 +163,7 @@ at::Tensor run(const Layer& layer, const Plan& plan, const at::Tensor& x, const 
   for (const Part& part : plan.parts) {
     given[kInput] = input + part.start * layer.in_features * element;
     given[kOutput] = output + part.start * layer.out_features * element;
-    P args[kMaxPointers];
+    P args[kMaxPointers] = {};
     for (int64_t i = 0; i < part.pointers; ++i)
       args[i] = part.sources[i] == kFixed ? reinterpret_cast<P>(part.fixed[i]) : given[part.sources[i]];
     call_part(part, args);
@@ -194,6 +216,8 @@ int64_t looprl_native_plan(int64_t index, int64_t rows, const Part* parts, int64
                            int64_t workspace_bytes) {
   Plan plan;
   plan.parts.assign(parts, parts + count);
+  for (const Part& part : plan.parts)
+    if (part.threads != 0) plan.pid = static_cast<int64_t>(getpid());
   plan.weight = weight;
   plan.bias = bias;
   plan.workspace_bytes = workspace_bytes;
@@ -220,6 +244,10 @@ int64_t looprl_native_forget(int64_t index) {
   table.erase(found);
   return calls;
 }
+
+// Whether the calling thread has run a team's kernel here (a process forked from it cannot run
+// parallel regions: looprl.backend.threads asks after a fork).
+int64_t looprl_native_used_parallel() { return used_parallel ? 1 : 0; }
 
 // The calls a layer computed since last asked (then counted afresh).
 int64_t looprl_native_take_calls(int64_t index) {

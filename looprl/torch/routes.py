@@ -374,16 +374,20 @@ class LinearKernels:
 
     def _offer_native(self, native, rows: int, x, weight, bias) -> None:
         """Offer the native operator the plan of ``rows`` rows just computed by looprl's kernels
-        on these tensors, where it can run it: every kernel serial, each reading its rows of the
-        input in place (none padded), the weight read in place or from copies bound once
-        (frozen: the plan then holds for this weight tensor only), input, weight and bias
-        contiguous. Else noted as refused (its calls stay this method's)."""
+        on these tensors, where it can run it: each kernel reading its rows of the input in
+        place (none padded), serial or a team's where looprl does not place teams (the native
+        operator calls a team's kernel as :meth:`Kernel._call
+        <looprl.backend.kernel.Kernel._call>` does then), the weight read in place or from
+        copies bound once (frozen: the plan then holds for this weight tensor only), input,
+        weight and bias contiguous. Else noted as refused (its calls stay this method's)."""
         from looprl.backend.kernel import BoundKernel, Kernel
+        from looprl.backend.placement import places_teams
         from looprl.torch import native as native_module
 
         plan, counts, bound = self._plan_of(rows)
-        contiguous = x.is_contiguous() and weight.is_contiguous() and (bias is None or bias.is_contiguous())
-        if not contiguous or (bound and not self.frozen):
+        if not (x.is_contiguous() and weight.is_contiguous() and (bias is None or bias.is_contiguous())):
+            return  # this call's tensors: offered again on the next call of these rows
+        if bound and not self.frozen:  # copies compared with the weight on every call: Python's
             native.refuse(rows)
             return
         copies = self._frozen.get(weight, bias) if bound else {}
@@ -392,9 +396,12 @@ class LinearKernels:
         parts, workspace = [], 0
         for start, length, count in plan:
             kernel = self._kernels[count]
-            if not isinstance(kernel, Kernel) or kernel.plan.threaded or (length != count and not kernel.runtime_rows):
+            if not isinstance(kernel, Kernel) or (kernel.plan.threaded and places_teams()) or (length != count and not kernel.runtime_rows):
                 native.refuse(rows)
                 return
+            team = 0
+            if kernel.plan.threaded:  # the thread count Kernel._call gives it
+                team = kernel.threads if kernel._team_limit is None else min(kernel.threads, kernel._team_limit)
             if count in self.in_place:
                 function, sources, fixed = kernel._function, [roles[t] for t in kernel.tensors], [0] * len(kernel.tensors)
             else:
@@ -407,7 +414,7 @@ class LinearKernels:
                 sources = [given[a] if g else native_module.FIXED for a, g in zip(copy_._arguments, copy_._given)]
                 fixed = [0 if g else a for a, g in zip(copy_._arguments, copy_._given)]
             address = ctypes.cast(function, ctypes.c_void_p).value
-            parts.append((address, start, length, kernel.runtime_rows, sources, fixed))
+            parts.append((address, start, length, kernel.runtime_rows, team, sources, fixed))
             workspace = max(workspace, kernel.workspace_elements * 4)
         weight_bound = (weight.data_ptr(), 0 if bias is None else bias.data_ptr()) if bound else None
         keep = (weight.detach(), None if bias is None else bias.detach(), copies) if bound else None

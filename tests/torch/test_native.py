@@ -232,3 +232,107 @@ def test_the_switch_and_a_failed_build(monkeypatch, tmp_path):
     assert "building native_linear.cpp failed" in native.unavailable()
     assert any("native linear operator is not available" in str(w.message) for w in caught)
     assert list(tmp_path.glob("*.so")) == []
+
+
+def test_a_team_s_kernels_run_natively_where_looprl_does_not_place_teams(monkeypatch):
+    """A two-thread kernel (parallel over the columns, rows given at run time) in a plan: where
+    looprl does not place its teams (torch's OpenMP runtime, as in a process that loaded torch
+    first), the native operator calls it with its thread count, as the Python operator would."""
+    import looprl
+    from looprl import dynamo
+    from looprl.backend import placement
+    from looprl.ir.layers import linear
+    from looprl.torch.routes import LinearKernels
+
+    monkeypatch.setattr(placement, "places_teams", lambda: False)
+    results = {}
+    for rows in (1, 64):
+        problem = linear(rows, 40, 256, bias=True)
+        nest = looprl.initial_nest(problem)
+        if rows == 64:
+            nest = nest.split(2, 64).swap(1).swap(0).parallel(0)  # n/64 (parallel), m, k, n
+            assert nest.compute[0].parallel
+        results[rows] = looprl.TuneResult(problem=problem, nest=nest, kernel=looprl.compile(nest, threads=2), gflops=1.0, mode="policy",
+                                          threads=2)
+    kernels = LinearKernels(40, 256, None, results, frozen=True)
+    owned = []
+    index = dynamo._register(dynamo._layers, kernels, owned)
+    operator = dynamo._linear_operator(kernels, index)
+    assert operator is torch.ops.looprl_native.linear.default
+    python_calls = counting_python_calls(monkeypatch)
+    layer = nn.Linear(40, 256)
+    with torch.no_grad():
+        x = torch.randn(50, 40)
+        answers = [operator(x, layer.weight, layer.bias, index) for _ in range(3)]
+        torch.testing.assert_close(answers[0], layer(x), rtol=1e-5, atol=1e-5)
+    assert all(torch.equal(answer, answers[0]) for answer in answers)
+    assert len(python_calls) == 1 and 50 in kernels.native._kept  # the second and third calls: the team, natively
+    assert kernels.counted()["looprl"] == 3
+
+
+def test_a_child_forked_from_a_thread_that_ran_a_team_natively_does_not_hang():
+    """libgomp's pool does not survive fork. A thread that ran a team's kernel only through the
+    native operator never told Python so; the native library's probe does (threads'
+    after-fork check), so the child's call refuses instead of waiting forever."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    from looprl.backend.threads import available_cores
+
+    if available_cores() < 2:
+        pytest.skip("needs two cores")
+    script = textwrap.dedent(
+        """
+        import os, sys, threading
+        import torch
+        sys.path.insert(0, os.getcwd())
+        import looprl
+        from looprl import dynamo
+        from looprl.backend import placement
+        from looprl.ir.layers import linear
+        from looprl.torch.routes import LinearKernels
+
+        placement.places_teams = lambda: False
+        made = {}
+
+        def make():  # in another thread: everything that could run a parallel region from Python
+            results = {}
+            for rows in (1, 64):
+                problem = linear(rows, 40, 256, bias=True)
+                nest = looprl.initial_nest(problem)
+                if rows == 64:
+                    nest = nest.split(2, 64).swap(1).swap(0).parallel(0)
+                results[rows] = looprl.TuneResult(problem=problem, nest=nest, kernel=looprl.compile(nest, threads=2), gflops=1.0,
+                                                  mode="policy", threads=2)
+            kernels = LinearKernels(40, 256, None, results, frozen=True)
+            index = dynamo._register(dynamo._layers, kernels, [])
+            made.update(kernels=kernels, index=index, operator=dynamo._linear_operator(kernels, index))
+            with torch.no_grad():
+                made["operator"](x, layer.weight, layer.bias, index)  # the Python operator's call, which makes the plan
+
+        layer = torch.nn.Linear(40, 256)
+        x = torch.randn(50, 40)
+        maker = threading.Thread(target=make)
+        maker.start()
+        maker.join()
+        kernels, index, operator = made["kernels"], made["index"], made["operator"]
+        with torch.no_grad():
+            operator(x, layer.weight, layer.bias, index)  # this thread: the team natively, Python never told
+        assert 50 in kernels.native._kept
+        pid = os.fork()
+        if pid == 0:
+            try:
+                with torch.no_grad():
+                    operator(x, layer.weight, layer.bias, index)
+                os._exit(3)
+            except Exception as error:
+                os._exit(0 if "forked" in str(error) else 4)
+        _, status = os.waitpid(pid, 0)
+        print(os.waitstatus_to_exitcode(status))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "0"
