@@ -19,6 +19,16 @@ from tests.policies import random_policy  # noqa: E402
 IN, HIDDEN, OUT = 24, 40, 16
 
 
+@pytest.fixture(scope="module", autouse=True)
+def native_built():
+    """The native operator, built (or found built): a host without a C++ compiler runs every
+    call through the Python operator, which the other tests cover."""
+    from looprl.torch import native
+
+    if native.library() is None:
+        pytest.skip(f"the native operator is not available here: {native.unavailable()}")
+
+
 @pytest.fixture(scope="module")
 def options(tmp_path_factory):
     folder = random_policy(seed=11).save(tmp_path_factory.mktemp("policy") / "policy")
