@@ -127,15 +127,15 @@ class TunedLinear(nn.Module):
         kernels = self.kernels
         weight, bias = self._parameters_now()
         if kernels.activation is None:  # the kernels' own attribute: ``self.activation``, a submodule, is a slower lookup
-            return kernels(x, weight, bias)
+            return kernels.call(x, weight, bias)
         if self.alone is not None:
-            return self.alone(x, weight, bias)
+            return self.alone.call(x, weight, bias)
         kernels._count(ALONE)
         return functional.linear(x, weight, bias)
 
     def fused(self, x):
         """``activation(linear(x))``: the layer and the activation that follows it in its sequence."""
-        return self.kernels(x, *self._parameters_now())
+        return self.kernels.call(x, *self._parameters_now())
 
     def _parameters_now(self) -> tuple:
         """``(self.weight, self.bias)`` as they are now, read from the parameters' table where they

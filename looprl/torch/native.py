@@ -30,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import hashlib
+import itertools
 import os
 import shutil
 import subprocess
@@ -154,6 +155,7 @@ def library() -> ctypes.CDLL | None:
             else:
                 _declare(handle)
                 torch.library.register_fake("looprl_native::linear", _linear_fake)
+                torch.library.register_fake("looprl_native::try_linear", _linear_fake)
                 threads.register_parallel_probe(handle.looprl_native_used_parallel)
                 _state["library"] = handle
         return _state.get("library")
@@ -197,6 +199,7 @@ class NativeLayer:
         self._lock = threading.Lock()
         self._kept: dict[int, object] = {}  # row count -> what its plan points at (bound copies, the weight they were bound for)
         self.offered: set[int] = set()  # row counts offered since the plans were last dropped (given a plan or not)
+        self.planned: frozenset[int] = frozenset()  # row counts the table has a plan for (read without the lock)
         handle.looprl_native_layer(index, in_features, out_features, int(bfloat16), int(has_bias))
         weakref.finalize(self, _forget, handle, index, on_forget)
 
@@ -221,6 +224,7 @@ class NativeLayer:
             self._handle.looprl_native_plan(self.index, rows, array, len(parts), weight, bias, workspace_bytes)
             self._kept[rows] = keep
             self.offered.add(rows)
+            self.planned = frozenset(self._kept)
 
     def refuse(self, rows: int) -> None:
         """Note that ``rows`` has no plan the native operator can run (not offered again)."""
@@ -230,6 +234,7 @@ class NativeLayer:
     def clear(self) -> None:
         """Drop every plan (the routes or the weight changed): returns once no call runs one."""
         with self._lock:
+            self.planned = frozenset()
             self._handle.looprl_native_clear(self.index)
             self._kept.clear()
             self.offered.clear()
@@ -243,3 +248,19 @@ def _forget(handle: ctypes.CDLL, index: int, on_forget) -> None:
     calls = handle.looprl_native_forget(index)
     if on_forget is not None and calls:
         on_forget(calls)
+
+
+
+_module_indices = itertools.count(1 << 62)  # far above the backend's indices: the two never meet in the table
+
+
+def attach_module(kernels) -> NativeLayer | None:
+    """An entry in the native table for ``kernels`` (a :class:`~looprl.torch.routes.LinearKernels`
+    that a module calls, not a compiled graph: ``looprl_native::try_linear``, which gives back
+    None where it has no plan, for the module to call the kernels from Python), or None where
+    the native operator is not available."""
+    handle = library()
+    if handle is None:
+        return None
+    return NativeLayer(handle, next(_module_indices), kernels.in_features, kernels.out_features, kernels.dtype.name == "bfloat16",
+                       "bias" in kernels.results[1].problem.epilogue.inputs)

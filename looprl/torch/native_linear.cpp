@@ -3,7 +3,8 @@
 // The backend (looprl.dynamo) puts this operator in the graphs it hands Inductor. A call whose
 // layer has a plan for its row count, on tensors the plan was made for, runs the plan's kernels
 // here: addresses read from the tensors, the kernels (looprl's JIT code) called by address.
-// Every other call is the Python operator's (looprl::linear, redispatched to its CPU kernel),
+// Every other call is the Python operator's (looprl::linear, redispatched to its CPU kernel;
+// looprl_native::try_linear, a module's, returns None for it to compute in Python),
 // which computes it, counts it, and may hand this table a plan for its row count
 // (looprl.torch.native). The table is written only from Python and read on every call.
 //
@@ -171,20 +172,23 @@ at::Tensor run(const Layer& layer, const Plan& plan, const at::Tensor& x, const 
   return out;
 }
 
+// The call by the layer's plan, or nothing where there is none for it.
+std::optional<at::Tensor> try_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t index) {
+  std::shared_lock<std::shared_mutex> lock(table_lock);
+  auto found = table.find(index);
+  if (found == table.end()) return std::nullopt;
+  Layer& layer = *found->second;
+  const Plan* plan = plan_for(layer, x, weight, bias);
+  if (plan == nullptr || workspace(plan->workspace_bytes) == nullptr) return std::nullopt;
+  at::Tensor out = run(layer, *plan, x, weight, bias);
+  layer.calls.fetch_add(1, std::memory_order_relaxed);
+  return out;
+}
+
+// A graph's call: by the plan, else the Python operator's.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t index) {
-  {
-    std::shared_lock<std::shared_mutex> lock(table_lock);
-    auto found = table.find(index);
-    if (found != table.end()) {
-      Layer& layer = *found->second;
-      const Plan* plan = plan_for(layer, x, weight, bias);
-      if (plan != nullptr && workspace(plan->workspace_bytes) != nullptr) {
-        at::Tensor out = run(layer, *plan, x, weight, bias);
-        layer.calls.fetch_add(1, std::memory_order_relaxed);
-        return out;
-      }
-    }
-  }
+  std::optional<at::Tensor> planned = try_linear(x, weight, bias, index);
+  if (planned.has_value()) return *std::move(planned);
   static auto python = c10::Dispatcher::singleton()
                            .findSchemaOrThrow("looprl::linear", "")
                            .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t)>();
@@ -195,6 +199,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
 
 TORCH_LIBRARY(looprl_native, m) {
   m.def("linear(Tensor x, Tensor weight, Tensor? bias, int layer) -> Tensor", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(linear)));
+  // A module's call (TunedLinear): by the plan, or None, and the module computes it in Python.
+  m.def("try_linear(Tensor x, Tensor weight, Tensor? bias, int layer) -> Tensor?",
+        torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(try_linear)));
 }
 
 // The table's writers, called from Python (ctypes).

@@ -162,6 +162,7 @@ class LinearKernels:
         self.calls: dict[str, int] = {}  # "looprl" or a fallback's reason -> calls (see stats())
         self.routes: dict[int, Route] = dict(routes or {})  # judged row counts (see judge()); none: every call is looprl's
         self._torch_rows: dict[int, bool] = {}  # row count -> whether torch computes it, from the routes
+        self._native_asked = False  # call() has asked for an entry in the native table (attach_module)
 
     foreign: str | None = None  # unpickled on a CPU that cannot run the kernels' code: why (every call is torch's)
     # The layer's entry in the native operator's table (looprl.torch.native.NativeLayer), where the backend put the layer in a
@@ -372,6 +373,30 @@ class LinearKernels:
             self._offer_native(native, rows, x, weight, bias)
         return out
 
+    def call(self, x, weight, bias):
+        """As calling the kernels (:meth:`__call__`), for a module (:class:`~looprl.torch.
+        TunedLinear`): through the native operator (``looprl_native::try_linear``) where it has a
+        plan for ``x``'s row count (no Python between there and the kernels); a call it cannot
+        run as planned (it answers None) is :meth:`__call__`'s. The layer's entry in the native table is made on the first
+        call (so a copy or an unpickled layer makes its own)."""
+        native = self.native
+        if native is None:
+            if self._native_asked:
+                return self(x, weight, bias)
+            from looprl.torch import native as native_module
+
+            self._native_asked = True
+            native = self.native = native_module.attach_module(self)
+            if native is None:
+                return self(x, weight, bias)
+        if native.planned and type(x) is torch.Tensor and x.dim() >= 1 and not _compiling():
+            shape = x.shape
+            if (shape[0] if len(shape) == 2 else math.prod(shape[:-1])) in native.planned:
+                out = _try_native_linear(x, weight, bias, native.index)
+                if out is not None:
+                    return out
+        return self(x, weight, bias)
+
     def _offer_native(self, native, rows: int, x, weight, bias) -> None:
         """Offer the native operator the plan of ``rows`` rows just computed by looprl's kernels
         on these tensors, where it can run it: each kernel reading its rows of the input in
@@ -500,6 +525,16 @@ class LinearKernels:
                                       np.zeros((count, self.out_features), storage), workspace)  # the buffer behind the address, last
         return found
 
+
+
+_native_operator: list = []  # looprl_native::try_linear, looked up on first use (it exists once the native table does)
+_compiling = torch.compiler.is_compiling  # Dynamo tracing a tuned module: the kernels' Python, as before
+
+
+def _try_native_linear(x, weight, bias, index):
+    if not _native_operator:
+        _native_operator.append(torch.ops.looprl_native.try_linear.default)
+    return _native_operator[0](x, weight, bias, index)
 
 
 class InPlaceKernel:

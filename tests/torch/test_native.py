@@ -346,3 +346,51 @@ def test_a_child_forked_from_a_thread_that_ran_a_team_natively_does_not_hang():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "0"
+
+
+def test_a_tuned_module_s_layers_call_the_native_operator_too(options, monkeypatch):
+    """tune_module's TunedLinear: after the first call of a row count, its calls go straight to
+    the kernels (frozen or not, where the plan reads the weight in place or, frozen, from
+    copies); they compute what the Python path computes; a weight edited in place is read as it
+    is now; copies and unpickled layers make entries of their own."""
+    import copy
+    import io
+
+    from looprl.torch import tune_module
+
+    tuning = {key: options[key] for key in ("policy", "budget_s", "cache", "compare_torch", "measure")}
+    module = model()
+    example = torch.randn(3, IN)
+    for frozen in (True, False):
+        with torch.no_grad():
+            tuned = tune_module(module, (example,), frozen=frozen, progress=False, **tuning)
+            monkeypatch.setenv("LOOPRL_NATIVE", "0")
+            python_only = copy.deepcopy(tuned)  # its layers ask for no native entry
+            python_only(example)
+            monkeypatch.setenv("LOOPRL_NATIVE", "1")
+            layers = [layer for layer in tuned.modules() if type(layer).__name__ == "TunedLinear"]
+            python_calls = counting_python_calls(monkeypatch)
+            for _ in range(3):
+                x = torch.randn(3, IN)
+                assert torch.equal(tuned(x), python_only(x))
+            planned = [3 in layer.kernels.native.planned for layer in layers]
+            own = [kernels for kernels in python_calls if any(kernels is layer.kernels for layer in layers)]
+            assert len(own) == 3 * len(layers) - 2 * sum(planned)  # planned rows: the first call only
+            if frozen:
+                assert all(planned)  # the example's own row count: no padded block, copies bound once
+            monkeypatch.undo()
+        copied = copy.deepcopy(tuned)
+        buffer = io.BytesIO()
+        torch.save(tuned, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=False)
+        with torch.no_grad():
+            x = torch.randn(3, IN)
+            for twin in (copied, loaded):
+                twin(x)
+                assert torch.equal(twin(x), python_only(x))
+            if not frozen:  # the weights followed: an edit in place is seen, native or not
+                tuned[0].weight.add_(0.5)
+                python_only[0].weight.add_(0.5)
+                assert torch.equal(tuned(x), python_only(x))
+                torch.testing.assert_close(tuned[0](x), nn.functional.linear(x, tuned[0].weight, tuned[0].bias), rtol=1e-5, atol=1e-5)

@@ -56,7 +56,12 @@ def test_a_negative_view_input_is_computed_with_its_values_and_a_negative_weight
         assert tuned.weight.is_neg()
         close(tuned(x), layer(x))
         close(tuned(x), functional.linear(x, -weight, layer.bias))
-    assert stats(tuned)["fallbacks"] == {NEGATIVE_VIEW: 2}
+    # Torch's call, or (where the native operator has a plan for these rows: looprl.torch.native)
+    # the kernels on the values themselves: torch's dispatcher resolves a negative view before an
+    # operator that does not handle the bit, so the native operator is handed the values.
+    after = stats(tuned)
+    assert after["fallbacks"].get(NEGATIVE_VIEW, 0) + after["looprl_calls"] - 2 == 2
+    assert set(after["fallbacks"]) <= {NEGATIVE_VIEW}
 
 
 _HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_backward_hooks",
