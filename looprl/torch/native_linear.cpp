@@ -72,17 +72,24 @@ struct Layer {
 std::shared_mutex table_lock;
 std::unordered_map<int64_t, std::unique_ptr<Layer>> table;
 
-// The workspace of this thread, at least `bytes`, 64-byte aligned (what a kernel's `acc` needs).
+// A thread's workspace, freed when the thread ends.
+struct Scratch {
+  void* buffer = nullptr;
+  int64_t size = 0;
+  ~Scratch() { std::free(buffer); }
+};
+
+// The workspace of this thread, at least `bytes`, page-aligned (what a kernel's `acc` needs), or
+// null where it cannot be had (the call then goes to Python).
 void* workspace(int64_t bytes) {
-  thread_local void* buffer = nullptr;
-  thread_local int64_t size = 0;
-  if (bytes > size) {
-    std::free(buffer);
+  thread_local Scratch scratch;
+  if (bytes > scratch.size) {
+    std::free(scratch.buffer);
     int64_t rounded = (bytes + 4095) / 4096 * 4096;
-    buffer = std::aligned_alloc(4096, rounded);
-    size = buffer ? rounded : 0;
+    scratch.buffer = std::aligned_alloc(4096, rounded);
+    scratch.size = scratch.buffer ? rounded : 0;
   }
-  return buffer;
+  return scratch.buffer;
 }
 
 using P = void*;

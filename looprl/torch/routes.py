@@ -165,8 +165,8 @@ class LinearKernels:
         self._native_asked = False  # call() has asked for an entry in the native table (attach_module)
 
     foreign: str | None = None  # unpickled on a CPU that cannot run the kernels' code: why (every call is torch's)
-    # The layer's entry in the native operator's table (looprl.torch.native.NativeLayer), where the backend put the layer in a
-    # graph through that operator: offered the plans it can run (native_plan), dropped when the routes change.
+    # The layer's entry in the native operator's table (looprl.torch.native.NativeLayer): made by the backend for a graph's
+    # layer, or by call() for a module's; offered the plans it can run (_offer_native), dropped when the routes change.
     native = None
 
     def __getstate__(self) -> dict:
@@ -377,8 +377,8 @@ class LinearKernels:
         """As calling the kernels (:meth:`__call__`), for a module (:class:`~looprl.torch.
         TunedLinear`): through the native operator (``looprl_native::try_linear``) where it has a
         plan for ``x``'s row count (no Python between there and the kernels); a call it cannot
-        run as planned (it answers None) is :meth:`__call__`'s. The layer's entry in the native table is made on the first
-        call (so a copy or an unpickled layer makes its own)."""
+        run as planned (it answers None) is :meth:`__call__`'s. The layer's entry in the native
+        table is made on its first call (so a copy or an unpickled layer makes its own)."""
         native = self.native
         if native is None:
             if self._native_asked:
