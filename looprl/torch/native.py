@@ -172,7 +172,7 @@ def _declare(handle: ctypes.CDLL) -> None:
     i64 = ctypes.c_int64
     handle.looprl_native_layer.argtypes = [i64] * 5
     handle.looprl_native_layer.restype = None
-    handle.looprl_native_plan.argtypes = [i64, i64, ctypes.POINTER(Part), i64, i64, i64, i64]
+    handle.looprl_native_plan.argtypes = [i64, i64, ctypes.POINTER(Part), i64, i64, i64, i64, ctypes.POINTER(i64)]
     handle.looprl_native_plan.restype = i64
     for name in ("looprl_native_clear", "looprl_native_forget", "looprl_native_take_calls"):
         getattr(handle, name).argtypes = [i64]
@@ -200,17 +200,22 @@ class NativeLayer:
         self._kept: dict[int, object] = {}  # row count -> what its plan points at (bound copies, the weight they were bound for)
         self.offered: set[int] = set()  # row counts offered since the plans were last dropped (given a plan or not)
         self.planned: frozenset[int] = frozenset()  # row counts the table has a plan for (read without the lock)
+        self._derived: dict[int, object] = {}  # row count -> the bound value its plan was made from (None: in place)
         handle.looprl_native_layer(index, in_features, out_features, int(bfloat16), int(has_bias))
         weakref.finalize(self, _forget, handle, index, on_forget)
 
-    def offer(self, rows: int, parts: list[tuple], weight_bound: tuple[int, int] | None, workspace_bytes: int, keep) -> None:
+    def offer(self, rows: int, parts: list[tuple], weight_bound: tuple[int, int] | None, workspace_bytes: int, keep,
+              kept: tuple[int, int, int, int] = (0, 0, 0, 0), derived=None) -> None:
         """Give the table a plan for ``rows`` rows: ``parts``, one ``(function address, start,
         length, takes_rows, threads, sources, fixed)`` per kernel call (``threads``: 0 for a serial
         kernel, else the thread count its entry point takes; ``sources``: per pointer argument
         one of :data:`FIXED`, :data:`INPUT`, ..., ``fixed``: the addresses of the fixed ones);
         ``weight_bound``: the weight's and bias's data pointers a plan with bound copies holds
         for (None: it reads them in place); ``keep``: what the plan points at, kept alive here
-        until the plan is dropped."""
+        until the plan is dropped; ``kept``: for a layer that follows its weights, the addresses and
+        sizes of the weight's and bias's contents its copies were bound from (the plan holds while
+        the tensors hold those bytes); ``derived``: the bound value the plan was made from (a
+        later one means the plan is stale: :meth:`stale`)."""
         array = (Part * len(parts))()
         for part, (function, start, length, takes_rows, threads_, sources, fixed) in zip(array, parts):
             part.function, part.start, part.length, part.takes_rows = function, start, length, int(takes_rows)
@@ -221,10 +226,17 @@ class NativeLayer:
         with self._lock:
             # The plan replaces any earlier one for these rows under the table's lock: what the earlier one pointed at
             # is let go only after that (the caller holds ``keep`` until then).
-            self._handle.looprl_native_plan(self.index, rows, array, len(parts), weight, bias, workspace_bytes)
+            self._handle.looprl_native_plan(self.index, rows, array, len(parts), weight, bias, workspace_bytes, (ctypes.c_int64 * 4)(*kept))
             self._kept[rows] = keep
+            self._derived[rows] = derived
             self.offered.add(rows)
             self.planned = frozenset(self._kept)
+
+    def stale(self, rows: int, derived) -> bool:
+        """Whether the plan of ``rows`` was made from other bound copies than ``derived`` (the
+        layer bound again: another weight tensor, or other contents): offer it again."""
+        made = self._derived.get(rows)
+        return made is not None and made is not derived
 
     def refuse(self, rows: int) -> None:
         """Note that ``rows`` has no plan the native operator can run (not offered again)."""
@@ -237,6 +249,7 @@ class NativeLayer:
             self.planned = frozenset()
             self._handle.looprl_native_clear(self.index)
             self._kept.clear()
+            self._derived.clear()
             self.offered.clear()
 
     def take_calls(self) -> int:

@@ -14,8 +14,9 @@
 // part's kernel is the input x, the output, this thread's workspace, the weight or the bias as
 // passed to this call (a kernel that reads them in place), or an address fixed when the plan was
 // made (a copy of the weight bound to the kernel: then the plan holds only for that weight
-// tensor, seen as when the plan was made, and Python keeps that tensor and the copies alive
-// until the plan is dropped). Plans are dropped under the table's lock, which calls hold while
+// tensor, seen as when the plan was made, or, for a layer that follows its weights, while the
+// weight and bias hold the bytes the copies were made from; Python keeps what the plan points at
+// alive until the plan is dropped). Plans are dropped under the table's lock, which calls hold while
 // they run: once looprl_native_clear returns, no call still reads what the plan pointed at.
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
@@ -28,6 +29,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -58,6 +60,9 @@ struct Plan {
   int64_t weight = 0;  // bound copies: the weight's and bias's data pointers the plan holds for (0: in place)
   int64_t bias = 0;
   int64_t workspace_bytes = 0;
+  // Copies bound for a layer that follows its weights: the weight's and bias's contents when they
+  // were bound (0: none); the plan holds while the tensors hold them, byte for byte (memcmp).
+  int64_t kept_weight = 0, kept_bias = 0, weight_bytes = 0, bias_bytes = 0;
   int64_t pid = 0;  // a plan with a team's kernels: the process it was made in (a forked child's calls are Python's)
 };
 
@@ -155,6 +160,10 @@ const Plan* plan_for(const Layer& layer, const at::Tensor& x, const at::Tensor& 
   if (plan.weight != 0 && (reinterpret_cast<int64_t>(weight.const_data_ptr()) != plan.weight ||
                            (bias.has_value() && reinterpret_cast<int64_t>(bias->const_data_ptr()) != plan.bias)))
     return nullptr;
+  if (plan.kept_weight != 0 &&
+      (std::memcmp(weight.const_data_ptr(), reinterpret_cast<const void*>(plan.kept_weight), plan.weight_bytes) != 0 ||
+       (bias.has_value() && std::memcmp(bias->const_data_ptr(), reinterpret_cast<const void*>(plan.kept_bias), plan.bias_bytes) != 0)))
+    return nullptr;  // the weight or bias changed since its copies were bound: Python binds again
   return &plan;
 }
 
@@ -227,9 +236,13 @@ void looprl_native_layer(int64_t index, int64_t in_features, int64_t out_feature
 
 // Give a layer a plan for `rows` rows; 0 if the layer is not declared.
 int64_t looprl_native_plan(int64_t index, int64_t rows, const Part* parts, int64_t count, int64_t weight, int64_t bias,
-                           int64_t workspace_bytes) {
+                           int64_t workspace_bytes, const int64_t* kept) {
   Plan plan;
   plan.parts.assign(parts, parts + count);
+  plan.kept_weight = kept[0];
+  plan.kept_bias = kept[1];
+  plan.weight_bytes = kept[2];
+  plan.bias_bytes = kept[3];
   for (const Part& part : plan.parts)
     if (part.threads != 0) plan.pid = static_cast<int64_t>(getpid());
   plan.weight = weight;

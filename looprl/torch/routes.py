@@ -369,9 +369,16 @@ class LinearKernels:
             return self.fallback(x, weight, bias)
         out = self.compute(x, weight, bias, rows=rows)
         native = self.native
-        if native is not None and rows not in native.offered:
+        if native is not None and (rows not in native.offered or (rows in native.planned and native.stale(rows, self._bound_now()))):
             self._offer_native(native, rows, x, weight, bias)
         return out
+
+    def _bound_now(self):
+        """The kernels bound last (the frozen cache's or the compared one's), or None."""
+        if self.frozen:
+            return self._frozen.value
+        kept = self._bound.kept
+        return None if kept is None else kept[1]
 
     def call(self, x, weight, bias):
         """As calling the kernels (:meth:`__call__`), for a module (:class:`~looprl.torch.
@@ -403,8 +410,10 @@ class LinearKernels:
         place (none padded), serial or a team's where looprl does not place teams (the native
         operator calls a team's kernel as :meth:`Kernel._call
         <looprl.backend.kernel.Kernel._call>` does then), the weight read in place or from
-        copies bound once (frozen: the plan then holds for this weight tensor only), input,
-        weight and bias contiguous. Else noted as refused (its calls stay this method's)."""
+        copies bound once (frozen: the plan then holds for this weight tensor only; following
+        the weights: while the weight and bias hold the bytes the copies were bound from, which
+        the native operator compares on each call as :class:`ContentCache` does), input, weight
+        and bias contiguous. Else noted as refused (its calls stay this method's)."""
         from looprl.backend.kernel import BoundKernel, Kernel
         from looprl.backend.placement import places_teams
         from looprl.torch import native as native_module
@@ -412,10 +421,15 @@ class LinearKernels:
         plan, counts, bound = self._plan_of(rows)
         if not (x.is_contiguous() and weight.is_contiguous() and (bias is None or bias.is_contiguous())):
             return  # this call's tensors: offered again on the next call of these rows
-        if bound and not self.frozen:  # copies compared with the weight on every call: Python's
-            native.refuse(rows)
-            return
-        copies = self._frozen.get(weight, bias) if bound else {}
+        kept = (0, 0, 0, 0)  # a followed layer's bound copies: the contents they were bound from, compared on each call
+        if bound and not self.frozen:
+            entry = self._bound.kept
+            weight_copy, bias_copy = entry[0]
+            copies = entry[1]
+            kept = (weight_copy[1].ctypes.data, 0 if bias_copy is None else bias_copy[1].ctypes.data, weight_copy[1].nbytes,
+                    0 if bias_copy is None else bias_copy[1].nbytes)
+        else:
+            copies = self._frozen.get(weight, bias) if bound else {}
         roles = {"in0": native_module.INPUT, "in1": native_module.WEIGHT, "out": native_module.OUTPUT, "acc": native_module.WORKSPACE,
                  "bias": native_module.BIAS}
         parts, workspace = [], 0
@@ -441,9 +455,9 @@ class LinearKernels:
             address = ctypes.cast(function, ctypes.c_void_p).value
             parts.append((address, start, length, kernel.runtime_rows, team, sources, fixed))
             workspace = max(workspace, kernel.workspace_elements * 4)
-        weight_bound = (weight.data_ptr(), 0 if bias is None else bias.data_ptr()) if bound else None
-        keep = (weight.detach(), None if bias is None else bias.detach(), copies) if bound else None
-        native.offer(rows, parts, weight_bound, workspace, keep)
+        weight_bound = (weight.data_ptr(), 0 if bias is None else bias.data_ptr()) if bound and self.frozen else None
+        keep = (weight.detach(), None if bias is None else bias.detach(), copies, self._bound.kept if not self.frozen else None) if bound else None
+        native.offer(rows, parts, weight_bound, workspace, keep, kept, copies if bound else None)
 
     def compute(self, x, weight, bias, cache=None, rows: int | None = None):
         """The call by looprl's kernels, for arguments :meth:`why_not` accepts (not checked here):

@@ -63,6 +63,12 @@ class ContentCache:
         self._entry: tuple[tuple, object] | None = None  # ((dtype, copy) per tensor derived from, the value), replaced whole
         self._lock = threading.Lock()
 
+    @property
+    def kept(self) -> tuple | None:
+        """``(the copies compared on each call, as (dtype, array) or None per tensor, the value
+        derived from them)``, the last derived; None before the first."""
+        return self._entry
+
     def get(self, *tensors):
         """The value derived from the tensors' contents as they are now."""
         entry = self._entry
@@ -135,6 +141,12 @@ class FrozenCache:
         self._derive = derive
         # ((the bound weight's alias and how it is seen, the bias's or None), the value), replaced whole
         self._entry: tuple[tuple, object] | None = None
+
+    @property
+    def value(self):
+        """The value derived last, or None before the first."""
+        entry = self._entry
+        return None if entry is None else entry[1]
 
     def get(self, weight, bias):
         """The value derived from ``weight`` and ``bias``, bound again when either is another
