@@ -188,10 +188,11 @@ def _linear_fake(x, weight, bias, layer):
 
 
 class NativeLayer:
-    """A layer's entry in the native operator's table (the index its graph passes): the plans it
+    """A layer's entry in the native operator's table (the index its calls pass): the plans it
     was offered, and what they read kept alive until they are dropped. Made by the backend for
-    each :class:`~looprl.torch.routes.LinearKernels` it puts in a graph (its ``native``); freed
-    with it, its table entry forgotten (the calls it had computed handed to ``on_forget``)."""
+    each :class:`~looprl.torch.routes.LinearKernels` it puts in a graph, and by
+    :func:`attach_module` for a module's (the kernels' ``native``); freed with them, its table
+    entry forgotten (the calls it had computed handed to ``on_forget``)."""
 
     def __init__(self, handle: ctypes.CDLL, index: int, in_features: int, out_features: int, bfloat16: bool, has_bias: bool,
                  on_forget=None):
