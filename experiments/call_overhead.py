@@ -40,7 +40,7 @@ import torch.nn.functional as functional
 from torch import nn
 
 from looprl.torch import tune_module
-from looprl.torch.routes import InPlaceKernel
+from looprl.torch.rows import InPlaceKernel
 
 
 def per_call_us(call, calls: int) -> float:

@@ -45,6 +45,8 @@ from pathlib import Path
 import torch
 
 from looprl.backend import threads
+from looprl.backend.kernel import BoundKernel, Kernel
+from looprl.backend.placement import places_teams
 
 SOURCE = Path(__file__).with_name("native_linear.cpp")
 MAX_POINTERS = 6  # as kMaxPointers in the source
@@ -233,6 +235,58 @@ class NativeLayer:
             self.offered.add(rows)
             self.planned = frozenset(self._kept)
 
+    def offer_plan(self, kernels, rows: int, x, weight, bias) -> None:
+        """Offer the table the plan of ``rows`` rows that ``kernels`` (the layer's
+        :class:`~looprl.torch.routes.LinearKernels`) just computed with looprl's kernels
+        on these tensors, where it can run it: each kernel reading its rows of the input in
+        place (none padded), serial or a team's where looprl does not place teams (the native
+        operator calls a team's kernel as :meth:`Kernel._call
+        <looprl.backend.kernel.Kernel._call>` does then), the weight read in place or from
+        copies bound once (frozen: the plan then holds for this weight tensor only; following
+        the weights: while the weight and bias hold the bytes the copies were bound from, which
+        the native operator compares on each call as :class:`~looprl.torch.weights.ContentCache` does), input, weight
+        and bias contiguous. Else noted as refused (its calls stay
+        the Python operator's)."""
+        plan, counts, bound = kernels._plan_of(rows)
+        if not (x.is_contiguous() and weight.is_contiguous() and (bias is None or bias.is_contiguous())):
+            return  # this call's tensors: offered again on the next call of these rows
+        kept = (0, 0, 0, 0)  # a followed layer's bound copies: the contents they were bound from, compared on each call
+        if bound and not kernels.frozen:
+            entry = kernels._bound.kept
+            weight_copy, bias_copy = entry[0]
+            copies = entry[1]
+            kept = (weight_copy[1].ctypes.data, 0 if bias_copy is None else bias_copy[1].ctypes.data, weight_copy[1].nbytes,
+                    0 if bias_copy is None else bias_copy[1].nbytes)
+        else:
+            copies = kernels._frozen.get(weight, bias) if bound else {}
+        roles = {"in0": INPUT, "in1": WEIGHT, "out": OUTPUT, "acc": WORKSPACE, "bias": BIAS}
+        parts, workspace = [], 0
+        for start, length, count in plan:
+            kernel = kernels._kernels[count]
+            if not isinstance(kernel, Kernel) or (kernel.plan.threaded and places_teams()) or (length != count and not kernel.runtime_rows):
+                self.refuse(rows)
+                return
+            team = 0
+            if kernel.plan.threaded:  # the thread count Kernel._call gives it
+                team = kernel.threads if kernel._team_limit is None else min(kernel.threads, kernel._team_limit)
+            if count in kernels.in_place:
+                function, sources, fixed = kernel._function, [roles[t] for t in kernel.tensors], [0] * len(kernel.tensors)
+            else:
+                copy_ = copies[count]
+                if not isinstance(copy_, BoundKernel) or copy_.free != ("in0",):
+                    self.refuse(rows)
+                    return
+                given = {0: OUTPUT, 1: WORKSPACE, 2: INPUT}  # address_call's slots
+                function = copy_._function
+                sources = [given[a] if g else FIXED for a, g in zip(copy_._arguments, copy_._given)]
+                fixed = [0 if g else a for a, g in zip(copy_._arguments, copy_._given)]
+            address = ctypes.cast(function, ctypes.c_void_p).value
+            parts.append((address, start, length, kernel.runtime_rows, team, sources, fixed))
+            workspace = max(workspace, kernel.workspace_elements * 4)
+        weight_bound = (weight.data_ptr(), 0 if bias is None else bias.data_ptr()) if bound and kernels.frozen else None
+        keep = (weight.detach(), None if bias is None else bias.detach(), copies, kernels._bound.kept if not kernels.frozen else None) if bound else None
+        self.offer(rows, parts, weight_bound, workspace, keep, kept, copies if bound else None)
+
     def stale(self, rows: int, derived) -> bool:
         """Whether the plan of ``rows`` was made from other bound copies than ``derived`` (the
         layer bound again: another weight tensor, or other contents): offer it again."""
@@ -278,3 +332,14 @@ def attach_module(kernels) -> NativeLayer | None:
         return None
     return NativeLayer(handle, next(_module_indices), kernels.in_features, kernels.out_features, kernels.dtype.name == "bfloat16",
                        "bias" in kernels.results[1].problem.epilogue.inputs)
+
+
+_try_linear: list = []  # looprl_native::try_linear, looked up on first use (it exists once the library is loaded)
+
+
+def try_linear(x, weight, bias, index: int):
+    """A module layer's call by its plan in the table (``index``: its :class:`NativeLayer`'s),
+    or None where the table has none for it."""
+    if not _try_linear:
+        _try_linear.append(torch.ops.looprl_native.try_linear.default)
+    return _try_linear[0](x, weight, bias, index)

@@ -46,7 +46,6 @@ it is faster.
 from __future__ import annotations
 
 import copy
-import ctypes
 import math
 import threading
 from dataclasses import dataclass
@@ -65,7 +64,8 @@ from looprl.torch.activations import ACTIVATIONS
 from looprl.torch.duels import (  # noqa: F401 (the rule's names, as routes gives them)
     ROUTE_CONFIDENCE, ROUTE_MAX_ROUNDS, Duel, best_seconds, binomial_tail, faster, interleaved_best_seconds, interleaved_duels,
     shown_faster)
-from looprl.torch.rows import any_rows_kernel, foreign_target, rebuilt_result, result_state, row_plan
+from looprl.torch.native import attach_module, try_linear
+from looprl.torch.rows import InPlaceKernel, any_rows_kernel, foreign_target, rebuilt_result, result_state, row_plan
 from looprl.torch.weights import ContentCache, FrozenCache, numpy_view
 
 
@@ -166,7 +166,7 @@ class LinearKernels:
 
     foreign: str | None = None  # unpickled on a CPU that cannot run the kernels' code: why (every call is torch's)
     # The layer's entry in the native operator's table (looprl.torch.native.NativeLayer): made by the backend for a graph's
-    # layer, or by call() for a module's; offered the plans it can run (_offer_native), dropped when the routes change.
+    # layer, or by call() for a module's; offered the plans it can run (NativeLayer.offer_plan), dropped when the routes change.
     native = None
 
     def __getstate__(self) -> dict:
@@ -369,11 +369,11 @@ class LinearKernels:
             return self.fallback(x, weight, bias)
         out = self.compute(x, weight, bias, rows=rows)
         native = self.native
-        if native is not None and (rows not in native.offered or (rows in native.planned and native.stale(rows, self._bound_now()))):
-            self._offer_native(native, rows, x, weight, bias)
+        if native is not None and (rows not in native.offered or (rows in native.planned and native.stale(rows, self.bound_now()))):
+            native.offer_plan(self, rows, x, weight, bias)
         return out
 
-    def _bound_now(self):
+    def bound_now(self):
         """The kernels bound last (the frozen cache's or the compared one's), or None."""
         if self.frozen:
             return self._frozen.value
@@ -390,74 +390,18 @@ class LinearKernels:
         if native is None:
             if self._native_asked:
                 return self(x, weight, bias)
-            from looprl.torch import native as native_module
-
             self._native_asked = True
-            native = self.native = native_module.attach_module(self)
+            native = self.native = attach_module(self)
             if native is None:
                 return self(x, weight, bias)
-        if native.planned and type(x) is torch.Tensor and x.dim() >= 1 and not _compiling():
+        # Dynamo tracing a tuned module (is_compiling): the kernels' Python, as before.
+        if native.planned and type(x) is torch.Tensor and x.dim() >= 1 and not torch.compiler.is_compiling():
             shape = x.shape
             if (shape[0] if len(shape) == 2 else math.prod(shape[:-1])) in native.planned:
-                out = _try_native_linear(x, weight, bias, native.index)
+                out = try_linear(x, weight, bias, native.index)
                 if out is not None:
                     return out
         return self(x, weight, bias)
-
-    def _offer_native(self, native, rows: int, x, weight, bias) -> None:
-        """Offer the native operator the plan of ``rows`` rows just computed by looprl's kernels
-        on these tensors, where it can run it: each kernel reading its rows of the input in
-        place (none padded), serial or a team's where looprl does not place teams (the native
-        operator calls a team's kernel as :meth:`Kernel._call
-        <looprl.backend.kernel.Kernel._call>` does then), the weight read in place or from
-        copies bound once (frozen: the plan then holds for this weight tensor only; following
-        the weights: while the weight and bias hold the bytes the copies were bound from, which
-        the native operator compares on each call as :class:`ContentCache` does), input, weight
-        and bias contiguous. Else noted as refused (its calls stay this method's)."""
-        from looprl.backend.kernel import BoundKernel, Kernel
-        from looprl.backend.placement import places_teams
-        from looprl.torch import native as native_module
-
-        plan, counts, bound = self._plan_of(rows)
-        if not (x.is_contiguous() and weight.is_contiguous() and (bias is None or bias.is_contiguous())):
-            return  # this call's tensors: offered again on the next call of these rows
-        kept = (0, 0, 0, 0)  # a followed layer's bound copies: the contents they were bound from, compared on each call
-        if bound and not self.frozen:
-            entry = self._bound.kept
-            weight_copy, bias_copy = entry[0]
-            copies = entry[1]
-            kept = (weight_copy[1].ctypes.data, 0 if bias_copy is None else bias_copy[1].ctypes.data, weight_copy[1].nbytes,
-                    0 if bias_copy is None else bias_copy[1].nbytes)
-        else:
-            copies = self._frozen.get(weight, bias) if bound else {}
-        roles = {"in0": native_module.INPUT, "in1": native_module.WEIGHT, "out": native_module.OUTPUT, "acc": native_module.WORKSPACE,
-                 "bias": native_module.BIAS}
-        parts, workspace = [], 0
-        for start, length, count in plan:
-            kernel = self._kernels[count]
-            if not isinstance(kernel, Kernel) or (kernel.plan.threaded and places_teams()) or (length != count and not kernel.runtime_rows):
-                native.refuse(rows)
-                return
-            team = 0
-            if kernel.plan.threaded:  # the thread count Kernel._call gives it
-                team = kernel.threads if kernel._team_limit is None else min(kernel.threads, kernel._team_limit)
-            if count in self.in_place:
-                function, sources, fixed = kernel._function, [roles[t] for t in kernel.tensors], [0] * len(kernel.tensors)
-            else:
-                copy_ = copies[count]
-                if not isinstance(copy_, BoundKernel) or copy_.free != ("in0",):
-                    native.refuse(rows)
-                    return
-                given = {0: native_module.OUTPUT, 1: native_module.WORKSPACE, 2: native_module.INPUT}  # address_call's slots
-                function = copy_._function
-                sources = [given[a] if g else native_module.FIXED for a, g in zip(copy_._arguments, copy_._given)]
-                fixed = [0 if g else a for a, g in zip(copy_._arguments, copy_._given)]
-            address = ctypes.cast(function, ctypes.c_void_p).value
-            parts.append((address, start, length, kernel.runtime_rows, team, sources, fixed))
-            workspace = max(workspace, kernel.workspace_elements * 4)
-        weight_bound = (weight.data_ptr(), 0 if bias is None else bias.data_ptr()) if bound and self.frozen else None
-        keep = (weight.detach(), None if bias is None else bias.detach(), copies, self._bound.kept if not self.frozen else None) if bound else None
-        native.offer(rows, parts, weight_bound, workspace, keep, kept, copies if bound else None)
 
     def compute(self, x, weight, bias, cache=None, rows: int | None = None):
         """The call by looprl's kernels, for arguments :meth:`why_not` accepts (not checked here):
@@ -538,29 +482,3 @@ class LinearKernels:
             found = buffers[count] = (workspace.ctypes.data, np.zeros((count, self.in_features), storage),
                                       np.zeros((count, self.out_features), storage), workspace)  # the buffer behind the address, last
         return found
-
-
-
-_native_operator: list = []  # looprl_native::try_linear, looked up on first use (it exists once the native table does)
-_compiling = torch.compiler.is_compiling  # Dynamo tracing a tuned module: the kernels' Python, as before
-
-
-def _try_native_linear(x, weight, bias, index):
-    if not _native_operator:
-        _native_operator.append(torch.ops.looprl_native.try_linear.default)
-    return _native_operator[0](x, weight, bias, index)
-
-
-class InPlaceKernel:
-    """A kernel that converts nothing, called on a live weight and bias (CPU tensors of its dtype,
-    contiguous, checked by the caller): what a bound kernel is to :meth:`LinearKernels.
-    _run_plan`, the tensors' own memory in place of copies. Holds the tensors for the call."""
-
-    __slots__ = ("kernel", "weight", "bias", "_weight", "_bias")
-
-    def __init__(self, kernel, weight, bias):
-        self.kernel, self.weight, self.bias = kernel, weight, bias
-        self._weight, self._bias = weight.data_ptr(), (() if bias is None else (bias.data_ptr(),))
-
-    def address_call(self, out: int, workspace: int, x: int, rows: int | None = None) -> None:
-        self.kernel.raw_call((x, self._weight, out, workspace, *self._bias), 1, rows=rows)

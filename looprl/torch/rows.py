@@ -3,7 +3,8 @@
 Each tuned schedule is also compiled as a kernel of *runtime rows* (:func:`any_rows_kernel`),
 so the kernel tuned for ``c`` rows serves any count up to ``c``; :func:`row_plan` cuts a call's
 rows into blocks of the tuned counts by the kernels' measured times. :func:`tuned_row_counts`
-says which row counts a layer is tuned for. Nothing here imports torch.
+says which row counts a layer is tuned for; :class:`InPlaceKernel` is a block's kernel called on
+the live weight and bias. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -146,3 +147,18 @@ def tuned_row_counts(seen: set[int], max_rows: int | None) -> list[int]:
         powers.append(size)
         size *= 2
     return sorted(set(powers) | set(seen))
+
+
+class InPlaceKernel:
+    """A kernel that converts nothing, called on a live weight and bias (CPU tensors of its dtype,
+    contiguous, checked by the caller): what a bound kernel is to :meth:`LinearKernels.
+    _run_plan`, the tensors' own memory in place of copies. Holds the tensors for the call."""
+
+    __slots__ = ("kernel", "weight", "bias", "_weight", "_bias")
+
+    def __init__(self, kernel, weight, bias):
+        self.kernel, self.weight, self.bias = kernel, weight, bias
+        self._weight, self._bias = weight.data_ptr(), (() if bias is None else (bias.data_ptr(),))
+
+    def address_call(self, out: int, workspace: int, x: int, rows: int | None = None) -> None:
+        self.kernel.raw_call((x, self._weight, out, workspace, *self._bias), 1, rows=rows)

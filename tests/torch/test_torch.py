@@ -253,7 +253,7 @@ def test_a_remainder_of_rows_is_one_call_of_a_runtime_rows_kernel(options, monke
     tuned = tune_module(module, torch.randn(8, 24), max_rows=8, **options)
     if not {4, 8} <= tuned.kernels.runtime_rows:
         pytest.skip("a tuned schedule converts its input: no runtime rows for it")
-    from looprl.torch.routes import InPlaceKernel
+    from looprl.torch.rows import InPlaceKernel
 
     calls = []
     for kind in (BoundKernel, InPlaceKernel):  # kernels bound to copies, and those reading the weight in place
