@@ -7,11 +7,13 @@ the recommended recipe (``torch.compile(model.forward, backend="looprl", fullgra
 static cache, Inductor's freezing) is prepared twice from one cache: with the native operator
 (``looprl_native::linear``, :mod:`looprl.torch.native`, the default) and with the Python one
 (``LOOPRL_NATIVE=0`` while it compiles: ``looprl::linear``); the second preparation's answers are
-the first's, remembered, so both run the same kernels. Max-autotune with freezing is the peer.
+the first's, remembered, so both run the same kernels. The peers: max-autotune with freezing, and
+eager.
 
 **Per call.** After a generation, each looprl layer of the native preparation is called on one row
-(its decode call) through the native operator, through the Python operator and by torch's own
-call (``functional.linear`` and the layer's activation), interleaved, best of ``--rounds`` rounds
+(its decode call) through the native operator, through the Python operator, by torch's own
+call (``functional.linear`` and the layer's activation) and by oneDNN's linear on the weight
+packed once (torch's faster path on AMD; skipped where oneDNN refuses the dtype), interleaved, best of ``--rounds`` rounds
 of 2000 calls each, the weight warm: the operators' own cost is the difference.
 
 **Model.** A 64-token greedy generation after a 32-token prompt by each preparation in turn,
@@ -49,6 +51,27 @@ def best_us(function, rounds: int) -> float:
     return best * 1e6
 
 
+def onednn_call(kernels, weight, bias, x):
+    """oneDNN's linear on ``weight`` packed once (``torch.ops.mkldnn._reorder_linear_weight``,
+    then ``_linear_pointwise``, as :mod:`looprl.bench.torch_baseline` times it; the layer's
+    activation after it), or None where oneDNN refuses it (bfloat16 without AVX512_BF16)."""
+    import torch
+
+    from looprl.torch.activations import ACTIVATIONS
+
+    if not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), x.shape[0])
+    except RuntimeError:
+        return None
+    linear = torch.ops.mkldnn._linear_pointwise
+    activation = ACTIVATIONS[kernels.activation].function if kernels.activation is not None else None
+    if activation is None:
+        return lambda: linear(x, packed, bias, "none", [], "none")
+    return lambda: activation(linear(x, packed, bias, "none", [], "none"))
+
+
 def call_costs(layers: list, dtype, rounds: int, log) -> list[dict]:
     """Per looprl layer: one row through the native operator, the Python operator and torch's call."""
     import torch
@@ -67,6 +90,9 @@ def call_costs(layers: list, dtype, rounds: int, log) -> list[dict]:
         native, python = torch.ops.looprl_native.linear.default, torch.ops.looprl.linear.default
         timed = {"native": lambda: native(x, weight, bias, index), "python": lambda: python(x, weight, bias, index),
                  "torch": lambda: kernels.fallback(x, weight, bias)}
+        onednn = onednn_call(kernels, weight, bias, x)
+        if onednn is not None:
+            timed["onednn"] = onednn
         best = {name: float("inf") for name in timed}
         with torch.no_grad():
             for name, function in timed.items():
@@ -78,8 +104,10 @@ def call_costs(layers: list, dtype, rounds: int, log) -> list[dict]:
     for shape in dict.fromkeys(row["layer"] for row in rows):  # one line per layer shape: the medians of its layers
         same = [row for row in rows if row["layer"] == shape]
         native, python, torch_ = (statistics.median(row[f"{name}_us"] for row in same) for name in ("native", "python", "torch"))
-        log(f"  {shape:>12} ({len(same)} layers): native {native:7.2f} us, Python operator {python:7.2f}, torch {torch_:7.2f}; "
-            f"saved {python - native:.2f} us a call")
+        packed = [row["onednn_us"] for row in same if "onednn_us" in row]
+        onednn = f", oneDNN packed {statistics.median(packed):7.2f}" if packed else ", oneDNN packed (refused)"
+        log(f"  {shape:>12} ({len(same)} layers): native {native:7.2f} us, Python operator {python:7.2f}, torch's F.linear {torch_:7.2f}"
+            f"{onednn}; saved {python - native:.2f} us a call")
     return rows
 
 
@@ -133,7 +161,8 @@ def main(argv=None) -> int:
             layers = [(index, dynamo._layers[index]) for index in sorted(set(dynamo._layers.keys()) - before)]
         log(f"prepared {name} in {time.perf_counter() - began:.1f} s")
     os.environ["LOOPRL_NATIVE"] = "1"
-    expected = modes.Runner(model)(prompt, NEW_TOKENS)[0]
+    runners["eager"] = modes.Runner(model)
+    expected = runners["eager"](prompt, NEW_TOKENS)[0]
     decode = {name: [] for name in runners}
     for round_ in range(args.rounds):
         for name, runner in runners.items():
@@ -146,14 +175,16 @@ def main(argv=None) -> int:
     log("decode tokens/s, medians: " + ", ".join(f"{name} {value:.2f}" for name, value in medians.items()))
     per_token_ms = 1e3 / medians["recipe, Python operator"] - 1e3 / medians["recipe, native"]
     log(f"native / Python operator {medians['recipe, native'] / medians['recipe, Python operator']:.3f} "
-        f"({per_token_ms:.2f} ms a token); native / max-autotune {medians['recipe, native'] / medians['max-autotune']:.3f}")
+        f"({per_token_ms:.2f} ms a token); native / max-autotune {medians['recipe, native'] / medians['max-autotune']:.3f}; "
+        f"native / eager {medians['recipe, native'] / medians['eager']:.3f}")
     calls = sum(kernels.counted().get("looprl", 0) for _, kernels in layers)
     log(f"one row per layer, warm, {len(layers)} looprl layers in the native preparation ({calls} calls served by looprl):")
     costs = call_costs(layers, getattr(torch, args.dtype), args.rounds, log)
     if costs:
         saved = statistics.median(row["python_us"] - row["native_us"] for row in costs)
-        log(f"median saved per call {saved:.2f} us; native above torch's call: median "
-            f"{statistics.median(row['native_us'] - row['torch_us'] for row in costs):+.2f} us")
+        best_torch = [min(row["torch_us"], row.get("onednn_us", float("inf"))) for row in costs]
+        log(f"median saved per call {saved:.2f} us; native above torch's faster call (F.linear or oneDNN packed): median "
+            f"{statistics.median(row['native_us'] - best for row, best in zip(costs, best_torch)):+.2f} us")
     results = {"cpu": cpu_model_name(), "llvm_cpu": host_cpu()[0], "config": args.config, "dtype": args.dtype, "threads": args.threads,
                "decode_tokens_per_s": decode, "medians": medians, "calls": costs}
     out.with_suffix(".txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
