@@ -138,12 +138,8 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, la
     return _operator(_layers, layer, "linear")(x, weight, bias)
 
 
-def _linear_fake(x, weight, bias, layer):
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-
 _library.impl("linear", _linear, "CPU")
-torch.library.register_fake("looprl::linear", _linear_fake, lib=_library)
+torch.library.register_fake("looprl::linear", native.linear_fake, lib=_library)
 
 
 class BatchedProduct:
@@ -352,12 +348,8 @@ def _linear_operator(kernels: LinearKernels, index: int):
     one (:mod:`looprl.torch.native`: no Python on the path of the calls it can run, the others
     handed to ``looprl::linear``), the layer given its entry in the native table; else, where it
     is off or cannot be built, ``looprl::linear``."""
-    handle = native.library()
-    if handle is None:
-        return torch.ops.looprl.linear.default
-    kernels.native = native.NativeLayer(handle, index, kernels.in_features, kernels.out_features, kernels.dtype.name == "bfloat16",
-                                        "bias" in kernels.results[1].problem.epilogue.inputs, on_forget=_retire_native)
-    return torch.ops.looprl_native.linear.default
+    kernels.native = native.layer_entry(kernels, index, on_forget=_retire_native)
+    return torch.ops.looprl.linear.default if kernels.native is None else torch.ops.looprl_native.linear.default
 
 
 def _retire_native(calls: int) -> None:

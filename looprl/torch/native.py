@@ -156,8 +156,8 @@ def library() -> ctypes.CDLL | None:
                               RuntimeWarning, stacklevel=2)
             else:
                 _declare(handle)
-                torch.library.register_fake("looprl_native::linear", _linear_fake)
-                torch.library.register_fake("looprl_native::try_linear", _linear_fake)
+                torch.library.register_fake("looprl_native::linear", linear_fake)
+                torch.library.register_fake("looprl_native::try_linear", linear_fake)
                 threads.register_parallel_probe(handle.looprl_native_used_parallel)
                 _state["library"] = handle
         return _state.get("library")
@@ -185,7 +185,9 @@ def _declare(handle: ctypes.CDLL) -> None:
     handle.looprl_native_used_parallel.restype = i64
 
 
-def _linear_fake(x, weight, bias, layer):
+def linear_fake(x, weight, bias, layer):
+    """What a call of a linear operator (``looprl::linear``, ``looprl_native::linear`` and
+    ``try_linear``) returns, for fake tensors: the output's shape and dtype."""
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
@@ -322,16 +324,22 @@ def _forget(handle: ctypes.CDLL, index: int, on_forget) -> None:
 _module_indices = itertools.count(1 << 62)  # far above the backend's indices: the two never meet in the table
 
 
-def attach_module(kernels) -> NativeLayer | None:
-    """An entry in the native table for ``kernels`` (a :class:`~looprl.torch.routes.LinearKernels`
-    that a module calls, not a compiled graph: ``looprl_native::try_linear``, which gives back
-    None where it has no plan, for the module to call the kernels from Python), or None where
-    the native operator is not available."""
+def layer_entry(kernels, index: int, on_forget=None) -> NativeLayer | None:
+    """An entry in the native table under ``index`` for ``kernels`` (a
+    :class:`~looprl.torch.routes.LinearKernels`: its shape, dtype and bias), or None where the
+    native operator is not available."""
     handle = library()
     if handle is None:
         return None
-    return NativeLayer(handle, next(_module_indices), kernels.in_features, kernels.out_features, kernels.dtype.name == "bfloat16",
-                       "bias" in kernels.results[1].problem.epilogue.inputs)
+    return NativeLayer(handle, index, kernels.in_features, kernels.out_features, kernels.dtype.name == "bfloat16",
+                       "bias" in kernels.results[1].problem.epilogue.inputs, on_forget)
+
+
+def attach_module(kernels) -> NativeLayer | None:
+    """An entry in the native table for ``kernels`` that a module calls, not a compiled graph
+    (``looprl_native::try_linear``, which gives back None where it has no plan, for the module
+    to call the kernels from Python), or None where the native operator is not available."""
+    return layer_entry(kernels, next(_module_indices))
 
 
 _try_linear: list = []  # looprl_native::try_linear, looked up on first use (it exists once the library is loaded)
