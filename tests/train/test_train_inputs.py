@@ -8,6 +8,7 @@ import io
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -265,11 +266,18 @@ RECORDS = st.one_of(
 )
 
 
+@pytest.fixture(scope="module")
+def an_unstarted_run(tmp_path_factory) -> Path:
+    """A run folder as :func:`unstarted_run` creates it, made once: each example of the fuzz below
+    starts from a copy (creating one read the shipped agent file and wrote its YAML each time)."""
+    return unstarted_run(tmp_path_factory.mktemp("unstarted") / "run").path
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(RECORDS, st.booleans())
-def test_fuzz_run_json_is_read_or_refused_in_one_line_naming_the_file(record, not_utf8):
+@given(record=RECORDS, not_utf8=st.booleans())
+def test_fuzz_run_json_is_read_or_refused_in_one_line_naming_the_file(an_unstarted_run, record, not_utf8):
     with tempfile.TemporaryDirectory() as folder:
-        run = unstarted_run(Path(folder) / "run")
+        run = RunDirectory(shutil.copytree(an_unstarted_run, Path(folder) / "run", symlinks=True))
         run.record_path.write_bytes(json.dumps(record).encode() + (b"\xff" if not_utf8 else b""))
         try:
             run.record()
