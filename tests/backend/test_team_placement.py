@@ -3,6 +3,7 @@ own for the call (looprl.backend.placement): the calling thread to the core it i
 threads to other cores of its affinity; the caller's affinity is as it was after the call; a
 caller held to one core, or a runtime looprl does not own, is left alone."""
 
+import json
 import os
 import subprocess
 import sys
@@ -51,11 +52,10 @@ print(sorted(cores.items()))
 
 
 @pytest.mark.skipif(available_cores() < 2 or not os.path.exists("/proc/self/maps"), reason="needs two cores and /proc")
-def test_a_two_thread_call_runs_each_thread_on_its_own_core_and_restores_the_caller_s_affinity():
-    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-    result = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
-    cores = dict(eval(result.stdout.strip().splitlines()[-1]))  # noqa: S307 - our own child's printed list
+def test_a_two_thread_call_runs_each_thread_on_its_own_core_and_restores_the_caller_s_affinity(child):
+    result, outputs = child
+    assert "placed" in outputs, result.stderr[-2000:]
+    cores = dict(eval(outputs["placed"][-1]))  # noqa: S307 - our own child's printed list
     assert sorted(cores) == [0, 1], cores
     (caller, caller_mask), (pool, pool_mask) = cores[0], cores[1]
     assert caller_mask == [caller] and pool_mask == [pool] and caller != pool, cores
@@ -78,11 +78,38 @@ print("ok")
 """
 
 
-@pytest.mark.skipif(available_cores() < 2 or not os.path.exists("/proc/self/maps"), reason="needs two cores and /proc")
-def test_a_caller_held_to_one_core_is_left_as_it_is():
+# Both scripts in one fresh interpreter (one process start and import of looprl, not two), each
+# in a namespace of its own, the held caller last (it holds the process to one core); what each
+# printed is kept only where it ran to its end, so one failing fails its own test alone.
+CHILD = """
+import contextlib, io, json, sys, traceback
+outputs = {}
+for name, part in (("placed", PLACED), ("held", HELD)):
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            exec(compile(part, name, "exec"), {"__name__": "__main__"})
+        outputs[name] = printed.getvalue().strip().splitlines()
+    except BaseException:
+        traceback.print_exc()
+print(json.dumps(outputs))
+"""
+
+
+@pytest.fixture(scope="module")
+def child():
+    """The child's process and what each script printed (by name), run once for the module."""
     env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-    result = subprocess.run([sys.executable, "-c", HELD], capture_output=True, text=True, env=env, timeout=120)
-    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+    script = f"PLACED = {CODE!r}\nHELD = {HELD!r}\n" + CHILD
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result, json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(available_cores() < 2 or not os.path.exists("/proc/self/maps"), reason="needs two cores and /proc")
+def test_a_caller_held_to_one_core_is_left_as_it_is(child):
+    result, outputs = child
+    assert outputs.get("held") == ["ok"], result.stderr[-2000:]
 
 
 def test_off_the_private_runtime_nothing_is_placed(monkeypatch):

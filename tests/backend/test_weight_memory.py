@@ -6,8 +6,6 @@ import ctypes
 import gc
 import mmap
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -148,20 +146,25 @@ def test_packed_cold_copies_are_timed_on_huge_pages_where_bound_kernels_pack_the
     assert all(np.array_equal(copy.reshape(64, 64), src) for copy, src in zip(packed, source))
 
 
-def _run(code: str, value: str) -> subprocess.CompletedProcess:
-    environment = dict(os.environ, LOOPRL_HUGE_PAGES=value)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment, timeout=120)
+def _imported_with(monkeypatch, value: str):
+    """A fresh copy of looprl.backend.weight_memory imported with ``LOOPRL_HUGE_PAGES=value`` (the
+    switch is read when the module is imported, as in a process started with it), beside the
+    process's own module, which it leaves as it was: no process start, no import of looprl, each."""
+    import importlib.util
+
+    monkeypatch.setenv("LOOPRL_HUGE_PAGES", value)
+    spec = importlib.util.spec_from_file_location("weight_memory_imported_with_the_switch", weight_memory.__file__)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def test_the_switch_turns_the_advice_off_and_a_bad_value_is_a_value_error_that_names_it():
-    code = ("from looprl.backend.weight_memory import weight_empty, huge_pages_on\n"
-            "a = weight_empty(10)\nprint(huge_pages_on(), a.ctypes.data % 64)")
-    off = _run(code, "0")
-    assert off.returncode == 0, off.stderr
-    assert off.stdout.split() == ["False", "0"]
-    bad = _run(code, "yes")
-    assert bad.returncode != 0
-    assert "ValueError" in bad.stderr and "LOOPRL_HUGE_PAGES" in bad.stderr
+def test_the_switch_turns_the_advice_off_and_a_bad_value_is_a_value_error_that_names_it(monkeypatch):
+    off = _imported_with(monkeypatch, "0")
+    assert off.huge_pages_on() is False and off.weight_empty(10).ctypes.data % 64 == 0
+    bad = _imported_with(monkeypatch, "yes")
+    with pytest.raises(ValueError, match="LOOPRL_HUGE_PAGES"):
+        bad.weight_empty(10)
 
 
 def test_a_bad_shape_is_a_value_error(huge_pages):

@@ -1,8 +1,5 @@
 """looprl.tune with threads: parallel proposals of the best serial schedules, the faster kept."""
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -163,15 +160,18 @@ def test_bad_thread_counts_are_refused(bad):
         looprl.tune((16, 16, 16), random_policy(), cache=":memory:", threads=bad)
 
 
-def test_the_command_line_takes_threads(tmp_path):
+def test_the_command_line_takes_threads(tmp_path, capsys):
+    """Through the command line's main() in this process: the same exit statuses and lines,
+    without a process start each (``python -m looprl tune`` as a user starts it is
+    tests/tune/test_tune.py::test_cli's)."""
+    from looprl.cli.tune import main
+
     folder = random_policy().save(tmp_path / "policy")
-    bad = subprocess.run([sys.executable, "-m", "looprl", "tune", "16", "16", "16", "--policy", str(folder), "--threads", "0",
-                          "--cache", ":memory:"], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "threads" in bad.stderr
-    good = subprocess.run([sys.executable, "-m", "looprl", "tune", "32", "32", "32", "--policy", str(folder), "--threads", "1",
-                           "--cache", ":memory:", "--budget", "0"], capture_output=True, text=True, timeout=120)
-    assert good.returncode == 0, good.stderr
-    assert "numpy, 1 thread," in good.stdout
+    capsys.readouterr()
+    assert main(["16", "16", "16", "--policy", str(folder), "--threads", "0", "--cache", ":memory:"]) == 2
+    assert "threads" in capsys.readouterr().err
+    assert main(["32", "32", "32", "--policy", str(folder), "--threads", "1", "--cache", ":memory:", "--budget", "0"]) == 0
+    assert "numpy, 1 thread," in capsys.readouterr().out
 
 
 def test_a_proposal_slower_than_the_serial_best_is_timed_again_before_it_loses():

@@ -113,24 +113,33 @@ def test_broken_and_incompatible_policies_are_rejected(tmp_path, policy_dir):
         looprl.tune((16, 16, 16), other)
 
 
-def test_tune_imports_neither_ray_nor_torch(policy_dir):
-    code = (
-        "import sys, looprl; r = looprl.tune((64, 64, 64), sys.argv[1], cache=':memory:');"
-        "print(r.gflops > 0, 'ray' in sys.modules, 'torch' in sys.modules)"
-    )
-    result = subprocess.run([sys.executable, "-c", code, str(policy_dir)], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["True", "False", "False"]
-
-
-def test_cli(policy_dir, capsys):
-    from looprl.cli.tune import main
-
-    result = subprocess.run(  # the command as a user starts it
-        [sys.executable, "-m", "looprl", "tune", "96", "64", "80", "--policy", str(policy_dir), "--cache", ":memory:"],
+@pytest.fixture(scope="module")
+def tune_command(tmp_path_factory):
+    """``looprl tune`` started as a user starts it, once for the module (one process start and
+    import of looprl, not one per test), with ``-X importtime``: Python lists on stderr every
+    module the process imported, whenever it did."""
+    policy = random_policy(seed=3).save(tmp_path_factory.mktemp("tune-command") / "policy")
+    return subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "looprl", "tune", "96", "64", "80", "--policy", str(policy), "--cache", ":memory:"],
         capture_output=True, text=True, timeout=120,
     )
-    assert result.returncode == 0, result.stderr
+
+
+def test_tune_imports_neither_ray_nor_torch(tune_command):
+    """A measured tune (the command's: tune's every step, numpy timed beside it) imports no Ray
+    and no torch."""
+    assert tune_command.returncode == 0, tune_command.stderr[-2000:]
+    assert "GFLOPS" in tune_command.stdout
+    imported = {line.rsplit("|", 1)[-1].strip() for line in tune_command.stderr.splitlines() if line.startswith("import time:")}
+    assert "looprl.tune.api" in imported and "numpy" in imported  # the list is read as it should be
+    assert not {name for name in imported if name.split(".")[0] in ("ray", "torch")}
+
+
+def test_cli(tune_command, policy_dir, capsys):
+    from looprl.cli.tune import main
+
+    result = tune_command  # the command as a user starts it
+    assert result.returncode == 0, result.stderr[-2000:]
     assert "GFLOPS" in result.stdout and "looprl / numpy" in result.stdout and "actions:" in result.stdout
     # The rest through its main() in this process: the same exit status and lines, no process start each.
     capsys.readouterr()

@@ -1,7 +1,5 @@
 """looprl.tune on linear layers: weights stored [out, in], fused epilogues, the re-laid start."""
 
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -52,18 +50,26 @@ def test_only_weights_across_the_columns_have_a_re_laid_start():
     assert relaid(looprl.contraction("mk,k->m", m=4, k=8, constant="b")) is None
 
 
-def test_looprl_tune_takes_a_linear_layer(policy_dir, tmp_path):
-    command = [sys.executable, "-m", "looprl", "tune", "--linear", "20,24,40", "--activation", "gelu", "--residual", "--no-numpy",
-               "--cache", ":memory:", "--policy", str(policy_dir), "--budget", "0.2"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert "# mk,nk->mn:m=20,k=24,n=40;const=in1;epilogue=bias+gelu+residual" in result.stdout
-    assert "out[mn] = gelu(acc[mn] + bias[n]) + residual[mn]" in result.stdout
+def test_looprl_tune_takes_a_linear_layer(policy_dir, capsys):
+    """The command line through its main() in this process: the same exit statuses and lines,
+    without a process start each (``python -m looprl tune`` as a user starts it is
+    tests/tune/test_tune.py::test_cli's)."""
+    from looprl.cli.tune import main
+
+    capsys.readouterr()
+    assert main(["--linear", "20,24,40", "--activation", "gelu", "--residual", "--no-numpy",
+                 "--cache", ":memory:", "--policy", str(policy_dir), "--budget", "0.2"]) == 0
+    out = capsys.readouterr().out
+    assert "# mk,nk->mn:m=20,k=24,n=40;const=in1;epilogue=bias+gelu+residual" in out
+    assert "out[mn] = gelu(acc[mn] + bias[n]) + residual[mn]" in out
     for bad, message in ((["--linear", "20,24"], "BATCH,IN,OUT"), (["16", "16", "16", "--activation", "relu"], "go with --linear"),
                          (["--linear", "2,3,4", "--epilogue", "relu"], "--linear takes neither")):
-        failed = subprocess.run([sys.executable, "-m", "looprl", "tune", *bad, "--no-numpy", "--cache", ":memory:"],
-                                capture_output=True, text=True, timeout=120, cwd=tmp_path)
-        assert failed.returncode == 2 and message in failed.stderr and "Traceback" not in failed.stderr
+        try:
+            status = main([*bad, "--no-numpy", "--cache", ":memory:"])
+        except SystemExit as exit_:  # argparse's own refusals
+            status = exit_.code
+        errors = capsys.readouterr().err
+        assert status == 2 and message in errors and "Traceback" not in errors, (bad, errors[-500:])
 
 
 def test_the_environment_takes_layers_with_epilogues():
