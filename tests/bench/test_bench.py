@@ -41,7 +41,7 @@ def refused(capsys, *arguments) -> str:
 def test_codegen_benchmark_runs_and_writes_json(tmp_path, capsys, monkeypatch):
     """One run, one target (each one more measures its peak again): AVX2 code (every host this
     suite runs on executes it), on one thread and, where there are two cores, on two. Its peaks
-    (three on one thread, one on two) are timed on 0.05 s each, not the 0.5 s a reader's run
+    (two on one thread, one on two) are timed on 0.05 s each, not the 0.5 s a reader's run
     gives them: what a peak is, is tests/measurement's; here, that the report holds one."""
     from looprl.bench import codegen
     from looprl.measurement.peak import measure_peak_gflops
