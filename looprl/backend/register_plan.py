@@ -221,6 +221,7 @@ class RegisterScope:
         # loops outside the register scope.
         self.floor = max((i for i, lp in enumerate(self.loops) if lp.parallel or lp.spilled), default=-1)
         self._subtrees: dict[tuple, frozenset[int]] = {}
+        self._tile_sizes: dict[tuple, int] = {}
         self.plan = self._plan(problem)
 
     def acc_delta(self, var: str, elements: int) -> int:
@@ -287,8 +288,14 @@ class RegisterScope:
                 return False
         return True
     def tile_size(self, level: int) -> int:
-        """Registers of the tile of a scope starting at ``level`` (in the full context)."""
-        return leaf_count(self.loops, frozenset(self.output_dims), self.width, self.vector_var, level, entry_budgets(self.loops, level))
+        """Registers of the tile of a scope starting at ``level`` (in the full context);
+        memoised per scope (:meth:`_plan` asks a level again when it reaches out to block)."""
+        key = (level, self.vector_var)
+        found = self._tile_sizes.get(key)
+        if found is None:
+            found = self._tile_sizes[key] = leaf_count(self.loops, frozenset(self.output_dims), self.width, self.vector_var, level,
+                                                       entry_budgets(self.loops, level))
+        return found
 
     def rows(self, level: int, budgets: dict[str, int], acc_offset: int) -> list[list[Slot]]:
         """The tile's registers as rows: one row per instance of the innermost loop (its
@@ -302,9 +309,9 @@ class RegisterScope:
             if self.reduces_vector:  # one output element: one register of partial sums
                 return [[(acc_offset, 1, 1)]]
             return [[(acc_offset + self.acc_delta(loop.var, c), lanes, active) for c, lanes, active in vector_chunks(budget, self.width)]]
+        if loop.var not in self.output_dims:  # every iteration updates the same registers (the first's elements)
+            return self.rows(level + 1, dict(budgets, **{loop.var: min(loop.step, budget)}), acc_offset)
         walk = iterations(budget, loop.step)
-        if loop.var not in self.output_dims:  # every iteration updates the same registers
-            return self.rows(level + 1, dict(budgets, **{loop.var: walk[0][1]}), acc_offset)
         result = []
         for start, elements in walk:
             result += self.rows(level + 1, dict(budgets, **{loop.var: elements}), acc_offset + self.acc_delta(loop.var, start))

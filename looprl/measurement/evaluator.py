@@ -118,6 +118,7 @@ class Evaluator:
         self.failures = 0
         self.compile_s = 0.0  # total seconds spent compiling / timing new states
         self.measure_s = 0.0
+        self._kept: dict | None = None  # kernels kept for timing again (reusing_kernels)
 
     def with_threads(self, threads: int) -> "Evaluator":
         """An evaluator like this one (cache, budget, lock, target, samples, and the same
@@ -162,15 +163,36 @@ class Evaluator:
             raise ValueError(f"expected a LoopNest, got {type(nest).__name__}")
         return self._time(nest, kernel, resample=True)
 
+    @contextlib.contextmanager
+    def reusing_kernels(self):
+        """Within the block, a schedule timed again by this evaluator runs the kernel compiled
+        for it at its first timing in the block instead of compiling the same code again for
+        each timing (the interleaved rounds of :func:`~looprl.search.staged.confirm_winner`: a
+        search's verification of its winner is ``verify_s / budget_s`` rounds, 100 at a
+        budget of 1 ms, each a compile before). The kernels are let go at the block's end."""
+        if self._kept is not None:  # within an outer block: it keeps them
+            yield
+            return
+        self._kept = {}
+        try:
+            yield
+        finally:
+            self._kept = None
+
     def _time(self, nest: LoopNest, kernel: Kernel | None, resample: bool) -> Measurement:
         if kernel is not None and kernel.target != self.target:
             raise ValueError(f"the kernel was compiled for {kernel.target.isa}, this evaluator measures {self.target.isa}")
         threads = schedule_threads(nest, self.threads)
+        kept = self._kept
         try:
             asked = time.perf_counter()
             with self.timing_lock:
                 started = time.perf_counter()
+                if kernel is None and kept is not None:
+                    kernel = kept.get((nest, threads))
                 kernel = kernel if kernel is not None else compile(nest, target=self.target, threads=threads)
+                if kept is not None:
+                    kept[(nest, threads)] = kernel
                 compiled = time.perf_counter()
                 workspace = self._workspace(nest.problem)
                 timing = time_kernel(kernel, self.budget_s, workspace=workspace, lock=self.timing_lock, threads=threads,

@@ -340,12 +340,22 @@ def test_a_start_refused_for_bad_input_is_one_line_and_creates_no_folder(tmp_pat
 
 
 # -- optional extras missing, a policy made for another CPU ----------------------------------------
+HELP_THEN_MAIN = (  # --help (its exit status written to stderr), a line "---" on both streams, then main(argv)
+    "import sys; sys.modules['yaml'] = None; sys.modules['ray'] = None; from looprl.cli.train import main\n"
+    "try:\n    main(['--help'])\nexcept SystemExit as stop:\n    print(f'help exit {stop.code}', file=sys.stderr)\n"
+    "print('---', flush=True); print('---', file=sys.stderr, flush=True)\nsys.exit(main(sys.argv[1:]))\n"
+)
+
+
 def test_train_help_prints_and_training_names_the_extra_without_it(tmp_path):
-    result = without(["yaml", "ray"], "train", "--help")
-    assert result.returncode == 0 and result.stdout.startswith("usage: looprl-train"), result.stderr[-2000:]
+    """Both in one interpreter without yaml and ray (a process start each before): ``--help``
+    prints, then a training start names the extra."""
     out = tmp_path / "run"
-    result = without(["yaml", "ray"], "train", "--iterations", "1", "--out", str(out))
-    assert_one_line_error(result, "looprl-train", "pip install 'looprl[train]'")
+    result = python(HELP_THEN_MAIN, "--iterations", "1", "--out", str(out))
+    help_out, _, train_out = result.stdout.partition("---\n")
+    help_err, _, train_err = result.stderr.partition("---\n")
+    assert help_err.strip() == "help exit 0" and help_out.startswith("usage: looprl-train"), result.stderr[-2000:]
+    assert_one_line_error(Ran(result.returncode, train_out, train_err), "looprl-train", "pip install 'looprl[train]'")
     assert not out.exists()
 
 
