@@ -103,7 +103,10 @@ def test_a_tuned_transformers_decoder_generates_eagers_tokens_in_float32(options
     assert generate(model, ids) == expected  # the given model is left as it was
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+# Qwen2-style, not also Llama-style: transformers writes Qwen2's decoder layer as Llama's (its attention and MLP subclass
+# Llama's) with biases on q, k and v, so in bfloat16 its layers are Llama's problems (o, gate, up, down and the LM head,
+# without biases) and the biased ones; Llama-style models are the float32 tests'.
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
 def test_a_tuned_transformers_decoder_in_bfloat16_stays_within_bfloat16_roundings_of_eager(options, arch):
     model, ids = build(arch, torch.bfloat16), prompt()
     expected = generate(model, ids)
