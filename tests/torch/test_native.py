@@ -396,6 +396,9 @@ def test_a_tuned_module_s_layers_call_the_native_operator_too(options, monkeypat
                     for _ in range(3):
                         assert torch.equal(tuned(x), python_only(x))
                     first = [kernels for kernels in python_calls if kernels is layers[0].kernels]
-                    assert len(first) == 1  # the call that saw the edit bound again; the next two ran natively
+                    # with copies, the call that saw the edit bound again and the next two ran natively; a
+                    # plan that reads the weight in place (which kernel tune picks is timing's) reads the edit natively
+                    bound_to_copies = bool(layers[0].kernels._plan_of(3)[2])
+                    assert len(first) == (1 if bound_to_copies else 0), (bound_to_copies, len(first))
                     monkeypatch.undo()
                 torch.testing.assert_close(tuned[0](x), nn.functional.linear(x, tuned[0].weight, tuned[0].bias), rtol=1e-5, atol=1e-5)
