@@ -221,7 +221,7 @@ class RegisterScope:
         # loops outside the register scope.
         self.floor = max((i for i, lp in enumerate(self.loops) if lp.parallel or lp.spilled), default=-1)
         self._subtrees: dict[tuple, frozenset[int]] = {}
-        self._tile_sizes: dict[tuple, int] = {}
+        self._tile_sizes: dict[int, int] = {}  # level -> tile_size(level)
         self.plan = self._plan(problem)
 
     def acc_delta(self, var: str, elements: int) -> int:
@@ -290,10 +290,9 @@ class RegisterScope:
     def tile_size(self, level: int) -> int:
         """Registers of the tile of a scope starting at ``level`` (in the full context);
         memoised per scope (:meth:`_plan` asks a level again when it reaches out to block)."""
-        key = (level, self.vector_var)
-        found = self._tile_sizes.get(key)
+        found = self._tile_sizes.get(level)
         if found is None:
-            found = self._tile_sizes[key] = leaf_count(self.loops, frozenset(self.output_dims), self.width, self.vector_var, level,
+            found = self._tile_sizes[level] = leaf_count(self.loops, frozenset(self.output_dims), self.width, self.vector_var, level,
                                                        entry_budgets(self.loops, level))
         return found
 

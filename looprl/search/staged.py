@@ -21,7 +21,6 @@ so a first timing that caught the machine's slow phase does not decide.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -308,9 +307,7 @@ def confirm_winner(context: SearchContext, candidates: Iterable[ScheduleRecord],
         return Confirmed(ranked, None)
     fresh: dict[str, float] = {}
     failed: set[str] = set()
-    # each contender compiled once for all its rounds (Evaluator.reusing_kernels; a stand-in evaluator times as it does)
-    reusing = getattr(context.evaluator, "reusing_kernels", None)
-    with reusing() if reusing is not None else contextlib.nullcontext():
+    with context.reusing_kernels():  # each contender compiled once for all its rounds
         for _ in range(rounds):
             for candidate in contenders:
                 key = candidate.nest.key
