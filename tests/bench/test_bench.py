@@ -38,15 +38,63 @@ def refused(capsys, *arguments) -> str:
     return captured.err
 
 
-def test_codegen_benchmark_runs_and_writes_json(tmp_path, capsys, monkeypatch):
-    """One run, one target (each one more measures its peak again): AVX2 code (every host this
-    suite runs on executes it), on one thread and, where there are two cores, on two. Its peaks
-    (two on one thread, one on two) are timed on 0.05 s each, not the 0.5 s a reader's run
-    gives them: what a peak is, is tests/measurement's; here, that the report holds one."""
-    from looprl.bench import codegen
+@pytest.fixture(autouse=True)
+def short_peaks(monkeypatch):
+    """The benchmarks' peaks (the codegen benchmark's two on one thread and one on two, the tune
+    benchmark's one per thread count, the layers benchmark's) are timed on 0.05 s each, not the
+    0.5 s a reader's run gives them (0.5 CPU s each, a second for a two-thread team): what a
+    peak is, is tests/measurement's; here, that the report holds one and its roofline uses it."""
+    from looprl.bench import codegen, layers, tune_quality
+    from looprl.ir.dtypes import FLOAT32
     from looprl.measurement.peak import measure_peak_gflops
 
-    monkeypatch.setattr(codegen, "measure_peak_gflops", lambda target, threads=1: measure_peak_gflops(target, 0.05, threads))
+    def short(target, budget_s=0.5, threads=1, dtype=FLOAT32):
+        return measure_peak_gflops(target, min(budget_s, 0.05), threads, dtype)
+
+    for module in (codegen, layers, tune_quality):
+        monkeypatch.setattr(module, "measure_peak_gflops", short)
+
+
+class _Kept:
+    """A torch baseline child that a benchmark run uses and whose ``close`` leaves it running."""
+
+    def __init__(self, child):
+        self._child = child
+
+    def __getattr__(self, name):
+        return getattr(self._child, name)
+
+    def close(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def one_torch_child():
+    """``torch_child`` for the benchmark runs of this module that time torch for real: one child
+    per (isa, thread count, float32), started by the first run that asks and kept for the next
+    (each child imports torch: ~2 CPU s), closed after the module's last test. What each run
+    times and reports is the child's answers, as with a child of its own; a child's start,
+    failure and close are tested by test_a_failed_baseline_child_is_one_line_and_the_other_figures_still_print
+    and test_the_torch_baseline_of_a_narrower_isa_holds_torch_s_kernels_to_it."""
+    from looprl.bench.torch_baseline import torch_child
+
+    children = {}
+
+    def shared(isa=None, threads=1, float32=False):
+        key = (isa, threads, float32)
+        if key not in children:
+            children[key] = torch_child(isa, threads, float32)
+        return _Kept(children[key])
+
+    yield shared
+    for child in children.values():
+        child.close()
+
+
+def test_codegen_benchmark_runs_and_writes_json(tmp_path, capsys):
+    """One run, one target (each one more measures its peak again): AVX2 code (every host this
+    suite runs on executes it), on one thread and, where there are two cores, on two (its peaks
+    on a short budget: :func:`short_peaks`)."""
     two_cores = len(os.sched_getaffinity(0)) >= 2
     path = tmp_path / "codegen.json"
     out = bench(capsys, "codegen", "--shapes", "32x48x16", "--budget", "0.05", "--compiles", "2", "--targets", "avx2",
@@ -91,9 +139,12 @@ def test_env_benchmark_reports_cold_and_warm_rates(tmp_path, capsys, monkeypatch
     assert "--steps" in refused(capsys, "env", "--steps", "0")
 
 
-def test_tune_benchmark_reports_times_and_ratios(tmp_path, capsys, monkeypatch):
+def test_tune_benchmark_reports_times_and_ratios(tmp_path, capsys, monkeypatch, one_torch_child):
+    from looprl.bench import peers
+
     path = tmp_path / "tune.json"
     monkeypatch.setenv("LOOPRL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(peers, "torch_child", one_torch_child)
     out = bench(capsys, "tune", "--split", "test", "--limit", "2", "--budget", "0.01", "--tune-budget", "0.2",
                 "--search", "0.3", "--json", str(path))
     assert "tune time: median" in out
@@ -130,8 +181,11 @@ def test_tune_benchmark_summarises_per_model():
     assert _label(looprl.matmul(64, 32, 16)) == "64x32x16"
 
 
-def test_layers_benchmark_compares_fused_numpy_and_torch(tmp_path, capsys):
+def test_layers_benchmark_compares_fused_numpy_and_torch(tmp_path, capsys, monkeypatch, one_torch_child):
+    from looprl.bench import peers
     from tests.policies import random_policy
+
+    monkeypatch.setattr(peers, "torch_child", one_torch_child)
 
     policy = random_policy(seed=3).save(tmp_path / "policy")
     path = tmp_path / "layers.json"
