@@ -36,10 +36,6 @@ def python(code: str, *arguments, cwd=None, timeout=120):
     return subprocess.run([sys.executable, "-c", code, *arguments], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=environment)
 
 
-def command(module: str, *arguments, cwd=None, timeout=120):
-    return python(f"import sys; from looprl.cli.{module} import main; sys.exit(main(sys.argv[1:]))", *arguments, cwd=cwd, timeout=timeout)
-
-
 def without(modules, cli: str, *arguments, cwd=None):
     """``cli``'s main with ``modules`` made unimportable, as when an extra is not installed."""
     hide = "".join(f"sys.modules[{name!r}] = None; " for name in modules)
@@ -68,9 +64,10 @@ class Ran:
 
 def here(capsys, cli: str, *arguments) -> Ran:
     """``looprl.cli.<cli>``'s main(arguments) run in this process (argparse's exits included),
-    as ``command`` runs it in a fresh interpreter: the same exit status and lines, without a
-    process start (and its imports) each. The process starts themselves are tested by
-    test_unknown_flags_keep_argparse_usage, the extras-missing cases and the training starts below."""
+    as a fresh interpreter runs it: the same exit status and lines, without a process start
+    (and its imports) each. The process starts themselves are tested by
+    test_unknown_flags_keep_argparse_usage, the extras-missing cases (a training start among
+    them) and the runs that tests/cli/test_cli_interrupts_and_shared_files.py stops by a signal."""
     import importlib
 
     main = importlib.import_module(f"looprl.cli.{cli}").main
@@ -331,10 +328,9 @@ def test_a_start_refused_for_bad_input_is_one_line_and_creates_no_folder(tmp_pat
     config = tiny_config(tmp_path, **env)
     out = tmp_path / "run"
     arguments = ["--algo", "dqn", "--config", str(config), "--iterations", "1", "--out", str(out), *arguments]
-    if "--address" in arguments:  # a process of its own: Ray's attempt to attach stays out of this one
-        result = command("train", *arguments, timeout=300)
-    else:
-        result = here(capsys, "train", *arguments)
+    # in this process, --address's too: the address is checked (a socket, not Ray) with the rest
+    # of the input, before anything imports or attaches Ray (looprl.train.run.prepare)
+    result = here(capsys, "train", *arguments)
     assert_one_line_error(result, "looprl-train", fragment)
     assert not out.exists()
 
