@@ -169,8 +169,8 @@ def test_tune_benchmark_reports_times_and_ratios(tmp_path, capsys, monkeypatch, 
     path = tmp_path / "tune.json"
     monkeypatch.setenv("LOOPRL_CACHE_DIR", str(tmp_path / "cache"))
     kept_children(monkeypatch)
-    out = bench(capsys, "tune", "--split", "test", "--limit", "2", "--budget", "0.01", "--tune-budget", "0.2",
-                "--search", "0.3", "--json", str(path))
+    out = bench(capsys, "tune", "--split", "test", "--limit", "2", "--budget", "0.01", "--tune-budget", "0.1",
+                "--search", "0.1", "--json", str(path))
     assert "tune time: median" in out
     report = json.loads(path.read_text())
     summary = report["summary"]
