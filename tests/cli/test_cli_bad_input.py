@@ -349,8 +349,9 @@ def without_extras(tmp_path_factory):
     ``yaml``, ``ray`` and ``xgboost`` cannot be imported (a process start each before, ~1.2 CPU s):
     ``looprl-train --help``, a training start (which names the train extra), an AutoTVM search
     (which names the autotvm extra), a policy folder's evaluation (which needs neither), each in
-    a folder of its own. name -> (its folder, what it left: a :class:`Ran`, or None where the
-    interpreter never finished it), so that each test fails alone."""
+    a folder of its own. name -> (its folder, what it left: a :class:`Ran`; one the interpreter
+    never finished holds the interpreter's exit status and the end of its stderr), so that each
+    test fails alone."""
     root = tmp_path_factory.mktemp("without-extras")
     folders = {name: root / name for name in ("help", "train", "autotvm", "evaluate")}
     for folder in folders.values():
@@ -367,7 +368,6 @@ def without_extras(tmp_path_factory):
     statuses = re.findall(r"^=== exit (.*)$", result.stdout, flags=re.M)
     left = {}
     for index, name in enumerate(runs):
-        ran = None
         if index < len(statuses):
             ran = Ran(None if statuses[index] == "None" else int(statuses[index]), outs[index], errs[index])
         else:
