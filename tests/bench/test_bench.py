@@ -38,15 +38,89 @@ def refused(capsys, *arguments) -> str:
     return captured.err
 
 
-def test_codegen_benchmark_runs_and_writes_json(tmp_path, capsys, monkeypatch):
-    """One run, one target (each one more measures its peak again): AVX2 code (every host this
-    suite runs on executes it), on one thread and, where there are two cores, on two. Its peaks
-    (two on one thread, one on two) are timed on 0.05 s each, not the 0.5 s a reader's run
-    gives them: what a peak is, is tests/measurement's; here, that the report holds one."""
-    from looprl.bench import codegen
+@pytest.fixture(autouse=True)
+def short_peaks(monkeypatch):
+    """The benchmarks' peaks (the codegen benchmark's two on one thread and one on two, the tune
+    benchmark's one per thread count, the layers benchmark's) are timed on 0.05 s each, not the
+    0.5 s a reader's run gives them (0.5 CPU s each, a second for a two-thread team): what a
+    peak is, is tests/measurement's; here, that the report holds one and its roofline uses it."""
+    from looprl.bench import codegen, layers, tune_quality
+    from looprl.ir.dtypes import FLOAT32
     from looprl.measurement.peak import measure_peak_gflops
 
-    monkeypatch.setattr(codegen, "measure_peak_gflops", lambda target, threads=1: measure_peak_gflops(target, 0.05, threads))
+    def short(target, budget_s=0.5, threads=1, dtype=FLOAT32):
+        return measure_peak_gflops(target, min(budget_s, 0.05), threads, dtype)
+
+    for module in (codegen, layers, tune_quality):
+        monkeypatch.setattr(module, "measure_peak_gflops", short)
+
+
+class _Kept:
+    """A baseline child that a benchmark run uses and whose ``close`` (its ``with`` block's
+    end included) leaves it running for the next run."""
+
+    def __init__(self, child):
+        self._child = child
+
+    def __getattr__(self, name):
+        return getattr(self._child, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def close(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def kept_children():
+    """``install(monkeypatch)``: numpy's and torch's baseline children (``numpy_child``,
+    ``torch_child``) kept from one benchmark run of this module to the next, one per kind of
+    child (numpy or torch, the OpenBLAS core type or kernels it is held to, its thread count,
+    torch's float32 twins), started by the first run that asks and closed after the module's
+    last test. Each child start imports looprl or torch again (~1.3 CPU s a numpy child, ~3.8
+    a torch one on the Zen 3): the benchmarks here started seven numpy children and two torch
+    ones, now three in all; what each run times and reports are still the children's answers.
+    A child's start, failure and close are tested by tests/measurement/test_numpy_baseline.py,
+    test_a_failed_baseline_child_is_one_line_and_the_other_figures_still_print and
+    test_the_torch_baseline_of_a_narrower_isa_holds_torch_s_kernels_to_it."""
+    from looprl.bench import peers
+    from looprl.bench import torch_baseline
+    from looprl.measurement import numpy_baseline
+
+    real_numpy, real_torch = numpy_baseline.numpy_child, torch_baseline.torch_child
+    children = {}
+
+    def kept(kind, start, isa, threads, *options):
+        key = (kind, numpy_baseline.coretype_for(isa), threads, *options)  # the same child for the same kernels
+        if key not in children:
+            children[key] = start()
+        return _Kept(children[key])
+
+    def numpy_child(isa=None, threads=1):
+        return kept("numpy", lambda: real_numpy(isa, threads), isa, threads)
+
+    def torch_child(isa=None, threads=1, float32=False):
+        return kept("torch", lambda: real_torch(isa, threads, float32), isa, threads, float32)
+
+    def install(monkeypatch):
+        for module in (numpy_baseline, peers):
+            monkeypatch.setattr(module, "numpy_child", numpy_child)
+        monkeypatch.setattr(peers, "torch_child", torch_child)
+
+    yield install
+    for child in children.values():
+        child.close()
+
+
+def test_codegen_benchmark_runs_and_writes_json(tmp_path, capsys, monkeypatch, kept_children):
+    """One run, one target (each one more measures its peak again): AVX2 code (every host this
+    suite runs on executes it), on one thread and, where there are two cores, on two (its peaks
+    on a short budget: :func:`short_peaks`; numpy's children kept: :func:`kept_children`)."""
+    kept_children(monkeypatch)
     two_cores = len(os.sched_getaffinity(0)) >= 2
     path = tmp_path / "codegen.json"
     out = bench(capsys, "codegen", "--shapes", "32x48x16", "--budget", "0.05", "--compiles", "2", "--targets", "avx2",
@@ -91,11 +165,12 @@ def test_env_benchmark_reports_cold_and_warm_rates(tmp_path, capsys, monkeypatch
     assert "--steps" in refused(capsys, "env", "--steps", "0")
 
 
-def test_tune_benchmark_reports_times_and_ratios(tmp_path, capsys, monkeypatch):
+def test_tune_benchmark_reports_times_and_ratios(tmp_path, capsys, monkeypatch, kept_children):
     path = tmp_path / "tune.json"
     monkeypatch.setenv("LOOPRL_CACHE_DIR", str(tmp_path / "cache"))
-    out = bench(capsys, "tune", "--split", "test", "--limit", "2", "--budget", "0.01", "--tune-budget", "0.2",
-                "--search", "0.3", "--json", str(path))
+    kept_children(monkeypatch)
+    out = bench(capsys, "tune", "--split", "test", "--limit", "2", "--budget", "0.01", "--tune-budget", "0.1",
+                "--search", "0.1", "--json", str(path))
     assert "tune time: median" in out
     report = json.loads(path.read_text())
     summary = report["summary"]
@@ -130,8 +205,10 @@ def test_tune_benchmark_summarises_per_model():
     assert _label(looprl.matmul(64, 32, 16)) == "64x32x16"
 
 
-def test_layers_benchmark_compares_fused_numpy_and_torch(tmp_path, capsys):
+def test_layers_benchmark_compares_fused_numpy_and_torch(tmp_path, capsys, monkeypatch, kept_children):
     from tests.policies import random_policy
+
+    kept_children(monkeypatch)
 
     policy = random_policy(seed=3).save(tmp_path / "policy")
     path = tmp_path / "layers.json"
@@ -165,7 +242,7 @@ class StandInTorch:
 
 
 def test_the_tune_benchmark_prints_one_and_two_thread_figures_side_by_side_and_leaves_the_untuned_nest_out_when_told(
-        tmp_path, capsys, monkeypatch):
+        tmp_path, capsys, monkeypatch, kept_children):
     """One run for two options (each run starts numpy's and torch's child processes): the
     two-thread figures beside the one-thread ones where there are two cores (the codegen
     benchmark's two-thread columns: test_codegen_benchmark_runs_and_writes_json), and
@@ -180,6 +257,7 @@ def test_the_tune_benchmark_prints_one_and_two_thread_figures_side_by_side_and_l
 
     two_cores = len(os.sched_getaffinity(0)) >= 2
     monkeypatch.setenv("LOOPRL_CACHE_DIR", str(tmp_path / "cache"))
+    kept_children(monkeypatch)  # numpy's children (:func:`kept_children`)
     monkeypatch.setattr(peers, "torch_child", lambda isa, threads=1, **_: StandInTorch())
     events = []
     real_tune, real_timed_with = tune_quality.tune, tune_quality.Peers.timed_with

@@ -3,7 +3,9 @@ naming what is wrong, exit status 2, no traceback, nothing created; an optional 
 missing is named; a policy made for another CPU runs with a warning. The checks of
 looprl.cli.common that the commands share are tested here too."""
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,16 +38,6 @@ def python(code: str, *arguments, cwd=None, timeout=120):
     return subprocess.run([sys.executable, "-c", code, *arguments], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=environment)
 
 
-def command(module: str, *arguments, cwd=None, timeout=120):
-    return python(f"import sys; from looprl.cli.{module} import main; sys.exit(main(sys.argv[1:]))", *arguments, cwd=cwd, timeout=timeout)
-
-
-def without(modules, cli: str, *arguments, cwd=None):
-    """``cli``'s main with ``modules`` made unimportable, as when an extra is not installed."""
-    hide = "".join(f"sys.modules[{name!r}] = None; " for name in modules)
-    return python(f"import sys; {hide}from looprl.cli.{cli} import main; sys.exit(main(sys.argv[1:]))", *arguments, cwd=cwd)
-
-
 def tiny_config(tmp_path, **env) -> Path:
     """A tiny DQN agent YAML (two small problems, a fixed peak) with ``env`` settings changed."""
     import yaml
@@ -68,9 +60,10 @@ class Ran:
 
 def here(capsys, cli: str, *arguments) -> Ran:
     """``looprl.cli.<cli>``'s main(arguments) run in this process (argparse's exits included),
-    as ``command`` runs it in a fresh interpreter: the same exit status and lines, without a
-    process start (and its imports) each. The process starts themselves are tested by
-    test_unknown_flags_keep_argparse_usage, the extras-missing cases and the training starts below."""
+    as a fresh interpreter runs it: the same exit status and lines, without a process start
+    (and its imports) each. The process starts themselves are tested by
+    test_unknown_flags_keep_argparse_usage, the extras-missing cases (a training start among
+    them) and the runs that tests/cli/test_cli_interrupts_and_shared_files.py stops by a signal."""
     import importlib
 
     main = importlib.import_module(f"looprl.cli.{cli}").main
@@ -331,45 +324,77 @@ def test_a_start_refused_for_bad_input_is_one_line_and_creates_no_folder(tmp_pat
     config = tiny_config(tmp_path, **env)
     out = tmp_path / "run"
     arguments = ["--algo", "dqn", "--config", str(config), "--iterations", "1", "--out", str(out), *arguments]
-    if "--address" in arguments:  # a process of its own: Ray's attempt to attach stays out of this one
-        result = command("train", *arguments, timeout=300)
-    else:
-        result = here(capsys, "train", *arguments)
+    # in this process, --address's too: the address is checked (a socket, not Ray) with the rest
+    # of the input, before anything imports or attaches Ray (looprl.train.run.prepare)
+    result = here(capsys, "train", *arguments)
     assert_one_line_error(result, "looprl-train", fragment)
     assert not out.exists()
 
 
 # -- optional extras missing, a policy made for another CPU ----------------------------------------
-HELP_THEN_MAIN = (  # --help (its exit status written to stderr), a line "---" on both streams, then main(argv)
-    "import sys; sys.modules['yaml'] = None; sys.modules['ray'] = None; from looprl.cli.train import main\n"
-    "try:\n    main(['--help'])\nexcept SystemExit as stop:\n    print(f'help exit {stop.code}', file=sys.stderr)\n"
-    "print('---', flush=True); print('---', file=sys.stderr, flush=True)\nsys.exit(main(sys.argv[1:]))\n"
+WITHOUT_EXTRAS = (  # each run's main(argv) in its folder, its streams closed by a line "=== exit STATUS" on both
+    "import importlib, json, os, sys\n"
+    "for name in ('yaml', 'ray', 'xgboost'):\n    sys.modules[name] = None\n"
+    "for cli, argv, folder in json.loads(sys.argv[1]):\n"
+    "    os.chdir(folder)\n"
+    "    try:\n        status = importlib.import_module(f'looprl.cli.{cli}').main(argv)\n"
+    "    except SystemExit as stop:\n        status = stop.code\n"
+    "    print(f'=== exit {status}', flush=True); print(f'=== exit {status}', file=sys.stderr, flush=True)\n"
 )
 
 
-def test_train_help_prints_and_training_names_the_extra_without_it(tmp_path):
-    """Both in one interpreter without yaml and ray (a process start each before): ``--help``
-    prints, then a training start names the extra."""
-    out = tmp_path / "run"
-    result = python(HELP_THEN_MAIN, "--iterations", "1", "--out", str(out))
-    help_out, _, train_out = result.stdout.partition("---\n")
-    help_err, _, train_err = result.stderr.partition("---\n")
-    assert help_err.strip() == "help exit 0" and help_out.startswith("usage: looprl-train"), result.stderr[-2000:]
-    assert_one_line_error(Ran(result.returncode, train_out, train_err), "looprl-train", "pip install 'looprl[train]'")
-    assert not out.exists()
+@pytest.fixture(scope="module")
+def without_extras(tmp_path_factory):
+    """The command lines that run without an optional extra, in one fresh interpreter where
+    ``yaml``, ``ray`` and ``xgboost`` cannot be imported (a process start each before, ~1.2 CPU s):
+    ``looprl-train --help``, a training start (which names the train extra), an AutoTVM search
+    (which names the autotvm extra), a policy folder's evaluation (which needs neither), each in
+    a folder of its own. name -> (its folder, what it left: a :class:`Ran`; one the interpreter
+    never finished holds the interpreter's exit status and the end of its stderr), so that each
+    test fails alone."""
+    root = tmp_path_factory.mktemp("without-extras")
+    folders = {name: root / name for name in ("help", "train", "autotvm", "evaluate")}
+    for folder in folders.values():
+        folder.mkdir()
+    policy = random_policy().save(folders["evaluate"] / "policy")
+    runs = {
+        "help": ("train", ["--help"]),
+        "train": ("train", ["--iterations", "1", "--out", str(folders["train"] / "run")]),
+        "autotvm": ("search", ["--algo", "autotvm", "--problem", "16x16x16", "--cache", ":memory:"]),
+        "evaluate": ("train", ["--evaluate", str(policy), *SMALL, "--limit", "1", "--cache", ":memory:"]),
+    }
+    result = python(WITHOUT_EXTRAS, json.dumps([(cli, argv, str(folders[name])) for name, (cli, argv) in runs.items()]))
+    outs, errs = re.split(r"^=== exit .*\n", result.stdout, flags=re.M), re.split(r"^=== exit .*\n", result.stderr, flags=re.M)
+    statuses = re.findall(r"^=== exit (.*)$", result.stdout, flags=re.M)
+    left = {}
+    for index, name in enumerate(runs):
+        if index < len(statuses):
+            ran = Ran(None if statuses[index] == "None" else int(statuses[index]), outs[index], errs[index])
+        else:
+            ran = Ran(result.returncode, outs[index] if index < len(outs) else "", result.stderr[-3000:])  # where it stopped
+        left[name] = (folders[name], ran)
+    return left
 
 
-def test_evaluating_a_policy_folder_needs_no_train_extra(tmp_path):
-    policy = random_policy().save(tmp_path / "policy")
-    result = without(["yaml", "ray"], "train", "--evaluate", str(policy), *SMALL, "--limit", "1", "--cache", ":memory:")
+def test_train_help_prints_and_training_names_the_extra_without_it(without_extras):
+    """Without yaml and ray: ``--help`` prints, then a training start names the extra."""
+    _, help_run = without_extras["help"]
+    assert help_run.returncode == 0 and help_run.stderr == "" and help_run.stdout.startswith("usage: looprl-train"), help_run.stderr[-2000:]
+    folder, train_run = without_extras["train"]
+    assert_one_line_error(train_run, "looprl-train", "pip install 'looprl[train]'")
+    assert not (folder / "run").exists()
+
+
+def test_evaluating_a_policy_folder_needs_no_train_extra(without_extras):
+    _, result = without_extras["evaluate"]
     assert result.returncode == 0, result.stderr[-2000:]
     assert "1 problems: speed-up over untuned" in result.stdout
 
 
-def test_autotvm_without_xgboost_names_the_extra(tmp_path):
-    result = without(["xgboost"], "search", "--algo", "autotvm", "--problem", "16x16x16", "--cache", ":memory:", cwd=tmp_path)
+def test_autotvm_without_xgboost_names_the_extra(without_extras):
+    folder, result = without_extras["autotvm"]
     assert_one_line_error(result, "looprl-search", "pip install 'looprl[autotvm]'")
-    assert not list(tmp_path.iterdir())
+    assert not list(folder.iterdir())
 
 
 def test_evaluating_an_avx512_policy_on_an_avx2_host_uses_the_host_target(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 
 from looprl.cli import search as search_cli
 from looprl.measurement.lock import LockWaitTimeout
-from tests.cli.test_cli_bad_input import ROOT, SMALL, assert_one_line_error, command, here, tiny_config
+from tests.cli.test_cli_bad_input import ROOT, SMALL, assert_one_line_error, here, tiny_config
 from tests.policies import random_policy
 
 
@@ -150,14 +150,15 @@ def unstarted_run(tmp_path) -> Path:
     return folder
 
 
-def test_a_run_folder_without_a_checkpoint_can_be_started_again(tmp_path):
+def test_a_run_folder_without_a_checkpoint_can_be_started_again(tmp_path, capsys):
     folder = unstarted_run(tmp_path)
     config = tiny_config(tmp_path)
     # The start goes past the folder check to the (unreachable) cluster, instead of "already holds a run" ...
-    result = command("train", "--algo", "dqn", "--config", str(config), "--out", str(folder), "--address", "127.0.0.1:1")
+    # (in this process: the address is checked before anything imports or attaches Ray)
+    result = here(capsys, "train", "--algo", "dqn", "--config", str(config), "--out", str(folder), "--address", "127.0.0.1:1")
     assert_one_line_error(result, "looprl-train", "--address 127.0.0.1:1")
     # ... and --resume of it starts it too, instead of "has no checkpoint yet".
-    result = command("train", "--resume", "--out", str(folder), "--address", "127.0.0.1:1")
+    result = here(capsys, "train", "--resume", "--out", str(folder), "--address", "127.0.0.1:1")
     assert_one_line_error(result, "looprl-train", "--address 127.0.0.1:1")
     assert (folder / "run.json").exists()  # a refused start leaves the folder as it was
 

@@ -69,10 +69,10 @@ def test_autotvm_never_returns_worse_than_the_untuned_nest():
 def test_autotvm_reproduces_with_a_seed_and_differs_with_another():
     first, second, other = FakeEvaluator(), FakeEvaluator(), FakeEvaluator()
     a, b = run(first), run(second)
-    run(other, seed=4)
+    run(other, seed=4, max_evaluations=9)  # the untuned nest and the first batch, the seed's walks: where another seed shows first
     assert list(first.calls) == list(second.calls)  # the same schedules, in the same order
     assert a.best_nest == b.best_nest and a.best_gflops == b.best_gflops
-    assert list(other.calls) != list(first.calls)
+    assert list(other.calls) != list(first.calls)[:9]
 
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
