@@ -253,6 +253,15 @@ class Kernel:
         """The native assembly of this kernel for its own target (for inspection)."""
         return jit.assembly(self.ir, self.target)
 
+    def with_threads(self, threads: int) -> "Kernel":
+        """This kernel's code (the same compiled module) with ``threads`` as its calls' default
+        thread count: the count is not part of the code (:func:`compile` generates the same
+        module whatever it is given)."""
+        threads = check_threads(threads)
+        if threads == self.threads:
+            return self
+        return Kernel(self.nest, self.plan, self.ir, self._module, self.compile_seconds, threads)
+
     def __repr__(self) -> str:
         threads = f" on {self.threads} threads" if self.nest.is_parallel and self.threads > 1 else ""
         return f"<Kernel {self.problem.name} [{self.nest.key}] for {self.target.isa}{threads} compiled in {self.compile_seconds * 1e3:.2f} ms>"
@@ -415,7 +424,7 @@ class _ReshapedBound:
 
 
 def compile(nest: LoopNest, target: Target | str | None = None, threads: int = 1, *,  # noqa: A001 - public API name
-            runtime_rows: bool = False) -> Kernel:
+            runtime_rows: bool = False, compiled: tuple[Kernel, ...] = ()) -> Kernel:
     """Generate LLVM IR for ``nest`` and JIT-compile it for ``target``: a
     :class:`~looprl.target.Target`, a target name (``"avx512"``, ``"avx2"``,
     ``"sse4"``, ``"host"``) or None for the default target (this host's unless
@@ -428,7 +437,11 @@ def compile(nest: LoopNest, target: Target | str | None = None, threads: int = 1
     :class:`Kernel`); a ValueError where the problem has no rows to cut short
     (:attr:`~looprl.ir.problem.Problem.row_dim`), the schedule converts the first input to a
     layout, or the specialised copies of the nest would be too many
-    (:data:`looprl.backend.loops.SWITCH_LIMIT`)."""
+    (:data:`looprl.backend.loops.SWITCH_LIMIT`).
+
+    ``compiled``: kernels compiled before for ``target``; where one of them was generated from
+    the same LLVM IR (another problem's nest may be: a re-laid start's coordinates), its machine
+    code is this kernel's too, and LLVM is not run again."""
     if not isinstance(nest, LoopNest):
         raise ValueError(f"compile() expects a LoopNest, got {type(nest).__name__}")
     if not isinstance(runtime_rows, bool):
@@ -443,5 +456,8 @@ def compile(nest: LoopNest, target: Target | str | None = None, threads: int = 1
     ir = codegen.kernel_ir(plan)
     if "@GOMP_parallel" in ir:
         ensure_openmp_runtime()
+    same = next((kernel for kernel in compiled if kernel.ir == ir and kernel.target == target), None)
+    if same is not None:
+        return Kernel(nest, plan, ir, same._module, same.compile_seconds, threads)
     module = CompiledModule(ir, abi.KERNEL_NAME, target, extra=plan.extra_entry_points)
     return Kernel(nest, plan, ir, module, time.perf_counter() - start, threads)

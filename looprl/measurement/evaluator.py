@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from looprl import checks, defaults
@@ -61,6 +63,11 @@ def open_cache(cache: "MeasurementCache | str | None") -> MeasurementCache:
     if cache is None or isinstance(cache, str) or hasattr(cache, "__fspath__"):
         return MeasurementCache(cache)
     raise ValueError(f"cache must be a MeasurementCache, a path or None, got {type(cache).__name__}")
+
+
+# Kernels an evaluator keeps from its last timings for :meth:`Evaluator.kernel_for` (a tune's answer is timed among the
+# last: the policy's episodes time at most POLICY_TIMINGS proposals each; a search's verification times its contenders last)
+RECENT_KERNELS = 8
 
 
 def strict_from_environment() -> bool:
@@ -119,6 +126,8 @@ class Evaluator:
         self.compile_s = 0.0  # total seconds spent compiling / timing new states
         self.measure_s = 0.0
         self._kept: dict | None = None  # kernels kept for timing again (reusing_kernels)
+        self._recent: OrderedDict[LoopNest, Kernel] = OrderedDict()  # the last timings' kernels (kernel_for)
+        self._recent_lock = threading.Lock()
 
     def with_threads(self, threads: int) -> "Evaluator":
         """An evaluator like this one (cache, budget, lock, target, samples, and the same
@@ -179,6 +188,25 @@ class Evaluator:
         finally:
             self._kept = None
 
+    def kernel_for(self, nest: LoopNest, threads: int = 1) -> Kernel:
+        """``nest`` compiled for this evaluator's target, ``threads`` its calls' default thread
+        count: the kernel one of this evaluator's last :data:`RECENT_KERNELS` timings compiled
+        for it, or for a nest whose code is the same, where there is one (the count is not part
+        of the code), else compiled now. A tune's finishing step (:func:`looprl.tune.api.tune`) asks it for the answer its
+        search or its policy's episode has just timed, which it compiled again before."""
+        with self._recent_lock:
+            kernel, recent = self._recent.get(nest), tuple(self._recent.values())
+        if kernel is None:  # the same code may be another nest's (a re-laid start's coordinates)
+            return compile(nest, target=self.target, threads=threads, compiled=recent)
+        return kernel.with_threads(threads)
+
+    def _keep_recent(self, nest: LoopNest, kernel: Kernel) -> None:
+        with self._recent_lock:
+            self._recent[nest] = kernel
+            self._recent.move_to_end(nest)
+            while len(self._recent) > RECENT_KERNELS:
+                self._recent.popitem(last=False)
+
     def _time(self, nest: LoopNest, kernel: Kernel | None, resample: bool) -> Measurement:
         if kernel is not None and kernel.target != self.target:
             raise ValueError(f"the kernel was compiled for {kernel.target.isa}, this evaluator measures {self.target.isa}")
@@ -197,6 +225,7 @@ class Evaluator:
                 workspace = self._workspace(nest.problem)
                 timing = time_kernel(kernel, self.budget_s, workspace=workspace, lock=self.timing_lock, threads=threads,
                                      cold_threads=self.cold_threads)
+                self._keep_recent(nest, kernel)
         except (CompileError, KernelError, MemoryError) as error:
             if self.strict:
                 raise

@@ -37,7 +37,9 @@ its facts), which the parts read; a right operand stored across the output's col
 from its re-laid start (:class:`looprl.ir.rewrites.Relaid`, a layout of the same problem's nest)
 and, where the winner rule asks, as stored; the answers, all schedules of the one problem, come
 from the policy alone, the store or the measured searches; the winner rule picks one, and
-:func:`_finish` compiles it once (a fused view's kernel called through reshapes).
+:func:`_finish` compiles it once (a fused view's kernel called through reshapes), or takes the
+kernel that timed it where the evaluator's last timings compiled it
+(:meth:`~looprl.measurement.evaluator.Evaluator.kernel_for`).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from looprl import checks, defaults
-from looprl.backend.kernel import ReshapedKernel, compile
+from looprl.backend.kernel import ReshapedKernel
 from looprl.backend.threads import available_cores, check_threads
 from looprl.ir.problem import Problem, as_problem, matmul
 from looprl.measurement.evaluator import Evaluator
@@ -171,9 +173,9 @@ def _measured(proposer: PolicyProposer, searched: Searched, measurer: Measurer, 
 
 def _finish(searched: Searched, answer: Answer, evaluator: Evaluator, threads: int, started: float) -> TuneResult:
     """The one finishing step: ``answer`` (a schedule of the problem searched) compiled once (a
-    fused view's kernel called through reshapes), and the result built (``evaluator``: the one
-    that timed the answer's search)."""
-    kernel = compile(answer.nest, target=evaluator.target, threads=threads)
+    fused view's kernel called through reshapes), or the kernel that has just timed it where
+    ``evaluator`` (the one that timed the answer's search) keeps it, and the result built."""
+    kernel = evaluator.kernel_for(answer.nest, threads)  # the kernel that timed it, where it was among the last timed
     if searched.fused:
         kernel = ReshapedKernel(kernel, searched.original)
     record = replace(answer.record, target=evaluator.target, threads=threads)

@@ -83,3 +83,38 @@ def test_the_env_learns_for_the_target_it_is_given():
     assert env.target == looprl.Target.named("sse4") and info["target"] == "sse4"
     assert env.evaluator.target == env.target
     assert env.evaluator.cache.get(looprl.initial_nest(looprl.matmul(32, 32, 32)), "sse4", env.evaluator.budget_s) is not None
+
+
+def test_kernel_for_gives_a_recently_timed_schedule_its_kernel_and_compiles_any_other(scripted_timings, monkeypatch):
+    """A tune's finishing step asks ``kernel_for`` for the answer it has just timed: the kernel
+    that timed it (its code; the thread count is the call's default, not part of the code), not
+    a second compile of the same code. A schedule not among the last timed is compiled."""
+    from looprl.backend import jit
+
+    values, _ = scripted_timings
+    values += [10.0, 20.0]
+    modules = []
+    real = jit.CompiledModule.__init__
+
+    def counted(self, *args, **kwargs):
+        modules.append(self)
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(jit.CompiledModule, "__init__", counted)
+    evaluator = Evaluator(":memory:")
+    other = looprl.initial_nest(looprl.matmul(8, 8, 8))
+    evaluator(NEST), evaluator(other)
+    assert len(modules) == 2
+    kernel = evaluator.kernel_for(NEST, threads=1)
+    assert len(modules) == 2 and kernel.nest == NEST and kernel._module is modules[0]
+    import numpy as np
+
+    a, b = np.random.rand(16, 16).astype(np.float32), np.random.rand(16, 16).astype(np.float32)
+    np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-5)
+    untimed = looprl.initial_nest(looprl.matmul(4, 4, 4))
+    assert evaluator.kernel_for(untimed).nest == untimed and len(modules) == 3  # compiled now
+    for extent in range(evaluator_module.RECENT_KERNELS):  # the kept kernels are the last timings' alone
+        values.append(1.0)
+        evaluator(looprl.initial_nest(looprl.matmul(4, 4, 5 + extent)))
+    evaluator.kernel_for(NEST)
+    assert len(modules) == 4 + evaluator_module.RECENT_KERNELS

@@ -1,8 +1,5 @@
 """torch.compile(model, backend="looprl"): linear calls become tuned kernels, everything else stays torch's."""
 
-import subprocess
-import sys
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -98,9 +95,12 @@ def test_a_bad_max_rows_is_refused_by_name(options, max_rows, grad):
 
 
 def test_the_backend_is_found_by_name_without_importing_looprl():
-    code = "import torch, sys; assert 'looprl' in torch._dynamo.list_backends(); assert 'looprl' not in sys.modules"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
+    """In a fresh interpreter that has imported torch and not looprl (the first of the checks
+    that share one: tests/torch/test_native.py's FRESH_CHECKS)."""
+    from tests.torch.test_native import fresh_interpreter_checks
+
+    outcome = fresh_interpreter_checks()["backend by name"]
+    assert outcome["error"] is None, outcome["error"]
 
 
 class Attention(nn.Module):

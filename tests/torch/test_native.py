@@ -3,7 +3,12 @@ without Python once a row count's plan is known, compute what the Python operato
 for bit, and hand every call it cannot run as planned to the Python operator, which decides as
 before."""
 
+import functools
 import gc
+import json
+import subprocess
+import sys
+import textwrap
 import threading
 import warnings
 
@@ -280,20 +285,19 @@ def test_a_team_s_kernels_run_natively_where_looprl_does_not_place_teams(monkeyp
     assert kernels.counted()["looprl"] == 3
 
 
-def test_a_child_forked_from_a_thread_that_ran_a_team_natively_does_not_hang():
-    """libgomp's pool does not survive fork. A thread that ran a team's kernel only through the
-    native operator never told Python so; the native library's probe does (threads'
-    after-fork check), so the child's call refuses instead of waiting forever."""
-    import os
-    import subprocess
-    import sys
-    import textwrap
-
-    from looprl.backend.threads import available_cores
-
-    if available_cores() < 2:
-        pytest.skip("needs two cores")
-    script = textwrap.dedent(
+# The checks that need an interpreter of their own, in one fresh interpreter (each such start imports torch again: ~3.4 CPU
+# s on a Zen 3), run in this order, each in a namespace of its own: the backend found by name before anything imports
+# looprl (tests/torch/test_dynamo.py), then the forked child (below), which imports it. Each check's outcome is its own line.
+FRESH_CHECKS = {
+    "backend by name": textwrap.dedent(
+        """
+        import sys
+        import torch
+        assert 'looprl' in torch._dynamo.list_backends()
+        assert 'looprl' not in sys.modules
+        """
+    ),
+    "forked child": textwrap.dedent(
         """
         import os, sys, threading
         import torch
@@ -342,10 +346,48 @@ def test_a_child_forked_from_a_thread_that_ran_a_team_natively_does_not_hang():
         _, status = os.waitpid(pid, 0)
         print(os.waitstatus_to_exitcode(status))
         """
-    )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "0"
+    ),
+}
+FRESH_RUNNER = textwrap.dedent(
+    """
+    import contextlib, io, json, sys, traceback
+    for name, code in json.loads(sys.stdin.read()).items():
+        printed = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(printed):
+                exec(compile(code, name, "exec"), {"__name__": "__main__"})
+            outcome = {"error": None, "printed": printed.getvalue()}
+        except BaseException:
+            outcome = {"error": traceback.format_exc(), "printed": printed.getvalue()}
+        print(json.dumps([name, outcome]), flush=True)
+    """
+)
+
+
+@functools.cache
+def fresh_interpreter_checks() -> dict:
+    """Each of :data:`FRESH_CHECKS`' outcome (``error``: its traceback, None where it ran to its
+    end; ``printed``: its output), from one fresh interpreter per test process; a check the
+    interpreter never reported (it died or hung) has the interpreter's stderr as its error."""
+    result = subprocess.run([sys.executable, "-c", FRESH_RUNNER], input=json.dumps(FRESH_CHECKS), capture_output=True, text=True,
+                            timeout=240)
+    outcomes = dict(json.loads(line) for line in result.stdout.splitlines() if line.startswith("["))
+    missing = {"error": f"the interpreter exited with {result.returncode} before this check's end:\n{result.stderr[-2000:]}", "printed": ""}
+    return {name: outcomes.get(name, missing) for name in FRESH_CHECKS}
+
+
+def test_a_child_forked_from_a_thread_that_ran_a_team_natively_does_not_hang():
+    """libgomp's pool does not survive fork. A thread that ran a team's kernel only through the
+    native operator never told Python so; the native library's probe does (threads'
+    after-fork check), so the child's call refuses instead of waiting forever. (In a fresh
+    interpreter: :data:`FRESH_CHECKS`.)"""
+    from looprl.backend.threads import available_cores
+
+    if available_cores() < 2:
+        pytest.skip("needs two cores")
+    outcome = fresh_interpreter_checks()["forked child"]
+    assert outcome["error"] is None, outcome["error"]
+    assert outcome["printed"].strip() == "0"
 
 
 def test_a_tuned_module_s_layers_call_the_native_operator_too(options, monkeypatch):
