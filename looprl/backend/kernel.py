@@ -424,7 +424,7 @@ class _ReshapedBound:
 
 
 def compile(nest: LoopNest, target: Target | str | None = None, threads: int = 1, *,  # noqa: A001 - public API name
-            runtime_rows: bool = False, compiled: tuple[Kernel, ...] = ()) -> Kernel:
+            runtime_rows: bool = False) -> Kernel:
     """Generate LLVM IR for ``nest`` and JIT-compile it for ``target``: a
     :class:`~looprl.target.Target`, a target name (``"avx512"``, ``"avx2"``,
     ``"sse4"``, ``"host"``) or None for the default target (this host's unless
@@ -437,11 +437,8 @@ def compile(nest: LoopNest, target: Target | str | None = None, threads: int = 1
     :class:`Kernel`); a ValueError where the problem has no rows to cut short
     (:attr:`~looprl.ir.problem.Problem.row_dim`), the schedule converts the first input to a
     layout, or the specialised copies of the nest would be too many
-    (:data:`looprl.backend.loops.SWITCH_LIMIT`).
-
-    ``compiled``: kernels compiled before for ``target``; where one of them was generated from
-    the same LLVM IR (another problem's nest may be: a re-laid start's coordinates), its machine
-    code is this kernel's too, and LLVM is not run again."""
+    (:data:`looprl.backend.loops.SWITCH_LIMIT`). IR compiled before for ``target`` whose code
+    is still alive is not compiled again (:mod:`looprl.backend.jit`)."""
     if not isinstance(nest, LoopNest):
         raise ValueError(f"compile() expects a LoopNest, got {type(nest).__name__}")
     if not isinstance(runtime_rows, bool):
@@ -456,8 +453,5 @@ def compile(nest: LoopNest, target: Target | str | None = None, threads: int = 1
     ir = codegen.kernel_ir(plan)
     if "@GOMP_parallel" in ir:
         ensure_openmp_runtime()
-    same = next((kernel for kernel in compiled if kernel.ir == ir and kernel.target == target), None)
-    if same is not None:
-        return Kernel(nest, plan, ir, same._module, same.compile_seconds, threads)
     module = CompiledModule(ir, abi.KERNEL_NAME, target, extra=plan.extra_entry_points)
     return Kernel(nest, plan, ir, module, time.perf_counter() - start, threads)

@@ -191,13 +191,14 @@ class Evaluator:
     def kernel_for(self, nest: LoopNest, threads: int = 1) -> Kernel:
         """``nest`` compiled for this evaluator's target, ``threads`` its calls' default thread
         count: the kernel one of this evaluator's last :data:`RECENT_KERNELS` timings compiled
-        for it, or for a nest whose code is the same, where there is one (the count is not part
-        of the code), else compiled now. A tune's finishing step (:func:`looprl.tune.api.tune`) asks it for the answer its
-        search or its policy's episode has just timed, which it compiled again before."""
+        for it where there is one (the count is not part of the code), else compiled now (the
+        code of a nest whose IR is the same, a re-laid start's coordinates, is shared by the JIT).
+        A tune's finishing step (:func:`looprl.tune.api.tune`) asks it for the answer its search
+        or its policy's episode has just timed, which it generated and compiled again before."""
         with self._recent_lock:
-            kernel, recent = self._recent.get(nest), tuple(self._recent.values())
-        if kernel is None:  # the same code may be another nest's (a re-laid start's coordinates)
-            return compile(nest, target=self.target, threads=threads, compiled=recent)
+            kernel = self._recent.get(nest)
+        if kernel is None:
+            return compile(nest, target=self.target, threads=threads)
         return kernel.with_threads(threads)
 
     def _keep_recent(self, nest: LoopNest, kernel: Kernel) -> None:

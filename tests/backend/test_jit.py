@@ -40,14 +40,36 @@ def test_kernels_spanning_several_engines_stay_correct(monkeypatch):
         _check(kernel, problem.size("m"), problem.size("n"), problem.size("k"), index)
 
 
-def test_same_ir_twice_in_one_engine_gives_two_working_kernels():
+def test_the_same_ir_again_shares_the_code_while_its_engine_lives_and_is_compiled_again_after(monkeypatch):
+    """IR compiled again for a target is the code compiled before (no LLVM run) while the
+    engine holding it lives; each kernel keeps that engine alive, so dropping one never frees
+    the other's code; once every module of the engine is gone, its entry goes and the same IR
+    is compiled anew. The code is shared by target only."""
+    monkeypatch.setattr(jit._Engine, "capacity", 2)  # the second module fills the engine: the next compile starts another
+    runs = []
+    real_add = jit._Engine.add
+    monkeypatch.setattr(jit._Engine, "add", lambda self, *args: runs.append(args[1]) or real_add(self, *args))
     nest = looprl.initial_nest(looprl.matmul(9, 24, 5))
-    first, second = looprl.compile(nest), looprl.compile(nest)
-    assert first._module.address != second._module.address
+    first = looprl.compile(nest)
+    second = looprl.compile(nest)
+    assert len(runs) == 1 and first._module.address == second._module.address
+    assert first._module._engine is second._module._engine
     _check(first, 9, 24, 5, 0)
     del first
     gc.collect()
-    _check(second, 9, 24, 5, 1)
+    _check(second, 9, 24, 5, 1)  # the code outlives the kernel that compiled it
+    other = looprl.compile(looprl.initial_nest(looprl.matmul(9, 24, 6)))  # fills the engine
+    third = looprl.compile(looprl.initial_nest(looprl.matmul(9, 24, 7)))  # in a new engine
+    assert len(runs) == 3 and third._module._engine is not other._module._engine
+    sse4 = looprl.compile(nest, target="sse4")  # another target: its own code
+    assert len(runs) == 4 and sse4._module.address != second._module.address
+    entries = len(jit._compiled)
+    del second, other
+    gc.collect()
+    assert len(jit._compiled) == entries - 2  # the freed engine's entries are gone
+    again = looprl.compile(nest)
+    assert len(runs) == 5  # compiled anew
+    _check(again, 9, 24, 5, 2)
 
 
 def test_module_without_the_entry_point_is_an_error():
