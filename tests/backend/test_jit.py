@@ -46,6 +46,7 @@ def test_the_same_ir_again_shares_the_code_while_its_engine_lives_and_is_compile
     the other's code; once every module of the engine is gone, its entry goes and the same IR
     is compiled anew. The code is shared by target only."""
     monkeypatch.setattr(jit._Engine, "capacity", 2)  # the second module fills the engine: the next compile starts another
+    monkeypatch.setattr(jit, "_current_engines", {})  # the first compile starts an engine (not one an earlier test half filled)
     runs = []
     real_add = jit._Engine.add
     monkeypatch.setattr(jit._Engine, "add", lambda self, *args: runs.append(args[1]) or real_add(self, *args))
