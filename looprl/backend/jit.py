@@ -38,6 +38,7 @@ class _Engine:
         self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), machine)
         self.modules = 0
         self.compiled: list[tuple] = []  # the keys of its modules' code in :data:`_compiled`
+        self.reference: "weakref.ref | None" = None  # its watched weak reference (:func:`_watch`), set as it becomes the current engine
 
     def add(self, module, function: str, extra: tuple[str, ...] = ()) -> tuple[str, int, dict[str, int]]:
         """Compile ``module`` into this engine; the unique name and address of its ``function``

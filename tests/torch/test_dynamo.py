@@ -96,8 +96,8 @@ def test_a_bad_max_rows_is_refused_by_name(options, max_rows, grad):
 
 def test_the_backend_is_found_by_name_without_importing_looprl():
     """In a fresh interpreter that has imported torch and not looprl (the first of the checks
-    that share one: tests/torch/test_native.py's FRESH_CHECKS)."""
-    from tests.torch.test_native import fresh_interpreter_checks
+    that share one: tests/fresh_interpreter.py)."""
+    from tests.fresh_interpreter import fresh_interpreter_checks
 
     outcome = fresh_interpreter_checks()["backend by name"]
     assert outcome["error"] is None, outcome["error"]

@@ -3,12 +3,7 @@ without Python once a row count's plan is known, compute what the Python operato
 for bit, and hand every call it cannot run as planned to the Python operator, which decides as
 before."""
 
-import functools
 import gc
-import json
-import subprocess
-import sys
-import textwrap
 import threading
 import warnings
 
@@ -19,6 +14,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from torch import nn  # noqa: E402
 
+from tests.fresh_interpreter import fresh_interpreter_checks  # noqa: E402
 from tests.policies import random_policy  # noqa: E402
 
 IN, HIDDEN, OUT = 24, 40, 16
@@ -285,102 +281,11 @@ def test_a_team_s_kernels_run_natively_where_looprl_does_not_place_teams(monkeyp
     assert kernels.counted()["looprl"] == 3
 
 
-# The checks that need an interpreter of their own, in one fresh interpreter (each such start imports torch again: ~3.4 CPU
-# s on a Zen 3), run in this order, each in a namespace of its own: the backend found by name before anything imports
-# looprl (tests/torch/test_dynamo.py), then the forked child (below), which imports it. Each check's outcome is its own line.
-FRESH_CHECKS = {
-    "backend by name": textwrap.dedent(
-        """
-        import sys
-        import torch
-        assert 'looprl' in torch._dynamo.list_backends()
-        assert 'looprl' not in sys.modules
-        """
-    ),
-    "forked child": textwrap.dedent(
-        """
-        import os, sys, threading
-        import torch
-        sys.path.insert(0, os.getcwd())
-        import looprl
-        from looprl import dynamo
-        from looprl.backend import placement
-        from looprl.ir.layers import linear
-        from looprl.torch.routes import LinearKernels
-
-        placement.places_teams = lambda: False
-        made = {}
-
-        def make():  # in another thread: everything that could run a parallel region from Python
-            results = {}
-            for rows in (1, 64):
-                problem = linear(rows, 40, 256, bias=True)
-                nest = looprl.initial_nest(problem)
-                if rows == 64:
-                    nest = nest.split(2, 64).swap(1).swap(0).parallel(0)
-                results[rows] = looprl.TuneResult(problem=problem, nest=nest, kernel=looprl.compile(nest, threads=2), gflops=1.0,
-                                                  mode="policy", threads=2)
-            kernels = LinearKernels(40, 256, None, results, frozen=True)
-            index = dynamo._register(dynamo._layers, kernels, [])
-            made.update(kernels=kernels, index=index, operator=dynamo._linear_operator(kernels, index))
-            with torch.no_grad():
-                made["operator"](x, layer.weight, layer.bias, index)  # the Python operator's call, which makes the plan
-
-        layer = torch.nn.Linear(40, 256)
-        x = torch.randn(50, 40)
-        maker = threading.Thread(target=make)
-        maker.start()
-        maker.join()
-        kernels, index, operator = made["kernels"], made["index"], made["operator"]
-        with torch.no_grad():
-            operator(x, layer.weight, layer.bias, index)  # this thread: the team natively, Python never told
-        assert 50 in kernels.native._kept
-        pid = os.fork()
-        if pid == 0:
-            try:
-                with torch.no_grad():
-                    operator(x, layer.weight, layer.bias, index)
-                os._exit(3)
-            except Exception as error:
-                os._exit(0 if "forked" in str(error) else 4)
-        _, status = os.waitpid(pid, 0)
-        print(os.waitstatus_to_exitcode(status))
-        """
-    ),
-}
-FRESH_RUNNER = textwrap.dedent(
-    """
-    import contextlib, io, json, sys, traceback
-    for name, code in json.loads(sys.stdin.read()).items():
-        printed = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(printed):
-                exec(compile(code, name, "exec"), {"__name__": "__main__"})
-            outcome = {"error": None, "printed": printed.getvalue()}
-        except BaseException:
-            outcome = {"error": traceback.format_exc(), "printed": printed.getvalue()}
-        print(json.dumps([name, outcome]), flush=True)
-    """
-)
-
-
-@functools.cache
-def fresh_interpreter_checks() -> dict:
-    """Each of :data:`FRESH_CHECKS`' outcome (``error``: its traceback, None where it ran to its
-    end; ``printed``: its output), from one fresh interpreter per test process; a check the
-    interpreter never reported (it died or hung) has the interpreter's stderr as its error."""
-    result = subprocess.run([sys.executable, "-c", FRESH_RUNNER], input=json.dumps(FRESH_CHECKS), capture_output=True, text=True,
-                            timeout=240)
-    outcomes = dict(json.loads(line) for line in result.stdout.splitlines() if line.startswith("["))
-    missing = {"error": f"the interpreter exited with {result.returncode} before this check's end:\n{result.stderr[-2000:]}", "printed": ""}
-    return {name: outcomes.get(name, missing) for name in FRESH_CHECKS}
-
-
 def test_a_child_forked_from_a_thread_that_ran_a_team_natively_does_not_hang():
     """libgomp's pool does not survive fork. A thread that ran a team's kernel only through the
     native operator never told Python so; the native library's probe does (threads'
     after-fork check), so the child's call refuses instead of waiting forever. (In a fresh
-    interpreter: :data:`FRESH_CHECKS`.)"""
+    interpreter: tests/fresh_interpreter.py.)"""
     from looprl.backend.threads import available_cores
 
     if available_cores() < 2:
