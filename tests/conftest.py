@@ -215,6 +215,26 @@ def looprl_loggers_enabled(monkeypatch):
 TARGET_DEPENDENT = "target_dependent"
 
 
+def pytest_configure(config):
+    """The README's second run (``LOOPRL_TARGET=<isa> ... -m target_dependent``) stops at once,
+    passing, where the target it names has the host's own vector ISA (``LOOPRL_TARGET=avx2`` on
+    an AVX2-only CPU): the first run already ran every one of those tests with that ISA as the
+    default target (its tiles, plans, shipped policy and dot products), and a test that assumes
+    the host's ISA cannot fail there. Only the LLVM CPU name differs (the host's, ``znver3``,
+    against the generic ``x86-64-v3``), which no target-dependent test is about; code for the
+    generic targets is compiled and checked by the tests that name them. Decided in the
+    controller, before any worker starts."""
+    named = os.environ.get(TARGET_VARIABLE, "").strip().lower()
+    if (hasattr(config, "workerinput") or named in ("", "host")
+            or config.getoption("markexpr", "") != TARGET_DEPENDENT):
+        return
+    from looprl.target import TARGET_NAMES, Target
+
+    if named in TARGET_NAMES and Target.named(named).isa == Target.host().isa:
+        pytest.exit(f"{TARGET_VARIABLE}={named} is this host's own vector ISA: the run without it already ran "
+                    f"the {TARGET_DEPENDENT} tests with {named} as the default target", returncode=0)
+
+
 def pytest_ignore_collect(collection_path, config):
     """Under ``-m target_dependent`` alone (.ci/run's second command) a test file whose text never
     names the marker is not imported: none of its tests would run, and importing it (torch,
@@ -254,18 +274,61 @@ def pytest_runtest_teardown(item, nextitem):
         ray.shutdown()
 
 
-# The longest groups first (training runs with Ray, command lines, benchmarks, tuned torch
-# modules, the docs' blocks): with pytest-xdist's worksteal, a long test that starts near the end
-# leaves the other worker idle until it ends; started first, the short tests fill in around it.
+# The longest groups (training runs with Ray, command lines, benchmarks, tuned torch modules,
+# the docs' blocks) start each pytest-xdist worker's share, the tests marked slow first of all;
+# the short tests end each share. pytest-xdist's worksteal hands worker i the i-th contiguous
+# share of the collection and, when a worker runs dry, gives it the last half of what the
+# busiest worker has left: a long test at the end of a share ran last while the other worker
+# idled (the docs' torch blocks, ~40 s, once ended a run whose other worker had stopped 34 s
+# before). Laid out this way what is stolen is short tests.
 LONG_FIRST = ("tests/train/", "tests/cli/", "tests/bench/", "tests/torch/", "tests/project/test_docs.py")
 
 
-def pytest_collection_modifyitems(config, items):
-    def rank(item) -> tuple[int, bool]:
-        group = next((i for i, prefix in enumerate(LONG_FIRST) if item.nodeid.startswith(prefix)), len(LONG_FIRST))
-        return group, "ray_session" not in getattr(item, "fixturenames", ())  # the tests sharing one Ray side by side
+def _uses_ray(item) -> bool:
+    return "ray_session" in getattr(item, "fixturenames", ())
 
-    items.sort(key=rank)  # stable: the order within a group is the collection's
+
+def _long_units(items) -> tuple[list[list], list]:
+    """The long tests in units, one per test file (a module's fixtures are set up once per
+    worker that runs any of its tests) but for the tests that share one Ray, which are one unit
+    (they run side by side on one worker); the files holding a test marked slow first, then
+    the groups in :data:`LONG_FIRST`'s order. And the short tests, in the collection's order."""
+    def group(item) -> int:
+        return next((i for i, prefix in enumerate(LONG_FIRST) if item.nodeid.startswith(prefix)), len(LONG_FIRST))
+
+    units: dict[str, list] = {}
+    for item in items:
+        if group(item) < len(LONG_FIRST):
+            units.setdefault("ray" if _uses_ray(item) else item.nodeid.split("::")[0], []).append(item)
+    order = sorted(units.values(), key=lambda unit: (all(item.get_closest_marker("slow") is None for item in unit),
+                                                      min(group(item) for item in unit)))
+    return order, [item for item in items if group(item) == len(LONG_FIRST)]
+
+
+def _share_sizes(count: int, workers: int) -> list[int]:
+    """How many tests pytest-xdist's worksteal first hands each worker (its check_schedule)."""
+    sizes = []
+    for index in range(workers):
+        sizes.append(count // (workers - index))
+        count -= sizes[-1]
+    return sizes
+
+
+def pytest_collection_modifyitems(config, items):
+    units, short = _long_units(items)
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)
+    shares: list[list] = [[] for _ in range(workers)]
+    for index, unit in enumerate(units):  # dealt in turn: each share starts with its long tests
+        shares[index % workers].extend(unit)
+    laid_out, taken = [], 0
+    for share, size in zip(shares, _share_sizes(len(items), workers)):
+        fill = size - len(share)
+        if fill < 0:  # more long tests than one share holds: longest first, as they come
+            laid_out = [item for unit in units for item in unit] + short
+            break
+        laid_out += share + short[taken:taken + fill]
+        taken += fill
+    items[:] = laid_out
 
 
 def pytest_collection_finish(session):
