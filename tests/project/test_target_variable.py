@@ -73,3 +73,28 @@ def test_a_class_this_host_cannot_run_is_refused_with_what_it_lacks(monkeypatch,
     monkeypatch.setenv(TARGET_VARIABLE, "avx2")
     assert Target.default() == Target.named("avx2")  # a class the host is, or is wider than, is fine
     assert Target.named("avx512").missing_on_host() == ("avx512f",)  # explicit targets: unchanged rule
+
+
+class _RunOptions:
+    """The part of a pytest config that tests/conftest.py's pytest_configure reads."""
+
+    def __init__(self, markexpr: str):
+        self.markexpr = markexpr
+
+    def getoption(self, name, default=None):
+        return self.markexpr if name == "markexpr" else default
+
+
+@pytest.mark.parametrize("markexpr", ["target_dependent", ""])
+def test_the_readme_s_second_run_stops_only_where_it_names_the_host_s_own_isa(monkeypatch, avx2_only_host, markexpr):
+    from tests.conftest import pytest_configure
+
+    monkeypatch.setenv(TARGET_VARIABLE, "avx2")  # the host's own ISA here
+    if markexpr:
+        with pytest.raises(pytest.exit.Exception, match="own vector ISA") as stopped:
+            pytest_configure(_RunOptions(markexpr))
+        assert stopped.value.returncode == 0
+    else:
+        assert pytest_configure(_RunOptions(markexpr)) is None  # the whole suite under a target runs
+    monkeypatch.setenv(TARGET_VARIABLE, "sse4")  # another class this host runs: the re-run runs
+    assert pytest_configure(_RunOptions(markexpr)) is None
