@@ -314,6 +314,7 @@ def _share_sizes(count: int, workers: int) -> list[int]:
     return sizes
 
 
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected: the shares are of what runs
 def pytest_collection_modifyitems(config, items):
     units, short = _long_units(items)
     workers = getattr(config, "workerinput", {}).get("workercount", 1)
