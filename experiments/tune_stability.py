@@ -2,16 +2,18 @@
 together: the slowest answer over the fastest (issue 61: at least 0.9).
 
     python experiments/tune_stability.py [--problems 1x4864x896,32x1000x1280,...] [--tunes 4] [--threads 1]
-        [--target host|avx2] [--rounds 5] [--out experiments/results]
+        [--target host|avx2] [--rounds 5] [--tune-budget S] [--out experiments/results]
 
 Each problem (``MxNxK``: ``looprl.matmul(m, n, k)``, B an input) is tuned ``--tunes`` times, each
 from an empty cache and remembering nothing (``cache=":memory:", remember=False``), with the
-shipped policy and tune's own budget (scaled to the problem); tune's wall time is kept. Then
+shipped policy and tune's own budget (scaled to the problem), or ``--tune-budget`` seconds of
+search (``budget_s``: does a larger budget make the answer one to count on?); tune's wall time
+is kept. Then
 the answers (the distinct schedules among them) are compiled in one process and timed in
 ``--rounds`` interleaved rounds on the threads they were tuned for, each keeping its best
 GFLOPS, so that a slow phase of the machine hits every answer alike. Prints, per problem, each
 answer's GFLOPS, the slowest over the fastest and the tunes' seconds; writes
-``<out>/tune_stability_<cpu>[_avx2][_t<threads>].txt``.
+``<out>/tune_stability_<cpu>[_avx2][_t<threads>][_b<seconds>].txt``.
 """
 
 from __future__ import annotations
@@ -39,23 +41,29 @@ def main(argv=None) -> int:
     parser.add_argument("--target", default="host", choices=("host", "avx2"))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--budget", type=float, default=0.05, help="seconds per re-timing (default 0.05)")
+    parser.add_argument("--tune-budget", type=float, default=None, help="tune's search budget in seconds (default: scaled to the problem)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.tunes < 2 or args.rounds < 1 or args.threads < 1:
         parser.error("--tunes must be at least 2, --rounds and --threads at least 1")
+    if args.tune_budget is not None and not args.tune_budget > 0:
+        parser.error("--tune-budget must be a positive number of seconds")
     problems = [looprl.parse_problem(text) for text in args.problems.split(",")]
-    suffix = ("" if args.target == "host" else f"_{args.target}") + (f"_t{args.threads}" if args.threads > 1 else "")
+    suffix = (("" if args.target == "host" else f"_{args.target}") + (f"_t{args.threads}" if args.threads > 1 else "")
+              + (f"_b{args.tune_budget:g}" if args.tune_budget is not None else ""))
     path = args.out / f"tune_stability_{host_cpu()[0]}{suffix}.txt"
     worst = []
     with open(path, "w") as file:
         out = Tee(sys.stdout, file)
-        print(f"{host_cpu()[0]}, target {args.target}, {args.threads} thread(s); {args.tunes} fresh tunes per problem, "
-              f"answers re-timed together in {args.rounds} rounds", file=out)
+        budget = "scaled to the problem" if args.tune_budget is None else f"{args.tune_budget:g} s"
+        print(f"{host_cpu()[0]}, target {args.target}, {args.threads} thread(s); {args.tunes} fresh tunes per problem "
+              f"(search budget {budget}), answers re-timed together in {args.rounds} rounds", file=out)
         for problem in problems:
             results, seconds = [], []
             for _ in range(args.tunes):
                 started = time.perf_counter()
-                results.append(looprl.tune(problem, target=args.target, threads=args.threads, cache=":memory:", remember=False))
+                results.append(looprl.tune(problem, target=args.target, threads=args.threads, cache=":memory:", remember=False,
+                                           budget_s=args.tune_budget))
                 seconds.append(time.perf_counter() - started)
             kernels = {result.nest.key: result.kernel for result in results}  # the distinct answers
             workspace = Workspace(problem)
