@@ -65,9 +65,12 @@ def open_cache(cache: "MeasurementCache | str | None") -> MeasurementCache:
     raise ValueError(f"cache must be a MeasurementCache, a path or None, got {type(cache).__name__}")
 
 
-# Kernels an evaluator keeps from its last timings for :meth:`Evaluator.kernel_for` (a tune's answer is timed among the
-# last: the policy's episodes time at most POLICY_TIMINGS proposals each; a search's verification times its contenders last)
-RECENT_KERNELS = 8
+# Kernels an evaluator keeps from its last timings, the one place a kernel is kept for timing again: a schedule timed
+# again runs the kernel compiled at its last timing (a search's verification times its contenders in interleaved rounds,
+# 100 rounds of one winner at a 1 ms budget), and :meth:`Evaluator.kernel_for` gives a tune's answer the kernel that timed
+# it (timed among the last: the policy's episodes time at most POLICY_TIMINGS proposals each; a search's verification
+# times its contenders last). Beyond these, a schedule is compiled again (its code shared by the JIT while it lives).
+RECENT_KERNELS = 16
 
 
 def strict_from_environment() -> bool:
@@ -125,7 +128,6 @@ class Evaluator:
         self.failures = 0
         self.compile_s = 0.0  # total seconds spent compiling / timing new states
         self.measure_s = 0.0
-        self._kept: dict | None = None  # kernels kept for timing again (reusing_kernels)
         self._recent: OrderedDict[LoopNest, Kernel] = OrderedDict()  # the last timings' kernels (kernel_for)
         self._recent_lock = threading.Lock()
 
@@ -172,22 +174,6 @@ class Evaluator:
             raise ValueError(f"expected a LoopNest, got {type(nest).__name__}")
         return self._time(nest, kernel, resample=True)
 
-    @contextlib.contextmanager
-    def reusing_kernels(self):
-        """Within the block, a schedule timed again by this evaluator runs the kernel compiled
-        for it at its first timing in the block instead of compiling the same code again for
-        each timing (the interleaved rounds of :func:`~looprl.search.staged.confirm_winner`: a
-        search's verification of its winner is ``verify_s / budget_s`` rounds, 100 at a
-        budget of 1 ms, each a compile before). The kernels are let go at the block's end."""
-        if self._kept is not None:  # within an outer block: it keeps them
-            yield
-            return
-        self._kept = {}
-        try:
-            yield
-        finally:
-            self._kept = None
-
     def kernel_for(self, nest: LoopNest, threads: int = 1) -> Kernel:
         """``nest`` compiled for this evaluator's target, ``threads`` its calls' default thread
         count: the kernel one of this evaluator's last :data:`RECENT_KERNELS` timings compiled
@@ -195,11 +181,15 @@ class Evaluator:
         code of a nest whose IR is the same, a re-laid start's coordinates, is shared by the JIT).
         A tune's finishing step (:func:`looprl.tune.api.tune`) asks it for the answer its search
         or its policy's episode has just timed, which it generated and compiled again before."""
+        kernel = self._recent_kernel(nest, threads)
+        return kernel if kernel is not None else compile(nest, target=self.target, threads=threads)
+
+    def _recent_kernel(self, nest: LoopNest, threads: int) -> Kernel | None:
+        """The kernel of one of the last :data:`RECENT_KERNELS` timings of ``nest``, its calls'
+        default thread count ``threads``, or None."""
         with self._recent_lock:
             kernel = self._recent.get(nest)
-        if kernel is None:
-            return compile(nest, target=self.target, threads=threads)
-        return kernel.with_threads(threads)
+        return kernel.with_threads(threads) if kernel is not None else None
 
     def _keep_recent(self, nest: LoopNest, kernel: Kernel) -> None:
         with self._recent_lock:
@@ -212,16 +202,12 @@ class Evaluator:
         if kernel is not None and kernel.target != self.target:
             raise ValueError(f"the kernel was compiled for {kernel.target.isa}, this evaluator measures {self.target.isa}")
         threads = schedule_threads(nest, self.threads)
-        kept = self._kept
         try:
             asked = time.perf_counter()
             with self.timing_lock:
                 started = time.perf_counter()
-                if kernel is None and kept is not None:
-                    kernel = kept.get((nest, threads))
+                kernel = kernel if kernel is not None else self._recent_kernel(nest, threads)
                 kernel = kernel if kernel is not None else compile(nest, target=self.target, threads=threads)
-                if kept is not None:
-                    kept[(nest, threads)] = kernel
                 compiled = time.perf_counter()
                 workspace = self._workspace(nest.problem)
                 timing = time_kernel(kernel, self.budget_s, workspace=workspace, lock=self.timing_lock, threads=threads,

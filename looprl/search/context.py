@@ -9,7 +9,6 @@ run gives no new node."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -160,14 +159,6 @@ class SearchContext:
             logger.warning("schedule %s of %s failed: %s", key, self.problem.name, measurement.error)
         self._report_progress()
         return measurement
-
-    def reusing_kernels(self):
-        """A block within which a schedule timed again runs the kernel compiled at its first
-        timing in the block (:meth:`Evaluator.reusing_kernels
-        <looprl.measurement.evaluator.Evaluator.reusing_kernels>`); a stand-in evaluator
-        without it times as it does."""
-        reusing = getattr(self.evaluator, "reusing_kernels", None)
-        return reusing() if reusing is not None else contextlib.nullcontext()
 
     def remeasure(self, nest: LoopNest, force: bool = False) -> Measurement:
         """Time ``nest`` (measured before) again, unless predicted to end after the deadline

@@ -307,18 +307,17 @@ def confirm_winner(context: SearchContext, candidates: Iterable[ScheduleRecord],
         return Confirmed(ranked, None)
     fresh: dict[str, float] = {}
     failed: set[str] = set()
-    with context.reusing_kernels():  # each contender compiled once for all its rounds
-        for _ in range(rounds):
-            for candidate in contenders:
-                key = candidate.nest.key
-                if key in failed:
-                    continue
-                measurement = context.remeasure(candidate.nest, force=True)
-                if not measurement.ok:
-                    failed.add(key)
-                    continue
-                sample = getattr(measurement, "sample_gflops", None) or measurement.gflops
-                fresh[key] = max(fresh.get(key, 0.0), sample)
+    for _ in range(rounds):  # each contender runs the kernel of its last timing (the evaluator's recent kernels)
+        for candidate in contenders:
+            key = candidate.nest.key
+            if key in failed:
+                continue
+            measurement = context.remeasure(candidate.nest, force=True)
+            if not measurement.ok:
+                failed.add(key)
+                continue
+            sample = getattr(measurement, "sample_gflops", None) or measurement.gflops
+            fresh[key] = max(fresh.get(key, 0.0), sample)
     settled = [c.with_gflops(context.values.get(c.nest.key, c.gflops)) for c in ranked if c.nest.key not in failed]
     settled.sort(key=lambda c: -c.gflops)
     if not settled:
