@@ -128,7 +128,7 @@ class Evaluator:
         self.failures = 0
         self.compile_s = 0.0  # total seconds spent compiling / timing new states
         self.measure_s = 0.0
-        self._recent: OrderedDict[LoopNest, Kernel] = OrderedDict()  # the last timings' kernels (kernel_for)
+        self._recent: OrderedDict[LoopNest, Kernel] = OrderedDict()  # the last timings' kernels (RECENT_KERNELS)
         self._recent_lock = threading.Lock()
 
     def with_threads(self, threads: int) -> "Evaluator":
@@ -181,15 +181,9 @@ class Evaluator:
         code of a nest whose IR is the same, a re-laid start's coordinates, is shared by the JIT).
         A tune's finishing step (:func:`looprl.tune.api.tune`) asks it for the answer its search
         or its policy's episode has just timed, which it generated and compiled again before."""
-        kernel = self._recent_kernel(nest, threads)
-        return kernel if kernel is not None else compile(nest, target=self.target, threads=threads)
-
-    def _recent_kernel(self, nest: LoopNest, threads: int) -> Kernel | None:
-        """The kernel of one of the last :data:`RECENT_KERNELS` timings of ``nest``, its calls'
-        default thread count ``threads``, or None."""
         with self._recent_lock:
             kernel = self._recent.get(nest)
-        return kernel.with_threads(threads) if kernel is not None else None
+        return kernel.with_threads(threads) if kernel is not None else compile(nest, target=self.target, threads=threads)
 
     def _keep_recent(self, nest: LoopNest, kernel: Kernel) -> None:
         with self._recent_lock:
@@ -206,8 +200,7 @@ class Evaluator:
             asked = time.perf_counter()
             with self.timing_lock:
                 started = time.perf_counter()
-                kernel = kernel if kernel is not None else self._recent_kernel(nest, threads)
-                kernel = kernel if kernel is not None else compile(nest, target=self.target, threads=threads)
+                kernel = kernel if kernel is not None else self.kernel_for(nest, threads)
                 compiled = time.perf_counter()
                 workspace = self._workspace(nest.problem)
                 timing = time_kernel(kernel, self.budget_s, workspace=workspace, lock=self.timing_lock, threads=threads,
