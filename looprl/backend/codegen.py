@@ -75,7 +75,7 @@ from looprl.target import Target
 # Bump whenever the code generated for an existing schedule key may change speed: it is part of
 # the measurement cache key. (Data layouts did not bump it: a schedule without layouts has the
 # same key and byte-identical IR as before, and schedules with layouts have new keys.)
-CODEGEN_VERSION = 7  # 7: an innermost loop over a reduction both inputs store contiguously vectorises (dot products: partial sums added across at the store); 6: a register scope over the whole reduction stores the output directly, epilogue applied (no write-back pass); 5: packs that transpose move 8x8 blocks through registers; 4: the register-blocking bound counts floats (AVX2 and SSE4 code changed); 3 was an earlier layouts commit
+CODEGEN_VERSION = 8  # 8: a pack whose row sends its chunks to places apart (n-panels) copies 8 rows chunk by chunk; 7: an innermost loop over a reduction both inputs store contiguously vectorises (dot products: partial sums added across at the store); 6: a register scope over the whole reduction stores the output directly, epilogue applied (no write-back pass); 5: packs that transpose move 8x8 blocks through registers; 4: the register-blocking bound counts floats (AVX2 and SSE4 code changed); 3 was an earlier layouts commit
 
 
 def generate_ir(nest: LoopNest, target: Target, runtime_rows: bool = False) -> str:

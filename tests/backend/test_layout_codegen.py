@@ -246,3 +246,44 @@ def test_transposing_packs_move_blocks_and_compute_what_numpy_computes(spec, siz
         finally:
             for g in guards:
                 g.release()
+
+
+@pytest.mark.parametrize("k, n, panel, stage", [
+    (37, 53, 16, False),  # rows no group of 8 divides, a last panel partly filled
+    (64, 40, 8, False),
+    (29, 70, 16, True),  # a stage's block (the rows of the k block loop) packed the same way
+    (8, 33, 16, False),  # one group exactly
+])
+@pytest.mark.parametrize("target", HOST_TARGETS, ids=lambda t: t.isa)
+def test_panel_packs_copy_rows_in_groups_and_compute_what_numpy_computes(k, n, panel, stage, target):
+    """A right operand packed into column panels (``kn[n<p>.k1.n1%<p>]``) sends each row's
+    chunks to another panel: the pack copies 8 rows chunk by chunk (PackFacts.group), and the
+    rows no group covers one by one; a layout whose chunks stay side by side is copied row by
+    row. Inputs, output and workspace against inaccessible pages."""
+    from looprl.backend.packing import PACK_ROW_GROUP, pack_facts
+    from looprl.ir.cache_blocks import Blocks, blocked_steps
+    from looprl.ir.layout import Layout
+
+    problem = looprl.matmul(13, n, k)
+    panels = Layout.from_key("kn", (k, n), f"n{panel}.k1.n1%{panel}")
+    assert pack_facts("kn", (k, n), panels, target.vector_width).group == PACK_ROW_GROUP
+    assert pack_facts("kn", (k, n), Layout.row_major("kn", (k, n)), target.vector_width).group == 1
+    if stage:  # blocks of 16 rows of k by 2 panels, each k block staged
+        nest = looprl.initial_nest(problem).apply(tuple(blocked_steps(problem, 4, panel, Blocks(16, None, 2 * panel), stage="k")))
+        assert nest.staged_at("in1") is not None and nest.layout("in1").key == panels.key
+    else:
+        nest = looprl.initial_nest(problem)
+        nest = nest.split([lp.var for lp in nest.compute].index("n"), panel).with_layout("in1", panels)
+    assert layout_applies(nest, "in1")
+    kernel = looprl.compile(nest, target=target)
+    for side in ("start", "end"):
+        shapes = (*problem.input_shapes, problem.output_shape, (kernel.workspace_elements,))
+        guards = [GuardedArray(shape, side) for shape in shapes]
+        try:
+            a, b, out, work = (g.array for g in guards)
+            a[...], b[...] = random_inputs(problem, 5)
+            kernel.run(a, b, out, reps=1, workspace=work)
+            np.testing.assert_allclose(out, reference(problem, a, b), rtol=0, atol=1e-4)
+        finally:
+            for g in guards:
+                g.release()
