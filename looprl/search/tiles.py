@@ -8,7 +8,8 @@ episode of a dozen actions cannot also build. ``looprl.tune`` takes the tile the
 proposes the target's own in order of how often they pay (the flat register tiles of
 :func:`~looprl.ir.register_tiles.tile_shapes`, then the cache blocks of
 :func:`~looprl.ir.schedules.cache_blocks` around the fastest, sized from the host's caches
-(:func:`~looprl.ir.cache_blocks.blocked_steps`), and for a few-row problem with a long reduction the fastest with
+(:func:`~looprl.ir.cache_blocks.blocked_steps`; where the right operand changes per call, those
+blocks with its panels packed block by block, :func:`staged_path`, come first), and for a few-row problem with a long reduction the fastest with
 its reduction blocks outermost (:mod:`looprl.search.kblocks`); for a problem of a few output rows, the streaming tiles of
 :func:`~looprl.search.streams.stream_tiles` (:func:`~looprl.ir.schedules.stream_steps`), after those of
 :func:`~looprl.search.streams.spilled_tiles` with the output spilled at their block loop, and the fastest of them with its right operand
@@ -102,6 +103,12 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
             tile = planned(rows, columns)
             if tile is not None and attempt(*tile, columns):
                 flat = (rows, columns)
+        changing = flat is not None and not packed_first and "in1" not in problem.constant
+        if changing:  # a right operand that changes per call: its panels packed block by block, not whole on every call
+            for blocks in cache_blocks(problem, *flat):  # (before the other blocks: measured last, a 16-row
+                tile = staged_path(problem, *flat, blocks, actions)  # GEMM's budget ran out before them)
+                if tile is not None:
+                    attempt(*tile, flat[1])
         if flat is not None:  # cache blocks around the fastest (packed afterwards if the fastest)
             for blocks in cache_blocks(problem, *flat):
                 tile = reached(blocked_steps(problem, *flat, blocks, pack=False))
@@ -131,11 +138,6 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
             packed = packed_path(problem, best[1], actions)
             if packed is not None:
                 attempt(*packed, best[2])
-        if flat is not None and not packed_first and "in1" not in problem.constant:  # a right operand that changes per call:
-            for blocks in cache_blocks(problem, *flat):  # its panels packed block by block, not whole on every call
-                tile = staged_path(problem, *flat, blocks, actions)
-                if tile is not None:
-                    attempt(*tile, flat[1])
     except BudgetExhausted:
         pass  # the stage ends at the deadline with what it measured
     found = None if best[3] is None else ScheduleRecord(best[3], best[0], best[1], "tiles", target, context.threads)

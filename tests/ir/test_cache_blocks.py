@@ -26,11 +26,24 @@ def test_the_blocks_follow_the_cache_sizes():
     bigger = derive_blocks(Caches(48 * 2**10, 2 * 2**20, 96 * 2**20), 6, 16)
     assert bigger[0].n > panel.n and bigger[2].k > blis.k and bigger[2].n > blis.n
     smaller = derive_blocks(Caches(16 * 2**10, 256 * 2**10, 8 * 2**20), 6, 16)
-    assert smaller[0].k < panel.k and smaller[2].m < blis.m
+    assert smaller[1].k < panel.k and smaller[-1].m < blis.m
+    # there BLIS's reduction block (its 16-wide micro-panel in half of L1) is below the half
+    # block: the panel block with it comes first, its right block from L2
+    assert smaller[0] == Blocks(128, None, 256) and len(smaller) == 4
     assert derive_blocks(Caches(0, 0, 0), 6, 16) == ()  # sizes not known: not blocked
     assert derive_blocks(Caches(ZEN.l1, 0, 0), 6, 16)[0] == Blocks(512, None, None)
     problem = looprl.matmul(2048, 2048, 2048)
     assert cache_blocks(problem, 6, 16, ZEN) != cache_blocks(problem, 6, 16, Caches(16 * 2**10, 2**19, 8 * 2**20))
+
+
+def test_a_narrow_row_tile_first_gets_the_block_whose_right_micro_panel_stays_in_l1():
+    """A 2 x 32 tile: the A slice rule alone gives 512 x 32 micro-panels of the right
+    operand (64 KB, twice L1), which every row tile reads again; the first candidate keeps
+    them in half of L1."""
+    first = derive_blocks(ZEN, 2, 32)[0]
+    assert first.k * 32 * 4 <= ZEN.l1 // 2 and first.m is None and first.n * first.k * 4 <= ZEN.l2 // 2
+    assert derive_blocks(ZEN, 2, 32)[1] == Blocks(512, None, first.n * first.k // 512)
+    assert len(derive_blocks(ZEN, 6, 16)) == 3  # where BLIS's block is the half one: nothing added
 
 
 def test_candidates_are_multiples_of_the_tile_inside_the_problem():
