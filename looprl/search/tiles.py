@@ -48,9 +48,20 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
     :func:`~looprl.ir.register_tiles.tile_shapes`), after ``lead`` (e.g. the tile a policy built)
     when given; each is measured in the canonical order, then the fastest with cache blocks
     and packed."""
+    found, tried = tile_contenders(context, actions, shapes, lead, within=1.0)
+    return (found[0] if found else None), tried
+
+
+def tile_contenders(context: SearchContext, actions: ActionSet, shapes=None, lead=None, within: float = 1.0,
+                    most: int = 1) -> tuple[list[ScheduleRecord], int]:
+    """:func:`measure_tiles`'s measurements, the fastest first and after it the others within
+    ``within`` of its figure (at most ``most`` in all, each schedule once), so that a winner
+    rule can time them again together: a tile's one timing can fall in the machine's slow
+    phase; and how many tiles were tried."""
     problem, target = context.problem, context.target
     root = State(initial_nest(problem), 0)
     best: tuple = (0.0, (), 0, None)  # gflops, names, columns, nest
+    timed: list[tuple] = []  # every (gflops, names, columns, nest) measured
     tried = 0
 
     def attempt(names: tuple[str, ...], state: State, columns: int) -> bool:
@@ -58,6 +69,8 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
         nonlocal best, tried
         tried += 1
         measurement = context.measure(state.nest)
+        if measurement.ok:
+            timed.append((measurement.gflops, names, columns, state.nest))
         if measurement.ok and measurement.gflops > best[0]:
             best = (measurement.gflops, names, columns, state.nest)
             return True
@@ -140,7 +153,16 @@ def measure_tiles(context: SearchContext, actions: ActionSet, shapes=None, lead=
                 attempt(*packed, best[2])
     except BudgetExhausted:
         pass  # the stage ends at the deadline with what it measured
-    found = None if best[3] is None else ScheduleRecord(best[3], best[0], best[1], "tiles", target, context.threads)
+    if best[3] is None:
+        return [], tried
+    found = [ScheduleRecord(best[3], best[0], best[1], "tiles", target, context.threads)]
+    keys = {best[3].key}
+    for gflops, names, _, nest in sorted(timed, key=lambda t: -t[0]):
+        if len(found) >= most or gflops < within * best[0]:
+            break
+        if nest.key not in keys:
+            keys.add(nest.key)
+            found.append(ScheduleRecord(nest, gflops, names, "tiles", target, context.threads))
     return found, tried
 
 

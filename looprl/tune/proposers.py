@@ -34,8 +34,9 @@ from looprl.policy.retarget import retargeted
 from looprl.policy.rollout import Rollout, greedy_rollout, policy_actions
 from looprl.search.context import BudgetExhausted, Node
 from looprl.search.staged import Stage, StagedSearch
-from looprl.search.tiles import measure_tiles, packed_path
+from looprl.search.tiles import packed_path, tile_contenders
 from looprl.target import Target
+from looprl.tune.winner import CONTENDER_WITHIN, TILE_CONTENDERS
 
 _warned_mismatch: set[tuple[str, str]] = set()
 
@@ -143,8 +144,8 @@ def tiles_stage(actions: ActionSet, lead, refinements: int) -> Stage:
     measurements whatever the stages before took."""
 
     def propose(context):
-        tiles, _ = measure_tiles(context, actions, lead=tile_of(lead))
-        return [tiles] if tiles is not None else []
+        found, _ = tile_contenders(context, actions, lead=tile_of(lead), within=CONTENDER_WITHIN, most=TILE_CONTENDERS)
+        return found
 
     return Stage("tiles", propose, refinements=refinements, from_best=True)
 

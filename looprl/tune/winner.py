@@ -1,9 +1,9 @@
 """The one winner rule of ``looprl.tune``: every choice between candidates the proposers
 found and the measurer timed, with the rules' constants.
 
-* Among a search's stage winners: the contenders within :data:`CONTENDER_WITHIN` of the
-  fastest are timed again in :data:`CONTENDER_ROUNDS` interleaved rounds before one is
-  returned (:func:`confirmed`).
+* Among a search's stage winners (and the tiles stage's runners-up, :data:`TILE_CONTENDERS`):
+  the contenders within :data:`CONTENDER_WITHIN` of the fastest are timed again in
+  :data:`CONTENDER_ROUNDS` interleaved rounds before one is returned (:func:`confirmed`).
 * Teams against the serial best they were made of, in measured tune and in the fast path's
   split alike: the fastest team is returned only where it wins a duel of interleaved rounds
   against the serial best, by :data:`TEAM_MARGIN` (:func:`team_or_serial`).
@@ -45,6 +45,10 @@ from looprl.tune.results import Answer
 # should return kernels of the same speed).
 CONTENDER_WITHIN = 0.9
 CONTENDER_ROUNDS = 2
+# The tiles stage offers its runners-up within CONTENDER_WITHIN too, up to this many schedules in
+# all: on a Zen 3 whose shared L3 made one kernel's timings move by 20% from second to second, a
+# stage that kept its fastest timing alone returned a different answer on every tune.
+TILE_CONTENDERS = 3
 # A team is returned only where it beats the serial best it was made of by this much, in the rounds
 # of a duel and at best (looprl.measurement.duels): a team takes every core offered, and a near-tie
 # goes to the kernel that leaves the other cores free. 5%: what two timings of one kernel differ

@@ -344,3 +344,28 @@ def test_the_stage_action_names_the_right_operand_s_stage_step():
     assert Action.taking(Step("stage", 1, tensor="in0")) == []  # the left operand: no action stages it
     extended = ActionSet().extended(["split_8", "stage"])
     assert extended.names[-1] == "stage" and extended.stages and not ActionSet().stages
+
+
+def test_the_tiles_stage_offers_its_runners_up_within_the_contender_ratio():
+    """tile_contenders: the fastest tile first, then the others measured within ``within`` of
+    it, fastest first, at most ``most`` schedules, each once; measure_tiles keeps the first."""
+    import math
+
+    from tests.search.test_prefetch_proposals import FakeEvaluator
+    from looprl.search.tiles import tile_contenders
+
+    problem = looprl.matmul(96, 256, 512)
+    evaluator = FakeEvaluator()
+    actions = ActionSet()
+    found, tried = tile_contenders(SearchContext(problem, actions, evaluator, budget_s=math.inf), actions, within=0.5, most=3)
+    figures = {nest.key: FakeEvaluator.value(nest) for nest in evaluator.measured}
+    ranked = sorted(figures.values(), reverse=True)
+    wanted = [g for g in ranked if g >= 0.5 * ranked[0]][:3]
+    assert tried == len(evaluator.measured) >= 3 and len(wanted) >= 2
+    assert [record.gflops for record in found] == wanted
+    assert len({record.nest.key for record in found}) == len(found)
+    assert all(figures[record.nest.key] == record.gflops and record.actions for record in found)
+    alone, _ = measure_tiles(SearchContext(problem, actions, FakeEvaluator(), budget_s=math.inf), actions)
+    assert alone.nest.key == found[0].nest.key
+    narrow, _ = tile_contenders(SearchContext(problem, actions, FakeEvaluator(), budget_s=math.inf), actions, within=1.0, most=3)
+    assert [record.nest.key for record in narrow] == [found[0].nest.key]
