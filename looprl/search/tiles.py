@@ -116,17 +116,25 @@ def tile_contenders(context: SearchContext, actions: ActionSet, shapes=None, lea
             tile = planned(rows, columns)
             if tile is not None and attempt(*tile, columns):
                 flat = (rows, columns)
-        changing = flat is not None and not packed_first and "in1" not in problem.constant
-        if changing:  # a right operand that changes per call: its panels packed block by block, not whole on every call
-            for blocks in cache_blocks(problem, *flat):  # (before the other blocks: measured last, a 16-row
-                tile = staged_path(problem, *flat, blocks, actions)  # GEMM's budget ran out before them)
+        # A right operand that changes per call: its panels packed block by block, not whole on
+        # every call, before the other blocks (measured last, a 16-row GEMM's budget ran out
+        # before them; read by one row tile, a one-row GEMM's staged tiles ran at 0.2-0.8 GFLOPS).
+        # Cache blocks keep the right operand's panels for the row tiles that read them again:
+        # with one row tile they only store and reload its accumulators, and their time is the
+        # streaming tiles' (a one-row GEMM's k32 blocks: 0.3 s to compile, 1.7-2.5 GFLOPS
+        # against 4-6 flat, and the budget spent before the streams were timed).
+        reused = flat is not None and problem.size(problem.output[-2]) > flat[0]
+        if reused and not packed_first and "in1" not in problem.constant:
+            for blocks in cache_blocks(problem, *flat):
+                tile = staged_path(problem, *flat, blocks, actions)
                 if tile is not None:
                     attempt(*tile, flat[1])
-        if flat is not None:  # cache blocks around the fastest (packed afterwards if the fastest)
+        if reused:  # cache blocks around the fastest (packed afterwards if the fastest)
             for blocks in cache_blocks(problem, *flat):
                 tile = reached(blocked_steps(problem, *flat, blocks, pack=False))
                 if tile is not None:
                     attempt(*tile, flat[1])
+        if flat is not None:
             blocks = kblock_sizes(problem, flat[0])  # few rows, a long reduction: its blocks outermost
             if blocks:
                 flat_steps = tile_steps(problem, *flat)
