@@ -32,7 +32,7 @@ from looprl.tune.results import Answer, from_relaid_start
 from looprl.tune.searched import Searched
 from looprl.tune.store import TUNER
 from looprl.tune.teams import with_teams
-from looprl.tune.winner import confirmed, preferred
+from looprl.tune.winner import CONTENDER_WITHIN, TILE_CONTENDERS, confirmed, preferred
 
 
 def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, episode_length: int | None, budget_s: float | None, threads: int,
@@ -57,7 +57,8 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, epis
     ranked = sorted(reversed(search.candidates), key=lambda candidate: -candidate.gflops)
     if search.budget_s > 0:
         # However long the rollout took, its tile gets a few refinements (budget.REFINEMENTS).
-        search.run(context, tiles_stage(proposer.actions, rollout.best_nest, REFINEMENTS if search.scaled else 0))
+        search.run(context, tiles_stage(proposer.actions, rollout.best_nest, REFINEMENTS if search.scaled else 0,
+                                        within=CONTENDER_WITHIN, most=TILE_CONTENDERS))
         search.run(context, proposer.guided_stage(search))
         ranked = confirmed(search, context)
     best, serial_gflops = with_teams(search, proposer.actions, ranked, threads)

@@ -36,7 +36,6 @@ from looprl.search.context import BudgetExhausted, Node
 from looprl.search.staged import Stage, StagedSearch
 from looprl.search.tiles import packed_path, tile_contenders
 from looprl.target import Target
-from looprl.tune.winner import CONTENDER_WITHIN, TILE_CONTENDERS
 
 _warned_mismatch: set[tuple[str, str]] = set()
 
@@ -137,14 +136,15 @@ class PolicyProposer:
         return Stage("guided", propose)
 
 
-def tiles_stage(actions: ActionSet, lead, refinements: int) -> Stage:
+def tiles_stage(actions: ActionSet, lead, refinements: int, within: float = 1.0, most: int = 1) -> Stage:
     """The register tile ``lead`` (the rollout's), then the target's own register tiles (a
     rollout may build none, or a one-row tile on a decode GEMM), refined: canonical order,
     cache blocks, packed (:func:`~looprl.search.tiles.measure_tiles`); ``refinements`` new
-    measurements whatever the stages before took."""
+    measurements whatever the stages before took; the stage's runners-up within ``within`` of
+    its fastest too, ``most`` schedules in all (:func:`~looprl.search.tiles.tile_contenders`)."""
 
     def propose(context):
-        found, _ = tile_contenders(context, actions, lead=tile_of(lead), within=CONTENDER_WITHIN, most=TILE_CONTENDERS)
+        found, _ = tile_contenders(context, actions, lead=tile_of(lead), within=within, most=most)
         return found
 
     return Stage("tiles", propose, refinements=refinements, from_best=True)
