@@ -11,9 +11,10 @@ per destination row; the edges the blocks do not cover are copied element by ele
 A layout that keeps the source's innermost dimension innermost but sends a row's chunks to
 places apart (``kn`` in 16-column panels) is copied :data:`PACK_ROW_GROUP` rows at a time,
 chunk by chunk, so that each destination place is written a group's rows in a run: row by row,
-every chunk would write one cache line to another panel (and page) in turn. Measured on a Zen 3
-(AVX2, one thread), a 4096 x 4096 right operand into 16-column panels: 24 against 12-13 ms
-(numpy's plain copy of it: 9-10 ms); 4096 x 1024: 6.4 against 2.3-3.3 ms.
+every chunk would write one cache line to another panel (and page) in turn: on a Zen 3 (AVX2,
+one thread) that packed a 4096 x 4096 right operand into 16-column panels at 2.7 GB/s, about
+half the rate of numpy's plain copy of it (``experiments/pack_speed.py``, its file in
+``experiments/results/issue61/session14_znver3/``).
 
 A bfloat16 tensor is packed as bfloat16 (its values go through float32 registers, which
 widening and rounding back leave as they were)."""

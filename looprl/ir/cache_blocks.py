@@ -121,9 +121,10 @@ def derive_blocks(caches: Caches, rows: int, columns: int, element_bytes: int = 
     * first of all, where it is smaller than that half: the panel block whose ``kc`` is BLIS's
       (a ``kc`` x ``nr`` micro-panel of the right operand fills half of L1), ``nc`` from L2 as
       above: the right operand's micro-panel, which every row tile of the block reads again,
-      stays in L1. A narrow-row tile needs it most: on a Zen 3 (AVX2, 32 KB L1), 16 rows of a
-      changing 960 x 2560 right operand ran its 2 x 32 tile, staged per reduction block, in
-      6.6 ms with 480 x 128 blocks (61 KB micro-panels) and 2.5 ms with 240 x 256 (30 KB);
+      stays in L1. A narrow-row tile needs it most: on a Zen 3 (AVX2, 32 KB L1), informally
+      (one-off timings, not committed), 16 rows of a changing 960 x 2560 right operand ran its
+      2 x 32 tile, staged per reduction block, in 6.6 ms with 480 x 128 blocks (61 KB
+      micro-panels) and 2.5 ms with 240 x 256 (30 KB);
     * BLIS's ``n/nc, k/kc, m/mc, nc/nr, mc/mr, kc, mr, nr``: ``kc`` so that a ``kc`` x ``nr``
       micro-panel of the right operand fills half of L1, ``mc`` so that the ``mc`` x ``kc``
       block of the left one fills half of L2, ``nc`` so that the ``kc`` x ``nc`` panel of the

@@ -118,11 +118,11 @@ def tile_contenders(context: SearchContext, actions: ActionSet, shapes=None, lea
                 flat = (rows, columns)
         # A right operand that changes per call: its panels packed block by block, not whole on
         # every call, before the other blocks (measured last, a 16-row GEMM's budget ran out
-        # before them; read by one row tile, a one-row GEMM's staged tiles ran at 0.2-0.8 GFLOPS).
+        # before them; read by one row tile, a one-row GEMM's staged tiles timed 0.2-0.8 GFLOPS in its tunes).
         # Cache blocks keep the right operand's panels for the row tiles that read them again:
         # with one row tile they only store and reload its accumulators, and their time is the
-        # streaming tiles' (a one-row GEMM's k32 blocks: 0.3 s to compile, 1.7-2.5 GFLOPS
-        # against 4-6 flat, and the budget spent before the streams were timed).
+        # streaming tiles' (in a one-row GEMM's tunes on a Zen 3 its k32 blocks took 0.3 s and timed
+        # 1.7-2.5 GFLOPS against 4-6 flat, and the budget was spent before the streams were timed).
         reused = flat is not None and problem.size(problem.output[-2]) > flat[0]
         if reused and not packed_first and "in1" not in problem.constant:
             for blocks in cache_blocks(problem, *flat):
