@@ -61,21 +61,28 @@ code generation is needed (fast, and it avoids the O3 pipeline's memory leak).
 
 from __future__ import annotations
 
+import math
+
 from looprl.backend.abi import BODY_NAME, KERNEL_NAME, bound_kernel_name, bound_subsets, pack_function_name
 from looprl.backend.compute import ComputeEmitter
 from looprl.backend.kernel_plan import KernelPlan, plan_kernel
-from looprl.backend.llvm_text import Function
+from looprl.backend.llvm_text import Function, emit_team
 from looprl.backend.loops import Dynamic, KernelModule
-from looprl.backend.packing import emit_pack
+from looprl.backend.packing import emit_pack, splits_in_parts
 from looprl.backend.partials import partial_count, sum_partials, zero_partials
 from looprl.backend.write_back import WriteBackEmitter
 from looprl.ir.nest import LoopNest
 from looprl.target import Target
 
+# A threaded kernel packs a right operand of at least this many elements on its team, each thread
+# a share of its rows (looprl.backend.packing, parted); a smaller one on the calling thread alone,
+# where a parallel region's start (a few microseconds) would cost more than the share saves.
+TEAM_PACK_ELEMENTS = 1 << 16
+
 # Bump whenever the code generated for an existing schedule key may change speed: it is part of
 # the measurement cache key. (Data layouts did not bump it: a schedule without layouts has the
 # same key and byte-identical IR as before, and schedules with layouts have new keys.)
-CODEGEN_VERSION = 8  # 8: a pack whose row sends its chunks to places apart (n-panels) copies 8 rows chunk by chunk; 7: an innermost loop over a reduction both inputs store contiguously vectorises (dot products: partial sums added across at the store); 6: a register scope over the whole reduction stores the output directly, epilogue applied (no write-back pass); 5: packs that transpose move 8x8 blocks through registers; 4: the register-blocking bound counts floats (AVX2 and SSE4 code changed); 3 was an earlier layouts commit
+CODEGEN_VERSION = 9  # 9: a threaded kernel's team packs a large right operand together on entry; 8: a pack whose row sends its chunks to places apart (n-panels) copies 8 rows chunk by chunk; 7: an innermost loop over a reduction both inputs store contiguously vectorises (dot products: partial sums added across at the store); 6: a register scope over the whole reduction stores the output directly, epilogue applied (no write-back pass); 5: packs that transpose move 8x8 blocks through registers; 4: the register-blocking bound counts floats (AVX2 and SSE4 code changed); 3 was an earlier layouts commit
 
 
 def generate_ir(nest: LoopNest, target: Target, runtime_rows: bool = False) -> str:
@@ -146,14 +153,46 @@ def body_function(module: KernelModule) -> Function:
     return module.function(f"define internal void @{BODY_NAME}({module.parameters()}) nounwind {{")
 
 
+def _pack_share(body, args: dict, thread: str) -> list[str]:
+    """A team thread's call of a parted pack: its number among the team's threads."""
+    team = body.value(f"zext i32 {body.value('call i32 @omp_get_num_threads()', 'n')} to i64", "n")
+    return [f"ptr {args['src']}", f"ptr {args['dst']}", f"i64 {thread}", f"i64 {team}"]
+
+
+def _call_pack_on_team(entry, name: str, src: str, dst: str) -> None:
+    """Pack ``src`` into ``dst`` on the kernel's threads where it has more than one, else on
+    this one."""
+    many = entry.value("icmp ugt i32 %nthreads, 1", "many")
+    team, alone, done = entry.label("packteam"), entry.label("packalone"), entry.label("packed")
+    entry.emit(f"br i1 {many}, label %{team}, label %{alone}")
+    entry.start_block(team)
+    entry.emit(f"call void @{name}_team(ptr {src}, ptr {dst}, i32 %nthreads)")
+    entry.emit(f"br label %{done}")
+    entry.start_block(alone)
+    entry.emit(f"call void @{name}(ptr {src}, ptr {dst})")
+    entry.emit(f"br label %{done}")
+    entry.start_block(done)
+
+
 def emit_entry_points(module: KernelModule, plan: KernelPlan) -> None:
     """The packing functions and the entry points of a kernel whose body is :data:`BODY_NAME`:
     each packs the inputs it does not take packed into the workspace, then runs the body, ``reps``
-    times, handing it the places of the stage buffers in the workspace too."""
+    times, handing it the places of the stage buffers in the workspace too. A threaded kernel
+    packs a right operand of :data:`TEAM_PACK_ELEMENTS` or more on its team (each thread a part,
+    :func:`~looprl.backend.packing.emit_pack`'s ``parted``) when called on more than one thread:
+    packed by the calling thread alone, it kept the team waiting (a 16 MiB operand, 3-5 ms of a
+    two-thread call of about 29 ms on a Zen 3)."""
     problem, places = plan.problem, plan.workspace
+    teams = set()  # the inputs a threaded kernel's team packs together
     for tensor, index in zip(("in0", "in1"), problem.operands):
         if tensor in plan.packed:
-            emit_pack(module, pack_function_name(tensor), index, problem.shape(index), plan.layouts[tensor], problem.dtype.llvm_element)
+            name, shape, layout = pack_function_name(tensor), problem.shape(index), plan.layouts[tensor]
+            emit_pack(module, name, index, shape, layout, problem.dtype.llvm_element)
+            if (module.threaded and tensor == "in1" and math.prod(shape) >= TEAM_PACK_ELEMENTS
+                    and splits_in_parts(index, shape, layout, module.target.vector_width)):
+                emit_pack(module, f"{name}_part", index, shape, layout, problem.dtype.llvm_element, internal=True, parted=True)
+                emit_team(module, f"{name}_team", f"{name}_part", [("ptr", "src"), ("ptr", "dst")], _pack_share)
+                teams.add(tensor)
     for bound in [()] + bound_subsets(plan.packed):
         entry = entry_function(module, bound_kernel_name(bound) if bound else KERNEL_NAME)
         pointers = {t: f"%{t}" for t in module.tensors}
@@ -164,7 +203,9 @@ def emit_entry_points(module: KernelModule, plan: KernelPlan) -> None:
                 pointers[tensor] = entry.offset("%acc", places[tensor][0])
         with entry.loop("%reps"):
             for tensor in plan.packed:
-                if tensor not in bound:
+                if tensor not in bound and tensor in teams:
+                    _call_pack_on_team(entry, pack_function_name(tensor), f"%{tensor}", pointers[tensor])
+                elif tensor not in bound:
                     entry.emit(f"call void @{pack_function_name(tensor)}(ptr %{tensor}, ptr {pointers[tensor]})")
             entry.emit(f"call void @{BODY_NAME}({module.arguments(pointers, '%dyn')})")
         entry.close()

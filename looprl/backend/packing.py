@@ -13,8 +13,10 @@ places apart (``kn`` in 16-column panels) is copied :data:`PACK_ROW_GROUP` rows 
 chunk by chunk, so that each destination place is written a group's rows in a run: row by row,
 every chunk would write one cache line to another panel (and page) in turn: on a Zen 3 (AVX2,
 one thread) that packed a 4096 x 4096 right operand into 16-column panels at 2.7 GB/s, about
-half the rate of numpy's plain copy of it (``experiments/pack_speed.py``, its file in
-``experiments/results/issue61/session14_znver3/``).
+half the rate of numpy's plain copy of it (``experiments/pack_speed.py``, its files in
+``experiments/results/issue61/session14_znver3/``). Grouped, 64 and 16 MiB operands packed in
+0.7x and 0.5-0.6x the time; 8 MiB ones, which the last-level cache holds, as fast as row by
+row, or slower where their panels were few (a 1024-column B: 1.23 against 0.71 ms).
 
 A bfloat16 tensor is packed as bfloat16 (its values go through float32 registers, which
 widening and rounding back leave as they were)."""
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
-from looprl.backend.llvm_text import Function, load, store, vector_type
+from looprl.backend.llvm_text import Conditional, Function, load, store, vector_type
 from looprl.backend.loops import KernelModule
 from looprl.backend.register_plan import vector_chunks
 from looprl.ir.layout import Layout
@@ -111,19 +113,22 @@ def runtime_offset(fn: Function, layout: Layout, var: str, x: str) -> str:
     return total or "0"
 
 
-def _enter_outer_loops(fn: Function, layout: Layout, dims: list[tuple[str, int]], row: dict[str, int], last_step: int = 1):
+def _enter_outer_loops(fn: Function, layout: Layout, dims: list[tuple[str, int]], row: dict[str, int], last_step: int = 1,
+                       first: tuple[str, str] | None = None):
     """Open a runtime loop over each of ``dims`` ((var, size), outermost first; the last loop's
-    index counts ``last_step`` elements of its dimension); ``(src, dst, loops)``: the source and
-    destination pointers at the loops' indices, and the open loops (close them innermost
-    first)."""
+    index counts ``last_step`` elements of its dimension; ``first``: the first loop's (start,
+    trips) as i64 SSA values instead of all its size, trips at least 1); ``(src, dst, loops)``:
+    the source and destination pointers at the loops' indices, and the open loops (close them
+    innermost first)."""
     src, dst = "%src", "%dst"
     loops = []
     for place, (var, size) in enumerate(dims):
-        lp = fn.loop(size)
+        lp = fn.loop(first[1] if first is not None and place == 0 else size)
         lp.__enter__()
         loops.append(lp)
+        index = fn.value(f"add i64 {first[0]}, {lp.iv}", "i") if first is not None and place == 0 else lp.iv
         step = last_step if place == len(dims) - 1 else 1
-        x = lp.iv if step == 1 else fn.value(f"mul i64 {lp.iv}, {step}", "x")
+        x = index if step == 1 else fn.value(f"mul i64 {index}, {step}", "x")
         src = fn.advance(src, x, row[var])
         dst = fn.index(dst, runtime_offset(fn, layout, var, x))
     return src, dst, loops
@@ -206,15 +211,25 @@ def _emit_transposing_pack(module: KernelModule, fn: Function, index: str, sizes
         lp.__exit__(None, None, None)
 
 
+def splits_in_parts(index: str, sizes: tuple[int, ...], layout: Layout, width: int) -> bool:
+    """Whether :func:`emit_pack` can copy a tensor of ``index`` and ``sizes`` into ``layout`` in
+    parts (``parted``): a two-dimensional tensor whose pack is no transposition."""
+    return len(index) == 2 and pack_facts(index, sizes, layout, width).pair is None
+
+
 def emit_pack(module: KernelModule, name: str, index: str, sizes: tuple[int, ...], layout: Layout, element: str = "float",
-              source: tuple[int, ...] | None = None, internal: bool = False) -> None:
+              source: tuple[int, ...] | None = None, internal: bool = False, parted: bool = False) -> None:
     """``void name(src, dst)``: copy a row-major tensor of ``element`` (``"float"``, or ``"i16"``
     for bfloat16) into ``layout`` (places that hold no element are left as they are: no loop
     ever reads them). With ``source`` (the shape of the row-major tensor ``src`` points into)
     only the block of extents ``sizes`` at ``src`` is copied (a stage's block). ``internal``:
-    the function is not an entry point."""
+    the function is not an entry point. ``parted`` (where :func:`splits_in_parts`): ``void
+    name(src, dst, i64 part, i64 parts)`` copies part ``part`` of ``parts`` (its share of the
+    outer rows, or of their groups; the rows no group covers in the last part), so that a team
+    copies the tensor together."""
     linkage = "internal " if internal else ""
-    fn = Function(f"define {linkage}void @{name}(ptr noalias %src, ptr noalias %dst) nounwind {{")
+    extra = ", i64 %part, i64 %parts" if parted else ""
+    fn = Function(f"define {linkage}void @{name}(ptr noalias %src, ptr noalias %dst{extra}) nounwind {{")
     fn.point("%src", element)
     fn.point("%dst", element)
     module.functions.append(fn)
@@ -224,6 +239,8 @@ def emit_pack(module: KernelModule, name: str, index: str, sizes: tuple[int, ...
         row[var] = stride
         stride *= size
     facts = pack_facts(index, sizes, layout, module.target.vector_width)
+    if parted and not splits_in_parts(index, sizes, layout, module.target.vector_width):
+        raise ValueError(f"a pack of {index} {sizes} into {layout.key} is not copied in parts")
     if facts.pair is not None:
         _emit_transposing_pack(module, fn, index, sizes, layout, row, facts)
         fn.close()
@@ -233,7 +250,16 @@ def emit_pack(module: KernelModule, name: str, index: str, sizes: tuple[int, ...
     outer = list(zip(index[:-1], sizes[:-1]))
     if group > 1:  # the last of them walked group by group: see PackFacts.group
         outer[-1] = (outer[-1][0], outer[-1][1] // group)
-    src, dst, loops = _enter_outer_loops(fn, layout, outer, row, group)
+    first = None
+    if parted:  # this part's outer rows (groups): [part * n / parts, (part + 1) * n / parts)
+        count = outer[0][1]
+        start = fn.value(f"udiv i64 {fn.value(f'mul i64 %part, {count}', 'x')}, %parts", "lo")
+        following = fn.value("add i64 %part, 1", "x")
+        end = fn.value(f"udiv i64 {fn.value(f'mul i64 {following}, {count}', 'x')}, %parts", "hi")
+        first = (start, fn.value(f"sub i64 {end}, {start}", "n"))
+        share = Conditional(fn, f"icmp ugt i64 {first[1]}, 0")
+        share.__enter__()
+    src, dst, loops = _enter_outer_loops(fn, layout, outer, row, group, first)
     step = facts.offsets[var, 1] if chunk > 1 else 1  # the dst stride inside a chunk
     width = module.target.vector_width
 
@@ -269,12 +295,19 @@ def emit_pack(module: KernelModule, name: str, index: str, sizes: tuple[int, ...
     copy_rows(src, dst, group)
     for lp in reversed(loops):
         lp.__exit__(None, None, None)
-    if group > 1 and sizes[-2] % group:  # the rows no group covers, one by one
+    if parted:
+        share.__exit__(None, None, None)
+    if group > 1 and sizes[-2] % group:  # the rows no group covers, one by one (in the last part)
+        last_part = Conditional(fn, "icmp eq i64 %part, " + fn.value("sub i64 %parts, 1", "x")) if parted else None
+        if last_part is not None:
+            last_part.__enter__()
         last = sizes[-2] // group * group
         src, dst, loops = _enter_outer_loops(fn, layout, list(zip(index[:-2], sizes[:-2])), row)
         for r in range(last, sizes[-2]):
             copy_rows(fn.offset(src, r * row[index[-2]]), fn.offset(dst, facts.offsets[index[-2], r]), 1)
         for lp in reversed(loops):
             lp.__exit__(None, None, None)
+        if last_part is not None:
+            last_part.__exit__(None, None, None)
     fn.close()
 

@@ -275,15 +275,51 @@ def test_panel_packs_copy_rows_in_groups_and_compute_what_numpy_computes(k, n, p
         nest = looprl.initial_nest(problem)
         nest = nest.split([lp.var for lp in nest.compute].index("n"), panel).with_layout("in1", panels)
     assert layout_applies(nest, "in1")
-    kernel = looprl.compile(nest, target=target)
+    _runs_against_guard_pages(looprl.compile(nest, target=target), problem, seed=5)
+
+
+@pytest.mark.parametrize("k, n", [(1029, 70), (4096, 16)])  # rows no group of 8 divides, a partial panel; one panel
+def test_a_threaded_kernel_s_team_packs_a_large_right_operand_in_parts(k, n):
+    """A kernel with a parallel loop packs a right operand of TEAM_PACK_ELEMENTS or more on its
+    team, each thread a share of its row groups and the last one the rows no group covers; on
+    one thread the calling thread packs it alone. Both compute what numpy computes, inputs,
+    output and workspace against inaccessible pages; a small operand is packed by the caller."""
+    from looprl.backend.codegen import TEAM_PACK_ELEMENTS
+    from looprl.backend.threads import available_cores
+
+    problem = looprl.matmul(13, n, k)
+    assert k * n >= TEAM_PACK_ELEMENTS
+    nest = looprl.initial_nest(problem)
+    nest = nest.split([lp.var for lp in nest.compute].index("n"), 16).with_layout("in1", _panels_layout(k, n))
+    nest = nest.parallel([lp.var for lp in nest.compute].index("n"))
+    kernel = looprl.compile(nest, threads=2)
+    assert "@looprl_pack_in1_team" in kernel.ir and "GOMP_parallel" in kernel.ir
+    for threads in sorted({1, min(2, available_cores())}):
+        _runs_against_guard_pages(kernel, problem, seed=7, threads=threads, reps=2, atol=1e-3)
+    small = looprl.matmul(13, 32, 64)
+    little = looprl.initial_nest(small)
+    little = little.split([lp.var for lp in little.compute].index("n"), 16).with_layout("in1", _panels_layout(64, 32))
+    little = little.parallel([lp.var for lp in little.compute].index("n"))
+    assert "_team" not in looprl.compile(little, threads=2).ir
+
+
+def _panels_layout(k, n):
+    from looprl.ir.layout import Layout
+
+    return Layout.from_key("kn", (k, n), "n16.k1.n1%16")
+
+
+def _runs_against_guard_pages(kernel, problem, seed: int, threads: int = 1, reps: int = 1, atol: float = 1e-4) -> None:
+    """``kernel`` computes what numpy computes with its inputs, output and workspace each
+    against an inaccessible page, at either end."""
     for side in ("start", "end"):
         shapes = (*problem.input_shapes, problem.output_shape, (kernel.workspace_elements,))
         guards = [GuardedArray(shape, side) for shape in shapes]
         try:
             a, b, out, work = (g.array for g in guards)
-            a[...], b[...] = random_inputs(problem, 5)
-            kernel.run(a, b, out, reps=1, workspace=work)
-            np.testing.assert_allclose(out, reference(problem, a, b), rtol=0, atol=1e-4)
+            a[...], b[...] = random_inputs(problem, seed)
+            kernel.run(a, b, out, reps=reps, workspace=work, threads=threads)
+            np.testing.assert_allclose(out, reference(problem, a, b), rtol=1e-5, atol=atol)
         finally:
             for g in guards:
                 g.release()
