@@ -82,7 +82,7 @@ def _row_group(index: str, sizes: tuple[int, ...], layout: Layout, chunk: int) -
     """How many rows (of the next-to-innermost dimension) a pack copies together, chunk by
     chunk: :data:`PACK_ROW_GROUP` where the layout sends a row's consecutive chunks to places
     apart (``kn`` in 16-column panels: each chunk to another panel, so a row by row copy
-    writes one cache line per panel and page in turn, at a third of a plain copy's rate) and
+    writes one cache line per panel and page in turn, at about half a plain copy's rate) and
     those rows' chunks side by side (the group's rows affine in the layout); else 1. Only
     where a chunk is copied in vectors (contiguous on both sides) and is a few of them."""
     if len(index) < 2 or chunk > PACK_GROUP_CHUNK:
