@@ -29,6 +29,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 PROBLEMS = "6x4096x4096,6x4096x1024"
 
 
+def _six_row_columns(target) -> int:
+    """The columns of ``target``'s widest 6-row register tile (two vectors where it has none)."""
+    vectors = [v for rows, v in target.register_tiles() if rows == 6]
+    return (max(vectors) if vectors else 2) * target.vector_width
+
+
 def _operands(m: int, n: int, k: int):
     """A [m, k] and B [k, n] (random, float32) and an output for them."""
     import numpy as np
@@ -67,8 +73,7 @@ def main(argv=None) -> int:
     if args.threads == 2:
         return _team_pack(args)
     target = host_target()
-    columns = max(vectors for rows, vectors in target.register_tiles() if rows == 6) * target.vector_width \
-        if any(rows == 6 for rows, _ in target.register_tiles()) else 2 * target.vector_width
+    columns = _six_row_columns(target)
     path = args.out / f"pack_speed_{host_cpu()[0]}.txt"
     grouped = packing.PACK_ROW_GROUP
     with open(path, "w") as file:
@@ -120,17 +125,18 @@ def _team_pack(args) -> int:
     from looprl.target import host_target
 
     target = host_target()
+    columns = _six_row_columns(target)
     path = args.out / f"pack_speed_{host_cpu()[0]}_t2.txt"
     reach = codegen.TEAM_PACK_ELEMENTS
     with open(path, "w") as file:
         out = Tee(sys.stdout, file)
-        print(f"{host_cpu()[0]} ({target.isa}), two threads; each problem's flat packed 6 x 16 tile, its column loop "
+        print(f"{host_cpu()[0]} ({target.isa}), two threads; each problem's flat packed 6 x {columns} tile, its column loop "
               f"parallel, B an input packed on every call by the team or by the calling thread; GFLOPS, median and best "
               f"of {args.rounds} interleaved rounds of each one's best of 3", file=out)
         for text in args.problems.split(","):
             m, n, k = (int(part) for part in text.split("x"))
             problem = looprl.matmul(m, n, k)
-            nest = packed_right(looprl.initial_nest(problem).apply(tuple(tile_steps(problem, 6, 16))))
+            nest = packed_right(looprl.initial_nest(problem).apply(tuple(tile_steps(problem, 6, columns))))
             nest = nest.parallel([loop.var for loop in nest.compute].index("n"))
             team = looprl.compile(nest, target=target, threads=2)
             codegen.TEAM_PACK_ELEMENTS = 1 << 62  # out of reach: the calling thread packs

@@ -239,7 +239,7 @@ def emit_pack(module: KernelModule, name: str, index: str, sizes: tuple[int, ...
         row[var] = stride
         stride *= size
     facts = pack_facts(index, sizes, layout, module.target.vector_width)
-    if parted and not splits_in_parts(index, sizes, layout, module.target.vector_width):
+    if parted and (len(index) != 2 or facts.pair is not None):  # splits_in_parts, on the facts at hand
         raise ValueError(f"a pack of {index} {sizes} into {layout.key} is not copied in parts")
     if facts.pair is not None:
         _emit_transposing_pack(module, fn, index, sizes, layout, row, facts)
