@@ -190,6 +190,40 @@ def block_candidates(problem: Problem, rows: int, columns: int, caches: Caches) 
     return found
 
 
+# A column strip of a changing right operand holds at least and at most this many of its register
+# tile's column panels (strip_candidates). One panel's strip reads a 64-byte line per row of the
+# operand as it packs it: on a Zen 3 (AVX2, one thread, informally) 16-column strips ran
+# 384x4096x1024 at 75.9 GFLOPS where 64-column ones ran 85.1 and the whole operand packed on
+# every call 78.9.
+STRIP_PANELS = (2, 8)
+
+
+def strip_candidates(problem: Problem, rows: int, columns: int, caches: Caches) -> list[Blocks]:
+    """Column strips of ``problem``'s right operand around a ``rows`` x ``columns`` register tile, to
+    pack each just before the row tiles read it (:func:`blocked_steps` with ``Blocks(None,
+    None, width)`` and ``stage="n"``: the whole reduction by ``width`` columns, packed at each
+    iteration of the column block loop, where packing the whole operand on every call writes it
+    all to memory and reads it back). The panels whose strip, the whole reduction deep, fills
+    half of L2 (at least :data:`STRIP_PANELS` ``[0]``, at most ``[1]``), then twice and half as
+    many within those bounds, each evened out over the columns; none where the columns hold
+    one strip, or L2 is not known. In the order tune measures them."""
+    if len(problem.output) < 2 or not problem.reduction_dims or not caches.l2:
+        return []
+    col, red = problem.output[-1], problem.reduction_dims[0]
+    fewest, most = STRIP_PANELS
+    panels = int(caches.l2 / 2 // (problem.size(red) * columns * problem.dtype.element_bytes))
+    first = min(max(panels, fewest), most)
+    found: list[Blocks] = []
+    for count in (first, 2 * first, first // 2):
+        if not fewest <= count <= most:
+            continue
+        width = _balanced(count * columns, problem.size(col), columns)
+        blocks = Blocks(None, None, width)
+        if width is not None and blocks not in found and why_not_blocked(problem, rows, columns, blocks) is None:
+            found.append(blocks)
+    return found
+
+
 def blocked_steps(problem: Problem, rows: int, columns: int, blocks: Blocks, pack: bool = True, stage: str | None = None) -> list[Step]:
     """IR steps (``nest.apply``) from ``problem``'s untiled nest to the blocked schedule
     ``b..., n/nc, k/kc, m/mc, nc/nr, mc/mr, kc, mr, nr`` (``mr`` x ``nr`` = ``rows`` x

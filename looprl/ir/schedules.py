@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from looprl.ir.cache_blocks import Blocks, Caches, block_candidates, host_caches
+from looprl.ir.cache_blocks import Blocks, Caches, block_candidates, host_caches, strip_candidates
 from looprl.ir.layout import Layout
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
@@ -127,6 +127,13 @@ def cache_blocks(problem: Problem, rows: int, columns: int, caches: Caches | Non
     (:func:`~looprl.ir.cache_blocks.block_candidates`); none where the problem is too small
     for a block to leave more than one iteration."""
     return block_candidates(problem, rows, columns, host_caches() if caches is None else caches)
+
+
+def column_strips(problem: Problem, rows: int, columns: int, caches: Caches | None = None) -> list[Blocks]:
+    """The column strips of a changing right operand to try around a ``rows`` x ``columns``
+    register tile of ``problem``, each packed as the row tiles come to it
+    (:func:`~looprl.ir.cache_blocks.strip_candidates`; ``caches`` None: this host's)."""
+    return strip_candidates(problem, rows, columns, host_caches() if caches is None else caches)
 
 
 # Decode-sized problems (few output rows) whose right operand outgrows the caches are bound by

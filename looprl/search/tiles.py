@@ -8,8 +8,9 @@ episode of a dozen actions cannot also build. ``looprl.tune`` takes the tile the
 proposes the target's own in order of how often they pay (the flat register tiles of
 :func:`~looprl.ir.register_tiles.tile_shapes`, then the cache blocks of
 :func:`~looprl.ir.schedules.cache_blocks` around the fastest, sized from the host's caches
-(:func:`~looprl.ir.cache_blocks.blocked_steps`; where the right operand changes per call, those
-blocks with its panels packed block by block, :func:`staged_path`, come first), and for a few-row problem with a long reduction the fastest with
+(:func:`~looprl.ir.cache_blocks.blocked_steps`; where the right operand changes per call, its
+column strips packed strip by strip, then those blocks with its panels packed block by block,
+:func:`staged_path`, come first), and for a few-row problem with a long reduction the fastest with
 its reduction blocks outermost (:mod:`looprl.search.kblocks`); for a problem of a few output rows, the streaming tiles of
 :func:`~looprl.search.streams.stream_tiles` (:func:`~looprl.ir.schedules.stream_steps`), after those of
 :func:`~looprl.search.streams.spilled_tiles` with the output spilled at their block loop, and the fastest of them with its right operand
@@ -32,7 +33,7 @@ from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.ir.register_tiles import packed_right, tile_of, tile_shapes, tile_steps, why_not_tile
 from looprl.measurement.schedule_record import ScheduleRecord
-from looprl.ir.schedules import cache_blocks, panel_steps, panel_widths, stream_steps
+from looprl.ir.schedules import cache_blocks, column_strips, panel_steps, panel_widths, stream_steps
 from looprl.ir.step import PACK, SPILL, SPLIT, STAGE, Step
 from looprl.search.context import BudgetExhausted, SearchContext
 from looprl.search.dots import prefetch_variants
@@ -125,8 +126,11 @@ def tile_contenders(context: SearchContext, actions: ActionSet, shapes=None, lea
         # 1.7-2.5 GFLOPS against 4-6 flat, and the budget was spent before the streams were timed).
         reused = flat is not None and problem.size(problem.output[-2]) > flat[0]
         if reused and not packed_first and "in1" not in problem.constant:
-            for blocks in cache_blocks(problem, *flat):
-                tile = staged_path(problem, *flat, blocks, actions)
+            # Column strips first, each packed the whole reduction deep just before its row tiles
+            # (stage "n"), then the reduction blocks packed block by block (stage "k").
+            staged = [(blocks, "n") for blocks in column_strips(problem, *flat)] + [(blocks, "k") for blocks in cache_blocks(problem, *flat)]
+            for blocks, stage in staged:
+                tile = staged_path(problem, *flat, blocks, actions, stage)
                 if tile is not None:
                     attempt(*tile, flat[1])
         if reused:  # cache blocks around the fastest (packed afterwards if the fastest)
@@ -190,15 +194,16 @@ def packed_path(problem: Problem, names: tuple[str, ...], actions: ActionSet) ->
     return tuple(names) + extended.named(tail), state
 
 
-def staged_path(problem: Problem, rows: int, columns: int, blocks, actions: ActionSet) -> tuple[tuple[str, ...], State] | None:
+def staged_path(problem: Problem, rows: int, columns: int, blocks, actions: ActionSet, stage: str = "k") -> tuple[tuple[str, ...], State] | None:
     """The action path of the blocked schedule of ``rows`` x ``columns`` tiles and ``blocks``
     whose right operand is packed into panels block by block, at each iteration of the
-    reduction block loop (:func:`~looprl.ir.cache_blocks.blocked_steps` with ``stage="k"``: the
-    blocked path, the ``pack`` action, then the ``stage`` action), and its state; None where
-    there is no such schedule (no reduction block, a constant right operand, a block over the
-    stage's bound)."""
+    reduction block loop (``stage="k"``) or of the column block loop (``"n"``: a column strip,
+    the whole reduction deep) (:func:`~looprl.ir.cache_blocks.blocked_steps`: the blocked path,
+    the ``pack`` action, then the ``stage`` action), and its state; None where there is no such
+    schedule (no block loop to stage at, a constant right operand, a block over the stage's
+    bound)."""
     try:
-        steps = blocked_steps(problem, rows, columns, blocks, pack=True, stage="k")
+        steps = blocked_steps(problem, rows, columns, blocks, pack=True, stage=stage)
     except ValueError:
         return None
     plain = [step for step in steps if step.op not in (PACK, STAGE)]

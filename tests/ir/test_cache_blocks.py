@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import looprl
 from looprl.actions import ActionSet, State
-from looprl.ir.cache_blocks import Blocks, Caches, block_candidates, blocked_steps, derive_blocks, host_caches, why_not_blocked
+from looprl.ir.cache_blocks import Blocks, Caches, block_candidates, blocked_steps, derive_blocks, host_caches, strip_candidates, why_not_blocked
 from looprl.ir.schedules import cache_blocks
 from looprl.ir.step import MAX_FACTOR
 from looprl.target import Target
@@ -58,6 +58,27 @@ def test_candidates_are_multiples_of_the_tile_inside_the_problem():
     assert block_candidates(looprl.matmul(64, 128, 128), 14, 32, ZEN) == []  # too small for any block
     assert block_candidates(looprl.matmul(256, 256, 256), 4, 24, ZEN) == []  # the whole reduction fits: no k block
     assert block_candidates(looprl.contraction("mk,k->m", m=64, k=64), 4, 1, ZEN) == []
+
+
+def test_column_strips_fill_half_of_l2_the_whole_reduction_deep_and_compute_what_numpy_does():
+    """A strip holds the panels whose whole-reduction strip fills half of L2 (2 to 8 of them),
+    then twice and half as many; evened out over the columns; none where the columns hold one
+    strip or L2 is not known. Packed strip by strip with tails (no strip divides 1000 columns
+    nor a tile 130 rows), the kernel computes numpy's answer against guard pages."""
+    assert strip_candidates(looprl.matmul(128, 960, 960), 6, 16, ZEN) == [Blocks(None, None, 128), Blocks(None, None, 64)]  # 8.5 panels fill half
+    assert strip_candidates(looprl.matmul(128, 960, 960), 6, 16, Caches(ZEN.l1, ZEN.l2 // 2, ZEN.l3)) == [
+        Blocks(None, None, 64), Blocks(None, None, 128), Blocks(None, None, 32)]
+    assert strip_candidates(looprl.matmul(128, 4096, 4096), 6, 16, ZEN) == [Blocks(None, None, 32), Blocks(None, None, 64)]  # at least two
+    assert strip_candidates(looprl.matmul(128, 1536, 64), 6, 16, ZEN) == [Blocks(None, None, 128), Blocks(None, None, 64)]  # at most eight
+    assert strip_candidates(looprl.matmul(128, 960, 960), 6, 16, Caches(ZEN.l1, 0, ZEN.l3)) == []
+    assert strip_candidates(looprl.matmul(128, 48, 960), 6, 16, ZEN) == []  # 48 columns: no two strips of two panels
+    problem = looprl.matmul(130, 1000, 700)
+    strips = strip_candidates(problem, 6, 16, ZEN)
+    assert strips and all(blocks.n % 16 == 0 and 1000 % blocks.n for blocks in strips)
+    for blocks in strips:
+        nest = looprl.initial_nest(problem).apply(blocked_steps(problem, 6, 16, blocks, stage="n"))
+        assert nest.staged_at("in1") is not None
+        _check_against_guard_pages(nest, Target.default(), "end")
 
 
 def test_the_host_caches_are_what_the_os_reports():
@@ -133,12 +154,20 @@ def test_every_candidate_of_a_size_no_block_divides_computes_what_numpy_does():
     m=st.integers(1, 40), n=st.integers(2, 70), k=st.integers(2, 60),
     rows=st.integers(1, 9), columns=st.sampled_from([2, 8, 16, 24]),
     k_block=st.sampled_from([None, 3, 16]), m_blocks=st.sampled_from([None, 2, 3]), n_blocks=st.sampled_from([None, 2, 3]),
-    pack=st.booleans(), side=st.sampled_from(["start", "end"]),
+    pack=st.booleans(), side=st.sampled_from(["start", "end"]), stage=st.sampled_from([None, None, "k", "n"]),
 )
 def test_blocked_schedules_with_tails_compute_what_numpy_does_and_stay_in_bounds(
-        m, n, k, rows, columns, k_block, m_blocks, n_blocks, pack, side):
+        m, n, k, rows, columns, k_block, m_blocks, n_blocks, pack, side, stage):
+    """Every block, with the right operand packed whole, or staged block by block (``"k"``) or
+    strip by strip (``"n"``, the column strips of :func:`strip_candidates`), where such a stage
+    exists."""
     problem = looprl.matmul(m, n, k)
     rows, columns = min(rows, m), min(columns, n)
     blocks = Blocks(k_block, m_blocks and rows * m_blocks, n_blocks and columns * n_blocks)
-    nest = looprl.initial_nest(problem).apply(blocked_steps(problem, rows, columns, blocks, pack))
+    try:
+        steps = blocked_steps(problem, rows, columns, blocks, pack or stage is not None, stage)
+    except ValueError as error:
+        assert stage is not None and ("no " in str(error) or "cannot stage" in str(error)), error
+        return  # no block loop to stage at here
+    nest = looprl.initial_nest(problem).apply(steps)
     _check_against_guard_pages(nest, Target.default(), side)
