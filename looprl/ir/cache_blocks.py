@@ -192,9 +192,9 @@ def block_candidates(problem: Problem, rows: int, columns: int, caches: Caches) 
 
 # A column strip of a changing right operand holds at least and at most this many of its register
 # tile's column panels (strip_candidates). One panel's strip reads a 64-byte line per row of the
-# operand as it packs it: on a Zen 3 (AVX2, one thread, informally) 16-column strips ran
-# 384x4096x1024 at 75.9 GFLOPS where 64-column ones ran 85.1 and the whole operand packed on
-# every call 78.9.
+# operand as it packs it: on a Zen 3 (AVX2, one thread) 128x960x960 ran at 54.9 GFLOPS in 16-column
+# strips, 71.4 in 64-column ones and 60.6 with the whole operand packed on every call
+# (experiments/column_strips.py, experiments/results/issue61/session15_znver3/column_strips_znver3.txt).
 STRIP_PANELS = (2, 8)
 
 
