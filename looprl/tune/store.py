@@ -74,7 +74,10 @@ from looprl.tune.results import Answer, from_relaid_start
 # won on that), and on up to 256 copies (the cap was 64).
 # 17: a packed weight's cold copies are timed on huge pages, where bound kernels now pack their
 # weights (looprl.backend.weight_memory): v16 timed them on 4 KB pages, their translations cold.
-TUNER = "tune-v17"
+# 18: a right operand that changes per call also gets its column strips, each packed the whole
+# reduction deep just before its row tiles (looprl.ir.cache_blocks.strip_candidates), measured
+# before its reduction blocks.
+TUNER = "tune-v18"
 
 
 @dataclass(frozen=True)

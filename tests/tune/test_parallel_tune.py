@@ -74,10 +74,15 @@ def test_tune_on_two_threads_is_never_slower_than_its_serial_best(tmp_path):
 
 @needs_two
 def test_a_parallel_schedule_that_does_not_pay_is_not_returned(monkeypatch):
-    """A parallel proposal measured slower than the serial best leaves the serial answer, with
-    no duel (looprl.tune.winner.team_or_serial)."""
+    """A parallel proposal measured slower than the serial best, and again beside it, leaves the
+    serial answer, with no duel (looprl.tune.winner.team_or_serial). Teams time at a third of
+    the serial speed here (a scripted timer)."""
     import importlib
 
+    from looprl.measurement import evaluator as evaluator_module
+    from tests.tune.test_team_duel import SERIAL_GFLOPS, ScriptedTimer
+
+    monkeypatch.setattr(evaluator_module, "time_kernel", ScriptedTimer(lucky=SERIAL_GFLOPS / 3, team=SERIAL_GFLOPS / 3))
     tune_module = importlib.import_module("looprl.tune.teams")  # the module, not the function it exports
 
     def slow(candidates, context, threads, at_least=0):

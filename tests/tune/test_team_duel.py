@@ -104,11 +104,31 @@ def test_teams_are_timed_however_long_the_serial_stages_took(monkeypatch):
 
 
 @needs_two
-def test_a_team_no_faster_than_the_serial_best_is_not_duelled(monkeypatch):
+def test_a_team_no_faster_than_the_serial_best_is_timed_once_more_beside_it_and_not_duelled(monkeypatch):
     timer = ScriptedTimer(lucky=SERIAL_GFLOPS, team=SERIAL_GFLOPS)
     result = tuned(monkeypatch, timer)
     assert not result.nest.is_parallel and result.gflops == result.serial_gflops == SERIAL_GFLOPS
-    assert timer.threads[-1] == 2  # the last timing was a team's: no round was timed after the team stage
+    assert timer.duel() == [2, 1]  # the team and the serial best once more, side by side; no round after that
+
+
+@needs_two
+@pytest.mark.parametrize("team", [1.9, 0.9])
+def test_a_team_timed_below_the_serial_best_is_timed_again_beside_it_and_duelled_where_it_is_above_now(monkeypatch, team):
+    """4x960x2560 on a Zen 3 (AVX2, 2026-11-30): one of three tunes on two threads came back
+    serial at 40 GFLOPS, its teams timed in a slow moment below the serial best, where the other
+    two returned teams at 71-75. A team whose figure is not above the serial best's is timed
+    once more beside it; above it now, the duel decides; still below, the serial best is
+    returned without a duel."""
+    timer = ScriptedTimer(lucky=team * SERIAL_GFLOPS, team=team * SERIAL_GFLOPS)
+    monkeypatch.setattr(evaluator_module, "time_kernel", timer)
+    problem = looprl.matmul(24, 16, 8)
+    serial_nest = looprl.initial_nest(problem)
+    evaluator = looprl.Evaluator(":memory:", 0.001, threads=2)
+    serial = ScheduleRecord(serial_nest, SERIAL_GFLOPS, ())
+    slow_moment = ScheduleRecord(parallel_variant(serial_nest, 2)[0], 0.8 * SERIAL_GFLOPS, ())
+    chosen, serial_gflops = team_or_serial(evaluator, serial, [slow_moment], retries=0)
+    assert (chosen.nest is slow_moment.nest) is (team > 1) and serial_gflops == SERIAL_GFLOPS
+    assert timer.threads == [2, 1] * (6 if team > 1 else 1)  # timed again side by side (then five rounds won)
 
 
 @needs_two
@@ -226,7 +246,7 @@ def test_teams_timed_while_their_threads_did_not_run_together_are_timed_again_on
     assert (chosen.nest is team_record.nest) is teams_come_back and serial_gflops == SERIAL_GFLOPS
     assert chosen.gflops == (2 * SERIAL_GFLOPS if teams_come_back else SERIAL_GFLOPS)
     state["together"] = False
-    assert team_or_serial(evaluator, serial, [team_record], retries=0)[0] is serial  # the rule alone: serial
+    assert team_or_serial(evaluator, serial, [team_record], retries=0)[0].nest is serial.nest  # the rule alone: serial
 
 
 def _spells(monkeypatch, slow_retimes: int):
@@ -282,7 +302,7 @@ def test_teams_are_not_waited_for_where_other_processes_keep_a_core_busy(monkeyp
     problem = looprl.matmul(24, 16, 8)
     serial = ScheduleRecord(looprl.initial_nest(problem), SERIAL_GFLOPS, ())
     team_record = ScheduleRecord(parallel_variant(serial.nest, 2)[0], SERIAL_GFLOPS * 0.99, ())
-    assert team_or_serial(looprl.Evaluator(":memory:", 0.001, threads=2), serial, [team_record])[0] is serial and waited == []
+    assert team_or_serial(looprl.Evaluator(":memory:", 0.001, threads=2), serial, [team_record])[0].nest is serial.nest and waited == []
 
 
 @needs_two
@@ -299,4 +319,4 @@ def test_teams_are_not_waited_for_where_looprl_does_not_place_them(monkeypatch):
     problem = looprl.matmul(24, 16, 8)
     serial = ScheduleRecord(looprl.initial_nest(problem), SERIAL_GFLOPS, ())
     team_record = ScheduleRecord(parallel_variant(serial.nest, 2)[0], SERIAL_GFLOPS * 0.99, ())
-    assert team_or_serial(looprl.Evaluator(":memory:", 0.001, threads=2), serial, [team_record])[0] is serial and waited == []
+    assert team_or_serial(looprl.Evaluator(":memory:", 0.001, threads=2), serial, [team_record])[0].nest is serial.nest and waited == []
