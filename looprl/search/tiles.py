@@ -128,7 +128,8 @@ def tile_contenders(context: SearchContext, actions: ActionSet, shapes=None, lea
         if reused and not packed_first and "in1" not in problem.constant:
             # Column strips first, each packed the whole reduction deep just before its row tiles
             # (stage "n"), then the reduction blocks packed block by block (stage "k").
-            staged = [(blocks, "n") for blocks in column_strips(problem, *flat)] + [(blocks, "k") for blocks in cache_blocks(problem, *flat)]
+            staged = [(blocks, "n") for blocks in column_strips(problem, *flat)]
+            staged += [(blocks, "k") for blocks in cache_blocks(problem, *flat)]
             for blocks, stage in staged:
                 tile = staged_path(problem, *flat, blocks, actions, stage)
                 if tile is not None:
@@ -194,7 +195,8 @@ def packed_path(problem: Problem, names: tuple[str, ...], actions: ActionSet) ->
     return tuple(names) + extended.named(tail), state
 
 
-def staged_path(problem: Problem, rows: int, columns: int, blocks, actions: ActionSet, stage: str = "k") -> tuple[tuple[str, ...], State] | None:
+def staged_path(problem: Problem, rows: int, columns: int, blocks, actions: ActionSet,
+                stage: str = "k") -> tuple[tuple[str, ...], State] | None:
     """The action path of the blocked schedule of ``rows`` x ``columns`` tiles and ``blocks``
     whose right operand is packed into panels block by block, at each iteration of the
     reduction block loop (``stage="k"``) or of the column block loop (``"n"``: a column strip,

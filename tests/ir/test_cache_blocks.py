@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 import looprl
 from looprl.actions import ActionSet, State
-from looprl.ir.cache_blocks import Blocks, Caches, block_candidates, blocked_steps, derive_blocks, host_caches, strip_candidates, why_not_blocked
+from looprl.ir.cache_blocks import (Blocks, Caches, block_candidates, blocked_steps, derive_blocks, host_caches, strip_candidates,
+                                    why_not_blocked)
 from looprl.ir.schedules import cache_blocks
 from looprl.ir.step import MAX_FACTOR
 from looprl.target import Target
@@ -65,7 +66,8 @@ def test_column_strips_fill_half_of_l2_the_whole_reduction_deep_and_compute_what
     then twice and half as many; evened out over the columns; none where the columns hold one
     strip or L2 is not known. Packed strip by strip with tails (no strip divides 1000 columns
     nor a tile 130 rows), the kernel computes numpy's answer against guard pages."""
-    assert strip_candidates(looprl.matmul(128, 960, 960), 6, 16, ZEN) == [Blocks(None, None, 128), Blocks(None, None, 64)]  # 8.5 panels fill half
+    # 8.5 panels fill half of L2
+    assert strip_candidates(looprl.matmul(128, 960, 960), 6, 16, ZEN) == [Blocks(None, None, 128), Blocks(None, None, 64)]
     assert strip_candidates(looprl.matmul(128, 960, 960), 6, 16, Caches(ZEN.l1, ZEN.l2 // 2, ZEN.l3)) == [
         Blocks(None, None, 64), Blocks(None, None, 128), Blocks(None, None, 32)]
     assert strip_candidates(looprl.matmul(128, 4096, 4096), 6, 16, ZEN) == [Blocks(None, None, 32), Blocks(None, None, 64)]  # at least two
