@@ -76,7 +76,8 @@ from looprl.tune.results import Answer, from_relaid_start
 # weights (looprl.backend.weight_memory): v16 timed them on 4 KB pages, their translations cold.
 # 18: a right operand that changes per call also gets its column strips, each packed the whole
 # reduction deep just before its row tiles (looprl.ir.cache_blocks.strip_candidates), measured
-# before its reduction blocks.
+# before its reduction blocks; a strip schedule's teams also divide its rows, the strip shared
+# (looprl.search.parallel.inside_stage_variant); a team timed below the serial best is timed again.
 TUNER = "tune-v18"
 
 

@@ -82,3 +82,39 @@ def test_a_staged_team_computes_numpy_s_result(threads):
         if any("in1" in loop.staged for loop in marked.compute):
             kernel = looprl.compile(marked, threads=threads)
             np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_column_strip_schedule_is_also_proposed_with_its_rows_divided_and_the_strip_shared():
+    """A strip schedule (the right operand staged at the column block loop) gets, beside the
+    team that divides its strips (each thread packing its own), the team that divides the row
+    tiles inside each strip: the strip packed once by the calling thread, read by every thread.
+    Both rank as one team a call (a staged loop's iterations do not count: each packs a block
+    and computes all that reads it), so tune's first team timings reach both. On two threads
+    it computes the serial kernel's bits, tails in every dimension (no strip divides 70
+    columns nor a tile 40 rows), and replays from its actions."""
+    from looprl.ir.cache_blocks import Blocks, blocked_steps
+    from looprl.search.parallel import teams_per_call
+    from looprl.search.tiles import staged_path
+
+    strips = looprl.initial_nest(PROBLEM).apply(blocked_steps(PROBLEM, 4, 16, Blocks(None, None, 32), stage="n"))
+    assert strips.compute[0].staged == ("in1",)
+    variants = proposed_variants(strips, 2, serial_copy=False)
+    inside = [(marked, indices) for marked, _, indices in variants if marked.compute[indices[0]].var == "m"]
+    assert len(inside) == 1 and any(marked.compute[indices[0]].var == "n" for marked, _, indices in variants)
+    rows, indices = inside[0]
+    assert not rows.compute[0].parallel and rows.compute[0].staged == ("in1",)  # one shared strip buffer
+    assert teams_per_call(rows, indices[0]) == 1
+    if available_cores() >= 2:
+        rng = np.random.default_rng(2)
+        a, b = (rng.standard_normal(shape).astype(np.float32) for shape in PROBLEM.input_shapes)
+        serial = looprl.compile(strips)(a, b)
+        assert np.array_equal(looprl.compile(rows, threads=2)(a, b), serial)
+        np.testing.assert_allclose(serial, a @ b, rtol=1e-4, atol=1e-4)
+    actions = ActionSet.covering(["split_2", "split_4", "split_16", "swap_up", "swap_down", "pack", "stage"])
+    path = staged_path(PROBLEM, 4, 16, Blocks(None, None, 32), actions, "n")
+    assert path is not None and path[1].nest == strips
+    record = ScheduleRecord(strips, 50.0, path[0], "tiles")
+    proposed = [v for v in split_proposals(record, 2, None) if v.nest.key == rows.key]
+    assert proposed
+    replayed = reach(ActionSet.covering(proposed[0].actions), State(looprl.initial_nest(PROBLEM), 0), proposed[0].actions).nest
+    assert replayed == rows
