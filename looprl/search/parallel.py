@@ -43,11 +43,11 @@ from looprl.measurement.schedule_record import ScheduleRecord
 MANY = 4  # iterations per thread from which a loop's shares are taken to be balanced
 
 
-def outermost_parallel_loop(nest: LoopNest, which: str, iterations: int) -> int | None:
-    """Index of the outermost loop of nest ``which`` (compute or write-back) that may be made
-    parallel and has at least ``iterations`` iterations, or None."""
+def outermost_parallel_loop(nest: LoopNest, which: str, iterations: int, after: int = -1) -> int | None:
+    """Index of the outermost loop of nest ``which`` (compute or write-back) after loop
+    ``after`` that may be made parallel and has at least ``iterations`` iterations, or None."""
     for index, loop in enumerate(nest.loops):
-        if loop.nest == which and loop.iterations >= iterations and nest.why_not_parallel(index) is None:
+        if index > after and loop.nest == which and loop.iterations >= iterations and nest.why_not_parallel(index) is None:
             return index
     return None
 
@@ -83,25 +83,16 @@ def inside_stage_variant(serial: LoopNest, staged: int, threads: int) -> tuple[L
     (AVX2, 15 interleaved rounds, 6x16 tiles) it beat the strips' team on 4 of 7 GEMMs by 6-28%
     (512x960x960: 122.7 against 95.5 GFLOPS) and lost 21% on 384x4096x1024: tune measures both.
     ``(nest, the loops marked)``, or None where no such loop may be made parallel."""
-    which = serial.loops[staged].nest
-    inside = next((index for index in range(staged + 1, len(serial.loops))
-                   if serial.loops[index].nest == which and serial.loops[index].iterations >= MANY * threads
-                   and serial.why_not_parallel(index) is None), None)
-    if inside is None:
-        return None
-    marked, indices = serial.parallel(inside), (inside,)
-    write_back = outermost_parallel_loop(marked, WRITE_BACK, threads)
-    if write_back is not None:
-        marked, indices = marked.parallel(write_back), indices + (write_back,)
-    return marked, indices
+    return parallel_variant(serial, threads, MANY * threads, after=staged)
 
 
-def parallel_variant(nest: LoopNest, threads: int, iterations: int | None = None) -> tuple[LoopNest, tuple[int, ...]] | None:
-    """``nest`` (made serial first) with its outermost eligible compute loop (at least
-    ``iterations`` iterations, default ``threads``) and write-back loop (at least ``threads``)
-    parallel, and the indices marked; None when no compute loop qualifies."""
+def parallel_variant(nest: LoopNest, threads: int, iterations: int | None = None,
+                     after: int = -1) -> tuple[LoopNest, tuple[int, ...]] | None:
+    """``nest`` (made serial first) with its outermost eligible compute loop after loop
+    ``after`` (at least ``iterations`` iterations, default ``threads``) and write-back loop (at
+    least ``threads``) parallel, and the indices marked; None when no compute loop qualifies."""
     serial = nest.serial()
-    compute = outermost_parallel_loop(serial, COMPUTE, threads if iterations is None else iterations)
+    compute = outermost_parallel_loop(serial, COMPUTE, threads if iterations is None else iterations, after)
     if compute is None:
         return None
     marked, indices = serial.parallel(compute), (compute,)
