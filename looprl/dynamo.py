@@ -82,7 +82,7 @@ from looprl.torch import native
 from looprl.torch.activations import activation_of_call
 from looprl.torch.layers import layer_shape, tune_layer, weight_bytes
 from looprl.torch.records import route_summary, summarise_calls
-from looprl.torch.routes import AUTOCAST, TRANSFORMED, LinearKernels, autocast_to_other, transformed
+from looprl.torch.routes import AUTOCAST, TORCH_FASTER, TRANSFORMED, LinearKernels, autocast_to_other, transformed
 from looprl.torch.rows import check_max_rows
 from looprl.torch.siblings import constant_value, linear_arguments, merge_siblings, reads_constants
 from looprl.torch.transposed import addmm_as_linear
@@ -352,9 +352,10 @@ def _linear_operator(kernels: LinearKernels, index: int):
     return torch.ops.looprl.linear.default if kernels.native is None else torch.ops.looprl_native.linear.default
 
 
-def _retire_native(calls: int) -> None:
-    """Add the calls a freed layer's native entry computed (not yet counted) to the totals."""
-    _retire({"looprl": calls})
+def _retire_native(calls: int, routed: int) -> None:
+    """Add the calls a freed layer's native entry computed (not yet counted) to the totals:
+    ``calls`` with looprl's kernels, ``routed`` with torch's call (rows routed to torch)."""
+    _retire({outcome: count for outcome, count in (("looprl", calls), (TORCH_FASTER, routed)) if count})
 
 
 def _freezing() -> bool:

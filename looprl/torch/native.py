@@ -20,6 +20,12 @@ transform's wrapper, a strided view, another weight tensor than a frozen plan's)
 Python operator, which decides as before (and counts its fallbacks); the native operator's own
 calls are added to the layer's ``"looprl"`` count (:meth:`NativeLayer.take_calls`).
 
+A row count the layer routes to torch is torch's call made by the native operator itself
+(``aten::linear``, what ``functional.linear`` calls), where the layer has no activation
+(:meth:`NativeLayer.route_to_torch`, offered by the Python operator on such a call): about 30 us
+of the dispatcher's way into Python and back less per call (a 1408 -> 512 layer on one row, Zen 3).
+Those calls are added to the layer's count of calls routed to torch.
+
 ``LOOPRL_NATIVE=0`` turns it off (the backend then puts ``looprl::linear`` in its graphs); where
 no compiler or headers are found, or the build fails, the same happens, with a warning once per
 process naming why (:func:`unavailable`).
@@ -176,8 +182,11 @@ def _declare(handle: ctypes.CDLL) -> None:
     handle.looprl_native_layer.restype = None
     handle.looprl_native_plan.argtypes = [i64, i64, ctypes.POINTER(Part), i64, i64, i64, i64, ctypes.POINTER(i64)]
     handle.looprl_native_plan.restype = i64
-    for name in ("looprl_native_clear", "looprl_native_forget", "looprl_native_take_calls"):
-        getattr(handle, name).argtypes = [i64]
+    handle.looprl_native_clear.argtypes = [i64]
+    for name in ("looprl_native_forget", "looprl_native_take_calls"):
+        getattr(handle, name).argtypes = [i64, ctypes.POINTER(i64)]
+    handle.looprl_native_torch_route.argtypes = [i64, i64]
+    handle.looprl_native_torch_route.restype = i64
     handle.looprl_native_clear.restype = None
     handle.looprl_native_forget.restype = i64
     handle.looprl_native_take_calls.restype = i64
@@ -295,6 +304,17 @@ class NativeLayer:
         made = self._derived.get(rows)
         return made is not None and made is not derived
 
+    def route_to_torch(self, rows: int) -> None:
+        """Have the native operator make torch's call (``aten::linear``) itself for ``rows``
+        rows: for a layer without an activation whose routes give those rows to torch (the
+        Python operator's call there is ``functional.linear``, this same call)."""
+        with self._lock:
+            self._handle.looprl_native_torch_route(self.index, rows)
+            self._kept[rows] = None
+            self._derived[rows] = None
+            self.offered.add(rows)
+            self.planned = frozenset(self._kept)
+
     def refuse(self, rows: int) -> None:
         """Note that ``rows`` has no plan the native operator can run (not offered again)."""
         with self._lock:
@@ -309,15 +329,19 @@ class NativeLayer:
             self._derived.clear()
             self.offered.clear()
 
-    def take_calls(self) -> int:
-        """The calls the native operator computed for this layer since last asked."""
-        return self._handle.looprl_native_take_calls(self.index)
+    def take_calls(self) -> tuple[int, int]:
+        """The calls the native operator computed for this layer since last asked with
+        looprl's kernels, and with torch's call (the rows routed to torch)."""
+        routed = ctypes.c_int64(0)
+        calls = self._handle.looprl_native_take_calls(self.index, ctypes.byref(routed))
+        return calls, routed.value
 
 
 def _forget(handle: ctypes.CDLL, index: int, on_forget) -> None:
-    calls = handle.looprl_native_forget(index)
-    if on_forget is not None and calls:
-        on_forget(calls)
+    routed = ctypes.c_int64(0)
+    calls = handle.looprl_native_forget(index, ctypes.byref(routed))
+    if on_forget is not None and (calls or routed.value):
+        on_forget(calls, routed.value)
 
 
 

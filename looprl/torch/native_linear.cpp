@@ -8,6 +8,11 @@
 // which computes it, counts it, and may hand this table a plan for its row count
 // (looprl.torch.native). The table is written only from Python and read on every call.
 //
+// A row count that the layer routes to torch (torch timed faster there) and whose layer has no
+// activation gets a plan that is torch's own call, aten::linear, made here (as the Python
+// operator's functional.linear makes it): a routed call costs a table lookup above torch's
+// call, not the dispatcher's way into Python and back. Such calls are counted apart.
+//
 // A plan is a list of kernel calls (parts), each over a run of rows, its kernel serial or a team's
 // (offered only where looprl does not place its teams: on torch's OpenMP runtime, as in a torch
 // process, or with LOOPRL_PLACE_TEAMS=0). Each pointer argument of a
@@ -71,6 +76,7 @@ struct Plan {
   // were bound (0: none); the plan holds while the tensors hold them, byte for byte (memcmp).
   int64_t kept_weight = 0, kept_bias = 0, weight_bytes = 0, bias_bytes = 0;
   int64_t pid = 0;  // a plan with a team's kernels: the process it was made in (a forked child's calls are Python's)
+  bool torch = false;  // torch's call (aten::linear), the row count routed to torch; no parts
 };
 
 struct Layer {
@@ -79,6 +85,7 @@ struct Layer {
   bool has_bias = false;
   std::unordered_map<int64_t, Plan> plans;  // row count -> plan
   std::atomic<int64_t> calls{0};            // calls this table computed (Python adds them to the layer's count)
+  std::atomic<int64_t> torch_calls{0};      // calls this table gave torch's call (Python counts them as routed to torch)
 };
 
 std::shared_mutex table_lock;
@@ -195,6 +202,14 @@ at::Tensor run(const Layer& layer, const Plan& plan, const at::Tensor& x, const 
   return out;
 }
 
+// torch's own linear call, through the dispatcher (what functional.linear calls).
+at::Tensor torch_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  static auto aten_linear = c10::Dispatcher::singleton()
+                                .findSchemaOrThrow("aten::linear", "")
+                                .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&)>();
+  return aten_linear.call(x, weight, bias);
+}
+
 // The call by the layer's plan, or nothing where there is none for it.
 std::optional<at::Tensor> try_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t index) {
   std::shared_lock<std::shared_mutex> lock(table_lock);
@@ -202,6 +217,10 @@ std::optional<at::Tensor> try_linear(const at::Tensor& x, const at::Tensor& weig
   if (found == table.end()) return std::nullopt;
   Layer& layer = *found->second;
   const Plan* plan = plan_for(layer, x, weight, bias);
+  if (plan != nullptr && plan->torch) {
+    layer.torch_calls.fetch_add(1, std::memory_order_relaxed);
+    return torch_linear(x, weight, bias);
+  }
   if (plan == nullptr || workspace(plan->workspace_bytes) == nullptr) return std::nullopt;
   at::Tensor out = run(layer, *plan, x, weight, bias);
   layer.calls.fetch_add(1, std::memory_order_relaxed);
@@ -262,6 +281,17 @@ int64_t looprl_native_plan(int64_t index, int64_t rows, const Part* parts, int64
   return 1;
 }
 
+// Route a layer's `rows` rows to torch's call (a plan that is aten::linear); 0 if the layer is not declared.
+int64_t looprl_native_torch_route(int64_t index, int64_t rows) {
+  Plan plan;
+  plan.torch = true;
+  std::unique_lock<std::shared_mutex> lock(table_lock);
+  auto found = table.find(index);
+  if (found == table.end()) return 0;
+  found->second->plans[rows] = std::move(plan);
+  return 1;
+}
+
 // Drop every plan of a layer (its calls go to Python again); returns once no call runs one.
 void looprl_native_clear(int64_t index) {
   std::unique_lock<std::shared_mutex> lock(table_lock);
@@ -269,12 +299,14 @@ void looprl_native_clear(int64_t index) {
   if (found != table.end()) found->second->plans.clear();
 }
 
-// Forget a layer; returns the calls it computed not yet taken.
-int64_t looprl_native_forget(int64_t index) {
+// Forget a layer; returns the calls it computed not yet taken (and in `torch_calls` those it gave torch).
+int64_t looprl_native_forget(int64_t index, int64_t* torch_calls) {
   std::unique_lock<std::shared_mutex> lock(table_lock);
+  *torch_calls = 0;
   auto found = table.find(index);
   if (found == table.end()) return 0;
   int64_t calls = found->second->calls.exchange(0);
+  *torch_calls = found->second->torch_calls.exchange(0);
   table.erase(found);
   return calls;
 }
@@ -283,11 +315,14 @@ int64_t looprl_native_forget(int64_t index) {
 // parallel regions: looprl.backend.threads asks after a fork).
 int64_t looprl_native_used_parallel() { return used_parallel ? 1 : 0; }
 
-// The calls a layer computed since last asked (then counted afresh).
-int64_t looprl_native_take_calls(int64_t index) {
+// The calls a layer computed since last asked (and in `torch_calls` those it gave torch; then counted afresh).
+int64_t looprl_native_take_calls(int64_t index, int64_t* torch_calls) {
   std::shared_lock<std::shared_mutex> lock(table_lock);
+  *torch_calls = 0;
   auto found = table.find(index);
-  return found == table.end() ? 0 : found->second->calls.exchange(0);
+  if (found == table.end()) return 0;
+  *torch_calls = found->second->torch_calls.exchange(0);
+  return found->second->calls.exchange(0);
 }
 
 }  // extern "C"

@@ -201,10 +201,12 @@ class LinearKernels:
 
     def counted(self) -> dict[str, int]:
         """Calls by outcome: ``"looprl"`` (the native operator's included) or a fallback's reason."""
-        native = self.native.take_calls() if self.native is not None else 0
+        native, routed = self.native.take_calls() if self.native is not None else (0, 0)
         with self._stats_lock:
             if native:
                 self.calls["looprl"] = self.calls.get("looprl", 0) + native
+            if routed:
+                self.calls[TORCH_FASTER] = self.calls.get(TORCH_FASTER, 0) + routed
             return dict(self.calls)
 
     def forget_calls(self) -> None:
@@ -362,6 +364,9 @@ class LinearKernels:
                 routed = self._torch_rows.get(rows)
                 if routed or (routed is None and self.runs_torch(rows)):
                     self._count(TORCH_FASTER)
+                    native = self.native
+                    if native is not None and self.activation is None and rows not in native.offered:
+                        native.route_to_torch(rows)  # its next calls: torch's, made by the native operator
                     return self.fallback(x, weight, bias)
         why = self.why_not(x, weight, bias)
         self._count(why)

@@ -187,6 +187,57 @@ def test_rows_given_to_torch_after_a_plan_was_made_are_torch_s(pair):
             layer.native.clear()
 
 
+def test_rows_routed_to_torch_on_a_layer_without_activation_are_torch_s_call_made_without_python(pair, monkeypatch):
+    """The first routed call of a row count is the Python operator's, which has the native
+    operator make torch's call (aten::linear) for those rows from then on: the same bits, each
+    call counted as routed to torch, Python never entered; the layer with an activation (GELU
+    fused) keeps its routed calls in Python, whose torch call applies it."""
+    from looprl import dynamo
+    from looprl.torch.routes import TORCH_FASTER
+
+    (module, _, layers), _ = pair
+    plain, fused = layers[1], layers[0]
+    assert plain.activation is None and fused.activation is not None
+    indices = {id(layer): i for i, layer in dynamo._layers.items()}
+    operator = torch.ops.looprl_native.linear.default
+    python_calls = counting_python_calls(monkeypatch)
+    routes = {layer: dict(layer.routes) for layer in layers}
+    try:
+        for layer in layers:
+            layer.route_to_torch([5])
+        with torch.no_grad():
+            for layer, linear in ((plain, module[2]), (fused, module[0])):
+                x = torch.randn(5, linear.in_features)
+                before = layer.counted().get(TORCH_FASTER, 0)
+                reached = len(python_calls)
+                for _ in range(4):
+                    assert torch.equal(operator(x, linear.weight, linear.bias, indices[id(layer)]), layer.fallback(x, linear.weight, linear.bias))
+                assert layer.counted().get(TORCH_FASTER, 0) - before == 4
+                assert len(python_calls) - reached == (1 if layer is plain else 4)
+        assert 5 in plain.native.planned and 5 not in fused.native.planned
+    finally:
+        for layer in layers:
+            layer.routes = routes[layer]
+            layer._torch_rows = {}
+            layer.native.clear()
+
+
+def test_a_freed_graph_s_native_calls_routed_to_torch_stay_in_the_totals(options, monkeypatch):
+    from looprl import dynamo
+    from looprl.torch.routes import TORCH_FASTER
+
+    _, function, layers = compiled(options, True, monkeypatch)
+    layers[1].route_to_torch([2])
+    before = dynamo.stats()["fallbacks"].get(TORCH_FASTER, 0)
+    with torch.no_grad():
+        for _ in range(3):
+            function(torch.randn(2, IN))  # the second layer's first call routed by Python, the others by the native operator
+    del function, layers
+    torch._dynamo.reset()
+    gc.collect()
+    assert dynamo.stats()["fallbacks"].get(TORCH_FASTER, 0) == before + 3
+
+
 def test_threads_calling_at_once_each_get_their_answer(pair):
     (module, function, _), _ = pair
     inputs = [torch.randn(rows, IN) for rows in (1, 3, 7)]
