@@ -283,6 +283,51 @@ def panel_steps(problem: Problem, columns: int) -> list[Step]:
     return _split_and_ordered(problem, ((col, columns),), [col, red, row, f"{col}_in"])
 
 
+# A cold weight read as several streams side by side (stream_panel_steps): panels of one or two
+# vectors' width, packed one after another, ``streams`` of them read at once, a row of each per
+# step of the reduction. One sequential stream leaves a core's reads in flight to the hardware
+# prefetchers; several regions read side by side keep more of them in flight (the stream kernel
+# measures the bound both ways, looprl.backend.stream_kernel). On a 2-vCPU AMD EPYC Zen 3 (AVX2,
+# one thread), 1 MB regions read from memory in turn streamed at 12.2 GB/s as one stream and 14.1
+# as four; a 1 x 512 -> 2816 linear layer's cold weight at 11.7 GB/s in 64-column panels read one
+# after another and 15.3-16.5 four or eight panels at once (experiments/stream_panels.py,
+# experiments/results/stream_panels_znver3.txt). Measured, never chosen: the counts are the same on
+# every host, and the panels' accumulators, for every row, fit PANEL_REGISTERS registers.
+STREAM_PANEL_COUNTS = (4, 8)
+STREAM_PANEL_VECTORS = (2, 1)  # a panel's width in the target's vectors
+
+
+def stream_panel_shapes(problem: Problem, target: Target) -> list[tuple[int, int]]:
+    """The ``(streams, columns)`` of :func:`stream_panel_steps` for ``problem`` on ``target``, in
+    the order tune measures them: ``streams`` of :data:`STREAM_PANEL_COUNTS` panels of
+    :data:`STREAM_PANEL_VECTORS` vectors' width, narrower together than the output's columns, whose
+    accumulators, for every output row, fit :data:`PANEL_REGISTERS` registers."""
+    if len(problem.output) < 2 or len(problem.reduction_dims) != 1:
+        return []
+    rows, cols = problem.size(problem.output[-2]), problem.size(problem.output[-1])
+    lanes = Target.required(target, "stream_panel_shapes").vector_width
+    shapes = [(streams, vectors * lanes) for streams in STREAM_PANEL_COUNTS for vectors in STREAM_PANEL_VECTORS]
+    return [(streams, columns) for streams, columns in shapes
+            if streams * columns < cols and rows * streams * (columns // lanes) <= PANEL_REGISTERS]
+
+
+def stream_panel_steps(problem: Problem, streams: int, columns: int) -> list[Step]:
+    """IR steps (``nest.apply``) from ``problem``'s untiled nest to panels read side by side:
+    ``b..., n/(streams*columns), k, m, streams, columns``. Packed by ``columns`` (the panels one
+    after another, each its reduction's rows in order), each group of ``streams`` panels is
+    computed whole, every row's accumulators for the group in registers across the entire
+    reduction, reading a row of each of its panels per step: ``streams`` regions of the weight
+    read at once. Sizes the factors do not divide leave tails."""
+    if len(problem.output) < 2 or len(problem.reduction_dims) != 1:
+        raise ValueError(f"{problem.name}: a panel schedule needs two output dimensions and one reduction")
+    row, col, red = problem.output[-2], problem.output[-1], problem.reduction_dims[0]
+    if streams < 2 or columns < 2 or streams * columns >= problem.size(col):
+        raise ValueError(f"{problem.name}: {streams} streams of {columns}-column panels need at least 2 of at least 2 columns, "
+                         f"fewer than {col}={problem.size(col)} in all")
+    return _split_and_ordered(problem, ((col, streams * columns), (f"{col}_in", columns)),
+                              [col, red, row, f"{col}_in", f"{col}_in_in"])
+
+
 def column_last_layout(problem: Problem, tensor: str) -> Layout | None:
     """The layout that stores input ``tensor`` (``"in0"`` or ``"in1"``) with the output's last
     dimension innermost, when its row-major order puts that dimension elsewhere (B[n, k] of

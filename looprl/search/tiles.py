@@ -16,7 +16,8 @@ its reduction blocks outermost (:mod:`looprl.search.kblocks`); for a problem of 
 :func:`~looprl.search.streams.spilled_tiles` with the output spilled at their block loop, and the fastest of them with its right operand
 prefetched ahead (:func:`~looprl.search.dots.prefetch_variants`); then the fastest with the right operand packed into
 column panels (for a cold problem, whose weights come from memory on every call, the packed
-panel schedules of :func:`~looprl.ir.schedules.panel_steps` come first of all); when
+panels read side by side of :func:`~looprl.ir.schedules.stream_panel_steps`, then those read one
+at a time of :func:`~looprl.ir.schedules.panel_steps`, come first of all); when
 the output's columns are not the right operand's contiguous dimension, as in ``A @ B.T``,
 every tile is packed, since unpacked it gathers lane by lane; so is every tile of a bfloat16
 problem whose weight the kernel pairs (:mod:`looprl.backend.pairs`: re-laid once when bound
@@ -33,7 +34,8 @@ from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.ir.register_tiles import packed_right, tile_of, tile_shapes, tile_steps, why_not_tile
 from looprl.measurement.schedule_record import ScheduleRecord
-from looprl.ir.schedules import cache_blocks, column_strips, panel_steps, panel_widths, stream_steps
+from looprl.ir.schedules import (cache_blocks, column_strips, panel_steps, panel_widths, stream_panel_shapes, stream_panel_steps,
+                                 stream_steps)
 from looprl.ir.step import PACK, SPILL, SPLIT, STAGE, Step
 from looprl.search.context import BudgetExhausted, SearchContext
 from looprl.search.dots import prefetch_variants
@@ -107,8 +109,10 @@ def tile_contenders(context: SearchContext, actions: ActionSet, shapes=None, lea
     flat = None
     try:
         if problem.cold and not transposed:  # weights from memory: whole panels, packed in order, first
-            for columns in panel_widths(problem, target):
-                tile = reached(panel_steps(problem, columns))
+            panels = [(stream_panel_steps(problem, streams, columns), columns) for streams, columns in stream_panel_shapes(problem, target)]
+            panels += [(panel_steps(problem, columns), columns) for columns in panel_widths(problem, target)]
+            for steps, columns in panels:  # several panels read side by side, then one at a time
+                tile = reached(steps)
                 packed = tile if tile is None or packed_first else packed_path(problem, tile[0], actions)
                 if packed is not None:
                     attempt(*packed, columns)

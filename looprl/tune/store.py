@@ -78,7 +78,9 @@ from looprl.tune.results import Answer, from_relaid_start
 # reduction deep just before its row tiles (looprl.ir.cache_blocks.strip_candidates), measured
 # before its reduction blocks; a strip schedule's teams also divide its rows, the strip shared
 # (looprl.search.parallel.inside_stage_variant); a team timed below the serial best is timed again.
-TUNER = "tune-v18"
+# 19: a cold problem's packed panels are also read several side by side, measured first
+# (looprl.ir.schedules.stream_panel_steps).
+TUNER = "tune-v19"
 
 
 @dataclass(frozen=True)

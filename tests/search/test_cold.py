@@ -12,14 +12,16 @@ from looprl.actions import ActionSet
 from looprl.backend.kernel import Kernel
 from looprl.ir.layers import linear
 from looprl.ir.problem import parse_problem
+from looprl.ir.register_tiles import packed_right
 from looprl.ir.rewrites import relaid
-from looprl.ir.schedules import PANEL_REGISTERS, panel_steps, panel_widths
+from looprl.ir.schedules import PANEL_REGISTERS, panel_steps, panel_widths, stream_panel_shapes, stream_panel_steps
 from looprl.measurement import timing
 from looprl.measurement.cache import MeasurementCache
 from looprl.measurement.evaluator import Evaluator
 from looprl.search.tiles import measure_tiles
 from looprl.search.context import SearchContext
 from looprl.target import Target
+from tests.guarded import GuardedArray
 from tests.policies import random_policy
 
 
@@ -106,6 +108,51 @@ def test_panel_schedules_with_tails_compute_what_numpy_does(m, n, k, columns):
     np.testing.assert_allclose(looprl.compile(nest)(x, w, b), x @ w.T + b, rtol=1e-4, atol=1e-4)
 
 
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(m=st.integers(1, 3), n=st.integers(5, 300), k=st.integers(1, 90), streams=st.sampled_from([2, 4, 8]),
+       columns=st.sampled_from([2, 8, 16, 32]))
+def test_panels_read_side_by_side_with_tails_compute_what_numpy_does_and_stay_in_bounds(m, n, k, streams, columns):
+    """Groups of panels that the output's columns do not divide, panels the group does not
+    divide, packed by the panel's width, bound once and called on a weight between guard pages."""
+    problem = linear(m, k, n, bias=True).with_cold()
+    rewrite = relaid(problem)
+    twin = rewrite.coordinates
+    if streams * columns >= n:
+        with pytest.raises(ValueError, match="streams"):
+            stream_panel_steps(twin, streams, columns)
+        return
+    nest = looprl.initial_nest(twin).apply(stream_panel_steps(twin, streams, columns))
+    assert [lp.var for lp in nest.compute] == ["n", "k", "m", "n", "n"] and nest.compute[-1].size == columns
+    kernel = looprl.compile(rewrite.schedule(packed_right(nest)))
+    assert kernel.packed_inputs
+    rng = np.random.default_rng(m * 1000 + n + k)
+    guards = [GuardedArray(shape, side) for side in ("end", "start") for shape in ((m, k), (n, k), (n,), (m, n))]
+    try:
+        for group in (guards[:4], guards[4:]):
+            x, w, b, out = (guard.array for guard in group)
+            for array in (x, w, b):
+                array[...] = rng.standard_normal(array.shape)
+            kernel.run(x, w, out, bias=b)
+            np.testing.assert_allclose(out, x @ w.T + b, rtol=1e-4, atol=1e-4)
+            kernel.bind(b=w, bias=b).run(x, out=out)
+            np.testing.assert_allclose(out, x @ w.T + b, rtol=1e-4, atol=1e-4)
+    finally:
+        for guard in guards:
+            guard.release()
+
+
+def test_panels_side_by_side_keep_every_row_s_accumulators_in_registers():
+    avx2, avx512 = Target.named("avx2"), Target.named("avx512")
+    assert stream_panel_shapes(looprl.matmul(1, 3072, 768), avx2) == [(4, 16), (4, 8), (8, 16), (8, 8)]
+    assert stream_panel_shapes(looprl.matmul(1, 3072, 768), avx512) == [(4, 32), (4, 16), (8, 32), (8, 16)]
+    assert stream_panel_shapes(looprl.matmul(2, 3072, 768), avx2) == [(4, 16), (4, 8), (8, 8)]
+    assert stream_panel_shapes(looprl.matmul(4, 3072, 768), avx2) == [(4, 8)]
+    assert stream_panel_shapes(looprl.matmul(1, 64, 768), avx2) == [(4, 8)]  # narrower than the output together
+    for rows in (1, 2, 3, 4, 5, 16):
+        for streams, columns in stream_panel_shapes(looprl.matmul(rows, 3072, 768), avx2):
+            assert rows * streams * columns // 8 <= PANEL_REGISTERS
+
+
 def test_panel_widths_keep_every_row_s_accumulators_in_registers():
     avx512 = Target.named("avx512")
     assert panel_widths(looprl.matmul(1, 3072, 768), avx512) == [64, 128, 256]
@@ -127,9 +174,12 @@ def test_a_cold_problem_measures_packed_panels_first():
 
     evaluator = Recording(MeasurementCache(":memory:"), 0.001, samples=1)
     measure_tiles(SearchContext(problem, ActionSet(), evaluator), ActionSet())
-    widths = panel_widths(problem, evaluator.target)
-    first = measured[:len(widths)]
-    assert [nest.compute[-1].size for nest in first] == widths
+    side_by_side, widths = stream_panel_shapes(problem, evaluator.target), panel_widths(problem, evaluator.target)
+    assert side_by_side and widths
+    first = measured[:len(side_by_side) + len(widths)]
+    # panels read side by side, then one at a time: each group (or panel) outermost, the panel's width innermost
+    assert [(nest.compute[-2].size, nest.compute[-1].size) for nest in first[:len(side_by_side)]] == side_by_side
+    assert [nest.compute[-1].size for nest in first[len(side_by_side):]] == widths
     assert all(nest.layouts and nest.compute[0].var == "n" for nest in first)  # packed, a panel at a time
     warm = relaid(linear(1, 256, 512, bias=False)).coordinates
     measured.clear()
