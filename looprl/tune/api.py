@@ -150,7 +150,8 @@ def _measured(proposer: PolicyProposer, searched: Searched, measurer: Measurer, 
     cap would make a capped comparison unequal)."""
     exact = searched.exact_start
     given = searched.problem if exact is not None and searched.dots and budget_s != 0 and max_evaluations is None else None
-    compare_s = measurer.comparison_seconds(searched.problem.constant_bytes) if weights_change and given is not None else 0.0
+    compare_s = (measurer.comparison_seconds(searched.problem.constant_bytes, searched.problem.between)
+                 if weights_change and given is not None else 0.0)
     answer = in_place = None
     load = store.load_now(measurer) if remembers else None  # the machine's load: a busy moment is not remembered as final
     least = MIN_BUDGET_S if budget_s is None else budget_s

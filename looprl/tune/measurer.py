@@ -84,10 +84,12 @@ class Measurer:
         kernel can take pairs (as the record is, once made for the target)."""
         return replace(proposal, gflops=evaluator(with_pairs(proposal.nest, evaluator.target)).gflops)
 
-    def comparison_seconds(self, constant_bytes: int) -> float:
+    def comparison_seconds(self, constant_bytes: int, between: int = 0) -> float:
         """What comparing a re-laid copy of a problem's constant inputs (``constant_bytes``) with
         them costs a call: both read once, at the host's measured bandwidth from where they live
-        (the last-level cache when both fit it, else memory)."""
+        (the last-level cache when both fit it with the ``between`` bytes other work reads
+        between two calls, :attr:`Problem.between <looprl.ir.problem.Problem.between>`, else
+        memory: a decode step's layer compares two copies its other layers have evicted)."""
         read = 2 * constant_bytes
         bandwidth = memory_bandwidth(self.target, self.cache, threads=self.threads)
-        return read / (1e9 * bandwidth["llc" if read <= cache_sizes()[1] else "dram"])
+        return read / (1e9 * bandwidth["llc" if read + between <= cache_sizes()[1] else "dram"])

@@ -134,7 +134,8 @@ def policy_tune(proposer: PolicyProposer, searched: Searched, measurer: Measurer
     if start is None:
         return policy_answer(proposer, searched.problem, searched.pairs, measurer, evaluator, frozenset(), timings), evaluator
     in_place = searched.few_rows and proposer.actions.fits(searched.problem)
-    compare_s = measurer.comparison_seconds(searched.problem.constant_bytes) if in_place and weights_change else 0.0
+    problem = searched.problem
+    compare_s = measurer.comparison_seconds(problem.constant_bytes, problem.between) if in_place and weights_change else 0.0
     relaid = policy_answer(proposer, start.coordinates, searched.pairs, measurer, evaluator, frozenset(), timings)
     answers = [from_relaid_start(relaid, start)]
     if in_place:

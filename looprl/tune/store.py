@@ -79,7 +79,8 @@ from looprl.tune.results import Answer, from_relaid_start
 # before its reduction blocks; a strip schedule's teams also divide its rows, the strip shared
 # (looprl.search.parallel.inside_stage_variant); a team timed below the serial best is timed again.
 # 19: a cold problem's packed panels are also read several side by side, measured first
-# (looprl.ir.schedules.stream_panel_steps).
+# (looprl.ir.schedules.stream_panel_steps); where weights are followed, a copy's comparison is
+# costed from memory where other work between calls evicts it (Measurer.comparison_seconds).
 TUNER = "tune-v19"
 
 

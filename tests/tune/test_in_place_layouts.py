@@ -169,6 +169,22 @@ def test_a_copy_wins_only_by_the_margin_with_its_comparison_counted():
     assert preferred([kept, copy], compare_s).nest == AS_STORED  # the order of the answers does not decide
 
 
+def test_a_copy_s_comparison_reads_from_memory_where_other_work_between_calls_evicts_it(monkeypatch):
+    """Both the weight and its copy are read by the comparison: from the last-level cache where
+    they fit it with what other work reads between two calls, else from memory (a decode step's
+    layer, whose weights the other layers evict)."""
+    from looprl.tune import measurer as measuring
+
+    monkeypatch.setattr(measuring, "cache_sizes", lambda: (1 << 19, 32 << 20))
+    monkeypatch.setattr(measuring, "memory_bandwidth", lambda *args, **kwargs: {"llc": 80.0, "dram": 16.0})
+    timer = measuring.Measurer.open(":memory:", 0.001, None, 1)
+    weight = 3 << 20
+    assert timer.comparison_seconds(weight) == pytest.approx(2 * weight / 80e9)  # warm: both in the last level
+    assert timer.comparison_seconds(weight, between=20 << 20) == pytest.approx(2 * weight / 80e9)  # 26 MB in all: still there
+    assert timer.comparison_seconds(weight, between=64 << 20) == pytest.approx(2 * weight / 16e9)  # evicted: from memory
+    assert timer.comparison_seconds(20 << 20) == pytest.approx(2 * (20 << 20) / 16e9)  # 40 MB: more than the last level holds
+
+
 def test_between_copies_the_faster_is_kept_and_between_schedules_keeping_nothing_the_faster():
     first, faster_copy = _answer(RELAID_NEST, 10.0), _answer(PACKED, 12.0, 2)
     chosen = preferred([first, faster_copy], compare_s=1e-6)
