@@ -20,8 +20,10 @@ operators' own (self) CPU time is divided among its ``--new - 1`` decode tokens;
 calls on more than one row (the prompt's) are left out of their rows and counted with
 everything else, as is the prompt's other work (a few milliseconds spread over the tokens):
 
-* ``looprl::linear`` (``looprl_native::linear`` where the native operator runs it) per weight shape (each a row: microseconds a call, calls a token, GB/s of
-  its weight and bias read per call), where looprl's backend runs the linear layers;
+* ``looprl::linear`` (``looprl_native::linear`` where the native operator runs it,
+  ``looprl_native::try_linear`` for a tuned module's layer) per weight shape (each a row:
+  microseconds a call, calls a token, GB/s of its weight and bias read per call), where
+  looprl's backend runs the linear layers;
 * ``mkldnn`` / ``aten`` linear calls where torch runs them, per weight shape likewise;
 * the compiled graph's own time (``## Call CompiledFxGraph``: Inductor's kernels, its GEMMs
   among them under max-autotune), Dynamo's guard check (``TorchDynamo Cache Lookup``), attention
@@ -42,8 +44,8 @@ import tempfile
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-LINEARS = ("looprl::linear", "looprl_native::linear", "looprl_native::try_linear", "mkldnn::_linear_pointwise", "aten::linear", "aten::addmm",
-           "aten::mm", "mkl::_mkl_linear")
+LINEARS = ("looprl::linear", "looprl_native::linear", "looprl_native::try_linear", "mkldnn::_linear_pointwise", "aten::linear",
+           "aten::addmm", "aten::mm", "mkl::_mkl_linear")
 GROUPS = (("compiled graph (own time)", "## Call CompiledFxGraph"), ("Dynamo guards", "TorchDynamo Cache Lookup"),
           ("attention", "scaled_dot_product"))
 COMPILED = ("max-autotune", "looprl-compiled")  # modes compiled by Inductor: generated with freezing on
