@@ -14,7 +14,9 @@ way an Inductor graph calls them (``torch.ops``), interleaved, best of ``--round
 * ``python``: ``looprl::linear``, the Python operator (its lookup, its count, ``functional.linear``):
   what each routed call of the native operator cost before it made torch's call itself (it then
   went on to this operator, after its own table lookup);
-* ``torch``: ``aten::linear`` itself.
+* ``torch``: ``aten::linear`` itself;
+* ``onednn``: oneDNN's linear on the weight packed once (``torch.ops.mkldnn._reorder_linear_weight``,
+  then ``_linear_pointwise``), torch's faster path on AMD: the strongest peer's call of the layer.
 
 Writes ``<out>.txt`` (what it prints); default
 ``experiments/results/routed_calls_<llvm cpu>[_t<threads>]``.
@@ -85,7 +87,8 @@ def main(argv=None) -> int:
         raise SystemExit(f"the native operator is not available: {native.unavailable()}")
     torch.set_num_threads(args.threads)
     options = {"cache": caches + "/looprl.sqlite", "compare_torch": False, "measure": False, "rest": "eager", "max_rows": 2}
-    log(f"{'layer':>10} {'native':>8} {'python':>8} {'torch':>8} {'native - torch':>15} {'python - torch':>15}  calls counted as routed")
+    log(f"{'layer':>10} {'native':>8} {'python':>8} {'torch':>8} {'onednn':>8} {'native - torch':>15} {'python - torch':>15}"
+        "  calls counted as routed")
     for in_features, out_features in shapes:
         torch.manual_seed(0)
         module = torch.nn.Sequential(torch.nn.Linear(in_features, out_features, bias=False)).eval()
@@ -98,20 +101,23 @@ def main(argv=None) -> int:
         kernels.route_to_torch([1])
         weight, x = module[0].weight.detach(), torch.randn(1, in_features)
         native_op, python_op, aten = torch.ops.looprl_native.linear.default, torch.ops.looprl.linear.default, torch.ops.aten.linear.default
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+        onednn = torch.ops.mkldnn._linear_pointwise
         timed = {"native": lambda: native_op(x, weight, None, index), "python": lambda: python_op(x, weight, None, index),
-                 "torch": lambda: aten(x, weight)}
+                 "torch": lambda: aten(x, weight), "onednn": lambda: onednn(x, packed, None, "none", [], "none")}
         best = {name: float("inf") for name in timed}
         with torch.no_grad():
             expected = aten(x, weight)
-            for name, function in timed.items():
-                if not torch.equal(function(), expected):
+            torch.testing.assert_close(timed["onednn"](), expected, rtol=1e-4, atol=1e-4)
+            for name in ("native", "python"):
+                if not torch.equal(timed[name](), expected):
                     raise RuntimeError(f"{name} computed another answer than torch's call")
             counted = kernels.counted().get(TORCH_FASTER, 0)
             for _ in range(args.rounds):
                 for name, function in timed.items():
                     best[name] = min(best[name], best_us(function, 1))
         routed = kernels.counted().get(TORCH_FASTER, 0) - counted
-        log(f"{in_features:>4}x{out_features:<5} {best['native']:8.2f} {best['python']:8.2f} {best['torch']:8.2f} "
+        log(f"{in_features:>4}x{out_features:<5} {best['native']:8.2f} {best['python']:8.2f} {best['torch']:8.2f} {best['onednn']:8.2f} "
             f"{best['native'] - best['torch']:+15.2f} {best['python'] - best['torch']:+15.2f}  {routed} of {2 * args.rounds * CALLS}")
         del compiled
         torch._dynamo.reset()

@@ -24,8 +24,8 @@ A row count the layer routes to torch is torch's call made by the native operato
 (``aten::linear``, what ``functional.linear`` calls), where the layer has no activation
 (:meth:`NativeLayer.route_to_torch`, offered by the Python operator on such a call), not the
 dispatcher's way into Python and back: on a Zen 3, one row, a routed call through the Python
-operator cost 2-28 us more than torch's own call, through the native one -6 to +6 (the host's
-noise; 64 -> 64: +0.8 us; ``experiments/results/routed_calls_znver3.txt``). Those calls are added
+operator cost 7-30 us more than torch's own call, through the native one -3 to +11 (the host's
+noise; 64 -> 64: +0.9 us; ``experiments/results/routed_calls_znver3.txt``). Those calls are added
 to the layer's count of calls routed to torch.
 
 ``LOOPRL_NATIVE=0`` turns it off (the backend then puts ``looprl::linear`` in its graphs); where
