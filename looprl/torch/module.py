@@ -28,6 +28,7 @@ from looprl.measurement.keys import tuned_problem_name
 from looprl.measurement.tuned_records import read_tuned_records
 from looprl.tune.results import TuneResult
 from looprl.torch.activations import activation_of_module, not_its_class
+from looprl.torch.conv1d import linear_conv1d
 from looprl.torch.layers import TunedLinear, layer_shape, tune_layer, weight_bytes
 from looprl.torch.records import LEFT_TO_TORCH, kernels_by_shape, route_table, shape_words, tuned_names
 from looprl.torch.routes import NEGATIVE_VIEW, LinearKernels, interleaved_best_seconds, interleaved_duels
@@ -320,7 +321,10 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
     with ``torch.compile`` and Inductor's ``freezing``): they are bound to the kernels once,
     and a call compares nothing (a weight replaced by another tensor is bound again; an
     in-place edit is not seen). Default False: every call compares the values (see
-    :class:`ContentCache`), which costs a read of the weights per call.
+    :class:`ContentCache`), which costs a read of the weights per call. With ``frozen``,
+    transformers' ``Conv1D`` layers (GPT-2's projections) are tuned too, each as an
+    ``nn.Linear`` over its weight transposed once (:mod:`looprl.torch.conv1d`); without it they
+    stay torch's, named in ``stats()["left_to_torch"]``.
     Row counts up to :data:`COLD_ROWS` are tuned with the bytes the other layers' weights hold
     read between two calls (:attr:`~looprl.ir.problem.Problem.between`: a decode step reads
     every other layer's weight before it calls a layer again; named cold where that reaches
@@ -363,8 +367,9 @@ def tune_module(module: nn.Module, example_inputs, *, policy="default", target=N
 def _tune(module: nn.Module, examples: list[tuple], cache, fuse: bool, max_rows, compare_torch: bool, progress: bool, frozen: bool,
           tuning: dict) -> nn.Module:
     """:func:`tune_module` past its arguments' checks (``tuning``: :func:`looprl.tune`'s keyword arguments)."""
-    tuned = _copy(module)  # what is returned: never called here, so its state is the given module's
-    left = {}  # the linear layers left to torch: name -> why
+    # What is returned: never called here, so its state is the given module's. With frozen, transformers' Conv1D layers
+    # become nn.Linear layers over their weights transposed once (looprl.torch.conv1d); else they are named in left.
+    tuned, left = linear_conv1d(_copy(module), frozen)  # left: the linear layers left to torch, name -> why
     tunable = []
     for name, layer in tuned.named_modules():
         if isinstance(layer, nn.Linear):
@@ -373,7 +378,8 @@ def _tune(module: nn.Module, examples: list[tuple], cache, fuse: bool, max_rows,
                 tunable.append(layer)
             else:
                 left[name] = why
-    probe = _copy(module)  # what the examples run: a call may change a module's state (BatchNorm's statistics in train mode)
+    # What the examples run (a call may change a module's state: BatchNorm's statistics in train mode), made as tuned is.
+    probe = linear_conv1d(_copy(module), frozen)[0]
     to_tuned = dict(zip(probe.modules(), tuned.modules()))
     to_probe = {t: p for p, t in to_tuned.items()}
     fusions = _fusions(tuned, set(tunable)) if fuse else {}

@@ -87,7 +87,7 @@ def examples(ids):
 
 
 # GPT-2's attention and MLP projections are transformers' Conv1D (x @ W + b with W [in, out]),
-# not nn.Linear: tune_module tunes its LM head alone.
+# not nn.Linear: without frozen=True tune_module tunes its LM head alone (with it, the Conv1D layers too: the last test).
 TUNED = {"llama": 15, "qwen2": 15, "gpt2": 1}
 
 
@@ -141,3 +141,23 @@ def test_the_default_path_and_frozen_on_a_transformers_decoder_give_eagers_token
     frozen = tune_module(model, (ids[:, :1],), frozen=True, compare_torch=False, measure=False, cache=cache, progress=False)
     assert all(layer.kernels.frozen for _, layer in tuned_layers(frozen)) and isinstance(frozen.lm_head, TunedLinear)
     assert generate(frozen, ids) == expected
+
+
+def test_frozen_tunes_gpt2_s_conv1d_projections_and_the_default_path_names_them_left_to_torch(options):
+    """GPT-2's attention and MLP projections are transformers' Conv1D (x @ W + b, W [in, out]):
+    with frozen=True each becomes an nn.Linear over its weight transposed once and is tuned
+    (two layers of four projections, and the LM head); without it each stays torch's, named
+    with the reason. The given model keeps its Conv1D layers."""
+    model, ids = build("gpt2"), prompt()
+    expected = generate(model, ids)
+    frozen = tune_module(model, examples(ids), frozen=True, **options)
+    layers = dict(tuned_layers(frozen))
+    assert len(layers) == 9 and "transformer.h.1.mlp.c_fc" in layers and all(layer.kernels.frozen for layer in layers.values())
+    assert generate(frozen, ids) == expected
+    counted = stats(frozen)
+    assert counted["fallback_calls"] == 0 and counted["looprl_calls"] >= 9 * NEW_TOKENS
+    assert type(model.transformer.h[0].attn.c_attn).__name__ == "Conv1D" and generate(model, ids) == expected
+    followed = tune_module(model, examples(ids), **options)
+    conv1d = {name for name, module in model.named_modules() if type(module).__name__ == "Conv1D"}
+    left = stats(followed)["left_to_torch"]
+    assert len(conv1d) == 8 and conv1d <= set(left) and all("frozen=True" in left[name] for name in conv1d)
