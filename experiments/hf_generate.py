@@ -15,7 +15,8 @@ built from a config written here (random weights, seed 0; nothing is downloaded)
 * ``gpt2``: ``GPT2LMHeadModel``, GPT-2 small's shape: hidden size 768, 12 layers, 12 heads (as
   many key-value heads), MLP width 3072, vocabulary 50,257, the LM head tied to the embedding
   (its projections are transformers' ``Conv1D``, not ``nn.Linear``: ``tune_module`` tunes its LM
-  head alone; the recommended recipe, under freezing, every projection: looprl.torch.transposed);
+  head alone, with ``frozen=True`` every projection too, looprl.torch.conv1d; the recommended
+  recipe, under freezing, every projection: looprl.torch.transposed);
 * ``llama``: ``LlamaForCausalLM``, hidden size 2048, 6 layers, 16 heads and 4 key-value heads, MLP
   width 5632, vocabulary 32,000, untied: 401M parameters, 1.60 GB of float32 weights (1.34 GB of
   them read per generated token).
