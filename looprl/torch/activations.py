@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as functional
 from torch import nn
+from torch.nn.modules import module as torch_module
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,13 @@ ACTIVATIONS = {
 # What a module's call runs that an instance attribute replaces: nn.Module.__call__ calls
 # self._call_impl, which calls self.forward, both looked up on the instance first.
 CALL_ATTRIBUTES = ("forward", "_call_impl")
+# Hooks registered for every module's call (torch.nn.modules.module.register_module_*_hook).
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks", "_global_backward_pre_hooks")
+
+
+def global_hooks() -> bool:
+    """Whether any global module hook (one called around every module's call) is registered."""
+    return any(getattr(torch_module, name, None) for name in _GLOBAL_HOOKS)
 
 
 def not_its_class(module: nn.Module, cls: type) -> str | None:

@@ -2,8 +2,8 @@
 
 GPT-2's attention and MLP projections are transformers' ``Conv1D``
 (``transformers.pytorch_utils``): ``torch.addmm(bias, x, weight)`` over a weight stored
-``[in_features, out_features]``, the transpose of ``nn.Linear``'s, for 85% of GPT-2 small's
-weights. ``tune_module`` tunes ``nn.Linear`` layers, so it left them to torch and tuned the LM
+``[in_features, out_features]``, the transpose of ``nn.Linear``'s, for 68% of GPT-2 small's
+parameters. ``tune_module`` tunes ``nn.Linear`` layers, so it left them to torch and tuned the LM
 head alone. With ``frozen=True`` (the weights promised to keep their values, as under Inductor's
 freezing) :func:`linear_conv1d` puts in each one's place an ``nn.Linear`` over the weight
 transposed once (a copy, held by the tuned model beside the model's own weight) and the same
@@ -25,7 +25,7 @@ from __future__ import annotations
 from torch import nn
 from torch.nn.utils import parametrize
 
-from looprl.torch.activations import CALL_ATTRIBUTES
+from looprl.torch.activations import CALL_ATTRIBUTES, global_hooks
 
 CONV1D_MODULE, CONV1D_NAME = "transformers.pytorch_utils", "Conv1D"
 NOT_FROZEN = ("a transformers Conv1D (its weight stored [in, out]): tuned only with frozen=True, which transposes the weight once; "
@@ -45,6 +45,8 @@ def why_kept(layer: nn.Module) -> str | None:
         return "a transformers Conv1D whose call is replaced on the instance (it may compute anything)"
     if parametrize.is_parametrized(layer) or layer._forward_hooks or layer._forward_pre_hooks:
         return "a transformers Conv1D with hooks or parametrizations (its call may compute something else)"
+    if global_hooks():
+        return "a transformers Conv1D, with global module hooks registered (they would see another module)"
     weight, bias = getattr(layer, "weight", None), getattr(layer, "bias", None)
     if (type(weight) is not nn.Parameter or type(bias) is not nn.Parameter or weight.dim() != 2 or bias.dim() != 1
             or bias.shape[0] != weight.shape[1] or getattr(layer, "nf", None) != weight.shape[1]):

@@ -16,7 +16,6 @@ import warnings
 
 import torch
 from torch import nn
-from torch.nn.modules import module as torch_module
 from torch.nn.utils import parametrize
 from torch.nn.utils.prune import BasePruningMethod
 from torch.nn.utils.weight_norm import WeightNorm
@@ -27,7 +26,7 @@ from looprl.measurement.evaluator import open_cache
 from looprl.measurement.keys import tuned_problem_name
 from looprl.measurement.tuned_records import read_tuned_records
 from looprl.tune.results import TuneResult
-from looprl.torch.activations import activation_of_module, not_its_class
+from looprl.torch.activations import activation_of_module, global_hooks, not_its_class
 from looprl.torch.conv1d import linear_conv1d
 from looprl.torch.layers import TunedLinear, layer_shape, tune_layer, weight_bytes
 from looprl.torch.records import LEFT_TO_TORCH, kernels_by_shape, route_table, shape_words, tuned_names
@@ -63,15 +62,6 @@ DTYPES = (torch.float32, torch.bfloat16)  # what a tuned layer's parameters and 
 # The per-module hook tables of torch 2.x: a layer with an entry in one is left to torch.
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
           "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
-# Hooks registered for every module's call (torch.nn.modules.module.register_module_*_hook).
-_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks", "_global_backward_pre_hooks")
-
-
-def global_hooks() -> bool:
-    """Whether any global module hook (one called around every module's call) is registered."""
-    return any(getattr(torch_module, name, None) for name in _GLOBAL_HOOKS)
-
-
 def hooked(module: nn.Module) -> bool:
     """Whether ``module`` has an entry in one of its hook tables."""
     return any(getattr(module, name, None) for name in _HOOKS)

@@ -60,3 +60,9 @@ def test_a_conv1d_whose_call_may_compute_something_else_is_left_with_its_reason(
     assert type(root["plain"]) is torch.nn.Linear and root["again"] is root["plain"]  # a shared layer: one replacement
     _, left = linear_conv1d(torch.nn.ModuleDict({"plain": conv1d()}), frozen=False)
     assert left == {"plain": NOT_FROZEN}
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda module, args, output: None)
+    try:  # a global hook sees every module's call: it would see an nn.Linear in the Conv1D's place
+        _, left = linear_conv1d(torch.nn.ModuleDict({"plain": conv1d()}), frozen=True)
+    finally:
+        handle.remove()
+    assert "global module hooks" in left["plain"]
