@@ -5,7 +5,8 @@ a layer that falls back runs), the module that is it (:func:`activation_of_modul
 :func:`~looprl.torch.tune_module`) and the functions a captured FX graph calls for it
 (:func:`activation_of_call`, for the ``torch.compile`` backend). :func:`not_its_class` is the one
 rule of when a module computes what its class computes (a fused activation's module, and a
-linear layer :func:`~looprl.torch.tune_module` may replace).
+linear layer :func:`~looprl.torch.tune_module` may replace), with :func:`hooked` and
+:func:`global_hooks` (hooks that run around a module's call).
 """
 
 from __future__ import annotations
@@ -48,8 +49,16 @@ ACTIVATIONS = {
 # What a module's call runs that an instance attribute replaces: nn.Module.__call__ calls
 # self._call_impl, which calls self.forward, both looked up on the instance first.
 CALL_ATTRIBUTES = ("forward", "_call_impl")
+# The per-module hook tables of torch 2.x: a layer with an entry in one is left to torch.
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
+          "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
 # Hooks registered for every module's call (torch.nn.modules.module.register_module_*_hook).
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks", "_global_backward_pre_hooks")
+
+
+def hooked(module: nn.Module) -> bool:
+    """Whether ``module`` has an entry in one of its hook tables."""
+    return any(getattr(module, name, None) for name in _HOOKS)
 
 
 def global_hooks() -> bool:

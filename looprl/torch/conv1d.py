@@ -25,7 +25,7 @@ from __future__ import annotations
 from torch import nn
 from torch.nn.utils import parametrize
 
-from looprl.torch.activations import CALL_ATTRIBUTES, global_hooks
+from looprl.torch.activations import CALL_ATTRIBUTES, global_hooks, hooked
 
 CONV1D_MODULE, CONV1D_NAME = "transformers.pytorch_utils", "Conv1D"
 NOT_FROZEN = ("a transformers Conv1D (its weight stored [in, out]): tuned only with frozen=True, which transposes the weight once; "
@@ -43,7 +43,7 @@ def why_kept(layer: nn.Module) -> str | None:
     its own parameters (then it is left as it is), or None."""
     if any(name in vars(layer) for name in CALL_ATTRIBUTES):
         return "a transformers Conv1D whose call is replaced on the instance (it may compute anything)"
-    if parametrize.is_parametrized(layer) or layer._forward_hooks or layer._forward_pre_hooks:
+    if parametrize.is_parametrized(layer) or hooked(layer):
         return "a transformers Conv1D with hooks or parametrizations (its call may compute something else)"
     if global_hooks():
         return "a transformers Conv1D, with global module hooks registered (they would see another module)"

@@ -26,7 +26,7 @@ from looprl.measurement.evaluator import open_cache
 from looprl.measurement.keys import tuned_problem_name
 from looprl.measurement.tuned_records import read_tuned_records
 from looprl.tune.results import TuneResult
-from looprl.torch.activations import activation_of_module, global_hooks, not_its_class
+from looprl.torch.activations import activation_of_module, global_hooks, hooked, not_its_class
 from looprl.torch.conv1d import linear_conv1d
 from looprl.torch.layers import TunedLinear, layer_shape, tune_layer, weight_bytes
 from looprl.torch.records import LEFT_TO_TORCH, kernels_by_shape, route_table, shape_words, tuned_names
@@ -58,13 +58,6 @@ NOT_FLOAT32 = "parameters not float32 or bfloat16 on the CPU (both of one dtype)
 NOT_CALLED = "not called with a CPU input of its parameters' dtype by the examples"
 TORCH_EVERYWHERE = "torch timed faster at every row count tuned: the layer is torch's, as it was"
 DTYPES = (torch.float32, torch.bfloat16)  # what a tuned layer's parameters and inputs may be
-
-# The per-module hook tables of torch 2.x: a layer with an entry in one is left to torch.
-_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
-          "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
-def hooked(module: nn.Module) -> bool:
-    """Whether ``module`` has an entry in one of its hook tables."""
-    return any(getattr(module, name, None) for name in _HOOKS)
 
 
 def _left_to_torch(layer: nn.Module) -> str | None:
@@ -368,8 +361,9 @@ def _tune(module: nn.Module, examples: list[tuple], cache, fuse: bool, max_rows,
                 tunable.append(layer)
             else:
                 left[name] = why
-    # What the examples run (a call may change a module's state: BatchNorm's statistics in train mode), made as tuned is.
-    probe = linear_conv1d(_copy(module), frozen)[0]
+    # What the examples run (a call may change a module's state: BatchNorm's statistics in train mode): a copy of tuned
+    # before any call, so the same modules in the same order, its Conv1D layers already linear.
+    probe = _copy(tuned)
     to_tuned = dict(zip(probe.modules(), tuned.modules()))
     to_probe = {t: p for p, t in to_tuned.items()}
     fusions = _fusions(tuned, set(tunable)) if fuse else {}
