@@ -1,6 +1,7 @@
 """Timing two things against each other: interleaved rounds until a sign test tells them apart
 (:func:`duel_rounds`, a :class:`Duel` per pair), and the rule that says one is shown faster
-(:func:`shown_faster`). Two schedules are compared so by :func:`schedule_duel`.
+(:func:`shown_faster`). Two schedules are compared so by :func:`schedule_duel`. Several timed in
+the same interleaved rounds (:func:`timed_in_rounds`) are scored by :func:`paired_scores`.
 
 Why rounds, not two best times. Each round times the challenger and then the incumbent, one
 right after the other, so a slow phase of the machine hits both alike; the challenger wins the
@@ -137,3 +138,38 @@ def _compiled(evaluator, nest: LoopNest):
         return compile(nest, target=evaluator.target, threads=schedule_threads(nest, evaluator.threads))
     except CompileError:
         return None
+
+
+def timed_in_rounds(remeasure: Callable, nests: list[LoopNest], rounds: int) -> tuple[list[dict[str, float]], set[str]]:
+    """``nests`` timed again by ``remeasure`` (a nest to its measurement) in ``rounds``
+    interleaved rounds: per round, each nest's new sample in GFLOPS (the measurement's
+    ``sample_gflops``, else its figure), and the keys of those that failed (not timed again)."""
+    samples: list[dict[str, float]] = []
+    failed: set[str] = set()
+    for _ in range(rounds):
+        this_round: dict[str, float] = {}
+        for nest in nests:
+            if nest.key in failed:
+                continue
+            measurement = remeasure(nest)
+            if not measurement.ok:
+                failed.add(nest.key)
+                continue
+            this_round[nest.key] = getattr(measurement, "sample_gflops", None) or measurement.gflops
+        samples.append(this_round)
+    return samples, failed
+
+
+def paired_scores(samples: list[dict[str, float]], keys: list[str]) -> dict[str, float]:
+    """Each of ``keys``' timings in interleaved rounds (``samples``: one dict of GFLOPS per
+    round) over the fastest of its round, averaged over the rounds in which it was timed: 1.0
+    for a schedule that was the fastest in every round. Keys never timed are left out."""
+    totals: dict[str, list[float]] = {key: [] for key in keys}
+    for this_round in samples:
+        fastest = max((this_round[key] for key in keys if key in this_round), default=0.0)
+        if fastest <= 0:
+            continue
+        for key in keys:
+            if key in this_round:
+                totals[key].append(this_round[key] / fastest)
+    return {key: sum(values) / len(values) for key, values in totals.items() if values}

@@ -15,8 +15,9 @@ value an earlier stage measured), the count of new measurements and failures, th
 curve and the search graph, and the candidates; a stage that runs out of budget or is
 interrupted ends with what its context found. :func:`confirm_winner` is the one rule that
 decides a winner among candidates measured once each: the contenders (those within a
-fraction of the fastest) are timed again in interleaved rounds, each keeping its best sample,
-so a first timing that caught the machine's slow phase does not decide.
+fraction of the fastest) are timed again in interleaved rounds and ranked by their timings
+over each round's fastest (:func:`~looprl.measurement.duels.paired_scores`), so neither a first
+timing that caught the machine's slow phase nor one lucky sample decides.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import networkx as nx
 from looprl.actions import ActionSet
 from looprl.ir.nest import LoopNest
 from looprl.ir.problem import Problem
+from looprl.measurement.duels import paired_scores, timed_in_rounds
 from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.search.budget import scaled_budget, state_cost_s
 from looprl.search.context import BudgetExhausted, SearchContext
@@ -98,6 +100,7 @@ class StagedSearch:
         self.target = target if target is not None else getattr(evaluator, "target", None)
         self.progress = progress
         self.candidates: list[ScheduleRecord] = []
+        self._confirmed = False  # the candidates are confirm_winner's ranking, none added since
         self.stopped = "done"  # why the last stage ended
         self.elapsed_s = 0.0  # summed over the contexts, in the order they ran
         self.curve: list[tuple[float, int, float]] = []
@@ -208,16 +211,18 @@ class StagedSearch:
             context.deadline = max(context.deadline, time.perf_counter() + stage.refinements * context.predicted_cost_s())
 
     def confirm(self, context: SearchContext, **rule) -> "Confirmed":
-        """:func:`confirm_winner` among the candidates so far, which become its ranking (the
-        confirmed figures, fastest first)."""
+        """:func:`confirm_winner` among the candidates so far, which become its ranking (its
+        winner first: :meth:`best` until another candidate is added)."""
         confirmed = confirm_winner(context, self.candidates, **rule)
         self.candidates = list(confirmed.ranked)
+        self._confirmed = True
         return confirmed
 
     def add(self, candidates: Iterable[ScheduleRecord]) -> None:
         """ScheduleRecords a caller made of a stage's context (e.g. its best node, with the action
         path that leads there)."""
         self.candidates += [c for c in candidates if c.nest is not None and c.gflops > 0]
+        self._confirmed = False
 
     # -- totals ----------------------------------------------------------------------
     @property
@@ -257,7 +262,10 @@ class StagedSearch:
         return graph
 
     def best(self) -> ScheduleRecord | None:
-        """The fastest candidate so far (the earliest among equals)."""
+        """The confirmed winner where the candidates were confirmed (:meth:`confirm`) and none
+        was added since, else the fastest candidate so far (the earliest among equals)."""
+        if self._confirmed and self.candidates:
+            return self.candidates[0]
         return max(self.candidates, key=lambda c: c.gflops, default=None)
 
 
@@ -272,22 +280,30 @@ def _distinct(contexts: list[SearchContext]) -> list[SearchContext]:
 
 @dataclass(frozen=True)
 class Confirmed:
-    """:func:`confirm_winner`'s answer: the candidates fastest first (confirmed figures for the
-    re-timed ones), and the winner's best fresh timing (None when it was not re-timed)."""
+    """:func:`confirm_winner`'s answer: the candidates ranked (the re-timed contenders first, by
+    their paired scores, each with its best figure; the others fastest first), and the winner's
+    best fresh timing (None when it was not re-timed)."""
 
     ranked: list[ScheduleRecord]
     winner_retimed_gflops: float | None
 
 
 def confirm_winner(context: SearchContext, candidates: Iterable[ScheduleRecord], *, within: float, rounds: int,
-                   max_cost_s: float | None = None, alone: bool = False) -> Confirmed:
+                   max_cost_s: float | None = None, alone: bool = False, most: int | None = None,
+                   max_rounds: int | None = None) -> Confirmed:
     """The one rule that decides a search's winner. ``candidates`` (measured in ``context``)
     without repeats (the faster figure of a schedule kept); the contenders, those within
-    ``within`` of the fastest, are timed again in ``rounds`` interleaved rounds (each keeps its
-    best sample: the context's memo takes it), then ranked again. A lone contender is re-timed
-    only with ``alone`` (search's verification of its winner). No round is run when their
-    predicted cost exceeds ``max_cost_s`` (None: no limit): the first timings decide. A
-    schedule that fails when timed again drops out."""
+    ``within`` of the fastest (the ``most`` fastest of them; None: all), are timed again in
+    interleaved rounds, then ranked by :func:`paired_scores`: each round's timing of a contender
+    over the round's fastest, averaged over the rounds, so that a phase of the machine that
+    slows one round slows every contender in it alike and no lucky first timing decides. The
+    contenders come first in that order, each with its best figure (the context's memo); the
+    others follow, fastest first. ``rounds`` rounds at least, ``max_rounds`` at most (None:
+    ``rounds``), as many as ``max_cost_s`` pays for (None: no limit); where it pays for fewer
+    than ``rounds``, the slowest contenders are left out until it does, and with fewer than two
+    left no round is run: the first timings decide. A lone contender is re-timed only with
+    ``alone`` (search's verification of its winner). A schedule that fails when timed again
+    drops out."""
     unique: dict[str, ScheduleRecord] = {}
     for candidate in candidates:
         if candidate.nest is None or not candidate.gflops > 0:
@@ -299,27 +315,29 @@ def confirm_winner(context: SearchContext, candidates: Iterable[ScheduleRecord],
     ranked = sorted(unique.values(), key=lambda c: -c.gflops)
     if not ranked:
         return Confirmed([], None)
-    contenders = [c for c in ranked if c.gflops >= within * ranked[0].gflops]
+    contenders = [c for c in ranked if c.gflops >= within * ranked[0].gflops][:most]
+
+    def round_cost(chosen: list[ScheduleRecord]) -> float:
+        return sum(state_cost_s(context.problem.flops, c.gflops, context.measure_budget_s, 0.0) for c in chosen)
+
+    while max_cost_s is not None and len(contenders) > 1 and rounds * round_cost(contenders) > max_cost_s:
+        contenders = contenders[:-1]
     if len(contenders) < 2 and not alone:
         return Confirmed(ranked, None)
-    cost = rounds * sum(state_cost_s(context.problem.flops, c.gflops, context.measure_budget_s, 0.0) for c in contenders)
-    if max_cost_s is not None and cost > max_cost_s:
+    if max_cost_s is not None and rounds * round_cost(contenders) > max_cost_s:
         return Confirmed(ranked, None)
-    fresh: dict[str, float] = {}
-    failed: set[str] = set()
-    for _ in range(rounds):  # each contender runs the kernel of its last timing (the evaluator's recent kernels)
-        for candidate in contenders:
-            key = candidate.nest.key
-            if key in failed:
-                continue
-            measurement = context.remeasure(candidate.nest, force=True)
-            if not measurement.ok:
-                failed.add(key)
-                continue
-            sample = getattr(measurement, "sample_gflops", None) or measurement.gflops
-            fresh[key] = max(fresh.get(key, 0.0), sample)
+    most_rounds = max(rounds, max_rounds or rounds)
+    if max_cost_s is not None and math.isfinite(max_cost_s):
+        most_rounds = max(rounds, min(most_rounds, int(max_cost_s / max(round_cost(contenders), 1e-9))))
+    # Each contender runs the kernel of its last timing (the evaluator's recent kernels).
+    samples, failed = timed_in_rounds(lambda nest: context.remeasure(nest, force=True), [c.nest for c in contenders], most_rounds)
+    scores = paired_scores(samples, [c.nest.key for c in contenders if c.nest.key not in failed])
     settled = [c.with_gflops(context.values.get(c.nest.key, c.gflops)) for c in ranked if c.nest.key not in failed]
-    settled.sort(key=lambda c: -c.gflops)
+    first = sorted((c for c in settled if c.nest.key in scores), key=lambda c: (-scores[c.nest.key], -c.gflops))
+    rest = sorted((c for c in settled if c.nest.key not in scores), key=lambda c: -c.gflops)
+    settled = first + rest
     if not settled:
         return Confirmed([], None)
-    return Confirmed(settled, fresh.get(settled[0].nest.key))
+    fresh = [s[settled[0].nest.key] for s in samples if settled[0].nest.key in s]
+    return Confirmed(settled, max(fresh) if fresh else None)
+

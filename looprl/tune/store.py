@@ -81,7 +81,10 @@ from looprl.tune.results import Answer, from_relaid_start
 # 19: a cold problem's packed panels are also read several side by side, measured first
 # (looprl.ir.schedules.stream_panel_steps); where weights are followed, a copy's comparison is
 # costed from memory where other work between calls evicts it (Measurer.comparison_seconds).
-TUNER = "tune-v19"
+# 20: close contenders are ranked by paired scores over interleaved rounds (more of them, more
+# rounds), and so are the flat register tiles before one is refined and the teams before one duels
+# the serial best (looprl.measurement.duels.paired_scores).
+TUNER = "tune-v20"
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 found and the measurer timed, with the rules' constants.
 
 * Among a search's stage winners (and the tiles stage's runners-up, :data:`TILE_CONTENDERS`):
-  the contenders within :data:`CONTENDER_WITHIN` of the fastest are timed again in
-  :data:`CONTENDER_ROUNDS` interleaved rounds before one is returned (:func:`confirmed`).
+  the contenders within :data:`CONTENDER_WITHIN` of the fastest are timed again in interleaved
+  rounds and ranked by their paired scores before one is returned (:func:`confirmed`).
 * Teams against the serial best they were made of, in measured tune and in the fast path's
   split alike: the fastest team is returned only where it wins a duel of interleaved rounds
   against the serial best, by :data:`TEAM_MARGIN` (:func:`team_or_serial`).
@@ -32,7 +32,7 @@ from looprl.ir.plans import Plan
 from looprl.ir.problem import Problem
 from looprl.ir.nest import LoopNest
 from looprl.ir.schedules import why_not_dot
-from looprl.measurement.duels import schedule_duel
+from looprl.measurement.duels import paired_scores, schedule_duel, timed_in_rounds
 from looprl.measurement.load import OTHERS_BUSY_CORES, TEAM_SETTLE_S, others_busy, team_runs_now, wait_for_teams
 from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.search.context import SearchContext
@@ -40,15 +40,25 @@ from looprl.search.dots import FEW_ROWS
 from looprl.search.staged import StagedSearch
 from looprl.tune.results import Answer
 
-# Stage winners this close to the best are timed again together before one is returned: a first
-# timing that caught the machine's slow phase must not decide (two tune calls on one problem
-# should return kernels of the same speed).
-CONTENDER_WITHIN = 0.9
-CONTENDER_ROUNDS = 2
+# Stage winners this close to the best (at most CONTENDERS of them) are timed again together, in
+# CONTENDER_ROUNDS to CONTENDER_MAX_ROUNDS interleaved rounds (as many as CONFIRM_SHARE of the
+# search's budget pays for), and ranked by their timings over each round's fastest
+# (looprl.search.staged.paired_scores) before one is returned: a first timing that caught the
+# machine's slow phase must not decide (two tune calls on one problem should return kernels of the
+# same speed). On a 2-vCPU Zen 3 whose L3 other guests share, one kernel of a 1x4864x896 GEMM timed
+# 7.4 to 13.6 GFLOPS in seven timings in a row, and four fresh tunes of 32x1000x1280 ranked their
+# schedules so differently that their answers, timed again together, ran at 0.67-1.00 of the
+# fastest of them; 0.9 and two rounds of the best samples kept too few contenders and let one
+# lucky sample decide.
+CONTENDER_WITHIN = 0.75
+CONTENDERS = 5
+CONTENDER_ROUNDS = 3
+CONTENDER_MAX_ROUNDS = 6
+CONFIRM_SHARE = 0.5
 # The tiles stage offers its runners-up within CONTENDER_WITHIN too, up to this many schedules in
 # all: on a Zen 3 whose shared L3 made one kernel's timings move by 20% from second to second, a
 # stage that kept its fastest timing alone returned a different answer on every tune.
-TILE_CONTENDERS = 3
+TILE_CONTENDERS = 4
 # A team is returned only where it beats the serial best it was made of by this much, in the rounds
 # of a duel and at best (looprl.measurement.duels): a team takes every core offered, and a near-tie
 # goes to the kernel that leaves the other cores free. 5%: what two timings of one kernel differ
@@ -84,9 +94,11 @@ TEAM_RETRIES = 3
 
 
 def confirmed(search: StagedSearch, context: SearchContext) -> list[ScheduleRecord]:
-    """The search's candidates ranked, fastest first, the contenders re-timed (unless that
-    would cost more than a quarter of the search's budget)."""
-    return search.confirm(context, within=CONTENDER_WITHIN, rounds=CONTENDER_ROUNDS, max_cost_s=search.budget_s / 4).ranked
+    """The search's candidates ranked, the contenders re-timed in interleaved rounds and first
+    in the order of their paired scores (as many rounds and contenders as :data:`CONFIRM_SHARE`
+    of the search's budget pays for), the rest fastest first."""
+    return search.confirm(context, within=CONTENDER_WITHIN, rounds=CONTENDER_ROUNDS, max_rounds=CONTENDER_MAX_ROUNDS, most=CONTENDERS,
+                          max_cost_s=CONFIRM_SHARE * search.budget_s).ranked
 
 
 def team_or_serial(evaluator, serial: ScheduleRecord, teams: Iterable[ScheduleRecord], retries: int = TEAM_RETRIES) -> tuple[ScheduleRecord, float]:
@@ -144,7 +156,7 @@ def team_or_serial(evaluator, serial: ScheduleRecord, teams: Iterable[ScheduleRe
 
 def _duelled(evaluator, serial: ScheduleRecord, timed: list[ScheduleRecord]) -> tuple[ScheduleRecord, float]:
     """:func:`team_or_serial`'s rule once, on the teams ``timed`` (each with a schedule and a figure)."""
-    team = fastest(timed)
+    team = _confirmed_team(evaluator, timed)
     if team is None or serial.nest is None:
         return serial, serial.gflops
     if not team.gflops > serial.gflops:
@@ -163,6 +175,25 @@ def _duelled(evaluator, serial: ScheduleRecord, timed: list[ScheduleRecord]) -> 
     if duel.shown_faster(TEAM_MARGIN):
         return team.with_gflops(team_gflops), serial_gflops
     return serial.with_gflops(serial_gflops), serial_gflops
+
+
+def _confirmed_team(evaluator, timed: list[ScheduleRecord]) -> ScheduleRecord | None:
+    """The team that duels the serial best: the fastest of ``timed`` by one timing each, or,
+    where others came within :data:`CONTENDER_WITHIN` of it, the best by paired scores over
+    :data:`CONTENDER_ROUNDS` interleaved rounds of the :data:`CONTENDERS` fastest, as among the
+    serial stage winners (:func:`confirmed`): on a 2-vCPU Zen 3, a team's timings move with
+    what the host's other guests run on both cores, and six tunes of 1x4864x896 on two threads
+    returned teams that ran at 24 to 40 GFLOPS."""
+    team = fastest(timed)
+    if team is None:
+        return None
+    close = sorted((r for r in timed if r.gflops >= CONTENDER_WITHIN * team.gflops), key=lambda r: -r.gflops)[:CONTENDERS]
+    if len(close) < 2:
+        return team
+    samples, _ = timed_in_rounds(evaluator.remeasure, [record.nest for record in close], CONTENDER_ROUNDS)
+    scores = paired_scores(samples, [record.nest.key for record in close])
+    chosen = max(close, key=lambda r: (scores.get(r.nest.key, 0.0), r.gflops))
+    return chosen.with_gflops(_cached(evaluator, chosen))
 
 
 def _cached(evaluator, record: ScheduleRecord) -> float:

@@ -18,6 +18,7 @@ from looprl.search.budget import MAX_BUDGET_S, MIN_BUDGET_S, scaled_budget
 from looprl.search.context import BudgetExhausted, SearchContext
 from looprl.policy.rollout import measured_path
 from looprl.search.tiles import all_tiles, measure_tiles
+from looprl.tune.winner import CONTENDER_WITHIN
 from tests.conftest import examples
 from tests.guarded import GuardedArray
 from tests.policies import random_policy
@@ -240,7 +241,7 @@ def test_measured_tiles_replay_in_the_env_and_tune_returns_at_least_the_best_til
     values = measured_path(problem, tiles.actions, evaluator, ActionSet().extended(tiles.actions))
     assert values[-1] == pytest.approx(tiles.gflops)
     result = looprl.tune(problem, policy, cache=cache, budget_s=0.5, measure_budget_s=0.001, remember=False, threads=1)  # replayed on one
-    assert result.gflops >= result.greedy_gflops
+    assert result.gflops >= CONTENDER_WITHIN * result.greedy_gflops  # below it only where it lost the paired rounds
     again = measured_path(problem, result.actions, evaluator, result.action_set)
     assert again[-1] == pytest.approx(result.gflops)
     a, b = (np.random.default_rng(1).uniform(-1, 1, s).astype(np.float32) for s in problem.input_shapes)

@@ -13,7 +13,7 @@ from looprl.measurement.duels import DUEL_MAX_ROUNDS
 from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.measurement.timing import Timing
 from looprl.search.parallel import parallel_variant
-from looprl.tune.winner import TEAM_MARGIN, team_or_serial
+from looprl.tune.winner import CONTENDER_ROUNDS, CONTENDER_WITHIN, TEAM_MARGIN, team_or_serial
 from tests.policies import random_policy
 
 needs_two = pytest.mark.skipif(available_cores() < 2, reason="needs two cores")
@@ -320,3 +320,57 @@ def test_teams_are_not_waited_for_where_looprl_does_not_place_them(monkeypatch):
     serial = ScheduleRecord(looprl.initial_nest(problem), SERIAL_GFLOPS, ())
     team_record = ScheduleRecord(parallel_variant(serial.nest, 2)[0], SERIAL_GFLOPS * 0.99, ())
     assert team_or_serial(looprl.Evaluator(":memory:", 0.001, threads=2), serial, [team_record])[0].nest is serial.nest and waited == []
+
+
+class PerTeamTimer:
+    """Every serial kernel at :data:`SERIAL_GFLOPS`; each team at the speeds its script gives,
+    one timing after another (the last repeated). Records the team timings' schedules."""
+
+    def __init__(self, scripts: dict[str, list[float]]):
+        self.scripts = {key: list(speeds) for key, speeds in scripts.items()}
+        self.teams: list[str] = []
+
+    def __call__(self, kernel, budget_s, workspace=None, lock=None, threads=None, min_runs=3, cold_threads=None):
+        if threads == 1:
+            gflops = SERIAL_GFLOPS
+        else:
+            self.teams.append(kernel.nest.key)
+            script = self.scripts[kernel.nest.key]
+            gflops = script.pop(0) if len(script) > 1 else script[0]
+        return Timing(kernel.problem.flops / (gflops * 1e9), 3, 1, kernel.problem.flops)
+
+
+@needs_two
+def test_the_team_that_duels_is_the_one_faster_in_interleaved_rounds_not_the_one_with_a_lucky_figure(monkeypatch):
+    """On a 2-vCPU Zen 3 six tunes of 1x4864x896 on two threads returned teams that ran at 24
+    to 40 GFLOPS: the fastest team by one timing each duelled the serial best. Teams close to
+    the fastest are timed again in interleaved rounds first (looprl.tune.winner.CONTENDER_ROUNDS),
+    and the best by paired scores duels: here team a's figure from the team stage (250) was
+    lucky, b runs at 200 every time, a at 120."""
+    problem = looprl.matmul(24, 16, 8)
+    serial_nest = looprl.initial_nest(problem)
+    a = parallel_variant(serial_nest, 2)[0]
+    b = parallel_variant(serial_nest.split(0, 4), 2)[0]
+    timer = PerTeamTimer({a.key: [120.0], b.key: [200.0]})
+    monkeypatch.setattr(evaluator_module, "time_kernel", timer)
+    evaluator = looprl.Evaluator(":memory:", 0.001, threads=2)
+    serial = ScheduleRecord(serial_nest, SERIAL_GFLOPS, ())
+    chosen, serial_gflops = team_or_serial(evaluator, serial, [ScheduleRecord(a, 250.0, ()), ScheduleRecord(b, 200.0, ())])
+    assert chosen.nest.key == b.key and chosen.gflops == pytest.approx(200.0) and serial_gflops == SERIAL_GFLOPS
+    assert timer.teams[:2 * CONTENDER_ROUNDS] == [a.key, b.key] * CONTENDER_ROUNDS  # the rounds, interleaved, before the duel
+    assert set(timer.teams[2 * CONTENDER_ROUNDS:]) == {b.key}  # b duelled the serial best
+
+
+@needs_two
+def test_a_team_far_ahead_of_the_others_duels_without_rounds_among_teams(monkeypatch):
+    problem = looprl.matmul(24, 16, 8)
+    serial_nest = looprl.initial_nest(problem)
+    a = parallel_variant(serial_nest, 2)[0]
+    b = parallel_variant(serial_nest.split(0, 4), 2)[0]
+    timer = PerTeamTimer({a.key: [200.0], b.key: [100.0]})
+    monkeypatch.setattr(evaluator_module, "time_kernel", timer)
+    evaluator = looprl.Evaluator(":memory:", 0.001, threads=2)
+    serial = ScheduleRecord(serial_nest, SERIAL_GFLOPS, ())
+    chosen, _ = team_or_serial(evaluator, serial, [ScheduleRecord(a, 200.0, ()), ScheduleRecord(b, 140.0, ())])
+    assert 140.0 < CONTENDER_WITHIN * 200.0
+    assert chosen.nest.key == a.key and b.key not in timer.teams  # not a contender: never timed again
