@@ -115,18 +115,22 @@ def parallel_proposals(candidates, context: SearchContext, threads: int, at_leas
     for candidate in candidates:
         if candidate.nest is None:  # e.g. no tile was measured
             continue
-        for marked, steps, indices in proposed_variants(candidate.nest, threads, serial_copy=not proposals):
-            if marked.key not in seen:
-                seen.add(marked.key)
-                proposals.append((teams_per_call(marked, indices[0]), len(proposals), candidate, marked, steps, indices))
+        variants = [variant for variant in proposed_variants(candidate.nest, threads, serial_copy=not proposals) if variant[0].key not in seen]
+        for order, (marked, steps, indices) in enumerate(variants):
+            seen.add(marked.key)
+            proposals.append((teams_per_call(marked, indices[0]), order, len(proposals), candidate, marked, steps, indices))
     # Fewest teams per call first (stable): a loop made parallel inside a reduction loop of 2,560
     # iterations starts 2,560 teams a call (3 GFLOPS on a decode GEMV, against 93 for the same
     # schedule's variant with one team); the budget may end the stage before the last proposals.
-    proposals.sort(key=lambda proposal: proposal[:2])
+    # Among equals, each candidate's first variant before any candidate's second: the serial
+    # ranking's first two can be close while their teams are not (1500x384x384 on a 2-vCPU Zen 3:
+    # the 6x16 tile's teams ran at 100-104 GFLOPS, the 4x24 tile's at 124-128), and the forced
+    # first proposals were all the first candidate's.
+    proposals.sort(key=lambda proposal: proposal[:3])
     found = []
     serial_best = best_serial_gflops(candidates)
     try:
-        for rank, (_, _, candidate, marked, steps, indices) in enumerate(proposals):
+        for rank, (_, _, _, candidate, marked, steps, indices) in enumerate(proposals):
             measurement = timed_team(context, marked, serial_best, force=rank < at_least)
             if measurement.ok:
                 actions = _path(candidate.nest, tuple(candidate.actions or ()), steps, indices, context.target)

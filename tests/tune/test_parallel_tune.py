@@ -40,7 +40,8 @@ def test_proposals_replay_from_the_untuned_nest_and_the_fastest_wins():
         return looprl.Measurement(next(values), False)
 
     other = looprl.initial_nest(problem)
-    values = iter([5.0, 4.0, 9.0])  # the first candidate: both nests parallel, then the copy serial
+    # Each candidate's first variant (both nests parallel), then the first candidate's second (its copy serial).
+    values = iter([5.0, 9.0, 4.0])
     proposals = parallel_proposals([ScheduleRecord(nest, 3.0, actions), ScheduleRecord(other, 1.0, ())], SearchContext(problem, ActionSet(), evaluator), 2)
     chosen = max(proposals, key=lambda c: c.gflops)
     assert chosen.gflops == 9.0 and chosen.nest == other.parallel(0).parallel(3) and len(proposals) == 3
