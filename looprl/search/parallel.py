@@ -115,7 +115,7 @@ def parallel_proposals(candidates, context: SearchContext, threads: int, at_leas
     for candidate in candidates:
         if candidate.nest is None:  # e.g. no tile was measured
             continue
-        variants = [variant for variant in proposed_variants(candidate.nest, threads, serial_copy=not proposals) if variant[0].key not in seen]
+        variants = [found for found in proposed_variants(candidate.nest, threads, serial_copy=not proposals) if found[0].key not in seen]
         for order, (marked, steps, indices) in enumerate(variants):
             seen.add(marked.key)
             proposals.append((teams_per_call(marked, indices[0]), order, len(proposals), candidate, marked, steps, indices))

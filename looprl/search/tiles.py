@@ -204,8 +204,9 @@ def _flat_tile(context: SearchContext, flats: list[tuple]) -> tuple[int, int] | 
     (:func:`~looprl.measurement.duels.paired_scores`; the first timings decide where the
     budget ends first). The refinements are measured around this one tile only, so one lucky
     first timing chose which schedules a tune could find at all: four tunes of 32x1000x1280 on a
-    2-vCPU Zen 3 refined three different tiles (2x32, 6x16, 4x24), their answers 0.67-1.00 of
-    the fastest."""
+    2-vCPU Zen 3 refined two different tiles (4x24 and 2x32), their answers 0.67-0.85 of the
+    fastest schedule they had measured between them (experiments/results/issue61/
+    stability_v20_znver3/tune_candidates_znver3_v19.txt)."""
     if not flats:
         return None
     ranked = sorted(flats, key=lambda f: -f[0])

@@ -45,11 +45,11 @@ from looprl.tune.results import Answer
 # search's budget pays for), and ranked by their timings over each round's fastest
 # (looprl.search.staged.paired_scores) before one is returned: a first timing that caught the
 # machine's slow phase must not decide (two tune calls on one problem should return kernels of the
-# same speed). On a 2-vCPU Zen 3 whose L3 other guests share, one kernel of a 1x4864x896 GEMM timed
-# 7.4 to 13.6 GFLOPS in seven timings in a row, and four fresh tunes of 32x1000x1280 ranked their
-# schedules so differently that their answers, timed again together, ran at 0.67-1.00 of the
-# fastest of them; 0.9 and two rounds of the best samples kept too few contenders and let one
-# lucky sample decide.
+# same speed). On a 2-vCPU Zen 3 whose L3 other guests share, four fresh tunes of 32x1000x1280
+# answered with schedules that, timed again together, ran at 0.67-0.85 of the fastest schedule the
+# tunes had measured between them (experiments/results/issue61/stability_v20_znver3/
+# tune_candidates_znver3_v19.txt): 0.9 and two rounds of the best samples kept too few contenders
+# and let one lucky sample decide.
 CONTENDER_WITHIN = 0.75
 CONTENDERS = 5
 CONTENDER_ROUNDS = 3
@@ -183,7 +183,7 @@ def _confirmed_team(evaluator, timed: list[ScheduleRecord]) -> ScheduleRecord | 
     :data:`CONTENDER_ROUNDS` interleaved rounds of the :data:`CONTENDERS` fastest, as among the
     serial stage winners (:func:`confirmed`): on a 2-vCPU Zen 3, a team's timings move with
     what the host's other guests run on both cores, and six tunes of 1x4864x896 on two threads
-    returned teams that ran at 24 to 40 GFLOPS."""
+    returned teams that ran at 24 to 40 GFLOPS (informal, 2026-12-01)."""
     team = fastest(timed)
     if team is None:
         return None
