@@ -25,6 +25,10 @@ from looprl.target import TARGET_CHOICES
 # Past this much work one run of an untuned kernel (a few GFLOPS) takes about a second or more:
 # tuning then takes far longer than a small --budget, and the command says why before it starts.
 LONG_KERNEL_FLOPS = 2e9
+# Rounds of the tuned kernel and numpy timed in turn for the printed ratio: one figure each, taken
+# at another moment than the other, swung the ratio of `looprl-tune 256 256 256` on two threads of
+# a shared 2-vCPU Zen 3 (numpy's child timed after tune, against tune's own best sample).
+BASELINE_ROUNDS = 3
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,27 +135,30 @@ def _main(args) -> int:
 
 def _print_baseline(problem, result, cache) -> None:
     """numpy's GFLOPS on ``problem`` (the same ISA, as many threads as the kernel was offered)
-    and looprl's over it, timed between two readings of the machine's load
-    (:func:`~looprl.measurement.load.check_load`, against the quiet figure in ``cache``, a
-    path or None): when either says the machine was busy, a line after it says the figure is not
-    a fair one."""
+    and the tuned kernel's, timed in turn round after round
+    (:func:`~looprl.measurement.numpy_baseline.in_turn_with_numpy`), and looprl's over numpy's,
+    between two readings of the machine's load (:func:`~looprl.measurement.load.check_load`,
+    against the quiet figure in ``cache``, a path or None): when either says the machine was
+    busy, a line after it says the figure is not a fair one."""
     from looprl.measurement.evaluator import open_cache
     from looprl.measurement.load import busiest, check_load
-    from looprl.measurement.numpy_baseline import baseline_label, numpy_gflops
+    from looprl.measurement.numpy_baseline import baseline_label, in_turn_with_numpy
 
     label = baseline_label(result.target.isa, threads=result.threads)
     store = open_cache(cache)
     try:
         before = check_load(result.target, store, threads=result.threads)
         try:
-            reference = numpy_gflops([problem], 0.1, isa=result.target.isa, threads=result.threads)[0]
+            mine, reference = in_turn_with_numpy(result.kernel, problem, 0.1, isa=result.target.isa, threads=result.threads,
+                                                 rounds=BASELINE_ROUNDS)
         except RuntimeError as error:  # the baseline's child process failed: the tuned figures above stand
             print(f"{label}: not measured ({error})", file=sys.stderr)
             return
         load = busiest(before, check_load(result.target, store, threads=result.threads))
     finally:
         store.close()  # ``cache`` is a path (or None): this process's own connection
-    print(f"{label}: {reference:.1f} GFLOPS; looprl / numpy = {result.gflops / reference:.2f}")
+    print(f"{label}: {reference:.1f} GFLOPS, the tuned kernel {mine:.1f} GFLOPS, timed in turn (best of {BASELINE_ROUNDS} rounds each); "
+          f"looprl / numpy = {mine / reference:.2f}")
     if load.busy:
         print(f"{label}: timed while the machine was busy ({load.describe()}): not a fair figure")
 

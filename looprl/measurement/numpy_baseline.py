@@ -194,6 +194,27 @@ def numpy_gflops(problems: list, budget_s: float = 0.3, isa: str | None = None, 
     return values
 
 
+def in_turn_with_numpy(kernel, problem, budget_s: float = 0.1, isa: str | None = None, threads: int = 1,
+                       rounds: int = 3) -> tuple[float, float]:
+    """``(looprl's GFLOPS, numpy's GFLOPS)`` on ``problem``: ``kernel`` (on its own thread
+    count) and numpy (in a child process with ``threads`` BLAS threads and ``isa``'s OpenBLAS
+    kernels) timed in turn, ``budget_s`` each, for ``rounds`` rounds under the machine-wide
+    lock, each keeping its best, so that a drift of the machine touches both figures alike. A
+    child that fails is a RuntimeError of one line naming it."""
+    from looprl.measurement.timing import time_kernel
+
+    budget_s = checks.seconds(budget_s, "budget_s")
+    rounds = checks.positive_int(rounds, "rounds")
+    mine = theirs = 0.0
+    with machine_lock(), numpy_child(isa, threads) as child:
+        for _ in range(rounds):
+            mine = max(mine, time_kernel(kernel, budget_s, lock=contextlib.nullcontext()).gflops)
+            theirs = max(theirs, child.time(problem, budget_s))
+            if child.failure is not None:
+                raise RuntimeError(child.failure)
+    return mine, theirs
+
+
 def _einsum_call(spec: str, a, b, out):
     import numpy as np
 

@@ -304,7 +304,7 @@ def test_a_failed_numpy_baseline_is_one_line_and_the_tuned_figures_still_print(m
     def failed(*_args, **_kwargs):
         raise RuntimeError("numpy baseline process killed by SIGKILL")
 
-    monkeypatch.setattr(numpy_baseline, "numpy_gflops", failed)
+    monkeypatch.setattr(numpy_baseline, "in_turn_with_numpy", failed)
     policy = random_policy().save(tmp_path / "p")
     assert tune_command.main(["16", "16", "16", "--policy", str(policy), "--budget", "0", "--cache", ":memory:"]) == 0
     out, err = capsys.readouterr()

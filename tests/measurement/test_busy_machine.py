@@ -235,16 +235,16 @@ def test_retime_remembered_refuses_what_it_cannot_time(cache):
 # -- the command line's baseline ------------------------------------------------------------------
 @pytest.mark.parametrize("busy_during_baseline", [False, True])
 def test_looprl_tune_says_when_its_baseline_was_timed_on_a_busy_machine(busy_during_baseline, timer, monkeypatch, tmp_path, capsys):
-    def baseline(problems, budget_s, isa=None, threads=1):
+    def baseline(kernel, problem, budget_s, isa=None, threads=1, rounds=3):
         if busy_during_baseline:
             timer.slowdown = 3.0  # other work starts while numpy is timed
-        return [5.0 for _ in problems]
+        return 10.0, 5.0
 
-    monkeypatch.setattr(numpy_baseline, "numpy_gflops", baseline)
+    monkeypatch.setattr(numpy_baseline, "in_turn_with_numpy", baseline)
     policy = random_policy().save(tmp_path / "p")
     assert tune_cli.main(["16", "16", "16", "--policy", str(policy), "--budget", "0", "--threads", "1", "--cache", ":memory:"]) == 0
     out = capsys.readouterr().out
-    assert "GFLOPS; looprl / numpy = " in out
+    assert "the tuned kernel 10.0 GFLOPS, timed in turn (best of 3 rounds each); looprl / numpy = 2.00" in out
     note = "timed while the machine was busy (reference kernel at 0.33x its quiet speed): not a fair figure"
     assert (note in out) is busy_during_baseline
 

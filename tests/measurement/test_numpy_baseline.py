@@ -1,5 +1,7 @@
 """The numpy baseline's environment (which OpenBLAS kernels) and its calls."""
 
+import math
+
 import pytest
 
 import looprl
@@ -70,3 +72,50 @@ def test_matmul_on_views_computes_what_einsum_computes(spec, sizes):
     _view_call(problem, a, b, out)()
     np.testing.assert_allclose(out, np.einsum(spec, a, b), rtol=1e-5, atol=1e-5)
     assert _view_call(looprl.contraction("abc,cd->abd", a=2, b=3, c=4, d=5), a, b, out) is None
+
+
+class _RecordingChild:
+    """Stands in for numpy's child process: its figures in turn, each call recorded."""
+
+    def __init__(self, order, figures, failure_after=None):
+        self.order, self.figures, self.failure, self.failure_after = order, list(figures), None, failure_after
+
+    def time(self, problem, budget_s):
+        self.order.append("numpy")
+        if self.failure_after is not None and len([o for o in self.order if o == "numpy"]) > self.failure_after:
+            self.failure = "numpy baseline process killed by SIGKILL"
+            return math.nan
+        return self.figures.pop(0)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def test_the_command_line_s_ratio_times_the_kernel_and_numpy_in_turn_and_keeps_each_best(monkeypatch):
+    """looprl-tune's printed ratio: its kernel and numpy one after the other, round after
+    round, so a drift of the machine touches both (it used to set tune's best sample against
+    numpy timed once, later)."""
+    from looprl.measurement import numpy_baseline, timing
+    from looprl.measurement.timing import Timing
+
+    order, mine = [], iter([50.0, 80.0, 70.0])
+    problem = looprl.matmul(8, 16, 4)
+
+    def kernel_timing(kernel, budget_s, lock=None, **_):
+        order.append("looprl")
+        return Timing(problem.flops / (next(mine) * 1e9), 3, 1, problem.flops)
+
+    monkeypatch.setattr(timing, "time_kernel", kernel_timing)
+    monkeypatch.setattr(numpy_baseline, "numpy_child", lambda isa, threads: _RecordingChild(order, [60.0, 40.0, 65.0]))
+    assert numpy_baseline.in_turn_with_numpy(object(), problem, 0.01, rounds=3) == (pytest.approx(80.0), 65.0)
+    assert order == ["looprl", "numpy"] * 3
+    order.clear()
+    mine = iter([50.0, 80.0, 70.0])
+    monkeypatch.setattr(numpy_baseline, "numpy_child", lambda isa, threads: _RecordingChild(order, [60.0], failure_after=1))
+    with pytest.raises(RuntimeError, match="killed by SIGKILL"):
+        numpy_baseline.in_turn_with_numpy(object(), problem, 0.01, rounds=3)
+    with pytest.raises(ValueError, match="rounds"):
+        numpy_baseline.in_turn_with_numpy(object(), problem, 0.01, rounds=0)
