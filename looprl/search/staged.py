@@ -340,4 +340,3 @@ def confirm_winner(context: SearchContext, candidates: Iterable[ScheduleRecord],
         return Confirmed([], None)
     fresh = [s[settled[0].nest.key] for s in samples if settled[0].nest.key in s]
     return Confirmed(settled, max(fresh) if fresh else None)
-

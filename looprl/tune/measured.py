@@ -39,9 +39,9 @@ def measured_search(policy: Policy, problem: Problem, evaluator: Evaluator, epis
                     started: float, max_evaluations: int | None = None) -> Answer:
     """Measured tune: stages of one staged search. The untuned nest; the policy's greedy
     rollout, always measured whole (a dozen actions at most: a bounded cost, and tune is never
-    below the rollout in the winner rule's rounds); then, until the deadline (a measurement predicted to end after it is not
-    started), the rollout's register tile and the target's own register tiles refined and the
-    policy-guided search; the stage winners confirmed (:func:`~looprl.tune.winner.confirmed`);
+    below the rollout in the winner rule's rounds); then, until the deadline (a measurement
+    predicted to end after it is not started), the rollout's register tile and the target's own
+    register tiles refined and the policy-guided search; the stage winners confirmed (:func:`~looprl.tune.winner.confirmed`);
     with threads, the teams. ``budget_s`` counts from ``started`` (tune's call; None: scaled to
     the problem, :mod:`looprl.search.budget`; 0: the rollout alone); ``max_evaluations`` caps
     the distinct schedules of the serial search."""

@@ -43,7 +43,7 @@ from looprl.tune.results import Answer
 # Stage winners this close to the best (at most CONTENDERS of them) are timed again together, in
 # CONTENDER_ROUNDS to CONTENDER_MAX_ROUNDS interleaved rounds (as many as CONFIRM_SHARE of the
 # search's budget pays for), and ranked by their timings over each round's fastest
-# (looprl.search.staged.paired_scores) before one is returned: a first timing that caught the
+# (looprl.measurement.duels.paired_scores) before one is returned: a first timing that caught the
 # machine's slow phase must not decide (two tune calls on one problem should return kernels of the
 # same speed). On a 2-vCPU Zen 3 whose L3 other guests share, four fresh tunes of 32x1000x1280
 # answered with schedules that, timed again together, ran at 0.67-0.85 of the fastest schedule the
@@ -183,7 +183,7 @@ def _confirmed_team(evaluator, timed: list[ScheduleRecord]) -> ScheduleRecord | 
     :data:`CONTENDER_ROUNDS` interleaved rounds of the :data:`CONTENDERS` fastest, as among the
     serial stage winners (:func:`confirmed`): on a 2-vCPU Zen 3, a team's timings move with
     what the host's other guests run on both cores, and six tunes of 1x4864x896 on two threads
-    returned teams that ran at 24 to 40 GFLOPS (informal, 2026-12-01)."""
+    returned five teams that ran at 24 to 40 GFLOPS and one serial answer (informal, 2026-12-01)."""
     team = fastest(timed)
     if team is None:
         return None

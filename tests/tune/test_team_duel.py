@@ -343,11 +343,10 @@ class PerTeamTimer:
 @needs_two
 def test_the_team_that_duels_is_the_one_faster_in_interleaved_rounds_not_the_one_with_a_lucky_figure(monkeypatch):
     """On a 2-vCPU Zen 3 six tunes of 1x4864x896 on two threads (informal, 2026-12-01) returned
-    teams that ran at 24 to 40 GFLOPS: the fastest team by one timing each duelled the serial
-    best. Teams close to
-    the fastest are timed again in interleaved rounds first (looprl.tune.winner.CONTENDER_ROUNDS),
-    and the best by paired scores duels: here team a's figure from the team stage (250) was
-    lucky, b runs at 200 every time, a at 120."""
+    five teams that ran at 24 to 40 GFLOPS and one serial answer: the fastest team by one timing
+    each duelled the serial best. Teams close to the fastest are timed again in interleaved
+    rounds first (looprl.tune.winner.CONTENDER_ROUNDS), and the best by paired scores duels:
+    here team a's figure from the team stage (250) was lucky, b runs at 200 every time, a at 120."""
     problem = looprl.matmul(24, 16, 8)
     serial_nest = looprl.initial_nest(problem)
     a = parallel_variant(serial_nest, 2)[0]
