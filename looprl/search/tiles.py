@@ -6,12 +6,13 @@ operands outgrow the caches, blocks of the reduction and of the columns around i
 episode of a dozen actions cannot also build. ``looprl.tune`` takes the tile the policy built
 (:func:`tile_of` its best state) and :func:`measure_tiles` refines it; given no tile shapes it
 proposes the target's own in order of how often they pay (the flat register tiles of
-:func:`~looprl.ir.register_tiles.tile_shapes`, then the cache blocks of
+:func:`~looprl.ir.register_tiles.tile_shapes`; for a problem of a few output rows, the streaming
+tiles next (below); then the cache blocks of
 :func:`~looprl.ir.schedules.cache_blocks` around the fastest, sized from the host's caches
 (:func:`~looprl.ir.cache_blocks.blocked_steps`; where the right operand changes per call, its
 column strips packed strip by strip, then those blocks with its panels packed block by block,
 :func:`staged_path`, come first), and for a few-row problem with a long reduction the fastest with
-its reduction blocks outermost (:mod:`looprl.search.kblocks`); for a problem of a few output rows, the streaming tiles of
+its reduction blocks outermost (:mod:`looprl.search.kblocks`); the streaming tiles are those of
 :func:`~looprl.search.streams.stream_tiles` (:func:`~looprl.ir.schedules.stream_steps`), after those of
 :func:`~looprl.search.streams.spilled_tiles` with the output spilled at their block loop, and the fastest of them with its right operand
 prefetched ahead (:func:`~looprl.search.dots.prefetch_variants`); then the fastest with the right operand packed into
@@ -43,8 +44,9 @@ from looprl.search.dots import prefetch_variants
 from looprl.search.kblocks import kblock_sizes, kblock_steps
 from looprl.search.streams import spilled_stream_steps, spilled_tiles, stream_tiles
 
-# The flat register tiles within FLAT_WITHIN of the fastest (its FLAT_CONTENDERS fastest) are timed
-# again in FLAT_ROUNDS interleaved rounds before one is refined (_flat_tile).
+# The flat register tiles (and the streaming tiles) within FLAT_WITHIN of the fastest (its
+# FLAT_CONTENDERS fastest) are timed again in FLAT_ROUNDS interleaved rounds before one is refined
+# (_chosen_in_rounds).
 FLAT_WITHIN = 0.75
 FLAT_CONTENDERS = 3
 FLAT_ROUNDS = 2
@@ -132,7 +134,25 @@ def tile_contenders(context: SearchContext, actions: ActionSet, shapes=None, lea
                 attempt(*tile, columns)
                 if timed and timed[-1][3] is tile[1].nest:
                     flats.append((timed[-1][0], (rows, columns), tile[1].nest))
-        flat = _flat_tile(context, flats) if any(gflops > before for gflops, _, _ in flats) else None
+        flat = _chosen_in_rounds(context, flats) if any(gflops > before for gflops, _, _ in flats) else None
+        if not transposed:
+            # Few output rows: stream the right operand, right after the flat tiles and before their
+            # blocks. Measured after the blocks, four rows of 4864x896 returned a 2x32 register tile
+            # at 15 GFLOPS in two tunes of four, the budget spent on its cache blocks (one timed
+            # at 0.7 GFLOPS) before any streaming tile was timed; the other two timed the streams
+            # and returned them at 38-44 (experiments/results/issue61/stability_v20_znver3/
+            # tune_candidates_znver3_4rows.txt).
+            streamed = []
+            tiles = [(spilled_stream_steps, tile) for tile in spilled_tiles(problem)] + [(stream_steps, tile) for tile in stream_tiles(problem)]
+            for steps_of, (k_inner, columns) in tiles:  # the spilled ones first (looprl.search.streams)
+                tile = reached(steps_of(problem, k_inner, columns))
+                if tile is not None:
+                    attempt(*tile, columns)
+                    streamed.append((context.measure(tile[1].nest).gflops, (tile[0], columns), tile[1].nest))  # (its memo)
+            if streamed:  # the fastest streaming tile (by paired rounds among the close ones), its right operand prefetched ahead
+                names, columns = _chosen_in_rounds(context, streamed)
+                for variant in prefetch_variants(problem, names, actions):
+                    attempt(*variant, columns)
         # A right operand that changes per call: its panels packed block by block, not whole on
         # every call, before the other blocks (measured last, a 16-row GEMM's budget ran out
         # before them; read by one row tile, a one-row GEMM's staged tiles timed 0.2-0.8 GFLOPS in its tunes).
@@ -164,18 +184,6 @@ def tile_contenders(context: SearchContext, actions: ActionSet, shapes=None, lea
                     tile = reached(flat_steps + kblock_steps(flat_nest, block))
                     if tile is not None:
                         attempt(*tile, flat[1])
-        if not transposed:  # few output rows: stream the right operand (measured after the tiles)
-            streamed = []
-            tiles = [(spilled_stream_steps, tile) for tile in spilled_tiles(problem)] + [(stream_steps, tile) for tile in stream_tiles(problem)]
-            for steps_of, (k_inner, columns) in tiles:  # the spilled ones first (looprl.search.streams)
-                tile = reached(steps_of(problem, k_inner, columns))
-                if tile is not None:
-                    attempt(*tile, columns)
-                    streamed.append((context.measure(tile[1].nest).gflops, -len(streamed), tile, columns))  # (its memo)
-            if streamed:  # the fastest streaming tile, its right operand prefetched ahead
-                _, _, (names, _), columns = max(streamed)
-                for variant in prefetch_variants(problem, names, actions):
-                    attempt(*variant, columns)
         if best[1] and not packed_first:
             packed = packed_path(problem, best[1], actions)
             if packed is not None:
@@ -196,21 +204,22 @@ def tile_contenders(context: SearchContext, actions: ActionSet, shapes=None, lea
     return found, tried
 
 
-def _flat_tile(context: SearchContext, flats: list[tuple]) -> tuple[int, int] | None:
-    """The (rows, columns) of the flat tile that the cache blocks, reduction blocks and streams
-    refine: the fastest of ``flats`` (``(gflops, shape, nest)``, each timed once), or, where
-    others came within :data:`FLAT_WITHIN` of it, the best by paired scores over
-    :data:`FLAT_ROUNDS` interleaved rounds of the :data:`FLAT_CONTENDERS` fastest
-    (:func:`~looprl.measurement.duels.paired_scores`; the first timings decide where the
-    budget ends first). The refinements are measured around this one tile only, so one lucky
-    first timing chose which schedules a tune could find at all: four tunes of 32x1000x1280 on a
-    2-vCPU Zen 3 refined two different tiles (4x24 and 2x32), their answers 0.67-0.85 of the
-    fastest schedule they had measured between them (experiments/results/issue61/
-    stability_v20_znver3/tune_candidates_znver3_v19.txt)."""
-    if not flats:
+def _chosen_in_rounds(context: SearchContext, timed: list[tuple]):
+    """What the tiles stage refines next, of ``timed`` (``(gflops, what, nest)``, each timed
+    once; ``what``: a flat tile's (rows, columns), or a streaming tile's (action names, columns)):
+    the fastest, or, where others came within :data:`FLAT_WITHIN` of it, the best by paired
+    scores over :data:`FLAT_ROUNDS` interleaved rounds of the :data:`FLAT_CONTENDERS` fastest
+    (:func:`~looprl.measurement.duels.paired_scores`; the first timings decide where the budget
+    ends first; the earliest among equals). The refinements (cache blocks, reduction blocks and
+    streams around a flat tile; prefetching ahead of a streaming one) are measured around this
+    one only, so one lucky first timing chose which schedules a tune could find at all: four
+    tunes of 32x1000x1280 on a 2-vCPU Zen 3 refined two different flat tiles (4x24 and 2x32),
+    their answers 0.67-0.85 of the fastest schedule they had measured between them
+    (experiments/results/issue61/stability_v20_znver3/tune_candidates_znver3_v19.txt)."""
+    if not timed:
         return None
-    ranked = sorted(flats, key=lambda f: -f[0])
-    close = [f for f in ranked if f[0] >= FLAT_WITHIN * ranked[0][0]][:FLAT_CONTENDERS]
+    ranked = sorted(timed, key=lambda entry: -entry[0])  # stable: the earliest among equals first
+    close = [entry for entry in ranked if entry[0] >= FLAT_WITHIN * ranked[0][0]][:FLAT_CONTENDERS]
     if len(close) < 2:
         return ranked[0][1]
     try:
@@ -218,7 +227,7 @@ def _flat_tile(context: SearchContext, flats: list[tuple]) -> tuple[int, int] | 
     except BudgetExhausted:
         return ranked[0][1]  # the deadline came first: the first timings decide
     scores = paired_scores(samples, [nest.key for _, _, nest in close])
-    return max(close, key=lambda f: (scores.get(f[2].key, 0.0), f[0]))[1]
+    return max(close, key=lambda entry: (scores.get(entry[2].key, 0.0), entry[0]))[1]
 
 
 def packed_path(problem: Problem, names: tuple[str, ...], actions: ActionSet) -> tuple[tuple[str, ...], State] | None:

@@ -84,7 +84,9 @@ from looprl.tune.results import Answer, from_relaid_start
 # 20: close contenders are ranked by paired scores over interleaved rounds (more of them, more
 # rounds), and so are the flat register tiles before one is refined and the teams before one duels
 # the serial best (looprl.measurement.duels.paired_scores).
-TUNER = "tune-v20"
+# 21: a few-row problem's streaming tiles are measured right after the flat tiles, before their
+# blocks, and the one prefetched ahead is chosen by paired rounds too (looprl.search.tiles).
+TUNER = "tune-v21"
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,12 @@
-"""The flat register tile that the tiles stage refines (looprl.search.tiles._flat_tile): chosen
-by interleaved rounds among the close ones, not by one timing each. Every timing is scripted."""
+"""The flat register tile (and the streaming tile) that the tiles stage refines
+(looprl.search.tiles._chosen_in_rounds): chosen by interleaved rounds among the close ones, not by
+one timing each. Every timing is scripted."""
 
 import looprl
 from looprl.actions import ActionSet
 from looprl.measurement.evaluator import Measurement
 from looprl.search.context import SearchContext
-from looprl.search.tiles import FLAT_CONTENDERS, FLAT_ROUNDS, FLAT_WITHIN, _flat_tile
+from looprl.search.tiles import FLAT_CONTENDERS, FLAT_ROUNDS, FLAT_WITHIN, _chosen_in_rounds
 
 PROBLEM = looprl.matmul(32, 48, 64)
 
@@ -54,7 +55,7 @@ def test_the_tile_faster_in_the_rounds_is_refined_not_the_one_with_a_lucky_first
     evaluator = Scripted(scripts)
     context = SearchContext(PROBLEM, ActionSet(), evaluator)
     flats = _flats(context, tiles)
-    assert _flat_tile(context, flats) == (4, 24)
+    assert _chosen_in_rounds(context, flats) == (4, 24)
     rounds = evaluator.timed[len(tiles):]
     close = [tiles[(2, 32)].key, tiles[(4, 24)].key, tiles[(6, 16)].key]  # within FLAT_WITHIN of 100; 40 is not
     assert FLAT_WITHIN * 100.0 <= 80.0 and 40.0 < FLAT_WITHIN * 100.0 and FLAT_CONTENDERS == 3
@@ -66,5 +67,5 @@ def test_a_tile_far_ahead_is_refined_without_rounds():
     evaluator = Scripted({nest.key: [100.0 if shape == (4, 24) else 50.0] for shape, nest in tiles.items()})
     context = SearchContext(PROBLEM, ActionSet(), evaluator)
     flats = _flats(context, tiles)
-    assert _flat_tile(context, flats) == (4, 24) and len(evaluator.timed) == len(tiles)
-    assert _flat_tile(context, []) is None
+    assert _chosen_in_rounds(context, flats) == (4, 24) and len(evaluator.timed) == len(tiles)
+    assert _chosen_in_rounds(context, []) is None

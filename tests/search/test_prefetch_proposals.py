@@ -85,3 +85,35 @@ def test_a_few_row_matmul_s_streaming_tiles_include_the_fastest_prefetched():
     many = FakeEvaluator()
     measure_tiles(SearchContext(looprl.matmul(256, 512, 384), ActionSet(), many, budget_s=math.inf), ActionSet())
     assert many.measured and not prefetching(many.measured)
+
+
+def test_a_few_row_matmul_s_streaming_tiles_are_measured_right_after_the_flat_tiles():
+    """Four rows of 4864x896: measured after the flat tiles' cache blocks, the streaming tiles
+    came too late in two tunes of four, the budget spent on a block timed at 0.7 GFLOPS, and tune
+    returned a register tile at 15 GFLOPS where the streams ran at 38-44 (looprl.search.tiles)."""
+    from looprl.ir.register_tiles import tile_of, tile_shapes, tile_steps
+    from looprl.search.streams import spilled_stream_steps, spilled_tiles, stream_tiles
+
+    class TwoRowsFastest(FakeEvaluator):
+        """Two-row register tiles the fastest: the flat tile refined reads the rows twice, so its
+        cache blocks are proposed (as the 2x32 tile's were in those tunes)."""
+
+        def __call__(self, nest):
+            self.measured.append(nest)
+            tile = tile_of(nest)
+            return Measurement(50.0 if tile is not None and tile[0] == 2 else self.value(nest), from_cache=False)
+
+    problem = looprl.matmul(4, 4864, 896)
+    evaluator = TwoRowsFastest()
+    lead = (2, 32)  # the tile the policy's rollout built in those tunes (AVX2)
+    measure_tiles(SearchContext(problem, ActionSet(), evaluator, budget_s=math.inf), ActionSet(), lead=lead)
+    start = looprl.initial_nest(problem)
+    flats = {start.apply(tile_steps(problem, rows, columns)).key for rows, columns in [lead, *tile_shapes(problem, TARGET)]}
+    streams = {start.apply(stream_steps(problem, k, columns)).key for k, columns in stream_tiles(problem)}
+    streams |= {start.apply(spilled_stream_steps(problem, k, columns)).key for k, columns in spilled_tiles(problem)}
+    order = [nest.key for nest in evaluator.measured]
+    assert streams and streams <= set(order)
+    last_stream = max(order.index(key) for key in streams)
+    others = [key for key in order[:last_stream] if key not in flats | streams]
+    assert not others, f"measured before the last streaming tile: {others}"
+    assert len(set(order)) > last_stream + 1  # the blocks (and the prefetched streams) come after

@@ -38,7 +38,7 @@ def test_the_public_names_are_importable_from_looprl():
     assert looprl.TuneResult is TuneResult and looprl.Answer is Answer
     from looprl.tune import TUNER, measured_search
 
-    assert TUNER == "tune-v20" and callable(measured_search)
+    assert TUNER == "tune-v21" and callable(measured_search)
 
 
 def test_the_package_s_modules_and_functions_stay_small():
