@@ -1,7 +1,8 @@
 """Timing two things against each other: interleaved rounds until a sign test tells them apart
 (:func:`duel_rounds`, a :class:`Duel` per pair), and the rule that says one is shown faster
 (:func:`shown_faster`). Two schedules are compared so by :func:`schedule_duel`. Several timed in
-the same interleaved rounds (:func:`timed_in_rounds`) are scored by :func:`paired_scores`.
+the same interleaved rounds (:func:`timed_in_rounds`) are scored by :func:`paired_scores`, and the
+best of the close ones among timed candidates is chosen so by :func:`chosen_in_rounds`.
 
 Why rounds, not two best times. Each round times the challenger and then the incumbent, one
 right after the other, so a slow phase of the machine hits both alike; the challenger wins the
@@ -173,3 +174,21 @@ def paired_scores(samples: list[dict[str, float]], keys: list[str]) -> dict[str,
             if key in this_round:
                 totals[key].append(this_round[key] / fastest)
     return {key: sum(values) / len(values) for key, values in totals.items() if values}
+
+
+def chosen_in_rounds(candidates: list, figure: Callable, nest_of: Callable, remeasure: Callable, within: float, most: int,
+                     rounds: int):
+    """Of ``candidates`` (each timed once: ``figure(c)`` its GFLOPS, ``nest_of(c)`` its
+    schedule), the fastest, or, where others came within ``within`` of it, the best by
+    :func:`paired_scores` over ``rounds`` interleaved rounds (:func:`timed_in_rounds` through
+    ``remeasure``) of the ``most`` fastest; the earliest among equals. None where there are
+    none. Whatever ``remeasure`` raises (a search's deadline) reaches the caller."""
+    if not candidates:
+        return None
+    ranked = sorted(candidates, key=lambda c: -figure(c))  # stable: the earliest among equals first
+    close = [c for c in ranked if figure(c) >= within * figure(ranked[0])][:most]
+    if len(close) < 2:
+        return ranked[0]
+    samples, _ = timed_in_rounds(remeasure, [nest_of(c) for c in close], rounds)
+    scores = paired_scores(samples, [nest_of(c).key for c in close])
+    return max(close, key=lambda c: (scores.get(nest_of(c).key, 0.0), figure(c)))

@@ -34,7 +34,7 @@ from looprl.ir.cache_blocks import blocked_steps
 from looprl.ir.nest import LoopNest, initial_nest
 from looprl.ir.problem import Problem
 from looprl.ir.register_tiles import packed_right, tile_of, tile_shapes, tile_steps, why_not_tile
-from looprl.measurement.duels import paired_scores, timed_in_rounds
+from looprl.measurement.duels import chosen_in_rounds
 from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.ir.schedules import (cache_blocks, column_strips, panel_steps, panel_widths, stream_panel_shapes, stream_panel_steps,
                                  stream_steps)
@@ -76,17 +76,17 @@ def tile_contenders(context: SearchContext, actions: ActionSet, shapes=None, lea
     timed: list[tuple] = []  # every (gflops, names, columns, nest) measured
     tried = 0
 
-    def attempt(names: tuple[str, ...], state: State, columns: int) -> bool:
-        """Measure ``state``; whether it is the best so far."""
+    def attempt(names: tuple[str, ...], state: State, columns: int) -> float | None:
+        """Measure ``state``; its GFLOPS (None: it failed)."""
         nonlocal best, tried
         tried += 1
         measurement = context.measure(state.nest)
-        if measurement.ok:
-            timed.append((measurement.gflops, names, columns, state.nest))
-        if measurement.ok and measurement.gflops > best[0]:
+        if not measurement.ok:
+            return None
+        timed.append((measurement.gflops, names, columns, state.nest))
+        if measurement.gflops > best[0]:
             best = (measurement.gflops, names, columns, state.nest)
-            return True
-        return False
+        return measurement.gflops
 
     def planned(rows: int, columns: int) -> tuple[tuple[str, ...], State] | None:
         """The tile's path and state (packed when the right operand is transposed), or None."""
@@ -130,10 +130,8 @@ def tile_contenders(context: SearchContext, actions: ActionSet, shapes=None, lea
         before = best[0]  # a cold problem's panels, timed first: a flat tile is refined only where one beat them
         for rows, columns in ([lead] if lead else []) + [s for s in shapes if s != lead]:
             tile = planned(rows, columns)
-            if tile is not None:
-                attempt(*tile, columns)
-                if timed and timed[-1][3] is tile[1].nest:
-                    flats.append((timed[-1][0], (rows, columns), tile[1].nest))
+            if tile is not None and (gflops := attempt(*tile, columns)) is not None:
+                flats.append((gflops, (rows, columns), tile[1].nest))
         flat = _chosen_in_rounds(context, flats) if any(gflops > before for gflops, _, _ in flats) else None
         if not transposed:
             # Few output rows: stream the right operand, right after the flat tiles and before their
@@ -207,27 +205,25 @@ def tile_contenders(context: SearchContext, actions: ActionSet, shapes=None, lea
 def _chosen_in_rounds(context: SearchContext, timed: list[tuple]):
     """What the tiles stage refines next, of ``timed`` (``(gflops, what, nest)``, each timed
     once; ``what``: a flat tile's (rows, columns), or a streaming tile's (action names, columns)):
-    the fastest, or, where others came within :data:`FLAT_WITHIN` of it, the best by paired
-    scores over :data:`FLAT_ROUNDS` interleaved rounds of the :data:`FLAT_CONTENDERS` fastest
-    (:func:`~looprl.measurement.duels.paired_scores`; the first timings decide where the budget
-    ends first; the earliest among equals). The refinements (cache blocks, reduction blocks and
-    streams around a flat tile; prefetching ahead of a streaming one) are measured around this
-    one only, so one lucky first timing chose which schedules a tune could find at all: four
-    tunes of 32x1000x1280 on a 2-vCPU Zen 3 refined two different flat tiles (4x24 and 2x32),
-    their answers 0.67-0.85 of the fastest schedule they had measured between them
-    (experiments/results/issue61/stability_v20_znver3/tune_candidates_znver3_v19.txt)."""
+    :func:`~looprl.measurement.duels.chosen_in_rounds` among them (the close ones within
+    :data:`FLAT_WITHIN` of the fastest, at most :data:`FLAT_CONTENDERS`, in :data:`FLAT_ROUNDS`
+    rounds; the fastest where the budget ends first), or None. The refinements (cache blocks,
+    reduction blocks and streams around a flat tile; prefetching ahead of a streaming one) are
+    measured around this one only, so one lucky first timing chose which schedules a tune could
+    find at all: four tunes of 32x1000x1280 on a 2-vCPU Zen 3 refined two different flat tiles
+    (4x24 and 2x32), their answers 0.67-0.85 of the fastest schedule they had measured between
+    them (experiments/results/issue61/stability_v20_znver3/tune_candidates_znver3_v19.txt)."""
     if not timed:
         return None
-    ranked = sorted(timed, key=lambda entry: -entry[0])  # stable: the earliest among equals first
-    close = [entry for entry in ranked if entry[0] >= FLAT_WITHIN * ranked[0][0]][:FLAT_CONTENDERS]
-    if len(close) < 2:
-        return ranked[0][1]
+
+    def figure(entry):
+        return entry[0]
+
     try:
-        samples, _ = timed_in_rounds(context.remeasure, [nest for _, _, nest in close], FLAT_ROUNDS)
+        chosen = chosen_in_rounds(timed, figure, lambda entry: entry[2], context.remeasure, FLAT_WITHIN, FLAT_CONTENDERS, FLAT_ROUNDS)
     except BudgetExhausted:
-        return ranked[0][1]  # the deadline came first: the first timings decide
-    scores = paired_scores(samples, [nest.key for _, _, nest in close])
-    return max(close, key=lambda entry: (scores.get(entry[2].key, 0.0), entry[0]))[1]
+        chosen = max(timed, key=figure)  # the deadline came first: the first timings decide (the earliest among equals)
+    return chosen[1]
 
 
 def packed_path(problem: Problem, names: tuple[str, ...], actions: ActionSet) -> tuple[tuple[str, ...], State] | None:

@@ -32,7 +32,7 @@ from looprl.ir.plans import Plan
 from looprl.ir.problem import Problem
 from looprl.ir.nest import LoopNest
 from looprl.ir.schedules import why_not_dot
-from looprl.measurement.duels import paired_scores, schedule_duel, timed_in_rounds
+from looprl.measurement.duels import chosen_in_rounds, schedule_duel
 from looprl.measurement.load import OTHERS_BUSY_CORES, TEAM_SETTLE_S, others_busy, team_runs_now, wait_for_teams
 from looprl.measurement.schedule_record import ScheduleRecord
 from looprl.search.context import SearchContext
@@ -184,16 +184,12 @@ def _confirmed_team(evaluator, timed: list[ScheduleRecord]) -> ScheduleRecord | 
     serial stage winners (:func:`confirmed`): on a 2-vCPU Zen 3, a team's timings move with
     what the host's other guests run on both cores, and six tunes of 1x4864x896 on two threads
     returned five teams that ran at 24 to 40 GFLOPS and one serial answer (informal, 2026-12-01)."""
-    team = fastest(timed)
-    if team is None:
-        return None
-    close = sorted((r for r in timed if r.gflops >= CONTENDER_WITHIN * team.gflops), key=lambda r: -r.gflops)[:CONTENDERS]
-    if len(close) < 2:
-        return team
-    samples, _ = timed_in_rounds(evaluator.remeasure, [record.nest for record in close], CONTENDER_ROUNDS)
-    scores = paired_scores(samples, [record.nest.key for record in close])
-    chosen = max(close, key=lambda r: (scores.get(r.nest.key, 0.0), r.gflops))
-    return chosen.with_gflops(_cached(evaluator, chosen))
+    fastest_gflops = max((r.gflops for r in timed), default=0.0)
+    if sum(r.gflops >= CONTENDER_WITHIN * fastest_gflops for r in timed) < 2:
+        return fastest(timed)  # no rounds: its figure as timed
+    chosen = chosen_in_rounds(timed, lambda r: r.gflops, lambda r: r.nest, evaluator.remeasure, CONTENDER_WITHIN, CONTENDERS,
+                              CONTENDER_ROUNDS)
+    return chosen.with_gflops(_cached(evaluator, chosen))  # timed again: the cache's figure, the rounds included
 
 
 def _cached(evaluator, record: ScheduleRecord) -> float:
