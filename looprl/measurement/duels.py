@@ -177,18 +177,19 @@ def paired_scores(samples: list[dict[str, float]], keys: list[str]) -> dict[str,
 
 
 def chosen_in_rounds(candidates: list, figure: Callable, nest_of: Callable, remeasure: Callable, within: float, most: int,
-                     rounds: int):
+                     rounds: int) -> tuple[object, bool]:
     """Of ``candidates`` (each timed once: ``figure(c)`` its GFLOPS, ``nest_of(c)`` its
     schedule), the fastest, or, where others came within ``within`` of it, the best by
     :func:`paired_scores` over ``rounds`` interleaved rounds (:func:`timed_in_rounds` through
-    ``remeasure``) of the ``most`` fastest; the earliest among equals. None where there are
-    none. Whatever ``remeasure`` raises (a search's deadline) reaches the caller."""
+    ``remeasure``) of the ``most`` fastest; the earliest among equals. Returned with whether
+    rounds ran (then the chosen one was timed again); ``(None, False)`` where there are none.
+    Whatever ``remeasure`` raises (a search's deadline) reaches the caller."""
     if not candidates:
-        return None
+        return None, False
     ranked = sorted(candidates, key=lambda c: -figure(c))  # stable: the earliest among equals first
     close = [c for c in ranked if figure(c) >= within * figure(ranked[0])][:most]
     if len(close) < 2:
-        return ranked[0]
+        return ranked[0], False
     samples, _ = timed_in_rounds(remeasure, [nest_of(c) for c in close], rounds)
     scores = paired_scores(samples, [nest_of(c).key for c in close])
-    return max(close, key=lambda c: (scores.get(nest_of(c).key, 0.0), figure(c)))
+    return max(close, key=lambda c: (scores.get(nest_of(c).key, 0.0), figure(c))), True

@@ -220,7 +220,8 @@ def _chosen_in_rounds(context: SearchContext, timed: list[tuple]):
         return entry[0]
 
     try:
-        chosen = chosen_in_rounds(timed, figure, lambda entry: entry[2], context.remeasure, FLAT_WITHIN, FLAT_CONTENDERS, FLAT_ROUNDS)
+        chosen, _ = chosen_in_rounds(timed, figure, lambda entry: entry[2], context.remeasure, FLAT_WITHIN, FLAT_CONTENDERS,
+                                     FLAT_ROUNDS)
     except BudgetExhausted:
         chosen = max(timed, key=figure)  # the deadline came first: the first timings decide (the earliest among equals)
     return chosen[1]

@@ -184,11 +184,12 @@ def _confirmed_team(evaluator, timed: list[ScheduleRecord]) -> ScheduleRecord | 
     serial stage winners (:func:`confirmed`): on a 2-vCPU Zen 3, a team's timings move with
     what the host's other guests run on both cores, and six tunes of 1x4864x896 on two threads
     returned five teams that ran at 24 to 40 GFLOPS and one serial answer (informal, 2026-12-01)."""
-    fastest_gflops = max((r.gflops for r in timed), default=0.0)
-    if sum(r.gflops >= CONTENDER_WITHIN * fastest_gflops for r in timed) < 2:
-        return fastest(timed)  # no rounds: its figure as timed
-    chosen = chosen_in_rounds(timed, lambda r: r.gflops, lambda r: r.nest, evaluator.remeasure, CONTENDER_WITHIN, CONTENDERS,
-                              CONTENDER_ROUNDS)
+    if not timed:
+        return None
+    chosen, in_rounds = chosen_in_rounds(timed, lambda r: r.gflops, lambda r: r.nest, evaluator.remeasure, CONTENDER_WITHIN,
+                                         CONTENDERS, CONTENDER_ROUNDS)
+    if not in_rounds:
+        return chosen  # its figure as timed
     return chosen.with_gflops(_cached(evaluator, chosen))  # timed again: the cache's figure, the rounds included
 
 
